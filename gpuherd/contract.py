@@ -1,0 +1,74 @@
+"""Supervisor -> worker environment contract (see docs/architecture.md).
+
+torchrun-compatible variables first, so scripts and frameworks that detect a
+torchrun launch (Lightning, accelerate) run unchanged; gpuherd's own after.
+Both sides import the names from here; tests/test_contract.py pins them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+# torchrun's variables (torch/distributed/elastic/agent/server/local_elastic_agent.py)
+TORCHRUN_VARS = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_USE_AGENT_STORE",
+)
+
+GPU_RANK = "GPU_RANK"  # seed 003: the physical GPU id, used in the [GPU n] tag
+DEVICE_KIND = "GPUHERD_DEVICE_KIND"  # "cuda" or "cpu"
+DEVICE_ID = "GPUHERD_DEVICE_ID"  # physical device id (GPU index as nvidia-smi shows it, or CPU worker n)
+DEVICE_UUID = "GPUHERD_DEVICE_UUID"  # NVML UUID the supervisor planned for this worker ("" on CPU)
+CONFIG_PATH = "GPUHERD_CONFIG"  # the resolved config JSON of this run
+RUN_DIR = "GPUHERD_RUN_DIR"  # logs/<run-id>/
+DATASET_CACHE = "GPUHERD_DATASET_CACHE"  # the verified cache directory the supervisor prepared
+STATUS_FD = "GPUHERD_STATUS_FD"  # write end of the status pipe (orjson lines)
+SUPERVISOR_PID = "GPUHERD_SUPERVISOR_PID"  # for the parent-death check
+SUPERVISED = "GPUHERD_SUPERVISED"  # "1": the supervisor prefixes our lines
+
+GPUHERD_VARS = (
+    GPU_RANK, DEVICE_KIND, DEVICE_ID, DEVICE_UUID, CONFIG_PATH, RUN_DIR, DATASET_CACHE,
+    STATUS_FD, SUPERVISOR_PID, SUPERVISED,
+)
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    """Who this process is, read from the environment (standalone: rank 0 of 1)."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    device_kind: str  # "cuda" | "cpu" | "" (standalone: decide from torch)
+    device_id: int  # physical id, for the tag
+    supervised: bool
+
+    @property
+    def tag(self) -> str:
+        """`GPU3` / `CPU0`: the seed's console prefix without the colon."""
+        return f"{'CPU' if self.device_kind == 'cpu' else 'GPU'}{self.device_id}"
+
+    @property
+    def bracket(self) -> str:
+        """`[GPU 3]` / `[CPU 0]`: the seed's in-message tag."""
+        return f"[{'CPU' if self.device_kind == 'cpu' else 'GPU'} {self.device_id}]"
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> WorkerIdentity:
+        env = dict(os.environ if env is None else env)
+        rank = int(env.get("RANK", "0"))
+        local_rank = int(env.get("LOCAL_RANK", str(rank)))
+        device_id = env.get(DEVICE_ID) or env.get(GPU_RANK) or str(local_rank)
+        return cls(
+            rank=rank,
+            local_rank=local_rank,
+            world_size=int(env.get("WORLD_SIZE", "1")),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", "1"))),
+            device_kind=env.get(DEVICE_KIND, ""),
+            device_id=int(device_id),
+            supervised=env.get(SUPERVISED) == "1",
+        )

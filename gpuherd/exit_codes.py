@@ -1,0 +1,59 @@
+"""Exit codes: the one place that gives a failure its number.
+
+The supervisor exits with the first failing worker's own code, so a worker that
+knows *why* it failed exits with one of these and the cause survives all the
+way to the user's shell. Documented in README.md and docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    FAILURE = 1  # unclassified failure (an exception in a worker, ...)
+    USAGE = 2  # bad command line or config: nothing was started or written
+    DATA = 3  # the dataset cache could not be built, fetched or verified
+    DEVICE = 4  # GPU lost, hardware XID / ECC error, device mismatch, busy GPU
+    RENDEZVOUS = 5  # a rank never joined the process group in time
+    NAN = 6  # non-finite loss or gradient with debug.nan_policy=stop
+    HANG = 124  # a worker stopped sending heartbeats (same number as timeout(1))
+    SIGINT = 130  # 128 + SIGINT: the user pressed Ctrl-C
+    SIGTERM = 143  # 128 + SIGTERM: the supervisor was asked to stop
+
+
+def from_signal(signum: int) -> int:
+    """Shell convention for a process killed by signal N."""
+    return 128 + int(signum)
+
+
+def describe(code: int) -> str:
+    """Human words for an exit code, for summaries and error blocks."""
+    if code < 0:  # subprocess returncode for "killed by signal -code"
+        return f"killed by {_signal_name(-code)}"
+    try:
+        return {
+            ExitCode.OK: "success",
+            ExitCode.FAILURE: "failure",
+            ExitCode.USAGE: "usage or config error",
+            ExitCode.DATA: "dataset cache error",
+            ExitCode.DEVICE: "device error",
+            ExitCode.RENDEZVOUS: "process group never formed",
+            ExitCode.NAN: "non-finite loss or gradient",
+            ExitCode.HANG: "hang detected",
+            ExitCode.SIGINT: "interrupted (SIGINT)",
+            ExitCode.SIGTERM: "terminated (SIGTERM)",
+        }[ExitCode(code)]
+    except ValueError:
+        if code > 128:
+            return f"killed by {_signal_name(code - 128)}"
+        return f"exit code {code}"
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

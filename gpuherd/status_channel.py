@@ -1,0 +1,65 @@
+"""The structured status channel: worker -> supervisor heartbeats as orjson lines.
+
+The worker writes one JSON object per line to the pipe whose write end the
+supervisor passed as fd `GPUHERD_STATUS_FD`. Each record is one `os.write` of
+less than PIPE_BUF bytes, so records from one worker never tear. Every record
+carries `type`, `rank` and `time`; the types and their fields are listed in
+docs/architecture.md ("Status channel").
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import orjson
+
+from gpuherd import contract
+
+RECORD_TYPES = ("ready", "step", "eval", "checkpoint", "phase", "nan", "done", "error")
+PIPE_BUF = 4096
+
+
+class StatusWriter:
+    """Worker side. Without a supervisor (standalone runs) every send is a no-op."""
+
+    def __init__(self, fd: int | None, rank: int) -> None:
+        self._fd = fd
+        self._rank = rank
+
+    @classmethod
+    def from_env(cls, rank: int) -> StatusWriter:
+        raw = os.environ.get(contract.STATUS_FD)
+        return cls(int(raw) if raw else None, rank)
+
+    @property
+    def connected(self) -> bool:
+        return self._fd is not None
+
+    def send(self, type_: str, **fields: Any) -> None:
+        if self._fd is None:
+            return
+        if type_ not in RECORD_TYPES:
+            raise ValueError(f"unknown status record type {type_!r}")
+        record = {"type": type_, "rank": self._rank, "time": time.time(), **fields}
+        line = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+        if len(line) > PIPE_BUF:  # keep writes atomic: drop bulky fields, never tear
+            line = orjson.dumps({"type": type_, "rank": self._rank, "time": record["time"],
+                                 "truncated": True}) + b"\n"
+        try:
+            os.write(self._fd, line)
+        except (BrokenPipeError, OSError):
+            # The supervisor is gone; the parent-death signal will end us. Stop writing.
+            self._fd = None
+
+
+def decode(line: bytes) -> dict[str, Any] | None:
+    """Supervisor side: one line -> record, or None for a malformed line."""
+    try:
+        record = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(record, dict) or record.get("type") not in RECORD_TYPES:
+        return None
+    return record

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Install gpuherd's dependencies into ./.venv (or into $GPUHERD_PYTHON's environment).
+#   bash install.sh               runtime dependencies
+#   bash install.sh --test        + test dependencies
+#   bash install.sh --gpu-extras  + flash-attn (GPU machines only)
+# torch comes first and is chosen for the machine: an existing torch is kept
+# (the venv sees system packages, so a CUDA build already installed is reused);
+# otherwise a CUDA build where `nvidia-smi` sees a GPU, else the CPU build
+# torch==2.13.0 (a few hundred MB instead of several GB of CUDA wheels).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+want_test=0 want_gpu=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) want_test=1 ;;
+    --gpu-extras) want_gpu=1 ;;
+    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "install.sh: error: unknown option '$arg' (see install.sh --help)" >&2; exit 2 ;;
+  esac
+done
+
+if [[ -n "${GPUHERD_PYTHON:-}" ]]; then
+  PY="$GPUHERD_PYTHON"
+else
+  if [[ ! -x "$ROOT/.venv/bin/python" ]]; then
+    echo "install.sh: creating $ROOT/.venv"
+    python3 -m venv --system-site-packages "$ROOT/.venv"
+  fi
+  PY="$ROOT/.venv/bin/python"
+fi
+pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
+
+has_gpu=0
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then has_gpu=1; fi
+
+if "$PY" -c 'import torch' >/dev/null 2>&1; then
+  echo "install.sh: keeping torch $("$PY" -c 'import torch; print(torch.__version__)')"
+  if [[ $has_gpu == 1 ]] && ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.version.cuda else 1)'; then
+    echo "install.sh: warning: this machine has an NVIDIA GPU but the installed torch is a CPU build;" \
+         "workers will run on CPU. Reinstall torch with CUDA to use the GPU." >&2
+  fi
+elif [[ -n "${GPUHERD_TORCH_SPEC:-}" ]]; then
+  echo "install.sh: installing ${GPUHERD_TORCH_SPEC} (GPUHERD_TORCH_SPEC)"
+  pip_install "${GPUHERD_TORCH_SPEC}"
+elif [[ $has_gpu == 1 ]]; then
+  echo "install.sh: NVIDIA GPU found: installing a CUDA build of torch"
+  pip_install "torch>=2.4"
+else
+  echo "install.sh: no NVIDIA GPU: installing the CPU build torch==2.13.0"
+  pip_install "torch==2.13.0"
+fi
+
+pip_install -r "$ROOT/requirements.txt"
+[[ $want_test == 1 ]] && pip_install -r "$ROOT/requirements-dev.txt"
+if [[ $want_gpu == 1 ]]; then
+  if [[ $has_gpu == 1 ]]; then pip_install --no-build-isolation -r "$ROOT/requirements-gpu.txt"
+  else echo "install.sh: --gpu-extras skipped: no NVIDIA GPU on this machine" >&2; fi
+fi
+echo "install.sh: done ($PY)"

@@ -1,0 +1,1 @@
+"""The supervisor: owns processes, devices, logs and monitoring of one run."""

@@ -1,0 +1,1 @@
+"""Everything inside one training process: model, parallelism, loop, checkpoints."""
