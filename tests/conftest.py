@@ -1,0 +1,69 @@
+"""Suite-wide rules: GPU tests skip cleanly without CUDA, and no test may leave a
+process behind (the product's promise is 'no orphans'; the suite keeps it too)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cuda_available() -> bool:
+    if shutil.which("nvidia-smi") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if gpu_items and not _cuda_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")
+        for item in gpu_items:
+            item.add_marker(skip)
+    if os.environ.get("GPUHERD_OFFLINE") == "1":
+        skip = pytest.mark.skip(reason="GPUHERD_OFFLINE=1: test fetches from PyPI")
+        for item in items:
+            if "network" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+@pytest.fixture
+def python_env() -> dict[str, str]:
+    """Environment for subprocesses that run gpuherd's entry points from any cwd."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env["GPUHERD_PYTHON"] = sys.executable
+    return env
+
+
+@pytest.fixture(autouse=True)
+def no_stray_processes():
+    """Fail any test that leaves a child (or grandchild) process running."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+    leftovers = []
+    for proc in psutil.Process().children(recursive=True):
+        if proc.pid in before:
+            continue
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            leftovers.append(f"{proc.pid} {' '.join(proc.cmdline())[:120]}")
+            proc.kill()
+        except psutil.Error:
+            continue
+    assert not leftovers, "test left processes running:\n" + "\n".join(leftovers)
