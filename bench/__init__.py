@@ -1,0 +1,1 @@
+"""gpuherd's benchmark suite: `python -m bench [--quick] [--only NAME]`."""
