@@ -157,6 +157,9 @@ class FieldReader:
                 first = (index, field) not in self._told
                 self._told.add((index, field))
             if first:
-                why = "unsupported on this GPU or driver" if unsupported else "failed"
-                self._log(f"GPU {index}: {field} is n/a ({why}: NVML {exc})")
+                if unsupported:
+                    self._log(f"GPU {index}: {field} unsupported on this GPU or driver (NVML: {exc}); "
+                              "reported as n/a from now on")
+                else:
+                    self._log(f"GPU {index}: reading {field} failed (NVML: {exc}); n/a for this sample")
             return NA

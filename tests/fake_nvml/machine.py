@@ -83,10 +83,11 @@ def machine(
     name: str = "NVIDIA H100 80GB HBM3",
     links_per_pair: int = 4,
     nvswitch: bool = False,
+    sockets: int = 1,
 ) -> FakeMachine:
     """`count` identical GPUs. `nvlink`: every pair joined by `links_per_pair` links.
-    Otherwise GPUs 0..n/2-1 and n/2..n-1 sit on two CPU sockets: `level` inside a
-    socket, SYS across (a typical dual-socket PCIe box). `nvswitch`: HGX-style,
+    Pairs are `level` apart; with `sockets=2`, GPUs 0..n/2-1 and n/2..n-1 sit on two
+    CPU sockets: `level` inside a socket, SYS across (a typical dual-socket PCIe box). `nvswitch`: HGX-style,
     18 links per GPU into switches."""
     gpus = []
     for i in range(count):
@@ -96,8 +97,8 @@ def machine(
             uuid=f"GPU-{i:08x}-1111-2222-3333-{bus:012x}",
             pci_bus_id=f"00000000:{bus:02X}:00.0",
         ))
-    half = max(1, count // 2)
-    topology = [[level if (i < half) == (j < half) else SYS for j in range(count)] for i in range(count)]
+    half = max(1, count // sockets)
+    topology = [[level if i // half == j // half else SYS for j in range(count)] for i in range(count)]
     nvlinks: list[list[str]] = [[] for _ in range(count)]
     if nvlink:
         for i in range(count):
