@@ -135,8 +135,9 @@ def test_inherited_claim_is_adopted_not_seen_as_foreign(monkeypatch):
         parent = try_claim(uuid)
         monkeypatch.setenv(CLAIM_FDS_ENV, parent.make_inheritable())
         assert ids(plan_gpus([0], None, force=False)) == [0]
+        handed_over, parent.fd = parent.fd, -1  # as after exec: plan_gpus now owns the descriptor
         assert CLAIM_FDS_ENV not in os.environ  # workers never see it
-        assert not os.get_inheritable(parent.fd)
+        assert not os.get_inheritable(handed_over)
         assert inherited_claims({CLAIM_FDS_ENV: f"{uuid}=999"}) == {}  # a stale number is ignored
 
 

@@ -53,6 +53,9 @@ class GpuClaim:
             os.close(self.fd)  # closing our only descriptor drops the flock
             self.fd = -1
 
+    def __del__(self) -> None:  # a claim nobody references any more is released, not leaked
+        self.release()
+
     def make_inheritable(self) -> str:
         """Keep the claim across exec; returns this claim's GPUHERD_GPU_CLAIM_FDS entry."""
         os.set_inheritable(self.fd, True)
