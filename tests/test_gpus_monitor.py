@@ -188,3 +188,16 @@ def test_without_nvml_one_notice_and_host_records_still_flow(worker):
         assert wait_for(lambda: rec.of_type("host"))
         mon.stop()
     assert rec.warnings == [] and sum("GPU monitoring off" in x for x in log) == 1
+
+
+def test_older_nvidia_ml_py_without_newer_bindings_falls_back(monkeypatch):
+    import pynvml
+    monkeypatch.delattr(pynvml, "nvmlDeviceGetTemperatureV")  # as in nvidia-ml-py 12.535
+    with installed(machine(1)) as lib:
+        gpus = read_inventory()
+        rec = Recorder()
+        mon = GpuMonitor(gpus, {0: 0}, dict, rec.sink, rec.warn, rec.fatal, interval=60)
+        mon.start()
+        assert wait_for(lambda: rec.of_type("gpu"))
+        mon.stop()
+    assert rec.of_type("gpu")[0]["temp"] == 35 and "nvmlDeviceGetTemperature" in lib.calls

@@ -154,3 +154,15 @@ def test_device_table_names_ranks_and_foreign_processes():
     row = table[2]
     assert row.split()[:2] == ["0", "1"] and "0.5/80.0 GiB" in row and "GPU-00000001" in row
     assert "00000000:28:00.0" in row and "pid 1 " in row and "2.0 GiB" in row
+
+
+def test_device_mismatch_accepts_torch_and_nvml_uuid_forms():
+    from supervisor.gpus import device_mismatch
+    with installed(machine(2)) as lib:
+        gpu = read_inventory()[1]
+        other = lib.machine.gpus[0].uuid
+    assert device_mismatch(gpu, gpu.uuid, 1) is None
+    assert device_mismatch(gpu, gpu.uuid[4:].upper(), 1) is None  # torch: no GPU- prefix
+    message = device_mismatch(gpu, other, 1)
+    assert message.startswith(f"rank 1 got the wrong GPU: planned GPU 1 ({gpu.uuid}) but the worker sees {other}")
+    assert "no GPU" in device_mismatch(gpu, "", 1)

@@ -2,6 +2,7 @@
 
 Public API (what the supervisor and the CLIs call):
   plan_gpus(requested, allowed_env, force) -> list[GpuInfo]     plan.py
+  device_mismatch(planned, reported_uuid, rank) -> str | None   plan.py (worker `ready` check)
   DeviceError(message, code)  .code: 2 usage / 4 device          errors.py
   format_device_table(gpus, rank_of_gpu) -> str                 table.py
   GpuMonitor(gpus, rank_of_gpu, worker_pids, sink, warn, fatal, interval, verbose)   monitor.py
@@ -15,13 +16,13 @@ from supervisor.gpus.errors import DeviceError
 from supervisor.gpus.inventory import GpuInfo, GpuProcess, list_gpus, read_inventory
 from supervisor.gpus.monitor import GpuMonitor
 from supervisor.gpus.nvml import GpuLost, NvmlUnavailable
-from supervisor.gpus.plan import plan_gpus, release_claims
+from supervisor.gpus.plan import device_mismatch, plan_gpus, release_claims
 from supervisor.gpus.selection import Selection, select_least_used
 from supervisor.gpus.table import format_device_table
 from supervisor.gpus.topology import Topology, read_topology
 
 __all__ = [
     "DeviceError", "GpuInfo", "GpuLost", "GpuMonitor", "GpuProcess", "NvmlUnavailable", "Selection", "Topology",
-    "format_device_table", "list_gpus", "plan_gpus", "read_inventory", "read_topology", "release_claims",
+    "device_mismatch", "format_device_table", "list_gpus", "plan_gpus", "read_inventory", "read_topology", "release_claims",
     "select_least_used",
 ]

@@ -92,7 +92,7 @@ def _bus(bus_id: Any) -> str:
 def _processes(pynvml: ModuleType, handle: Any) -> tuple[GpuProcess, ...] | None:
     try:
         found = nvml.compute_processes(pynvml, handle)
-    except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as exc:
+    except Exception as exc:
         if nvml.is_unsupported(pynvml, exc):
             return None
         raise

@@ -67,11 +67,19 @@ def _init_failure(pynvml: ModuleType, exc: Exception) -> str:
     return f"nvmlInit failed: {exc}"
 
 
+def _mismatch(pynvml: ModuleType) -> type | tuple:
+    return getattr(pynvml, "NVMLLibraryMismatchError", ())  # absent in older nvidia-ml-py
+
+
 def is_missing(pynvml: ModuleType, exc: BaseException) -> bool:
-    """The driver lacks this function: try an older variant."""
-    return isinstance(exc, pynvml.NVMLLibraryMismatchError) or (
+    """The driver (or an older nvidia-ml-py: AttributeError) lacks this function: try an older variant."""
+    return isinstance(exc, (AttributeError, *_as_tuple(_mismatch(pynvml)))) or (
         isinstance(exc, pynvml.NVMLError) and exc.value == pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
     )
+
+
+def _as_tuple(kind: type | tuple) -> tuple:
+    return kind if isinstance(kind, tuple) else (kind,)
 
 
 def is_unsupported(pynvml: ModuleType, exc: BaseException) -> bool:
@@ -148,7 +156,7 @@ class FieldReader:
         except Exception as exc:
             if is_lost(self._pynvml, exc):
                 raise GpuLost(index, f"NVML: {exc}") from None
-            if not isinstance(exc, (self._pynvml.NVMLError, self._pynvml.NVMLLibraryMismatchError)):
+            if not isinstance(exc, (self._pynvml.NVMLError, AttributeError, *_as_tuple(_mismatch(self._pynvml)))):
                 raise
             unsupported = is_unsupported(self._pynvml, exc)
             with self._lock:

@@ -119,9 +119,11 @@ def _nvlinks(pynvml: ModuleType, reader: nvml.FieldReader, index: int, handle: A
             if not pynvml.nvmlDeviceGetNvLinkState(handle, link):
                 continue
             remote = _bus(pynvml.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId).lower()
-        except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as exc:
+        except Exception as exc:
             if nvml.is_lost(pynvml, exc):
                 raise nvml.GpuLost(index, f"NVML: {exc}") from None
+            if not (nvml.is_unsupported(pynvml, exc) or isinstance(exc, pynvml.NVMLError)):
+                raise
             break  # past the last link, or no NVLink on this board/driver: PCIe levels decide
         peer = gpu_of_bus.get(remote)
         if peer is None:
