@@ -78,7 +78,7 @@ def test_busy_gpu_exit_4_unless_force():
     with installed(m):
         with pytest.raises(DeviceError, match=r"GPU 1 is busy: 1 other process\(es\) hold 5.0 GiB") as err:
             plan_gpus([1], None, force=False)
-        assert err.value.code == 4
+        assert err.value.code == 2  # issue 5: a busy GPU is a usage error (choose another or --force)
         assert ids(plan_gpus([1], None, force=True)) == [1]
 
 
@@ -120,7 +120,7 @@ def test_plan_claims_gpus_and_a_second_run_is_refused(lock_dir):
             assert holder.stdout.readline().strip() == "held"
             with pytest.raises(DeviceError, match=f"GPU 0 is claimed by another gpuherd run \\(pid {holder.pid}\\)") as err:
                 plan_gpus([0, 1], None, force=False)
-            assert err.value.code == 4
+            assert err.value.code == 2
             assert claim_holder(lib.machine.gpus[1].uuid) is None  # all or nothing: GPU 1 released again
         finally:
             holder.kill()

@@ -71,7 +71,7 @@ def test_claimed_gpus_are_skipped_and_all_busy_is_exit_4():
         m.gpus[1].processes.append(FakeProcess(1, GIB))
         with pytest.raises(DeviceError, match="no free GPU: GPU 0 claimed by another gpuherd run, GPU 1 busy") as err:
             select_least_used(0.1)
-        assert err.value.code == 4
+        assert err.value.code == 2
         assert select_least_used(0.1, force=True).gpu.index == 1
         held.release()
 

@@ -95,7 +95,7 @@ def _refuse_busy(chosen: list[GpuInfo], all_by_default: bool) -> None:
             raise DeviceError(
                 f"GPU {gpu.index} is busy: {len(others)} other process(es) hold {held:.1f} GiB "
                 f"({'; '.join(p.describe() for p in others[:3])}); {hint}use ./train_auto_gpu.sh, "
-                "or --force to share it", ExitCode.DEVICE)
+                "or --force to share it", ExitCode.USAGE)
 
 
 def _claim(chosen: list[GpuInfo], force: bool, lock_dir: Path | None) -> None:
@@ -115,7 +115,7 @@ def _claim(chosen: list[GpuInfo], force: bool, lock_dir: Path | None) -> None:
             for uuid in new:  # all or nothing
                 _held.pop(uuid).release()
             raise DeviceError(f"GPU {gpu.index} is claimed by another gpuherd run ({who}); "
-                              "wait for it, choose another GPU, or --force to share it", ExitCode.DEVICE)
+                              "wait for it, choose another GPU, or --force to share it", ExitCode.USAGE)
 
 
 def _ids(ids: list[int]) -> str:

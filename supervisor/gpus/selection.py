@@ -97,7 +97,7 @@ def select_least_used(
     reasons = ", ".join(
         f"GPU {c.gpu.index} " + ("claimed by another gpuherd run" if c.claimed_by is not None else "busy")
         for c in ranked)
-    raise DeviceError(f"no free GPU: {reasons}; pass --force to share the least-used busy GPU", ExitCode.DEVICE)
+    raise DeviceError(f"no free GPU: {reasons}; pass --force to share the least-used busy GPU", ExitCode.USAGE)
 
 
 def _measure(pynvml, handles: dict, gpus: list[GpuInfo], window_s: float) -> list[Candidate]:
