@@ -1,0 +1,5 @@
+"""`python -m supervisor` (what run_training.sh execs)."""
+
+from supervisor.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,261 @@
+"""`python -m supervisor`: one training job from command line to exit code.
+
+resolve config (exit 2) -> plan devices (exit 2) -> run directory + config.json ->
+dataset cache (exit 3; built-in trainer only) -> spawn one worker per device ->
+supervise -> summary.json + root-cause block -> exit with the cause's code.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import psutil
+from loguru import logger
+
+from gpuherd import contract
+from gpuherd.cli import die
+from gpuherd.exit_codes import ExitCode
+from supervisor import run_dir as rundir
+from supervisor.cli import Launch, parse
+from supervisor.console import Console
+from supervisor.devices import DevicePlan, DevicePlanError, plan_devices
+from supervisor.heartbeat import HeartbeatMonitor, hang_timeouts
+from supervisor.log_router import LogRouter, WorkerLog
+from supervisor.orphan_guard import OrphanGuard
+from supervisor.rendezvous import HostedStore
+from supervisor.spawn import WorkerProcess, become_subreaper, die_with_parent, spawn
+from supervisor.summary import RootCause, Summary, WorkerReport, how_it_ended, now_iso, shell_code
+from supervisor.supervise import Supervision
+from supervisor.watchers import WATCHER_FACTORIES, MetricsSink, RunContext, RunWatcher
+from supervisor.worker_env import RunEnv, worker_env
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    started_at, t0 = now_iso(), time.monotonic()
+    launch = parse(list(sys.argv[1:] if argv is None else argv))
+    _console_logging(launch.verbose)
+    cfg = launch.config
+    plan = _plan(launch)
+    try:
+        run_id = rundir.check_run_id(launch.run_id) if launch.run_id else rundir.new_run_id()
+        run_dir = rundir.run_dir_path(cfg.system.run_root, run_id)
+        rundir.ensure_free(run_dir, launch.force)
+    except rundir.RunDirError as exc:
+        die(str(exc))
+    # ---- nothing was written before this line; everything below may write
+    rundir.create(run_dir)
+    rundir.write_atomic(run_dir / "config.json", cfg.to_json() + b"\n")
+    logger.add(run_dir / "supervisor.log", level="DEBUG", enqueue=False,
+               format="{time:YYYY-MM-DD HH:mm:ss.SSS} {level} | {message}")
+    mode = "script" if launch.script else "train"
+    command = _command(launch)
+    logger.debug(f"run {run_id}: {mode} mode, {plan.world_size} worker(s) on "
+                 f"{', '.join(s.tag for s in plan.slots)}; isolate={plan.isolate}; command: {' '.join(command)}")
+    if plan.notice:
+        logger.info(plan.notice)
+
+    job = Job(launch, plan, run_id, run_dir, command, started_at, t0)
+    if mode == "train":
+        failure = job.prepare_dataset()
+        if failure is not None:
+            return job.finish(failure, [])
+    return job.run()
+
+
+def _console_logging(verbose: bool) -> None:
+    logger.remove()
+    logger.add(sys.stderr, level="DEBUG" if verbose else "INFO", format="supervisor:{level} | {message}",
+               colorize=False, filter=lambda record: not record["extra"].get("file_only"))
+
+
+def _plan(launch: Launch) -> DevicePlan:
+    cfg = launch.config
+    gpus = None
+    if cfg.system.device != "cpu":
+        from supervisor.gpus.inventory import list_gpus
+
+        gpus = list_gpus()
+    try:
+        plan = plan_devices(cfg.system, gpus, os.environ.get("CUDA_VISIBLE_DEVICES"),
+                            nproc_explicit=launch.nproc_explicit, force=launch.force)
+    except DevicePlanError as exc:
+        die(str(exc))
+    for rank in cfg.system.log_ranks or []:
+        if rank >= plan.world_size:
+            die(f"--log-ranks {rank}: this run has ranks 0-{plan.world_size - 1}")
+    return plan
+
+
+def _command(launch: Launch) -> list[str]:
+    if launch.script is not None:
+        return [sys.executable, "-u", str(launch.script), *launch.script_args]
+    return [sys.executable, "-m", "worker"]
+
+
+class Job:
+    def __init__(self, launch: Launch, plan: DevicePlan, run_id: str, run_dir: Path, command: list[str],
+                 started_at: str, t0: float) -> None:
+        self.launch, self.plan, self.run_id, self.run_dir = launch, plan, run_id, run_dir
+        self.cfg = launch.config
+        self.command, self.started_at, self.t0 = command, started_at, t0
+        self.dataset_path = ""
+        self.notes: list[str] = []
+
+    @property
+    def mode(self) -> str:
+        return "script" if self.launch.script else "train"
+
+    def prepare_dataset(self) -> RootCause | None:
+        """Built once, here, before any worker exists; workers only read it."""
+        try:
+            from dataset_cache import DatasetError, prepare_cache
+        except ImportError as exc:
+            return RootCause("dataset", ExitCode.DATA, f"the dataset_cache package is unusable: {exc}")
+        try:
+            info = prepare_cache(self.cfg.data)
+        except DatasetError as exc:
+            logger.error(f"dataset: {exc}")
+            return RootCause("dataset", ExitCode.DATA, f"dataset: {exc}")
+        except KeyboardInterrupt:
+            return RootCause("interrupted", ExitCode.SIGINT, "interrupted by Ctrl-C while preparing the dataset")
+        self.dataset_path = str(info.path)
+        logger.info(f"dataset cache {'built' if info.built else 'reused'}: {info.path} "
+                    f"({info.train_tokens:,} train / {info.val_tokens:,} val tokens, {info.seconds:.1f} s)")
+        return None
+
+    def run(self) -> int:
+        cfg, plan = self.cfg, self.plan
+        become_subreaper()
+        hang, startup = hang_timeouts(cfg.preset, cfg.system.hang_timeout, cfg.system.startup_timeout,
+                                      script=self.mode == "script")
+        logs = [WorkerLog(s.rank, s.tag, self.run_dir / f"worker-rank{s.rank}-{s.tag}.log") for s in plan.slots]
+        router = LogRouter(logs, Console(), cfg.system.log_ranks, cfg.system.collapse_logs)
+        monitor = HeartbeatMonitor([s.rank for s in plan.slots], time.monotonic(), hang, startup,
+                                   cfg.system.rendezvous_timeout, expect_heartbeats=self.mode == "train")
+        metrics = MetricsSink(self.run_dir / "metrics.jsonl")
+        sup = Supervision([], router, monitor, metrics, cfg.system.grace_period, finish_window=hang)
+        store = HostedStore()
+        marker = f"{contract.SUPERVISOR_PID}={os.getpid()}"
+        guard = OrphanGuard(marker, sys.executable, _python_env())
+        run_env = RunEnv(run_id=self.run_id, run_dir=str(self.run_dir), master_addr=store.addr,
+                         master_port=store.port, supervisor_pid=os.getpid(),
+                         config_path=str(self.run_dir / "config.json"), dataset_cache=self.dataset_path)
+        base_env = _python_env() if self.mode == "train" else dict(os.environ)
+        workers: list[WorkerProcess] = []
+        watchers: list[RunWatcher] = []
+        cause: RootCause | None = None
+        sup.install_signal_handlers()
+        try:
+            for slot in plan.slots:
+                w = spawn(self.command, lambda fd, slot=slot: worker_env(base_env, plan, slot, run_env, fd),
+                          slot, logs[slot.rank].path)
+                sup.add_worker(w)
+                workers.append(w)
+                guard.watch(w.pgid)
+            logger.debug(f"spawned {len(workers)} worker(s) in {time.monotonic() - self.t0:.2f} s since start; "
+                         f"rendezvous store on {store.addr}:{store.port}")
+            store_proc = store.start(sys.executable, _python_env(), die_with_parent())
+            guard.watch(store_proc.pid)
+            sup.watch_helper("rendezvous store", store_proc, store.failure)
+            watchers = _start_watchers(self, sup, metrics, workers)
+            cause = sup.run()
+        except OSError as exc:
+            cause = RootCause("supervisor", ExitCode.FAILURE, f"cannot start worker: {exc}")
+            logger.error(cause.message)
+        finally:
+            sup.force_kill_everything()
+            for watcher in watchers:
+                _stop_watcher(watcher)
+            router.close()
+            metrics.close()
+            store.stop()
+            _sweep_orphans(exclude={guard.pid})
+            guard.release()
+            sup.restore_signal_handlers()
+        self.notes += sup.notes
+        teardown = None
+        if sup.first_failure_at is not None and sup.all_gone_at is not None:
+            teardown = max(0.0, sup.all_gone_at - sup.first_failure_at)
+        return self.finish(cause, workers, monitor, teardown)
+
+    def finish(self, cause: RootCause | None, workers: list[WorkerProcess], monitor: HeartbeatMonitor | None = None,
+               teardown_s: float | None = None) -> int:
+        exit_code = int(cause.exit_code) if cause is not None else 0
+        reports = [_report(w, cause, monitor) for w in workers]
+        summary = Summary(
+            run_id=self.run_id, run_dir=str(self.run_dir), mode=self.mode, command=self.command,
+            exit_code=exit_code, outcome="success" if cause is None else cause.kind, started_at=self.started_at,
+            duration_s=round(time.monotonic() - self.t0, 3), root_cause=cause, workers=reports,
+            teardown_s=None if teardown_s is None else round(teardown_s, 4), notes=self.notes,
+        )
+        summary.write(self.run_dir / "summary.json")
+        block = summary.block()
+        logger.bind(file_only=True).info(block)  # the console gets it below, unprefixed
+        print(block, file=sys.stderr, flush=True)
+        return exit_code
+
+
+def _python_env() -> dict[str, str]:
+    """Our environment with the repo importable (`python -m worker`, the guard)."""
+    env = dict(os.environ)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(REPO_ROOT) not in paths:
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *paths])
+    return env
+
+
+def _start_watchers(job: Job, sup: Supervision, metrics: MetricsSink, workers: list[WorkerProcess]) -> list[RunWatcher]:
+    ctx = RunContext(config=job.cfg, plan=job.plan, run_dir=job.run_dir, pids={w.slot.rank: w.pid for w in workers},
+                     write_metric=metrics.write, report_fatal=sup.report_fatal)
+    started = []
+    for factory in WATCHER_FACTORIES:
+        watcher = factory(ctx)
+        if watcher is not None:
+            watcher.start(ctx)
+            started.append(watcher)
+    return started
+
+
+def _stop_watcher(watcher: RunWatcher) -> None:
+    try:
+        watcher.stop()
+    except Exception as exc:  # a broken watcher must not keep workers alive or hide the run's outcome
+        logger.warning(f"watcher {getattr(watcher, 'name', watcher)} failed to stop: {exc}")
+
+
+def _sweep_orphans(exclude: set[int]) -> None:
+    """Anything still below us now (a grandchild that escaped its process group and was
+    reparented to us as subreaper) is killed and reaped."""
+    procs = [p for p in psutil.Process().children(recursive=True) if p.pid not in exclude]
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=2)
+
+
+def _report(w: WorkerProcess, cause: RootCause | None, monitor: HeartbeatMonitor | None) -> WorkerReport:
+    st = monitor.ranks[w.slot.rank] if monitor is not None else None
+    code = None if w.returncode is None else shell_code(w.returncode)
+    if cause is None:
+        role = "ok"
+    elif cause.rank == w.slot.rank:
+        role = "first-failure"
+    elif cause.kind == "interrupted":
+        role = "interrupted"
+    elif w.signalled and any(s in ("SIGTERM", "SIGKILL") for s in w.signalled):
+        role = "victim"
+    else:
+        role = "ok" if code == 0 else "failed"
+    return WorkerReport(
+        rank=w.slot.rank, device=w.slot.tag, pid=w.pid, exit_code=code, ended=how_it_ended(w.returncode), role=role,
+        signals_sent=list(w.signalled), last_step=st.step if st else None, phase=st.phase if st else None,
+        status_records=st.records if st else 0,
+        seconds=None if w.ended is None else round(w.ended - w.started, 3), log=str(w.log_path),
+    )

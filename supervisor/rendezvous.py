@@ -1,0 +1,81 @@
+"""The run's torch TCPStore, on a port the supervisor holds from the first moment.
+
+Why not a "free port" handed to rank 0: between probing and rank 0's bind another
+job can take it (pytorch #126510). Here the supervisor binds 127.0.0.1:0 before
+spawning anything and keeps the socket, so two jobs on one node never collide;
+every rank is a store client (TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun).
+
+Why a separate process: `import torch` costs seconds of CPU. The supervisor stays
+torch-free (its event loop never waits on an import holding the GIL); a small,
+slightly niced process imports torch while the workers do and serves the store
+from the already-bound socket (`master_listen_fd`). Workers that connect earlier
+wait in the listen backlog. It dies with the supervisor like a worker does.
+
+    python -m supervisor.rendezvous LISTEN_FD PORT TIMEOUT_S
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from datetime import timedelta
+
+MASTER_ADDR = "127.0.0.1"
+STORE_NICENESS = 5  # workers' own torch imports come first on a machine short of cores
+
+
+class HostedStore:
+    def __init__(self, timeout_s: float = 1800.0) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind((MASTER_ADDR, 0))
+        self._sock.listen(1024)  # every rank may connect before the store runs; none may be refused
+        self.addr = MASTER_ADDR
+        self.port = self._sock.getsockname()[1]
+        self.timeout_s = timeout_s
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, python: str, env: dict[str, str], preexec_fn: Callable[[], None]) -> subprocess.Popen:
+        fd = self._sock.fileno()
+        self.proc = subprocess.Popen(
+            [python, "-m", "supervisor.rendezvous", str(fd), str(self.port), str(self.timeout_s)], env=env, pass_fds=(fd,),
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            process_group=0, preexec_fn=preexec_fn,
+        )
+        return self.proc
+
+    def failure(self) -> str:
+        """Why the store process ended (its last stderr line), for the root cause."""
+        if self.proc is None or self.proc.poll() is None:
+            return ""
+        try:
+            err = self.proc.stderr.read().decode(errors="replace").strip().splitlines()
+        except (OSError, ValueError):
+            err = []
+        return (f"the rendezvous store on {self.addr}:{self.port} exited with code {self.proc.returncode}"
+                + (f": {err[-1]}" if err else ""))
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        if self.proc is not None and self.proc.stderr is not None:
+            self.proc.stderr.close()
+        self._sock.close()
+
+
+def serve(listen_fd: int, port: int, timeout_s: float) -> None:
+    os.nice(STORE_NICENESS)
+    from torch.distributed import TCPStore
+
+    _store = TCPStore(MASTER_ADDR, port, None, True, timedelta(seconds=timeout_s), wait_for_workers=False,
+                      master_listen_fd=listen_fd)
+    while True:  # the store runs in torch's own threads; we only stay alive until killed
+        signal.pause()
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]))

@@ -1,0 +1,61 @@
+"""The run directory `logs/<run-id>/` and atomic writes of the files that matter."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+import secrets
+from pathlib import Path
+
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class RunDirError(ValueError):
+    """A bad --run-id or an existing run directory; one line for the user (exit 2)."""
+
+
+def new_run_id() -> str:
+    """YYYYmmdd-HHMMSS-<4 hex>: sorts by time, unique for runs started in one second."""
+    return f"{datetime.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
+def check_run_id(run_id: str) -> str:
+    if not _RUN_ID.match(run_id):
+        raise RunDirError(f"--run-id '{run_id}' must be 1-128 characters of letters, digits, '.', '_' or '-' "
+                          "(no '/'), starting with a letter or digit")
+    return run_id
+
+
+def run_dir_path(run_root: str | Path, run_id: str) -> Path:
+    return Path(run_root) / run_id
+
+
+def ensure_free(run_dir: Path, force: bool) -> None:
+    """Refuse to mix two runs' logs unless asked to (checked before anything is written)."""
+    if run_dir.exists() and not force:
+        raise RunDirError(f"run directory {run_dir} already exists (choose another --run-id or add --force)")
+
+
+def create(run_dir: Path) -> Path:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """temp file, fsync, rename, fsync the directory: readers see old or new, never half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

@@ -1,0 +1,109 @@
+"""How a run ended, for the user (root-cause block on the console) and for tools (summary.json)."""
+
+from __future__ import annotations
+
+import datetime
+import signal
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gpuherd.exit_codes import describe
+from supervisor.run_dir import write_atomic
+
+RULE = "=" * 80
+
+
+def shell_code(returncode: int) -> int:
+    """subprocess's -N (killed by signal N) -> the shell's 128+N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def how_it_ended(returncode: int | None) -> str:
+    if returncode is None:
+        return "still running"
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit code {returncode}" + (f" ({describe(returncode)})" if returncode else "")
+
+
+@dataclass
+class RootCause:
+    kind: str  # worker-exit | early-exit | hang | rendezvous | watcher | interrupted | terminated | supervisor
+    exit_code: int  # what the supervisor exits with
+    message: str  # one line
+    rank: int | None = None
+    device: str | None = None  # GPU3 / CPU0
+    stderr_tail: list[str] = field(default_factory=list)
+
+
+@dataclass
+class WorkerReport:
+    rank: int
+    device: str
+    pid: int
+    exit_code: int | None  # shell convention (128+N for signal N)
+    ended: str  # "exit code 1 (failure)", "killed by SIGTERM"
+    role: str  # ok | first-failure | victim | interrupted | running
+    signals_sent: list[str]
+    last_step: int | None
+    phase: str | None
+    status_records: int
+    seconds: float | None  # alive for
+    log: str
+
+
+@dataclass
+class Summary:
+    run_id: str
+    run_dir: str
+    mode: str  # "train" | "script"
+    command: list[str]
+    exit_code: int
+    outcome: str
+    started_at: str
+    duration_s: float
+    root_cause: RootCause | None
+    workers: list[WorkerReport]
+    teardown_s: float | None = None  # first failure -> last worker gone
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2)
+
+    def write(self, path: Path) -> None:
+        write_atomic(path, self.to_json() + b"\n")
+
+    def block(self) -> str:
+        """The console's root-cause block (or the one-line success note)."""
+        if self.root_cause is None:
+            return (f"gpuherd: run {self.run_id} finished: {len(self.workers)} worker(s) exited 0 in "
+                    f"{self.duration_s:.1f} s; logs in {self.run_dir}")
+        rc = self.root_cause
+        lines = [RULE, f"gpuherd: run {self.run_id} FAILED with exit code {self.exit_code} ({describe(self.exit_code)})",
+                 f"root cause: {rc.message}"]
+        if rc.stderr_tail:
+            lines.append(f"last lines of {rc.device} (rank {rc.rank}) stderr:")
+            lines += [f"    {line}" for line in rc.stderr_tail]
+        victims = [w for w in self.workers if w.role == "victim"]
+        if victims:
+            lines.append("stopped by the supervisor: " + ", ".join(
+                f"{w.device} (rank {w.rank}, {w.ended})" for w in victims))
+        lines += [f"note: {n}" for n in self.notes]
+        if self.teardown_s is not None:
+            lines.append(f"teardown: every worker gone {self.teardown_s * 1000:.0f} ms after the first failure")
+        lines += [f"details: {self.run_dir}/summary.json, worker logs in {self.run_dir}", RULE]
+        return "\n".join(lines)
+
+
+def now_iso() -> str:
+    return datetime.datetime.now().astimezone().isoformat(timespec="milliseconds")
+
+
+def as_dict(summary: Summary) -> dict[str, Any]:
+    return orjson.loads(summary.to_json())

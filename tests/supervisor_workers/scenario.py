@@ -1,0 +1,115 @@
+"""A torchrun-style worker whose behaviour each test picks per rank, for real-process tests.
+
+    python scenario.py BEHAVIOUR_RANK0 BEHAVIOUR_RANK1 ...   (missing ranks: "train")
+
+Behaviours: train[:steps] | forever | raise | exit0 | silent-exit0 | sigkill | stop |
+stall | ignore-term | flood[:lines] | midline | grandchild | escapee | graceful | env.
+Every rank registers faulthandler on SIGUSR1 (as gpuherd's own worker does) unless
+the behaviour ends in "+nofh".
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from gpuherd.status_channel import StatusWriter
+
+RANK = int(os.environ["RANK"])
+SPEC = sys.argv[1 + RANK] if len(sys.argv) > 1 + RANK else "train"
+NAME, _, ARG = SPEC.removesuffix("+nofh").partition(":")
+TAG = f"[{'CPU' if os.environ.get('GPUHERD_DEVICE_KIND') == 'cpu' else 'GPU'} {os.environ.get('GPU_RANK')}]"
+status = StatusWriter.from_env(RANK)
+if not SPEC.endswith("+nofh"):
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
+def log(message: str, level: str = "INFO") -> None:
+    print(f"{level} | {TAG} {message}", file=sys.stderr, flush=True)
+
+
+def step(i: int, total: int) -> None:
+    log(f"Step [{i}/{total}] | Loss: {10 - i * 0.01:.4f}")
+    status.send("step", step=i, max_steps=total, loss=10 - i * 0.01)
+    time.sleep(0.02)
+
+
+def train(total: int) -> None:
+    status.send("phase", name="train")
+    for i in range(total):
+        step(i, total)
+
+
+def main() -> int:
+    if NAME == "env":
+        keys = [k for k in os.environ if k in sys.argv[-1].split(",")] if False else sorted(os.environ)
+        print(json.dumps({k: os.environ[k] for k in keys}), flush=True)
+        status.send("done", step=0)
+        return 0
+    if NAME == "train":
+        train(int(ARG or 20))
+        status.send("done", step=int(ARG or 20))
+        return 0
+    if NAME in ("forever", "ignore-term", "graceful", "grandchild", "escapee"):
+        if NAME == "ignore-term":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if NAME == "graceful":
+            def stop(signum, frame):
+                log("SIGINT: saving checkpoint and stopping", "WARNING")
+                status.send("checkpoint", step=0, path="ckpt")
+                raise SystemExit(130)
+            signal.signal(signal.SIGINT, stop)
+        if NAME == "grandchild":
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+            log(f"grandchild pid {child.pid}")
+        if NAME == "escapee":
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+            log(f"escapee pid {child.pid}")
+        i = 0
+        while True:
+            step(i, 10**6)
+            i += 1
+    if NAME == "raise":
+        train(3)
+        raise RuntimeError(f"boom from rank {RANK}")
+    if NAME == "exit0":
+        train(3)
+        return 0
+    if NAME == "silent-exit0":
+        log("finished early without a word on the status channel")
+        return 0
+    if NAME == "sigkill":
+        train(3)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if NAME == "stop":
+        train(3)
+        os.kill(os.getpid(), signal.SIGSTOP)
+        return 0
+    if NAME == "stall":
+        train(3)
+        log("waiting in a collective that never completes")
+        time.sleep(600)
+        return 0
+    if NAME == "flood":
+        n = int(ARG or 100_000)
+        out = sys.stdout
+        for i in range(n):
+            out.write(f"flood line {i:06d} from rank {RANK} " + "x" * 40 + "\n")
+        out.flush()
+        status.send("done", step=0)
+        return 0
+    if NAME == "midline":
+        train(2)
+        sys.stderr.write("fatal: half a line without newli")
+        sys.stderr.flush()
+        os._exit(3)
+    raise SystemExit(f"unknown behaviour {SPEC!r}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
