@@ -65,13 +65,16 @@ def named_modules(model: torch.nn.Module) -> Iterator[tuple[str, torch.nn.Module
         if id(module) in seen:
             continue
         seen.add(id(module))
-        inner = getattr(module, "module", None) or getattr(module, "_orig_mod", None)
-        if isinstance(inner, torch.nn.Module) and _is_wrapper(module):
+        if _is_wrapper(module):
             continue
         yield clean_name(raw), module
 
 
+WRAPPER_TYPES = frozenset({"DistributedDataParallel", "DataParallel", "OptimizedModule",
+                           "FullyShardedDataParallel", "CheckpointWrapper"})
+
+
 def _is_wrapper(module: torch.nn.Module) -> bool:
-    kind = type(module).__name__
-    return kind in {"DistributedDataParallel", "DataParallel", "OptimizedModule",
-                    "FullyShardedDataParallel", "CheckpointWrapper"}
+    """A module that only forwards to one wrapped module (by type name, so no
+    optional import is needed). FSDP2's `fully_shard` keeps the module itself."""
+    return type(module).__name__ in WRAPPER_TYPES
