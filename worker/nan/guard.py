@@ -83,7 +83,7 @@ class NanGuard:
         self._forward.attach()
         self._grads.attach()
         logger.debug(f"{self.identity.bracket} NaN probes attached: forward hooks on every module,"
-                     " gradient hooks on every parameter")
+                     " local-gradient hooks on every parameter (leaf modules for sharded ones)")
 
     def detach(self) -> None:
         for probe in (self._forward, self._grads):
@@ -142,11 +142,13 @@ class NanGuard:
             grad_norm_bad=not math.isfinite(grad_norm), bad_parameters=len(inspection.bad_parameters),
             bad_gradients=len(inspection.bad_gradients),
             first_bad_module=first_module["module"] if first_module else None,
-            first_bad_gradient=first_grad["parameter"] if first_grad else None,
+            first_bad_gradient=(first_grad.get("parameter") or first_grad.get("module")) if first_grad else None,
             sharded=inspection.sharded,
         )
         records = gather_records(mine)
         reporters = _reporters(records)
+        # Under sharding every flagged rank holds a different piece of the state: all of them dump.
+        dumpers = sorted(set(reporters) | {r.rank for r in records if r.flagged and r.sharded})
         origin = [r.rank for r in records if r.evidence] or [r.rank for r in records if r.flagged]
 
         stop = True
@@ -170,13 +172,13 @@ class NanGuard:
             logger.error(f"{bracket} Non-finite loss/gradients at step {step} produced on rank(s) {origin};"
                          f" full report from rank(s) {reporters}")
 
-        pkl = self._write_dump(step, report, inspection, batches, stop) if i_report else None
+        i_dump = self.identity.rank in dumpers
+        pkl = self._write_dump(step, report, inspection, batches, stop) if i_dump else None
         ckpt = self._save_checkpoint(step) if stop else None
-        if i_report:
-            if ckpt is not None:
-                logger.error(f"Checkpoint saved: {_show(ckpt)}")
-            if pkl is not None:
-                logger.error(f"Debug tensors saved: {_show(pkl)}")
+        if i_report and ckpt is not None:
+            logger.error(f"Checkpoint saved: {_show(ckpt)}")
+        if pkl is not None:
+            logger.error(f"Debug tensors saved: {_show(pkl)}")
         self.status.send("nan", step=step, ranks=origin, report=str(pkl) if pkl else None,
                          checkpoint=str(ckpt) if ckpt else None, action="stop" if stop else "skip",
                          loss=loss if math.isfinite(loss) else str(loss),
@@ -210,9 +212,6 @@ class NanGuard:
                          " 'shapes' holds the global ones; load every rank's file for whole tensors")
         if selection.empty_shards:
             notes.append(f"no local elements (empty shards, not dumped): {selection.empty_shards}")
-        if self._grads is not None and self._grads.skipped_sharded:
-            notes.append(f"{self._grads.skipped_sharded} sharded parameters had no local-gradient hook"
-                         " (FSDP reduce-scatters before the gradient reaches them)")
         omitted = dump.omitted_note(selection, limit_mb)
         if omitted:
             notes.append(omitted)
