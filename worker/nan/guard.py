@@ -67,6 +67,11 @@ class NanGuard:
         self.checkpoint_dir = Path(cfg.system.checkpoint_dir)
         self.consecutive_skips = 0
         self.skipped_steps: list[int] = []
+        # fp16 autocast trains with a dynamic GradScaler: an Inf/NaN gradient is
+        # then its normal overflow signal (scaler.step skips, the scale drops),
+        # not divergence, so only a non-finite loss counts. bf16/fp32 have no
+        # scaler: there every non-finite gradient norm is a real problem.
+        self.scaler_owns_overflow = cfg.training.use_amp and cfg.training.amp_dtype == "fp16"
         self._counter = MicroBatchCounter()
         self._forward: ForwardProbe | None = None
         self._grads: GradProbe | None = None
@@ -99,8 +104,10 @@ class NanGuard:
         if not self.cfg.debug.nan_detection:
             return True
         loss_t, norm_t = self._scalars(loss, grad_norm)
-        local_bad = ~(torch.isfinite(loss_t) & torch.isfinite(norm_t))
-        if not any_rank_bad(local_bad):
+        finite = torch.isfinite(loss_t)
+        if not self.scaler_owns_overflow:
+            finite = finite & torch.isfinite(norm_t)
+        if not any_rank_bad(~finite):
             self.consecutive_skips = 0
             self._reset_probes()
             return True

@@ -29,9 +29,10 @@ def tensor_stats(tensor: torch.Tensor) -> torch.Tensor:
     safe = torch.where(finite, x, torch.zeros_like(x))
     mean = safe.sum() / count.clamp(min=1)
     var = (torch.where(finite, x - mean, torch.zeros_like(x)) ** 2).sum() / count.clamp(min=1)
-    inf = torch.tensor(float("inf"), device=x.device)
+    # torch.full, not torch.tensor(python float): a fill kernel, no host->device copy
+    inf = torch.full((), float("inf"), device=x.device)
     return torch.stack([
-        torch.tensor(float(x.numel()), device=x.device),
+        torch.full((), float(x.numel()), device=x.device),
         torch.isnan(x).sum().float(),
         torch.isinf(x).sum().float(),
         torch.where(finite, x, inf).min() if x.numel() else inf * 0,
