@@ -36,6 +36,8 @@ from worker.nan.names import is_dtensor, local_tensor
 from worker.nan.probes import ForwardProbe, GradProbe, MicroBatchCounter
 from worker.nan.ranks import RankRecord
 
+STATUS_RANKS = 64  # rank ids listed in a `nan` status record
+
 
 class NanStop(RuntimeError):
     """Raised on every rank together; the worker exits with `exit_code`."""
@@ -186,7 +188,9 @@ class NanGuard:
             logger.error(f"Checkpoint saved: {_show(ckpt)}")
         if pkl is not None:
             logger.error(f"Debug tensors saved: {_show(pkl)}")
-        self.status.send("nan", step=step, ranks=origin, report=str(pkl) if pkl else None,
+        # The record must stay under PIPE_BUF or the channel drops its fields: cap the list.
+        self.status.send("nan", step=step, ranks=origin[:STATUS_RANKS], n_ranks=len(origin),
+                         report=str(pkl) if pkl else None,
                          checkpoint=str(ckpt) if ckpt else None, action="stop" if stop else "skip",
                          loss=loss if math.isfinite(loss) else str(loss),
                          grad_norm=grad_norm if math.isfinite(grad_norm) else str(grad_norm))
