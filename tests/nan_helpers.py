@@ -206,23 +206,28 @@ def make_guard(model: nn.Module, cfg: Config, save_checkpoint=None, status_fd: i
 
 
 def param_checksum(model: nn.Module) -> str:
-    """Digest of every weight's bytes: changes whenever an optimizer step is applied."""
+    """Digest of every weight's (local) bytes: changes whenever an optimizer step is applied."""
+    from worker.nan.names import local_tensor
+
     digest = hashlib.sha256()
     for p in model.parameters():
-        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
+        digest.update(local_tensor(p.detach()).cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
 
 
 # ---------------------------------------------------------------- 2-rank script
 
 
-def run_rank(store: str, out_dir: Path, ckpt_dir: Path) -> int:
-    """One gloo rank of a DDP run under policy skip (max 1 in a row): step 0
-    poisoned on rank 1 (skip), step 1 clean (apply), steps 2 and 3 poisoned on
-    rank 1 (skip, then stop). Writes what it saw to out_dir/rank{r}.json."""
+def run_rank(store: str, out_dir: Path, ckpt_dir: Path, scenario: str) -> int:
+    """One gloo rank; writes what it saw to out_dir/rank{r}.json and exits with
+    NanStop's code.
+
+    ddp:  DDP, policy skip (max 1 in a row): step 0 POISON on rank 1 (skip),
+          step 1 clean (apply), steps 2 and 3 POISON on rank 1 (skip, then stop).
+    fsdp: FSDP2 (fully_shard per block, then root), policy stop: step 0 clean,
+          step 1 PAD on rank 1 (a backward-only NaN) -> stop."""
     import torch.distributed as dist
     from loguru import logger
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     from gpuherd.contract import WorkerIdentity
     from gpuherd.status_channel import StatusWriter
@@ -234,29 +239,47 @@ def run_rank(store: str, out_dir: Path, ckpt_dir: Path) -> int:
     identity = WorkerIdentity.from_env()
     dist.init_process_group("gloo", init_method=store, rank=identity.rank, world_size=identity.world_size)
     torch.manual_seed(0)
-    model = DDP(TinyLM())
+    if scenario == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(TinyLM())
+        state = model.module.state_dict
+        cfg = make_config(ckpt_dir, hooks=True, policy="skip", max_skips=1)
+        steps = [POISON, None, POISON, POISON]
+    else:
+        from torch.distributed.fsdp import fully_shard
+
+        model = TinyLM()
+        for layer in model.layers:
+            fully_shard(layer)
+        fully_shard(model)
+
+        def state():  # a full state dict: a collective under FSDP2
+            return {k: v.full_tensor() for k, v in model.state_dict().items()}
+
+        cfg = make_config(ckpt_dir, hooks=True, policy="stop")
+        steps = [None, PAD]
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     saved: list[str] = []
 
     def save_checkpoint(path: Path) -> None:
         saved.append(str(path))
+        full = state()
         if identity.rank == 0:
             path.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(model.module.state_dict(), path)
-        dist.barrier()  # collective, as under FSDP
+            torch.save(full, path)
+        dist.barrier()  # collective, as the worker's sharded save is
 
-    status_path = out_dir / f"status{identity.rank}.jsonl"
-    status_fd = os.open(status_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    guard = NanGuard(make_config(ckpt_dir, hooks=True, policy="skip", max_skips=1), model, identity,
-                     StatusWriter(status_fd, identity.rank), save_checkpoint)
+    status_fd = os.open(out_dir / f"status{identity.rank}.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    guard = NanGuard(cfg, model, identity, StatusWriter(status_fd, identity.rank), save_checkpoint)
     guard.attach()
     results: dict = {"applied": [], "checksums": [], "saved": saved, "exit": 0}
     code = 0
     try:
-        for step in range(4):
+        for step, token in enumerate(steps):
             batch = clean_batch(100 * step + identity.rank)
-            if identity.rank == 1 and step != 1:
-                batch = with_token(batch, POISON)
+            if identity.rank == 1 and token is not None:
+                batch = with_token(batch, token)
             results["applied"].append(train_step(model, opt, guard, step, [batch], lr=0.1))
             results["checksums"].append(param_checksum(model))
     except NanStop as stop:
@@ -271,4 +294,4 @@ def run_rank(store: str, out_dir: Path, ckpt_dir: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_rank(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])))
+    sys.exit(run_rank(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]))

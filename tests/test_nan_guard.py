@@ -226,3 +226,31 @@ def test_failing_checkpoint_keeps_the_nan_exit_and_the_pickle(tmp_path, model, l
     lines = log.messages("ERROR")
     assert any("Checkpoint NOT saved to" in line and "OSError: disk full" in line for line in lines)
     assert not any(line.startswith("Checkpoint saved") for line in lines)
+
+
+def test_fp16_amp_leaves_gradient_overflow_to_the_grad_scaler_but_stops_on_a_nan_loss(tmp_path, model, log):
+    cfg = make_config(tmp_path)
+    cfg.training.use_amp, cfg.training.amp_dtype = True, "fp16"
+    guard = make_guard(model, cfg)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # finite loss, NaN gradients: what a GradScaler overflow looks like -> the scaler skips it
+    assert train_step(model, opt, guard, 0, [with_token(clean_batch(0), PAD)], lr=0.1) is True
+    assert log.messages("ERROR") == []
+    with pytest.raises(NanStop):
+        train_step(model, opt, guard, 1, [with_token(clean_batch(1), POISON)], lr=0.1)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_inf_parameter_on_cuda_stops_and_dumps(tmp_path, log):
+    torch.manual_seed(0)
+    model = TinyLM().cuda()
+    guard = make_guard(model, make_config(tmp_path))
+    with torch.no_grad():
+        model.layers[0].feed_forward.w1.weight[0, 0] = float("inf")
+    with pytest.raises(NanStop):
+        train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), guard, 0, [clean_batch(0).cuda()], lr=0.1)
+    assert "NaN LOSS DETECTED [CPU 0]" in log.messages("ERROR")  # make_guard's identity is a CPU worker
+    assert "First non-finite module (forward): layers.0.feed_forward.w1 (micro-batch 0)" in log.messages("ERROR")
+    data = pickle.loads((tmp_path / "debug" / "nan_debug_step_0.pkl").read_bytes())
+    assert data["device"].startswith("cuda:0") and np.isinf(data["parameters"]["layers.0.feed_forward.w1.weight"][0, 0])

@@ -1,8 +1,9 @@
-"""Two real gloo ranks under DDP: a poisoned batch on rank 1 only.
+"""Two real gloo ranks, a bad batch on rank 1 only, under DDP and FSDP2.
 
 Both ranks must skip and stop together (nobody hangs), the report must name
-rank 1 as the origin, only rank 1 writes rank-suffixed dumps, and the
-checkpoint callback runs on both ranks with the same path.
+rank 1 as the origin, dumps are rank-suffixed (only rank 1 under DDP, every
+rank's own shards under FSDP), and the checkpoint callback runs on both ranks
+with the same path.
 """
 
 from __future__ import annotations
@@ -26,9 +27,8 @@ REPO = Path(__file__).resolve().parents[1]
 HELPER = Path(__file__).with_name("nan_helpers.py")
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("nanranks")
+def _launch(tmp_path_factory, scenario: str) -> dict:
+    tmp = tmp_path_factory.mktemp(f"nan{scenario}")
     out, ckpt = tmp / "out", tmp / "ckpt"
     out.mkdir()
     store = f"file://{tmp / 'store'}"
@@ -39,7 +39,7 @@ def run(tmp_path_factory):
                    "LOCAL_WORLD_SIZE": "2", "GPUHERD_DEVICE_KIND": "cpu", "GPUHERD_DEVICE_ID": str(rank),
                    "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
             procs.append(subprocess.Popen(
-                [sys.executable, str(HELPER), store, str(out), str(ckpt)], env=env, cwd=tmp,
+                [sys.executable, str(HELPER), store, str(out), str(ckpt), scenario], env=env, cwd=tmp,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True))
         results = [p.communicate(timeout=90) for p in procs]
     finally:
@@ -49,6 +49,16 @@ def run(tmp_path_factory):
                 p.wait()
     return {"out": out, "ckpt": ckpt, "codes": [p.returncode for p in procs],
             "stderr": [err for _, err in results]}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return _launch(tmp_path_factory, "ddp")
+
+
+@pytest.fixture(scope="module")
+def fsdp(tmp_path_factory):
+    return _launch(tmp_path_factory, "fsdp")
 
 
 def _lines(stderr: str) -> list[str]:
@@ -95,7 +105,7 @@ def test_banner_on_the_bad_rank_and_a_pointer_on_the_other(run):
     host = socket.gethostname()
     assert any(line.startswith(f"  rank 1 [CPU 1] cpu on {host}: loss nan, first bad module magnitude")
                for line in bad)
-    assert "  ranks [0]: non-finite gradients received through the all-reduce" in bad
+    assert "  ranks [0]: non-finite gradients received through the gradient reduction (all-reduce / reduce-scatter)" in bad
     # relative to the working directory, as the seed prints `.checkpoints/...`
     assert "Checkpoint saved: ckpt/nan_grad_step_3.pt" in bad
     assert "Debug tensors saved: ckpt/debug/nan_debug_step_3_rank1.pkl" in bad
@@ -111,3 +121,32 @@ def test_status_records_from_both_ranks(run):
             ("nan", 0, "skip", [1]), ("nan", 2, "skip", [1]), ("nan", 3, "stop", [1])]
         assert all(r["rank"] == rank for r in records)
         assert (records[-1]["report"] is not None) == (rank == 1)
+
+
+def test_fsdp2_backward_nan_is_attributed_and_every_rank_dumps_its_shards(fsdp):
+    assert fsdp["codes"] == [6, 6], fsdp["stderr"]
+    for rank in range(2):
+        got = json.loads((fsdp["out"] / f"rank{rank}.json").read_text())
+        assert got["applied"] == [True] and got["stop_ranks"] == [1]
+        assert got["saved"] == [str(fsdp["ckpt"] / "nan_grad_step_1.pt")]
+    TinyLM().load_state_dict(torch.load(fsdp["ckpt"] / "nan_grad_step_1.pt", weights_only=True))
+
+    bad, good = _lines(fsdp["stderr"][1]), _lines(fsdp["stderr"][0])
+    assert "NaN GRADIENT DETECTED [CPU 1]" in bad  # the loss stayed finite: sqrt(0) in backward
+    assert "(FSDP: this rank's local shards; counts are over the shard, shapes are global)" in bad
+    assert "First module whose input gradient goes non-finite (backward, before reduce-scatter):" \
+        " magnitude.proj (micro-batch 0)" in bad
+    assert "Ranks that produced the non-finite values: [1] of 2" in bad
+    assert not any("DETECTED" in line for line in good)
+    assert "Debug tensors saved: ckpt/debug/nan_debug_step_1_rank0.pkl" in good  # its own shards
+
+    dumps = {r: pickle.loads((fsdp["ckpt"] / "debug" / f"nan_debug_step_1_rank{r}.pkl").read_bytes())
+             for r in range(2)}
+    for rank, data in dumps.items():
+        assert data["sharded"] and data["rank"] == rank
+        assert any(note.startswith(f"FSDP: rank {rank} dumped its local shards") for note in data["notes"])
+        assert data["shapes"]["output.weight"] == [32, 16]
+        assert data["parameters"]["output.weight"].shape == (16, 16)  # dim-0 shard of 2 ranks
+    whole = np.concatenate([dumps[0]["parameters"]["output.weight"], dumps[1]["parameters"]["output.weight"]])
+    saved = torch.load(fsdp["ckpt"] / "nan_grad_step_1.pt", weights_only=True)["output.weight"]
+    assert np.array_equal(whole, saved.numpy())  # the two shards are the whole, unmodified weight

@@ -133,7 +133,10 @@ def _first_bad(report: NanReport) -> list[str]:
         out.append(f"    input:  {_stats(module['input'])}")
         out.append(f"    output: {_stats(module['output'])}")
     grad = report.first_bad_gradient
-    if grad:
+    if grad and grad.get("module"):
+        out.append(f"First module whose input gradient goes non-finite (backward, before reduce-scatter):"
+                   f" {grad['module']} (micro-batch {grad['micro_batch']})")
+    elif grad:
         out.append(f"First non-finite local gradient (backward, before clipping and all-reduce): {grad['parameter']}"
                    f" (micro-batch {grad['micro_batch']}; {grad['bad_gradients']} non-finite local gradient(s) this step)")
     if not report.hooks:
@@ -161,7 +164,8 @@ def _ranks(ranks: list[dict[str, Any]]) -> list[str]:
     received = [r.rank for r in flagged if r not in shown]
     clean = [r.rank for r in records if not r.flagged]
     if received:
-        out.append(f"  ranks {received}: non-finite gradients received through the all-reduce")
+        out.append(f"  ranks {received}: non-finite gradients received through the gradient reduction"
+                   " (all-reduce / reduce-scatter)")
     if clean:
         out.append(f"  ranks {clean}: finite")
     return out

@@ -36,6 +36,8 @@ from worker.nan.names import is_dtensor, local_tensor
 from worker.nan.probes import ForwardProbe, GradProbe, MicroBatchCounter
 from worker.nan.ranks import RankRecord
 
+STATUS_RANKS = 64  # rank ids listed in a `nan` status record
+
 
 class NanStop(RuntimeError):
     """Raised on every rank together; the worker exits with `exit_code`."""
@@ -67,6 +69,11 @@ class NanGuard:
         self.checkpoint_dir = Path(cfg.system.checkpoint_dir)
         self.consecutive_skips = 0
         self.skipped_steps: list[int] = []
+        # fp16 autocast trains with a dynamic GradScaler: an Inf/NaN gradient is
+        # then its normal overflow signal (scaler.step skips, the scale drops),
+        # not divergence, so only a non-finite loss counts. bf16/fp32 have no
+        # scaler: there every non-finite gradient norm is a real problem.
+        self.scaler_owns_overflow = cfg.training.use_amp and cfg.training.amp_dtype == "fp16"
         self._counter = MicroBatchCounter()
         self._forward: ForwardProbe | None = None
         self._grads: GradProbe | None = None
@@ -83,7 +90,7 @@ class NanGuard:
         self._forward.attach()
         self._grads.attach()
         logger.debug(f"{self.identity.bracket} NaN probes attached: forward hooks on every module,"
-                     " gradient hooks on every parameter")
+                     " local-gradient hooks on every parameter (leaf modules for sharded ones)")
 
     def detach(self) -> None:
         for probe in (self._forward, self._grads):
@@ -99,8 +106,10 @@ class NanGuard:
         if not self.cfg.debug.nan_detection:
             return True
         loss_t, norm_t = self._scalars(loss, grad_norm)
-        local_bad = ~(torch.isfinite(loss_t) & torch.isfinite(norm_t))
-        if not any_rank_bad(local_bad):
+        finite = torch.isfinite(loss_t)
+        if not self.scaler_owns_overflow:
+            finite = finite & torch.isfinite(norm_t)
+        if not any_rank_bad(~finite):
             self.consecutive_skips = 0
             self._reset_probes()
             return True
@@ -142,11 +151,13 @@ class NanGuard:
             grad_norm_bad=not math.isfinite(grad_norm), bad_parameters=len(inspection.bad_parameters),
             bad_gradients=len(inspection.bad_gradients),
             first_bad_module=first_module["module"] if first_module else None,
-            first_bad_gradient=first_grad["parameter"] if first_grad else None,
+            first_bad_gradient=(first_grad.get("parameter") or first_grad.get("module")) if first_grad else None,
             sharded=inspection.sharded,
         )
         records = gather_records(mine)
         reporters = _reporters(records)
+        # Under sharding every flagged rank holds a different piece of the state: all of them dump.
+        dumpers = sorted(set(reporters) | {r.rank for r in records if r.flagged and r.sharded})
         origin = [r.rank for r in records if r.evidence] or [r.rank for r in records if r.flagged]
 
         stop = True
@@ -170,14 +181,16 @@ class NanGuard:
             logger.error(f"{bracket} Non-finite loss/gradients at step {step} produced on rank(s) {origin};"
                          f" full report from rank(s) {reporters}")
 
-        pkl = self._write_dump(step, report, inspection, batches, stop) if i_report else None
+        i_dump = self.identity.rank in dumpers
+        pkl = self._write_dump(step, report, inspection, batches, stop) if i_dump else None
         ckpt = self._save_checkpoint(step) if stop else None
-        if i_report:
-            if ckpt is not None:
-                logger.error(f"Checkpoint saved: {_show(ckpt)}")
-            if pkl is not None:
-                logger.error(f"Debug tensors saved: {_show(pkl)}")
-        self.status.send("nan", step=step, ranks=origin, report=str(pkl) if pkl else None,
+        if i_report and ckpt is not None:
+            logger.error(f"Checkpoint saved: {_show(ckpt)}")
+        if pkl is not None:
+            logger.error(f"Debug tensors saved: {_show(pkl)}")
+        # The record must stay under PIPE_BUF or the channel drops its fields: cap the list.
+        self.status.send("nan", step=step, ranks=origin[:STATUS_RANKS], n_ranks=len(origin),
+                         report=str(pkl) if pkl else None,
                          checkpoint=str(ckpt) if ckpt else None, action="stop" if stop else "skip",
                          loss=loss if math.isfinite(loss) else str(loss),
                          grad_norm=grad_norm if math.isfinite(grad_norm) else str(grad_norm))
@@ -210,9 +223,6 @@ class NanGuard:
                          " 'shapes' holds the global ones; load every rank's file for whole tensors")
         if selection.empty_shards:
             notes.append(f"no local elements (empty shards, not dumped): {selection.empty_shards}")
-        if self._grads is not None and self._grads.skipped_sharded:
-            notes.append(f"{self._grads.skipped_sharded} sharded parameters had no local-gradient hook"
-                         " (FSDP reduce-scatters before the gradient reaches them)")
         omitted = dump.omitted_note(selection, limit_mb)
         if omitted:
             notes.append(omitted)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from worker.nan.names import is_dtensor, named_modules, named_parameters
+from worker.nan.names import is_dtensor, local_tensor, named_modules, named_parameters
 
 STAT_FIELDS = ("numel", "nan", "inf", "min", "max", "mean", "std", "absmax")
 
@@ -29,9 +29,10 @@ def tensor_stats(tensor: torch.Tensor) -> torch.Tensor:
     safe = torch.where(finite, x, torch.zeros_like(x))
     mean = safe.sum() / count.clamp(min=1)
     var = (torch.where(finite, x - mean, torch.zeros_like(x)) ** 2).sum() / count.clamp(min=1)
-    inf = torch.tensor(float("inf"), device=x.device)
+    # torch.full, not torch.tensor(python float): a fill kernel, no host->device copy
+    inf = torch.full((), float("inf"), device=x.device)
     return torch.stack([
-        torch.tensor(float(x.numel()), device=x.device),
+        torch.full((), float(x.numel()), device=x.device),
         torch.isnan(x).sum().float(),
         torch.isinf(x).sum().float(),
         torch.where(finite, x, inf).min() if x.numel() else inf * 0,
@@ -175,28 +176,41 @@ class ForwardProbe:
 
 
 class GradProbe:
-    """Tensor hooks on every parameter: the first whose local gradient (this
-    rank's, before any all-reduce) is non-finite. FSDP2 shards (DTensors) are
-    skipped: their gradients reach the parameter only after reduce-scatter."""
+    """The first LOCAL gradient (this rank's, before any all-reduce or
+    reduce-scatter spreads one rank's NaN everywhere) that goes non-finite.
+
+    Replicated parameters (single process, DDP): a tensor hook on each
+    parameter sees its local gradient -> names the parameter. Sharded
+    parameters (FSDP2 DTensors) receive their gradient only after the
+    reduce-scatter, so there a full backward hook on each leaf module checks
+    the gradient w.r.t. the module's input -> names the module."""
 
     def __init__(self, model: torch.nn.Module, counter: MicroBatchCounter) -> None:
         self._model = model
         self._counter = counter
         self._handles: list[Any] = []
-        self._names: list[str] = []
+        self._names: list[tuple[str, str]] = []  # (kind, name) per hook index
         self._first = _FirstBad(0)
-        self.skipped_sharded = 0
 
     def attach(self) -> None:
+        sharded = False
         for name, param in named_parameters(self._model):
             if not param.requires_grad:
                 continue
             if is_dtensor(param):
-                self.skipped_sharded += 1
+                sharded = True
                 continue
             hook = functools.partial(self._on_grad, len(self._names))
-            self._names.append(name)
+            self._names.append(("parameter", name))
             self._handles.append(param.register_hook(torch.compiler.disable(hook)))
+        if sharded:
+            for name, module in named_modules(self._model):
+                # Embeddings take integer ids: there is no input gradient to check.
+                leaf = next(module.children(), None) is None and not isinstance(module, torch.nn.Embedding)
+                if leaf and any(p.requires_grad for p in module.parameters()):
+                    hook = functools.partial(self._on_module_grad, len(self._names))
+                    self._names.append(("module", name))
+                    self._handles.append(module.register_full_backward_hook(torch.compiler.disable(hook)))
 
     def detach(self) -> None:
         for handle in self._handles:
@@ -207,12 +221,19 @@ class GradProbe:
     def _on_grad(self, index: int, grad: torch.Tensor) -> None:
         self._first.record(~torch.isfinite(grad).all(), index, self._counter.index, None)
 
+    def _on_module_grad(self, index: int, module: torch.nn.Module, grad_input: Any, grad_output: Any) -> None:
+        grads = [g for g in _tensors(grad_input) if g is not None and g.is_floating_point()]
+        if grads:
+            bad = torch.stack([~torch.isfinite(local_tensor(g)).all() for g in grads]).any()
+            self._first.record(bad, index, self._counter.index, None)
+
     def first_bad(self) -> dict[str, Any] | None:
         found = self._first.read()
         if found is None:
             return None
         event, micro, _, count = found
-        return {"parameter": self._names[event], "micro_batch": micro, "bad_gradients": count}
+        kind, name = self._names[event]
+        return {kind: name, "micro_batch": micro, "bad_gradients": count}
 
     def reset(self) -> None:
         self._first.reset()

@@ -47,8 +47,7 @@ class RankRecord:
         if self.first_bad_gradient:
             what.append(f"first bad local gradient {self.first_bad_gradient}")
         if self.grad_norm_bad and not what:
-            what.append(f"grad norm {self.grad_norm} (after all-reduce)" if not self.sharded
-                        else f"grad norm {self.grad_norm}")
+            what.append(f"grad norm {self.grad_norm}")
         if not what:
             what.append("finite")
         return f"rank {self.rank} {self.bracket} {self.device} on {self.host}: " + ", ".join(what)
