@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 import worker_helpers as h
 
 STRATEGIES = ("ddp", "fsdp", "zero1", "deepspeed")
