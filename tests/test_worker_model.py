@@ -38,7 +38,7 @@ def test_gqa_shapes_and_swiglu_hidden():
 
 def test_init_is_deterministic_and_scaled():
     a, b, c = make(seed=1), make(seed=1), make(seed=2)
-    for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters()):
+    for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters(), strict=True):
         assert torch.equal(pa, pb), name
         if "norm" not in name:
             assert not torch.equal(pa, pc), name
@@ -103,7 +103,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     ckpt.set_gradient_checkpointing(True)
     plain(tokens, tokens).backward()
     ckpt(tokens, tokens).backward()
-    for (name, a), b in zip(plain.named_parameters(), ckpt.parameters()):
+    for (name, a), b in zip(plain.named_parameters(), ckpt.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-7, msg=name)
 
 
