@@ -1,0 +1,100 @@
+"""The debug pickle of seed 003: `{'parameters': {name: ndarray}, 'gradients':
+{name: ndarray}, ...}`, written atomically and kept under `debug.max_dump_mb`.
+
+Plain builtins and numpy float32 arrays only, so the seed's analysis snippet
+(`np.isnan(param).any()` over both dicts) runs on it unchanged and loading it
+needs neither torch nor gpuherd.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from worker.nan.names import local_tensor, named_parameters
+
+FORMAT = "gpuherd.nan_debug/1"
+FLOAT_BYTES = 4  # tensors are dumped as float32 whatever their training dtype
+
+
+@dataclass
+class DumpSelection:
+    parameters: dict[str, np.ndarray] = field(default_factory=dict)
+    gradients: dict[str, np.ndarray] = field(default_factory=dict)
+    omitted: list[dict[str, Any]] = field(default_factory=list)  # name, kind, mb
+    empty_shards: list[str] = field(default_factory=list)
+    bytes: int = 0
+
+
+def select_tensors(model: torch.nn.Module, affected: list[str], limit_bytes: int) -> DumpSelection:
+    """Affected layers first (their value and gradient), then the rest in model
+    order; whatever does not fit in `limit_bytes` is listed in `omitted`."""
+    candidates: list[tuple[str, str, torch.Tensor]] = []
+    for name, param in named_parameters(model):
+        candidates.append((name, "parameters", param))
+        if param.grad is not None:
+            candidates.append((name, "gradients", param.grad))
+    first = set(affected)
+    candidates.sort(key=lambda c: c[0] not in first)  # stable: model order within each group
+    picked = DumpSelection()
+    for name, kind, tensor in candidates:
+        local = local_tensor(tensor.detach())
+        if local.numel() == 0:  # an FSDP rank may hold no elements of a small parameter
+            if kind == "parameters":
+                picked.empty_shards.append(name)
+            continue
+        size = local.numel() * FLOAT_BYTES
+        if picked.bytes + size > limit_bytes:
+            picked.omitted.append({"name": name, "kind": kind, "mb": round(size / 2**20, 3)})
+            continue
+        getattr(picked, kind)[name] = local.float().cpu().numpy()
+        picked.bytes += size
+    return picked
+
+
+def omitted_note(selection: DumpSelection, limit_mb: int) -> str | None:
+    if not selection.omitted:
+        return None
+    total = sum(o["mb"] for o in selection.omitted)
+    return (f"debug.max_dump_mb={limit_mb}: left out {len(selection.omitted)} tensors ({total:.1f} MiB as float32);"
+            " affected layers were kept first; see 'omitted'")
+
+
+def write_atomic(path: Path, payload: dict[str, Any]) -> None:
+    """temp file in the same directory, fsync, rename, fsync the directory:
+    a reader never sees half a pickle, even after a crash."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            pickle.dump(payload, handle, protocol=pickle.HIGHEST_PROTOCOL)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def token_ids(batches: list[torch.Tensor]) -> list[np.ndarray]:
+    return [b.detach().cpu().numpy() for b in batches]
+
+
+def load(path: Path) -> dict[str, Any]:
+    with Path(path).open("rb") as handle:
+        data = pickle.load(handle)
+    if not isinstance(data, dict) or "parameters" not in data or "gradients" not in data:
+        raise ValueError(f"{path} is not a NaN debug dump (no 'parameters'/'gradients' dict)")
+    return data
