@@ -48,7 +48,11 @@ def main(argv: list[str] | None = None) -> int:
 
     def body() -> int:
         from dataset_cache import prepare_cache
+        from worker.distributed import choose_device
         from worker.train import run
+
+        _, resolved = choose_device(cfg, identity)
+        setup_logging(resolved, cfg.debug.log_level)  # CPU0: / GPU2: from the first line on
 
         if identity.world_size != 1:
             from gpuherd.exit_codes import ExitCode
@@ -56,10 +60,10 @@ def main(argv: list[str] | None = None) -> int:
 
             raise WorkerError(f"pretrain_main.py trains one process, but WORLD_SIZE={identity.world_size}; "
                               "use run_training.sh for several", ExitCode.USAGE)
-        cache_dir = prepare_cache(cfg)
+        cache_dir = prepare_cache(cfg.data).path
         run_dir = new_run_dir(Path(cfg.system.run_root))
         (run_dir / "config.json").write_bytes(cfg.to_json())
-        return run(cfg, identity, cache_dir=Path(cache_dir), status=status, run_dir=run_dir)
+        return run(cfg, resolved, cache_dir=Path(cache_dir), status=status, run_dir=run_dir)
 
     return guarded(body, status)
 

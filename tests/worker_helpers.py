@@ -71,6 +71,7 @@ def step_losses(path: Path) -> list[float]:
 def status_writer(path: Path, rank: int):
     from gpuherd.status_channel import StatusWriter
 
+    path.parent.mkdir(parents=True, exist_ok=True)
     return StatusWriter(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), rank)
 
 

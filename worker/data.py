@@ -62,6 +62,25 @@ class ArraySampler:
         self.batches_drawn = int(state["batches_drawn"])
 
 
+class TensorBatches:
+    """dataset_cache.BatchSampler hands out numpy windows; the loop wants contiguous
+    int64 tensors (pin_memory / non_blocking copies need them)."""
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = self.sampler.next_batch()
+        return (torch.from_numpy(np.ascontiguousarray(inputs, dtype=np.int64)),
+                torch.from_numpy(np.ascontiguousarray(targets, dtype=np.int64)))
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state)
+
+
 def in_memory_bundle(train_tokens: np.ndarray, val_tokens: np.ndarray | None, vocab_size: int,
                      batch_size: int, context_length: int, rank: int, world_size: int, seed: int) -> DataBundle:
     def make_val() -> BatchSource:
@@ -76,11 +95,11 @@ def in_memory_bundle(train_tokens: np.ndarray, val_tokens: np.ndarray | None, vo
 
 
 def cache_bundle(cache_dir: Path, model_vocab: int, batch_size: int, context_length: int,
-                 rank: int, world_size: int, seed: int) -> DataBundle:
+                 rank: int, world_size: int, seed: int, verify: bool = False) -> DataBundle:
     """Batches from a prepared dataset cache (dataset_cache's public API only)."""
     from dataset_cache import BatchSampler, open_cache, padded_vocab_size
 
-    cache = open_cache(cache_dir)
+    cache = open_cache(cache_dir, verify=verify)
     vocab = model_vocab or padded_vocab_size(cache.vocab_size)
     if vocab < cache.vocab_size:
         raise ConfigError(
@@ -88,10 +107,10 @@ def cache_bundle(cache_dir: Path, model_vocab: int, batch_size: int, context_len
         )
 
     def make_val() -> BatchSource:
-        return BatchSampler(cache, "val", batch_size, context_length, rank, world_size, seed + 1)
+        return TensorBatches(BatchSampler(cache, "val", batch_size, context_length, rank, world_size, seed + 1))
 
     return DataBundle(
-        train=BatchSampler(cache, "train", batch_size, context_length, rank, world_size, seed),
+        train=TensorBatches(BatchSampler(cache, "train", batch_size, context_length, rank, world_size, seed)),
         make_val=make_val,
         vocab_size=vocab,
         tokenizer=cache.tokenizer,

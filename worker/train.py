@@ -52,7 +52,7 @@ def run(cfg: Config, identity: WorkerIdentity, *, cache_dir: Path | None = None,
             if cache_dir is None:
                 raise WorkerError("no dataset cache given (GPUHERD_DATASET_CACHE)", ExitCode.DATA)
             data = cache_bundle(cache_dir, cfg.model.vocab_size, cfg.training.batch_size, cfg.data.context_length,
-                                identity.rank, identity.world_size, cfg.system.seed)
+                                identity.rank, identity.world_size, cfg.system.seed, cfg.data.verify_cache)
         trainer = Trainer(cfg, identity, device, strategy, data, status, run_dir, sig)
         return trainer.train()
     finally:
