@@ -1,0 +1,127 @@
+"""Build one cache directory: tokenize the corpus into a temp directory beside the
+final one, fsync, write metadata.json last, rename into place.
+
+The caller holds the key's lock. Until the rename nothing is visible under the
+key, so a builder killed at any moment leaves only a `.tmp-<key>-*` directory
+that no reader ever opens and the next builder deletes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from loguru import logger
+
+from dataset_cache.corpus import Corpus
+from dataset_cache.durable import publish_dir, temp_dir_beside, write_file_atomic
+from dataset_cache.errors import DatasetError
+from dataset_cache.hashing import canonical_json
+from dataset_cache.key import FORMAT_VERSION, CacheKey
+from dataset_cache.parallel import BATCH_CHARS, MIN_PARALLEL_BYTES, default_workers, encode_pieces
+from dataset_cache.progress import BuildProgress
+from dataset_cache.split import split_index
+from dataset_cache.tokenizers import Tokenizer, token_dtype
+from dataset_cache.writer import ArrayWriter
+
+TOKENS_FILE = "tokens.bin"
+OFFSETS_FILE = "doc_offsets.bin"  # uint64 start of every document, then the total
+METADATA_FILE = "metadata.json"
+OFFSETS_DTYPE = np.dtype(np.uint64)
+
+
+def temp_prefix(short_key: str) -> str:
+    return f".tmp-{short_key}"
+
+
+def build_cache(
+    final_dir: Path,
+    key: CacheKey,
+    tokenizer: Tokenizer,
+    corpus: Corpus,
+    *,
+    context_length: int,
+    num_samples: int,
+    val_fraction: float,
+    workers: int | None = None,
+) -> dict[str, Any]:
+    """Write the cache for `key` at `final_dir`; returns its metadata."""
+    dtype = token_dtype(tokenizer.vocab_size)
+    if workers is None:
+        workers = default_workers() if corpus.total_bytes >= MIN_PARALLEL_BYTES else 1
+    logger.info(
+        f"building dataset cache {key.short}: {corpus.name} ({corpus.total_bytes / 1e6:,.1f} MB) with {tokenizer.name}, "
+        f"{workers} process{'es' if workers > 1 else ''}"
+    )
+    progress = BuildProgress(label=corpus.name, total_bytes=corpus.total_bytes, doc_limit=num_samples)
+    final_dir.parent.mkdir(parents=True, exist_ok=True)
+    with temp_dir_beside(final_dir, temp_prefix(key.short)) as tmp:
+        tokens = ArrayWriter(tmp / TOKENS_FILE, dtype)
+        offsets = ArrayWriter(tmp / OFFSETS_FILE, OFFSETS_DTYPE)
+        offsets.append(np.zeros(1))
+        try:
+            pieces = corpus.pieces(BATCH_CHARS, tokenizer.splittable)
+            for batch in encode_pieces(tokenizer, pieces, dtype, workers, doc_limit=num_samples):
+                base = tokens.count
+                tokens.append(batch.tokens)
+                offsets.append(np.asarray(batch.doc_ends, dtype=np.int64) + base)
+                progress.update(batch.text_bytes, int(batch.tokens.size), len(batch.doc_ends))
+        except BaseException:
+            tokens.abort()
+            offsets.abort()
+            raise
+        token_record, offsets_record = tokens.close(), offsets.close()
+        total, documents = tokens.count, offsets.count - 1
+        if total == 0:
+            raise DatasetError(f"dataset {corpus.name} holds no text (every document is empty)")
+        doc_offsets = np.fromfile(tmp / OFFSETS_FILE, dtype=OFFSETS_DTYPE)
+        n_train = split_index(doc_offsets, total, val_fraction, context_length, corpus.name)
+        seconds = progress.elapsed
+        meta = {
+            "format_version": FORMAT_VERSION,
+            "key": key.digest,
+            "key_inputs": key.inputs,
+            "tokenizer": {
+                "spec": tokenizer.spec, "name": tokenizer.name, "sha256": tokenizer.fingerprint,
+                "vocab_size": tokenizer.vocab_size, "eot_id": tokenizer.eot_id,
+            },
+            "dataset": {
+                "spec": corpus.spec, "name": corpus.name, "sha256": key.inputs["dataset"]["sha256"],
+                "documents": documents, "text_bytes": progress.text_bytes,
+            },
+            "dtype": dtype.name,
+            "context_length": context_length,
+            "num_samples": num_samples,
+            "val_fraction": val_fraction,
+            "tokens": {"total": total, "train": n_train, "val": total - n_train},
+            "splits": {"train": [0, n_train], "val": [n_train, total]},
+            "split_at_document_boundary": bool(np.isin(n_train, doc_offsets)),
+            "files": {TOKENS_FILE: token_record.as_dict(), OFFSETS_FILE: offsets_record.as_dict()},
+            "build": {
+                "seconds": round(seconds, 3), "workers": workers, "pid": os.getpid(), "host": socket.gethostname(),
+                "created": datetime.now(UTC).isoformat(timespec="seconds"),
+                "mb_per_s": round(progress.text_bytes / 1e6 / max(seconds, 1e-9), 2),
+            },
+        }
+        write_file_atomic(tmp / METADATA_FILE, canonical_json(meta))  # last: its presence means complete
+        publish_dir(tmp, final_dir)
+    logger.info(
+        f"built dataset cache {key.short}: {documents:,} documents, {total:,} tokens "
+        f"({n_train:,} train / {total - n_train:,} val) in {seconds:.2f} s, "
+        f"{progress.text_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s"
+    )
+    return meta
+
+
+def remove_stale_temps(cache_dir: Path, short_key: str) -> None:
+    """Leftovers of builders that died; only called while holding the key's lock,
+    so no live builder can own one of them."""
+    for leftover in cache_dir.glob(f"{temp_prefix(short_key)}-*"):
+        logger.info(f"removing the leftover of an interrupted build: {leftover}")
+        shutil.rmtree(leftover, ignore_errors=True)
+

@@ -1,0 +1,138 @@
+"""Tokenize a stream of document pieces on every core, in order, in bounded memory.
+
+Pieces are grouped into batches of ~BATCH_CHARS characters (so a corpus of tiny
+JSONL lines does not pay one inter-process round trip per line) and at most
+`2 x workers` batches are in flight: `Pool.imap` would read the whole input
+ahead, which is exactly what a corpus larger than RAM cannot afford. Results
+come back in submission order, so the token file is identical whatever the
+number of workers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import signal
+import threading
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from dataset_cache.corpus import Piece
+from dataset_cache.tokenizers import Tokenizer, load_tokenizer
+
+BATCH_CHARS = 1 << 20  # ~1 MB of text per task: large enough to amortize pickling
+MIN_PARALLEL_BYTES = 4 << 20  # below this, starting processes costs more than it saves
+
+_TOKENIZER: Tokenizer | None = None  # set in the parent before fork, or loaded by _init_worker
+
+
+@dataclass(frozen=True)
+class EncodedBatch:
+    tokens: np.ndarray  # ids of every piece, the end-of-text id after each finished document
+    doc_ends: list[int]  # positions in `tokens` just after each document's end-of-text id
+    text_bytes: int
+
+
+def default_workers() -> int:
+    return max(1, len(os.sched_getaffinity(0)))
+
+
+def encode_pieces(
+    tokenizer: Tokenizer, pieces: Iterator[Piece], dtype: np.dtype, workers: int, doc_limit: int = 0
+) -> Iterator[EncodedBatch]:
+    """Encoded batches in input order; stops after `doc_limit` documents (0: all)."""
+    batches = _batches(pieces, doc_limit)
+    if workers <= 1:
+        global _TOKENIZER
+        _TOKENIZER = tokenizer
+        for batch in batches:
+            yield _encode_batch(batch, dtype.str)
+        return
+    yield from _encode_in_pool(tokenizer, batches, dtype, workers)
+
+
+def _encode_in_pool(
+    tokenizer: Tokenizer, batches: Iterator[list[tuple[str, bool]]], dtype: np.dtype, workers: int
+) -> Iterator[EncodedBatch]:
+    global _TOKENIZER
+    # fork shares the already loaded tokenizer with every worker for free (GPT-2's
+    # merges take ~0.4 s to load); it is only safe while this process has no other
+    # threads, otherwise a forkserver gives each worker a clean start.
+    method = "fork" if threading.active_count() == 1 else "forkserver"
+    if method == "fork":
+        tokenizer.encode("warm up")  # build the lazy encoder once, before forking
+        _TOKENIZER = tokenizer
+    context = multiprocessing.get_context(method)
+    pool = context.Pool(workers, initializer=_init_worker, initargs=(tokenizer.spec, os.getpid()))
+    pending: deque = deque()
+    try:
+        for batch in batches:
+            pending.append(pool.apply_async(_encode_batch, (batch, dtype.str)))
+            while len(pending) >= 2 * workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+        pool.close()
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def _batches(pieces: Iterator[Piece], doc_limit: int) -> Iterator[list[tuple[str, bool]]]:
+    batch: list[tuple[str, bool]] = []
+    chars = documents = 0
+    for piece in pieces:
+        batch.append((piece.text, piece.ends_document))
+        chars += len(piece.text)
+        documents += piece.ends_document
+        if doc_limit and documents >= doc_limit:
+            break
+        if chars >= BATCH_CHARS:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
+def _init_worker(spec: str, parent_pid: int) -> None:
+    # The parent handles Ctrl-C and terminates the pool; a worker must not also
+    # print a KeyboardInterrupt traceback. If the parent dies (even by SIGKILL),
+    # the kernel kills the worker instead of leaving it blocked on its queue.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent(parent_pid)
+    global _TOKENIZER
+    if _TOKENIZER is None or _TOKENIZER.spec != spec:
+        _TOKENIZER = load_tokenizer(spec)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the pool's own cleanup must do
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _encode_batch(batch: list[tuple[str, bool]], dtype_str: str) -> EncodedBatch:
+    assert _TOKENIZER is not None
+    dtype = np.dtype(dtype_str)
+    eot = np.array([_TOKENIZER.eot_id], dtype=dtype)
+    arrays, doc_ends, length, text_bytes = [], [], 0, 0
+    for text, ends_document in batch:
+        ids = _TOKENIZER.encode_array(text, dtype)
+        arrays.append(ids)
+        length += ids.size
+        text_bytes += len(text.encode("utf-8"))
+        if ends_document:
+            arrays.append(eot)
+            length += 1
+            doc_ends.append(length)
+    tokens = np.concatenate(arrays) if arrays else np.empty(0, dtype=dtype)
+    return EncodedBatch(tokens=tokens, doc_ends=doc_ends, text_bytes=text_bytes)

@@ -1,0 +1,96 @@
+"""prepare_cache: the one call the supervisor (and pretrain_main.py, and
+prepare_dataset.py) makes before any worker starts.
+
+Fast path: compute the key (hashes of the vocabulary files and of the raw text),
+open the cache with its size checks, done. Otherwise take the key's exclusive
+lock, look again (another process may have built it while we waited), and only
+then build. Two supervisors started at the same moment therefore build once and
+both use the result.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from loguru import logger
+
+from dataset_cache.build import build_cache, remove_stale_temps
+from dataset_cache.cache import TokenCache, open_cache
+from dataset_cache.durable import remove_tree
+from dataset_cache.errors import CacheCorruptError
+from dataset_cache.key import cache_key, key_inputs
+from dataset_cache.locking import exclusive_lock, lock_path
+from dataset_cache.sources import open_corpus
+from dataset_cache.tokenizers import load_tokenizer
+from gpuherd.config import DataConfig
+
+
+@dataclass
+class CacheInfo:
+    path: Path  # hand this to workers (GPUHERD_DATASET_CACHE)
+    key: str
+    built: bool  # False: an existing cache was reused
+    train_tokens: int
+    val_tokens: int
+    seconds: float  # wall time of prepare_cache, build included
+
+
+def prepare_cache(data: DataConfig, *, verify: bool | None = None, workers: int | None = None) -> CacheInfo:
+    """Build the cache `data` describes once (locked), or reuse and verify it.
+
+    verify=None follows data.verify_cache; True checksums every file (sizes are
+    always checked). `workers` overrides the tokenizer process count (default:
+    every core for corpora over a few MB). Raises DatasetError with one line.
+    """
+    started = time.perf_counter()
+    verify = data.verify_cache if verify is None else verify
+    cache_dir = Path(data.cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = load_tokenizer(data.tokenizer)
+    corpus = open_corpus(data.dataset, data.num_samples, cache_dir)
+    key = cache_key(key_inputs(tokenizer, corpus, data.context_length, data.num_samples, data.val_fraction))
+    final_dir = cache_dir / key.short
+
+    cache = _open_if_sound(final_dir, verify, report=True)
+    built = False
+    if cache is None:
+        with exclusive_lock(lock_path(cache_dir, key.short), f"building dataset cache {key.short}"):
+            cache = _open_if_sound(final_dir, verify, report=False)  # built while we waited?
+            if cache is None:
+                remove_tree(final_dir)  # corrupt or incomplete: never read again
+                remove_stale_temps(cache_dir, key.short)
+                build_cache(
+                    final_dir, key, tokenizer, corpus, context_length=data.context_length,
+                    num_samples=data.num_samples, val_fraction=data.val_fraction, workers=workers,
+                )
+                built = True
+                # The first open after a build checks every byte against the checksums.
+                cache = open_cache(final_dir, verify=True)
+            else:
+                logger.info(f"dataset cache {key.short} was built by another process while this one waited")
+    if cache.meta["key"] != key.digest:
+        raise CacheCorruptError(f"dataset cache {final_dir}: metadata key {cache.meta['key'][:16]} is not {key.short}")
+    seconds = time.perf_counter() - started
+    tokens = cache.meta["tokens"]
+    if not built:
+        logger.info(
+            f"reusing dataset cache {key.short} ({tokens['train']:,} train / {tokens['val']:,} val tokens, "
+            f"{'checksums' if verify else 'sizes'} verified) in {seconds * 1000:.0f} ms"
+        )
+    return CacheInfo(
+        path=final_dir, key=key.short, built=built, train_tokens=int(tokens["train"]),
+        val_tokens=int(tokens["val"]), seconds=seconds,
+    )
+
+
+def _open_if_sound(final_dir: Path, verify: bool, report: bool) -> TokenCache | None:
+    if not final_dir.exists():
+        return None
+    try:
+        return open_cache(final_dir, verify=verify)
+    except CacheCorruptError as exc:
+        if report:
+            logger.warning(f"{exc}; rebuilding it")
+        return None
