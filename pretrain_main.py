@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Train in this one process, without the supervisor (seed 003's single-GPU path).
+
+    CUDA_VISIBLE_DEVICES=2 GPU_RANK=2 python3 pretrain_main.py --debug
+    python3 pretrain_main.py --config single_gpu.json --max-steps 10 --resume auto
+
+Resolves the config (exit 2 on any problem), prepares the dataset cache
+in-process (built once, reused afterwards), creates logs/<run-id>/ with the
+resolved config, and trains as rank 0 of 1. Works from any directory.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the repo's packages, from any cwd
+
+from gpuherd.cli import base_parser, config_from_args  # noqa: E402
+from gpuherd.contract import WorkerIdentity  # noqa: E402
+from gpuherd.status_channel import StatusWriter  # noqa: E402
+
+
+def new_run_dir(run_root: Path) -> Path:
+    """logs/<YYYYmmdd-HHMMSS-xxxx>/, the supervisor's naming (docs/architecture.md)."""
+    run_dir = run_root / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    run_dir.mkdir(parents=True, exist_ok=False)
+    return run_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = base_parser("pretrain_main.py", "Train one process (one GPU, or the CPU) without the supervisor.")
+    parser.add_argument("--resume", metavar="auto|PATH", default=None,
+                        help="continue from the latest checkpoint in system.checkpoint_dir (auto) or from PATH")
+    args = parser.parse_args(argv)
+    extra = [f"training.resume={args.resume}"] if args.resume else []
+    cfg = config_from_args(args, extra)  # exits 2 with one line on a bad config
+
+    identity = WorkerIdentity.from_env()
+    from worker.logs import setup_logging
+    from worker.main import guarded
+
+    setup_logging(identity, cfg.debug.log_level)
+    status = StatusWriter.from_env(identity.rank)
+
+    def body() -> int:
+        from dataset_cache import prepare_cache
+        from worker.train import run
+
+        if identity.world_size != 1:
+            from gpuherd.exit_codes import ExitCode
+            from worker.distributed import WorkerError
+
+            raise WorkerError(f"pretrain_main.py trains one process, but WORLD_SIZE={identity.world_size}; "
+                              "use run_training.sh for several", ExitCode.USAGE)
+        cache_dir = prepare_cache(cfg)
+        run_dir = new_run_dir(Path(cfg.system.run_root))
+        (run_dir / "config.json").write_bytes(cfg.to_json())
+        return run(cfg, identity, cache_dir=Path(cache_dir), status=status, run_dir=run_dir)
+
+    return guarded(body, status)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""`python -m worker`: one supervised training process.
+
+Everything comes from the supervisor's environment (docs/architecture.md):
+the resolved config (GPUHERD_CONFIG), the prepared dataset cache
+(GPUHERD_DATASET_CACHE), the run directory and this worker's identity.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from gpuherd import contract
+from gpuherd.config import Config
+from gpuherd.contract import WorkerIdentity
+from gpuherd.status_channel import StatusWriter
+from worker.logs import setup_logging
+from worker.main import guarded
+
+
+def main() -> int:
+    identity = WorkerIdentity.from_env()
+    setup_logging(identity, "INFO")
+    status = StatusWriter.from_env(identity.rank)
+
+    def body() -> int:
+        from gpuherd.exit_codes import ExitCode
+        from worker.distributed import WorkerError
+
+        path = os.environ.get(contract.CONFIG_PATH)
+        if not path:
+            raise WorkerError(f"{contract.CONFIG_PATH} is not set: start workers through the supervisor "
+                              "(run_training.sh) or use pretrain_main.py", ExitCode.USAGE)
+        cfg = Config.load(Path(path))
+        cache = os.environ.get(contract.DATASET_CACHE)
+        run_dir = os.environ.get(contract.RUN_DIR)
+        from worker.train import run  # torch is imported only once the config is known to be good
+
+        return run(cfg, identity, cache_dir=Path(cache) if cache else None,
+                   status=status, run_dir=Path(run_dir) if run_dir else None)
+
+    return guarded(body, status)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Where the training loop gets batches from: a small protocol, two sources.
+
+The loop only needs `next_batch()`, `state_dict()` and `load_state_dict()`.
+Real runs use dataset_cache's rank-sharded `BatchSampler` over the prepared
+cache; tests (and benchmarks) feed the same protocol from tokens in memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from gpuherd.config import ConfigError
+
+
+class BatchSource(Protocol):
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass
+class DataBundle:
+    """What a training run reads: a train source and a way to make validation batches."""
+
+    train: BatchSource
+    make_val: Callable[[], BatchSource] | None  # fresh sampler per eval: same val batches each time
+    vocab_size: int  # the model's (padded) vocabulary
+    tokenizer: str  # spec string, saved in checkpoints for generate.py
+
+
+class ArraySampler:
+    """Random windows from an in-memory token array, the same contract as
+    dataset_cache.BatchSampler: each rank draws from its own seeded stream."""
+
+    def __init__(self, tokens: np.ndarray, batch_size: int, context_length: int,
+                 rank: int = 0, world_size: int = 1, seed: int = 0) -> None:
+        if len(tokens) <= context_length:
+            raise ConfigError(f"{len(tokens)} tokens cannot fill a context of {context_length}")
+        self.tokens = torch.from_numpy(np.asarray(tokens, dtype=np.int64))
+        self.batch_size, self.context_length = batch_size, context_length
+        self.seed = seed * 1_000_003 + rank  # distinct stream per rank
+        self.batches_drawn = 0
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        # A generator per batch keyed by (seed, index): the position is the whole state.
+        gen = torch.Generator().manual_seed(self.seed + 7919 * self.batches_drawn)
+        starts = torch.randint(0, len(self.tokens) - self.context_length, (self.batch_size,), generator=gen)
+        rows = torch.stack([self.tokens[s:s + self.context_length + 1] for s in starts.tolist()])
+        self.batches_drawn += 1
+        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"batches_drawn": self.batches_drawn}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.batches_drawn = int(state["batches_drawn"])
+
+
+def in_memory_bundle(train_tokens: np.ndarray, val_tokens: np.ndarray | None, vocab_size: int,
+                     batch_size: int, context_length: int, rank: int, world_size: int, seed: int) -> DataBundle:
+    def make_val() -> BatchSource:
+        return ArraySampler(val_tokens, batch_size, context_length, rank, world_size, seed + 1)
+
+    return DataBundle(
+        train=ArraySampler(train_tokens, batch_size, context_length, rank, world_size, seed),
+        make_val=make_val if val_tokens is not None else None,
+        vocab_size=vocab_size,
+        tokenizer="in-memory",
+    )
+
+
+def cache_bundle(cache_dir: Path, model_vocab: int, batch_size: int, context_length: int,
+                 rank: int, world_size: int, seed: int) -> DataBundle:
+    """Batches from a prepared dataset cache (dataset_cache's public API only)."""
+    from dataset_cache import BatchSampler, open_cache, padded_vocab_size
+
+    cache = open_cache(cache_dir)
+    vocab = model_vocab or padded_vocab_size(cache.vocab_size)
+    if vocab < cache.vocab_size:
+        raise ConfigError(
+            f"model.vocab_size={model_vocab} is smaller than the tokenizer's vocabulary ({cache.vocab_size})"
+        )
+
+    def make_val() -> BatchSource:
+        return BatchSampler(cache, "val", batch_size, context_length, rank, world_size, seed + 1)
+
+    return DataBundle(
+        train=BatchSampler(cache, "train", batch_size, context_length, rank, world_size, seed),
+        make_val=make_val,
+        vocab_size=vocab,
+        tokenizer=cache.tokenizer,
+    )

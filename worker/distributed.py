@@ -1,0 +1,157 @@
+"""Device choice, the device-UUID check, and process-group setup from the environment."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gpuherd import contract
+from gpuherd.config import Config
+from gpuherd.contract import WorkerIdentity
+from gpuherd.exit_codes import ExitCode
+
+# Collectives after the rendezvous may legitimately take long (a large checkpoint
+# written by one rank while the others wait); real hangs are the supervisor's job.
+COLLECTIVE_TIMEOUT = timedelta(minutes=30)
+
+
+class WorkerError(RuntimeError):
+    """A failure with a known cause: one line for the user and its exit code."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = int(code)
+
+
+def choose_device(cfg: Config, identity: WorkerIdentity) -> tuple[torch.device, WorkerIdentity]:
+    """The torch device this process trains on, and the identity with its kind filled in."""
+    kind = identity.device_kind or ("cuda" if cfg.system.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise WorkerError("a CUDA device was requested but torch sees none (CPU-only torch build, or no driver)",
+                          ExitCode.DEVICE)
+    if kind == "cpu":
+        return torch.device("cpu"), replace(identity, device_kind="cpu")
+    count = torch.cuda.device_count()
+    if count == 1:
+        index = 0  # isolated: CUDA_VISIBLE_DEVICES holds just our GPU
+    elif not identity.supervised and cfg.system.device_id is not None and "CUDA_VISIBLE_DEVICES" not in os.environ:
+        index = cfg.system.device_id  # standalone, config names the GPU
+    else:
+        index = identity.local_rank  # --no-isolate: all planned GPUs visible
+    if index >= count:
+        raise WorkerError(f"GPU index {index} requested but only {count} visible", ExitCode.DEVICE)
+    device_id = identity.device_id
+    if not identity.supervised and not os.environ.get(contract.GPU_RANK) and not os.environ.get(contract.DEVICE_ID):
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        device_id = int(visible) if visible.isdigit() else index
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index), replace(identity, device_kind="cuda", device_id=device_id)
+
+
+def check_device_uuid(device: torch.device, expected: str | None) -> str:
+    """The UUID of the device we got; exit 4 if the supervisor planned another one."""
+    if device.type != "cuda":
+        return ""
+    got = str(torch.cuda.get_device_properties(device).uuid)
+    if expected:
+        norm = lambda u: u.lower().removeprefix("gpu-")  # noqa: E731 - NVML says GPU-xxxx, torch xxxx
+        if norm(got) != norm(expected):
+            raise WorkerError(
+                f"device mismatch: the supervisor planned GPU {expected} but this process got GPU-{got} "
+                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})", ExitCode.DEVICE)
+    return f"GPU-{got}" if not got.startswith("GPU-") else got
+
+
+def backend_for(cfg: Config, device: torch.device) -> str:
+    if cfg.system.backend != "auto":
+        return cfg.system.backend
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_process_group(cfg: Config, identity: WorkerIdentity, device: torch.device) -> None:
+    """env:// rendezvous bounded by system.rendezvous_timeout; a rank that never
+    joins becomes one clear line and exit code 5 instead of a hang."""
+    if identity.world_size == 1:  # standalone sharded strategies still need a group of one
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+    for var in ("MASTER_ADDR", "MASTER_PORT"):
+        if not os.environ.get(var):
+            raise WorkerError(f"{var} is not set: a distributed worker needs the supervisor's environment",
+                              ExitCode.RENDEZVOUS)
+    where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+    timeout = timedelta(seconds=cfg.system.rendezvous_timeout)
+    backend = backend_for(cfg, device)
+    try:
+        kwargs: dict[str, Any] = {}
+        if device.type == "cuda":
+            kwargs["device_id"] = device  # eager NCCL init: a broken GPU fails here, not later
+        dist.init_process_group(backend, init_method="env://", rank=identity.rank,
+                                world_size=identity.world_size, timeout=timeout, **kwargs)
+        dist.barrier()  # every rank has really joined, not just the store
+    except (RuntimeError, ValueError, TimeoutError) as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise WorkerError(
+            f"process group did not form within {cfg.system.rendezvous_timeout:g}s (system.rendezvous_timeout): "
+            f"rank {identity.rank} of {identity.world_size} waited at {where} for the other ranks; {detail}",
+            ExitCode.RENDEZVOUS) from None
+    if hasattr(dist.distributed_c10d, "_set_pg_timeout"):
+        dist.distributed_c10d._set_pg_timeout(COLLECTIVE_TIMEOUT)
+
+
+def active() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def barrier() -> None:
+    if active():
+        dist.barrier()
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's `obj`, in rank order, on every rank."""
+    if not active():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def shutdown() -> None:
+    if active():
+        dist.destroy_process_group()
+
+
+@dataclass
+class StopVote:
+    """Ranks agree to stop at the same step boundary (SIGINT may reach them at
+    different steps). A CPU gloo group carries the vote, so the check never
+    synchronises the GPU."""
+
+    group: Any = None
+
+    @classmethod
+    def create(cls) -> StopVote:
+        if not active() or dist.get_world_size() == 1:
+            return cls(None)
+        if dist.get_backend() == "gloo":
+            return cls(dist.group.WORLD)
+        return cls(dist.new_group(backend="gloo"))
+
+    def any(self, local: bool) -> bool:
+        if self.group is None:
+            return local
+        flag = torch.tensor([1 if local else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(flag.item())

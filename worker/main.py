@@ -1,0 +1,47 @@
+"""Turning a worker's outcome into its exit code: one line for the user, never a traceback
+for a failure whose cause we know (docs/architecture.md, "Exit codes")."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Callable
+
+from loguru import logger
+
+from gpuherd.config import ConfigError
+from gpuherd.exit_codes import ExitCode
+from gpuherd.status_channel import StatusWriter
+from worker.distributed import WorkerError
+
+
+def exit_code_of(exc: BaseException) -> tuple[int, str]:
+    """(exit code, one-line message) for a failure."""
+    if isinstance(exc, WorkerError):
+        return exc.code, str(exc)
+    if isinstance(exc, ConfigError):
+        return ExitCode.USAGE, str(exc)
+    code = getattr(exc, "exit_code", None)  # worker.nan.NanStop carries its own code
+    if isinstance(code, int):
+        return code, str(exc) or type(exc).__name__
+    if type(exc).__name__ == "DatasetError":  # dataset_cache's, without importing it eagerly
+        return ExitCode.DATA, str(exc)
+    return ExitCode.FAILURE, f"{type(exc).__name__}: {exc}"
+
+
+def guarded(body: Callable[[], int], status: StatusWriter) -> int:
+    """Run `body`; map every failure to its exit code, report it, never re-raise."""
+    try:
+        return body()
+    except KeyboardInterrupt:  # only before the signal handlers are installed
+        return int(ExitCode.SIGINT)
+    except Exception as exc:  # noqa: BLE001 - this is the one place that classifies failures
+        code, message = exit_code_of(exc)
+        if code == ExitCode.FAILURE:
+            # an unclassified failure: the traceback is the diagnosis
+            logger.error("worker failed:\n" + "".join(traceback.format_exception(exc)).rstrip())
+        else:
+            logger.error(message)
+        status.send("error", message=message[:2000], exit_code=int(code))
+        sys.stderr.flush()
+        return int(code)

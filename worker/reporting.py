@@ -1,0 +1,129 @@
+"""Step lines, status records and TensorBoard scalars - without a GPU sync per step.
+
+Loss and grad norm stay tensors on the device; they are read (one sync) only
+on the steps that are logged. Tokens/s and MFU are averaged over the window
+since the previous logged step.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+from loguru import logger
+
+from gpuherd.contract import WorkerIdentity
+from gpuherd.status_channel import StatusWriter
+from worker.mfu import FlopsModel
+
+HEARTBEAT_S = 5.0  # at most this long between status records while training
+
+
+def format_eta(seconds: float) -> str:
+    """`5:30`, or `1:02:03` beyond an hour (seed 003)."""
+    seconds = max(0, int(round(seconds)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def step_line(bracket: str, step: int, max_steps: int, loss: float, lr: float, grad_norm: float | None,
+              eta_s: float, tokens_per_s: float, flops: FlopsModel) -> str:
+    norm = "n/a" if grad_norm is None else f"{grad_norm:.4f}"
+    line = (f"{bracket} Step [{step}/{max_steps}] | Loss: {loss:.4f} | LR: {lr:.2e} | Grad Norm: {norm} | "
+            f"ETA: {format_eta(eta_s)} | Tok/s: {tokens_per_s:.0f}")
+    mfu = flops.mfu(tokens_per_s)
+    if mfu is None:  # unknown peak (CPU, unlisted GPU): report achieved TFLOP/s only
+        return f"{line} | MFU: n/a | TFLOP/s: {flops.tflops(tokens_per_s):.3f}"
+    return f"{line} | MFU: {100 * mfu:.1f}%"
+
+
+def memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(psutil.Process().memory_info().rss)
+
+
+class TensorBoard:
+    """Scalars from rank 0 to <run_dir>/tensorboard when tensorboard is installed."""
+
+    def __init__(self, run_dir: Path | None, rank: int) -> None:
+        self.writer = None
+        if rank != 0 or run_dir is None:
+            return
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            logger.debug("tensorboard not installed: no event files")
+            return
+        # SummaryWriter flushes from its own thread: adding scalars never blocks a step
+        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    def scalars(self, step: int, **values: float | None) -> None:
+        if self.writer is None:
+            return
+        for name, value in values.items():
+            if value is not None:
+                self.writer.add_scalar(name, value, step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+class StepReporter:
+    def __init__(self, identity: WorkerIdentity, max_steps: int, log_every: int, tokens_per_step: int,
+                 flops: FlopsModel, status: StatusWriter, tensorboard: TensorBoard, device: torch.device,
+                 start_step: int) -> None:
+        self.identity, self.max_steps, self.log_every = identity, max_steps, log_every
+        self.tokens_per_step, self.flops, self.status = tokens_per_step, flops, status
+        self.tb, self.device = tensorboard, device
+        now = time.perf_counter()
+        self.run_start_step, self.run_start = start_step, now
+        self.window_step, self.window_start = start_step, now
+        self.last_heartbeat = time.monotonic()
+
+    def should_log(self, step: int) -> bool:
+        return step % self.log_every == 0 or step == self.max_steps - 1
+
+    def after_step(self, step: int, loss: torch.Tensor, lr: float, grad_norm: torch.Tensor | None) -> None:
+        """Called after optimizer step `step` (0-based)."""
+        if not self.should_log(step):
+            if time.monotonic() - self.last_heartbeat > HEARTBEAT_S:
+                self.status.send("step", step=step, max_steps=self.max_steps)
+                self.last_heartbeat = time.monotonic()
+            return
+        loss_v = float(loss)  # the one host sync of a logged step
+        norm_v = None if grad_norm is None else float(grad_norm)
+        now = time.perf_counter()
+        steps = step + 1 - self.window_step
+        elapsed = max(now - self.window_start, 1e-9)
+        tokens_per_s = steps * self.tokens_per_step / elapsed
+        per_step = (now - self.run_start) / max(1, step + 1 - self.run_start_step)
+        eta = per_step * (self.max_steps - step - 1)
+        logger.info(step_line(self.identity.bracket, step, self.max_steps, loss_v, lr, norm_v, eta,
+                              tokens_per_s, self.flops))
+        mfu = self.flops.mfu(tokens_per_s)
+        self.status.send("step", step=step, max_steps=self.max_steps, loss=loss_v, lr=lr, grad_norm=norm_v,
+                         tokens_per_s=tokens_per_s, mfu=mfu, mem_bytes=memory_bytes(self.device))
+        self.tb.scalars(step, **{"train/loss": loss_v, "train/lr": lr, "train/grad_norm": norm_v,
+                                 "perf/tokens_per_s": tokens_per_s, "perf/mfu": mfu,
+                                 "perf/tflops": self.flops.tflops(tokens_per_s)})
+        self.window_step, self.window_start = step + 1, time.perf_counter()
+        self.last_heartbeat = time.monotonic()
+
+    def exclude_pause(self, seconds: float) -> None:
+        """Eval and checkpoint time is not training time: keep it out of Tok/s, MFU and ETA."""
+        self.window_start += seconds
+        self.run_start += seconds
+
+    def eval_result(self, step: int, val_loss: float) -> None:
+        logger.info(f"{self.identity.bracket} Eval [{step}/{self.max_steps}] | Val Loss: {val_loss:.4f}")
+        self.status.send("eval", step=step, val_loss=val_loss)
+        self.tb.scalars(step, **{"val/loss": val_loss})
+
+    def summary(self) -> dict[str, Any]:
+        return {"elapsed_s": time.perf_counter() - self.run_start}

@@ -1,0 +1,75 @@
+"""Signal behaviour of a worker (docs/architecture.md, "Signals").
+
+- SIGTERM: the supervisor is tearing the run down; exit 143 now, no collectives.
+- SIGINT: graceful stop; the loop stops at the next step boundary (all ranks
+  agree through a vote), saves a checkpoint and exits 130. A second SIGINT exits 130 at once.
+- SIGUSR1: faulthandler dumps every thread's stack to stderr; training goes on.
+
+Python runs signal handlers only between bytecodes of the main thread, which
+may sit inside a collective for minutes when a peer died. So the C-level
+handler's wakeup fd is read by a watcher thread that acts even then.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import signal
+import sys
+import threading
+from dataclasses import dataclass, field
+
+from loguru import logger
+
+from gpuherd.exit_codes import ExitCode
+
+
+@dataclass
+class SignalState:
+    stop_requested: bool = False
+    _read_fd: int = -1
+    _thread: threading.Thread | None = field(default=None, repr=False)
+
+
+def _exit_now(code: int, message: str) -> None:
+    try:
+        logger.warning(message)
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def _watch(state: SignalState) -> None:
+    while True:
+        try:
+            data = os.read(state._read_fd, 64)
+        except OSError:
+            return
+        if not data:
+            return
+        for signum in data:
+            if signum == signal.SIGTERM:
+                _exit_now(ExitCode.SIGTERM, "received SIGTERM: exiting now (143)")
+            elif signum == signal.SIGINT:
+                if state.stop_requested:
+                    _exit_now(ExitCode.SIGINT, "second SIGINT: exiting now without a checkpoint (130)")
+                state.stop_requested = True
+                logger.warning("received SIGINT: stopping at the next step boundary "
+                               "(checkpoint, then exit 130); press Ctrl-C again to exit at once")
+
+
+def install() -> SignalState:
+    """Call once, from the main thread, before the process group forms."""
+    state = SignalState()
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    state._read_fd = read_fd
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        # A Python-level handler must exist for the wakeup fd to receive the signal;
+        # the watcher thread does the work, so this one does nothing.
+        signal.signal(signum, lambda *_: None)
+    signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True, chain=False)
+    state._thread = threading.Thread(target=_watch, args=(state,), name="gpuherd-signals", daemon=True)
+    state._thread.start()
+    return state
