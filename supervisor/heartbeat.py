@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 SLOW_PHASES = {"init", "rendezvous", "compile", "checkpoint", "eval"}
-BEFORE_JOIN = {"init", "rendezvous"}
 # Defaults when system.hang_timeout is 0: a production step plus its logging can take
 # minutes on one GPU; a --script's steps are unknown, so be generous.
 HANG_DEFAULTS = {"debug": 60.0, "gpt2-small": 300.0, "production": 600.0}
@@ -71,16 +70,18 @@ class HeartbeatMonitor:
             return
         st.last_record, st.records = now, st.records + 1
         kind = rec.get("type")
+        if st.phase == "rendezvous":  # anything a rank says after entering rendezvous means it got through
+            st.joined = True
         if kind == "phase":
             st.phase = str(rec.get("name"))
-            if st.phase == "rendezvous" and self._rendezvous_started is None:
-                self._rendezvous_started = now
-            if st.phase not in BEFORE_JOIN:
-                st.joined = True
+            if st.phase == "rendezvous":
+                st.joined = False
+                if self._rendezvous_started is None:
+                    self._rendezvous_started = now
         elif kind == "step":
             st.step, st.max_steps, st.loss = rec.get("step"), rec.get("max_steps"), rec.get("loss")
             st.joined = True
-            if st.phase in BEFORE_JOIN or st.phase is None:
+            if st.phase in ("init", "rendezvous", None):
                 st.phase = "train"
         elif kind in ("eval", "checkpoint", "nan"):
             st.joined = True

@@ -3,7 +3,7 @@
     python scenario.py BEHAVIOUR_RANK0 BEHAVIOUR_RANK1 ...   (missing ranks: "train")
 
 Behaviours: train[:steps] | forever | raise | exit0 | silent-exit0 | sigkill | stop |
-stall | ignore-term | flood[:lines] | midline | grandchild | escapee | graceful | env.
+stall | ignore-term | ignore-int | flood[:lines] | midline | grandchild | escapee | graceful | env.
 Every rank registers faulthandler on SIGUSR1 (as gpuherd's own worker does) unless
 the behaviour ends in "+nofh".
 """
@@ -47,17 +47,18 @@ def train(total: int) -> None:
 
 def main() -> int:
     if NAME == "env":
-        keys = [k for k in os.environ if k in sys.argv[-1].split(",")] if False else sorted(os.environ)
-        print(json.dumps({k: os.environ[k] for k in keys}), flush=True)
+        print("ENV " + json.dumps(dict(os.environ)), flush=True)
         status.send("done", step=0)
         return 0
     if NAME == "train":
         train(int(ARG or 20))
         status.send("done", step=int(ARG or 20))
         return 0
-    if NAME in ("forever", "ignore-term", "graceful", "grandchild", "escapee"):
+    if NAME in ("forever", "ignore-term", "ignore-int", "graceful", "grandchild", "escapee"):
         if NAME == "ignore-term":
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if NAME == "ignore-int":
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         if NAME == "graceful":
             def stop(signum, frame):
                 log("SIGINT: saving checkpoint and stopping", "WARNING")
