@@ -84,6 +84,14 @@ def local_corpus(spec: str) -> FileCorpus:
     return FileCorpus(spec, str(path), files, path)
 
 
+def document_pieces(text: str, max_chars: int, splittable: bool) -> Iterator[Piece]:
+    """One whole document as pieces, the last one marked as its end."""
+    parts = list(split_points(text, max_chars)) if splittable else [text]
+    for part in parts[:-1]:
+        yield Piece(part, False)
+    yield Piece(parts[-1], True)
+
+
 def split_points(text: str, max_chars: int) -> Iterator[str]:
     """Cut `text` into pieces of at least `max_chars`, each cut just before a newline
     that follows a non-space character. GPT-2's pre-tokenizer never puts a
@@ -118,10 +126,7 @@ def _text_file_pieces(path: Path, max_chars: int, splittable: bool) -> Iterator[
                 yield Piece(part, False)
             buffer = parts[-1]
     if buffer:
-        parts = list(split_points(buffer, max_chars)) if splittable else [buffer]
-        for part in parts[:-1]:
-            yield Piece(part, False)
-        yield Piece(parts[-1], True)
+        yield from document_pieces(buffer, max_chars, splittable)
 
 
 def _jsonl_pieces(path: Path, max_chars: int, splittable: bool) -> Iterator[Piece]:
@@ -136,12 +141,8 @@ def _jsonl_pieces(path: Path, max_chars: int, splittable: bool) -> Iterator[Piec
             text = record.get("text") if isinstance(record, dict) else None
             if not isinstance(text, str):
                 raise DatasetError(f"{path} line {line_no}: no string field 'text' (each JSONL line must be {{\"text\": \"...\"}})")
-            if not text:
-                continue
-            parts = list(split_points(text, max_chars)) if splittable else [text]
-            for part in parts[:-1]:
-                yield Piece(part, False)
-            yield Piece(parts[-1], True)
+            if text:
+                yield from document_pieces(text, max_chars, splittable)
 
 
 def _decoded_blocks(path: Path) -> Iterator[str]:
