@@ -49,7 +49,7 @@ def prepare_cache(data: DataConfig, *, verify: bool | None = None, workers: int 
     cache_dir = Path(data.cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(data.tokenizer)
-    corpus = open_corpus(data.dataset, data.num_samples, cache_dir)
+    corpus = open_corpus(data.dataset, data.num_samples, cache_dir, trust_hash_memo=not verify)
     key = cache_key(key_inputs(tokenizer, corpus, data.context_length, data.num_samples, data.val_fraction))
     final_dir = cache_dir / key.short
 

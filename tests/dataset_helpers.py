@@ -112,3 +112,8 @@ def capture_loguru():  # noqa: ANN201 (a pytest fixture generator)
         yield messages
     finally:
         logger.remove(handler)
+
+
+def dying_encode_batch(batch, dtype_str):  # noqa: ANN001, ANN201 (stands in for parallel._encode_batch)
+    """A tokenizer process killed mid-task (as by the OOM killer)."""
+    os._exit(137)

@@ -124,3 +124,43 @@ def test_only_empty_documents(tmp_path):
     (corpus / "a.txt").write_text("")
     with pytest.raises(DatasetError, match="holds no text"):
         prepare_cache(data_config(tmp_path, dataset=str(corpus)))
+
+
+def test_local_tokenizer_json_build(tmp_path):
+    """A tokenizer.json is not splittable: each document is encoded whole, eot from the file."""
+    from test_dataset_key import write_tokenizer_json
+
+    tokenizer = write_tokenizer_json(tmp_path / "tokenizer.json")
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(f'{{"text": "hello world {i} world hello"}}\n' for i in range(12)))
+    cache = open_cache(prepare_cache(data_config(tmp_path, dataset=str(path), tokenizer=str(tokenizer), context_length=8, val_fraction=0.25)).path)
+    assert all_tokens(cache) == [2, 3, 1, 3, 2, 0] * 12
+    assert (cache.vocab_size, cache.eot_id, cache.tokenizer) == (4, 0, str(tokenizer))
+
+
+def test_build_with_threads_running_uses_a_clean_forkserver(tmp_path, monkeypatch):
+    """A caller with threads (a supervisor's monitor) must not fork: same bytes via forkserver."""
+    import threading
+
+    monkeypatch.setattr(parallel, "BATCH_CHARS", 4096)
+    monkeypatch.setattr(build_module, "BATCH_CHARS", 4096)
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, daemon=True)
+    thread.start()
+    try:
+        threaded = prepare_cache(data_config(tmp_path, cache_dir=str(tmp_path / "a")), workers=2)
+    finally:
+        stop.set()
+        thread.join()
+    serial = prepare_cache(data_config(tmp_path, cache_dir=str(tmp_path / "b")), workers=1)
+    assert (threaded.path / "tokens.bin").read_bytes() == (serial.path / "tokens.bin").read_bytes()
+
+
+def test_a_dying_tokenizer_process_fails_the_build_instead_of_hanging(tmp_path, monkeypatch):
+    from dataset_helpers import dying_encode_batch
+
+    monkeypatch.setattr(parallel, "BATCH_CHARS", 4096)
+    monkeypatch.setattr(parallel, "_encode_batch", dying_encode_batch)
+    with pytest.raises(DatasetError, match="a tokenizer process died"):
+        prepare_cache(data_config(tmp_path), workers=2)
+    assert not list((tmp_path / "cache").glob("[0-9a-f]*")) and not list((tmp_path / "cache").glob(".tmp-*"))
