@@ -60,11 +60,11 @@ def _prepare(data: DataConfig, verify: bool, workers: int | None) -> CacheInfo:
     key = cache_key(key_inputs(tokenizer, corpus, data.context_length, data.num_samples, data.val_fraction))
     final_dir = cache_dir / key.short
 
-    cache = _open_if_sound(final_dir, verify, report=True)
+    cache = _open_if_sound(final_dir, key.digest, verify, report=True)
     built = False
     if cache is None:
         with exclusive_lock(lock_path(cache_dir, key.short), f"building dataset cache {key.short}"):
-            cache = _open_if_sound(final_dir, verify, report=False)  # built while we waited?
+            cache = _open_if_sound(final_dir, key.digest, verify, report=False)  # built while we waited?
             if cache is None:
                 remove_tree(final_dir)  # corrupt or incomplete: never read again
                 remove_stale_temps(cache_dir, key.short)
@@ -77,8 +77,6 @@ def _prepare(data: DataConfig, verify: bool, workers: int | None) -> CacheInfo:
                 cache = open_cache(final_dir, verify=True)
             else:
                 logger.info(f"dataset cache {key.short} was built by another process while this one waited")
-    if cache.meta["key"] != key.digest:
-        raise CacheCorruptError(f"dataset cache {final_dir}: metadata key {cache.meta['key'][:16]} is not {key.short}")
     seconds = time.perf_counter() - started
     tokens = cache.meta["tokens"]
     if not built:
@@ -92,11 +90,14 @@ def _prepare(data: DataConfig, verify: bool, workers: int | None) -> CacheInfo:
     )
 
 
-def _open_if_sound(final_dir: Path, verify: bool, report: bool) -> TokenCache | None:
+def _open_if_sound(final_dir: Path, digest: str, verify: bool, report: bool) -> TokenCache | None:
     if not final_dir.exists():
         return None
     try:
-        return open_cache(final_dir, verify=verify)
+        cache = open_cache(final_dir, verify=verify)
+        if cache.meta.get("key") != digest:  # another cache's files copied or moved here
+            raise CacheCorruptError(f"dataset cache {final_dir} holds the cache of key {str(cache.meta.get('key'))[:16]}")
+        return cache
     except CacheCorruptError as exc:
         if report:
             logger.warning(f"{exc}; rebuilding it")

@@ -81,3 +81,13 @@ def test_damaged_metadata_or_files(built, damage):
 def test_worker_side_open_refuses_a_missing_cache(tmp_path):
     with pytest.raises(DatasetError, match="not found"):
         open_cache(tmp_path / "0123456789abcdef")
+
+
+def test_another_caches_files_under_this_key_are_replaced(tmp_path):
+    a = prepare_cache(data_config(tmp_path, num_samples=50))
+    b = prepare_cache(data_config(tmp_path, num_samples=60))
+    original = (a.path / "tokens.bin").read_bytes()
+    for name in ("tokens.bin", "doc_offsets.bin", "metadata.json"):
+        (a.path / name).write_bytes((b.path / name).read_bytes())
+    again = prepare_cache(data_config(tmp_path, num_samples=50))
+    assert again.built and (a.path / "tokens.bin").read_bytes() == original
