@@ -26,7 +26,7 @@ def field(output: str, name: str) -> str:
 
 def test_build_reuse_verify_list_clean(cli):
     run, cache_dir = cli
-    first = run()
+    first = run("--workers", "2")
     assert first.returncode == 0, first.stderr
     key, path = field(first.stdout, "key"), field(first.stdout, "path")
     assert path == str(cache_dir / key)  # relative cache_dir resolved against the caller's directory
