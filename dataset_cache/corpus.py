@@ -10,7 +10,6 @@ pieces cut where cutting cannot change the token ids.
 from __future__ import annotations
 
 import codecs
-import functools
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -52,10 +51,12 @@ class FileCorpus(Corpus):
     def __init__(self, spec: str, name: str, files: list[Path], root: Path, memo: HashMemo = NO_MEMO) -> None:
         self.spec, self.name, self.files, self.root, self.memo = spec, name, files, root, memo
         self.total_bytes = sum(_size(p) for p in files)
+        self._fingerprint: str | None = None  # computed once: hashing twice would double the cost
 
-    @functools.cache  # noqa: B019 (one corpus object per prepare; hashing twice would double the cost)
     def fingerprint(self) -> str:
-        return sha256_of_parts((_relative(p, self.root), self._sha256(p)) for p in self.files)
+        if self._fingerprint is None:
+            self._fingerprint = sha256_of_parts((_relative(p, self.root), self._sha256(p)) for p in self.files)
+        return self._fingerprint
 
     def _sha256(self, path: Path) -> str:
         try:
