@@ -5,6 +5,7 @@
     python3 prepare_dataset.py --verify-cache      # also checksum every byte of an existing cache
     python3 prepare_dataset.py --list              # caches under data.cache_dir with their size
     python3 prepare_dataset.py --clean [KEY|raw]   # remove all caches, one, or the downloaded text
+    python3 prepare_dataset.py --workers N         # tokenizer processes (default: every core)
 
 Prints the key, path, token counts and time. Errors are one line: exit 3 for
 the dataset (not fetchable, unreadable, corrupt beyond rebuilding), 2 for usage.
@@ -34,7 +35,11 @@ def main(argv: list[str] | None = None) -> int:
         "--clean", nargs="?", const="all", default=None, metavar="KEY",
         help="remove every cache (no KEY), one cache (a key or unique prefix), or 'raw' (downloaded text)",
     )
+    action.add_argument("--workers", type=int, default=None, metavar="N",
+                        help="tokenizer processes (default: every core for corpora over 4 MB, else 1)")
     args = parser.parse_args(argv)
+    if args.workers is not None and args.workers < 1:
+        die(f"--workers must be >= 1, got {args.workers}", prog=PROG)
     if sum([args.list, args.clean is not None, args.verify_cache]) > 1:
         die("--list, --clean and --verify-cache are separate actions; give one", prog=PROG)
     cfg = config_from_args(args)
@@ -58,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             freed = sum(e.size_bytes for e in removed)
             print(f"removed {len(removed)} cache{'s' if len(removed) != 1 else ''} from {cache_dir}, freed {format_size(freed)}")
             return ExitCode.OK
-        return _prepare(cfg, verify=True if args.verify_cache else None)
+        return _prepare(cfg, verify=True if args.verify_cache else None, workers=args.workers)
     except DatasetError as exc:
         die(str(exc), code=ExitCode.DATA, prog=PROG)
     except KeyboardInterrupt:
@@ -66,10 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         return ExitCode.SIGINT
 
 
-def _prepare(cfg, verify: bool | None) -> int:  # noqa: ANN001 (gpuherd.config.Config)
+def _prepare(cfg, verify: bool | None, workers: int | None) -> int:  # noqa: ANN001 (gpuherd.config.Config)
     from dataset_cache import open_cache, prepare_cache
 
-    info = prepare_cache(cfg.data, verify=verify)
+    info = prepare_cache(cfg.data, verify=verify, workers=workers)
     cache = open_cache(info.path)
     meta = cache.meta
     checked = "checksums" if (verify or cfg.data.verify_cache or info.built) else "sizes"

@@ -79,7 +79,7 @@ def build_cache(
         total, documents = tokens.count, offsets.count - 1
         if total == 0:
             raise DatasetError(f"dataset {corpus.name} holds no text (every document is empty)")
-        doc_offsets = np.fromfile(tmp / OFFSETS_FILE, dtype=OFFSETS_DTYPE)
+        doc_offsets = np.memmap(tmp / OFFSETS_FILE, dtype=OFFSETS_DTYPE, mode="r")  # bounded memory for any count
         n_train = split_index(doc_offsets, total, val_fraction, context_length, corpus.name)
         seconds = progress.elapsed
         meta = {

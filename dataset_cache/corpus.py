@@ -10,7 +10,6 @@ pieces cut where cutting cannot change the token ids.
 from __future__ import annotations
 
 import codecs
-import functools
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,7 +18,8 @@ from pathlib import Path
 import orjson
 
 from dataset_cache.errors import DatasetError
-from dataset_cache.hashing import READ_BLOCK, sha256_file, sha256_of_parts
+from dataset_cache.hash_memo import NO_MEMO, HashMemo
+from dataset_cache.hashing import READ_BLOCK, sha256_of_parts
 
 TEXT_SUFFIXES = (".txt",)
 JSONL_SUFFIXES = (".jsonl",)
@@ -48,13 +48,21 @@ class Corpus(ABC):
 class FileCorpus(Corpus):
     """Plain text files (one document each) and JSONL files (one document per line)."""
 
-    def __init__(self, spec: str, name: str, files: list[Path], root: Path) -> None:
-        self.spec, self.name, self.files, self.root = spec, name, files, root
+    def __init__(self, spec: str, name: str, files: list[Path], root: Path, memo: HashMemo = NO_MEMO) -> None:
+        self.spec, self.name, self.files, self.root, self.memo = spec, name, files, root, memo
         self.total_bytes = sum(_size(p) for p in files)
+        self._fingerprint: str | None = None  # computed once: hashing twice would double the cost
 
-    @functools.cache  # noqa: B019 (one corpus object per prepare; hashing twice would double the cost)
     def fingerprint(self) -> str:
-        return sha256_of_parts((_relative(p, self.root), _sha256_readable(p)) for p in self.files)
+        if self._fingerprint is None:
+            self._fingerprint = sha256_of_parts((_relative(p, self.root), self._sha256(p)) for p in self.files)
+        return self._fingerprint
+
+    def _sha256(self, path: Path) -> str:
+        try:
+            return self.memo.sha256(path)
+        except OSError as exc:
+            raise DatasetError(f"cannot read dataset file {path}: {exc.strerror}") from None
 
     def pieces(self, max_chars: int, splittable: bool) -> Iterator[Piece]:
         for path in self.files:
@@ -64,14 +72,14 @@ class FileCorpus(Corpus):
                 yield from _text_file_pieces(path, max_chars, splittable)
 
 
-def local_corpus(spec: str) -> FileCorpus:
+def local_corpus(spec: str, memo: HashMemo = NO_MEMO) -> FileCorpus:
     """A .txt/.jsonl file, or a directory searched recursively for them."""
     path = Path(spec).expanduser()
     if not path.exists():
         raise DatasetError(f"data.dataset path not found: {path} (use a .txt or .jsonl file, a directory of them, shakespeare or dummy)")
     path = path.resolve()
     if path.is_file():
-        return FileCorpus(spec, str(path), [path], path.parent)
+        return FileCorpus(spec, str(path), [path], path.parent, memo)
     if not path.is_dir():
         raise DatasetError(f"data.dataset {path} is neither a regular file nor a directory")
     files = sorted(
@@ -81,7 +89,15 @@ def local_corpus(spec: str) -> FileCorpus:
     )
     if not files:
         raise DatasetError(f"data.dataset directory {path} holds no .txt or .jsonl files")
-    return FileCorpus(spec, str(path), files, path)
+    return FileCorpus(spec, str(path), files, path, memo)
+
+
+def document_pieces(text: str, max_chars: int, splittable: bool) -> Iterator[Piece]:
+    """One whole document as pieces, the last one marked as its end."""
+    parts = list(split_points(text, max_chars)) if splittable else [text]
+    for part in parts[:-1]:
+        yield Piece(part, False)
+    yield Piece(parts[-1], True)
 
 
 def split_points(text: str, max_chars: int) -> Iterator[str]:
@@ -118,10 +134,7 @@ def _text_file_pieces(path: Path, max_chars: int, splittable: bool) -> Iterator[
                 yield Piece(part, False)
             buffer = parts[-1]
     if buffer:
-        parts = list(split_points(buffer, max_chars)) if splittable else [buffer]
-        for part in parts[:-1]:
-            yield Piece(part, False)
-        yield Piece(parts[-1], True)
+        yield from document_pieces(buffer, max_chars, splittable)
 
 
 def _jsonl_pieces(path: Path, max_chars: int, splittable: bool) -> Iterator[Piece]:
@@ -136,12 +149,8 @@ def _jsonl_pieces(path: Path, max_chars: int, splittable: bool) -> Iterator[Piec
             text = record.get("text") if isinstance(record, dict) else None
             if not isinstance(text, str):
                 raise DatasetError(f"{path} line {line_no}: no string field 'text' (each JSONL line must be {{\"text\": \"...\"}})")
-            if not text:
-                continue
-            parts = list(split_points(text, max_chars)) if splittable else [text]
-            for part in parts[:-1]:
-                yield Piece(part, False)
-            yield Piece(parts[-1], True)
+            if text:
+                yield from document_pieces(text, max_chars, splittable)
 
 
 def _decoded_blocks(path: Path) -> Iterator[str]:
@@ -168,13 +177,6 @@ def _decoded_blocks(path: Path) -> Iterator[str]:
 def _open_readable(path: Path):  # noqa: ANN202 (a binary file object)
     try:
         return open(path, "rb")
-    except OSError as exc:
-        raise DatasetError(f"cannot read dataset file {path}: {exc.strerror}") from None
-
-
-def _sha256_readable(path: Path) -> str:
-    try:
-        return sha256_file(path)
     except OSError as exc:
         raise DatasetError(f"cannot read dataset file {path}: {exc.strerror}") from None
 

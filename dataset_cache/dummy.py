@@ -11,7 +11,7 @@ import hashlib
 import random
 from collections.abc import Iterator
 
-from dataset_cache.corpus import Corpus, Piece, split_points
+from dataset_cache.corpus import Corpus, Piece, document_pieces
 
 NAME = "dummy-v1"  # bump when the generator changes (the raw-text hash would catch it anyway)
 DEFAULT_DOCUMENTS = 1000
@@ -53,10 +53,7 @@ class DummyCorpus(Corpus):
 
     def pieces(self, max_chars: int, splittable: bool) -> Iterator[Piece]:
         for doc in self._docs():
-            parts = list(split_points(doc, max_chars)) if splittable else [doc]
-            for part in parts[:-1]:
-                yield Piece(part, False)
-            yield Piece(parts[-1], True)
+            yield from document_pieces(doc, max_chars, splittable)
 
     def _docs(self) -> Iterator[str]:
         for i in range(self.documents):

@@ -11,6 +11,7 @@ from dataset_cache.build import temp_prefix
 from dataset_cache.cache import read_metadata
 from dataset_cache.durable import remove_tree
 from dataset_cache.errors import CacheCorruptError, DatasetError
+from dataset_cache.hash_memo import memo_dir
 from dataset_cache.locking import lock_path, release, try_lock
 
 KEY_DIR = re.compile(r"^[0-9a-f]{16}$")
@@ -66,6 +67,7 @@ def clean_caches(cache_dir: Path, which: str) -> list[CacheEntry]:
         removed.append(entry)
     if which == "all":
         _remove_unlocked_leftovers(cache_dir)
+        shutil.rmtree(memo_dir(cache_dir), ignore_errors=True)  # remembered raw-text hashes
     return removed
 
 

@@ -17,14 +17,17 @@ import signal
 import threading
 from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 import numpy as np
 
 from dataset_cache.corpus import Piece
+from dataset_cache.errors import DatasetError
 from dataset_cache.tokenizers import Tokenizer, load_tokenizer
 
-BATCH_CHARS = 1 << 20  # ~1 MB of text per task: large enough to amortize pickling
+BATCH_CHARS = 1 << 18  # ~256 KB of text per task: amortizes pickling, and enough tasks to keep every core busy to the end
 MIN_PARALLEL_BYTES = 4 << 20  # below this, starting processes costs more than it saves
 
 _TOKENIZER: Tokenizer | None = None  # set in the parent before fork, or loaded by _init_worker
@@ -66,20 +69,29 @@ def _encode_in_pool(
     if method == "fork":
         tokenizer.encode("warm up")  # build the lazy encoder once, before forking
         _TOKENIZER = tokenizer
-    context = multiprocessing.get_context(method)
-    pool = context.Pool(workers, initializer=_init_worker, initargs=(tokenizer.spec, os.getpid()))
-    pending: deque = deque()
+    # ProcessPoolExecutor, not Pool: a worker that dies (OOM killer) breaks the
+    # executor with an error, where Pool would wait for its lost task forever.
+    executor = ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context(method), initializer=_init_worker,
+        initargs=(tokenizer.spec, os.getpid() if method == "fork" else 0),
+    )
+    pending: deque[Future[EncodedBatch]] = deque()
     try:
         for batch in batches:
-            pending.append(pool.apply_async(_encode_batch, (batch, dtype.str)))
+            pending.append(executor.submit(_encode_batch, batch, dtype.str))
             while len(pending) >= 2 * workers:
-                yield pending.popleft().get()
+                yield _result(pending.popleft())
         while pending:
-            yield pending.popleft().get()
-        pool.close()
+            yield _result(pending.popleft())
     finally:
-        pool.terminate()
-        pool.join()
+        executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _result(future: Future[EncodedBatch]) -> EncodedBatch:
+    try:
+        return future.result()
+    except BrokenProcessPool:
+        raise DatasetError("a tokenizer process died during the build (killed, or out of memory?); nothing was published") from None
 
 
 def _batches(pieces: Iterator[Piece], doc_limit: int) -> Iterator[list[tuple[str, bool]]]:
@@ -110,13 +122,14 @@ def _init_worker(spec: str, parent_pid: int) -> None:
 
 
 def _die_with_parent(parent_pid: int) -> None:
+    """parent_pid 0: started by a forkserver, whose own lifetime follows ours."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         pr_set_pdeathsig = 1
         libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
     except (OSError, AttributeError):  # not Linux: the pool's own cleanup must do
         return
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+    if parent_pid and os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
 
 

@@ -19,7 +19,7 @@ from loguru import logger
 from dataset_cache.build import build_cache, remove_stale_temps
 from dataset_cache.cache import TokenCache, open_cache
 from dataset_cache.durable import remove_tree
-from dataset_cache.errors import CacheCorruptError
+from dataset_cache.errors import CacheCorruptError, DatasetError
 from dataset_cache.key import cache_key, key_inputs
 from dataset_cache.locking import exclusive_lock, lock_path
 from dataset_cache.sources import open_corpus
@@ -44,20 +44,27 @@ def prepare_cache(data: DataConfig, *, verify: bool | None = None, workers: int 
     always checked). `workers` overrides the tokenizer process count (default:
     every core for corpora over a few MB). Raises DatasetError with one line.
     """
+    try:
+        return _prepare(data, data.verify_cache if verify is None else verify, workers)
+    except OSError as exc:  # unwritable or full disk: one line naming the path, not a traceback
+        where = exc.filename or data.cache_dir
+        raise DatasetError(f"dataset cache {data.cache_dir}: {exc.strerror or exc} ({where})") from None
+
+
+def _prepare(data: DataConfig, verify: bool, workers: int | None) -> CacheInfo:
     started = time.perf_counter()
-    verify = data.verify_cache if verify is None else verify
     cache_dir = Path(data.cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(data.tokenizer)
-    corpus = open_corpus(data.dataset, data.num_samples, cache_dir)
+    corpus = open_corpus(data.dataset, data.num_samples, cache_dir, trust_hash_memo=not verify)
     key = cache_key(key_inputs(tokenizer, corpus, data.context_length, data.num_samples, data.val_fraction))
     final_dir = cache_dir / key.short
 
-    cache = _open_if_sound(final_dir, verify, report=True)
+    cache = _open_if_sound(final_dir, key.digest, verify, report=True)
     built = False
     if cache is None:
         with exclusive_lock(lock_path(cache_dir, key.short), f"building dataset cache {key.short}"):
-            cache = _open_if_sound(final_dir, verify, report=False)  # built while we waited?
+            cache = _open_if_sound(final_dir, key.digest, verify, report=False)  # built while we waited?
             if cache is None:
                 remove_tree(final_dir)  # corrupt or incomplete: never read again
                 remove_stale_temps(cache_dir, key.short)
@@ -70,8 +77,6 @@ def prepare_cache(data: DataConfig, *, verify: bool | None = None, workers: int 
                 cache = open_cache(final_dir, verify=True)
             else:
                 logger.info(f"dataset cache {key.short} was built by another process while this one waited")
-    if cache.meta["key"] != key.digest:
-        raise CacheCorruptError(f"dataset cache {final_dir}: metadata key {cache.meta['key'][:16]} is not {key.short}")
     seconds = time.perf_counter() - started
     tokens = cache.meta["tokens"]
     if not built:
@@ -85,11 +90,14 @@ def prepare_cache(data: DataConfig, *, verify: bool | None = None, workers: int 
     )
 
 
-def _open_if_sound(final_dir: Path, verify: bool, report: bool) -> TokenCache | None:
+def _open_if_sound(final_dir: Path, digest: str, verify: bool, report: bool) -> TokenCache | None:
     if not final_dir.exists():
         return None
     try:
-        return open_cache(final_dir, verify=verify)
+        cache = open_cache(final_dir, verify=verify)
+        if cache.meta.get("key") != digest:  # another cache's files copied or moved here
+            raise CacheCorruptError(f"dataset cache {final_dir} holds the cache of key {str(cache.meta.get('key'))[:16]}")
+        return cache
     except CacheCorruptError as exc:
         if report:
             logger.warning(f"{exc}; rebuilding it")

@@ -36,21 +36,22 @@ def raw_dir(cache_dir: Path) -> Path:
 def shakespeare_corpus(cache_dir: Path) -> FileCorpus:
     """The plays' raw text, fetching them first if they are not (intact) under cache_dir."""
     target = raw_dir(cache_dir)
-    corpus = _intact_corpus(target)
+    corpus = _intact_corpus(target, report=True)
     if corpus is not None:
         return corpus
     with exclusive_lock(lock_path(cache_dir, f"raw-{RAW_NAME}"), f"fetching {REQUIREMENT}"):
-        corpus = _intact_corpus(target)  # another process may have fetched it while we waited
+        corpus = _intact_corpus(target, report=False)  # another process may have fetched it while we waited
         if corpus is None:
             _fetch_into(target)
-            corpus = _intact_corpus(target)
+            corpus = _intact_corpus(target, report=False)
     if corpus is None:
         raise DatasetError(f"{REQUIREMENT} was fetched into {target} but does not match its manifest")
     return corpus
 
 
-def _intact_corpus(target: Path) -> FileCorpus | None:
-    """The corpus if every file is present with the sha256 its manifest recorded."""
+def _intact_corpus(target: Path, report: bool) -> FileCorpus | None:
+    """The corpus if every file is present with the sha256 its manifest recorded;
+    `report` says why not (once: the re-check under the lock stays quiet)."""
     manifest_path = target / "manifest.json"
     if not manifest_path.is_file():
         return None
@@ -60,17 +61,22 @@ def _intact_corpus(target: Path) -> FileCorpus | None:
         manifest = orjson.loads(manifest_path.read_bytes())
         names = sorted(manifest["files"])
     except (OSError, orjson.JSONDecodeError, KeyError, TypeError):
-        logger.warning(f"raw text manifest {manifest_path} is unreadable; fetching {REQUIREMENT} again")
+        _report(report, f"raw text manifest {manifest_path} is unreadable")
         return None
     files = [target / "texts" / name for name in names]
     if not all(p.is_file() for p in files):
-        logger.warning(f"raw text under {target} is incomplete; fetching {REQUIREMENT} again")
+        _report(report, f"raw text under {target} is incomplete")
         return None
     corpus = FileCorpus(REQUIREMENT, REQUIREMENT, files, target / "texts")
     if corpus.fingerprint() != manifest.get("fingerprint"):
-        logger.warning(f"raw text under {target} was modified or corrupted; fetching {REQUIREMENT} again")
+        _report(report, f"raw text under {target} was modified or corrupted")
         return None
     return corpus
+
+
+def _report(report: bool, problem: str) -> None:
+    if report:
+        logger.warning(f"{problem}; fetching {REQUIREMENT} again")
 
 
 def _fetch_into(target: Path) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import fcntl
 import os
 import signal
 import subprocess
@@ -26,6 +27,7 @@ from supervisor.devices import DeviceSlot
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _prctl = _libc.prctl  # resolved now: the forked child must not load or look up anything
@@ -108,6 +110,14 @@ class WorkerProcess:
         return False
 
 
+def _widen_pipe(fd: int, size: int = 1 << 20) -> None:
+    """1 MiB instead of 64 KiB: a burst of output never blocks a worker while we are busy."""
+    try:
+        fcntl.fcntl(fd, F_SETPIPE_SZ, size)
+    except OSError:  # above /proc/sys/fs/pipe-max-size: keep the default
+        pass
+
+
 def spawn(cmd: Sequence[str], env_for: Callable[[int], Mapping[str, str]], slot: DeviceSlot, log_path: Path,
           cwd: str | None = None) -> WorkerProcess:
     """Start `cmd`; `env_for(fd)` builds its environment once the status pipe's write
@@ -127,6 +137,7 @@ def spawn(cmd: Sequence[str], env_for: Callable[[int], Mapping[str, str]], slot:
     finally:
         os.close(status_w)  # only the worker holds the write end: its death is our EOF
     for stream in (popen.stdout, popen.stderr):
+        _widen_pipe(stream.fileno())
         os.set_blocking(stream.fileno(), False)
     os.set_blocking(status_r, False)
     return WorkerProcess(slot=slot, popen=popen, status_fd=status_r, log_path=log_path, started=time.monotonic())

@@ -100,3 +100,20 @@ def run_prepare_cli(*args: str, cwd: Path, env: dict[str, str] | None = None, ti
         [PYTHON, str(ROOT / "prepare_dataset.py"), *args], cwd=cwd, capture_output=True, text=True,
         timeout=timeout, env=env,
     )
+
+
+def capture_loguru():  # noqa: ANN201 (a pytest fixture generator)
+    """Messages loguru logs during a test (pytest's caplog does not see loguru)."""
+    from loguru import logger
+
+    messages: list[str] = []
+    handler = logger.add(lambda message: messages.append(str(message)), level="DEBUG", format="{message}")
+    try:
+        yield messages
+    finally:
+        logger.remove(handler)
+
+
+def dying_encode_batch(batch, dtype_str):  # noqa: ANN001, ANN201 (stands in for parallel._encode_batch)
+    """A tokenizer process killed mid-task (as by the OOM killer)."""
+    os._exit(137)

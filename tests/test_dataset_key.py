@@ -133,3 +133,30 @@ def test_irrelevant_settings_keep_the_key(tmp_path):
     c = prepare_cache(data_config(tmp_path, cache_dir=str(tmp_path / "elsewhere")))
     assert a.key == b.key == c.key
     assert a.built and not b.built and c.built
+
+
+def test_hash_memo_is_trusted_only_while_the_file_is_untouched(tmp_path, monkeypatch):
+    """Big corpora are not re-hashed on every start, yet an in-place rewrite that
+    even restores size and mtime still changes the key (ctime moves)."""
+    import os
+
+    from dataset_cache import hash_memo
+
+    monkeypatch.setattr(hash_memo, "MEMO_MIN_BYTES", 0)
+    path = tmp_path / "big.txt"
+    path.write_text("original text\n")
+    cfg = data_config(tmp_path, dataset=str(path))
+    before = key_of(cfg)
+    (memo_file,) = (tmp_path / "cache" / ".hashes").iterdir()
+    memo = json.loads(memo_file.read_text())
+    memo["sha256"] = "0" * 64  # proves the memo is what answers while the file is untouched
+    memo_file.write_text(json.dumps(memo))
+    remembered = key_of(cfg)
+    assert remembered != before
+    stat = path.stat()
+    path.write_text("Original text\n")  # same size
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # and the old mtime
+    rewritten = key_of(cfg)
+    assert rewritten not in (before, remembered)
+    path.write_text("original text\n")
+    assert key_of(cfg) == before
