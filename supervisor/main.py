@@ -22,6 +22,7 @@ from supervisor import run_dir as rundir
 from supervisor.cli import Launch, parse
 from supervisor.console import Console
 from supervisor.devices import DevicePlan, DevicePlanError, plan_devices
+from supervisor.gpu_watch import announce_devices, gpu_watcher
 from supervisor.heartbeat import HeartbeatMonitor, hang_timeouts
 from supervisor.log_router import LogRouter, WorkerLog
 from supervisor.orphan_guard import OrphanGuard
@@ -58,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                  f"{', '.join(s.tag for s in plan.slots)}; isolate={plan.isolate}; command: {' '.join(command)}")
     if plan.notice:
         logger.info(plan.notice)
+    announce_devices(plan)
 
     job = Job(launch, plan, run_id, run_dir, command, started_at, t0)
     if mode == "train":
@@ -75,16 +77,11 @@ def _console_logging(verbose: bool) -> None:
 
 def _plan(launch: Launch) -> DevicePlan:
     cfg = launch.config
-    gpus = None
-    if cfg.system.device != "cpu":
-        from supervisor.gpus.inventory import list_gpus
-
-        gpus = list_gpus()
     try:
-        plan = plan_devices(cfg.system, gpus, os.environ.get("CUDA_VISIBLE_DEVICES"),
+        plan = plan_devices(cfg.system, os.environ.get("CUDA_VISIBLE_DEVICES"),
                             nproc_explicit=launch.nproc_explicit, force=launch.force)
     except DevicePlanError as exc:
-        die(str(exc))
+        die(str(exc), exc.code)
     for rank in cfg.system.log_ranks or []:
         if rank >= plan.world_size:
             die(f"--log-ranks {rank}: this run has ranks 0-{plan.world_size - 1}")
@@ -213,7 +210,7 @@ def _start_watchers(job: Job, sup: Supervision, metrics: MetricsSink, workers: l
     ctx = RunContext(config=job.cfg, plan=job.plan, run_dir=job.run_dir, pids={w.slot.rank: w.pid for w in workers},
                      write_metric=metrics.write, report_fatal=sup.report_fatal)
     started = []
-    for factory in WATCHER_FACTORIES:
+    for factory in (gpu_watcher, *WATCHER_FACTORIES):
         watcher = factory(ctx)
         if watcher is not None:
             watcher.start(ctx)

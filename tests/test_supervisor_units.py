@@ -9,51 +9,68 @@ from gpuherd.config import SystemConfig, preset
 from supervisor.cli import parse
 from supervisor.console import Collapser
 from supervisor.devices import DevicePlanError, plan_devices
-from supervisor.gpus.inventory import GpuInfo
+from supervisor.gpus import release_claims
 from supervisor.heartbeat import HeartbeatMonitor, hang_timeouts
 from supervisor.log_lines import LineSplitter, Severity
 from supervisor.worker_env import RunEnv, worker_env
+from tests.fake_nvml import GIB, FakeProcess, installed, machine, no_nvml
 
 
-def gpu(i: int, used_gib: float = 0.0) -> GpuInfo:
-    return GpuInfo(i, f"GPU-{i}aaa-uuid", "H100", f"0000:{i:02x}:00.0", 80 << 30, int(used_gib * 2**30))
-
-
-GPUS = [gpu(i) for i in range(4)]
+@pytest.fixture
+def four_gpus(tmp_path, monkeypatch):
+    """Device planning runs the real GPU adapter against the fake NVML (4 GPUs)."""
+    monkeypatch.setenv("GPUHERD_LOCK_DIR", str(tmp_path / "locks"))
+    m = machine(4)
+    with installed(m):
+        yield m
+    release_claims()
 
 
 def test_no_gpu_means_cpu_workers_with_a_notice():
-    plan = plan_devices(SystemConfig(nproc=3), None, None, nproc_explicit=True)
-    assert [s.tag for s in plan.slots] == ["CPU0", "CPU1", "CPU2"] and "NVML unavailable" in plan.notice
+    with no_nvml():
+        plan = plan_devices(SystemConfig(nproc=3), None, nproc_explicit=True)
+    assert [s.tag for s in plan.slots] == ["CPU0", "CPU1", "CPU2"] and "no GPU found" in plan.notice
 
 
-def test_all_gpus_isolated_by_default_and_gpus_flag_keeps_its_order():
-    plan = plan_devices(SystemConfig(), GPUS, None, nproc_explicit=False)
+def test_all_gpus_isolated_by_default_and_gpus_flag_keeps_its_order(four_gpus):
+    plan = plan_devices(SystemConfig(), None, nproc_explicit=False)
     assert [s.tag for s in plan.slots] == ["GPU0", "GPU1", "GPU2", "GPU3"]
     assert plan.visible_devices(plan.slots[2]) == "2"
-    plan = plan_devices(SystemConfig(gpus=[2, 0], isolate=False), GPUS, None, nproc_explicit=False)
+    release_claims()
+    plan = plan_devices(SystemConfig(gpus=[2, 0], isolate=False), None, nproc_explicit=False)
     assert [(s.rank, s.device_id) for s in plan.slots] == [(0, 2), (1, 0)]
     assert plan.visible_devices(plan.slots[1]) == "2,0"
 
 
-def test_cuda_visible_devices_by_id_or_uuid_restricts_the_choice():
-    plan = plan_devices(SystemConfig(), GPUS, "3,GPU-1aaa", nproc_explicit=False)
+def test_cuda_visible_devices_by_id_or_uuid_restricts_the_choice(four_gpus):
+    uuid1 = four_gpus.gpus[1].uuid
+    plan = plan_devices(SystemConfig(), f"3,{uuid1[:12]}", nproc_explicit=False)
     assert [s.device_id for s in plan.slots] == [3, 1]
-    assert plan_devices(SystemConfig(), GPUS, "-1", nproc_explicit=False).kind == "cpu"
-    with pytest.raises(DevicePlanError, match="GPU 0 not available; usable GPUs: 3, 1"):
-        plan_devices(SystemConfig(gpus=[0]), GPUS, "3,1", nproc_explicit=False)
+    assert plan_devices(SystemConfig(), "-1", nproc_explicit=False).kind == "cpu"
+    with pytest.raises(DevicePlanError, match="GPU 0") as err:
+        plan_devices(SystemConfig(gpus=[0]), "3,1", nproc_explicit=False)
+    assert err.value.code == 2
 
 
-def test_nproc_busy_and_forced_cuda_errors():
-    assert len(plan_devices(SystemConfig(nproc=2), GPUS, None, nproc_explicit=True).slots) == 2
-    with pytest.raises(DevicePlanError, match="more workers than the 4"):
-        plan_devices(SystemConfig(nproc=5), GPUS, None, nproc_explicit=True)
-    busy = [gpu(0, used_gib=20)]
-    with pytest.raises(DevicePlanError, match="GPU 0 is busy: 20.0 GiB"):
-        plan_devices(SystemConfig(), busy, None, nproc_explicit=False)
-    assert plan_devices(SystemConfig(), busy, None, nproc_explicit=False, force=True).slots[0].device_id == 0
-    with pytest.raises(DevicePlanError, match="system.device=cuda but no GPU"):
-        plan_devices(SystemConfig(device="cuda"), [], None, nproc_explicit=False)
+def test_nproc_busy_and_forced_cuda_errors(four_gpus):
+    assert len(plan_devices(SystemConfig(nproc=2), None, nproc_explicit=True).slots) == 2
+    release_claims()
+    with pytest.raises(DevicePlanError, match="more workers than the 4") as err:
+        plan_devices(SystemConfig(nproc=5), None, nproc_explicit=True)
+    assert err.value.code == 2
+    four_gpus.gpus[0].processes.append(FakeProcess(1, 20 * GIB))
+    with pytest.raises(DevicePlanError, match="GPU 0 is busy") as err:
+        plan_devices(SystemConfig(gpus=[0]), None, nproc_explicit=False)
+    assert err.value.code == 2
+    assert plan_devices(SystemConfig(gpus=[0]), None, nproc_explicit=False, force=True).slots[0].device_id == 0
+    with no_nvml(), pytest.raises(DevicePlanError, match="system.device=cuda but no GPU"):
+        plan_devices(SystemConfig(device="cuda"), None, nproc_explicit=False)
+
+
+def test_train_gpu_on_a_machine_without_gpu_is_exit_2():
+    with no_nvml(), pytest.raises(DevicePlanError, match="GPU 3 requested but no GPU is usable") as err:
+        plan_devices(SystemConfig(device_id=3), None, nproc_explicit=False)
+    assert err.value.code == 2
 
 
 def test_line_splitter_partial_lines_crlf_and_progress_bars():
@@ -129,12 +146,12 @@ def test_cli_maps_flags_onto_system_config_and_script_takes_the_rest(tmp_path, m
     assert parse(["--isolate", "--script", "train.py"]).config.system.isolate is True
 
 
-def test_worker_env_isolates_one_gpu_per_worker():
-    plan = plan_devices(preset("debug").system, GPUS[:2], None, nproc_explicit=False)
+def test_worker_env_isolates_one_gpu_per_worker(four_gpus):
+    plan = plan_devices(preset("debug").system, "0,1", nproc_explicit=False)
     run = RunEnv("r1", "/runs/r1", "127.0.0.1", 1234, 99, "/runs/r1/config.json", "/cache/x")
     env = worker_env({"PATH": "/bin"}, plan, plan.slots[1], run, status_fd=7)
     assert (env["RANK"], env["WORLD_SIZE"], env["CUDA_VISIBLE_DEVICES"], env["CUDA_DEVICE_ORDER"]) == \
         ("1", "2", "1", "PCI_BUS_ID")
     assert (env["GPUHERD_STATUS_FD"], env["GPUHERD_DEVICE_UUID"], env["GPUHERD_DATASET_CACHE"]) == \
-        ("7", "GPU-1aaa-uuid", "/cache/x")
+        ("7", four_gpus.gpus[1].uuid, "/cache/x")
     assert env["OMP_NUM_THREADS"] == "1" and env["MASTER_PORT"] == "1234"
