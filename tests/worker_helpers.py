@@ -25,7 +25,7 @@ import orjson
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
-VOCAB = 96
+VOCAB = 288  # >= the byte tokenizer (257), so generate.py can decode these checkpoints
 CONTEXT = 16
 
 TINY = [
