@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-
 import worker_helpers as h
+
 from gpuherd.contract import WorkerIdentity
 from worker.inference import generate, load_for_inference
 from worker.train import run

@@ -10,8 +10,8 @@ import signal
 from pathlib import Path
 
 import pytest
-
 import worker_helpers as h
+
 from gpuherd.config import resolve
 
 LONG = ["training.max_steps=100000", "training.log_every=1"]
