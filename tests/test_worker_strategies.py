@@ -92,3 +92,19 @@ def test_checkpoint_layouts(runs: Path):
     assert meta["step"] == 6 and meta["world_size"] == 2 and len(meta["rng"]) == 2
     full = torch.load(runs / "ckpt-ddp" / "step_0000006.pt", weights_only=True)
     assert "layers.1.feed_forward.w3.weight" in full["model"] and "output.weight" in full["model"]
+
+
+def test_generate_loads_every_layout_to_the_same_model(runs: Path):
+    from worker.inference import generate, load_for_inference
+
+    paths = {"ddp": runs / "ckpt-ddp", "zero1": runs / "ckpt-zero1" / "step_0000006.pt",
+             "fsdp": runs / "ckpt-fsdp" / "step_0000006", "deepspeed": runs / "ckpt-deepspeed"}
+    tokens = torch.arange(1, 9)[None]
+    loaded = {name: load_for_inference(path, torch.device("cpu")) for name, path in paths.items()}
+    assert loaded["ddp"].path.name == "step_0000006.pt" and loaded["ddp"].step == 6
+    reference = loaded["ddp"].model(tokens)
+    for name, item in loaded.items():
+        torch.testing.assert_close(item.model(tokens), reference, rtol=1e-4, atol=1e-4, msg=name)
+    gen = torch.Generator().manual_seed(0)
+    out = generate(loaded["fsdp"].model, [5, 6, 7], 5, 0.0, 0, gen)
+    assert out[:3] == [5, 6, 7] and len(out) == 8

@@ -127,3 +127,25 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path: Path):
     with pytest.raises(WorkerError, match="cannot read checkpoint") as info:
         train(tmp_path, f"training.resume={bad}")
     assert info.value.code == ExitCode.USAGE
+
+
+def test_nan_guard_stops_with_exit_code_6(tmp_path: Path):
+    from gpuherd.status_channel import StatusWriter
+    from worker.main import guarded
+
+    cfg = h.tiny_config(tmp_path, "debug.nan_detection=true", "debug.nan_hooks=false", "debug.nan_policy=stop",
+                        "training.learning_rate=1e30", "training.warmup_steps=0", "training.max_grad_norm=0")
+    status = h.status_writer(tmp_path / "status.jsonl", 0)
+    code = guarded(lambda: run(cfg, IDENTITY, data=h.bundle(cfg), status=status, install_signals=False),
+                   StatusWriter(None, 0))
+    assert code == ExitCode.NAN
+    assert list((tmp_path / "ckpt").glob("nan_grad_step_*.pt"))  # the guard saved through our checkpointer
+    steps = [r["step"] for r in h.read_status(tmp_path / "status.jsonl") if r["type"] == "step"]
+    assert steps and max(steps) < 5
+
+
+def test_nan_guard_skip_policy_keeps_training(tmp_path: Path):
+    code, records = train(tmp_path, "debug.nan_detection=true", "debug.nan_hooks=false", "debug.nan_policy=skip",
+                          "debug.max_nan_skips=100", "training.learning_rate=1e30", "training.warmup_steps=0",
+                          "training.max_grad_norm=0", "training.max_steps=4")
+    assert code == 0 and records[-1]["type"] == "done"

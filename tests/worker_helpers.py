@@ -25,7 +25,7 @@ import orjson
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
-VOCAB = 96
+VOCAB = 288  # >= the byte tokenizer (257), so generate.py can decode these checkpoints
 CONTEXT = 16
 
 TINY = [
@@ -104,6 +104,51 @@ def spawn(args: list[str], envs: list[dict[str, str]], timeout: float, cwd: Path
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     return results
+
+
+class Watched:
+    """A child process whose stderr lines are collected as they come (to signal it mid-run)."""
+
+    def __init__(self, args: list[str], env: dict[str, str], cwd: Path | None = None, **popen) -> None:
+        import threading
+
+        self.proc = subprocess.Popen([PYTHON, *args], env=env, cwd=cwd or REPO, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, start_new_session=True, **popen)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_for(self, needle: str, timeout: float = 60) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in list(self.lines):
+                if needle in line:
+                    return line
+            if self.proc.poll() is not None and not self._reader.is_alive():
+                break
+            time.sleep(0.05)
+        raise AssertionError(f"no line with {needle!r}; got:\n" + "\n".join(self.lines[-30:]))
+
+    def finish(self, timeout: float = 60) -> int:
+        try:
+            self.proc.wait(timeout=timeout)
+        finally:
+            self.kill()
+        self._reader.join(timeout=5)
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    @property
+    def stderr(self) -> str:
+        return "\n".join(self.lines)
 
 
 def free_port() -> int:

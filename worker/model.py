@@ -187,6 +187,13 @@ class Transformer(nn.Module):
             layer.checkpointed = enabled
 
     @torch.no_grad()
+    def init_rope(self, device: torch.device) -> None:
+        """The non-persistent rotary tables (garbage after a meta-device build)."""
+        cos, sin = rope_tables(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta, device=device)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
+
+    @torch.no_grad()
     def init_weights(self, seed: int, device: torch.device) -> None:
         """Materialised (possibly sharded) parameters <- deterministic values.
 
@@ -196,9 +203,7 @@ class Transformer(nn.Module):
         grow with depth; the output head ~ N(0, dim^-0.5) (torchtitan).
         """
         args = self.args
-        cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta, device=device)
-        self.rope_cos.copy_(cos)
-        self.rope_sin.copy_(sin)
+        self.init_rope(device)
         gen = torch.Generator(device=device).manual_seed(seed)
         residual_std = args.init_std / math.sqrt(2 * args.n_layers)
         for name, param in self.named_parameters():
