@@ -50,6 +50,11 @@ def python_env() -> dict[str, str]:
     return env
 
 
+# Python's own per-process singletons: started once by multiprocessing in the test
+# process itself and ended with it, so they are not leaks of the code under test.
+_MP_SINGLETONS = ("from multiprocessing.forkserver import main", "from multiprocessing.resource_tracker import main")
+
+
 @pytest.fixture(autouse=True)
 def no_stray_processes():
     """Fail any test that leaves a child (or grandchild) process running."""
@@ -62,7 +67,10 @@ def no_stray_processes():
         try:
             if proc.status() == psutil.STATUS_ZOMBIE:
                 continue
-            leftovers.append(f"{proc.pid} {' '.join(proc.cmdline())[:120]}")
+            cmdline = " ".join(proc.cmdline())
+            if proc.ppid() == os.getpid() and any(marker in cmdline for marker in _MP_SINGLETONS):
+                continue
+            leftovers.append(f"{proc.pid} {cmdline[:120]}")
             proc.kill()
         except psutil.Error:
             continue
