@@ -2,7 +2,7 @@
 """Dataset cache benchmark: build throughput against a nanoGPT-style prepare,
 cache-hit time, and sampler throughput, side by side in one run.
 
-    python3 bench/bench_dataset_cache.py [--corpus shakespeare|dummy|PATH] [--rounds 3]
+    python3 bench/bench_dataset_cache.py [--corpus shakespeare|dummy|PATH] [--rounds 3] [--quick]
 
 Writes bench/results/dataset_cache.md and .json. Builds are interleaved round by
 round (baseline, ours x1, ours xN) so that each round shares the same machine
@@ -70,9 +70,12 @@ def main() -> int:
     parser.add_argument("--corpus", default="shakespeare", help="shakespeare (default), dummy or a path")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--hits", type=int, default=30, help="cache-hit repetitions")
+    parser.add_argument("--quick", action="store_true", help="2 rounds, 10 hits (python -m bench --quick)")
     parser.add_argument("--raw-cache", default=str(ROOT / "cache" / "datasets"),
                         help="where the downloaded corpus is kept between runs (the default cache_dir)")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.hits = min(args.rounds, 2), min(args.hits, 10)
     logger.remove()
     logger.add(sys.stderr, level="WARNING", format="{level} | {message}")
 
