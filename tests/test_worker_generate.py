@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 import worker_helpers as h
 
 from gpuherd.contract import WorkerIdentity
-from worker.inference import generate, load_for_inference
+from gpuherd.exit_codes import ExitCode
+from worker.distributed import WorkerError
+from worker.inference import generate, load_for_inference, resolve_checkpoint
 from worker.train import run
 
 IDENTITY = WorkerIdentity(rank=0, local_rank=0, world_size=1, local_world_size=1, device_kind="cpu",
@@ -56,10 +59,14 @@ def test_cli_errors_are_one_line(tmp_path: Path):
                       [h.worker_env(0, 1, 0)], timeout=60)[0]
     assert missing.returncode == 2
     assert missing.stderr.strip().splitlines() == [f"generate.py: error: checkpoint not found: {tmp_path / 'nope.pt'}"]
-    (tmp_path / "empty").mkdir()
-    empty = h.spawn(["generate.py", "--checkpoint", str(tmp_path / "empty")], [h.worker_env(0, 1, 0)], timeout=60)[0]
-    assert empty.returncode == 2 and "holds no complete gpuherd checkpoint" in empty.stderr
     garbage = tmp_path / "bad.pt"
     garbage.write_bytes(b"garbage")
     bad = h.spawn(["generate.py", "--checkpoint", str(garbage)], [h.worker_env(0, 1, 0)], timeout=60)[0]
     assert bad.returncode == 2 and "cannot read checkpoint" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_directory_without_checkpoints_is_refused(tmp_path: Path):
+    (tmp_path / "step_0000001").mkdir()  # an unfinished directory checkpoint (no meta.pt) does not count
+    with pytest.raises(WorkerError, match="holds no complete gpuherd checkpoint") as info:
+        resolve_checkpoint(tmp_path)
+    assert info.value.code == ExitCode.USAGE

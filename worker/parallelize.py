@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -300,6 +301,10 @@ def _deepspeed_engine(cfg: Config, model: Transformer, device: torch.device, pre
         # all-reduce kernel (minutes, and fails without g++); gloo does that job already.
         # DeepSpeed reads this dict with .get(name, False), so empty = no JIT ops at all.
         deepspeed.ops.__compatible_ops__ = {}
+    # DeepSpeed calls torch collectives that torch has renamed; the FutureWarning would
+    # print on every step of every rank.
+    warnings.filterwarnings("ignore", category=FutureWarning,
+                            message=r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated")
     ds_cfg = deepspeed_config(cfg, precision, world_size)
     optimizer = torch.optim.AdamW(optimizer_groups(model, cfg.training.weight_decay), **adamw_kwargs(cfg, device))
     engine, ds_optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_cfg,

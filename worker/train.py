@@ -148,11 +148,11 @@ class Trainer:
                 self._paused(self.evaluate)
             if t.save_every and self.step % t.save_every == 0 and self.step < t.max_steps:
                 self._paused(self.save)
-        if self.step > self.start_step or stopped:
-            self._paused(self.save)
+        if self.step > self.start_step:  # a stop before any step has nothing new to save
+            self._paused(self.save, back_to=None)
         self.tb.close()
         if stopped:
-            logger.warning(f"{self.identity.bracket} stopped by SIGINT after step {self.step}; checkpoint saved")
+            logger.warning(f"{self.identity.bracket} stopped by SIGINT after {self.step} steps")
             self.status.send("phase", name="shutdown")
             return int(ExitCode.SIGINT)
         if self.skipped_steps:
@@ -189,11 +189,12 @@ class Trainer:
                 self.guard.check(step=step, loss=loss, grad_norm=grad_norm, batches=batches, lr=lr)
         self.reporter.after_step(step, loss, lr, grad_norm)
 
-    def _paused(self, fn) -> None:
+    def _paused(self, fn, back_to: str | None = "train") -> None:
         start = time.perf_counter()
         fn()
         self.reporter.exclude_pause(time.perf_counter() - start)
-        self.status.send("phase", name="train")
+        if back_to:
+            self.status.send("phase", name=back_to)
 
     @torch.no_grad()
     def evaluate(self) -> float:
