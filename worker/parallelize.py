@@ -17,6 +17,7 @@ Every engine exposes the same five calls the loop uses: `micro_step`,
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import warnings
@@ -210,9 +211,13 @@ def build_engine(cfg: Config, args: ModelArgs, strategy: str, device: torch.devi
     if strategy in ("ddp", "zero1"):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
+        # RoPE tables are computed identically everywhere: no per-forward buffer sync.
+        # torch 2.13 renamed the switch (the old name warns on every rank's console).
+        no_buffer_sync = ({"forward_sync_buffers": False}
+                          if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+                          else {"broadcast_buffers": False})
         wrapped = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                      broadcast_buffers=False,  # rope tables are computed identically everywhere
-                      gradient_as_bucket_view=True)
+                      gradient_as_bucket_view=True, **no_buffer_sync)
 
     groups = optimizer_groups(model, t.weight_decay)
     if strategy == "zero1":
