@@ -179,9 +179,18 @@ def write_results(out: dict) -> None:
         ratio = cpu["best"][name] / cpu["best"]["bare"]
         lines.append(f"| {name} | {cpu['best'][name]:.2f} | {cpu['median'][name]:.2f} | "
                      f"{', '.join(f'{v:.2f}' for v in values)} | {ratio:.3f} |")
+    runs = cpu["steps_per_s"]
+    paired = [w / b for w, b in zip(runs["worker"], runs["bare"], strict=True)]
+    spread = max(runs["bare"]) / min(runs["bare"])
     cost = 1 - cpu["ratio_worker_vs_bare"]
-    lines += ["", f"Framework cost: {100 * cost:.1f}% of steps/s (goal: < 3%). "
-              "NaN detection (debug preset) adds one finite check with a host sync per step.", ""]
+    lines += ["", f"Paired ratios worker/bare per repeat (each pair ran back to back): "
+              f"{', '.join(f'{r:.2f}' for r in paired)}; median {statistics.median(paired):.3f}.", "",
+              f"Framework cost (best vs best): {100 * cost:.1f}% of steps/s (goal: < 3%; negative = the worker "
+              "loop was faster). NaN detection (debug preset) adds one finite check with a host sync per step."]
+    if spread > 1.5:
+        lines += ["", f"**Noise warning**: the bare loop's own runs differ {spread:.1f}x on this machine (shared CPU "
+                  "cores); differences of a few percent cannot be resolved here. Re-run on an idle machine."]
+    lines.append("")
     lines += ["## GPU: tokens/s and MFU", ""]
     if out["gpu"] is None:
         lines.append("Skipped: no CUDA device on this machine. Run this script on a GPU machine to fill this table.")
@@ -199,7 +208,12 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--gpu-steps", type=int, default=30)
+    parser.add_argument("--render-only", action="store_true", help="rewrite worker.md from worker.json")
     args = parser.parse_args()
+    if args.render_only:
+        write_results(orjson.loads((REPO / "bench" / "results" / "worker.json").read_bytes()))
+        print((REPO / "bench" / "results" / "worker.md").read_text())
+        return 0
     logger.remove()
     logger.add(sys.stderr, level="WARNING")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,

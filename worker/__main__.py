@@ -28,6 +28,11 @@ def main() -> int:
         from gpuherd.exit_codes import ExitCode
         from worker.distributed import WorkerError
 
+        parent = os.environ.get(contract.SUPERVISOR_PID)
+        if parent and os.getppid() != int(parent):
+            # The supervisor died before its death signal was armed for us: nobody would
+            # ever stop this process, so do not start training.
+            raise WorkerError(f"supervisor (pid {parent}) is gone; not starting", ExitCode.FAILURE)
         path = os.environ.get(contract.CONFIG_PATH)
         if not path:
             raise WorkerError(f"{contract.CONFIG_PATH} is not set: start workers through the supervisor "

@@ -46,7 +46,7 @@ def load_state(path: Path, meta: dict[str, Any], model: Transformer) -> dict[str
         import torch.distributed.checkpoint as dcp
 
         state = {"model": {k: torch.empty_like(v, device="cpu") for k, v in model.state_dict().items()}}
-        dcp.load(state, checkpoint_id=path)  # no process group: DCP reads every shard itself
+        dcp.load(state, checkpoint_id=path, no_dist=True)  # one process reads every shard itself
         return state["model"]
     if fmt == FORMAT_DEEPSPEED:
         os.environ.setdefault("DS_ACCELERATOR", "cpu" if not torch.cuda.is_available() else "cuda")

@@ -94,6 +94,9 @@ class Engine:
     scaler: torch.amp.GradScaler | None = None
     ds_engine: Any = None  # deepspeed only
     _params: list[nn.Parameter] = field(default_factory=list)
+    # Counted on the meta model: ZeRO-3 partitions leave p.numel() == 0 afterwards.
+    n_params: int = 0
+    n_matmul_params: int = 0
 
     @property
     def sharded(self) -> bool:
@@ -190,6 +193,7 @@ def build_engine(cfg: Config, args: ModelArgs, strategy: str, device: torch.devi
     t = cfg.training
     with torch.device("meta"):
         model = Transformer(args)
+    counts = {"n_params": model.num_params(), "n_matmul_params": model.num_params(matmul_only=True)}
     model.set_attention_backend(attention)
     model.set_gradient_checkpointing(t.gradient_checkpointing)
     if t.compile:
@@ -206,7 +210,7 @@ def build_engine(cfg: Config, args: ModelArgs, strategy: str, device: torch.devi
         wrapped = model
 
     if strategy == "deepspeed":
-        return _deepspeed_engine(cfg, model, device, precision, world_size)
+        return _deepspeed_engine(cfg, model, device, precision, world_size, counts)
 
     if strategy in ("ddp", "zero1"):
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -231,7 +235,7 @@ def build_engine(cfg: Config, args: ModelArgs, strategy: str, device: torch.devi
         optimizer = torch.optim.AdamW(groups, **adamw_kwargs(cfg, device))
     scaler = torch.amp.GradScaler(device.type) if precision.use_scaler else None
     return Engine(strategy, wrapped, model, optimizer, device, precision, t.grad_accum_nums,
-                  scaler=scaler, _params=[p for p in model.parameters() if p.requires_grad])
+                  scaler=scaler, _params=[p for p in model.parameters() if p.requires_grad], **counts)
 
 
 def _apply_fsdp(model: Transformer, cfg: Config, device: torch.device, precision: Precision,
@@ -292,7 +296,7 @@ def deepspeed_config(cfg: Config, precision: Precision, world_size: int) -> dict
 
 
 def _deepspeed_engine(cfg: Config, model: Transformer, device: torch.device, precision: Precision,
-                      world_size: int) -> Engine:
+                      world_size: int, counts: dict[str, int]) -> Engine:
     if device.type == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # must be set before deepspeed is imported
     try:
@@ -315,4 +319,4 @@ def _deepspeed_engine(cfg: Config, model: Transformer, device: torch.device, pre
     engine, ds_optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_cfg,
                                                       dist_init_required=False)
     return Engine("deepspeed", engine, model, ds_optimizer, device, precision, cfg.training.grad_accum_nums,
-                  ds_engine=engine, _params=list(model.parameters()))
+                  ds_engine=engine, _params=list(model.parameters()), **counts)

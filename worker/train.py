@@ -76,13 +76,13 @@ class Trainer:
         if t.compile:
             status.send("phase", name="compile")
         self.engine: Engine = build_engine(cfg, self.args, strategy, device, attention, identity.world_size)
-        n_params = self.engine.inner.num_params()
+        n_params = self.engine.n_params
         self._log_rank0(f"{identity.bracket} model: {n_params / 1e6:.2f}M parameters, {self.args.n_layers} layers, "
                         f"dim {self.args.dim}, vocab {self.args.vocab_size} | strategy {strategy} x{identity.world_size} | "
                         f"attention {attention} ({why}) | "
                         f"precision {precision.autocast_dtype or 'fp32'}{' + grad scaler' if precision.use_scaler else ''}")
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        self.flops = FlopsModel.for_model(self.engine.inner.num_params(matmul_only=True), self.args.n_layers,
+        self.flops = FlopsModel.for_model(self.engine.n_matmul_params, self.args.n_layers,
                                           self.args.n_heads, self.args.head_dim, cfg.data.context_length, name)
         self.schedule = WarmupCosine.from_config(t)
         self.checkpointer = Checkpointer(
