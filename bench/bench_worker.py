@@ -209,7 +209,10 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--gpu-steps", type=int, default=30)
     parser.add_argument("--render-only", action="store_true", help="rewrite worker.md from worker.json")
+    parser.add_argument("--quick", action="store_true", help="3 repeats of 20 steps (python -m bench --quick)")
     args = parser.parse_args()
+    if args.quick:
+        args.repeats, args.steps, args.gpu_steps = 3, 20, 20
     if args.render_only:
         write_results(orjson.loads((REPO / "bench" / "results" / "worker.json").read_bytes()))
         print((REPO / "bench" / "results" / "worker.md").read_text())
