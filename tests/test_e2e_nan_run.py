@@ -8,26 +8,7 @@ import subprocess
 import orjson
 import torch
 
-# Seed 003's analysis snippet, verbatim but for the file name it opens.
-SEED_SNIPPET = '''
-import pickle
-import numpy as np
-
-# Load debug tensors
-with open(PATH, 'rb') as f:
-    debug_data = pickle.load(f)
-
-# Check which parameters have NaN
-for name, param in debug_data['parameters'].items():
-    if np.isnan(param).any():
-        print(f"{name} has NaN values")
-
-# Check gradients
-for name, grad in debug_data['gradients'].items():
-    if np.isnan(grad).any():
-        nan_ratio = np.isnan(grad).sum() / grad.size
-        print(f"{name}: {nan_ratio*100:.1f}% NaN")
-'''
+from tests.nan_helpers import SEED_SNIPPET
 
 
 def test_exploding_run_stops_with_exit_6_and_the_seed_files(repo_root, tmp_path, python_env):
@@ -47,7 +28,7 @@ def test_exploding_run_stops_with_exit_6_and_the_seed_files(repo_root, tmp_path,
     torch.load(tmp_path / ".checkpoints" / f"nan_grad_step_{step}.pt", weights_only=True)
 
     snippet = subprocess.run([python_env["GPUHERD_PYTHON"], "-c",
-                              f"PATH = {str(dumps[0])!r}\n" + SEED_SNIPPET],
+                              SEED_SNIPPET.replace("'.checkpoints/debug/nan_debug_step_0.pkl'", repr(str(dumps[0])))],
                              capture_output=True, text=True, timeout=60)
     assert snippet.returncode == 0, snippet.stderr
     assert "% NaN" in snippet.stdout
