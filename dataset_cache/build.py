@@ -19,7 +19,7 @@ import numpy as np
 from loguru import logger
 
 from dataset_cache.corpus import Corpus
-from dataset_cache.durable import publish_dir, temp_dir_beside, write_file_atomic
+from dataset_cache.durable import publish_dir, temp_dir_beside
 from dataset_cache.errors import DatasetError
 from dataset_cache.hashing import canonical_json
 from dataset_cache.key import FORMAT_VERSION, CacheKey
@@ -28,6 +28,7 @@ from dataset_cache.progress import BuildProgress
 from dataset_cache.split import split_index
 from dataset_cache.tokenizers import Tokenizer, token_dtype
 from dataset_cache.writer import ArrayWriter
+from gpuherd.files import write_bytes_atomic
 
 TOKENS_FILE = "tokens.bin"
 OFFSETS_FILE = "doc_offsets.bin"  # uint64 start of every document, then the total
@@ -108,7 +109,7 @@ def build_cache(
                 "mb_per_s": round(progress.text_bytes / 1e6 / max(seconds, 1e-9), 2),
             },
         }
-        write_file_atomic(tmp / METADATA_FILE, canonical_json(meta))  # last: its presence means complete
+        write_bytes_atomic(tmp / METADATA_FILE, canonical_json(meta))  # last: its presence means complete
         publish_dir(tmp, final_dir)
     logger.info(
         f"built dataset cache {key.short}: {documents:,} documents, {total:,} tokens "

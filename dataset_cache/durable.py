@@ -14,29 +14,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-
-def fsync_dir(path: Path) -> None:
-    """Make a directory's entries (creates, renames) durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_file_atomic(path: Path, data: bytes) -> None:
-    """Replace `path` with `data`: temp file beside it, fsync, rename, fsync dir."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-    fsync_dir(path.parent)
+from gpuherd.files import fsync_dir
 
 
 def publish_dir(tmp_dir: Path, final_dir: Path) -> None:

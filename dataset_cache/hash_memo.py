@@ -13,8 +13,8 @@ from pathlib import Path
 
 import orjson
 
-from dataset_cache.durable import write_file_atomic
 from dataset_cache.hashing import sha256_bytes, sha256_file
+from gpuherd.files import write_bytes_atomic
 
 MEMO_MIN_BYTES = 16 << 20  # smaller files hash in milliseconds; not worth a memo file
 
@@ -43,7 +43,7 @@ class HashMemo:
         digest = sha256_file(path)
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            write_file_atomic(memo_file, orjson.dumps({"identity": identity, "sha256": digest}))
+            write_bytes_atomic(memo_file, orjson.dumps({"identity": identity, "sha256": digest}))
         except OSError:  # a read-only cache dir only costs the re-hash next time
             pass
         return digest

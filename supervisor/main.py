@@ -18,6 +18,7 @@ from loguru import logger
 from gpuherd import contract
 from gpuherd.cli import die
 from gpuherd.exit_codes import ExitCode
+from gpuherd.files import write_bytes_atomic
 from supervisor import run_dir as rundir
 from supervisor.cli import Launch, parse
 from supervisor.console import Console
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         die(str(exc))
     # ---- nothing was written before this line; everything below may write
     rundir.create(run_dir)
-    rundir.write_atomic(run_dir / "config.json", cfg.to_json() + b"\n")
+    write_bytes_atomic(run_dir / "config.json", cfg.to_json() + b"\n")
     logger.add(run_dir / "supervisor.log", level="DEBUG", enqueue=False,
                format="{time:YYYY-MM-DD HH:mm:ss.SSS} {level} | {message}")
     mode = "script" if launch.script else "train"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime
-import os
 import re
 import secrets
 from pathlib import Path
@@ -40,22 +39,3 @@ def ensure_free(run_dir: Path, force: bool) -> None:
 def create(run_dir: Path) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """temp file, fsync, rename, fsync the directory: readers see old or new, never half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from gpuherd.exit_codes import describe
-from supervisor.run_dir import write_atomic
+from gpuherd.files import write_bytes_atomic
 
 RULE = "=" * 80
 
@@ -77,7 +77,7 @@ class Summary:
         return orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2)
 
     def write(self, path: Path) -> None:
-        write_atomic(path, self.to_json() + b"\n")
+        write_bytes_atomic(path, self.to_json() + b"\n")
 
     def block(self) -> str:
         """The console's root-cause block (or the one-line success note)."""

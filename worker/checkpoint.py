@@ -29,6 +29,7 @@ import torch
 from loguru import logger
 
 from gpuherd.exit_codes import ExitCode
+from gpuherd.files import atomic_file, fsync_dir
 from worker import distributed as wdist
 from worker import rng
 from worker.distributed import WorkerError
@@ -66,22 +67,9 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return found[-1][1] if found else None
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def atomic_torch_save(obj: Any, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as fh:
-        torch.save(obj, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    with atomic_file(path) as handle:
+        torch.save(obj, handle)
 
 
 def load_file(path: Path) -> dict[str, Any]:

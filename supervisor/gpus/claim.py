@@ -20,13 +20,13 @@ GPUHERD_LOCK_DIR (tests, or a node-local path on shared /tmp setups).
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import os
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from gpuherd.files import try_flock
 
 LOCK_DIR_ENV = "GPUHERD_LOCK_DIR"
 CLAIM_FDS_ENV = "GPUHERD_GPU_CLAIM_FDS"
@@ -90,12 +90,13 @@ def try_claim(uuid: str, directory: Path | None = None) -> GpuClaim | None:
     path = lock_path(uuid, directory)
     fd = _open(path)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
+        taken = try_flock(fd)
+    except OSError:
         os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return None
         raise
+    if not taken:
+        os.close(fd)
+        return None
     try:  # who holds it, for the "claimed by" message of the next run
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} {time.time():.0f}\n".encode(), 0)
@@ -111,14 +112,10 @@ def claim_holder(uuid: str, directory: Path | None = None) -> int | None:
         return None
     fd = _open(path)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
-            note = os.pread(fd, 64, 0).split()
-            return int(note[0]) if note and note[0].isdigit() else 0
-        return None
+        if try_flock(fd, shared=True):
+            return None
+        note = os.pread(fd, 64, 0).split()
+        return int(note[0]) if note and note[0].isdigit() else 0
     finally:
         os.close(fd)  # also drops our probe lock
 

@@ -8,9 +8,7 @@ needs neither torch nor gpuherd.
 
 from __future__ import annotations
 
-import os
 import pickle
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gpuherd.files import atomic_file
 from worker.nan.names import local_tensor, named_parameters
 
 FORMAT = "gpuherd.nan_debug/1"
@@ -68,24 +67,11 @@ def omitted_note(selection: DumpSelection, limit_mb: int) -> str | None:
 
 
 def write_atomic(path: Path, payload: dict[str, Any]) -> None:
-    """temp file in the same directory, fsync, rename, fsync the directory:
-    a reader never sees half a pickle, even after a crash."""
+    """A plain pickle a reader never sees half written, even after a crash."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            pickle.dump(payload, handle, protocol=pickle.HIGHEST_PROTOCOL)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    with atomic_file(path) as handle:
+        pickle.dump(payload, handle, protocol=pickle.HIGHEST_PROTOCOL)
+
 
 
 def token_ids(batches: list[torch.Tensor]) -> list[np.ndarray]:
