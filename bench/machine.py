@@ -29,19 +29,16 @@ def _cpu_model() -> str:
 
 
 def _gpus() -> tuple[str, str]:
-    """(GPU names, driver) through NVML, or ("none", "n/a")."""
-    try:
-        import pynvml
+    """(GPU names, driver) through the GPU adapter, or ("none", "n/a") without NVML."""
+    from supervisor.gpus import NvmlUnavailable, nvml
 
-        pynvml.nvmlInit()
-    except Exception:  # no library, no driver: a CPU machine
-        return "none", "n/a"
     try:
-        names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
-                 for i in range(pynvml.nvmlDeviceGetCount())]
-        return (", ".join(names) or "none"), pynvml.nvmlSystemGetDriverVersion()
-    finally:
-        pynvml.nvmlShutdown()
+        with nvml.session() as pynvml:
+            names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))
+                     for i in range(pynvml.nvmlDeviceGetCount())]
+            return (", ".join(names) or "none"), pynvml.nvmlSystemGetDriverVersion()
+    except NvmlUnavailable:
+        return "none", "n/a"
 
 
 def describe() -> dict[str, str]:
