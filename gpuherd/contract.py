@@ -35,6 +35,14 @@ GPUHERD_VARS = (
 )
 
 
+def same_device_uuid(a: str, b: str) -> bool:
+    """NVML writes `GPU-<hex>`, torch's device properties give `<hex>`: one GPU either way."""
+    def norm(uuid: str) -> str:
+        return uuid.strip().lower().removeprefix("gpu-")
+
+    return bool(a and b) and norm(a) == norm(b)
+
+
 @dataclass(frozen=True)
 class WorkerIdentity:
     """Who this process is, read from the environment (standalone: rank 0 of 1)."""

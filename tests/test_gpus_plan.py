@@ -156,13 +156,12 @@ def test_device_table_names_ranks_and_foreign_processes():
     assert "00000000:28:00.0" in row and "pid 1 " in row and "2.0 GiB" in row
 
 
-def test_device_mismatch_accepts_torch_and_nvml_uuid_forms():
-    from supervisor.gpus import device_mismatch
+def test_device_uuid_comparison_accepts_torch_and_nvml_forms():
+    from gpuherd.contract import same_device_uuid
     with installed(machine(2)) as lib:
         gpu = read_inventory()[1]
         other = lib.machine.gpus[0].uuid
-    assert device_mismatch(gpu, gpu.uuid, 1) is None
-    assert device_mismatch(gpu, gpu.uuid[4:].upper(), 1) is None  # torch: no GPU- prefix
-    message = device_mismatch(gpu, other, 1)
-    assert message.startswith(f"rank 1 got the wrong GPU: planned GPU 1 ({gpu.uuid}) but the worker sees {other}")
-    assert "no GPU" in device_mismatch(gpu, "", 1)
+    assert same_device_uuid(gpu.uuid, gpu.uuid)
+    assert same_device_uuid(gpu.uuid[4:].upper(), gpu.uuid)  # torch: no GPU- prefix
+    assert not same_device_uuid(other, gpu.uuid)
+    assert not same_device_uuid("", gpu.uuid)  # no GPU at all is never a match

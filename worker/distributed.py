@@ -59,12 +59,10 @@ def check_device_uuid(device: torch.device, expected: str | None) -> str:
     if device.type != "cuda":
         return ""
     got = str(torch.cuda.get_device_properties(device).uuid)
-    if expected:
-        norm = lambda u: u.lower().removeprefix("gpu-")  # noqa: E731 - NVML says GPU-xxxx, torch xxxx
-        if norm(got) != norm(expected):
-            raise WorkerError(
-                f"device mismatch: the supervisor planned GPU {expected} but this process got GPU-{got} "
-                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})", ExitCode.DEVICE)
+    if expected and not contract.same_device_uuid(got, expected):
+        raise WorkerError(
+            f"device mismatch: the supervisor planned GPU {expected} but this process got GPU-{got} "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})", ExitCode.DEVICE)
     return f"GPU-{got}" if not got.startswith("GPU-") else got
 
 

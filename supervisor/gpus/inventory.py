@@ -59,14 +59,6 @@ def read_inventory() -> list[GpuInfo]:
         return [describe_device(pynvml, index) for index in range(pynvml.nvmlDeviceGetCount())]
 
 
-def list_gpus() -> list[GpuInfo] | None:
-    """Every GPU NVML sees, or None when NVML is unavailable (no driver, CPU machine)."""
-    try:
-        return read_inventory()
-    except nvml.NvmlUnavailable:
-        return None
-
-
 def describe_device(pynvml: ModuleType, index: int, handle: Any = None) -> GpuInfo:
     """One GpuInfo; a lost GPU is returned with `lost` set instead of raising, so one
     dead device never hides the healthy ones from a plan or a table."""

@@ -120,16 +120,3 @@ def _claim(chosen: list[GpuInfo], force: bool, lock_dir: Path | None) -> None:
 
 def _ids(ids: list[int]) -> str:
     return ",".join(str(i) for i in ids)
-
-
-def device_mismatch(planned: GpuInfo, reported_uuid: str, rank: int) -> str | None:
-    """The one-line error when a worker's `ready` record names another GPU than planned
-    (exit 4), else None. torch reports UUIDs without NVML's `GPU-` prefix; both forms match."""
-    def norm(uuid: str) -> str:
-        uuid = uuid.strip().lower()
-        return uuid[4:] if uuid.startswith("gpu-") else uuid
-
-    if reported_uuid and norm(reported_uuid) == norm(planned.uuid):
-        return None
-    return (f"rank {rank} got the wrong GPU: planned GPU {planned.index} ({planned.uuid}) but the worker sees "
-            f"{reported_uuid or 'no GPU'}; is CUDA_DEVICE_ORDER=PCI_BUS_ID overridden in its environment?")
