@@ -16,7 +16,7 @@ from gpuherd.config import SystemConfig
 from gpuherd.exit_codes import ExitCode
 from supervisor.gpus import nvml
 from supervisor.gpus.errors import DeviceError
-from supervisor.gpus.inventory import read_inventory
+from supervisor.gpus.inventory import GpuInfo, read_inventory
 from supervisor.gpus.plan import plan_gpus
 from supervisor.gpus.visible import allowed_gpus
 
@@ -47,6 +47,7 @@ class DevicePlan:
     slots: tuple[DeviceSlot, ...]
     isolate: bool  # each worker sees only its own GPU
     notice: str | None = None  # one line worth telling the user (CPU fallback)
+    gpus: tuple[GpuInfo, ...] = ()  # NVML's record of each planned GPU, in rank order
 
     @property
     def kind(self) -> str:
@@ -91,7 +92,7 @@ def plan_devices(
         return _cpu_plan(system.nproc, f"no GPU found ({why}): starting {system.nproc} CPU workers "
                                        "with gloo (--nproc N to change)")
     slots = tuple(DeviceSlot(rank=r, kind="cuda", device_id=g.index, uuid=g.uuid) for r, g in enumerate(gpus))
-    return DevicePlan(slots=slots, isolate=system.isolate)
+    return DevicePlan(slots=slots, isolate=system.isolate, gpus=tuple(gpus))
 
 
 def _first_allowed(cuda_visible_devices: str | None, n: int) -> list[int] | None:

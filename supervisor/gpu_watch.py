@@ -7,24 +7,13 @@ from __future__ import annotations
 from loguru import logger
 
 from supervisor.devices import DevicePlan
-from supervisor.gpus import GpuInfo, GpuMonitor, NvmlUnavailable, format_device_table, read_inventory, read_topology
+from supervisor.gpus import GpuMonitor, NvmlUnavailable, format_device_table, read_topology
 from supervisor.watchers import FatalCause, RunContext
-
-
-def planned_gpus(plan: DevicePlan) -> list[GpuInfo]:
-    """The NVML records of the planned GPUs, in rank order ([] on a CPU run)."""
-    if plan.kind != "cuda":
-        return []
-    try:
-        by_uuid = {g.uuid: g for g in read_inventory()}
-    except NvmlUnavailable:
-        return []
-    return [by_uuid[s.uuid] for s in plan.slots if s.uuid in by_uuid]
 
 
 def announce_devices(plan: DevicePlan) -> None:
     """Seed 000/003: show what the run will use, and warn about slow GPU pairs."""
-    gpus = planned_gpus(plan)
+    gpus = list(plan.gpus)
     if not gpus:
         return
     rank_of_gpu = {s.device_id: s.rank for s in plan.slots}
@@ -53,7 +42,7 @@ class GpuWatcher:
             ctx.report_fatal(FatalCause("gpu", code, message))
 
         self._monitor = GpuMonitor(
-            planned_gpus(ctx.plan), rank_of_gpu, lambda: dict(ctx.pids), ctx.write_metric,
+            list(ctx.plan.gpus), rank_of_gpu, lambda: dict(ctx.pids), ctx.write_metric,
             warn=logger.warning, fatal=fatal, interval=ctx.config.system.monitor_interval,
         )
         self._monitor.start()
