@@ -46,6 +46,9 @@ class SystemConfig:
     log_ranks: list[int] | None = None  # console shows these ranks (+ all warnings)
     collapse_logs: bool = False  # identical lines from all ranks -> one line
     monitor_interval: float = 5.0  # seconds between GPU samples
+    max_restarts: int = 0  # restart every worker after a failure, resuming from the newest checkpoint
+    restart_backoff: float = 5.0  # seconds between a failed attempt's teardown and the next start
+    restart_on_nan: bool = False  # a NaN stop (exit 6) is restarted too, not only crashes and hangs
 
 
 @dataclass
@@ -411,7 +414,7 @@ _NON_NEGATIVE = (
     "model.vocab_size", "training.warmup_steps", "training.max_grad_norm",
     "training.weight_decay", "training.min_lr_ratio", "training.eps", "training.num_workers",
     "training.eval_every", "training.save_every", "data.num_samples", "system.seed",
-    "system.hang_timeout", "system.startup_timeout",
+    "system.hang_timeout", "system.startup_timeout", "system.max_restarts", "system.restart_backoff",
 )
 
 

@@ -69,12 +69,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="console shows these ranks, plus every rank's warnings and errors (files keep all)")
     g.add_argument("--collapse-logs", action="store_true",
                    help="print a line that all ranks print identically once, with a rank count")
+    r = parser.add_argument_group("restarts")
+    r.add_argument("--max-restarts", type=int, default=None, metavar="N",
+                   help="after a crash, hang or lost worker, restart every worker up to N times, resuming from "
+                        "the newest checkpoint this run wrote (default 0)")
+    r.add_argument("--restart-backoff", type=_seconds, default=None, metavar="S",
+                   help="seconds to wait between a failed attempt's teardown and the restart (default 5)")
+    r.add_argument("--restart-on-nan", action="store_true",
+                   help="restart after a NaN stop (exit 6) too; by default a NaN stop ends the run")
     g.add_argument("--run-id", default=None, metavar="ID", help="name of the run directory (default: time + random)")
     g.add_argument("-v", "--verbose", action="store_true", help="the supervisor's own debug messages on the console")
     g.add_argument("--script", default=None, metavar="PATH",
                    help="run a torchrun-style training script instead of the built-in trainer; "
                         "every argument after PATH goes to the script")
     return parser
+
+
+# flags whose value goes to `system.<same name>` (store_true flags only when given)
+_SYSTEM_FLAGS = ("nproc", "gpus", "isolate", "hang_timeout", "grace_period", "log_ranks", "collapse_logs",
+                 "max_restarts", "restart_backoff", "restart_on_nan")
 
 
 def parse(argv: list[str]) -> Launch:
@@ -84,22 +97,15 @@ def parse(argv: list[str]) -> Launch:
     args = parser.parse_args(ours)
     if script is not None:
         args.script = script
+    if args.script is not None and args.isolate is None:
+        args.isolate = False  # a torchrun-style script expects every GPU visible
     extra = []
-    if args.nproc is not None:
-        extra.append(f"system.nproc={args.nproc}")
-    if args.gpus is not None:
-        extra.append(f"system.gpus={args.gpus}")
-    isolate = args.isolate if args.isolate is not None else (False if args.script else None)
-    if isolate is not None:
-        extra.append(f"system.isolate={'true' if isolate else 'false'}")
-    if args.hang_timeout is not None:
-        extra.append(f"system.hang_timeout={args.hang_timeout}")
-    if args.grace_period is not None:
-        extra.append(f"system.grace_period={args.grace_period}")
-    if args.log_ranks is not None:
-        extra.append(f"system.log_ranks={args.log_ranks}")
-    if args.collapse_logs:
-        extra.append("system.collapse_logs=true")
+    for flag in _SYSTEM_FLAGS:  # each flag is a system.* config key: one validation covers both
+        value = getattr(args, flag)
+        if value is False and flag == "isolate":
+            extra.append("system.isolate=false")  # --no-isolate (a store_true flag left False says nothing)
+        elif value is not None and value is not False:
+            extra.append(f"system.{flag}={'true' if value is True else value}")
     cfg = config_from_args(args, extra)
     script_path = None
     if args.script is not None:

@@ -8,6 +8,7 @@ supervise -> summary.json + root-cause block -> exit with the cause's code.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -28,8 +29,9 @@ from supervisor.heartbeat import HeartbeatMonitor, hang_timeouts
 from supervisor.log_router import LogRouter, WorkerLog
 from supervisor.orphan_guard import OrphanGuard
 from supervisor.rendezvous import HostedStore
+from supervisor.restarts import CheckpointWatch, pause, refusal
 from supervisor.spawn import WorkerProcess, become_subreaper, die_with_parent, spawn
-from supervisor.summary import RootCause, Summary, WorkerReport, how_it_ended, now_iso, shell_code
+from supervisor.summary import AttemptReport, RootCause, Summary, WorkerReport, how_it_ended, now_iso, shell_code
 from supervisor.supervise import Supervision
 from supervisor.watchers import WATCHER_FACTORIES, MetricsSink, RunContext, RunWatcher
 from supervisor.worker_env import RunEnv, worker_env
@@ -127,22 +129,65 @@ class Job:
         return None
 
     def run(self) -> int:
-        cfg, plan = self.cfg, self.plan
+        """Every attempt until one succeeds, a failure is not worth restarting, or
+        `system.max_restarts` restarts are used up."""
         become_subreaper()
+        system = self.cfg.system
+        guard = OrphanGuard(f"{contract.SUPERVISOR_PID}={os.getpid()}", sys.executable, _python_env())
+        metrics = MetricsSink(self.run_dir / "metrics.jsonl")
+        checkpoints = CheckpointWatch(Path(system.checkpoint_dir))
+        attempts: list[AttemptReport] = []
+        final: RootCause | None = None
+        resume: str | None = None
+        try:
+            for attempt in range(system.max_restarts + 1):
+                report = self.run_attempt(attempt, resume, guard, metrics)
+                attempts.append(report)
+                final = report.root_cause
+                if final is None:
+                    break
+                if attempt == system.max_restarts or refusal(final, system.restart_on_nan):
+                    if system.max_restarts:  # say why only where a restart was on the table
+                        report.not_restarted = (refusal(final, system.restart_on_nan)
+                                                or f"all {system.max_restarts} restart(s) used")
+                    break
+                newest = checkpoints.newest_of_this_run()
+                resume = str(newest) if newest is not None else None
+                logger.warning(f"attempt {attempt} failed ({final.message}); restart {attempt + 1} of "
+                               f"{system.max_restarts} in {system.restart_backoff:g} s, "
+                               + (f"resuming from {resume}" if resume else "starting as the first attempt did "
+                                  "(no checkpoint written yet)"))
+                metrics.write({"type": "restart", "time": time.time(), "attempt": attempt + 1,
+                               "after": final.message, "exit_code": final.exit_code, "resume": resume})
+                signum = pause(system.restart_backoff)
+                if signum is not None:
+                    final = _stop_cause(signum, f"during the pause before attempt {attempt + 1}")
+                    break
+        except KeyboardInterrupt:  # Ctrl-C in the instant between an attempt's handlers and the pause
+            final = _stop_cause(signal.SIGINT, "between attempts")
+        finally:
+            metrics.close()
+            _sweep_orphans(exclude={guard.pid})
+            guard.release()
+        return self.finish(final, attempts)
+
+    def run_attempt(self, attempt: int, resume: str | None, guard: OrphanGuard, metrics: MetricsSink) -> AttemptReport:
+        """Start every worker once, supervise them to the end, clean up everything but the job's files."""
+        cfg, plan = self.cfg, self.plan
+        started_at, t0 = now_iso(), time.monotonic()
         hang, startup = hang_timeouts(cfg.preset, cfg.system.hang_timeout, cfg.system.startup_timeout,
                                       script=self.mode == "script")
-        logs = [WorkerLog(s.rank, s.tag, self.run_dir / f"worker-rank{s.rank}-{s.tag}.log") for s in plan.slots]
+        log_dir = self.run_dir if attempt == 0 else rundir.create(self.run_dir / f"attempt-{attempt}")
+        logs = [WorkerLog(s.rank, s.tag, log_dir / f"worker-rank{s.rank}-{s.tag}.log") for s in plan.slots]
         router = LogRouter(logs, Console(), cfg.system.log_ranks, cfg.system.collapse_logs)
         monitor = HeartbeatMonitor([s.rank for s in plan.slots], time.monotonic(), hang, startup,
                                    cfg.system.rendezvous_timeout, expect_heartbeats=self.mode == "train")
-        metrics = MetricsSink(self.run_dir / "metrics.jsonl")
         sup = Supervision([], router, monitor, metrics, cfg.system.grace_period, finish_window=hang)
-        store = HostedStore()
-        marker = f"{contract.SUPERVISOR_PID}={os.getpid()}"
-        guard = OrphanGuard(marker, sys.executable, _python_env())
+        store = HostedStore()  # a fresh one per attempt: torch's env:// keys are not per-attempt
         run_env = RunEnv(run_id=self.run_id, run_dir=str(self.run_dir), master_addr=store.addr,
                          master_port=store.port, supervisor_pid=os.getpid(),
-                         config_path=str(self.run_dir / "config.json"), dataset_cache=self.dataset_path)
+                         config_path=str(self.run_dir / "config.json"), dataset_cache=self.dataset_path,
+                         restart_count=attempt, max_restarts=cfg.system.max_restarts, resume=resume or "")
         base_env = _python_env() if self.mode == "train" else dict(os.environ)
         workers: list[WorkerProcess] = []
         watchers: list[RunWatcher] = []
@@ -155,7 +200,7 @@ class Job:
                 sup.add_worker(w)
                 workers.append(w)
                 guard.watch(w.pgid)
-            logger.debug(f"spawned {len(workers)} worker(s) in {time.monotonic() - self.t0:.2f} s since start; "
+            logger.debug(f"attempt {attempt}: spawned {len(workers)} worker(s) in {time.monotonic() - t0:.2f} s; "
                          f"rendezvous store on {store.addr}:{store.port}")
             store_proc = store.start(sys.executable, _python_env(), die_with_parent())
             guard.watch(store_proc.pid)
@@ -170,32 +215,44 @@ class Job:
             for watcher in watchers:
                 _stop_watcher(watcher)
             router.close()
-            metrics.close()
+            store_pid = store.proc.pid if store.proc is not None else None
             store.stop()
             _sweep_orphans(exclude={guard.pid})
-            guard.release()
+            for pgid in [w.pgid for w in workers] + ([store_pid] if store_pid else []):
+                guard.forget(pgid)
             sup.restore_signal_handlers()
         self.notes += sup.notes
         teardown = None
         if sup.first_failure_at is not None and sup.all_gone_at is not None:
-            teardown = max(0.0, sup.all_gone_at - sup.first_failure_at)
-        return self.finish(cause, workers, monitor, teardown)
+            teardown = round(max(0.0, sup.all_gone_at - sup.first_failure_at), 4)
+        return AttemptReport(
+            attempt=attempt, started_at=started_at, duration_s=round(time.monotonic() - t0, 3),
+            exit_code=int(cause.exit_code) if cause else 0, outcome="success" if cause is None else cause.kind,
+            root_cause=cause, resumed_from=resume, log_dir=str(log_dir), teardown_s=teardown,
+            workers=[_report(w, cause, monitor) for w in workers])
 
-    def finish(self, cause: RootCause | None, workers: list[WorkerProcess], monitor: HeartbeatMonitor | None = None,
-               teardown_s: float | None = None) -> int:
+    def finish(self, cause: RootCause | None, attempts: list[AttemptReport]) -> int:
         exit_code = int(cause.exit_code) if cause is not None else 0
-        reports = [_report(w, cause, monitor) for w in workers]
+        last = attempts[-1] if attempts else None
         summary = Summary(
             run_id=self.run_id, run_dir=str(self.run_dir), mode=self.mode, command=self.command,
             exit_code=exit_code, outcome="success" if cause is None else cause.kind, started_at=self.started_at,
-            duration_s=round(time.monotonic() - self.t0, 3), root_cause=cause, workers=reports,
-            teardown_s=None if teardown_s is None else round(teardown_s, 4), notes=self.notes,
+            duration_s=round(time.monotonic() - self.t0, 3), root_cause=cause,
+            workers=last.workers if last else [], teardown_s=last.teardown_s if last else None, notes=self.notes,
+            max_restarts=self.cfg.system.max_restarts, restarts=max(0, len(attempts) - 1), attempts=attempts,
         )
         summary.write(self.run_dir / "summary.json")
         block = summary.block()
         logger.bind(file_only=True).info(block)  # the console gets it below, unprefixed
         print(block, file=sys.stderr, flush=True)
         return exit_code
+
+
+def _stop_cause(signum: int, when: str) -> RootCause:
+    name = signal.Signals(signum).name
+    if signum == signal.SIGINT:
+        return RootCause("interrupted", ExitCode.SIGINT, f"interrupted by Ctrl-C (SIGINT) {when}")
+    return RootCause("terminated", 128 + signum, f"the supervisor received {name} {when}")
 
 
 def _python_env() -> dict[str, str]:

@@ -7,7 +7,7 @@ whose only writer is the supervisor, and when that pipe hits EOF without the
 supervisor's "done" (it died), SIGKILLs those groups and every process still
 carrying this run's marker in its environment.
 
-    python -m supervisor.orphan_guard MARKER   (stdin: "pgid N" lines, then "done")
+    python -m supervisor.orphan_guard MARKER   (stdin: "pgid N" / "forget N" lines, then "done")
 """
 
 from __future__ import annotations
@@ -60,6 +60,10 @@ def main(argv: list[str]) -> int:
             return 0
         if line.startswith(b"pgid "):
             pgids.append(int(line.split()[1]))
+        elif line.startswith(b"forget "):  # that group is gone (an attempt ended): its id may be reused
+            pgid = int(line.split()[1])
+            if pgid in pgids:
+                pgids.remove(pgid)
     sweep(pgids, marker)  # EOF without "done": the supervisor died
     return 0
 
@@ -79,6 +83,9 @@ class OrphanGuard:
 
     def watch(self, pgid: int) -> None:
         self._send(f"pgid {pgid}\n")
+
+    def forget(self, pgid: int) -> None:
+        self._send(f"forget {pgid}\n")
 
     def release(self) -> None:
         """The supervisor cleaned up itself; the guard exits without touching anything."""

@@ -59,6 +59,23 @@ class WorkerReport:
 
 
 @dataclass
+class AttemptReport:
+    """One start of every worker (`--max-restarts`: the first attempt is 0)."""
+
+    attempt: int
+    started_at: str
+    duration_s: float
+    exit_code: int
+    outcome: str  # "success" or the root cause's kind
+    root_cause: RootCause | None
+    resumed_from: str | None  # the checkpoint handed to the workers (GPUHERD_RESUME), None: as configured
+    log_dir: str  # where this attempt's worker logs are
+    teardown_s: float | None
+    workers: list[WorkerReport]
+    not_restarted: str | None = None  # why a failed attempt ended the run (restarts left or not)
+
+
+@dataclass
 class Summary:
     run_id: str
     run_dir: str
@@ -72,6 +89,9 @@ class Summary:
     workers: list[WorkerReport]
     teardown_s: float | None = None  # first failure -> last worker gone
     notes: list[str] = field(default_factory=list)
+    max_restarts: int = 0
+    restarts: int = 0  # attempts after the first
+    attempts: list[AttemptReport] = field(default_factory=list)  # every start, oldest first
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2)
@@ -82,11 +102,14 @@ class Summary:
     def block(self) -> str:
         """The console's root-cause block (or the one-line success note)."""
         if self.root_cause is None:
-            return (f"gpuherd: run {self.run_id} finished: {len(self.workers)} worker(s) exited 0 in "
-                    f"{self.duration_s:.1f} s; logs in {self.run_dir}")
+            after = f" after {self.restarts} restart(s)" if self.restarts else ""
+            lines = [f"gpuherd: run {self.run_id} finished: {len(self.workers)} worker(s) exited 0 in "
+                     f"{self.duration_s:.1f} s{after}; logs in {self.run_dir}"]
+            return "\n".join(lines + self._attempt_lines())
         rc = self.root_cause
         lines = [RULE, f"gpuherd: run {self.run_id} FAILED with exit code {self.exit_code} ({describe(self.exit_code)})",
                  f"root cause: {rc.message}"]
+        lines += self._attempt_lines()
         if rc.stderr_tail:
             lines.append(f"last lines of {rc.device} (rank {rc.rank}) stderr:")
             lines += [f"    {line}" for line in rc.stderr_tail]
@@ -99,6 +122,22 @@ class Summary:
             lines.append(f"teardown: every worker gone {self.teardown_s * 1000:.0f} ms after the first failure")
         lines += [f"details: {self.run_dir}/summary.json, worker logs in {self.run_dir}", RULE]
         return "\n".join(lines)
+
+
+    def _attempt_lines(self) -> list[str]:
+        """One line per failed attempt that was restarted, and why the last failure was not."""
+        if not self.attempts or (self.max_restarts == 0 and len(self.attempts) == 1):
+            return []
+        lines = []
+        for a in self.attempts[:-1]:
+            resumed = f"; attempt {a.attempt + 1} resumed from {self.attempts[a.attempt + 1].resumed_from}" \
+                if self.attempts[a.attempt + 1].resumed_from else f"; attempt {a.attempt + 1} started afresh"
+            lines.append(f"attempt {a.attempt} failed with exit code {a.exit_code}: "
+                         f"{a.root_cause.message if a.root_cause else a.outcome}{resumed}")
+        last = self.attempts[-1]
+        if last.not_restarted:
+            lines.append(f"not restarted: {last.not_restarted}")
+        return lines
 
 
 def now_iso() -> str:

@@ -26,6 +26,9 @@ class RunEnv:
     supervisor_pid: int
     config_path: str = ""
     dataset_cache: str = ""
+    restart_count: int = 0  # which attempt this is (--max-restarts)
+    max_restarts: int = 0
+    resume: str = ""  # a restarted attempt's checkpoint ("" = as configured)
 
 
 def worker_env(base: Mapping[str, str], plan: DevicePlan, slot: DeviceSlot, run: RunEnv,
@@ -45,8 +48,8 @@ def worker_env(base: Mapping[str, str], plan: DevicePlan, slot: DeviceSlot, run:
         "MASTER_ADDR": run.master_addr,
         "MASTER_PORT": str(run.master_port),
         "TORCHELASTIC_RUN_ID": run.run_id,
-        "TORCHELASTIC_RESTART_COUNT": "0",
-        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RESTART_COUNT": str(run.restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(run.max_restarts),
         "TORCHELASTIC_USE_AGENT_STORE": "True",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         contract.GPU_RANK: str(slot.device_id),
@@ -64,6 +67,10 @@ def worker_env(base: Mapping[str, str], plan: DevicePlan, slot: DeviceSlot, run:
         # Lines reach the supervisor as they are printed, not when a 8 KiB buffer fills.
         "PYTHONUNBUFFERED": "1",
     })
+    if run.resume:
+        env[contract.RESUME] = run.resume
+    else:
+        env.pop(contract.RESUME, None)  # never inherited from whoever started the supervisor
     visible = plan.visible_devices(slot)
     if visible is not None:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"

@@ -10,9 +10,9 @@ import pytest
 import torch
 import worker_helpers as h
 
+from gpuherd.checkpoint_layout import latest_checkpoint, list_checkpoints
 from gpuherd.contract import WorkerIdentity
 from gpuherd.exit_codes import ExitCode
-from worker.checkpoint import latest_checkpoint, list_checkpoints
 from worker.distributed import WorkerError
 from worker.mfu import FlopsModel, peak_flops
 from worker.reporting import format_eta, step_line

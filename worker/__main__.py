@@ -38,6 +38,8 @@ def main() -> int:
             raise WorkerError(f"{contract.CONFIG_PATH} is not set: start workers through the supervisor "
                               "(run_training.sh) or use pretrain_main.py", ExitCode.USAGE)
         cfg = Config.load(Path(path))
+        if os.environ.get(contract.RESUME):  # a restarted attempt: the supervisor chose the checkpoint
+            cfg.training.resume = os.environ[contract.RESUME]
         cache = os.environ.get(contract.DATASET_CACHE)
         run_dir = os.environ.get(contract.RUN_DIR)
         from worker.train import run  # torch is imported only once the config is known to be good

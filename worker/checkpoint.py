@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any
 import torch
 from loguru import logger
 
+from gpuherd.checkpoint_layout import META, checkpoint_name, list_checkpoints
 from gpuherd.exit_codes import ExitCode
 from gpuherd.files import atomic_file, fsync_dir
 from worker import distributed as wdist
@@ -38,33 +38,6 @@ from worker.parallelize import Engine
 FORMAT_FILE = "gpuherd/full-v1"
 FORMAT_DCP = "gpuherd/dcp-v1"
 FORMAT_DEEPSPEED = "gpuherd/deepspeed-v1"
-META = "meta.pt"
-_NAME = re.compile(r"^step_(\d{7})(\.pt)?$")
-
-
-def checkpoint_name(step: int, sharded: bool) -> str:
-    return f"step_{step:07d}" + ("" if sharded else ".pt")
-
-
-def is_complete(path: Path) -> bool:
-    return path.is_file() if path.suffix == ".pt" else (path / META).is_file()
-
-
-def list_checkpoints(directory: Path) -> list[tuple[int, Path]]:
-    """Complete `step_*` checkpoints, oldest first (NaN-stop checkpoints are not listed)."""
-    if not directory.is_dir():
-        return []
-    found = []
-    for entry in directory.iterdir():
-        match = _NAME.match(entry.name)
-        if match and is_complete(entry):
-            found.append((int(match.group(1)), entry))
-    return sorted(found)
-
-
-def latest_checkpoint(directory: Path) -> Path | None:
-    found = list_checkpoints(directory)
-    return found[-1][1] if found else None
 
 
 def atomic_torch_save(obj: Any, path: Path) -> None:

@@ -9,8 +9,9 @@ from typing import Any
 
 import torch
 
+from gpuherd.checkpoint_layout import META, latest_checkpoint
 from gpuherd.exit_codes import ExitCode
-from worker.checkpoint import FORMAT_DCP, FORMAT_DEEPSPEED, META, latest_checkpoint, load_file, read_meta
+from worker.checkpoint import FORMAT_DCP, FORMAT_DEEPSPEED, load_file, read_meta
 from worker.distributed import WorkerError
 from worker.model import KVCache, ModelArgs, Transformer
 

@@ -12,6 +12,7 @@ import torch.distributed as dist
 from loguru import logger
 
 from gpuherd import contract
+from gpuherd.checkpoint_layout import latest_checkpoint
 from gpuherd.config import Config
 from gpuherd.contract import WorkerIdentity
 from gpuherd.exit_codes import ExitCode
@@ -20,7 +21,7 @@ from worker import distributed as wdist
 from worker import rng
 from worker import signals as wsignals
 from worker.attention import resolve_backend
-from worker.checkpoint import Checkpointer, latest_checkpoint, meta_base
+from worker.checkpoint import Checkpointer, meta_base
 from worker.data import DataBundle, cache_bundle
 from worker.distributed import StopVote, WorkerError
 from worker.logs import setup_logging

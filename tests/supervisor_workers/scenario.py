@@ -3,7 +3,8 @@
     python scenario.py BEHAVIOUR_RANK0 BEHAVIOUR_RANK1 ...   (missing ranks: "train")
 
 Behaviours: train[:steps] | forever | raise | exit0 | silent-exit0 | sigkill | stop |
-stall | ignore-term | ignore-int | flood[:lines] | midline | grandchild | escapee | graceful | env.
+stall | ignore-term | ignore-int | flood[:lines] | midline | grandchild | escapee | graceful | env |
+fail-until:K (raise on attempts < K, i.e. TORCHELASTIC_RESTART_COUNT < K, then train) | exit:N.
 Every rank registers faulthandler on SIGUSR1 (as gpuherd's own worker does) unless
 the behaviour ends in "+nofh".
 """
@@ -75,6 +76,18 @@ def main() -> int:
         while True:
             step(i, 10**6)
             i += 1
+    if NAME == "fail-until":
+        attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+        log(f"attempt {attempt}, resume={os.environ.get('GPUHERD_RESUME', '')!r}")
+        if attempt < int(ARG):
+            train(2)
+            raise RuntimeError(f"boom on attempt {attempt} from rank {RANK}")
+        train(5)
+        status.send("done", step=5)
+        return 0
+    if NAME == "exit":
+        train(2)
+        return int(ARG)
     if NAME == "raise":
         train(3)
         raise RuntimeError(f"boom from rank {RANK}")
