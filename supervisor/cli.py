@@ -9,11 +9,13 @@ pass covers both.
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuherd.cli import base_parser, config_from_args, die
 from gpuherd.config import Config
+from supervisor.multinode import DEFAULT_PORT, NodeSpec
 
 PROG = "run_training.sh"
 
@@ -27,6 +29,7 @@ class Launch:
     force: bool = False
     run_id: str | None = None
     verbose: bool = False
+    node: NodeSpec = field(default_factory=NodeSpec)  # multi-node: which node this supervisor is
 
 
 def _id_list(text: str) -> list[int]:
@@ -77,6 +80,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to wait between a failed attempt's teardown and the restart (default 5)")
     r.add_argument("--restart-on-nan", action="store_true",
                    help="restart after a NaN stop (exit 6) too; by default a NaN stop ends the run")
+    m = parser.add_argument_group("multi-node (one supervisor per node; see README 'Multi-node')")
+    m.add_argument("--nnodes", type=int, default=None, metavar="N", help="nodes in the job (default 1)")
+    m.add_argument("--node-rank", type=int, default=None, metavar="R", help="this node, 0..N-1; node 0 hosts the job store")
+    m.add_argument("--master-addr", default=None, metavar="HOST",
+                   help="node 0's address as every node reaches it; node 0 binds the store to that interface only")
+    m.add_argument("--master-port", type=int, default=None, metavar="P",
+                   help=f"the job store's port on node 0 (default {DEFAULT_PORT})")
+    m.add_argument("--slurm", action="store_true",
+                   help="take --nnodes/--node-rank/--master-addr/--master-port from SLURM's environment "
+                        "(run under srun, one task per node); explicit flags win")
     g.add_argument("--run-id", default=None, metavar="ID", help="name of the run directory (default: time + random)")
     g.add_argument("-v", "--verbose", action="store_true", help="the supervisor's own debug messages on the console")
     g.add_argument("--script", default=None, metavar="PATH",
@@ -112,8 +125,43 @@ def parse(argv: list[str]) -> Launch:
         script_path = (Path.cwd() / args.script).resolve()
         if not script_path.is_file():
             die(f"--script file not found: {args.script}")
+    node = _node_spec(args)
     return Launch(config=cfg, script=script_path, script_args=script_args, nproc_explicit=args.nproc is not None,
-                  force=args.force, run_id=args.run_id, verbose=args.verbose)
+                  force=args.force, run_id=args.run_id, verbose=args.verbose, node=node)
+
+
+def _node_spec(args: argparse.Namespace) -> NodeSpec:
+    """--nnodes/--node-rank/--master-addr/--master-port (or SLURM's environment), checked."""
+    nnodes, node_rank, addr, port = args.nnodes, args.node_rank, args.master_addr, args.master_port
+    if args.slurm:
+        slurm = _read_slurm()
+        nnodes = slurm.nnodes if nnodes is None else nnodes
+        node_rank = slurm.node_rank if node_rank is None else node_rank
+        addr = slurm.master_addr if addr is None else addr
+        port = slurm.master_port if port is None else port
+        if args.run_id is None:
+            args.run_id = f"slurm-{slurm.job_id}"
+    nnodes = 1 if nnodes is None else nnodes
+    node_rank = 0 if node_rank is None else node_rank
+    port = DEFAULT_PORT if port is None else port
+    if nnodes < 1:
+        die(f"--nnodes must be >= 1, got {nnodes}")
+    if not 0 <= node_rank < nnodes:
+        die(f"--node-rank {node_rank} is outside 0..{nnodes - 1} (--nnodes {nnodes})")
+    if not 1 <= port <= 65535:
+        die(f"--master-port {port} is not a TCP port (1-65535)")
+    if nnodes > 1 and not addr:
+        die(f"--nnodes {nnodes} needs --master-addr: node 0's address, as every node reaches it")
+    return NodeSpec(nnodes=nnodes, node_rank=node_rank, master_addr=addr or "", master_port=port)
+
+
+def _read_slurm():
+    from supervisor.slurm_env import SlurmError, read_slurm
+
+    try:
+        return read_slurm(os.environ)
+    except SlurmError as exc:
+        die(f"--slurm: {exc}")
 
 
 def _split_script(argv: list[str]) -> tuple[list[str], str | None, list[str]]:

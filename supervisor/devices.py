@@ -10,7 +10,7 @@ at all means `system.nproc` CPU workers with a one-line notice.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpuherd.config import SystemConfig
 from gpuherd.exit_codes import ExitCode
@@ -35,6 +35,11 @@ class DeviceSlot:
     kind: str  # "cuda" | "cpu"
     device_id: int  # physical id: nvidia-smi's GPU id, or CPU worker n
     uuid: str = ""  # NVML UUID, "" for CPU workers
+    local_rank: int | None = None  # on this node, when `rank` is global (multi-node); None: the same as rank
+
+    @property
+    def local(self) -> int:
+        return self.rank if self.local_rank is None else self.local_rank
 
     @property
     def tag(self) -> str:
@@ -56,6 +61,11 @@ class DevicePlan:
     @property
     def world_size(self) -> int:
         return len(self.slots)
+
+    def with_rank_offset(self, offset: int) -> DevicePlan:
+        """This node's slots with global ranks (multi-node: node r's first rank is `offset`)."""
+        slots = tuple(replace(s, rank=offset + s.local, local_rank=s.local) for s in self.slots)
+        return replace(self, slots=slots)
 
     def visible_devices(self, slot: DeviceSlot) -> str | None:
         """CUDA_VISIBLE_DEVICES for this worker (None on CPU: hide nothing, set nothing)."""

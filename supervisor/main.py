@@ -18,6 +18,7 @@ from loguru import logger
 
 from gpuherd import contract
 from gpuherd.cli import die
+from gpuherd.config import Config
 from gpuherd.exit_codes import ExitCode
 from gpuherd.files import write_bytes_atomic
 from supervisor import run_dir as rundir
@@ -26,9 +27,10 @@ from supervisor.console import Console
 from supervisor.devices import DevicePlan, DevicePlanError, plan_devices
 from supervisor.gpu_watch import announce_devices, gpu_watcher
 from supervisor.heartbeat import HeartbeatMonitor, hang_timeouts
+from supervisor.job_rendezvous import MultiNode, SingleNode
 from supervisor.log_router import LogRouter, WorkerLog
+from supervisor.multinode import NodeLinkError, bind_master
 from supervisor.orphan_guard import OrphanGuard
-from supervisor.rendezvous import HostedStore
 from supervisor.restarts import CheckpointWatch, pause, refusal
 from supervisor.spawn import WorkerProcess, become_subreaper, die_with_parent, spawn
 from supervisor.summary import AttemptReport, RootCause, Summary, WorkerReport, how_it_ended, now_iso, shell_code
@@ -45,12 +47,20 @@ def main(argv: list[str] | None = None) -> int:
     _console_logging(launch.verbose)
     cfg = launch.config
     plan = _plan(launch)
+    node = launch.node
     try:
         run_id = rundir.check_run_id(launch.run_id) if launch.run_id else rundir.new_run_id()
-        run_dir = rundir.run_dir_path(cfg.system.run_root, run_id)
+        # one directory per node: nodes sharing a filesystem (and a --run-id) never mix their files
+        run_dir = rundir.run_dir_path(cfg.system.run_root, run_id if not node.multi else f"{run_id}-node{node.node_rank}")
         rundir.ensure_free(run_dir, launch.force)
     except rundir.RunDirError as exc:
         die(str(exc))
+    listen, bind_ip = None, None
+    if node.multi and node.node_rank == 0:
+        try:
+            listen, bind_ip = bind_master(node.master_addr, node.master_port)
+        except NodeLinkError as exc:
+            die(str(exc), exc.code)
     # ---- nothing was written before this line; everything below may write
     rundir.create(run_dir)
     write_bytes_atomic(run_dir / "config.json", cfg.to_json() + b"\n")
@@ -65,11 +75,21 @@ def main(argv: list[str] | None = None) -> int:
     announce_devices(plan)
 
     job = Job(launch, plan, run_id, run_dir, command, started_at, t0)
-    if mode == "train":
-        failure = job.prepare_dataset()
-        if failure is not None:
-            return job.finish(failure, [])
-    return job.run()
+    if node.multi:  # the agent imports torch while the dataset is prepared
+        hang, _ = hang_timeouts(cfg.preset, cfg.system.hang_timeout, cfg.system.startup_timeout,
+                                script=mode == "script")
+        job.rendezvous = MultiNode(node, cfg, mode, run_id, run_dir, bind_ip, listen, _python_env(),
+                                   die_with_parent(), finish_wait=max(60.0, hang))
+        if listen is not None:
+            listen.close()  # the agent holds it now
+    try:
+        if mode == "train":
+            failure = job.prepare_dataset()
+            if failure is not None:
+                return job.finish(failure, [])
+        return job.run()
+    finally:
+        job.rendezvous.close()
 
 
 def _console_logging(verbose: bool) -> None:
@@ -86,7 +106,7 @@ def _plan(launch: Launch) -> DevicePlan:
     except DevicePlanError as exc:
         die(str(exc), exc.code)
     for rank in cfg.system.log_ranks or []:
-        if rank >= plan.world_size:
+        if rank >= plan.world_size and not launch.node.multi:  # multi-node: global ranks, known at the join
             die(f"--log-ranks {rank}: this run has ranks 0-{plan.world_size - 1}")
     return plan
 
@@ -105,6 +125,7 @@ class Job:
         self.command, self.started_at, self.t0 = command, started_at, t0
         self.dataset_path = ""
         self.notes: list[str] = []
+        self.rendezvous: SingleNode | MultiNode = SingleNode()
 
     @property
     def mode(self) -> str:
@@ -167,32 +188,43 @@ class Job:
             final = _stop_cause(signal.SIGINT, "between attempts")
         finally:
             metrics.close()
-            _sweep_orphans(exclude={guard.pid})
+            _sweep_orphans(exclude={guard.pid, self.rendezvous_pid()})
             guard.release()
         return self.finish(final, attempts)
 
     def run_attempt(self, attempt: int, resume: str | None, guard: OrphanGuard, metrics: MetricsSink) -> AttemptReport:
         """Start every worker once, supervise them to the end, clean up everything but the job's files."""
-        cfg, plan = self.cfg, self.plan
+        cfg = self.cfg
         started_at, t0 = now_iso(), time.monotonic()
         hang, startup = hang_timeouts(cfg.preset, cfg.system.hang_timeout, cfg.system.startup_timeout,
                                       script=self.mode == "script")
         log_dir = self.run_dir if attempt == 0 else rundir.create(self.run_dir / f"attempt-{attempt}")
-        logs = [WorkerLog(s.rank, s.tag, log_dir / f"worker-rank{s.rank}-{s.tag}.log") for s in plan.slots]
-        router = LogRouter(logs, Console(), cfg.system.log_ranks, cfg.system.collapse_logs)
+        try:
+            setup = self.rendezvous.begin(attempt, self.plan, resume)
+        except NodeLinkError as exc:
+            logger.error(str(exc))
+            cause = RootCause("rendezvous", exc.code, str(exc), node=self.rendezvous.node_rank)
+            return AttemptReport(attempt=attempt, started_at=started_at, duration_s=round(time.monotonic() - t0, 3),
+                                 exit_code=cause.exit_code, outcome=cause.kind, root_cause=cause, resumed_from=resume,
+                                 log_dir=str(log_dir), teardown_s=None, workers=[])
+        plan, resume, store = setup.plan, setup.resume, setup.store
+        logs = {s.rank: WorkerLog(s.rank, s.tag, log_dir / f"worker-rank{s.rank}-{s.tag}.log") for s in plan.slots}
+        router = LogRouter(list(logs.values()), Console(), cfg.system.log_ranks, cfg.system.collapse_logs)
         monitor = HeartbeatMonitor([s.rank for s in plan.slots], time.monotonic(), hang, startup,
                                    cfg.system.rendezvous_timeout, expect_heartbeats=self.mode == "train")
         sup = Supervision([], router, monitor, metrics, cfg.system.grace_period, finish_window=hang)
-        store = HostedStore()  # a fresh one per attempt: torch's env:// keys are not per-attempt
-        run_env = RunEnv(run_id=self.run_id, run_dir=str(self.run_dir), master_addr=store.addr,
-                         master_port=store.port, supervisor_pid=os.getpid(),
+        run_env = RunEnv(run_id=self.run_id, run_dir=str(self.run_dir), master_addr=setup.master_addr,
+                         master_port=setup.master_port, supervisor_pid=os.getpid(),
                          config_path=str(self.run_dir / "config.json"), dataset_cache=self.dataset_path,
-                         restart_count=attempt, max_restarts=cfg.system.max_restarts, resume=resume or "")
+                         restart_count=attempt, max_restarts=cfg.system.max_restarts, resume=resume or "",
+                         world_size=setup.world_size, node_rank=self.rendezvous.node_rank,
+                         nnodes=self.rendezvous.nnodes)
         base_env = _python_env() if self.mode == "train" else dict(os.environ)
         workers: list[WorkerProcess] = []
         watchers: list[RunWatcher] = []
         cause: RootCause | None = None
         sup.install_signal_handlers()
+        self.rendezvous.attach(attempt, sup)
         try:
             for slot in plan.slots:
                 w = spawn(self.command, lambda fd, slot=slot: worker_env(base_env, plan, slot, run_env, fd),
@@ -201,26 +233,30 @@ class Job:
                 workers.append(w)
                 guard.watch(w.pgid)
             logger.debug(f"attempt {attempt}: spawned {len(workers)} worker(s) in {time.monotonic() - t0:.2f} s; "
-                         f"rendezvous store on {store.addr}:{store.port}")
-            store_proc = store.start(sys.executable, _python_env(), die_with_parent())
-            guard.watch(store_proc.pid)
-            sup.watch_helper("rendezvous store", store_proc, store.failure)
-            watchers = _start_watchers(self, sup, metrics, workers)
+                         f"rendezvous store on {setup.master_addr}:{setup.master_port}")
+            if store is not None:
+                store_proc = store.start(sys.executable, _python_env(), die_with_parent())
+                guard.watch(store_proc.pid)
+                sup.watch_helper("rendezvous store", store_proc, store.failure)
+            watchers = _start_watchers(cfg, plan, self.run_dir, sup, metrics, workers)
             cause = sup.run()
         except OSError as exc:
             cause = RootCause("supervisor", ExitCode.FAILURE, f"cannot start worker: {exc}")
             logger.error(cause.message)
         finally:
+            self.rendezvous.detach()
             sup.force_kill_everything()
             for watcher in watchers:
                 _stop_watcher(watcher)
             router.close()
-            store_pid = store.proc.pid if store.proc is not None else None
-            store.stop()
-            _sweep_orphans(exclude={guard.pid})
+            store_pid = store.proc.pid if store is not None and store.proc is not None else None
+            if store is not None:
+                store.stop()
+            _sweep_orphans(exclude={guard.pid, self.rendezvous_pid()})
             for pgid in [w.pgid for w in workers] + ([store_pid] if store_pid else []):
                 guard.forget(pgid)
             sup.restore_signal_handlers()
+        cause = self.rendezvous.settle(attempt, cause, sup.notes)
         self.notes += sup.notes
         teardown = None
         if sup.first_failure_at is not None and sup.all_gone_at is not None:
@@ -231,6 +267,11 @@ class Job:
             root_cause=cause, resumed_from=resume, log_dir=str(log_dir), teardown_s=teardown,
             workers=[_report(w, cause, monitor) for w in workers])
 
+    def rendezvous_pid(self) -> int:
+        """The multi-node agent lives for the whole job: the per-attempt sweep spares it."""
+        link = getattr(self.rendezvous, "link", None)
+        return link.proc.pid if link is not None else -1
+
     def finish(self, cause: RootCause | None, attempts: list[AttemptReport]) -> int:
         exit_code = int(cause.exit_code) if cause is not None else 0
         last = attempts[-1] if attempts else None
@@ -240,6 +281,7 @@ class Job:
             duration_s=round(time.monotonic() - self.t0, 3), root_cause=cause,
             workers=last.workers if last else [], teardown_s=last.teardown_s if last else None, notes=self.notes,
             max_restarts=self.cfg.system.max_restarts, restarts=max(0, len(attempts) - 1), attempts=attempts,
+            node_rank=self.rendezvous.node_rank, nnodes=self.rendezvous.nnodes, nodes=self.rendezvous.nodes,
         )
         summary.write(self.run_dir / "summary.json")
         block = summary.block()
@@ -264,8 +306,9 @@ def _python_env() -> dict[str, str]:
     return env
 
 
-def _start_watchers(job: Job, sup: Supervision, metrics: MetricsSink, workers: list[WorkerProcess]) -> list[RunWatcher]:
-    ctx = RunContext(config=job.cfg, plan=job.plan, run_dir=job.run_dir, pids={w.slot.rank: w.pid for w in workers},
+def _start_watchers(cfg: Config, plan: DevicePlan, run_dir: Path, sup: Supervision, metrics: MetricsSink,
+                    workers: list[WorkerProcess]) -> list[RunWatcher]:
+    ctx = RunContext(config=cfg, plan=plan, run_dir=run_dir, pids={w.slot.rank: w.pid for w in workers},
                      write_metric=metrics.write, report_fatal=sup.report_fatal)
     started = []
     for factory in (gpu_watcher, *WATCHER_FACTORIES):

@@ -11,7 +11,7 @@ slightly niced process imports torch while the workers do and serves the store
 from the already-bound socket (`master_listen_fd`). Workers that connect earlier
 wait in the listen backlog. It dies with the supervisor like a worker does.
 
-    python -m supervisor.rendezvous LISTEN_FD PORT TIMEOUT_S
+    python -m supervisor.rendezvous LISTEN_FD PORT TIMEOUT_S ADDR
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ STORE_NICENESS = 5  # workers' own torch imports come first on a machine short o
 
 
 class HostedStore:
-    def __init__(self, timeout_s: float = 1800.0) -> None:
+    def __init__(self, timeout_s: float = 1800.0, bind_addr: str = MASTER_ADDR) -> None:
+        """`bind_addr`: loopback for a single-node run; node 0's chosen interface for a multi-node one."""
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.bind((MASTER_ADDR, 0))
+        self._sock.bind((bind_addr, 0))
         self._sock.listen(1024)  # every rank may connect before the store runs; none may be refused
-        self.addr = MASTER_ADDR
+        self.addr = bind_addr
         self.port = self._sock.getsockname()[1]
         self.timeout_s = timeout_s
         self.proc: subprocess.Popen | None = None
@@ -41,7 +42,8 @@ class HostedStore:
     def start(self, python: str, env: dict[str, str], preexec_fn: Callable[[], None]) -> subprocess.Popen:
         fd = self._sock.fileno()
         self.proc = subprocess.Popen(
-            [python, "-m", "supervisor.rendezvous", str(fd), str(self.port), str(self.timeout_s)], env=env, pass_fds=(fd,),
+            [python, "-m", "supervisor.rendezvous", str(fd), str(self.port), str(self.timeout_s), self.addr],
+            env=env, pass_fds=(fd,),
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             process_group=0, preexec_fn=preexec_fn,
         )
@@ -67,15 +69,15 @@ class HostedStore:
         self._sock.close()
 
 
-def serve(listen_fd: int, port: int, timeout_s: float) -> None:
+def serve(listen_fd: int, port: int, timeout_s: float, addr: str) -> None:
     os.nice(STORE_NICENESS)
     from torch.distributed import TCPStore
 
-    _store = TCPStore(MASTER_ADDR, port, None, True, timedelta(seconds=timeout_s), wait_for_workers=False,
+    _store = TCPStore(addr, port, None, True, timedelta(seconds=timeout_s), wait_for_workers=False,
                       master_listen_fd=listen_fd)
     while True:  # the store runs in torch's own threads; we only stay alive until killed
         signal.pause()
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]))
+    serve(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4])

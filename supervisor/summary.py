@@ -34,12 +34,19 @@ def how_it_ended(returncode: int | None) -> str:
 
 @dataclass
 class RootCause:
-    kind: str  # worker-exit | early-exit | hang | rendezvous | watcher | interrupted | terminated | supervisor
+    kind: str  # worker-exit | early-exit | hang | rendezvous | watcher | interrupted | terminated | supervisor | node
     exit_code: int  # what the supervisor exits with
     message: str  # one line
-    rank: int | None = None
+    rank: int | None = None  # global rank
     device: str | None = None  # GPU3 / CPU0
     stderr_tail: list[str] = field(default_factory=list)
+    node: int | None = None  # multi-node: the node it happened on
+    host: str | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RootCause:
+        return cls(**{k: d.get(k) for k in ("kind", "exit_code", "message", "rank", "device", "node", "host")},
+                   stderr_tail=list(d.get("stderr_tail") or []))
 
 
 @dataclass
@@ -92,6 +99,9 @@ class Summary:
     max_restarts: int = 0
     restarts: int = 0  # attempts after the first
     attempts: list[AttemptReport] = field(default_factory=list)  # every start, oldest first
+    node_rank: int = 0  # multi-node: this node
+    nnodes: int = 1
+    nodes: list[dict[str, Any]] = field(default_factory=list)  # every node: host, nproc, first_rank, run_dir
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2)

@@ -72,6 +72,8 @@ class Supervision:
         self._old_handlers: dict[int, object] = {}
         self._helpers: list[tuple[str, subprocess.Popen, Callable[[], str]]] = []
         self._old_wakeup = -1
+        self._remote: queue.SimpleQueue[RootCause] = queue.SimpleQueue()
+        self.on_cause: Callable[[RootCause], None] | None = None  # multi-node: offer it as the job's root cause
 
     # ------------------------------------------------------------------ setup
 
@@ -102,10 +104,18 @@ class Supervision:
     def report_fatal(self, cause: FatalCause) -> None:
         """Thread-safe: a watcher (or the rendezvous store) ends the run."""
         self._fatal.put(cause)
+        self._wake()
+
+    def report_remote(self, cause: RootCause) -> None:
+        """Thread-safe: the job failed elsewhere (another node); tear this node down."""
+        self._remote.put(cause)
+        self._wake()
+
+    def _wake(self) -> None:
         try:
             os.write(self._wake_w, b"\0")
         except BlockingIOError:
-            pass
+            pass  # the pipe is full: the loop is awake already
 
     # ------------------------------------------------------------------ the loop
 
@@ -132,7 +142,8 @@ class Supervision:
             if self._finished(now):
                 break
         self._close_remaining_streams()
-        if self.cause is not None and self.cause.rank is not None:  # now that every pipe is drained
+        if self.cause is not None and self.cause.node is None and self.cause.rank in self.router.logs:
+            # a cause of this node's, now that every pipe is drained
             tail = self.router.logs[self.cause.rank].stderr_tail
             self.cause.stderr_tail = [line.decode(errors="replace") for line in tail]
         return self.cause
@@ -238,6 +249,13 @@ class Supervision:
                     self._kill_all(now)
 
     def _handle_fatal(self, now: float) -> None:
+        while not self._remote.empty():
+            remote = self._remote.get()
+            if self.cause is None:
+                logger.error(f"the job failed on another node: {remote.message}; stopping this node's workers")
+                self.cause = remote  # not offered back: it came from the store
+                self.first_failure_at = now
+                self._terminate_all(now)
         while not self._fatal.empty():
             fatal = self._fatal.get()
             if self.cause is not None:
@@ -348,6 +366,8 @@ class Supervision:
     def _set_cause(self, cause: RootCause, now: float) -> None:
         self.cause = cause
         self.first_failure_at = now
+        if self.on_cause is not None:
+            self.on_cause(cause)
 
     def _worker_cause(self, kind: str, code: int, message: str, w: WorkerProcess) -> RootCause:
         log = self.router.logs[w.slot.rank]

@@ -29,19 +29,22 @@ class RunEnv:
     restart_count: int = 0  # which attempt this is (--max-restarts)
     max_restarts: int = 0
     resume: str = ""  # a restarted attempt's checkpoint ("" = as configured)
+    world_size: int = 0  # every node's workers (0: this node's only)
+    node_rank: int = 0
+    nnodes: int = 1
 
 
 def worker_env(base: Mapping[str, str], plan: DevicePlan, slot: DeviceSlot, run: RunEnv,
                status_fd: int) -> dict[str, str]:
     env = dict(base)
-    world = str(plan.world_size)
+    world = str(run.world_size or plan.world_size)
     env.update({
         "RANK": str(slot.rank),
-        "LOCAL_RANK": str(slot.rank),
+        "LOCAL_RANK": str(slot.local),
         "WORLD_SIZE": world,
-        "LOCAL_WORLD_SIZE": world,
-        "GROUP_RANK": "0",
-        "GROUP_WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": str(plan.world_size),
+        "GROUP_RANK": str(run.node_rank),
+        "GROUP_WORLD_SIZE": str(run.nnodes),
         "ROLE_RANK": str(slot.rank),
         "ROLE_NAME": "default",
         "ROLE_WORLD_SIZE": world,

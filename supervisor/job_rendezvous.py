@@ -1,0 +1,124 @@
+"""Where an attempt's workers meet, and how one node's failure becomes the job's.
+
+`SingleNode`: a fresh rendezvous store on loopback per attempt; nothing to agree on.
+`MultiNode`: the node joins the job through its agent (supervisor/multinode.py),
+gets its global ranks, node 0 hosts the attempt's worker store on the chosen
+interface, and root causes travel through the job store both ways.
+Both answer `begin` (before spawning), `attach` / `detach` (the running supervision),
+`settle` (after it: the job's root cause) and `close`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuherd.config import Config
+from gpuherd.exit_codes import ExitCode
+from supervisor.devices import DevicePlan
+from supervisor.multinode import JobLink, NodeLinkError, NodeSpec, layout, training_fingerprint
+from supervisor.rendezvous import HostedStore
+from supervisor.summary import RootCause
+from supervisor.supervise import Supervision
+
+
+@dataclass
+class Setup:
+    """One attempt's rendezvous, as the workers see it."""
+
+    plan: DevicePlan  # this node's slots, with global ranks
+    master_addr: str
+    master_port: int
+    world_size: int
+    resume: str | None
+    store: HostedStore | None  # the worker store, if this node hosts it
+
+
+class SingleNode:
+    node_rank, nnodes, nodes = 0, 1, []
+
+    def begin(self, attempt: int, plan: DevicePlan, resume: str | None) -> Setup:
+        store = HostedStore()  # a fresh one per attempt: torch's env:// keys are not per-attempt
+        return Setup(plan, store.addr, store.port, plan.world_size, resume, store)
+
+    def attach(self, attempt: int, sup: Supervision) -> None:
+        pass
+
+    def detach(self) -> None:
+        pass
+
+    def settle(self, attempt: int, cause: RootCause | None, notes: list[str]) -> RootCause | None:
+        return cause
+
+    def close(self) -> None:
+        pass
+
+
+class MultiNode:
+    def __init__(self, spec: NodeSpec, cfg: Config, mode: str, run_id: str, run_dir: Path, bind_ip: str | None,
+                 listen: socket.socket | None, env: dict[str, str], preexec: Callable[[], None],
+                 finish_wait: float) -> None:
+        self.spec, self.cfg, self.mode = spec, cfg, mode
+        self.node_rank, self.nnodes = spec.node_rank, spec.nnodes
+        self.host = socket.gethostname()
+        self.bind_ip = bind_ip
+        self.finish_wait = finish_wait  # node 0: how long it keeps the store up for nodes still finishing
+        self.record = {"host": self.host, "fingerprint": training_fingerprint(cfg), "mode": mode,
+                       "run_id": run_id, "run_dir": str(run_dir)}
+        self.nodes: list[dict] = []
+        self.link = JobLink(spec, cfg.system.rendezvous_timeout, sys.executable, env, preexec,
+                            run_dir / "node-agent.log", listen)
+
+    def begin(self, attempt: int, plan: DevicePlan, resume: str | None) -> Setup:
+        store = HostedStore(bind_addr=self.bind_ip) if self.node_rank == 0 else None
+        record = {**self.record, "nproc": plan.world_size}
+        if store is not None:
+            record.update(worker_port=store.port, resume=resume)
+        try:
+            nodes = self.link.join(attempt, record)
+            lay = layout(nodes, self.node_rank)
+        except NodeLinkError:
+            if store is not None:
+                store.stop()
+            raise
+        self.nodes = [{"node": r, "first_rank": sum(n["nproc"] for n in nodes[:r]),
+                       **{k: n[k] for k in ("host", "nproc", "run_id", "run_dir")}} for r, n in enumerate(nodes)]
+        return Setup(plan.with_rank_offset(lay.rank_offset), self.spec.master_addr, int(nodes[0]["worker_port"]),
+                     lay.world_size, nodes[0].get("resume"), store)
+
+    def _as_job_cause(self, cause: RootCause) -> dict:
+        d = dataclasses.asdict(cause)
+        d.update(node=self.node_rank, host=self.host, message=f"node {self.node_rank} ({self.host}): {cause.message}")
+        return d
+
+    def attach(self, attempt: int, sup: Supervision) -> None:
+        sup.on_cause = lambda cause: self.link.publish(attempt, self._as_job_cause(cause))
+        self.link.watch(attempt, on_abort=lambda d: sup.report_remote(RootCause.from_dict(d)),
+                        on_lost=lambda message: sup.report_remote(
+                            RootCause("node", ExitCode.FAILURE, message, node=0)))
+
+    def detach(self) -> None:
+        self.link.unwatch()
+
+    def settle(self, attempt: int, cause: RootCause | None, notes: list[str]) -> RootCause | None:
+        """Every node ends the attempt with the same root cause: the first one published."""
+        if cause is None:
+            try:
+                remote = self.link.finished(attempt, self.finish_wait if self.node_rank == 0 else None)
+            except NodeLinkError as exc:
+                return RootCause("node", exc.code, str(exc), node=self.node_rank, host=self.host)
+            return RootCause.from_dict(remote) if remote is not None else None
+        ours = self._as_job_cause(cause) if cause.node is None else dataclasses.asdict(cause)
+        winner = self.link.winner(attempt) or ours
+        if winner["message"] != ours["message"]:
+            notes.append(f"also on this node, after the job's first failure: {cause.message}")
+        if winner.get("node") == self.node_rank and cause.node is None:
+            winner["stderr_tail"] = cause.stderr_tail  # complete now that every pipe is drained
+        return RootCause.from_dict(winner)
+
+    def close(self) -> None:
+        self.link.close()
