@@ -4,12 +4,17 @@ environment is a dict and scontrol is a small shell script put first on PATH."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from supervisor import slurm_env
+from supervisor import slurm, slurm_env
+from supervisor.slurm import SbatchOptions, render_sbatch
 from supervisor.slurm_env import SlurmError, SlurmNode, derived_port, hostnames, read_slurm
 
 # What srun puts in the environment of the task on the second of two nodes.
@@ -240,3 +245,180 @@ def test_hung_scontrol_times_out(scontrol_on_path, monkeypatch):
     monkeypatch.setattr(slurm_env, "SCONTROL_TIMEOUT_S", 0.2)
     with pytest.raises(SlurmError, match=r"did not answer within 0.2 s; pass --master-addr"):
         hostnames("slow[1-2]")
+
+
+# ---- the sbatch script: render_sbatch
+
+def options(**changes) -> SbatchOptions:
+    base = SbatchOptions(nodes=2, gpus_per_node=8, cpus_per_task=64, repo=Path("/srv/my checkout/gpuherd"),
+                         log_dir=Path("/srv/logs/slurm"), time="48:00:00", partition="gpu",
+                         train_args=TRAIN_ARGS)
+    return dataclasses.replace(base, **changes)
+
+
+# Arguments a shell must not re-interpret: spaces, quotes, $(...), ;, glob characters.
+TRAIN_ARGS = ("--preset", "gpt2-small", "--set", "training.max_steps=1000", "--set",
+              "data.dataset=/data/my corpus's $(touch pwned); *.txt")
+
+
+def directives(script: str) -> dict[str, str]:
+    found = [line.removeprefix("#SBATCH --").split("=", 1) for line in script.splitlines()
+             if line.startswith("#SBATCH")]
+    return dict(found)
+
+
+def test_sbatch_directives_one_task_per_node_and_the_gpus():
+    assert directives(render_sbatch(options())) == {
+        "job-name": "gpuherd", "nodes": "2", "ntasks-per-node": "1", "gres": "gpu:8", "cpus-per-task": "64",
+        "time": "48:00:00", "partition": "gpu",
+        "output": "/srv/logs/slurm/%x-%j.out", "error": "/srv/logs/slurm/%x-%j.out",
+    }
+
+
+def test_optional_directives_only_when_given():
+    found = directives(render_sbatch(options(time=None, partition=None, account="proj7", mem="0")))
+    assert "time" not in found and "partition" not in found
+    assert (found["account"], found["mem"]) == ("proj7", "0")
+
+
+def test_every_directive_comes_before_the_first_command():
+    """sbatch stops reading #SBATCH lines at the first line that is not a comment."""
+    lines = render_sbatch(options()).splitlines()
+    first_command = next(i for i, line in enumerate(lines) if line.strip() and not line.startswith("#"))
+    assert max(i for i, line in enumerate(lines) if line.startswith("#SBATCH")) < first_command
+    assert lines[0] == "#!/bin/bash"
+
+
+def test_srun_line_quotes_the_training_arguments():
+    script = render_sbatch(options())
+    srun = script.splitlines()[-1]
+    assert srun.startswith("srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash run_training.sh --slurm --preset ")
+    assert shlex.split(srun)[6:] == list(TRAIN_ARGS)
+    assert "cd '/srv/my checkout/gpuherd'" in script.splitlines()
+
+
+def test_nccl_settings_and_hints():
+    script = render_sbatch(options())
+    for line in ('export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"', "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
+                 "export NCCL_ASYNC_ERROR_HANDLING=1", "# export NCCL_SOCKET_IFNAME=eth0", "# export NCCL_IB_DISABLE=1",
+                 'export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"'):
+        assert line in script.splitlines()
+    assert "Out of memory" in script and "a rank never joined" in script
+
+
+def test_script_is_valid_bash(tmp_path):
+    path = tmp_path / "job.sbatch"
+    path.write_text(render_sbatch(options()))
+    done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=10)
+    assert done.returncode == 0, done.stderr
+
+
+FAKE_SRUN = """#!/bin/bash
+# Records what srun was asked to run, and the environment it would pass on.
+printf '%s\\n' "$PWD" "$@" > "$RECORD.args"
+env | grep -E '^(NCCL_|TORCH_NCCL_|SRUN_CPUS_PER_TASK=)' | sort > "$RECORD.env"
+"""
+
+
+def test_script_runs_srun_with_the_arguments_intact(tmp_path):
+    """Run the generated script under bash with a fake srun: arguments arrive unchanged, nothing is expanded."""
+    repo = tmp_path / "my checkout"
+    repo.mkdir()
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "srun").write_text(FAKE_SRUN)
+    (tmp_path / "bin" / "srun").chmod(0o755)
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(options(repo=repo)))
+    job_env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "RECORD": str(tmp_path / "srun"),
+               "SLURM_JOB_ID": "4242", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "node[01-02]",
+               "SLURM_CPUS_PER_TASK": "64", "NCCL_DEBUG": "INFO"}
+    done = subprocess.run(["bash", str(script)], cwd=tmp_path, env=job_env, capture_output=True, text=True,
+                          timeout=10)
+    assert done.returncode == 0, done.stderr
+    assert "gpuherd: job 4242 on 2 node(s): node[01-02]" in done.stdout
+    args = (tmp_path / "srun.args").read_text().splitlines()
+    assert args == [str(repo), "--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash", "run_training.sh",
+                    "--slurm", *TRAIN_ARGS]
+    assert (tmp_path / "srun.env").read_text().splitlines() == [
+        "NCCL_ASYNC_ERROR_HANDLING=1", "NCCL_DEBUG=INFO", "SRUN_CPUS_PER_TASK=64", "TORCH_NCCL_ASYNC_ERROR_HANDLING=1"]
+    assert not list(repo.iterdir()) and not (tmp_path / "pwned").exists()
+
+
+def test_script_outside_slurm_says_how_to_submit(tmp_path):
+    script = tmp_path / "job.sbatch"
+    script.write_text(render_sbatch(options()))
+    done = subprocess.run(["bash", str(script)], env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                          timeout=10)
+    assert done.returncode == 2 and f"submit this script with: sbatch {script}" in done.stderr
+
+
+# ---- python -m supervisor.slurm
+
+def run_cli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "supervisor.slurm", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_cli_writes_the_script_and_creates_the_log_dir(tmp_path, python_env):
+    done = run_cli(["--nodes", "2", "--gpus-per-node", "4", "--output", "job.sbatch", "--log-dir", "slurm-logs",
+                    "--", *TRAIN_ARGS], python_env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "" and "submit it with: sbatch job.sbatch" in done.stderr
+    script = (tmp_path / "job.sbatch").read_text()
+    found = directives(script)
+    assert (found["gres"], found["cpus-per-task"], found["output"]) == \
+        ("gpu:4", "32", f"{tmp_path}/slurm-logs/%x-%j.out")  # 8 CPUs per GPU by default
+    assert (tmp_path / "slurm-logs").is_dir()
+    assert f"cd {shlex.quote(str(slurm.REPO_ROOT))}" in script.splitlines()
+    assert shlex.split(script.splitlines()[-1])[6:] == list(TRAIN_ARGS)
+    assert (tmp_path / "job.sbatch").stat().st_mode & 0o777 == 0o644
+
+
+@pytest.mark.parametrize("args", [
+    ["--gpus-per-node", "8"],
+    ["--nodes", "0", "--gpus-per-node", "8"],
+])
+def test_cli_bad_input_exits_2_in_one_line(tmp_path, python_env, args):
+    done = run_cli([*args, "--output", "job.sbatch", "--log-dir", "logs"], python_env, tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.startswith("gpuherd: error: ") and done.stderr.count("\n") == 1
+    assert done.stdout == "" and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--nodes", "x"], "argument --nodes: expected a whole number of at least 1, got 'x'"),
+    (["--gpus-per-node", "-1"], "argument --gpus-per-node: expected a whole number of at least 1, got '-1'"),
+    (["--cpus-per-task", "0"], "argument --cpus-per-task: expected a whole number"),
+    (["--time", "tomorrow"], "argument --time: expected a time like 48:00:00"),
+    (["--mem", "12Q"], "argument --mem: expected a size like 200G"),
+    (["--job-name", "my job"], "argument --job-name: expected one word without spaces, got 'my job'"),
+    (["--partition", "gpu\n#SBATCH --x"], "argument --partition: expected one word"),
+    (["--preset", "gpt2-small"], "unrecognized arguments: --preset gpt2-small (arguments for run_training.sh "
+                                 "go after --"),
+    (["--log-dir", "my logs"], "contains whitespace or '%' (a filename pattern character"),
+])
+def test_bad_flags_exit_2_naming_the_flag(tmp_path, monkeypatch, capsys, args, message):
+    monkeypatch.chdir(tmp_path)
+    base = {"--nodes": "2", "--gpus-per-node": "8", "--output": "job.sbatch", "--log-dir": "logs"}
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        base[flag] = value
+    argv = [part for pair in base.items() for part in pair]
+    with pytest.raises(SystemExit) as exit_info:
+        slurm.main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and err.count("\n") == 1
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("limit", ["90", "30:00", "48:00:00", "2-00", "2-12:30", "7-00:00:00", "UNLIMITED"])
+def test_every_sbatch_time_format_is_accepted(limit):
+    opts, _ = slurm.parse(["--nodes", "1", "--gpus-per-node", "1", "--time", limit])
+    assert opts.time == limit
+
+
+def test_stdout_is_the_default(capsys, tmp_path):
+    assert slurm.main(["--nodes", "1", "--gpus-per-node", "2", "--log-dir", str(tmp_path / "l")]) == 0
+    out = capsys.readouterr().out
+    assert out == render_sbatch(slurm.parse(["--nodes", "1", "--gpus-per-node", "2",
+                                             "--log-dir", str(tmp_path / "l")])[0])
+    assert out.splitlines()[-1] == "srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash run_training.sh --slurm"
