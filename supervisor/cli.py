@@ -134,7 +134,7 @@ def _node_spec(args: argparse.Namespace) -> NodeSpec:
     """--nnodes/--node-rank/--master-addr/--master-port (or SLURM's environment), checked."""
     nnodes, node_rank, addr, port = args.nnodes, args.node_rank, args.master_addr, args.master_port
     if args.slurm:
-        slurm = _read_slurm()
+        slurm = _read_slurm(addr)
         nnodes = slurm.nnodes if nnodes is None else nnodes
         node_rank = slurm.node_rank if node_rank is None else node_rank
         addr = slurm.master_addr if addr is None else addr
@@ -155,11 +155,11 @@ def _node_spec(args: argparse.Namespace) -> NodeSpec:
     return NodeSpec(nnodes=nnodes, node_rank=node_rank, master_addr=addr or "", master_port=port)
 
 
-def _read_slurm():
+def _read_slurm(master_addr: str | None):
     from supervisor.slurm_env import SlurmError, read_slurm
 
-    try:
-        return read_slurm(os.environ)
+    try:  # an explicit --master-addr spares the node-list expansion (no scontrol needed)
+        return read_slurm(os.environ, master_addr=master_addr)
     except SlurmError as exc:
         die(f"--slurm: {exc}")
 

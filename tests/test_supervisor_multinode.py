@@ -178,3 +178,26 @@ def test_layout_lays_ranks_out_node_by_node():
     assert layout(nodes, 2).world_size == 10
     with pytest.raises(NodeLinkError, match="mode"):
         layout([nodes[0], {**nodes[1], "mode": "script"}], 1)
+
+
+def test_slurm_environment_places_each_supervisor(tmp_path):
+    """`--slurm` as srun starts it: node count, rank, master from SLURM's variables."""
+    fakebin = tmp_path / "bin"
+    fakebin.mkdir()
+    scontrol = fakebin / "scontrol"
+    scontrol.write_text('#!/bin/sh\n[ "$1 $2" = "show hostnames" ] && printf "localhost\\nnode02\\n"\n')
+    scontrol.chmod(0o755)
+    port = _port()
+    procs = []
+    for node in (0, 1):
+        env = {**sh.env(), "PATH": f"{fakebin}:{sh.env()['PATH']}", "SLURM_JOB_ID": "777", "SLURM_NNODES": "2",
+               "SLURM_NODEID": str(node), "SLURM_JOB_NODELIST": "node[01-02]", "MASTER_PORT": str(port)}
+        cmd = [sys.executable, "-m", "supervisor", "--slurm", "--set", "system.device=cpu", "--nproc", "1",
+               "--script", str(sh.SCENARIO), "train:2", "train:2"]
+        procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+    for proc in procs:
+        code, _, err = sh.finish(proc, timeout=120)
+        assert code == 0, err[-2000:]
+    s1 = orjson.loads((tmp_path / "logs" / "slurm-777-node1" / "summary.json").read_bytes())
+    assert s1["nnodes"] == 2 and s1["node_rank"] == 1 and s1["workers"][0]["rank"] == 1
