@@ -9,6 +9,9 @@ a client. Keys, per attempt k:
     a{k}/abort     the job's root cause: the first failure any node publishes
                    (compare_set: first writer wins, everyone reads the same one)
     a{k}/done{r}   node r's workers all finished
+    a{k}/beat{r}   node r's heartbeat counter while attempt k runs; one that stands still
+                   for SILENT_S (and is not done) makes the watching agent publish
+                   "node r stopped responding" as the abort
     left{r}        node r is done with the store (node 0 keeps it up until then)
 
 Protocol with the supervisor: one JSON object per line; commands on stdin,
@@ -38,6 +41,8 @@ from typing import Any
 import orjson
 
 POLL_S = 0.05  # abort latency is at most this plus one store round trip
+BEAT_S = 1.0  # each agent bumps its node's counter this often while an attempt runs
+SILENT_S = 10.0  # a node whose counter stood still this long is gone (machine, or its supervisor, died)
 
 
 class Agent:
@@ -47,6 +52,10 @@ class Agent:
         self.watching: int | None = None
         self.last_join: int | None = None
         self.lost = False
+        self.hosts: dict[int, str] = {}
+        self.gone: set[int] = set()  # nodes found silent: nobody waits for them to leave
+        self._next_beat = 0.0
+        self._beats: dict[int, tuple[int, float]] = {}  # node -> (last counter seen, when it last changed)
 
     def emit(self, event: str, **fields: Any) -> None:
         sys.stdout.buffer.write(orjson.dumps({"event": event, **fields}) + b"\n")
@@ -76,9 +85,12 @@ class Agent:
             if missing:
                 self.emit("join-timeout", attempt=k, missing=missing, timeout=self.join_timeout)
             else:
-                self.emit("joined", attempt=k, nodes=[orjson.loads(self.store.get(key)) for key in keys])
+                nodes = [orjson.loads(self.store.get(key)) for key in keys]
+                self.hosts = {i: str(n.get("host", "?")) for i, n in enumerate(nodes)}
+                self.emit("joined", attempt=k, nodes=nodes)
         elif cmd == "watch":
             self.watching = k
+            self._beats = {}
         elif cmd == "abort":
             payload = orjson.dumps(msg["cause"])
             winner = self.store.compare_set(f"a{k}/abort", "", payload)  # first writer wins
@@ -95,15 +107,45 @@ class Agent:
         elif cmd == "leave":
             self.store.set(f"left{self.node_rank}", b"1")
         elif cmd == "linger":  # node 0: the store stays up until every node that joined has read what it needs
-            joined = [i for i in range(1, self.nnodes) if self.last_join is not None
+            joined = [i for i in range(1, self.nnodes) if self.last_join is not None and i not in self.gone
                       and self.store.check([f"a{self.last_join}/node{i}"])]
             missing = self._wait_keys([f"left{i}" for i in joined], float(msg["timeout"]))
             self.emit("lingered", missing=[joined[i] for i in missing])
 
     def poll(self) -> None:
-        if self.watching is not None and self.store.check([f"a{self.watching}/abort"]):
-            k, self.watching = self.watching, None
-            self.emit("abort", attempt=k, cause=orjson.loads(self.store.get(f"a{k}/abort")))
+        if self.watching is None:
+            return
+        k = self.watching
+        if self.store.check([f"a{k}/abort"]):
+            self.watching = None
+            cause = orjson.loads(self.store.get(f"a{k}/abort"))
+            if cause.get("kind") == "node" and cause.get("node") is not None:
+                self.gone.add(int(cause["node"]))  # another agent found it silent
+            self.emit("abort", attempt=k, cause=cause)
+            return
+        now = time.monotonic()
+        if now >= self._next_beat:
+            self._next_beat = now + BEAT_S
+            self.store.add(f"a{k}/beat{self.node_rank}", 1)
+            self._check_beats(k, now)
+
+    def _check_beats(self, k: int, now: float) -> None:
+        for r in range(self.nnodes):
+            if r == self.node_rank or self.store.check([f"a{k}/done{r}"]):
+                continue
+            count = self.store.add(f"a{k}/beat{r}", 0)
+            last, since = self._beats.get(r, (-1, now))
+            if count != last:
+                self._beats[r] = (count, now)
+            elif now - since > SILENT_S:
+                host = self.hosts.get(r, "?")
+                self.gone.add(r)
+                cause = {"kind": "node", "exit_code": 1, "node": r, "host": host, "rank": None, "device": None,
+                         "stderr_tail": [],
+                         "message": f"node {r} ({host}) stopped responding: no heartbeat for {now - since:.0f} s "
+                                    "(its machine or its supervisor died; see that node's logs)"}
+                self.handle({"cmd": "abort", "attempt": k, "cause": cause})
+                return
 
     def serve(self) -> None:
         sel = selectors.DefaultSelector()

@@ -201,3 +201,21 @@ def test_slurm_environment_places_each_supervisor(tmp_path):
         assert code == 0, err[-2000:]
     s1 = orjson.loads((tmp_path / "logs" / "slurm-777-node1" / "summary.json").read_bytes())
     assert s1["nnodes"] == 2 and s1["node_rank"] == 1 and s1["workers"][0]["rank"] == 1
+
+
+def test_a_node_that_dies_whole_is_noticed_by_the_others(tmp_path):
+    """SIGKILL of node 1's supervisor takes its workers and agent with it; node 0's
+    workers would wait forever. Node 0 notices the missing heartbeats and stops."""
+    port = _port()
+    n0 = _node(tmp_path, 0, port, "forever", "forever")
+    n1 = _node(tmp_path, 1, port, "forever", "forever")
+    assert sh.wait_for(lambda: len(list((tmp_path / "logs").glob("job-node*/worker-rank*.log"))) == 2, timeout=60)
+    time.sleep(2)
+    n1.kill()
+    killed = time.monotonic()
+    code, _, err = sh.finish(n0, timeout=60)
+    sh.finish(n1)
+    assert code == 1, err[-2000:]
+    assert time.monotonic() - killed < 25
+    rc = _summary(tmp_path, 0)["root_cause"]
+    assert rc["kind"] == "node" and rc["node"] == 1 and "stopped responding" in rc["message"]
