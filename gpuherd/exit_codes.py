@@ -17,7 +17,7 @@ class ExitCode(enum.IntEnum):
     USAGE = 2  # bad command line or config: nothing was started or written
     DATA = 3  # the dataset cache could not be built, fetched or verified
     DEVICE = 4  # GPU lost, hardware XID / ECC error, device mismatch, busy GPU
-    RENDEZVOUS = 5  # a rank never joined the process group in time
+    RENDEZVOUS = 5  # a rank (or, multi-node, a node) never joined in time
     NAN = 6  # non-finite loss or gradient with debug.nan_policy=stop
     HANG = 124  # a worker stopped sending heartbeats (same number as timeout(1))
     SIGINT = 130  # 128 + SIGINT: the user pressed Ctrl-C
