@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
@@ -25,8 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.compare import interleaved, write_results  # noqa: E402
-
-TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+from bench.launchers import Launchers, worker_env  # noqa: E402
 
 WORKER = r'''
 import os, sys, time
@@ -55,33 +53,9 @@ elif mode == "flood":
 '''
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env["PYTHONUNBUFFERED"] = "1"
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    return env
-
-
-class Launchers:
-    def __init__(self, work: Path) -> None:
-        self.work = work
-        self.script = work / "worker.py"
-        self.script.write_text(WORKER)
-
-    def gpuherd(self, n: int, *args: str) -> list[str]:
-        return [sys.executable, "-m", "supervisor", "--set", "system.device=cpu", "--set",
-                f"system.run_root={self.work / 'logs'}", "--nproc", str(n), "--grace-period", "5",
-                "--script", str(self.script), *args]
-
-    def torchrun(self, n: int, *args: str) -> list[str]:
-        return [TORCHRUN, "--nproc-per-node", str(n), "--tee", "3", "--log-dir", str(self.work / "tlogs"),
-                str(self.script), *args]
-
-
 def teardown(cmd_for, n: int, work: Path) -> float:
     stamp = work / f"death-{time.monotonic_ns()}"
-    proc = subprocess.Popen(cmd_for(n, "teardown", str(stamp)), env=_env(), cwd=work,
+    proc = subprocess.Popen(cmd_for(n, "teardown", str(stamp)), env=worker_env(), cwd=work,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     proc.wait(timeout=180)
     ended = time.time()
@@ -90,7 +64,7 @@ def teardown(cmd_for, n: int, work: Path) -> float:
 
 def launch(cmd_for, n: int, work: Path) -> float:
     started = time.monotonic()
-    proc = subprocess.Popen(cmd_for(n, "launch", "-"), env=_env(), cwd=work, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd_for(n, "launch", "-"), env=worker_env(), cwd=work, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
     seen = set()
     last = None
@@ -107,7 +81,7 @@ def launch(cmd_for, n: int, work: Path) -> float:
 
 def throughput(cmd_for, lines: int, work: Path) -> float:
     stamp = work / f"flood-{time.monotonic_ns()}"
-    proc = subprocess.Popen(cmd_for(2, "flood", str(stamp), str(lines)), env=_env(), cwd=work,
+    proc = subprocess.Popen(cmd_for(2, "flood", str(stamp), str(lines)), env=worker_env(), cwd=work,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     proc.wait(timeout=300)
     slowest = max(float(Path(f"{stamp}.{r}").read_text()) for r in (0, 1))
@@ -122,7 +96,9 @@ def main() -> int:
     flood_lines = 100_000 if args.quick else 500_000
     with tempfile.TemporaryDirectory(prefix="bench-supervisor-") as tmp:
         work = Path(tmp)
-        ln = Launchers(work)
+        script = work / "worker.py"
+        script.write_text(WORKER)
+        ln = Launchers(work, script)
         ours, theirs = ln.gpuherd, ln.torchrun
         comparisons = []
         for n in (2, 8):
