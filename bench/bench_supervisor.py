@@ -1,7 +1,5 @@
 """gpuherd's supervisor vs torchrun on the same tiny worker script, interleaved in one run.
 
-- teardown latency: rank 1 exits 1 (after writing the time of its death); every
-  other worker honours SIGTERM. Measured: death -> launcher exit, 2 and 8 workers.
 - launch overhead: launcher start -> the last worker's first line on the launcher's stdout.
 - log throughput: 2 workers print L lines each as fast as they can; lines/s is
   2L / the slower worker's write time, so a launcher that reads slowly (and blocks
@@ -32,14 +30,6 @@ mode, arg = sys.argv[1], sys.argv[2]
 rank = int(os.environ["RANK"])
 if mode == "launch":
     print(f"first line from rank {rank}", flush=True)
-elif mode == "teardown":
-    print(f"rank {rank} up", flush=True)
-    if rank == 1:
-        time.sleep(1.5)
-        with open(arg, "w") as f:
-            f.write(repr(time.time()))
-        os._exit(1)
-    time.sleep(120)
 elif mode == "flood":
     n = int(sys.argv[3])
     line = "x" * 60 + "\n"
@@ -51,15 +41,6 @@ elif mode == "flood":
     with open(f"{arg}.{rank}", "w") as f:
         f.write(repr(time.perf_counter() - t0))
 '''
-
-
-def teardown(cmd_for, n: int, work: Path) -> float:
-    stamp = work / f"death-{time.monotonic_ns()}"
-    proc = subprocess.Popen(cmd_for(n, "teardown", str(stamp)), env=worker_env(), cwd=work,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    proc.wait(timeout=180)
-    ended = time.time()
-    return (ended - float(stamp.read_text())) * 1000
 
 
 def launch(cmd_for, n: int, work: Path) -> float:
@@ -101,11 +82,6 @@ def main() -> int:
         ln = Launchers(work, script)
         ours, theirs = ln.gpuherd, ln.torchrun
         comparisons = []
-        for n in (2, 8):
-            comparisons.append(interleaved(
-                f"teardown latency, {n} workers (first death -> launcher exit)", "ms",
-                ("gpuherd", lambda n=n: teardown(ours, n, work)), ("torchrun", lambda n=n: teardown(theirs, n, work)),
-                repeats=reps))
         comparisons.append(interleaved(
             "launch overhead, 2 workers (start -> last worker's first line)", "ms",
             ("gpuherd", lambda: launch(ours, 2, work)), ("torchrun", lambda: launch(theirs, 2, work)), repeats=reps))
@@ -117,7 +93,6 @@ def main() -> int:
     notes = [
         f"{reps} interleaved repetitions per row ({'quick' if args.quick else 'full'} mode); ratios >1 mean gpuherd is better",
         "torchrun: default monitor interval, `--tee 3 --log-dir` for prefixed console + file logs like gpuherd's",
-        "teardown: workers other than the failing one honour SIGTERM (default action)",
         "gpuherd's launch includes binding its rendezvous port and starting its store process; torchrun's includes "
         "importing torch in the launcher itself",
     ]
