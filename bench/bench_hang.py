@@ -13,20 +13,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import psutil
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.compare import interleaved, write_results  # noqa: E402
+from bench.launchers import TORCHRUN, exit_after  # noqa: E402
 
 WORKER = ROOT / "bench" / "hang_worker.py"
 
@@ -38,8 +35,7 @@ def seconds_to_exit(kind: str, hang_timeout: float, cap: float, work: Path) -> f
         cmd = [sys.executable, "-m", "supervisor", "--nproc", "2", "--hang-timeout", str(hang_timeout),
                "--run-id", out.name, "--set", f"system.run_root={work / 'logs'}", "--script", str(WORKER), str(out)]
     else:
-        torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-        cmd = [torchrun, "--standalone", "--nproc-per-node=2", str(WORKER), str(out)]
+        cmd = [TORCHRUN, "--standalone", "--nproc-per-node=2", str(WORKER), str(out)]
     proc = subprocess.Popen(cmd, env=env, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     marker = out / "hung"
@@ -48,20 +44,7 @@ def seconds_to_exit(kind: str, hang_timeout: float, cap: float, work: Path) -> f
             raise RuntimeError(f"{kind}: exited before the hang (code {proc.returncode})")
         time.sleep(0.02)
     time.sleep(0.05)  # the worker writes the marker right before it stops
-    hung_at = float(marker.read_text())
-    try:
-        proc.wait(timeout=max(0.0, hung_at + cap - time.time()))
-        return time.time() - hung_at
-    except subprocess.TimeoutExpired:
-        # torchrun starts workers in sessions of their own: kill the tree by pid, not by group
-        tree = [proc.pid] + [child.pid for child in psutil.Process(proc.pid).children(recursive=True)]
-        for pid in tree:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        proc.wait()
-        return cap
+    return exit_after(proc, float(marker.read_text()), cap)
 
 
 def main() -> int:

@@ -1,0 +1,92 @@
+"""Teardown latency: one worker dies -> the launcher exits; gpuherd vs torchrun, interleaved.
+
+Both launchers run the same script (bench/teardown_worker.py) with 2 and 8 workers;
+rank 1 dies in one of four ways, once every rank is up: an uncaught exception,
+os._exit(1), SIGKILL, or os._exit(1) while every other rank ignores SIGTERM, so the
+launcher has to escalate to SIGKILL. Both get the same grace period (gpuherd
+`--grace-period G`, torchrun `--shutdown-timeout G`). Measured: the time rank 1 wrote
+right before dying -> the launcher's exit. A launcher still running --cap seconds
+after the death is killed with its workers and counted as the cap (a lower bound).
+
+    python bench/bench_teardown.py [--quick] [--grace 2] [--cap 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.compare import interleaved, write_results  # noqa: E402
+from bench.launchers import Launchers, exit_after, kill_tree, worker_env  # noqa: E402
+
+WORKER = ROOT / "bench" / "teardown_worker.py"
+HOW = {  # teardown_worker.py's argv[1] -> how the row names it
+    "exception": "an uncaught exception",
+    "exit": "os._exit(1)",
+    "sigkill": "SIGKILL",
+    "ignore-sigterm": "os._exit(1); the others ignore SIGTERM",
+}
+SANE_CAP = 60.0  # seconds: a launcher that honours SIGTERM-able workers and still runs this long is broken
+
+
+def teardown_ms(cmd_for, n: int, how: str, cap: float, work: Path) -> float:
+    out = Path(tempfile.mkdtemp(dir=work))
+    proc = subprocess.Popen(cmd_for(n, how, str(out)), env=worker_env(), cwd=work, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    died, deadline = out / "died", time.monotonic() + SANE_CAP
+    while not died.exists():
+        if (proc.poll() is not None or time.monotonic() > deadline) and not died.exists():
+            kill_tree(proc)
+            raise RuntimeError(f"{cmd_for.__name__}: rank 1 never died (launcher exit code {proc.returncode})")
+        time.sleep(0.005)
+    return exit_after(proc, float(died.read_text()), cap) * 1000
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (the suite in a few minutes)")
+    parser.add_argument("--grace", type=int, default=2, help="SIGTERM -> SIGKILL seconds, both launchers")
+    parser.add_argument("--cap", type=float, default=10.0, help="seconds after the death before a launcher is stopped")
+    args = parser.parse_args()
+    reps = 2 if args.quick else 8
+    escalation_reps = 2 if args.quick else 4
+    with tempfile.TemporaryDirectory(prefix="bench-teardown-") as tmp:
+        work = Path(tmp)
+        ln = Launchers(work, WORKER, grace_period=args.grace)
+        comparisons = []
+        for how, label in HOW.items():
+            cap = args.cap if how == "ignore-sigterm" else SANE_CAP
+            for n in (2, 8):
+                comparisons.append(interleaved(
+                    f"{n} workers, rank 1 dies by {label}", "ms",
+                    ("gpuherd", lambda n=n, how=how, cap=cap: teardown_ms(ln.gpuherd, n, how, cap, work)),
+                    ("torchrun", lambda n=n, how=how, cap=cap: teardown_ms(ln.torchrun, n, how, cap, work)),
+                    repeats=escalation_reps if how == "ignore-sigterm" else reps))
+    notes = [
+        f"{reps} interleaved repetitions per row ({escalation_reps} where the others ignore SIGTERM; "
+        f"{'quick' if args.quick else 'full'} mode); ratios >1 mean gpuherd exits sooner",
+        "measured from the time rank 1 wrote right before dying to the launcher's exit; the other ranks sleep",
+        f"grace period {args.grace} s on both sides: gpuherd `--grace-period {args.grace}`, "
+        f"torchrun `--shutdown-timeout {args.grace}`",
+        "torchrun ignores `--shutdown-timeout` (and TORCH_ELASTIC_SHUTDOWN_TIMEOUT) when a worker fails: its agent "
+        "stops the others via `_stop_workers()` -> `_shutdown()` with the default timeout of 30 s "
+        "(torch/distributed/elastic/agent/server/local_elastic_agent.py), so workers that ignore SIGTERM get "
+        f"30 s before SIGKILL; it is stopped {args.cap:g} s after the death and counted as {args.cap:g} s, "
+        "a lower bound",
+    ]
+    write_results("teardown", "Teardown latency: a worker dies -> launcher exit (tiny CPU workers, same script)",
+                  comparisons, notes)
+    for c in comparisons:
+        print(c.row())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,72 @@
+"""The two launchers the side-by-side benchmarks compare, on the same worker script.
+
+`Launchers` builds both command lines with the same worker count and the same
+SIGTERM -> SIGKILL grace period (gpuherd `--grace-period`, torchrun
+`--shutdown-timeout`); `exit_after` waits for a launcher with a cap and kills
+whatever it left running when the cap is reached.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+
+
+def worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+class Launchers:
+    def __init__(self, work: Path, script: Path, grace_period: float = 5) -> None:
+        self.work = work
+        self.script = script
+        self.grace = grace_period
+
+    def gpuherd(self, n: int, *args: str) -> list[str]:
+        return [sys.executable, "-m", "supervisor", "--set", "system.device=cpu", "--set",
+                f"system.run_root={self.work / 'logs'}", "--nproc", str(n), "--grace-period", f"{self.grace:g}",
+                "--script", str(self.script), *args]
+
+    def torchrun(self, n: int, *args: str) -> list[str]:
+        # --tee 3 --log-dir: prefixed lines on the console and one file per worker, like gpuherd
+        return [TORCHRUN, "--nproc-per-node", str(n), "--shutdown-timeout", str(round(self.grace)),
+                "--tee", "3", "--log-dir", str(self.work / "tlogs"), str(self.script), *args]
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a launcher and every process below it. torchrun starts its workers in
+    sessions of their own, so this goes by pid, not by process group."""
+    try:
+        tree = [proc.pid] + [child.pid for child in psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        tree = [proc.pid]
+    for pid in tree:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
+def exit_after(proc: subprocess.Popen, since: float, cap: float) -> float:
+    """Seconds from `since` (a time.time()) until `proc` exits; `cap` if it is still
+    running by then, after killing its whole tree (the figure is a lower bound)."""
+    try:
+        proc.wait(timeout=max(0.0, since + cap - time.time()))
+        return time.time() - since
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        return cap
