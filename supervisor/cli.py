@@ -112,6 +112,7 @@ def parse(argv: list[str]) -> Launch:
         args.script = script
     if args.script is not None and args.isolate is None:
         args.isolate = False  # a torchrun-style script expects every GPU visible
+    node = _node_spec(args)  # may fill --nproc and --run-id from SLURM's allocation
     extra = []
     for flag in _SYSTEM_FLAGS:  # each flag is a system.* config key: one validation covers both
         value = getattr(args, flag)
@@ -125,7 +126,6 @@ def parse(argv: list[str]) -> Launch:
         script_path = (Path.cwd() / args.script).resolve()
         if not script_path.is_file():
             die(f"--script file not found: {args.script}")
-    node = _node_spec(args)
     return Launch(config=cfg, script=script_path, script_args=script_args, nproc_explicit=args.nproc is not None,
                   force=args.force, run_id=args.run_id, verbose=args.verbose, node=node)
 
@@ -141,6 +141,8 @@ def _node_spec(args: argparse.Namespace) -> NodeSpec:
         port = slurm.master_port if port is None else port
         if args.run_id is None:
             args.run_id = f"slurm-{slurm.job_id}"
+        if args.nproc is None and args.gpus is None and slurm.gpus_on_node and slurm.cuda_visible_devices is None:
+            args.nproc = slurm.gpus_on_node  # SLURM said how many GPUs but did not hide the others
     nnodes = 1 if nnodes is None else nnodes
     node_rank = 0 if node_rank is None else node_rank
     port = DEFAULT_PORT if port is None else port

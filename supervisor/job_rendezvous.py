@@ -51,6 +51,9 @@ class SingleNode:
     def detach(self) -> None:
         pass
 
+    def fail_before_start(self, cause: RootCause) -> RootCause:
+        return cause
+
     def settle(self, attempt: int, cause: RootCause | None, notes: list[str]) -> RootCause | None:
         return cause
 
@@ -103,6 +106,13 @@ class MultiNode:
 
     def detach(self) -> None:
         self.link.unwatch()
+
+    def fail_before_start(self, cause: RootCause) -> RootCause:
+        """This node cannot even join (its dataset failed): tell the others, who are waiting
+        to join, so they stop with this cause instead of a join timeout."""
+        self.link.publish(0, self._as_job_cause(cause))
+        winner = self.link.winner(0, timeout=min(self.cfg.system.rendezvous_timeout, 30.0) + 10)
+        return RootCause.from_dict(winner) if winner is not None else cause
 
     def settle(self, attempt: int, cause: RootCause | None, notes: list[str]) -> RootCause | None:
         """Every node ends the attempt with the same root cause: the first one published."""

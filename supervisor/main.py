@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         if mode == "train":
             failure = job.prepare_dataset()
             if failure is not None:
-                return job.finish(failure, [])
+                return job.finish(job.rendezvous.fail_before_start(failure), [])
         return job.run()
     finally:
         job.rendezvous.close()
@@ -167,10 +167,12 @@ class Job:
                 final = report.root_cause
                 if final is None:
                     break
-                if attempt == system.max_restarts or refusal(final, system.restart_on_nan):
+                why_not = refusal(final, system.restart_on_nan)
+                if report.stop_signal:  # e.g. scancel's SIGTERM reached a worker before the supervisor
+                    why_not = f"the supervisor received {report.stop_signal}"
+                if attempt == system.max_restarts or why_not:
                     if system.max_restarts:  # say why only where a restart was on the table
-                        report.not_restarted = (refusal(final, system.restart_on_nan)
-                                                or f"all {system.max_restarts} restart(s) used")
+                        report.not_restarted = why_not or f"all {system.max_restarts} restart(s) used"
                     break
                 newest = checkpoints.newest_of_this_run()
                 resume = str(newest) if newest is not None else None
@@ -202,8 +204,9 @@ class Job:
         try:
             setup = self.rendezvous.begin(attempt, self.plan, resume)
         except NodeLinkError as exc:
-            logger.error(str(exc))
-            cause = RootCause("rendezvous", exc.code, str(exc), node=self.rendezvous.node_rank)
+            logger.error(str(exc) if exc.cause is None else f"the job failed on another node: {exc}")
+            cause = RootCause.from_dict(exc.cause) if exc.cause is not None else RootCause(
+                "rendezvous", exc.code, str(exc), node=self.rendezvous.node_rank)
             return AttemptReport(attempt=attempt, started_at=started_at, duration_s=round(time.monotonic() - t0, 3),
                                  exit_code=cause.exit_code, outcome=cause.kind, root_cause=cause, resumed_from=resume,
                                  log_dir=str(log_dir), teardown_s=None, workers=[])
@@ -265,7 +268,8 @@ class Job:
             attempt=attempt, started_at=started_at, duration_s=round(time.monotonic() - t0, 3),
             exit_code=int(cause.exit_code) if cause else 0, outcome="success" if cause is None else cause.kind,
             root_cause=cause, resumed_from=resume, log_dir=str(log_dir), teardown_s=teardown,
-            workers=[_report(w, cause, monitor) for w in workers])
+            workers=[_report(w, cause, monitor) for w in workers],
+            stop_signal=signal.Signals(sup.stop_signal).name if sup.stop_signal else None)
 
     def rendezvous_pid(self) -> int:
         """The multi-node agent lives for the whole job: the per-attempt sweep spares it."""

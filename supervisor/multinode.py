@@ -47,11 +47,13 @@ class NodeSpec:
 
 
 class NodeLinkError(Exception):
-    """A node could not join (or lost) the job: one line and its exit code."""
+    """A node could not join (or lost) the job: one line and its exit code; `cause` is the
+    job's root cause when another node failed first (every node reports that one)."""
 
-    def __init__(self, message: str, code: int = ExitCode.RENDEZVOUS) -> None:
+    def __init__(self, message: str, code: int = ExitCode.RENDEZVOUS, cause: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.code = int(code)
+        self.cause = cause
 
 
 def bind_master(addr: str, port: int) -> tuple[socket.socket, str]:
@@ -198,6 +200,9 @@ class JobLink:
         event = self._reply(self.join_timeout * 2 + 60)  # the agent's own import + connect + wait
         if event["event"] == "joined":
             return event["nodes"]
+        if event["event"] == "join-aborted":
+            cause = self.winner(attempt, timeout=0)
+            raise NodeLinkError(cause["message"], int(cause["exit_code"]), cause)
         if event.get("unreachable"):
             raise NodeLinkError(f"node {self.spec.node_rank}: node 0's job store at {self.where} did not answer "
                                 f"within {self.join_timeout:g} s (is node 0 started, and --master-addr/--master-port "

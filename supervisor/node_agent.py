@@ -18,6 +18,7 @@ Protocol with the supervisor: one JSON object per line; commands on stdin,
 events on stdout (stderr is torch's own chatter, kept in the run's agent log).
 
     {"cmd": "join", "attempt": k, "record": {...}}   -> joined {nodes} | join-timeout {missing}
+                                                        | abort {cause} then join-aborted
     {"cmd": "watch", "attempt": k}                   -> abort {cause} when any node publishes one
     {"cmd": "abort", "attempt": k, "cause": {...}}   -> abort {cause: the winner}
     {"cmd": "done", "attempt": k}
@@ -81,8 +82,11 @@ class Agent:
             self.last_join = k
             self.store.set(f"a{k}/node{self.node_rank}", orjson.dumps(msg["record"]))
             keys = [f"a{k}/node{i}" for i in range(self.nnodes)]
-            missing = self._wait_keys(keys, self.join_timeout)
-            if missing:
+            missing = self._wait_keys(keys, self.join_timeout, abort_key=f"a{k}/abort")
+            if isinstance(missing, str):  # a node failed before it could join (its dataset, say)
+                self.emit("abort", attempt=k, cause=orjson.loads(missing))
+                self.emit("join-aborted", attempt=k)
+            elif missing:
                 self.emit("join-timeout", attempt=k, missing=missing, timeout=self.join_timeout)
             else:
                 nodes = [orjson.loads(self.store.get(key)) for key in keys]
@@ -107,8 +111,8 @@ class Agent:
         elif cmd == "leave":
             self.store.set(f"left{self.node_rank}", b"1")
         elif cmd == "linger":  # node 0: the store stays up until every node that joined has read what it needs
-            joined = [i for i in range(1, self.nnodes) if self.last_join is not None and i not in self.gone
-                      and self.store.check([f"a{self.last_join}/node{i}"])]
+            last = 0 if self.last_join is None else self.last_join  # node 0 may fail before its own join
+            joined = [i for i in range(1, self.nnodes) if i not in self.gone and self.store.check([f"a{last}/node{i}"])]
             missing = self._wait_keys([f"left{i}" for i in joined], float(msg["timeout"]))
             self.emit("lingered", missing=[joined[i] for i in missing])
 

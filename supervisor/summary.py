@@ -80,6 +80,7 @@ class AttemptReport:
     teardown_s: float | None
     workers: list[WorkerReport]
     not_restarted: str | None = None  # why a failed attempt ended the run (restarts left or not)
+    stop_signal: str | None = None  # the supervisor received this (SIGINT/SIGTERM/SIGHUP) during the attempt
 
 
 @dataclass

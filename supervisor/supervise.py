@@ -74,6 +74,7 @@ class Supervision:
         self._old_wakeup = -1
         self._remote: queue.SimpleQueue[RootCause] = queue.SimpleQueue()
         self.on_cause: Callable[[RootCause], None] | None = None  # multi-node: offer it as the job's root cause
+        self.stop_signal: int | None = None  # the supervisor itself was asked to stop (never restart then)
 
     # ------------------------------------------------------------------ setup
 
@@ -226,6 +227,7 @@ class Supervision:
                 self._reap_due = True
             elif signum == signal.SIGINT:
                 self._interrupts += 1
+                self.stop_signal = self.stop_signal or signum
                 if self._interrupts == 1 and self.cause is None:
                     logger.warning("Ctrl-C: asking every worker to stop at a step boundary (they may save a "
                                    f"checkpoint) within {self.grace:g} s; press Ctrl-C again to kill them now")
@@ -240,6 +242,7 @@ class Supervision:
                     self._kill_all(now)
             else:
                 self._terminations += 1
+                self.stop_signal = self.stop_signal or signum
                 name = signal.Signals(signum).name
                 if self._terminations == 1 and self.cause is None:
                     logger.warning(f"supervisor received {name}: stopping every worker")

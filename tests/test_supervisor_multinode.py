@@ -219,3 +219,35 @@ def test_a_node_that_dies_whole_is_noticed_by_the_others(tmp_path):
     assert time.monotonic() - killed < 25
     rc = _summary(tmp_path, 0)["root_cause"]
     assert rc["kind"] == "node" and rc["node"] == 1 and "stopped responding" in rc["message"]
+
+
+def test_a_node_whose_dataset_fails_stops_the_others_with_that_cause(tmp_path):
+    """Node 1 cannot build its dataset (exit 3): node 0, waiting for it to join, stops
+    with the same cause instead of a join timeout."""
+    port = _port()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    common = ("--set", "data.tokenizer=byte", "--set", "model.n_layers=1", "--set", "system.rendezvous_timeout=60")
+    n0 = _node(tmp_path, 0, port, args=("--debug", "--set", "data.dataset=dummy", *common), script=None)
+    n1 = _node(tmp_path, 1, port, args=("--debug", "--set", f"data.dataset={bad}", *common), script=None)
+    started = time.monotonic()
+    results = [sh.finish(p, timeout=120) for p in (n0, n1)]
+    assert time.monotonic() - started < 50
+    for code, _, err in results:
+        assert code == 3, err[-2000:]
+    rc0, rc1 = _summary(tmp_path, 0)["root_cause"], _summary(tmp_path, 1)["root_cause"]
+    assert rc0 == rc1 and rc0["node"] == 1 and rc0["message"].startswith("node 1 (")
+
+
+def test_slurm_gpu_count_sets_the_workers_when_slurm_hides_no_gpu(monkeypatch):
+    from supervisor.cli import parse
+
+    for key, value in {"SLURM_JOB_ID": "9", "SLURM_NNODES": "2", "SLURM_NODEID": "1", "SLURM_JOB_NODELIST": "a,b",
+                       "SLURM_GPUS_ON_NODE": "3"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    launch = parse(["--slurm", "--debug"])
+    assert launch.node.nnodes == 2 and launch.node.node_rank == 1 and launch.node.master_addr == "a"
+    assert launch.config.system.nproc == 3 and launch.nproc_explicit and launch.run_id == "slurm-9"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")  # SLURM hid the others: the plan reads this
+    assert not parse(["--slurm", "--debug"]).nproc_explicit

@@ -54,6 +54,15 @@ def test_failures_that_would_repeat_are_not_restarted(tmp_path, code, why):
     assert len(s["attempts"]) == 1 and why in s["attempts"][0]["not_restarted"]
 
 
+def test_a_cancelled_job_is_not_restarted_whoever_saw_sigterm_first(tmp_path):
+    """scancel / a time limit: SIGTERM reaches the workers and the supervisor in either order."""
+    r = run(tmp_path, "forever", "scancel", args=("--max-restarts", "3", *FAST))
+    assert r.code == 143, r.err[-2000:]
+    attempts = r.summary["attempts"]
+    assert len(attempts) == 1 and attempts[0]["stop_signal"] == "SIGTERM"
+    assert "SIGTERM" in attempts[0]["not_restarted"] or "asked to stop" in attempts[0]["not_restarted"]
+
+
 def test_restart_on_nan_restarts_a_nan_stop(tmp_path):
     r = run(tmp_path, "train:3", "exit:6", args=("--max-restarts", "1", "--restart-on-nan", *FAST))
     assert r.code == 6 and len(r.summary["attempts"]) == 2

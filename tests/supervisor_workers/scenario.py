@@ -4,7 +4,8 @@
 
 Behaviours: train[:steps] | forever | raise | exit0 | silent-exit0 | sigkill | stop |
 stall | ignore-term | ignore-int | flood[:lines] | midline | grandchild | escapee | graceful | env |
-fail-until:K (raise on attempts < K, i.e. TORCHELASTIC_RESTART_COUNT < K, then train) | exit:N.
+fail-until:K (raise on attempts < K, i.e. TORCHELASTIC_RESTART_COUNT < K, then train) | exit:N |
+scancel (SIGTERM to the supervisor and exit 143 at once, as a batch system's cancel does).
 Every rank registers faulthandler on SIGUSR1 (as gpuherd's own worker does) unless
 the behaviour ends in "+nofh".
 """
@@ -88,6 +89,10 @@ def main() -> int:
     if NAME == "exit":
         train(2)
         return int(ARG)
+    if NAME == "scancel":
+        train(2)
+        os.kill(os.getppid(), signal.SIGTERM)
+        os._exit(143)
     if NAME == "raise":
         train(3)
         raise RuntimeError(f"boom from rank {RANK}")
