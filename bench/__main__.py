@@ -13,6 +13,7 @@ dated section to `bench/RESULTS.md` and writes `bench/RESULTS.json`.
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import subprocess
 import sys
@@ -75,6 +76,11 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _nested(table: str) -> str:
+    """A benchmark's own headings, three levels down, so they sit inside its `### name` section."""
+    return re.sub(r"^(#{1,3}) ", lambda m: "###" + m.group(1) + " ", table, flags=re.MULTILINE)
+
+
 def _record(machine: dict[str, str], outcomes: dict[str, dict], quick: bool) -> None:
     mode = "quick" if quick else "full"
     lines = [
@@ -89,7 +95,7 @@ def _record(machine: dict[str, str], outcomes: dict[str, dict], quick: bool) -> 
         lines.append("")
         lines.append(f"`{outcome['command']}` ({outcome['seconds']} s)")
         lines.append("")
-        lines.append(outcome["table"].strip() if outcome["ok"] else f"FAILED with exit code {outcome['exit_code']}")
+        lines.append(_nested(outcome["table"].strip()) if outcome["ok"] else f"FAILED with exit code {outcome['exit_code']}")
         lines.append("")
     results_md = BENCH_DIR / "RESULTS.md"
     header = "# Benchmark results\n\nAppended by `python -m bench`; newest last. Ratios compare both sides measured interleaved in one run.\n\n"
