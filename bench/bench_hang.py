@@ -6,7 +6,7 @@ Side by side, interleaved: `python -m supervisor --script --hang-timeout T` vs
 heartbeat, so it waits for the job (or NCCL's 10-minute watchdog); it is stopped
 at the cap and reported as the cap (a lower bound). Writes bench/results/hang.md.
 
-    python3 bench/bench_hang.py [--quick] [--hang-timeout 3] [--cap 30]
+    python3 bench/bench_hang.py [--quick] [--hang-timeout 3] [--cap S]
 """
 
 from __future__ import annotations
@@ -51,9 +51,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 repetitions instead of 4")
     parser.add_argument("--hang-timeout", type=float, default=3.0)
-    parser.add_argument("--cap", type=float, default=30.0)
+    parser.add_argument("--cap", type=float, default=None, help="seconds before a launcher is stopped "
+                        "(default 30; 10 with --quick: torchrun never exits on its own either way)")
     args = parser.parse_args()
     reps = 2 if args.quick else 4
+    args.cap = args.cap or (10.0 if args.quick else 30.0)
     with tempfile.TemporaryDirectory(prefix="bench-hang-") as tmp:
         work = Path(tmp)
         comparison = interleaved(

@@ -92,11 +92,11 @@ def seconds_to_other_node_exit(kind: str, mode: str, cap: float, work: Path) -> 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 repetitions and a 15 s cap instead of 4 and 30 s")
+    parser.add_argument("--quick", action="store_true", help="2 repetitions and a 10 s cap instead of 4 and 30 s")
     parser.add_argument("--cap", type=float, default=None)
     args = parser.parse_args()
     reps = 2 if args.quick else 4
-    cap = args.cap or (15.0 if args.quick else 30.0)
+    cap = args.cap or (10.0 if args.quick else 30.0)
     comparisons = []
     with tempfile.TemporaryDirectory(prefix="bench-multinode-") as tmp:
         work = Path(tmp)

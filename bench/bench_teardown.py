@@ -8,7 +8,7 @@ launcher has to escalate to SIGKILL. Both get the same grace period (gpuherd
 right before dying -> the launcher's exit. A launcher still running --cap seconds
 after the death is killed with its workers and counted as the cap (a lower bound).
 
-    python bench/bench_teardown.py [--quick] [--grace 2] [--cap 10]
+    python bench/bench_teardown.py [--quick] [--grace 2] [--cap S]
 """
 
 from __future__ import annotations
@@ -53,9 +53,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (the suite in a few minutes)")
     parser.add_argument("--grace", type=int, default=2, help="SIGTERM -> SIGKILL seconds, both launchers")
-    parser.add_argument("--cap", type=float, default=10.0, help="seconds after the death before a launcher is stopped")
+    parser.add_argument("--cap", type=float, default=None,
+                        help="seconds after the death before a launcher is stopped (default 10; 6 with --quick)")
     args = parser.parse_args()
     reps = 2 if args.quick else 8
+    args.cap = args.cap or (6.0 if args.quick else 10.0)
     escalation_reps = 2 if args.quick else 4
     with tempfile.TemporaryDirectory(prefix="bench-teardown-") as tmp:
         work = Path(tmp)
