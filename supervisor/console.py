@@ -10,32 +10,89 @@ from __future__ import annotations
 
 import os
 import re
-from collections import OrderedDict
+import select
+import threading
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 STDOUT, STDERR = 1, 2
 
 
 class Console:
-    """Writes whole batches of prefixed lines to fd 1 / fd 2; a closed terminal
-    (`| head`) stops the console, never the run."""
+    """Writes whole batches of prefixed lines to fd 1 / fd 2 from a writer thread.
 
-    def __init__(self) -> None:
+    The supervisor's loop never waits for the terminal: a terminal that stops reading
+    (a paused pager, a stalled ssh session) would otherwise stop heartbeats, hang
+    detection and teardown with it. Batches wait in a bounded buffer; when it is full,
+    lines are left out of the console (never out of the log files) and the count is
+    said once the terminal reads again. A closed terminal (`| head`) stops the console,
+    never the run."""
+
+    MAX_PENDING = 16 << 20  # bytes waiting for the terminal before lines are left out
+
+    def __init__(self, max_pending: int = MAX_PENDING, notice_fd: int = STDERR) -> None:
         self.closed = False
+        self.max_pending = max_pending
+        self.notice_fd = notice_fd
+        self.left_out = 0  # lines not shown, in all
+        self._queue: deque[tuple[int, bytes | int]] = deque()  # (fd, batch) or (0, lines left out)
+        self._pending = 0
+        self._stopping = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="console", daemon=True)
+        self._thread.start()
 
     def write(self, fd: int, data: bytes) -> None:
         if self.closed or not data:
+            return
+        with self._cond:
+            if self._pending + len(data) > self.max_pending:
+                lines = data.count(b"\n")
+                self.left_out += lines
+                if self._queue and self._queue[-1][0] == 0:
+                    self._queue[-1] = (0, self._queue[-1][1] + lines)
+                else:
+                    self._queue.append((0, lines))
+            else:
+                self._queue.append((fd, data))
+                self._pending += len(data)
+            self._cond.notify()
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Print what is waiting (at most `timeout` s on a stuck terminal), then stop."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout)
+        self.closed = True
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._stopping:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                fd, item = self._queue.popleft()
+            if fd == 0:
+                self._emit(self.notice_fd, b"gpuherd: the console fell behind: %d line(s) not shown here "
+                                           b"(every line is in the worker logs)\n" % item)
+                continue
+            self._emit(fd, item)
+            with self._cond:
+                self._pending -= len(item)
+
+    def _emit(self, fd: int, data: bytes) -> None:
+        if self.closed:
             return
         view = memoryview(data)
         try:
             while view:
                 try:
                     view = view[os.write(fd, view):]
-                except BlockingIOError:
-                    import select
-
+                except BlockingIOError:  # someone made the terminal non-blocking
                     select.select([], [fd], [], 1.0)
-        except (BrokenPipeError, OSError):
+        except OSError:  # BrokenPipeError and the like: the terminal is gone
             self.closed = True
 
 

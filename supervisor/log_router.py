@@ -95,5 +95,6 @@ class LogRouter:
 
     def close(self) -> None:
         self.tick(0.0, everything=True)
+        self.console.close()
         for log in self.logs.values():
             log.close()

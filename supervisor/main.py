@@ -252,6 +252,9 @@ class Job:
             for watcher in watchers:
                 _stop_watcher(watcher)
             router.close()
+            if router.console.left_out:
+                sup.notes.append(f"the console fell behind: {router.console.left_out} line(s) were not shown "
+                                 f"there (a terminal that stopped reading); every line is in the worker logs")
             store_pid = store.proc.pid if store is not None and store.proc is not None else None
             if store is not None:
                 store.stop()

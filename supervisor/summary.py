@@ -116,7 +116,7 @@ class Summary:
             after = f" after {self.restarts} restart(s)" if self.restarts else ""
             lines = [f"gpuherd: run {self.run_id} finished: {len(self.workers)} worker(s) exited 0 in "
                      f"{self.duration_s:.1f} s{after}; logs in {self.run_dir}"]
-            return "\n".join(lines + self._attempt_lines())
+            return "\n".join(lines + self._attempt_lines() + [f"note: {n}" for n in self.notes])
         rc = self.root_cause
         lines = [RULE, f"gpuherd: run {self.run_id} FAILED with exit code {self.exit_code} ({describe(self.exit_code)})",
                  f"root cause: {rc.message}"]
