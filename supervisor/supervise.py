@@ -255,10 +255,17 @@ class Supervision:
         while not self._remote.empty():
             remote = self._remote.get()
             if self.cause is None:
-                logger.error(f"the job failed on another node: {remote.message}; stopping this node's workers")
                 self.cause = remote  # not offered back: it came from the store
                 self.first_failure_at = now
-                self._terminate_all(now)
+                if remote.kind == "interrupted":  # Ctrl-C on another node: stop gracefully here too, so the
+                    # ranks agree on a last step and save the checkpoint together
+                    logger.warning(f"{remote.message}: asking this node's workers to stop at a step boundary")
+                    for w in self._alive():
+                        w.signal_leader(signal.SIGINT)
+                    self._kill_deadline = now + self.grace
+                else:
+                    logger.error(f"the job failed on another node: {remote.message}; stopping this node's workers")
+                    self._terminate_all(now)
         while not self._fatal.empty():
             fatal = self._fatal.get()
             if self.cause is not None:

@@ -4,6 +4,7 @@ cause on every node, cross-node teardown, clear errors for nodes that never come
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -253,3 +254,21 @@ def test_slurm_gpu_count_sets_the_workers_when_slurm_hides_no_gpu(monkeypatch):
     assert launch.config.system.nproc == 3 and launch.nproc_explicit and launch.run_id == "slurm-9"
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6")  # SLURM hid the others: the plan reads this
     assert not parse(["--slurm", "--debug"]).nproc_explicit
+
+
+def test_ctrl_c_on_one_node_stops_every_node_gracefully(tmp_path):
+    """Ranks must agree on a last step and checkpoint together: the other nodes pass
+    SIGINT on to their workers instead of SIGTERM."""
+    port = _port()
+    n0 = _node(tmp_path, 0, port, "graceful", "graceful")
+    n1 = _node(tmp_path, 1, port, "graceful", "graceful")
+    assert sh.wait_for(lambda: len(list((tmp_path / "logs").glob("job-node*/worker-rank*.log"))) == 2, timeout=60)
+    time.sleep(1.5)
+    n0.send_signal(signal.SIGINT)
+    for proc in (n0, n1):
+        code, _, err = sh.finish(proc, timeout=60)
+        assert code == 130, err[-2000:]
+    s0, s1 = _summary(tmp_path, 0), _summary(tmp_path, 1)
+    assert s0["root_cause"] == s1["root_cause"] and s1["root_cause"]["kind"] == "interrupted"
+    assert s1["workers"][0]["signals_sent"] == ["SIGINT"] and s1["workers"][0]["exit_code"] == 130
+    assert "saving checkpoint" in (tmp_path / "logs" / "job-node1" / "worker-rank1-CPU0.log").read_text()
