@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the repo's packages, from any cwd
 
-from gpuherd.cli import base_parser, config_from_args  # noqa: E402
+from gpuherd.cli import add_resume_flag, base_parser, config_from_args, resume_override  # noqa: E402
 from gpuherd.contract import WorkerIdentity  # noqa: E402
 from gpuherd.status_channel import StatusWriter  # noqa: E402
 
@@ -33,11 +33,9 @@ def new_run_dir(run_root: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = base_parser("pretrain_main.py", "Train one process (one GPU, or the CPU) without the supervisor.")
-    parser.add_argument("--resume", metavar="auto|PATH", default=None,
-                        help="continue from the latest checkpoint in system.checkpoint_dir (auto) or from PATH")
+    add_resume_flag(parser)
     args = parser.parse_args(argv)
-    extra = [f"training.resume={args.resume}"] if args.resume else []
-    cfg = config_from_args(args, extra)  # exits 2 with one line on a bad config
+    cfg = config_from_args(args, resume_override(args))  # exits 2 with one line on a bad config
 
     identity = WorkerIdentity.from_env()
     from worker.logs import setup_logging

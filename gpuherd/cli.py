@@ -49,6 +49,16 @@ def base_parser(prog: str, description: str) -> OneLineParser:
     return parser
 
 
+def add_resume_flag(parser: argparse.ArgumentParser) -> None:
+    """`--resume auto|PATH` for the entry points that train (= `--set training.resume=...`)."""
+    parser.add_argument("--resume", metavar="auto|PATH", default=None,
+                        help="continue from the latest checkpoint in system.checkpoint_dir (auto) or from PATH")
+
+
+def resume_override(args: argparse.Namespace) -> list[str]:
+    return [f"training.resume={args.resume}"] if getattr(args, "resume", None) else []
+
+
 def config_from_args(args: argparse.Namespace, extra: list[str] | None = None) -> Config:
     """Resolve the config the parsed options describe; exit 2 with one line if bad."""
     if args.debug and args.preset not in (None, "debug"):

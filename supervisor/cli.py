@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuherd.cli import base_parser, config_from_args, die
+from gpuherd.cli import add_resume_flag, base_parser, config_from_args, die, resume_override
 from gpuherd.config import Config
 from supervisor.multinode import DEFAULT_PORT, NodeSpec
 
@@ -52,6 +52,7 @@ def _seconds(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = base_parser(PROG, "Prepare the dataset once, start one isolated worker per GPU (or CPU workers), "
                                "supervise them, and exit with a code that names the cause.")
+    add_resume_flag(parser)
     g = parser.add_argument_group("supervisor")
     g.add_argument("--nproc", type=int, default=None, metavar="N",
                    help="number of workers: CPU workers without GPU (default 2), else the first N planned GPUs")
@@ -113,7 +114,7 @@ def parse(argv: list[str]) -> Launch:
     if args.script is not None and args.isolate is None:
         args.isolate = False  # a torchrun-style script expects every GPU visible
     node = _node_spec(args)  # may fill --nproc and --run-id from SLURM's allocation
-    extra = []
+    extra = resume_override(args)
     for flag in _SYSTEM_FLAGS:  # each flag is a system.* config key: one validation covers both
         value = getattr(args, flag)
         if value is False and flag == "isolate":

@@ -93,3 +93,21 @@ def test_killed_worker_is_restarted_and_the_final_loss_is_bit_identical(tmp_path
     assert f"resumed from {resumed} at step {resumed_step}" in (run_dir / "attempt-1" / "worker-rank0-CPU0.log").read_text()
 
     assert _final_losses(run_dir) == expected  # float equality: bit for bit
+
+
+def test_run_training_resume_flag_continues_from_the_latest_checkpoint(tmp_path, python_env):
+    """`run_training.sh --resume auto` (= --set training.resume=auto), as in pretrain_main.py."""
+    def train(max_steps: int, *extra: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "supervisor", "--debug", "--set", "system.device=cpu", "--nproc", "2", *extra]
+        for item in TINY:
+            cmd += ["--set", item]
+        cmd += ["--set", f"training.max_steps={max_steps}", "--set", "training.save_every=3"]
+        return subprocess.run(cmd, cwd=tmp_path, env=python_env, capture_output=True, text=True, timeout=300)
+
+    first = train(6, "--run-id", "first")
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = train(8, "--run-id", "second", "--resume", "auto")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"resumed from {tmp_path / '.checkpoints' / 'step_0000006.pt'} at step 6" in second.stderr
+    steps = sorted({r["step"] for r in _records(tmp_path / "logs" / "second", "step") if "loss" in r})
+    assert steps == [6, 7]
