@@ -12,7 +12,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from loguru import logger
+
 from supervisor.console import STDERR, STDOUT, Collapser, Console
+from supervisor.gpus.nccl_transport import NcclTransportWatch
 from supervisor.log_lines import LineSplitter, Severity
 
 TAIL_LINES = 20
@@ -47,8 +50,9 @@ class WorkerLog:
 
 class LogRouter:
     def __init__(self, logs: list[WorkerLog], console: Console, log_ranks: list[int] | None = None,
-                 collapse: bool = False) -> None:
+                 collapse: bool = False, nccl_watch: NcclTransportWatch | None = None) -> None:
         self.logs = {log.rank: log for log in logs}
+        self._nccl = nccl_watch  # NCCL_DEBUG=INFO: the transports NCCL chose, warned about when slow
         self.console = console
         self._shown = set(log_ranks) if log_ranks is not None else None
         self._collapser = Collapser([log.tag for log in logs]) if collapse and len(logs) > 1 else None
@@ -77,6 +81,8 @@ class LogRouter:
         prefix = log.prefix
         block = prefix + (b"\n" + prefix).join(lines) + b"\n"
         log.write_file(block)
+        if self._nccl is not None and b"NCCL INFO Channel" in block:
+            self._check_nccl(lines)
         if fd == STDERR:
             log.stderr_tail.extend(lines[-TAIL_LINES:])
         if self._shown is None and self._collapser is None:
@@ -92,6 +98,13 @@ class LogRouter:
         for line in lines:
             self._collapser.add(fd, log.tag, line, now)
         self.tick(now)
+
+    def _check_nccl(self, lines: list[bytes]) -> None:
+        for line in lines:
+            if b"NCCL INFO Channel" in line:
+                warning = self._nccl.feed(line.decode(errors="replace"))
+                if warning:
+                    logger.warning(warning)
 
     def close(self) -> None:
         self.tick(0.0, everything=True)

@@ -26,6 +26,7 @@ from supervisor.cli import Launch, parse
 from supervisor.console import Console
 from supervisor.devices import DevicePlan, DevicePlanError, plan_devices
 from supervisor.gpu_watch import announce_devices, gpu_watcher
+from supervisor.gpus.nccl_transport import NcclTransportWatch
 from supervisor.heartbeat import HeartbeatMonitor, hang_timeouts
 from supervisor.job_rendezvous import MultiNode, SingleNode
 from supervisor.log_router import LogRouter, WorkerLog
@@ -212,7 +213,8 @@ class Job:
                                  log_dir=str(log_dir), teardown_s=None, workers=[])
         plan, resume, store = setup.plan, setup.resume, setup.store
         logs = {s.rank: WorkerLog(s.rank, s.tag, log_dir / f"worker-rank{s.rank}-{s.tag}.log") for s in plan.slots}
-        router = LogRouter(list(logs.values()), Console(), cfg.system.log_ranks, cfg.system.collapse_logs)
+        router = LogRouter(list(logs.values()), Console(), cfg.system.log_ranks, cfg.system.collapse_logs,
+                           nccl_watch=_nccl_watch(plan))
         monitor = HeartbeatMonitor([s.rank for s in plan.slots], time.monotonic(), hang, startup,
                                    cfg.system.rendezvous_timeout, expect_heartbeats=self.mode == "train")
         sup = Supervision([], router, monitor, metrics, cfg.system.grace_period, finish_window=hang)
@@ -295,6 +297,14 @@ class Job:
         logger.bind(file_only=True).info(block)  # the console gets it below, unprefixed
         print(block, file=sys.stderr, flush=True)
         return exit_code
+
+
+def _nccl_watch(plan: DevicePlan) -> NcclTransportWatch | None:
+    """Only when the user asked NCCL to say which transports it chose (NCCL_DEBUG=INFO):
+    two GPUs of this node talking through host memory or the network get a warning."""
+    if plan.kind != "cuda" or len(plan.slots) < 2 or os.environ.get("NCCL_DEBUG", "").upper() not in ("INFO", "TRACE"):
+        return None
+    return NcclTransportWatch({s.rank for s in plan.slots})
 
 
 def _stop_cause(signum: int, when: str) -> RootCause:

@@ -129,3 +129,26 @@ def test_nccl_transport_watch_warns_once_per_slow_pair():
     assert watch.feed("NCCL INFO Channel 01/0 : 2[2] -> 1[1] via SHM/direct/direct") is None
     assert watch.feed("NCCL INFO Channel 00/0 : 2[2] -> 0[0] [send] via NET/Socket/0").startswith("NCCL connects rank 2")
     assert watch.transports[0, 1] == "P2P"
+
+
+def test_worker_nccl_lines_reach_the_transport_watch(tmp_path):
+    """NCCL_DEBUG=INFO output on a worker's stdout: the supervisor warns about the slow pair once."""
+    from loguru import logger
+
+    from supervisor.console import STDOUT, Console
+    from supervisor.log_router import LogRouter, WorkerLog
+
+    warnings: list[str] = []
+    sink = logger.add(lambda m: warnings.append(m.record["message"]), level="WARNING")
+    console = Console()  # writes to fd 1: pytest captures it
+    try:
+        logs = [WorkerLog(rank, f"GPU{rank}", tmp_path / f"w{rank}.log") for rank in (0, 1)]
+        router = LogRouter(logs, console, nccl_watch=NcclTransportWatch({0, 1}))
+        chunk = (b"h:1:1 [1] NCCL INFO Channel 00/0 : 1[1] -> 0[0] via SHM/direct/direct\n"
+                 b"h:1:1 [1] NCCL INFO Channel 01/0 : 1[1] -> 0[0] via SHM/direct/direct\nplain line\n")
+        router.feed(1, STDOUT, chunk, 0.0)
+        router.close()
+    finally:
+        logger.remove(sink)
+    assert [m for m in warnings if "via SHM" in m] == [warnings[0]] and len(warnings) == 1
+    assert "rank 1 -> rank 0 via SHM" in warnings[0]

@@ -6,8 +6,9 @@ NCCL logs each channel connection, e.g.
   `NCCL INFO Channel 00/0 : 1[1] -> 0[0] [send] via NET/Socket/0`
 Ranks on one node should talk P2P (or NVLS/NVLink); SHM or NET between them
 means copies through host memory or the network stack: warn once per pair.
-The supervisor feeds worker lines to `NcclTransportWatch.feed` when it set
-NCCL_DEBUG=INFO for a multi-GPU single-node run.
+The supervisor's log router feeds it worker lines when the user set NCCL_DEBUG=INFO
+(or TRACE) for a run with several GPUs on this node; it never turns NCCL's logging on
+by itself (thousands of lines per rank).
 """
 
 from __future__ import annotations
