@@ -39,7 +39,10 @@ class Setup:
 
 
 class SingleNode:
-    node_rank, nnodes, nodes = 0, 1, []
+    def __init__(self) -> None:
+        self.node_rank, self.nnodes = 0, 1
+        self.nodes: list[dict] = []
+        self.helper_pid: int | None = None  # no process lives across attempts
 
     def begin(self, attempt: int, plan: DevicePlan, resume: str | None) -> Setup:
         store = HostedStore()  # a fresh one per attempt: torch's env:// keys are not per-attempt
@@ -75,6 +78,7 @@ class MultiNode:
         self.nodes: list[dict] = []
         self.link = JobLink(spec, cfg.system.rendezvous_timeout, sys.executable, env, preexec,
                             run_dir / "node-agent.log", listen)
+        self.helper_pid: int | None = self.link.proc.pid  # the agent lives for the whole job
 
     def begin(self, attempt: int, plan: DevicePlan, resume: str | None) -> Setup:
         store = HostedStore(bind_addr=self.bind_ip) if self.node_rank == 0 else None

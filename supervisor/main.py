@@ -191,7 +191,7 @@ class Job:
             final = _stop_cause(signal.SIGINT, "between attempts")
         finally:
             metrics.close()
-            _sweep_orphans(exclude={guard.pid, self.rendezvous_pid()})
+            _sweep_orphans(exclude={guard.pid, self.rendezvous.helper_pid})
             guard.release()
         return self.finish(final, attempts)
 
@@ -260,7 +260,7 @@ class Job:
             store_pid = store.proc.pid if store is not None and store.proc is not None else None
             if store is not None:
                 store.stop()
-            _sweep_orphans(exclude={guard.pid, self.rendezvous_pid()})
+            _sweep_orphans(exclude={guard.pid, self.rendezvous.helper_pid})
             for pgid in [w.pgid for w in workers] + ([store_pid] if store_pid else []):
                 guard.forget(pgid)
             sup.restore_signal_handlers()
@@ -275,11 +275,6 @@ class Job:
             root_cause=cause, resumed_from=resume, log_dir=str(log_dir), teardown_s=teardown,
             workers=[_report(w, cause, monitor) for w in workers],
             stop_signal=signal.Signals(sup.stop_signal).name if sup.stop_signal else None)
-
-    def rendezvous_pid(self) -> int:
-        """The multi-node agent lives for the whole job: the per-attempt sweep spares it."""
-        link = getattr(self.rendezvous, "link", None)
-        return link.proc.pid if link is not None else -1
 
     def finish(self, cause: RootCause | None, attempts: list[AttemptReport]) -> int:
         exit_code = int(cause.exit_code) if cause is not None else 0
