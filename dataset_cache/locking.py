@@ -17,7 +17,7 @@ from pathlib import Path
 
 from loguru import logger
 
-from gpuherd.files import try_flock
+from gpuherd.files import lock_or_close, try_flock
 
 POLL_SECONDS = 0.05
 REPORT_EVERY_SECONDS = 10.0
@@ -49,16 +49,7 @@ def exclusive_lock(path: Path, what: str) -> Iterator[None]:
 def try_lock(path: Path) -> int | None:
     """Take the lock without waiting: a descriptor to pass to `release`, or None if held."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        taken = try_flock(fd)
-    except OSError:
-        os.close(fd)
-        raise
-    if not taken:
-        os.close(fd)
-        return None
-    return fd
+    return lock_or_close(os.open(path, os.O_RDWR | os.O_CREAT, 0o644))
 
 
 def release(fd: int) -> None:

@@ -61,3 +61,18 @@ def try_flock(fd: int, shared: bool = False) -> bool:
             return False
         raise
     return True
+
+
+def lock_or_close(fd: int) -> int | None:
+    """`fd` with its exclusive flock taken without waiting, or None (and `fd` closed) when
+    another holder has it; on any other error `fd` is closed too. For lock files whose
+    descriptor is the lock: the caller keeps it for as long as it holds the lock."""
+    try:
+        taken = try_flock(fd)
+    except OSError:
+        os.close(fd)
+        raise
+    if not taken:
+        os.close(fd)
+        return None
+    return fd

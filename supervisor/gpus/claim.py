@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuherd.files import try_flock
+from gpuherd.files import lock_or_close, try_flock
 
 LOCK_DIR_ENV = "GPUHERD_LOCK_DIR"
 CLAIM_FDS_ENV = "GPUHERD_GPU_CLAIM_FDS"
@@ -88,14 +88,8 @@ def _open(path: Path) -> int:
 def try_claim(uuid: str, directory: Path | None = None) -> GpuClaim | None:
     """Claim a GPU now, or None when another live process holds it."""
     path = lock_path(uuid, directory)
-    fd = _open(path)
-    try:
-        taken = try_flock(fd)
-    except OSError:
-        os.close(fd)
-        raise
-    if not taken:
-        os.close(fd)
+    fd = lock_or_close(_open(path))
+    if fd is None:
         return None
     try:  # who holds it, for the "claimed by" message of the next run
         os.ftruncate(fd, 0)
