@@ -97,7 +97,6 @@ class Layout:
 
     rank_offset: int
     world_size: int
-    nodes: list[dict[str, Any]]  # every node's join record, by node rank
 
 
 def layout(nodes: list[dict[str, Any]], node_rank: int) -> Layout:
@@ -110,7 +109,7 @@ def layout(nodes: list[dict[str, Any]], node_rank: int) -> Layout:
                                     f"({first.get('host')}): start every node with the same arguments",
                                     ExitCode.USAGE)
     offset = sum(int(rec["nproc"]) for rec in nodes[:node_rank])
-    return Layout(rank_offset=offset, world_size=sum(int(rec["nproc"]) for rec in nodes), nodes=nodes)
+    return Layout(rank_offset=offset, world_size=sum(int(rec["nproc"]) for rec in nodes))
 
 
 class JobLink:
@@ -127,7 +126,6 @@ class JobLink:
         self.lost: str | None = None
         self._on_lost: Callable[[str], None] | None = None
         self._callbacks = threading.Lock()  # unwatch() waits for a callback in progress
-        self.ready = threading.Event()
         self._log = open(log_path, "ab")  # noqa: SIM115 - the agent writes to it for the whole job
         argv = [python, "-m", "supervisor.node_agent", str(spec.node_rank), str(spec.nnodes), spec.master_addr,
                 str(spec.master_port), str(join_timeout)]
@@ -155,9 +153,7 @@ class JobLink:
             except orjson.JSONDecodeError:
                 continue
             kind = event.get("event")
-            if kind == "ready":
-                self.ready.set()
-            elif kind == "abort":
+            if kind == "abort":
                 self._record_abort(int(event["attempt"]), event["cause"])
             elif kind == "lost":
                 self._set_lost(event["message"])

@@ -199,9 +199,7 @@ def main(argv: list[str]) -> int:
                                               "detail": detail}) + b"\n")
         sys.stdout.buffer.flush()
         return 5
-    agent = Agent(store, node_rank, nnodes, join_timeout, where)
-    agent.emit("ready")
-    agent.serve()
+    Agent(store, node_rank, nnodes, join_timeout, where).serve()
     return 0
 
 
