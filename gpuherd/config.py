@@ -19,13 +19,18 @@ from typing import Any
 
 import orjson
 
+from gpuherd.errors import GpuherdError
+from gpuherd.exit_codes import ExitCode
+
 # Names the data section understands without a path on disk.
 BUILTIN_DATASETS = ("shakespeare", "dummy")
 BUILTIN_TOKENIZERS = ("gpt2", "byte")
 
 
-class ConfigError(ValueError):
-    """A config problem, phrased as one line for the user."""
+class ConfigError(GpuherdError, ValueError):
+    """A config problem, phrased as one line for the user; nothing was started or written."""
+
+    exit_code = ExitCode.USAGE
 
 
 @dataclass

@@ -26,6 +26,7 @@ from loguru import logger
 
 from gpuherd.config import Config
 from gpuherd.contract import WorkerIdentity
+from gpuherd.errors import GpuherdError
 from gpuherd.exit_codes import ExitCode
 from gpuherd.status_channel import StatusWriter
 from worker.nan import dump
@@ -39,7 +40,7 @@ from worker.nan.ranks import RankRecord
 STATUS_RANKS = 64  # rank ids listed in a `nan` status record
 
 
-class NanStop(RuntimeError):
+class NanStop(GpuherdError, RuntimeError):
     """Raised on every rank together; the worker exits with `exit_code`."""
 
     exit_code = ExitCode.NAN
