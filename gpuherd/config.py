@@ -21,6 +21,7 @@ import orjson
 
 from gpuherd.errors import GpuherdError
 from gpuherd.exit_codes import ExitCode
+from gpuherd.text import int_list
 
 # Names the data section understands without a path on disk.
 BUILTIN_DATASETS = ("shakespeare", "dummy")
@@ -341,7 +342,7 @@ def _coerce(value: Any, annotation: Any, name: str, source: str) -> Any:
 
 def _int_list(text: str, name: str, source: str) -> list[int]:
     try:
-        return [int(part) for part in text.split(",") if part.strip()]
+        return int_list(text)
     except ValueError:
         raise ConfigError(f"{source}: {name} must be a comma-separated list of integers, got '{text}'") from None
 

@@ -1,7 +1,7 @@
 """A Llama-style decoder: RMSNorm, rotary embeddings, SwiGLU, grouped-query attention.
 
-Parameter names follow torchtitan and seed 003's NaN report (`tok_embed`,
-`layers.{i}.attention.wq`, `layers.{i}.feed_forward.w1`, `norm`, `output`).
+Parameter names follow torchtitan (`tok_embed`, `layers.{i}.attention.wq`,
+`layers.{i}.feed_forward.w1`, `norm`, `output`); the NaN report prints them as is.
 The model is built on the meta device and materialised by `init_weights()`
 after sharding, so a large model never exists in full on one rank. Weights are
 drawn parameter by parameter from one seeded generator over the *full* shape

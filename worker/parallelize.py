@@ -263,13 +263,13 @@ def _apply_fsdp(model: Transformer, cfg: Config, device: torch.device, precision
 
 
 def deepspeed_config(cfg: Config, precision: Precision, world_size: int) -> dict[str, Any]:
-    """The user's DeepSpeed JSON (seed format), with the fields gpuherd owns overridden.
+    """The user's DeepSpeed JSON, with the fields gpuherd owns overridden.
 
     gpuherd drives batch sizes, LR schedule, clipping and precision from its own
     config so every strategy trains alike; DeepSpeed's `optimizer`/`scheduler`
     sections are dropped (a torch AdamW is passed in, which also avoids its
-    JIT-compiled Adam kernels). DeepSpeed's own default clipping (1.0 in the
-    seeds' files) is replaced by training.max_grad_norm.
+    JIT-compiled Adam kernels). A `gradient_clipping` in the file (commonly 1.0)
+    is replaced by training.max_grad_norm.
     """
     t = cfg.training
     path = t.deepspeed_config

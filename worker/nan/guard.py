@@ -284,7 +284,7 @@ def _reporters(records: list[RankRecord]) -> list[int]:
 
 
 def _show(path: Path) -> str:
-    """Relative to the working directory like the seed (`.checkpoints/...`)
+    """Relative to the working directory, as a user would type it (`.checkpoints/...`),
     when the file is below it, absolute otherwise."""
     try:
         return os.path.relpath(path) if Path(path).resolve().is_relative_to(Path.cwd().resolve()) else str(path)
