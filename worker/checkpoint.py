@@ -17,7 +17,6 @@ looks complete; directories count only once `meta.pt` exists. Loads use
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from gpuherd.files import atomic_file, fsync_dir
 from worker import distributed as wdist
 from worker import rng
 from worker.distributed import WorkerError
+from worker.model import ModelArgs
 from worker.parallelize import Engine
 
 FORMAT_FILE = "gpuherd/full-v1"
@@ -215,6 +215,6 @@ class Checkpointer:
                        model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
-def meta_base(model_args: Any, cfg_dict: dict[str, Any], schedule: dict[str, Any], tokenizer: str) -> dict[str, Any]:
-    return {"model_args": dataclasses.asdict(model_args), "config": cfg_dict, "lr_schedule": schedule,
+def meta_base(model_args: ModelArgs, cfg_dict: dict[str, Any], schedule: dict[str, Any], tokenizer: str) -> dict[str, Any]:
+    return {"model_args": model_args.checkpoint_dict(), "config": cfg_dict, "lr_schedule": schedule,
             "tokenizer": tokenizer}
