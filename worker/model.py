@@ -23,7 +23,6 @@ from torch.utils.checkpoint import checkpoint
 from gpuherd.config import ModelConfig
 from worker.attention import get_attention
 
-
 # A kernel choice, not part of the model: the same weights load under any backend.
 NOT_IN_CHECKPOINT = ("attention",)
 
