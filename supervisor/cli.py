@@ -15,6 +15,7 @@ from pathlib import Path
 
 from gpuherd.cli import add_resume_flag, base_parser, config_from_args, die, resume_override
 from gpuherd.config import Config
+from gpuherd.text import int_list
 from supervisor.rendezvous import DEFAULT_PORT, NodeSpec
 
 PROG = "run_training.sh"
@@ -34,7 +35,7 @@ class Launch:
 
 def _id_list(text: str) -> list[int]:
     try:
-        ids = [int(part) for part in text.split(",") if part.strip()]
+        ids = int_list(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers like 0,2, got '{text}'") from None
     if not ids:

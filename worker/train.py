@@ -24,14 +24,12 @@ from worker.attention import resolve_backend
 from worker.checkpoint import Checkpointer, meta_base
 from worker.data import DataBundle, cache_bundle
 from worker.distributed import StopVote, WorkerError
+from worker.engines import Engine, Precision, build_engine, needs_process_group, resolve_strategy
 from worker.logs import setup_logging
 from worker.mfu import FlopsModel
 from worker.model import ModelArgs
-from worker.parallelize import Engine, Precision, build_engine, resolve_strategy
 from worker.reporting import StepReporter, TensorBoard
 from worker.schedule import WarmupCosine
-
-NEEDS_PROCESS_GROUP = ("ddp", "fsdp", "zero1", "deepspeed")
 
 
 def run(cfg: Config, identity: WorkerIdentity, *, cache_dir: Path | None = None, data: DataBundle | None = None,
@@ -46,7 +44,7 @@ def run(cfg: Config, identity: WorkerIdentity, *, cache_dir: Path | None = None,
     status.send("ready", device=str(device), uuid=uuid, pid=os.getpid())
     strategy = resolve_strategy(cfg.training.strategy, identity.world_size)
     try:
-        if identity.world_size > 1 or strategy in NEEDS_PROCESS_GROUP:
+        if identity.world_size > 1 or needs_process_group(strategy):
             status.send("phase", name="rendezvous")
             wdist.init_process_group(cfg, identity, device)
         if data is None:
@@ -174,20 +172,11 @@ class Trainer:
             if self.guard is not None:
                 batches.append(inputs)
         loss = torch.stack(losses).mean()
-        grad_norm = engine.clip_grad_norm(t.max_grad_norm)
-        apply = True
-        if self.guard is not None and engine.ds_engine is None:
-            apply = self.guard.check(step=step, loss=loss, grad_norm=grad_norm, batches=batches, lr=lr)
-        if apply:
-            engine.optimizer_step(lr)
-        else:
-            engine.skip_step()
+        check = None if self.guard is None else (  # the engine calls it when its grad norm is known
+            lambda grad_norm: self.guard.check(step=step, loss=loss, grad_norm=grad_norm, batches=batches, lr=lr))
+        grad_norm, applied = engine.step(lr, t.max_grad_norm, check)
+        if not applied:
             self.skipped_steps += 1
-        if engine.ds_engine is not None:
-            # DeepSpeed clips inside its step, so its norm (and the NaN check) come after it
-            grad_norm = engine.after_step_norm()
-            if self.guard is not None and grad_norm is not None:
-                self.guard.check(step=step, loss=loss, grad_norm=grad_norm, batches=batches, lr=lr)
         self.reporter.after_step(step, loss, lr, grad_norm)
 
     def _paused(self, fn, back_to: str | None = "train") -> None:
