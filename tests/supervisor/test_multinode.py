@@ -154,7 +154,7 @@ def test_busy_master_port_is_a_usage_error(tmp_path):
         port = busy.getsockname()[1]
         with pytest.raises(NodeLinkError, match=f"--master-port {port} is already in use") as err:
             bind_master("127.0.0.1", port)
-        assert err.value.code == 2
+        assert err.value.exit_code == 2
 
 
 def test_job_store_binds_only_the_chosen_interface():
