@@ -77,7 +77,8 @@ def render_html(runs: list[RunData], pngs: dict[str, bytes]) -> str:
     title = "gpuherd report: " + " vs ".join(r.run_id for r in runs)
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
              f"<style>{CSS}</style></head><body><h1>{_e(title)}</h1>",
-             f"<p>written {datetime.datetime.now():%Y-%m-%d %H:%M:%S} from {_e(', '.join(str(r.run_dir) for r in runs))}</p>",
+             f"<p>written {datetime.datetime.now():%Y-%m-%d %H:%M:%S} from "
+             f"{_e(', '.join(str(r.run_dir) for r in runs))}</p>",
              "<h2>Runs</h2>", _table(["", *[r.run_id for r in runs]], _numbers(runs))]
     parts += _causes(runs)
     diff = config_diff([r.config for r in runs])
@@ -87,7 +88,8 @@ def render_html(runs: list[RunData], pngs: dict[str, bytes]) -> str:
               "<p>the compared runs have the same config</p>"]
     for name, (caption, _make) in figures.FIGURES.items():
         data = base64.b64encode(pngs[name]).decode()
-        parts.append(f"<h2>{_e(caption)}</h2><img id='fig-{name}' alt='{_e(caption)}' src='data:image/png;base64,{data}'>")
+        parts.append(f"<h2>{_e(caption)}</h2>"
+                     f"<img id='fig-{name}' alt='{_e(caption)}' src='data:image/png;base64,{data}'>")
     parts += ["<h2>Events</h2>", _events(runs), "</body></html>"]
     return "\n".join(parts)
 

@@ -86,7 +86,7 @@ def load_run(run_dir: Path) -> RunData:
     files.poll()
     data = RunData(run_dir=run_dir, config=files.config or {}, summary=files.summary, start=_start(files),
                    devices=files.devices, malformed=files.malformed)
-    per_step = _tokens_per_step(data.config)
+    per_step = tokens_per_step(data.config)
     seen_evals: set[int] = set()
     for r in files.records:
         _add(data, r, per_step, seen_evals)
@@ -114,7 +114,8 @@ def _add(data: RunData, r: dict[str, Any], per_step: int | None, seen_evals: set
         data.hosts.setdefault(rank, []).append(r)
 
 
-def _tokens_per_step(cfg: dict[str, Any]) -> int | None:
+def tokens_per_step(cfg: dict[str, Any]) -> int | None:
+    """Tokens one rank trains on per optimizer step, from the run's config.json."""
     try:
         return int(cfg["training"]["batch_size"] * cfg["training"]["grad_accum_nums"] * cfg["data"]["context_length"])
     except (KeyError, TypeError):

@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 
 from supervisor.views.events import Event, collect
+from supervisor.views.run_data import tokens_per_step
 from supervisor.views.run_files import RunFiles
 
 SILENT_AFTER_S = 15.0  # workers send a record at least every 5 s while training: 3 missed
@@ -108,12 +109,10 @@ class RunState:
     def _step_time(self, tokens_per_s: Any) -> float | None:
         """tokens per optimizer step (from the run's config) / tokens/s: eval and
         checkpoint pauses are already left out of the worker's tokens/s."""
-        cfg = self.files.config or {}
-        try:
-            per_step = cfg["training"]["batch_size"] * cfg["training"]["grad_accum_nums"] * cfg["data"]["context_length"]
-        except (KeyError, TypeError):
+        per_step = tokens_per_step(self.files.config or {})
+        if not per_step or not isinstance(tokens_per_s, (int, float)) or tokens_per_s <= 0:
             return None
-        return per_step / tokens_per_s if isinstance(tokens_per_s, (int, float)) and tokens_per_s > 0 else None
+        return per_step / tokens_per_s
 
     # ------------------------------------------------------------------ judging
 

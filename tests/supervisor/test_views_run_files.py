@@ -133,3 +133,19 @@ def test_events_collapse_what_every_rank_reports_alike(tmp_path):
         ("nan", "non-finite loss/gradient at step 11 (loss nan): skipped"),
         ("restart", "restart 1 after exit code 1: rank 1 crashed"),
         ("xid", "GPU 2: XID 79")]
+
+
+def test_a_gpu_rank_row_shows_its_gpu_sample(tmp_path):
+    from rich.console import Console
+
+    from supervisor.views.top import frame
+
+    now = time.time()
+    gpu = {"type": "gpu", "time": now, "gpu": 4, "rank": 0, "util": 97, "mem_used": 61 * 1024**3,
+           "mem_total": 80 * 1024**3, "temp": 71, "power_w": 655.0, "sm_clock_mhz": 1755}
+    state = _state(tmp_path, _steps(0, 5, now) + [gpu])
+    console = Console(width=200, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    console.print(frame(state, now))
+    row = next(line for line in console.export_text().splitlines() if "GPU4" in line)
+    for cell in ("5/100", "4.5000", "1,024", "40.0%", "1.00s", "97%", "61.0/80G", "71C", "655W", "1755MHz", "ok"):
+        assert cell in row, (cell, row)
