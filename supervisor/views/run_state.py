@@ -133,7 +133,7 @@ class RunState:
         if view.done:
             return Verdict("done")
         if not self.finished and _stopped(view.pid, view.last_record):
-            return Verdict("stopped", f"process {view.pid} is stopped (SIGSTOP or a debugger): no progress")
+            return Verdict("stopped", f"pid {view.pid} stopped (SIGSTOP or a debugger)")
         age = None if view.last_record is None else now - view.last_record
         if not self.finished and age is not None and age >= SILENT_AFTER_S and view.phase not in BUSY_PHASES:
             return Verdict("silent", f"no heartbeat for {age:.0f} s (last: step {view.step}, phase {view.phase})")
