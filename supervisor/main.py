@@ -11,6 +11,7 @@ import os
 import sys
 import time
 
+import orjson
 from loguru import logger
 
 from gpuherd.cli import die
@@ -18,7 +19,7 @@ from gpuherd.files import write_bytes_atomic
 from supervisor import run_dir as rundir
 from supervisor.cli import Launch, parse
 from supervisor.gpus import DeviceError, DevicePlan, plan_devices
-from supervisor.health import announce_devices, hang_timeouts
+from supervisor.health import WARN, CheckReport, announce_devices, hang_timeouts, run_checks
 from supervisor.job import Job
 from supervisor.processes import die_with_parent, python_env
 from supervisor.rendezvous import MultiNode, NodeLinkError, bind_master
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = launch.config
     plan = _plan(launch)
     node = launch.node
+    checks = _preflight(launch, plan) if cfg.system.preflight else None
     try:
         run_id = rundir.check_run_id(launch.run_id) if launch.run_id else rundir.new_run_id()
         # one directory per node: nodes sharing a filesystem (and a --run-id) never mix their files
@@ -48,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     # ---- nothing was written before this line; everything below may write
     rundir.create(run_dir)
     write_bytes_atomic(run_dir / "config.json", cfg.to_json() + b"\n")
+    if checks is not None:
+        write_bytes_atomic(run_dir / "preflight.json", orjson.dumps(checks.to_dict(), option=orjson.OPT_INDENT_2))
     logger.add(run_dir / "supervisor.log", level="DEBUG", enqueue=False,
                format="{time:YYYY-MM-DD HH:mm:ss.SSS} {level} | {message}")
     mode = "script" if launch.script else "train"
@@ -93,6 +97,26 @@ def _plan(launch: Launch) -> DevicePlan:
         if rank >= plan.world_size and not launch.node.multi:  # multi-node: global ranks, known at the join
             die(f"--log-ranks {rank}: this run has ranks 0-{plan.world_size - 1}")
     return plan
+
+
+def _preflight(launch: Launch, plan: DevicePlan) -> CheckReport:
+    """The `gpuherd check` items for this run, before anything is written or bound (the
+    master-port item would otherwise find node 0's own socket): a FAIL stops the run."""
+    node = launch.node
+    try:
+        report = run_checks(launch.config, [g.index for g in plan.gpus] if plan.kind == "cuda" else [],
+                            master=(node.master_addr, node.master_port) if node.multi else None,
+                            node_rank=node.node_rank)
+    except DeviceError as exc:
+        die(str(exc), exc.exit_code)
+    for item in report.of(WARN):
+        logger.warning(f"pre-flight: {item.line()}")
+    failure = report.first_failure()
+    if failure is not None:
+        die(f"pre-flight check failed: {failure.line()} (`gpuherd check` shows every item; --skip-checks "
+            "to start anyway)", report.failed_exit_code)
+    logger.debug(f"pre-flight checks: {report.counts()}")
+    return report
 
 
 def _command(launch: Launch) -> list[str]:

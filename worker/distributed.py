@@ -25,13 +25,8 @@ COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 class WorkerError(GpuherdError, RuntimeError):
     """A failure with a known cause: one line for the user and its exit code."""
 
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message, code)
-
-    @property
-    def code(self) -> int:
-        """The older name of `exit_code`, still read by tests and callers."""
-        return self.exit_code
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message, exit_code)
 
 
 def choose_device(cfg: Config, identity: WorkerIdentity) -> tuple[torch.device, WorkerIdentity]:

@@ -19,6 +19,7 @@ from gpuherd.contract import WorkerIdentity
 from gpuherd.status_channel import StatusWriter
 from gpuherd.text import format_duration
 from worker.mfu import FlopsModel
+from worker.wandb_log import WandbLog
 
 HEARTBEAT_S = 5.0  # at most this long between status records while training
 
@@ -67,9 +68,24 @@ class TensorBoard:
             self.writer.close()
 
 
+class ScalarSinks:
+    """Every scalar to every sink (TensorBoard, W&B offline): one call site in the reporter."""
+
+    def __init__(self, *sinks: TensorBoard | WandbLog) -> None:
+        self.sinks = sinks
+
+    def scalars(self, step: int, **values: float | None) -> None:
+        for sink in self.sinks:
+            sink.scalars(step, **values)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
 class StepReporter:
     def __init__(self, identity: WorkerIdentity, max_steps: int, log_every: int, tokens_per_step: int,
-                 flops: FlopsModel, status: StatusWriter, tensorboard: TensorBoard, device: torch.device,
+                 flops: FlopsModel, status: StatusWriter, tensorboard: TensorBoard | ScalarSinks, device: torch.device,
                  start_step: int) -> None:
         self.identity, self.max_steps, self.log_every = identity, max_steps, log_every
         self.tokens_per_step, self.flops, self.status = tokens_per_step, flops, status

@@ -28,7 +28,8 @@ from worker.engines import Engine, Precision, build_engine, needs_process_group,
 from worker.logs import setup_logging
 from worker.mfu import FlopsModel
 from worker.model import ModelArgs
-from worker.reporting import StepReporter, TensorBoard
+from worker.reporting import ScalarSinks, StepReporter, TensorBoard
+from worker.wandb_log import WandbLog
 from worker.schedule import WarmupCosine
 
 
@@ -91,7 +92,8 @@ class Trainer:
         self.step = self.start_step
         self.guard = self._nan_guard()
         self.vote = StopVote.create()
-        self.tb = TensorBoard(run_dir, identity.rank)
+        self.tb = ScalarSinks(TensorBoard(run_dir, identity.rank),
+                              WandbLog(cfg.logging.wandb, run_dir, identity.rank, cfg.to_dict()))
         tokens_per_step = t.batch_size * t.grad_accum_nums * cfg.data.context_length
         self.reporter = StepReporter(identity, t.max_steps, t.log_every, tokens_per_step, self.flops, status,
                                      self.tb, device, self.start_step)

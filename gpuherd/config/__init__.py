@@ -18,6 +18,7 @@ from gpuherd.config.schema import (
     Config,
     DataConfig,
     DebugConfig,
+    LoggingConfig,
     ModelConfig,
     SystemConfig,
     TrainingConfig,
@@ -26,6 +27,6 @@ from gpuherd.config.validate import validate
 
 __all__ = [
     "BUILTIN_DATASETS", "BUILTIN_TOKENIZERS", "DEFAULT_PRESET", "PRESETS", "SECTIONS", "Config", "ConfigError",
-    "DataConfig", "DebugConfig", "ModelConfig", "SystemConfig", "TrainingConfig", "parse_value", "preset",
+    "DataConfig", "DebugConfig", "LoggingConfig", "ModelConfig", "SystemConfig", "TrainingConfig", "parse_value", "preset",
     "read_json_file", "resolve", "validate",
 ]

@@ -44,6 +44,8 @@ class SystemConfig:
     max_restarts: int = limited(0, ge=0)  # restart every worker after a failure, resuming from the newest checkpoint
     restart_backoff: float = limited(5.0, ge=0)  # seconds between a failed attempt's teardown and the next start
     restart_on_nan: bool = False  # a NaN stop (exit 6) is restarted too, not only crashes and hangs
+    preflight: bool = True  # GPU and host checks (`gpuherd check`) before anything starts
+    report: bool = True  # report.html + PNG figures in the run directory at the end
 
 
 @dataclass
@@ -114,6 +116,13 @@ class DebugConfig:
 
 
 @dataclass
+class LoggingConfig:
+    # "offline": rank 0 also writes a Weights & Biases run into the run directory for a
+    # later `wandb sync`; nothing ever contacts a server from a training run.
+    wandb: str = limited("off", choices=("off", "offline"))
+
+
+@dataclass
 class Config:
     preset: str = "production"
     system: SystemConfig = field(default_factory=SystemConfig)
@@ -121,6 +130,7 @@ class Config:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     data: DataConfig = field(default_factory=DataConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

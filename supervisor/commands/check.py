@@ -17,9 +17,8 @@ import orjson
 
 from gpuherd.cli import base_parser, config_from_args, die
 from gpuherd.config import Config
-from supervisor.gpus import DeviceError, NvmlUnavailable, read_inventory
-from supervisor.gpus.visible import allowed_gpus
-from supervisor.health.preflight import run_checks
+from supervisor.gpus import DeviceError, NvmlUnavailable, allowed_gpus, read_inventory
+from supervisor.health import run_checks
 
 PROG = "gpuherd check"
 
@@ -39,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = run_checks(cfg, _gpu_ids(cfg, args.gpus), master=master, node_rank=args.node_rank)
     except DeviceError as exc:
-        die(str(exc), exc.code, PROG)
+        die(str(exc), exc.exit_code, PROG)
     print(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode() if args.json else report.table())
     print(f"{PROG}: {report.counts()}", file=sys.stderr)
     failure = report.first_failure()
@@ -69,7 +68,7 @@ def _gpu_ids(cfg: Config, text: str | None) -> list[int] | None:
     except NvmlUnavailable:
         return None  # run_checks says there is no GPU
     except DeviceError as exc:
-        die(str(exc), exc.code, PROG)
+        die(str(exc), exc.exit_code, PROG)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pathlib import Path
 from gpuherd.cli import OneLineParser, die
 from gpuherd.errors import GpuherdError
 from gpuherd.exit_codes import ExitCode
-from supervisor.views.run_files import resolve_run
+from supervisor.views import resolve_run
 
 PROG = "gpuherd report"
 
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         die(exc.message, exc.exit_code, PROG)
     if len(set(run_dirs)) != len(run_dirs):
         die("the same run is named twice", prog=PROG)
-    from supervisor.views.report import write_report  # matplotlib loads only once the input is good
+    from supervisor.views import write_report  # matplotlib loads only once the input is good
 
     try:
         written = write_report(run_dirs, Path(args.out) if args.out else None)

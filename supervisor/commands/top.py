@@ -13,9 +13,7 @@ from rich.console import Console
 
 from gpuherd.cli import OneLineParser, die
 from gpuherd.errors import GpuherdError
-from supervisor.views.run_files import RunFiles, resolve_run
-from supervisor.views.run_state import RunState
-from supervisor.views.top import watch
+from supervisor.views import RunFiles, RunState, resolve_run, watch
 
 PROG = "gpuherd top"
 

@@ -16,8 +16,8 @@ from collections.abc import Callable, Collection
 from typing import Any
 
 from supervisor.gpus import health as meaning
-from supervisor.gpus.device_health import NA as UNKNOWN
-from supervisor.gpus.device_health import DeviceHealth
+from supervisor.gpus import NA as UNKNOWN
+from supervisor.gpus import DeviceHealth
 from supervisor.health.items import FAIL, NA, PASS, WARN, CheckItem
 
 GIB = 1024**3

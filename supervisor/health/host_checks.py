@@ -24,7 +24,7 @@ from pathlib import Path
 
 from gpuherd.config import Config
 from supervisor.health.items import FAIL, NA, PASS, WARN, CheckItem
-from supervisor.multinode import NodeLinkError, bind_master
+from supervisor.rendezvous import NodeLinkError, bind_master
 
 GIB = 1024**3
 BYTES_PER_PARAM = 12  # fp32 weights + AdamW's two moments: what one checkpoint holds per parameter

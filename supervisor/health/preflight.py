@@ -19,8 +19,7 @@ from dataclasses import asdict, dataclass, field
 
 from gpuherd.config import Config
 from gpuherd.exit_codes import ExitCode
-from supervisor.gpus.device_health import read_device_health
-from supervisor.gpus.nvml import NvmlUnavailable
+from supervisor.gpus import NvmlUnavailable, read_device_health
 from supervisor.health.gpu_checks import gpu_items
 from supervisor.health.host_checks import host_items
 from supervisor.health.items import FAIL, NA, PASS, WARN, CheckItem

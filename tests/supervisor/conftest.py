@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO_ROOT
-from tests.supervisor_helpers import env as run_env
+from tests.supervisor.helpers import env as run_env
 
 
 def debug_run(cwd: Path, env: dict[str, str], *args: str) -> Path:

@@ -14,7 +14,7 @@ from gpuherd.config import resolve
 from supervisor.health.items import FAIL, NA, PASS, WARN
 from supervisor.health.preflight import run_checks
 from tests.fake_nvml import GIB, FakeProcess, installed, machine, subprocess_env
-from tests.supervisor_helpers import env as run_env
+from tests.supervisor.helpers import env as run_env
 
 CHECK = [sys.executable, "-m", "supervisor.commands.check"]
 

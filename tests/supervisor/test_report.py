@@ -12,7 +12,7 @@ from matplotlib.image import imread
 
 from supervisor.views.figures import FIGURES
 from supervisor.views.report import config_diff
-from tests.supervisor_helpers import env as run_env
+from tests.supervisor.helpers import env as run_env
 
 REPORT = [sys.executable, "-m", "supervisor.commands.report"]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -9,9 +9,9 @@ import orjson
 import psutil
 import pytest
 
-from tests import supervisor_helpers as sh
+from tests.supervisor import helpers as sh
 from tests.supervisor.screen import run_in_terminal
-from tests.supervisor_helpers import env as run_env
+from tests.supervisor.helpers import env as run_env
 
 TOP = [sys.executable, "-m", "supervisor.commands.top"]
 

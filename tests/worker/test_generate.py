@@ -69,4 +69,4 @@ def test_a_directory_without_checkpoints_is_refused(tmp_path: Path):
     (tmp_path / "step_0000001").mkdir()  # an unfinished directory checkpoint (no meta.pt) does not count
     with pytest.raises(WorkerError, match="holds no complete gpuherd checkpoint") as info:
         resolve_checkpoint(tmp_path)
-    assert info.value.code == ExitCode.USAGE
+    assert info.value.exit_code == ExitCode.USAGE

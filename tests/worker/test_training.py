@@ -118,7 +118,7 @@ def test_resume_with_another_model_is_a_clear_error(tmp_path: Path):
     train(tmp_path, "training.max_steps=2")
     with pytest.raises(WorkerError, match="different model.*dim") as info:
         train(tmp_path, "training.resume=auto", "model.dim=64", "model.n_heads=4")
-    assert info.value.code == ExitCode.USAGE
+    assert info.value.exit_code == ExitCode.USAGE
 
 
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path: Path):
@@ -127,7 +127,7 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path: Path):
     bad.write_bytes(b"not a checkpoint")
     with pytest.raises(WorkerError, match="cannot read checkpoint") as info:
         train(tmp_path, f"training.resume={bad}")
-    assert info.value.code == ExitCode.USAGE
+    assert info.value.exit_code == ExitCode.USAGE
 
 
 def test_nan_guard_stops_with_exit_code_6(tmp_path: Path):

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from tests.gpus_helpers import captured_log
-from tests.supervisor_helpers import env
+from tests.supervisor.gpus.helpers import captured_log
+from tests.supervisor.helpers import env
 from worker.wandb_log import WandbLog
 
 WRITE = """
