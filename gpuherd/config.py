@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import glob
 import types
 import typing
 from dataclasses import dataclass, field
@@ -98,13 +99,106 @@ class TrainingConfig:
 
 @dataclass
 class DataConfig:
-    dataset: str = "shakespeare"  # shakespeare | dummy | path to text/dir/.jsonl
+    dataset: str = "shakespeare"  # shakespeare | dummy | a file, directory or glob (formats: README "Your own data")
     tokenizer: str = "gpt2"  # gpt2 | byte | path to a tokenizer.json
     context_length: int = 2048
-    num_samples: int = 0  # documents to use; 0 = all
+    num_samples: int = 0  # documents to use (per source in a mixture); 0 = all
     val_fraction: float = 0.05
     cache_dir: str = "cache/datasets"
     verify_cache: bool = False  # full checksum on every open
+    # -- data sources: record formats and mixtures (validated by validate_data_sources below) --
+    text_field: str = "text"  # the key / column holding the text in JSONL, parquet and HF datasets
+    on_bad_record: str = "error"  # error: exit 3 naming file and line/row | skip: counted in the build summary
+    mix: list[dict[str, Any]] | None = None  # [{source, weight | epochs | held_out, text_field?}]; replaces dataset
+
+
+# --------------------------------------------------------------------------- data sources
+# DataConfig.dataset / text_field / on_bad_record / mix: checks that need no file
+# content (the dataset cache reads the files and reports bad records, exit 3).
+
+BAD_RECORD_POLICIES = ("error", "skip")
+MIX_ROLES = ("weight", "epochs", "held_out")  # share of training samples | passes over the source | validation only
+MIX_KEYS = ("source", *MIX_ROLES, "text_field")
+
+
+def is_glob(spec: str) -> bool:
+    return any(ch in spec for ch in "*?[")
+
+
+def absolutize_data_sources(d: DataConfig, cwd: Path) -> None:
+    """Relative dataset paths and globs are relative to where the command ran."""
+    if d.dataset not in BUILTIN_DATASETS:
+        d.dataset = str(_absolute(d.dataset, cwd))
+    for entry in d.mix or []:
+        source = entry.get("source") if isinstance(entry, dict) else None
+        if isinstance(source, str) and source and source not in BUILTIN_DATASETS:
+            entry["source"] = str(_absolute(source, cwd))
+
+
+def validate_data_sources(d: DataConfig) -> None:
+    if d.on_bad_record not in BAD_RECORD_POLICIES:
+        raise ConfigError(f"data.on_bad_record must be one of {', '.join(BAD_RECORD_POLICIES)}; got '{d.on_bad_record}'")
+    _check_text_field(d.text_field, "data.text_field")
+    if d.mix is None:
+        _check_source(d.dataset, "data.dataset")
+        return
+    if not d.mix:
+        raise ConfigError("data.mix is empty: list {source, weight} entries, or leave it null to train on data.dataset")
+    kinds: set[str] = set()
+    sources: set[str] = set()
+    for i, entry in enumerate(d.mix):
+        where = f"data.mix[{i}]"
+        for key in entry:
+            if key not in MIX_KEYS:
+                raise ConfigError(f"{where}: unknown key '{key}'{_suggest(key, MIX_KEYS)}; keys: {', '.join(MIX_KEYS)}")
+        source = entry.get("source")
+        if not isinstance(source, str) or not source:
+            raise ConfigError(f"{where}.source must be a path, a glob or a built-in dataset; got {_show(source)}")
+        _check_source(source, f"{where}.source")
+        if source in sources:
+            raise ConfigError(f"{where}.source {source} is listed twice in data.mix")
+        sources.add(source)
+        if "text_field" in entry:
+            _check_text_field(entry["text_field"], f"{where}.text_field")
+        kinds.add(_mix_role(entry, where))
+    kinds.discard("held_out")
+    if not kinds:
+        raise ConfigError("data.mix has only held_out sources: give at least one source a weight or epochs")
+    if len(kinds) > 1:
+        raise ConfigError("data.mix gives some sources a weight and others epochs: use one kind for every training source")
+
+
+def _mix_role(entry: dict[str, Any], where: str) -> str:
+    roles = [role for role in MIX_ROLES if role in entry]
+    if len(roles) != 1:
+        raise ConfigError(
+            f"{where} needs exactly one of weight (share of training samples), epochs (passes over the source) "
+            f"or held_out: true (validation only); got {', '.join(roles) or 'none'}"
+        )
+    role, value = roles[0], entry[roles[0]]
+    if role == "held_out" and value is not True:
+        raise ConfigError(f"{where}.held_out must be true (leave it out for a training source), got {_show(value)}")
+    if role != "held_out" and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+        raise ConfigError(f"{where}.{role} must be a number > 0, got {_show(value)}")
+    return role
+
+
+def _check_text_field(value: Any, name: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{name} must name the key / column that holds the text, got {_show(value)}")
+
+
+def _check_source(spec: str, name: str) -> None:
+    if spec in BUILTIN_DATASETS:
+        return
+    if is_glob(spec):
+        if not glob.glob(spec, recursive=True):
+            raise ConfigError(f"{name} glob '{spec}' matches no file")
+    elif not Path(spec).exists():
+        raise ConfigError(f"{name} '{spec}' is neither a built-in ({', '.join(BUILTIN_DATASETS)}) nor an existing path")
+
+
+# --------------------------------------------------------------------------- end of data sources
 
 
 @dataclass
@@ -313,6 +407,10 @@ def _coerce(value: Any, annotation: Any, name: str, source: str) -> Any:
         if not isinstance(value, list):
             raise ConfigError(f"{source}: {name} must be a list, got {_show(value)}")
         return [_coerce(v, item_type, name, source) for v in value]
+    if origin is dict:
+        if isinstance(value, dict):
+            return value
+        raise ConfigError(f"{source}: {name} must be an object, got {_show(value)}")
     if annotation is bool:
         if isinstance(value, bool):
             return value
@@ -381,8 +479,7 @@ def _absolutize_paths(cfg: Config, cwd: Path) -> None:
     cfg.system.run_root = str(_absolute(cfg.system.run_root, cwd))
     cfg.system.checkpoint_dir = str(_absolute(cfg.system.checkpoint_dir, cwd))
     cfg.data.cache_dir = str(_absolute(cfg.data.cache_dir, cwd))
-    if cfg.data.dataset not in BUILTIN_DATASETS:
-        cfg.data.dataset = str(_absolute(cfg.data.dataset, cwd))
+    absolutize_data_sources(cfg.data, cwd)
     if cfg.data.tokenizer not in BUILTIN_TOKENIZERS:
         cfg.data.tokenizer = str(_absolute(cfg.data.tokenizer, cwd))
     if cfg.training.deepspeed_config:
@@ -456,10 +553,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError("training.strategy=deepspeed needs training.deepspeed_config (a DeepSpeed JSON file)")
     if t.deepspeed_config and not Path(t.deepspeed_config).is_file():
         raise ConfigError(f"training.deepspeed_config file not found: {t.deepspeed_config}")
-    if d.dataset not in BUILTIN_DATASETS and not Path(d.dataset).exists():
-        raise ConfigError(
-            f"data.dataset '{d.dataset}' is neither a built-in ({', '.join(BUILTIN_DATASETS)}) nor an existing path"
-        )
+    validate_data_sources(d)
     if d.tokenizer not in BUILTIN_TOKENIZERS and not Path(d.tokenizer).is_file():
         raise ConfigError(
             f"data.tokenizer '{d.tokenizer}' is neither a built-in ({', '.join(BUILTIN_TOKENIZERS)}) nor an existing tokenizer.json"
