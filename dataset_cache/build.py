@@ -94,6 +94,7 @@ def build_cache(
             "dataset": {
                 "spec": corpus.spec, "name": corpus.name, "sha256": key.inputs["dataset"]["sha256"],
                 "documents": documents, "text_bytes": progress.text_bytes,
+                "skipped": corpus.bad.as_dict() if corpus.bad else None,
             },
             "dtype": dtype.name,
             "context_length": context_length,
@@ -116,6 +117,8 @@ def build_cache(
         f"({n_train:,} train / {total - n_train:,} val) in {seconds:.2f} s, "
         f"{progress.text_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s"
     )
+    if corpus.bad and corpus.bad.any:
+        logger.warning(f"dataset cache {key.short}: {corpus.bad.summary()}")
     return meta
 
 

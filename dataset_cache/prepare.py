@@ -56,7 +56,8 @@ def _prepare(data: DataConfig, verify: bool, workers: int | None) -> CacheInfo:
     cache_dir = Path(data.cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
     tokenizer = load_tokenizer(data.tokenizer)
-    corpus = open_corpus(data.dataset, data.num_samples, cache_dir, trust_hash_memo=not verify)
+    corpus = open_corpus(data.dataset, data.num_samples, cache_dir, trust_hash_memo=not verify,
+                         text_field=data.text_field, on_bad_record=data.on_bad_record)
     key = cache_key(key_inputs(tokenizer, corpus, data.context_length, data.num_samples, data.val_fraction))
     final_dir = cache_dir / key.short
 
@@ -79,6 +80,7 @@ def _prepare(data: DataConfig, verify: bool, workers: int | None) -> CacheInfo:
                 logger.info(f"dataset cache {key.short} was built by another process while this one waited")
     seconds = time.perf_counter() - started
     tokens = cache.meta["tokens"]
+    _refuse_skipped_records(cache, data)
     if not built:
         logger.info(
             f"reusing dataset cache {key.short} ({tokens['train']:,} train / {tokens['val']:,} val tokens, "
@@ -88,6 +90,16 @@ def _prepare(data: DataConfig, verify: bool, workers: int | None) -> CacheInfo:
         path=final_dir, key=key.short, built=built, train_tokens=int(tokens["train"]),
         val_tokens=int(tokens["val"]), seconds=seconds,
     )
+
+
+def _refuse_skipped_records(cache: TokenCache, data: DataConfig) -> None:
+    """A cache built under on_bad_record=skip lacks records that `error` promises to stop on."""
+    skipped = cache.meta["dataset"].get("skipped") or {}
+    if data.on_bad_record == "error" and (skipped.get("records") or skipped.get("lost_tails")):
+        raise DatasetError(
+            f"dataset cache {cache.key} was built with data.on_bad_record=skip and lacks bad records "
+            f"(first: {skipped.get('first')}); set data.on_bad_record=skip to train on it"
+        )
 
 
 def _open_if_sound(final_dir: Path, digest: str, verify: bool, report: bool) -> TokenCache | None:
