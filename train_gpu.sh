@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Usage: ./train_gpu.sh <gpu_id> [args]     (seed 003; gpu_id defaults to 0)
+# Usage: ./train_gpu.sh <gpu_id> [args]     (gpu_id defaults to 0)
 # Runs one worker on that GPU through the supervisor, so logs, monitoring, NaN
 # debugging and teardown are the same as a multi-GPU run. <gpu_id> is the id
-# nvidia-smi shows. Exit 2: bad id, no such GPU, no GPU; 4: GPU busy or lost
-# (--force shares a busy GPU). Everything after the id goes to the supervisor
+# nvidia-smi shows. Exit 2: bad id, no such GPU, no GPU, or the GPU is busy
+# (--force shares a busy GPU); 4: the GPU is lost. Everything after the id goes to the supervisor
 # (--debug, --preset, --config FILE.json, --max-steps N, --set k=v, --force).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/scripts/python.sh"

@@ -2,7 +2,7 @@
 
 torchrun-compatible variables first, so scripts and frameworks that detect a
 torchrun launch (Lightning, accelerate) run unchanged; gpuherd's own after.
-Both sides import the names from here; tests/test_contract.py pins them.
+Both sides import the names from here; tests/gpuherd/test_contract.py pins them.
 """
 
 from __future__ import annotations

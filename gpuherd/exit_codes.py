@@ -16,7 +16,10 @@ class ExitCode(enum.IntEnum):
     FAILURE = 1  # unclassified failure (an exception in a worker, ...)
     USAGE = 2  # bad command line or config: nothing was started or written
     DATA = 3  # the dataset cache could not be built, fetched or verified
-    DEVICE = 4  # GPU lost, hardware XID / ECC error, device mismatch, busy GPU
+    DEVICE = 4  # GPU lost, hardware XID / ECC error, device mismatch
+    # A GPU another process or gpuherd run holds: the user must pick another one or pass
+    # --force; nothing is wrong with the hardware, so it is a usage error, not a device error.
+    BUSY_GPU = 2
     RENDEZVOUS = 5  # a rank (or, multi-node, a node) never joined in time
     NAN = 6  # non-finite loss or gradient with debug.nan_policy=stop
     HANG = 124  # a worker stopped sending heartbeats (same number as timeout(1))

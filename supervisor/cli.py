@@ -15,7 +15,7 @@ from pathlib import Path
 
 from gpuherd.cli import add_resume_flag, base_parser, config_from_args, die, resume_override
 from gpuherd.config import Config
-from supervisor.multinode import DEFAULT_PORT, NodeSpec
+from supervisor.rendezvous import DEFAULT_PORT, NodeSpec
 
 PROG = "run_training.sh"
 
@@ -159,7 +159,7 @@ def _node_spec(args: argparse.Namespace) -> NodeSpec:
 
 
 def _read_slurm(master_addr: str | None):
-    from supervisor.slurm_env import SlurmError, read_slurm
+    from supervisor.rendezvous import SlurmError, read_slurm
 
     try:  # an explicit --master-addr spares the node-list expansion (no scontrol needed)
         return read_slurm(os.environ, master_addr=master_addr)

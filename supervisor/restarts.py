@@ -36,7 +36,7 @@ def refusal(cause: RootCause, restart_on_nan: bool) -> str | None:
     return None
 
 
-class CheckpointWatch:
+class RunCheckpoints:
     """What the checkpoint directory held when the run started, to tell this run's
     checkpoints from older ones."""
 

@@ -1,4 +1,4 @@
-"""The run directory `logs/<run-id>/` and atomic writes of the files that matter."""
+"""The run directory `logs/<run-id>/`: its id, its path, and its creation."""
 
 from __future__ import annotations
 
@@ -7,11 +7,16 @@ import re
 import secrets
 from pathlib import Path
 
+from gpuherd.errors import GpuherdError
+from gpuherd.exit_codes import ExitCode
+
 _RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
-class RunDirError(ValueError):
+class RunDirError(GpuherdError):
     """A bad --run-id or an existing run directory; one line for the user (exit 2)."""
+
+    exit_code = ExitCode.USAGE
 
 
 def new_run_id() -> str:

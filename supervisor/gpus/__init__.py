@@ -1,16 +1,21 @@
-"""All NVML access of the supervisor goes through this package (the GPU adapter).
+"""Devices: every NVML call of the supervisor, and the plan of which device each worker gets.
 
-Public API (what the supervisor and the CLIs call):
-  plan_gpus(requested, allowed_env, force) -> list[GpuInfo]     plan.py
-  DeviceError(message, code)  .code: 2 usage / 4 device          errors.py
-  format_device_table(gpus, rank_of_gpu) -> str                 table.py
-  GpuMonitor(gpus, rank_of_gpu, worker_pids, sink, warn, fatal, interval, verbose)   monitor.py
-  select_least_used(window_s, allowed_env, force=...) -> Selection   selection.py
-  read_topology(gpu_ids) -> Topology (.format(), .warnings())   topology.py
-  NcclTransportWatch: warns when same-node pairs fall back to SHM/NET   nccl_transport.py
-  read_inventory() -> list[GpuInfo]                              inventory.py
+Everything outside this package imports from here, never from the modules below.
+
+  plan_devices(system, cuda_visible_devices, nproc_explicit, force) -> DevicePlan   devices.py
+  DevicePlan / DeviceSlot: the workers' devices in rank order                         devices.py
+  plan_gpus(requested, allowed_env, force, first=) -> list[GpuInfo]                   plan.py
+  DeviceError(message, exit_code): 2 usage (ExitCode.BUSY_GPU too) / 4 device         errors.py
+  format_device_table(gpus, rank_of_gpu) -> str                                       table.py
+  GpuMonitor(gpus, rank_of_gpu, worker_pids, sink, warn, fatal, interval, verbose)    monitor.py
+  select_least_used(window_s, allowed_env, force=...) -> Selection                    selection.py
+  read_topology(gpu_ids) -> Topology (.format(), .warnings())                         topology.py
+  read_inventory() -> list[GpuInfo]; allowed_gpus(inventory, CUDA_VISIBLE_DEVICES)    inventory.py, visible.py
+  CLAIM_FDS_ENV: the variable that hands a GPU claim through exec                     claim.py
 """
 
+from supervisor.gpus.claim import CLAIM_FDS_ENV
+from supervisor.gpus.devices import DevicePlan, DeviceSlot, plan_devices
 from supervisor.gpus.errors import DeviceError
 from supervisor.gpus.inventory import GpuInfo, GpuProcess, read_inventory
 from supervisor.gpus.monitor import GpuMonitor
@@ -19,9 +24,10 @@ from supervisor.gpus.plan import plan_gpus, release_claims
 from supervisor.gpus.selection import Selection, select_least_used
 from supervisor.gpus.table import format_device_table
 from supervisor.gpus.topology import Topology, read_topology
+from supervisor.gpus.visible import allowed_gpus
 
 __all__ = [
-    "DeviceError", "GpuInfo", "GpuLost", "GpuMonitor", "GpuProcess", "NvmlUnavailable", "Selection", "Topology",
-    "format_device_table", "plan_gpus", "read_inventory", "read_topology", "release_claims",
-    "select_least_used",
+    "CLAIM_FDS_ENV", "DeviceError", "DevicePlan", "DeviceSlot", "GpuInfo", "GpuLost", "GpuMonitor", "GpuProcess",
+    "NvmlUnavailable", "Selection", "Topology", "allowed_gpus", "format_device_table", "plan_devices", "plan_gpus",
+    "read_inventory", "read_topology", "release_claims", "select_least_used",
 ]

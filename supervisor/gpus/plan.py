@@ -26,6 +26,7 @@ def plan_gpus(
     allowed_env: str | None,
     force: bool,
     *,
+    first: int | None = None,
     lock_dir: Path | None = None,
 ) -> list[GpuInfo]:
     """The GPUs to run on, claimed for the life of this process.
@@ -33,9 +34,12 @@ def plan_gpus(
     requested None: every allowed GPU ([] when NVML is unavailable or nothing is
     allowed: the caller falls back to CPU workers). Raises DeviceError:
     exit 2 for an id that does not exist or is not allowed, a duplicate id,
-    a malformed CUDA_VISIBLE_DEVICES, GPUs requested without NVML/GPU;
-    exit 4 for a lost GPU, or one held by another process or claimed by
-    another gpuherd run (unless force).
+    a malformed CUDA_VISIBLE_DEVICES, GPUs requested without NVML/GPU, `first`
+    larger than the allowed GPUs; ExitCode.BUSY_GPU for one held by another
+    process or claimed by another gpuherd run (unless force); exit 4 for a lost GPU.
+
+    `first=N` (with requested None): the first N allowed GPUs, from the same
+    inventory read.
     """
     if requested is not None and not requested:
         raise DeviceError("--gpus is empty: name at least one GPU id", ExitCode.USAGE)
@@ -48,6 +52,11 @@ def plan_gpus(
     allowed = allowed_gpus(inventory, allowed_env)
     if requested is None:
         chosen = allowed
+        if first is not None and allowed:
+            if first > len(allowed):
+                raise DeviceError(f"--nproc {first} asks for more workers than the {len(allowed)} usable GPU(s) "
+                                  f"({_ids([g.index for g in allowed])})", ExitCode.USAGE)
+            chosen = allowed[:first]
     else:
         chosen = [_pick(inventory, allowed, allowed_env, gpu_id) for gpu_id in _unique(requested)]
     for gpu in chosen:
@@ -95,7 +104,7 @@ def _refuse_busy(chosen: list[GpuInfo], all_by_default: bool) -> None:
             raise DeviceError(
                 f"GPU {gpu.index} is busy: {len(others)} other process(es) hold {held:.1f} GiB "
                 f"({'; '.join(p.describe() for p in others[:3])}); {hint}use ./train_auto_gpu.sh, "
-                "or --force to share it", ExitCode.USAGE)
+                "or --force to share it", ExitCode.BUSY_GPU)
 
 
 def _claim(chosen: list[GpuInfo], force: bool, lock_dir: Path | None) -> None:

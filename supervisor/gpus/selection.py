@@ -67,8 +67,8 @@ def select_least_used(
     rng: random.Random | None = None,
 ) -> Selection:
     """Rank, claim and return the least-used allowed GPU. DeviceError: exit 2 when there
-    is no GPU at all; exit 4 when every GPU is lost, claimed, or busy (busy ones are taken
-    only with force)."""
+    is no GPU at all, ExitCode.BUSY_GPU when every usable GPU is busy or claimed (busy ones
+    are taken only with force), exit 4 when every GPU is lost."""
     rng = rng or random.Random()
     try:
         with nvml.session() as pynvml:
@@ -97,7 +97,8 @@ def select_least_used(
     reasons = ", ".join(
         f"GPU {c.gpu.index} " + ("claimed by another gpuherd run" if c.claimed_by is not None else "busy")
         for c in ranked)
-    raise DeviceError(f"no free GPU: {reasons}; pass --force to share the least-used busy GPU", ExitCode.USAGE)
+    raise DeviceError(f"no free GPU: {reasons}; pass --force to share the least-used busy GPU",
+                      ExitCode.BUSY_GPU)
 
 
 def _measure(pynvml, handles: dict, gpus: list[GpuInfo], window_s: float) -> list[Candidate]:

@@ -1,4 +1,4 @@
-"""The device table printed at start and by `python -m supervisor.select_gpu`."""
+"""The device table printed at start and by `python -m supervisor.commands.select_gpu`."""
 
 from __future__ import annotations
 

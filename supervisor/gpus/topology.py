@@ -1,4 +1,4 @@
-"""GPU-to-GPU topology of the planned GPUs, checked before a multi-GPU run (seed 000).
+"""GPU-to-GPU topology of the planned GPUs, checked before a multi-GPU run.
 
 The matrix reads like `nvidia-smi topo -m`: NV# (NVLink links between the pair),
 PIX (one PCIe switch), PXB (several switches), PHB (the CPU's host bridge),
@@ -51,7 +51,7 @@ class Topology:
         return list(itertools.combinations(self.gpus, 2))
 
     def warnings(self) -> list[str]:
-        """Seed 000's advice for every slow pair and every pair without P2P."""
+        """Advice for every slow pair (through the CPU or the network) and every pair without P2P."""
         out = []
         slow = [(a, b, self.link[a, b]) for a, b in self.pairs() if self.link.get((a, b)) in SLOW_LEVELS]
         if slow:

@@ -1,0 +1,225 @@
+"""`python -m supervisor.commands.sbatch`: write an sbatch script that trains on N nodes x G GPUs.
+
+  python -m supervisor.commands.sbatch --nodes 2 --gpus-per-node 8 --time 48:00:00 --partition gpu \\
+      --output train.sbatch -- --preset gpt2-small --set training.max_steps=1000
+  sbatch train.sbatch
+
+Everything after `--` goes to run_training.sh on every node. The script asks SLURM for
+one task per node (gpuherd runs one supervisor per node, and the supervisor starts the
+per-GPU workers itself, as torchrun does) and starts it with `run_training.sh --slurm`,
+which reads node rank, node count and master address from SLURM (supervisor/rendezvous/slurm_env.py).
+Bad flags: one line on stderr, exit 2, nothing written. docs/slurm.md has the details.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuherd.cli import OneLineParser, die
+from gpuherd.files import write_bytes_atomic
+from supervisor import REPO_ROOT
+
+PROG = "python -m supervisor.commands.sbatch"
+CPUS_PER_GPU = 8  # the usual CPU share on GPU nodes: 8 tasks x 8 CPUs for 8 GPUs
+
+# sbatch(1) --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
+# days-hours:minutes, days-hours:minutes:seconds; UNLIMITED / INFINITE where allowed.
+TIME_RE = re.compile(r"[0-9]+(:[0-9]+){0,2}|[0-9]+-[0-9]+(:[0-9]+){0,2}|UNLIMITED|INFINITE", re.IGNORECASE)
+MEM_RE = re.compile(r"[0-9]+[KMGT]?", re.IGNORECASE)  # sbatch(1) --mem: size[units], 0 = all of the node's memory
+
+
+@dataclass(frozen=True)
+class SbatchOptions:
+    nodes: int
+    gpus_per_node: int
+    cpus_per_task: int
+    repo: Path  # absolute: the job cds here
+    log_dir: Path  # absolute: sbatch resolves relative --output paths against the job's start directory
+    job_name: str = "gpuherd"
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None
+    mem: str | None = None
+    train_args: tuple[str, ...] = ()
+
+
+def render_sbatch(options: SbatchOptions) -> str:
+    """The whole sbatch script for `options`; pure, so tests and the CLI share it."""
+    return "\n".join([*_header(options), *_body(options)]) + "\n"
+
+
+def _header(o: SbatchOptions) -> list[str]:
+    output = o.log_dir / "%x-%j.out"  # %x = job name, %j = job id (sbatch(1) filename pattern)
+    directives = [
+        ("job-name", o.job_name), ("nodes", o.nodes), ("ntasks-per-node", 1), ("gres", f"gpu:{o.gpus_per_node}"),
+        ("cpus-per-task", o.cpus_per_task), ("mem", o.mem), ("time", o.time), ("partition", o.partition),
+        ("account", o.account), ("output", output), ("error", output),
+    ]
+    return [
+        "#!/bin/bash",
+        f"# gpuherd: {o.nodes} node(s) x {o.gpus_per_node} GPU(s), written by `{PROG}` for the checkout {o.repo}",
+        "# Submit: sbatch THIS_FILE    Follow: tail -f " + str(o.log_dir / f"{o.job_name}-JOBID.out"),
+        "#",
+        "# One task per node: gpuherd runs one supervisor per node and the supervisor starts",
+        "# one worker per GPU itself, so SLURM must not start a task per GPU.",
+        *(f"#SBATCH --{name}={value}" for name, value in directives if value is not None),
+    ]
+
+
+def _body(o: SbatchOptions) -> list[str]:
+    srun = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash", "run_training.sh", "--slurm",
+            *o.train_args]
+    return [
+        "",
+        "set -euo pipefail",
+        'if [[ -z "${SLURM_JOB_ID:-}" ]]; then echo "submit this script with: sbatch $0" >&2; exit 2; fi',
+        "",
+        "# The checkout this script was written for: logs/, cache/ and .checkpoints/ live here,",
+        "# and relative paths in the training arguments below are relative to it too.",
+        f"cd {shlex.quote(str(o.repo))}",
+        "",
+        "# Since Slurm 22.05 srun no longer inherits --cpus-per-task from sbatch (sbatch(1));",
+        "# without this the supervisor and all of its workers would share one CPU.",
+        'export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"',
+        "",
+        *NCCL_SECTION,
+        "",
+        *TROUBLESHOOTING,
+        "",
+        'echo "gpuherd: job $SLURM_JOB_ID on $SLURM_JOB_NUM_NODES node(s): $SLURM_JOB_NODELIST"',
+        "",
+        "# One supervisor per node. --slurm: node rank, node count, master address and port come",
+        "# from SLURM's environment (docs/slurm.md). --kill-on-bad-exit=1: when one node fails, the",
+        "# step ends on every node instead of the others waiting for a peer that is gone.",
+        shlex.join(srun),
+    ]
+
+
+NCCL_SECTION = [
+    "# ---- NCCL (sbatch passes the submitting shell's environment on, so e.g.",
+    "#      `NCCL_DEBUG=INFO sbatch THIS_FILE` overrides the default below)",
+    "# WARN: errors and warnings only. INFO prints the interfaces and transports NCCL picked",
+    "# (NET/IB, NET/Socket, P2P/NVLink) on every rank: the first thing to read when a",
+    "# multi-node run fails, hangs or is slow.",
+    'export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"',
+    "# A failed or timed-out collective raises in every rank instead of blocking forever, so",
+    "# the supervisor sees the failure and tears the node down. PyTorch >= 2.2 reads the",
+    "# TORCH_ name (the supervisor also sets it for its workers); older ones the NCCL_ name.",
+    "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
+    "export NCCL_ASYNC_ERROR_HANDLING=1",
+    "# The network interface between nodes. Set it when NCCL_DEBUG=INFO shows NCCL on the",
+    "# wrong one (docker0, a slow management network) or it finds none: name the fast",
+    "# interface, or exclude interfaces by prefix with ^.",
+    "# export NCCL_SOCKET_IFNAME=eth0",
+    "# export NCCL_SOCKET_IFNAME=^lo,docker",
+    "# InfiniBand: disable it when IB errors or hangs appear on nodes without working IB;",
+    "# NCCL then uses TCP sockets (works everywhere, much slower).",
+    "# export NCCL_IB_DISABLE=1",
+]
+
+TROUBLESHOOTING = [
+    "# ---- When something goes wrong (exit codes: README.md, \"Exit codes\")",
+    "# NCCL errors: NCCL_DEBUG=INFO; then NCCL_IB_DISABLE=1 or NCCL_SOCKET_IFNAME (above).",
+    "# Exit 5, a rank never joined: check that the nodes reach each other and that no firewall",
+    "#   blocks MASTER_PORT on the first node (docs/slurm.md says which port); a slow start",
+    "#   wants a larger --set system.rendezvous_timeout=SECONDS.",
+    "# Exit 124, a hang: the log names the rank that stopped; its Python stacks are in",
+    "#   logs/<run-id>/worker-rank<r>-GPU<n>.log on its node.",
+    "# Out of memory: lower training.batch_size and raise training.grad_accum_nums,",
+    "#   --set training.gradient_checkpointing=true, or training.strategy=fsdp to shard the model.",
+    "# Slow: NCCL_DEBUG=INFO shows NET/IB or NET/Socket between nodes; `python -m",
+    "#   supervisor.commands.topology` on a node shows NVLink or PCIe between its GPUs.",
+    "# Start small: --debug on one node, then two nodes, then the long run.",
+]
+
+
+def parse(argv: list[str]) -> tuple[SbatchOptions, Path | None]:
+    """Arguments -> (options, script path or None for stdout); exits 2 with one line on any problem."""
+    ours, train_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    parser = _parser()
+    args, unknown = parser.parse_known_args(ours)
+    if unknown:
+        die(f"unrecognized arguments: {' '.join(unknown)} (arguments for run_training.sh go after --, "
+            f"e.g. {PROG} --nodes 2 --gpus-per-node 8 -- --preset gpt2-small)")
+    log_dir = Path(args.log_dir).expanduser().absolute() if args.log_dir else REPO_ROOT / "logs" / "slurm"
+    if re.search(r"[\s%]", str(log_dir)):
+        die(f"the log directory {log_dir} contains whitespace or '%' (a filename pattern character in "
+            "#SBATCH --output); choose another with --log-dir")
+    options = SbatchOptions(
+        nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+        cpus_per_task=args.cpus_per_task or CPUS_PER_GPU * args.gpus_per_node,
+        repo=REPO_ROOT, log_dir=log_dir, job_name=args.job_name, partition=args.partition,
+        account=args.account, time=args.time, mem=args.mem, train_args=tuple(train_args))
+    return options, (Path(args.output).expanduser() if args.output else None)
+
+
+def _parser() -> OneLineParser:
+    parser = OneLineParser(prog=PROG, usage=f"{PROG} --nodes N --gpus-per-node G [options] [-- TRAINING ARGS]",
+                           description="Write an sbatch script that trains on N nodes x G GPUs; "
+                                       "arguments after -- go to run_training.sh on every node.",
+                           epilog=f"example: {PROG} --nodes 2 --gpus-per-node 8 --time 48:00:00 -o job.sbatch "
+                                  "-- --preset gpt2-small, then: sbatch job.sbatch (details: docs/slurm.md)")
+    parser.add_argument("--nodes", type=_count, required=True, metavar="N", help="nodes to train on")
+    parser.add_argument("--gpus-per-node", type=_count, required=True, metavar="G", help="GPUs on each node")
+    parser.add_argument("--cpus-per-task", type=_count, default=None, metavar="C",
+                        help=f"CPUs for each node's supervisor and its workers (default {CPUS_PER_GPU} per GPU)")
+    parser.add_argument("--mem", type=_matching(MEM_RE, "a size like 200G, or 0 for all of it"), default=None,
+                        help="memory per node (sbatch --mem; default: the cluster's)")
+    parser.add_argument("--time", type=_matching(TIME_RE, "a time like 48:00:00, 2-00:00:00 or 90"),
+                        default=None, metavar="LIMIT", help="wall-clock limit (default: the partition's)")
+    parser.add_argument("--job-name", type=_word, default="gpuherd", metavar="NAME", help="default gpuherd")
+    parser.add_argument("--partition", type=_word, default=None, metavar="NAME")
+    parser.add_argument("--account", type=_word, default=None, metavar="NAME")
+    parser.add_argument("--log-dir", default=None, metavar="DIR",
+                        help="where SLURM writes the job's output, NAME-JOBID.out (default: logs/slurm in the checkout)")
+    parser.add_argument("--output", "-o", default=None, metavar="PATH", help="write the script here (default: stdout)")
+    return parser
+
+
+# Argument types: argparse turns an ArgumentTypeError into one line, `argument --x: message`.
+
+def _count(text: str) -> int:
+    if not re.fullmatch(r"[0-9]+", text) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got '{text}'")
+    return int(text)
+
+
+def _word(text: str) -> str:
+    """One #SBATCH value: whitespace or control characters would break the directive line."""
+    if not text or not text.isprintable() or re.search(r"\s", text):
+        raise argparse.ArgumentTypeError(f"expected one word without spaces, got {text!r}")
+    return text
+
+
+def _matching(pattern: re.Pattern[str], what: str):
+    def check(text: str) -> str:
+        if not pattern.fullmatch(text):
+            raise argparse.ArgumentTypeError(f"expected {what}, got '{text}'")
+        return text
+    return check
+
+
+def main(argv: list[str] | None = None) -> int:
+    options, path = parse(list(sys.argv[1:] if argv is None else argv))
+    script = render_sbatch(options)
+    try:
+        # sbatch does not create the --output directory; a missing one loses the job's output
+        options.log_dir.mkdir(parents=True, exist_ok=True)
+        if path is None:
+            sys.stdout.write(script)
+            return 0
+        write_bytes_atomic(path, script.encode())
+        path.chmod(0o644)  # the temp file behind the atomic write is private (0600)
+    except OSError as exc:
+        die(f"cannot write {exc.filename or path}: {exc.strerror}")
+    print(f"wrote {path}; submit it with: sbatch {shlex.quote(str(path))}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

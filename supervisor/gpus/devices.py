@@ -1,0 +1,96 @@
+"""Which devices this run uses, one worker each, in rank order.
+
+GPU identity, order, CUDA_VISIBLE_DEVICES handling, busy checks and claims all
+come from the GPU adapter (`supervisor.gpus.plan_gpus`): NVML index ==
+nvidia-smi id == CUDA id under CUDA_DEVICE_ORDER=PCI_BUS_ID. This module turns
+its answer into worker slots: `system.gpus` (`--gpus`) or `system.device_id`
+(train_gpu.sh) pick GPUs, an explicit `--nproc N` takes the first N, and no GPU
+at all means `system.nproc` CPU workers with a one-line notice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from gpuherd.config import SystemConfig
+from gpuherd.exit_codes import ExitCode
+from supervisor.gpus.errors import DeviceError
+from supervisor.gpus.inventory import GpuInfo
+from supervisor.gpus.plan import plan_gpus
+
+
+@dataclass(frozen=True)
+class DeviceSlot:
+    rank: int
+    kind: str  # "cuda" | "cpu"
+    device_id: int  # physical id: nvidia-smi's GPU id, or CPU worker n
+    uuid: str = ""  # NVML UUID, "" for CPU workers
+    local_rank: int | None = None  # on this node, when `rank` is global (multi-node); None: the same as rank
+
+    @property
+    def local(self) -> int:
+        return self.rank if self.local_rank is None else self.local_rank
+
+    @property
+    def tag(self) -> str:
+        """`GPU3` / `CPU0`: the console prefix without the colon."""
+        return f"{'GPU' if self.kind == 'cuda' else 'CPU'}{self.device_id}"
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    slots: tuple[DeviceSlot, ...]
+    isolate: bool  # each worker sees only its own GPU
+    notice: str | None = None  # one line worth telling the user (CPU fallback)
+    gpus: tuple[GpuInfo, ...] = ()  # NVML's record of each planned GPU, in rank order
+
+    @property
+    def kind(self) -> str:
+        return self.slots[0].kind
+
+    @property
+    def world_size(self) -> int:
+        return len(self.slots)
+
+    def with_rank_offset(self, offset: int) -> DevicePlan:
+        """This node's slots with global ranks (multi-node: node r's first rank is `offset`)."""
+        slots = tuple(replace(s, rank=offset + s.local, local_rank=s.local) for s in self.slots)
+        return replace(self, slots=slots)
+
+    def visible_devices(self, slot: DeviceSlot) -> str | None:
+        """CUDA_VISIBLE_DEVICES for this worker (None on CPU: hide nothing, set nothing)."""
+        if slot.kind != "cuda":
+            return None
+        if self.isolate:
+            return str(slot.device_id)
+        return ",".join(str(s.device_id) for s in self.slots)
+
+
+def plan_devices(
+    system: SystemConfig,
+    cuda_visible_devices: str | None,
+    nproc_explicit: bool,
+    force: bool = False,
+) -> DevicePlan:
+    """Decide the workers before anything starts; raises DeviceError (exit 2 for a
+    wrong request or a busy GPU, 4 for broken hardware)."""
+    if system.device == "cpu":
+        return _cpu_plan(system.nproc, None)
+    requested = system.gpus if system.gpus is not None else (
+        [system.device_id] if system.device_id is not None else None)
+    first = system.nproc if requested is None and nproc_explicit else None
+    gpus = plan_gpus(requested, cuda_visible_devices, force, first=first)
+    if not gpus:
+        why = (f"CUDA_VISIBLE_DEVICES={cuda_visible_devices!r} hides every GPU"
+               if cuda_visible_devices is not None else "NVML unavailable or no GPU")
+        if system.device == "cuda":
+            raise DeviceError(f"system.device=cuda but no GPU is usable ({why})", ExitCode.USAGE)
+        return _cpu_plan(system.nproc, f"no GPU found ({why}): starting {system.nproc} CPU workers "
+                                       "with gloo (--nproc N to change)")
+    slots = tuple(DeviceSlot(rank=r, kind="cuda", device_id=g.index, uuid=g.uuid) for r, g in enumerate(gpus))
+    return DevicePlan(slots=slots, isolate=system.isolate, gpus=tuple(gpus))
+
+
+def _cpu_plan(nproc: int, notice: str | None) -> DevicePlan:
+    slots = tuple(DeviceSlot(rank=r, kind="cpu", device_id=r) for r in range(nproc))
+    return DevicePlan(slots=slots, isolate=False, notice=notice)

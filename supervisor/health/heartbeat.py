@@ -1,0 +1,126 @@
+"""Status records -> per-rank liveness: hangs, early exits, a process group that never forms.
+
+Any status record is a heartbeat. Until a rank's first `step`, and while it is in
+a slow phase (compile, checkpoint, eval), it gets the longer startup allowance;
+in training it gets `hang_timeout`. Ranks that never write a record (a `--script`
+that does not use the status channel) are not judged by heartbeat unless the run
+expects heartbeats (built-in workers always send them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+SLOW_PHASES = {"init", "rendezvous", "compile", "checkpoint", "eval"}
+# Defaults when system.hang_timeout is 0: a production step plus its logging can take
+# minutes on one GPU; a --script's steps are unknown, so be generous.
+HANG_DEFAULTS = {"debug": 60.0, "gpt2-small": 300.0, "production": 600.0}
+SCRIPT_HANG_DEFAULT = 300.0
+
+
+def hang_timeouts(preset: str, hang_timeout: float, startup_timeout: float, script: bool) -> tuple[float, float]:
+    """(hang, startup) seconds for this run."""
+    hang = hang_timeout or (SCRIPT_HANG_DEFAULT if script else HANG_DEFAULTS.get(preset, 600.0))
+    startup = startup_timeout or max(3 * hang, 300.0)
+    return hang, startup
+
+
+@dataclass
+class RankState:
+    rank: int
+    spawned: float
+    last_record: float | None = None
+    records: int = 0
+    phase: str | None = None
+    step: int | None = None
+    max_steps: int | None = None
+    loss: float | None = None
+    done: bool = False
+    joined: bool = False  # past process-group init (any record that only a joined rank sends)
+    error: str | None = None
+
+    def describe(self) -> str:
+        if self.records == 0:
+            return "never sent a status record"
+        parts = [f"step {self.step}" if self.step is not None else "no step yet"]
+        if self.phase:
+            parts.append(f"phase {self.phase}")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str  # "hang" | "rendezvous"
+    rank: int  # the straggler
+    message: str
+
+
+class Heartbeats:
+    def __init__(self, ranks: list[int], now: float, hang: float, startup: float, rendezvous: float,
+                 expect_heartbeats: bool) -> None:
+        self.ranks = {r: RankState(r, now) for r in ranks}
+        self.hang, self.startup, self.rendezvous = hang, startup, rendezvous
+        self.expect = expect_heartbeats
+        self._rendezvous_started: float | None = None
+
+    def record(self, rank: int, rec: dict[str, Any], now: float) -> None:
+        st = self.ranks.get(rank)
+        if st is None:
+            return
+        st.last_record, st.records = now, st.records + 1
+        kind = rec.get("type")
+        if st.phase == "rendezvous":  # anything a rank says after entering rendezvous means it got through
+            st.joined = True
+        if kind == "phase":
+            st.phase = str(rec.get("name"))
+            if st.phase == "rendezvous":
+                st.joined = False
+                if self._rendezvous_started is None:
+                    self._rendezvous_started = now
+        elif kind == "step":
+            st.step, st.max_steps, st.loss = rec.get("step"), rec.get("max_steps"), rec.get("loss")
+            st.joined = True
+            if st.phase in ("init", "rendezvous", None):
+                st.phase = "train"
+        elif kind in ("eval", "checkpoint", "nan"):
+            st.joined = True
+            if rec.get("step") is not None:
+                st.step = rec["step"]
+        elif kind == "done":
+            st.done = st.joined = True
+            if rec.get("step") is not None:
+                st.step = rec["step"]
+        elif kind == "error":
+            st.error = str(rec.get("message"))
+
+    def allowance(self, st: RankState) -> float:
+        if st.step is None or st.phase in SLOW_PHASES:
+            return self.startup
+        return self.hang
+
+    def check(self, now: float, alive: set[int]) -> Verdict | None:
+        """A hang or a failed rendezvous among the ranks still running, or None."""
+        watched = [st for r, st in self.ranks.items()
+                   if r in alive and not st.done and (self.expect or st.records)]
+        if self._rendezvous_started is not None and now - self._rendezvous_started > self.rendezvous:
+            missing = [st for st in self.ranks.values() if st.rank in alive and not st.joined]
+            if missing:
+                names = ", ".join(f"rank {st.rank} ({st.describe()})" for st in missing)
+                return Verdict("rendezvous", missing[0].rank,
+                               f"process group not formed after {self.rendezvous:.0f} s: {names} never joined")
+        stale = [st for st in watched if now - (st.last_record or st.spawned) > self.allowance(st)]
+        if not stale:
+            return None
+        # The straggler: the rank furthest behind, then the one silent longest.
+        straggler = min(stale, key=lambda st: (st.step if st.step is not None else -1,
+                                               st.last_record or st.spawned))
+        silent = now - (straggler.last_record or straggler.spawned)
+        return Verdict("hang", straggler.rank,
+                       f"rank {straggler.rank} sent no heartbeat for {silent:.0f} s "
+                       f"(allowance {self.allowance(straggler):.0f} s; {straggler.describe()}); "
+                       f"steps reached: {self.steps_reached()}")
+
+    def steps_reached(self) -> str:
+        return ", ".join(f"rank {st.rank}={st.step if st.step is not None else '-'}" for st in self.ranks.values())
+

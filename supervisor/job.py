@@ -1,0 +1,295 @@
+"""One training job: its attempts, from spawning the workers to the summary.
+
+An attempt: rendezvous (exit 5 when a node never joins) -> spawn one worker per
+device -> supervise until the end -> the job's root cause. `--max-restarts N`: a
+failure worth retrying starts the next attempt, resuming from the newest checkpoint
+this run wrote. The end: summary.json and the root-cause block.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from loguru import logger
+
+from gpuherd import contract
+from gpuherd.config import Config
+from gpuherd.exit_codes import ExitCode
+from supervisor import run_dir as rundir
+from supervisor.cli import Launch
+from supervisor.gpus import DevicePlan
+from supervisor.health import Heartbeats, MetricsSink, NcclTransportWatch, RunContext, RunWatcher, gpu_watcher, \
+    hang_timeouts
+from supervisor.logs import Console, LogRouter, WorkerLog
+from supervisor.processes import OrphanGuard, Supervision, WorkerProcess, become_subreaper, die_with_parent, \
+    python_env, RunEnv, spawn, sweep_children, worker_env
+from supervisor.rendezvous import NodeLinkError, Rendezvous, Setup, SingleNode
+from supervisor.restarts import RunCheckpoints, pause, refusal
+from supervisor.summary import AttemptReport, RootCause, Summary, WorkerReport, how_it_ended, now_iso, shell_code
+
+
+@dataclass
+class Attempt:
+    """One attempt's parts, built before the first spawn."""
+
+    number: int
+    setup: Setup
+    logs: dict[int, WorkerLog]
+    router: LogRouter
+    monitor: Heartbeats
+    sup: Supervision
+    run_env: RunEnv
+    metrics: MetricsSink
+    workers: list[WorkerProcess] = field(default_factory=list)
+
+
+class Job:
+    def __init__(self, launch: Launch, plan: DevicePlan, run_id: str, run_dir: Path, command: list[str],
+                 started_at: str, t0: float) -> None:
+        self.launch, self.plan, self.run_id, self.run_dir = launch, plan, run_id, run_dir
+        self.cfg = launch.config
+        self.command, self.started_at, self.t0 = command, started_at, t0
+        self.dataset_path = ""
+        self.notes: list[str] = []
+        self.rendezvous: Rendezvous = SingleNode()
+
+    @property
+    def mode(self) -> str:
+        return "script" if self.launch.script else "train"
+
+    def prepare_dataset(self) -> RootCause | None:
+        """Built once, here, before any worker exists; workers only read it."""
+        try:
+            from dataset_cache import DatasetError, prepare_cache
+        except ImportError as exc:
+            return RootCause("dataset", ExitCode.DATA, f"the dataset_cache package is unusable: {exc}")
+        try:
+            info = prepare_cache(self.cfg.data)
+        except DatasetError as exc:
+            logger.error(f"dataset: {exc}")
+            return RootCause("dataset", ExitCode.DATA, f"dataset: {exc}")
+        except KeyboardInterrupt:
+            return RootCause("interrupted", ExitCode.SIGINT, "interrupted by Ctrl-C while preparing the dataset")
+        self.dataset_path = str(info.path)
+        logger.info(f"dataset cache {'built' if info.built else 'reused'}: {info.path} "
+                    f"({info.train_tokens:,} train / {info.val_tokens:,} val tokens, {info.seconds:.1f} s)")
+        return None
+
+    def run(self) -> int:
+        """Every attempt until one succeeds, a failure is not worth restarting, or
+        `system.max_restarts` restarts are used up."""
+        become_subreaper()
+        system = self.cfg.system
+        guard = OrphanGuard(f"{contract.SUPERVISOR_PID}={os.getpid()}", sys.executable, python_env())
+        metrics = MetricsSink(self.run_dir / "metrics.jsonl")
+        checkpoints = RunCheckpoints(Path(system.checkpoint_dir))
+        attempts: list[AttemptReport] = []
+        final: RootCause | None = None
+        resume: str | None = None
+        try:
+            for attempt in range(system.max_restarts + 1):
+                report = self.run_attempt(attempt, resume, guard, metrics)
+                attempts.append(report)
+                final = report.root_cause
+                if final is None:
+                    break
+                why_not = refusal(final, system.restart_on_nan)
+                if report.stop_signal:  # e.g. scancel's SIGTERM reached a worker before the supervisor
+                    why_not = f"the supervisor received {report.stop_signal}"
+                if attempt == system.max_restarts or why_not:
+                    if system.max_restarts:  # say why only where a restart was on the table
+                        report.not_restarted = why_not or f"all {system.max_restarts} restart(s) used"
+                    break
+                newest = checkpoints.newest_of_this_run()
+                resume = str(newest) if newest is not None else None
+                logger.warning(f"attempt {attempt} failed ({final.message}); restart {attempt + 1} of "
+                               f"{system.max_restarts} in {system.restart_backoff:g} s, "
+                               + (f"resuming from {resume}" if resume else "starting as the first attempt did "
+                                  "(no checkpoint written yet)"))
+                metrics.write({"type": "restart", "time": time.time(), "attempt": attempt + 1,
+                               "after": final.message, "exit_code": final.exit_code, "resume": resume})
+                signum = pause(system.restart_backoff)
+                if signum is not None:
+                    final = _stop_cause(signum, f"during the pause before attempt {attempt + 1}")
+                    break
+        except KeyboardInterrupt:  # Ctrl-C in the instant between an attempt's handlers and the pause
+            final = _stop_cause(signal.SIGINT, "between attempts")
+        finally:
+            metrics.close()
+            sweep_children(exclude={guard.pid, self.rendezvous.helper_pid})
+            guard.release()
+        return self.finish(final, attempts)
+
+    def run_attempt(self, attempt: int, resume: str | None, guard: OrphanGuard, metrics: MetricsSink) -> AttemptReport:
+        """Start every worker once, supervise them to the end, clean up everything but the job's files."""
+        started_at, t0 = now_iso(), time.monotonic()
+        log_dir = self.run_dir if attempt == 0 else rundir.create(self.run_dir / f"attempt-{attempt}")
+        try:
+            setup = self.rendezvous.begin(attempt, self.plan, resume)
+        except NodeLinkError as exc:
+            logger.error(str(exc) if exc.cause is None else f"the job failed on another node: {exc}")
+            cause = RootCause.from_dict(exc.cause) if exc.cause is not None else RootCause(
+                "rendezvous", exc.exit_code, str(exc), node=self.rendezvous.node_rank)
+            return AttemptReport(attempt=attempt, started_at=started_at, duration_s=round(time.monotonic() - t0, 3),
+                                 exit_code=cause.exit_code, outcome=cause.kind, root_cause=cause, resumed_from=resume,
+                                 log_dir=str(log_dir), teardown_s=None, workers=[])
+        att = self._prepare_attempt(attempt, setup, log_dir, metrics)
+        cause = self._supervise(att, guard)
+        cause = self.rendezvous.settle(attempt, cause, att.sup.notes)
+        self.notes += att.sup.notes
+        sup = att.sup
+        teardown = None
+        if sup.first_failure_at is not None and sup.all_gone_at is not None:
+            teardown = round(max(0.0, sup.all_gone_at - sup.first_failure_at), 4)
+        return AttemptReport(
+            attempt=attempt, started_at=started_at, duration_s=round(time.monotonic() - t0, 3),
+            exit_code=int(cause.exit_code) if cause else 0, outcome="success" if cause is None else cause.kind,
+            root_cause=cause, resumed_from=setup.resume, log_dir=str(log_dir), teardown_s=teardown,
+            workers=[_report(w, cause, att.monitor) for w in att.workers],
+            stop_signal=signal.Signals(sup.stop_signal).name if sup.stop_signal else None)
+
+    def _prepare_attempt(self, attempt: int, setup: Setup, log_dir: Path, metrics: MetricsSink) -> Attempt:
+        """Everything an attempt's supervision needs, before the first worker exists."""
+        cfg, plan = self.cfg, setup.plan
+        hang, startup = hang_timeouts(cfg.preset, cfg.system.hang_timeout, cfg.system.startup_timeout,
+                                      script=self.mode == "script")
+        logs = {s.rank: WorkerLog(s.rank, s.tag, log_dir / f"worker-rank{s.rank}-{s.tag}.log") for s in plan.slots}
+        router = LogRouter(list(logs.values()), Console(), cfg.system.log_ranks, cfg.system.collapse_logs,
+                           nccl_watch=_nccl_watch(plan))
+        monitor = Heartbeats([s.rank for s in plan.slots], time.monotonic(), hang, startup,
+                             cfg.system.rendezvous_timeout, expect_heartbeats=self.mode == "train")
+        sup = Supervision([], router, monitor, metrics, cfg.system.grace_period, finish_window=hang,
+                          on_cause=self.rendezvous.publisher(attempt))
+        run_env = RunEnv(run_id=self.run_id, run_dir=str(self.run_dir), master_addr=setup.master_addr,
+                         master_port=setup.master_port, supervisor_pid=os.getpid(),
+                         config_path=str(self.run_dir / "config.json"), dataset_cache=self.dataset_path,
+                         restart_count=attempt, max_restarts=cfg.system.max_restarts, resume=setup.resume or "",
+                         world_size=setup.world_size, node_rank=self.rendezvous.node_rank,
+                         nnodes=self.rendezvous.nnodes)
+        return Attempt(attempt, setup, logs, router, monitor, sup, run_env, metrics)
+
+    def _supervise(self, att: Attempt, guard: OrphanGuard) -> RootCause | None:
+        """Spawn, watch until the end, and leave nothing of the attempt running."""
+        plan, store, sup = att.setup.plan, att.setup.store, att.sup
+        base_env = python_env() if self.mode == "train" else dict(os.environ)
+        watchers: list[RunWatcher] = []
+        cause: RootCause | None = None
+        sup.install_signal_handlers()
+        self.rendezvous.watch(att.number, on_remote=sup.report_remote)
+        try:
+            for slot in plan.slots:
+                w = spawn(self.command, lambda fd, slot=slot: worker_env(base_env, plan, slot, att.run_env, fd),
+                          slot, att.logs[slot.rank].path)
+                sup.add_worker(w)
+                att.workers.append(w)
+                guard.watch(w.pgid)
+            logger.debug(f"attempt {att.number}: spawned {len(att.workers)} worker(s); rendezvous store on "
+                         f"{att.setup.master_addr}:{att.setup.master_port}")
+            if store is not None:
+                store_proc = store.start(sys.executable, python_env(), die_with_parent())
+                guard.watch(store_proc.pid)
+                sup.watch_helper("rendezvous store", store_proc, store.failure)
+            watchers = _start_watchers(self.cfg, plan, self.run_dir, sup, att.metrics, att.workers)
+            cause = sup.run()
+        except OSError as exc:
+            cause = RootCause("supervisor", ExitCode.FAILURE, f"cannot start worker: {exc}")
+            logger.error(cause.message)
+        finally:
+            self._end_attempt(att, guard, watchers)
+        return cause
+
+    def _end_attempt(self, att: Attempt, guard: OrphanGuard, watchers: list[RunWatcher]) -> None:
+        store, sup = att.setup.store, att.sup
+        self.rendezvous.unwatch()
+        sup.force_kill_everything()
+        for watcher in watchers:
+            _stop_watcher(watcher)
+        att.router.close()
+        if att.router.console.left_out:
+            sup.notes.append(f"the console fell behind: {att.router.console.left_out} line(s) were not shown "
+                             f"there (a terminal that stopped reading); every line is in the worker logs")
+        store_pid = store.proc.pid if store is not None and store.proc is not None else None
+        if store is not None:
+            store.stop()
+        sweep_children(exclude={guard.pid, self.rendezvous.helper_pid})
+        for pgid in [w.pgid for w in att.workers] + ([store_pid] if store_pid else []):
+            guard.forget(pgid)
+        sup.restore_signal_handlers()
+
+    def finish(self, cause: RootCause | None, attempts: list[AttemptReport]) -> int:
+        exit_code = int(cause.exit_code) if cause is not None else 0
+        last = attempts[-1] if attempts else None
+        summary = Summary(
+            run_id=self.run_id, run_dir=str(self.run_dir), mode=self.mode, command=self.command,
+            exit_code=exit_code, outcome="success" if cause is None else cause.kind, started_at=self.started_at,
+            duration_s=round(time.monotonic() - self.t0, 3), root_cause=cause,
+            workers=last.workers if last else [], teardown_s=last.teardown_s if last else None, notes=self.notes,
+            max_restarts=self.cfg.system.max_restarts, restarts=max(0, len(attempts) - 1), attempts=attempts,
+            node_rank=self.rendezvous.node_rank, nnodes=self.rendezvous.nnodes, nodes=self.rendezvous.nodes,
+        )
+        summary.write(self.run_dir / "summary.json")
+        block = summary.block()
+        logger.bind(file_only=True).info(block)  # the console gets it below, unprefixed
+        print(block, file=sys.stderr, flush=True)
+        return exit_code
+
+
+def _nccl_watch(plan: DevicePlan) -> NcclTransportWatch | None:
+    """Only when the user asked NCCL to say which transports it chose (NCCL_DEBUG=INFO):
+    two GPUs of this node talking through host memory or the network get a warning."""
+    if plan.kind != "cuda" or len(plan.slots) < 2 or os.environ.get("NCCL_DEBUG", "").upper() not in ("INFO", "TRACE"):
+        return None
+    return NcclTransportWatch({s.rank for s in plan.slots})
+
+
+def _stop_cause(signum: int, when: str) -> RootCause:
+    name = signal.Signals(signum).name
+    if signum == signal.SIGINT:
+        return RootCause("interrupted", ExitCode.SIGINT, f"interrupted by Ctrl-C (SIGINT) {when}")
+    return RootCause("terminated", 128 + signum, f"the supervisor received {name} {when}")
+
+
+def _start_watchers(cfg: Config, plan: DevicePlan, run_dir: Path, sup: Supervision, metrics: MetricsSink,
+                    workers: list[WorkerProcess]) -> list[RunWatcher]:
+    ctx = RunContext(config=cfg, plan=plan, run_dir=run_dir, pids={w.slot.rank: w.pid for w in workers},
+                     write_metric=metrics.write, report_fatal=sup.report_fatal)
+    started = []
+    for factory in (gpu_watcher,):
+        watcher = factory(ctx)
+        if watcher is not None:
+            watcher.start(ctx)
+            started.append(watcher)
+    return started
+
+
+def _stop_watcher(watcher: RunWatcher) -> None:
+    try:
+        watcher.stop()
+    except Exception as exc:  # a broken watcher must not keep workers alive or hide the run's outcome
+        logger.warning(f"watcher {getattr(watcher, 'name', watcher)} failed to stop: {exc}")
+
+
+def _report(w: WorkerProcess, cause: RootCause | None, monitor: Heartbeats | None) -> WorkerReport:
+    st = monitor.ranks[w.slot.rank] if monitor is not None else None
+    code = None if w.returncode is None else shell_code(w.returncode)
+    if cause is None:
+        role = "ok"
+    elif cause.rank == w.slot.rank:
+        role = "first-failure"
+    elif cause.kind == "interrupted":
+        role = "interrupted"
+    elif w.signalled and any(s in ("SIGTERM", "SIGKILL") for s in w.signalled):
+        role = "victim"
+    else:
+        role = "ok" if code == 0 else "failed"
+    return WorkerReport(
+        rank=w.slot.rank, device=w.slot.tag, pid=w.pid, exit_code=code, ended=how_it_ended(w.returncode), role=role,
+        signals_sent=list(w.signalled), last_step=st.step if st else None, phase=st.phase if st else None,
+        status_records=st.records if st else 0,
+        seconds=None if w.ended is None else round(w.ended - w.started, 3), log=str(w.log_path),
+    )

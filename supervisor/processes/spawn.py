@@ -1,0 +1,143 @@
+"""Start one worker so that it can never outlive the supervisor.
+
+Each worker gets its own process group (teardown signals the whole group, so
+data-loader children go too) and PR_SET_PDEATHSIG(SIGKILL), set in the forked
+child before exec. The death signal fires when the *thread* that forked the child
+exits, which is why workers are spawned from the main thread only. A supervisor
+that dies between fork and prctl would leave the child waiting for a signal that
+never comes, so the child also checks its parent pid after prctl. Grandchildren do
+not inherit the death signal; `orphan_guard` covers them.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import fcntl
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from supervisor.gpus import DeviceSlot
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_prctl = _libc.prctl  # resolved now: the forked child must not load or look up anything
+_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+
+
+def become_subreaper() -> bool:
+    """Orphaned grandchildren (double-forked, setsid) are reparented to us, not to
+    init, so the end-of-run sweep still finds and kills them."""
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def die_with_parent(parent_pid: int | None = None):
+    """preexec_fn for any child of the supervisor: SIGKILL when we die, even by SIGKILL."""
+    parent_pid = os.getpid() if parent_pid is None else parent_pid
+
+    def preexec() -> None:  # runs in the child between fork and exec: no imports, no locks
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(128 + signal.SIGKILL)
+    return preexec
+
+
+@dataclass
+class WorkerProcess:
+    slot: DeviceSlot
+    popen: subprocess.Popen
+    status_fd: int  # read end of this worker's status pipe
+    log_path: Path
+    started: float  # time.monotonic() at spawn
+    returncode: int | None = None
+    ended: float | None = None
+    signalled: list[str] = field(default_factory=list)  # what the supervisor sent, for the summary
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def pgid(self) -> int:
+        return self.popen.pid  # process_group=0: the worker leads its own group
+
+    @property
+    def alive(self) -> bool:
+        return self.returncode is None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            code = self.popen.poll()
+            if code is not None:
+                self.returncode, self.ended = code, time.monotonic()
+        return self.returncode
+
+    def signal_group(self, signum: int) -> None:
+        """Signal the worker and everything it forked that stayed in its group."""
+        try:
+            os.killpg(self.pgid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if self.alive:
+            self.signalled.append(signal.Signals(signum).name)
+
+    def signal_leader(self, signum: int) -> None:
+        """Only the worker: SIGINT/SIGUSR1 would kill data-loader children that ignore them."""
+        if self.alive:
+            try:
+                os.kill(self.pid, signum)
+                self.signalled.append(signal.Signals(signum).name)
+            except ProcessLookupError:
+                pass
+
+    def catches(self, signum: int) -> bool:
+        """Whether the worker installed a handler for `signum` (SigCgt in /proc)."""
+        try:
+            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+        except (OSError, ValueError):
+            pass
+        return False
+
+
+def _widen_pipe(fd: int, size: int = 1 << 20) -> None:
+    """1 MiB instead of 64 KiB: a burst of output never blocks a worker while we are busy."""
+    try:
+        fcntl.fcntl(fd, F_SETPIPE_SZ, size)
+    except OSError:  # above /proc/sys/fs/pipe-max-size: keep the default
+        pass
+
+
+def spawn(cmd: Sequence[str], env_for: Callable[[int], Mapping[str, str]], slot: DeviceSlot, log_path: Path,
+          cwd: str | None = None) -> WorkerProcess:
+    """Start `cmd`; `env_for(fd)` builds its environment once the status pipe's write
+    end is known (the worker inherits it under the same fd number, via pass_fds)."""
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("workers must be spawned from the main thread (PR_SET_PDEATHSIG follows the thread)")
+    status_r, status_w = os.pipe()
+    try:
+        popen = subprocess.Popen(
+            list(cmd), env=dict(env_for(status_w)), cwd=cwd, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(status_w,),
+            process_group=0, preexec_fn=die_with_parent(),
+        )
+    except BaseException:
+        os.close(status_r)
+        raise
+    finally:
+        os.close(status_w)  # only the worker holds the write end: its death is our EOF
+    for stream in (popen.stdout, popen.stderr):
+        _widen_pipe(stream.fileno())
+        os.set_blocking(stream.fileno(), False)
+    os.set_blocking(status_r, False)
+    return WorkerProcess(slot=slot, popen=popen, status_fd=status_r, log_path=log_path, started=time.monotonic())

@@ -1,0 +1,95 @@
+"""The environment each worker starts with (docs/architecture.md, "Environment contract").
+
+torchrun's variables, so scripts and frameworks that detect a torchrun launch run
+unchanged, then gpuherd's own. The rendezvous store is hosted by the supervisor
+(TORCHELASTIC_USE_AGENT_STORE=True: every rank is a client, as under torchrun).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from gpuherd import contract
+from supervisor import REPO_ROOT
+from supervisor.gpus import DevicePlan, DeviceSlot
+
+
+@dataclass(frozen=True)
+class RunEnv:
+    """What is the same for every worker of one run."""
+
+    run_id: str
+    run_dir: str
+    master_addr: str
+    master_port: int
+    supervisor_pid: int
+    config_path: str = ""
+    dataset_cache: str = ""
+    restart_count: int = 0  # which attempt this is (--max-restarts)
+    max_restarts: int = 0
+    resume: str = ""  # a restarted attempt's checkpoint ("" = as configured)
+    world_size: int = 0  # every node's workers (0: this node's only)
+    node_rank: int = 0
+    nnodes: int = 1
+
+
+def worker_env(base: Mapping[str, str], plan: DevicePlan, slot: DeviceSlot, run: RunEnv,
+               status_fd: int) -> dict[str, str]:
+    env = dict(base)
+    world = str(run.world_size or plan.world_size)
+    env.update({
+        "RANK": str(slot.rank),
+        "LOCAL_RANK": str(slot.local),
+        "WORLD_SIZE": world,
+        "LOCAL_WORLD_SIZE": str(plan.world_size),
+        "GROUP_RANK": str(run.node_rank),
+        "GROUP_WORLD_SIZE": str(run.nnodes),
+        "ROLE_RANK": str(slot.rank),
+        "ROLE_NAME": "default",
+        "ROLE_WORLD_SIZE": world,
+        "MASTER_ADDR": run.master_addr,
+        "MASTER_PORT": str(run.master_port),
+        "TORCHELASTIC_RUN_ID": run.run_id,
+        "TORCHELASTIC_RESTART_COUNT": str(run.restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(run.max_restarts),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        contract.GPU_RANK: str(slot.device_id),
+        contract.DEVICE_KIND: slot.kind,
+        contract.DEVICE_ID: str(slot.device_id),
+        contract.DEVICE_UUID: slot.uuid,
+        contract.CONFIG_PATH: run.config_path,
+        contract.RUN_DIR: run.run_dir,
+        contract.DATASET_CACHE: run.dataset_cache,
+        contract.STATUS_FD: str(status_fd),
+        contract.SUPERVISOR_PID: str(run.supervisor_pid),
+        contract.SUPERVISED: "1",
+        # Python-level stacks on SIGSEGV/SIGABRT/SIGBUS land in the worker's log.
+        "PYTHONFAULTHANDLER": base.get("PYTHONFAULTHANDLER", "1"),
+        # Lines reach the supervisor as they are printed, not when a 8 KiB buffer fills.
+        "PYTHONUNBUFFERED": "1",
+    })
+    if run.resume:
+        env[contract.RESUME] = run.resume
+    else:
+        env.pop(contract.RESUME, None)  # never inherited from whoever started the supervisor
+    visible = plan.visible_devices(slot)
+    if visible is not None:
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = visible
+    if "OMP_NUM_THREADS" not in base:
+        # torchrun sets 1; CPU workers share the cores instead of oversubscribing them N-fold.
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        env["OMP_NUM_THREADS"] = str(max(1, cores // plan.world_size) if slot.kind == "cpu" else 1)
+    return env
+
+
+def python_env() -> dict[str, str]:
+    """Our environment with the repo importable (`python -m worker`, the helper processes)."""
+    env = dict(os.environ)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(REPO_ROOT) not in paths:
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *paths])
+    return env

@@ -1,0 +1,59 @@
+"""What the job asks of a rendezvous backend, once per attempt: where the workers meet
+(`begin`), how a failure on this node reaches the others (`publisher`) and how theirs
+reaches this node (`watch`), and which root cause the whole job ends with (`settle`).
+
+Backends: `SingleNode` (single.py) and `MultiNode` (multi.py). The job hands them
+its callbacks; a backend never reaches into the supervision loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from supervisor.gpus import DevicePlan
+from supervisor.rendezvous.store import HostedStore
+from supervisor.summary import RootCause
+
+OnCause = Callable[[RootCause], None]
+
+
+@dataclass
+class Setup:
+    """One attempt's rendezvous, as the workers see it."""
+
+    plan: DevicePlan  # this node's slots, with global ranks
+    master_addr: str
+    master_port: int
+    world_size: int
+    resume: str | None
+    store: HostedStore | None  # the worker store, if this node hosts it
+
+
+class Rendezvous(Protocol):
+    node_rank: int
+    nnodes: int
+    nodes: list[dict]  # every node's place in the job (multi-node), for the summary
+    helper_pid: int | None  # a helper process that lives across attempts (the node agent), if any
+
+    def begin(self, attempt: int, plan: DevicePlan, resume: str | None) -> Setup:
+        """Before spawning: this attempt's store, global ranks and resume checkpoint."""
+
+    def publisher(self, attempt: int) -> OnCause | None:
+        """What the supervision calls with this node's root cause (None: nobody to tell)."""
+
+    def watch(self, attempt: int, on_remote: OnCause) -> None:
+        """From now on, a failure elsewhere in the job is handed to `on_remote` (any thread)."""
+
+    def unwatch(self) -> None:
+        """Stop calling `on_remote`; returns after a call in progress finished."""
+
+    def fail_before_start(self, cause: RootCause) -> RootCause:
+        """This node failed before it could join; the cause the job ends with."""
+
+    def settle(self, attempt: int, cause: RootCause | None, notes: list[str]) -> RootCause | None:
+        """After the attempt: the job's root cause (the same on every node)."""
+
+    def close(self) -> None:
+        """End of the job: helpers stopped."""

@@ -1,0 +1,191 @@
+"""This node's link to a multi-node job: the agent process and the events it reports.
+
+Node 0 hosts the job store (`supervisor/rendezvous/node_agent_main.py`, on --master-addr:--master-port,
+bound to that interface only); every node's supervisor talks to it through its own
+agent process. Per attempt: every node publishes a join record and waits for all
+the others (a node that does not come within the join timeout is named: exit 5);
+ranks are laid out node by node (node r's first rank = the workers of nodes < r);
+node 0 also publishes the port of that attempt's worker rendezvous store and the
+checkpoint a restart resumes from, so every node hands its workers the same ones.
+
+The first failure any node publishes is the job's root cause (first writer wins in
+the store); every other node tears its workers down as soon as it sees it and
+reports that same cause — not a cascade of NCCL timeouts ten minutes later.
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import subprocess
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gpuherd.exit_codes import ExitCode
+from supervisor.rendezvous.nodes import NodeLinkError, NodeSpec
+
+
+class JobLink:
+    """This node's agent process and the events it reports."""
+
+    def __init__(self, spec: NodeSpec, join_timeout: float, python: str, env: dict[str, str],
+                 preexec: Callable[[], None], log_path: Path, listen: socket.socket | None) -> None:
+        self.spec, self.join_timeout = spec, join_timeout
+        self.where = f"{spec.master_addr}:{spec.master_port}"
+        self._replies: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        self._aborts: dict[int, dict[str, Any]] = {}
+        self._abort_seen = threading.Condition()
+        self._on_abort: dict[int, Callable[[dict[str, Any]], None]] = {}
+        self.lost: str | None = None
+        self._on_lost: Callable[[str], None] | None = None
+        self._callbacks = threading.Lock()  # unwatch() waits for a callback in progress
+        self._log = open(log_path, "ab")  # noqa: SIM115 - the agent writes to it for the whole job
+        argv = [python, "-m", "supervisor.rendezvous.node_agent_main", str(spec.node_rank), str(spec.nnodes), spec.master_addr,
+                str(spec.master_port), str(join_timeout)]
+        fds: tuple[int, ...] = ()
+        if listen is not None:
+            argv.append(str(listen.fileno()))
+            fds = (listen.fileno(),)
+        self.proc = subprocess.Popen(argv, env=env, pass_fds=fds, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self._log, process_group=0, preexec_fn=preexec)
+        self._reader = threading.Thread(target=self._read, name="job-link", daemon=True)
+        self._reader.start()
+
+    # ---------------------------------------------------------------- agent I/O
+    def _send(self, cmd: str, attempt: int = -1, **fields: Any) -> None:
+        try:
+            self.proc.stdin.write(orjson.dumps({"cmd": cmd, "attempt": attempt, **fields}) + b"\n")
+            self.proc.stdin.flush()
+        except (OSError, ValueError):
+            pass  # the agent is gone; the reader reports it
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                event = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            kind = event.get("event")
+            if kind == "abort":
+                self._record_abort(int(event["attempt"]), event["cause"])
+            elif kind == "lost":
+                self._set_lost(event["message"])
+            else:
+                self._replies.put(event)
+        self._set_lost(f"the node agent (job store link to {self.where}) exited")
+
+    def _record_abort(self, attempt: int, cause: dict[str, Any]) -> None:
+        with self._abort_seen:
+            first = attempt not in self._aborts
+            self._aborts.setdefault(attempt, cause)
+            self._abort_seen.notify_all()
+        with self._callbacks:
+            callback = self._on_abort.get(attempt)
+            if first and callback is not None:
+                callback(cause)
+
+    def _set_lost(self, message: str) -> None:
+        if self.lost is None:
+            self.lost = message
+            with self._abort_seen:
+                self._abort_seen.notify_all()
+            self._replies.put({"event": "lost", "message": message})
+            with self._callbacks:
+                if self._on_lost is not None:
+                    self._on_lost(message)
+
+    def _reply(self, timeout: float) -> dict[str, Any]:
+        try:
+            event = self._replies.get(timeout=timeout)
+        except queue.Empty:
+            raise NodeLinkError(f"the node agent did not answer within {timeout:g} s") from None
+        if event.get("event") == "lost":
+            raise NodeLinkError(event["message"])
+        return event
+
+    # ---------------------------------------------------------------- per attempt
+    def join(self, attempt: int, record: dict[str, Any]) -> list[dict[str, Any]]:
+        self._send("join", attempt, record=record)
+        event = self._reply(self.join_timeout * 2 + 60)  # the agent's own import + connect + wait
+        if event["event"] == "joined":
+            return event["nodes"]
+        if event["event"] == "join-aborted":
+            cause = self.winner(attempt, timeout=0)
+            raise NodeLinkError(cause["message"], int(cause["exit_code"]), cause)
+        if event.get("unreachable"):
+            raise NodeLinkError(f"node {self.spec.node_rank}: node 0's job store at {self.where} did not answer "
+                                f"within {self.join_timeout:g} s (is node 0 started, and --master-addr/--master-port "
+                                f"right?): {event.get('detail', '')}".rstrip(": "))
+        missing = ", ".join(str(n) for n in event["missing"])
+        raise NodeLinkError(f"node(s) {missing} of {self.spec.nnodes} did not join within {self.join_timeout:g} s "
+                            f"(system.rendezvous_timeout) at {self.where}")
+
+    def watch(self, attempt: int, on_abort: Callable[[dict[str, Any]], None], on_lost: Callable[[str], None]) -> None:
+        """From now on, another node's failure (or the store's loss) calls back, from the reader thread."""
+        with self._callbacks:
+            self._on_abort[attempt] = on_abort
+            self._on_lost = on_lost
+        self._send("watch", attempt)
+        with self._abort_seen:
+            cause = self._aborts.get(attempt)
+        if cause is not None:
+            on_abort(cause)
+
+    def unwatch(self) -> None:
+        """The supervision these callbacks reach is over: no call after this returns."""
+        with self._callbacks:
+            self._on_abort.clear()
+            self._on_lost = None
+
+    def publish(self, attempt: int, cause: dict[str, Any]) -> None:
+        """Offer this node's failure as the job's root cause (returns at once)."""
+        self._send("abort", attempt, cause=cause)
+
+    def winner(self, attempt: int, timeout: float = 3.0) -> dict[str, Any] | None:
+        """The job's root cause for this attempt (after publish), or None if the store never said."""
+        with self._abort_seen:
+            self._abort_seen.wait_for(lambda: attempt in self._aborts or self.lost is not None, timeout)
+            return self._aborts.get(attempt)
+
+    def finished(self, attempt: int, wait_for_all: float | None) -> dict[str, Any] | None:
+        """Say this node's workers finished. Node 0 (`wait_for_all` seconds) keeps the store up
+        until every node has said so; returns the job's abort cause if one came instead."""
+        self._send("done", attempt)
+        if wait_for_all is None:
+            return None
+        self._send("wait-done", attempt, timeout=wait_for_all)
+        event = self._reply(wait_for_all + 30)
+        if event["missing"]:
+            missing = ", ".join(str(n) for n in event["missing"])
+            raise NodeLinkError(f"node(s) {missing} did not finish within {wait_for_all:g} s of node 0's workers",
+                                ExitCode.HANG)
+        with self._abort_seen:
+            return self._aborts.get(attempt)
+
+    def close(self, linger: float = 30.0) -> None:
+        """Leave the job. Node 0 keeps the store up (at most `linger` s) until every other node
+        has left, so none of them mistakes node 0's exit for a failure before reading the outcome."""
+        if self.lost is None:
+            if self.spec.node_rank == 0:
+                self._send("linger", timeout=linger)
+                try:
+                    self._reply(linger + 10)
+                except NodeLinkError:
+                    pass
+            else:
+                self._send("leave")
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._reader.join(timeout=5)
+        self._log.close()

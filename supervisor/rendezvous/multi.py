@@ -1,0 +1,97 @@
+"""The multi-node backend: the node joins the job through its agent (job_link.py), gets
+its global ranks, node 0 hosts the attempt's worker store on the chosen interface, and
+root causes travel through the job store both ways: the first failure any node
+publishes is every node's root cause.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from gpuherd.config import Config
+from gpuherd.exit_codes import ExitCode
+from supervisor.gpus import DevicePlan
+from supervisor.rendezvous.api import OnCause, Setup
+from supervisor.rendezvous.job_link import JobLink
+from supervisor.rendezvous.nodes import NodeLinkError, NodeSpec, layout, training_fingerprint
+from supervisor.rendezvous.store import HostedStore
+from supervisor.summary import RootCause
+
+
+class MultiNode:
+    def __init__(self, spec: NodeSpec, cfg: Config, mode: str, run_id: str, run_dir: Path, bind_ip: str | None,
+                 listen: socket.socket | None, env: dict[str, str], preexec: Callable[[], None],
+                 finish_wait: float) -> None:
+        self.spec, self.cfg, self.mode = spec, cfg, mode
+        self.node_rank, self.nnodes = spec.node_rank, spec.nnodes
+        self.host = socket.gethostname()
+        self.bind_ip = bind_ip
+        self.finish_wait = finish_wait  # node 0: how long it keeps the store up for nodes still finishing
+        self.record = {"host": self.host, "fingerprint": training_fingerprint(cfg), "mode": mode,
+                       "run_id": run_id, "run_dir": str(run_dir)}
+        self.nodes: list[dict] = []
+        self.link = JobLink(spec, cfg.system.rendezvous_timeout, sys.executable, env, preexec,
+                            run_dir / "node-agent.log", listen)
+        self.helper_pid: int | None = self.link.proc.pid  # the agent lives for the whole job
+
+    def begin(self, attempt: int, plan: DevicePlan, resume: str | None) -> Setup:
+        store = HostedStore(bind_addr=self.bind_ip) if self.node_rank == 0 else None
+        record = {**self.record, "nproc": plan.world_size}
+        if store is not None:
+            record.update(worker_port=store.port, resume=resume)
+        try:
+            nodes = self.link.join(attempt, record)
+            lay = layout(nodes, self.node_rank)
+        except NodeLinkError:
+            if store is not None:
+                store.stop()
+            raise
+        self.nodes = [{"node": r, "first_rank": sum(n["nproc"] for n in nodes[:r]),
+                       **{k: n[k] for k in ("host", "nproc", "run_id", "run_dir")}} for r, n in enumerate(nodes)]
+        return Setup(plan.with_rank_offset(lay.rank_offset), self.spec.master_addr, int(nodes[0]["worker_port"]),
+                     lay.world_size, nodes[0].get("resume"), store)
+
+    def _as_job_cause(self, cause: RootCause) -> dict:
+        d = dataclasses.asdict(cause)
+        d.update(node=self.node_rank, host=self.host, message=f"node {self.node_rank} ({self.host}): {cause.message}")
+        return d
+
+    def publisher(self, attempt: int) -> OnCause:
+        return lambda cause: self.link.publish(attempt, self._as_job_cause(cause))
+
+    def watch(self, attempt: int, on_remote: OnCause) -> None:
+        self.link.watch(attempt, on_abort=lambda d: on_remote(RootCause.from_dict(d)),
+                        on_lost=lambda message: on_remote(RootCause("node", ExitCode.FAILURE, message, node=0)))
+
+    def unwatch(self) -> None:
+        self.link.unwatch()
+
+    def fail_before_start(self, cause: RootCause) -> RootCause:
+        """This node cannot even join (its dataset failed): tell the others, who are waiting
+        to join, so they stop with this cause instead of a join timeout."""
+        self.link.publish(0, self._as_job_cause(cause))
+        winner = self.link.winner(0, timeout=min(self.cfg.system.rendezvous_timeout, 30.0) + 10)
+        return RootCause.from_dict(winner) if winner is not None else cause
+
+    def settle(self, attempt: int, cause: RootCause | None, notes: list[str]) -> RootCause | None:
+        """Every node ends the attempt with the same root cause: the first one published."""
+        if cause is None:
+            try:
+                remote = self.link.finished(attempt, self.finish_wait if self.node_rank == 0 else None)
+            except NodeLinkError as exc:
+                return RootCause("node", exc.exit_code, str(exc), node=self.node_rank, host=self.host)
+            return RootCause.from_dict(remote) if remote is not None else None
+        ours = self._as_job_cause(cause) if cause.node is None else dataclasses.asdict(cause)
+        winner = self.link.winner(attempt) or ours
+        if winner["message"] != ours["message"]:
+            notes.append(f"also on this node, after the job's first failure: {cause.message}")
+        if winner.get("node") == self.node_rank and cause.node is None:
+            winner["stderr_tail"] = cause.stderr_tail  # complete now that every pipe is drained
+        return RootCause.from_dict(winner)
+
+    def close(self) -> None:
+        self.link.close()

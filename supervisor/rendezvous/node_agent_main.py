@@ -1,0 +1,207 @@
+"""One node's link to the job store, in a helper process (multi-node runs only).
+
+The supervisor stays torch-free; this process imports torch for its `TCPStore`,
+which node 0 hosts on `--master-addr:--master-port` (from a socket the supervisor
+bound, so a busy port fails before anything starts) and every node's agent uses as
+a client. Keys, per attempt k:
+
+    a{k}/node{r}   node r's join record (JSON: host, nproc, config hash, ...)
+    a{k}/abort     the job's root cause: the first failure any node publishes
+                   (compare_set: first writer wins, everyone reads the same one)
+    a{k}/done{r}   node r's workers all finished
+    a{k}/beat{r}   node r's heartbeat counter while attempt k runs; one that stands still
+                   for SILENT_S (and is not done) makes the watching agent publish
+                   "node r stopped responding" as the abort
+    left{r}        node r is done with the store (node 0 keeps it up until then)
+
+Protocol with the supervisor: one JSON object per line; commands on stdin,
+events on stdout (stderr is torch's own chatter, kept in the run's agent log).
+
+    {"cmd": "join", "attempt": k, "record": {...}}   -> joined {nodes} | join-timeout {missing}
+                                                        | abort {cause} then join-aborted
+    {"cmd": "watch", "attempt": k}                   -> abort {cause} when any node publishes one
+    {"cmd": "abort", "attempt": k, "cause": {...}}   -> abort {cause: the winner}
+    {"cmd": "done", "attempt": k}
+    {"cmd": "wait-done", "attempt": k, "timeout": s} -> [abort {cause}] then finished {missing: nodes not done}
+    {"cmd": "leave"}                                 (a node other than 0 is done with the store)
+    {"cmd": "linger", "timeout": s}                  -> lingered {missing}: node 0 waited for every leave
+    (always possible)                                -> lost {message}: the store is gone
+
+    python -m supervisor.rendezvous.node_agent_main NODE_RANK NNODES HOST PORT JOIN_TIMEOUT_S [LISTEN_FD]
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+import orjson
+
+POLL_S = 0.05  # abort latency is at most this plus one store round trip
+BEAT_S = 1.0  # each agent bumps its node's counter this often while an attempt runs
+SILENT_S = 10.0  # a node whose counter stood still this long is gone (machine, or its supervisor, died)
+
+
+class Agent:
+    def __init__(self, store: Any, node_rank: int, nnodes: int, join_timeout: float, where: str) -> None:
+        self.store, self.node_rank, self.nnodes = store, node_rank, nnodes
+        self.join_timeout, self.where = join_timeout, where
+        self.watching: int | None = None
+        self.last_join: int | None = None
+        self.lost = False
+        self.hosts: dict[int, str] = {}
+        self.gone: set[int] = set()  # nodes found silent: nobody waits for them to leave
+        self._next_beat = 0.0
+        self._beats: dict[int, tuple[int, float]] = {}  # node -> (last counter seen, when it last changed)
+
+    def emit(self, event: str, **fields: Any) -> None:
+        sys.stdout.buffer.write(orjson.dumps({"event": event, **fields}) + b"\n")
+        sys.stdout.buffer.flush()
+
+    def _missing(self, keys: list[str]) -> list[int]:
+        return [i for i, key in enumerate(keys) if not self.store.check([key])]
+
+    def _wait_keys(self, keys: list[str], timeout: float, abort_key: str | None = None) -> list[int] | str:
+        """[] when every key exists, the abort cause (a str) if one appears first, else the missing indexes."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if abort_key is not None and self.store.check([abort_key]):
+                return self.store.get(abort_key).decode()
+            missing = self._missing(keys)
+            if not missing or time.monotonic() >= deadline:
+                return missing
+            time.sleep(POLL_S)
+
+    def handle(self, msg: dict[str, Any]) -> None:
+        k, cmd = int(msg.get("attempt", -1)), msg["cmd"]
+        if cmd == "join":
+            self.last_join = k
+            self.store.set(f"a{k}/node{self.node_rank}", orjson.dumps(msg["record"]))
+            keys = [f"a{k}/node{i}" for i in range(self.nnodes)]
+            missing = self._wait_keys(keys, self.join_timeout, abort_key=f"a{k}/abort")
+            if isinstance(missing, str):  # a node failed before it could join (its dataset, say)
+                self.emit("abort", attempt=k, cause=orjson.loads(missing))
+                self.emit("join-aborted", attempt=k)
+            elif missing:
+                self.emit("join-timeout", attempt=k, missing=missing, timeout=self.join_timeout)
+            else:
+                nodes = [orjson.loads(self.store.get(key)) for key in keys]
+                self.hosts = {i: str(n.get("host", "?")) for i, n in enumerate(nodes)}
+                self.emit("joined", attempt=k, nodes=nodes)
+        elif cmd == "watch":
+            self.watching = k
+            self._beats = {}
+        elif cmd == "abort":
+            payload = orjson.dumps(msg["cause"])
+            winner = self.store.compare_set(f"a{k}/abort", "", payload)  # first writer wins
+            self.emit("abort", attempt=k, cause=orjson.loads(winner))
+            self.watching = None  # reported
+        elif cmd == "done":
+            self.store.set(f"a{k}/done{self.node_rank}", b"1")
+        elif cmd == "wait-done":
+            result = self._wait_keys([f"a{k}/done{i}" for i in range(self.nnodes)], float(msg["timeout"]),
+                                     abort_key=f"a{k}/abort")
+            if isinstance(result, str):
+                self.emit("abort", attempt=k, cause=orjson.loads(result))
+            self.emit("finished", attempt=k, missing=[] if isinstance(result, str) else result)
+        elif cmd == "leave":
+            self.store.set(f"left{self.node_rank}", b"1")
+        elif cmd == "linger":  # node 0: the store stays up until every node that joined has read what it needs
+            last = 0 if self.last_join is None else self.last_join  # node 0 may fail before its own join
+            joined = [i for i in range(1, self.nnodes) if i not in self.gone and self.store.check([f"a{last}/node{i}"])]
+            missing = self._wait_keys([f"left{i}" for i in joined], float(msg["timeout"]))
+            self.emit("lingered", missing=[joined[i] for i in missing])
+
+    def poll(self) -> None:
+        if self.watching is None:
+            return
+        k = self.watching
+        if self.store.check([f"a{k}/abort"]):
+            self.watching = None
+            cause = orjson.loads(self.store.get(f"a{k}/abort"))
+            if cause.get("kind") == "node" and cause.get("node") is not None:
+                self.gone.add(int(cause["node"]))  # another agent found it silent
+            self.emit("abort", attempt=k, cause=cause)
+            return
+        now = time.monotonic()
+        if now >= self._next_beat:
+            self._next_beat = now + BEAT_S
+            self.store.add(f"a{k}/beat{self.node_rank}", 1)
+            self._check_beats(k, now)
+
+    def _check_beats(self, k: int, now: float) -> None:
+        for r in range(self.nnodes):
+            if r == self.node_rank or self.store.check([f"a{k}/done{r}"]):
+                continue
+            count = self.store.add(f"a{k}/beat{r}", 0)
+            last, since = self._beats.get(r, (-1, now))
+            if count != last:
+                self._beats[r] = (count, now)
+            elif now - since > SILENT_S:
+                host = self.hosts.get(r, "?")
+                self.gone.add(r)
+                cause = {"kind": "node", "exit_code": 1, "node": r, "host": host, "rank": None, "device": None,
+                         "stderr_tail": [],
+                         "message": f"node {r} ({host}) stopped responding: no heartbeat for {now - since:.0f} s "
+                                    "(its machine or its supervisor died; see that node's logs)"}
+                self.handle({"cmd": "abort", "attempt": k, "cause": cause})
+                return
+
+    def serve(self) -> None:
+        sel = selectors.DefaultSelector()
+        stdin = sys.stdin.buffer
+        os.set_blocking(stdin.fileno(), False)
+        sel.register(stdin.fileno(), selectors.EVENT_READ)
+        pending = b""
+        while True:
+            if sel.select(POLL_S):
+                chunk = os.read(stdin.fileno(), 1 << 16)
+                if not chunk:
+                    return  # the supervisor is gone or done with us
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        self._guarded(lambda line=line: self.handle(orjson.loads(line)))
+            self._guarded(self.poll)
+
+    def _guarded(self, action: Any) -> None:
+        if self.lost:
+            return
+        try:
+            action()
+        except RuntimeError as exc:  # torch's DistError family: the store (node 0) is unreachable
+            self.lost = True
+            detail = " ".join(str(exc).split())[:200]
+            self.emit("lost", message=f"lost the job store at {self.where} (node 0 gone?): {detail}")
+
+
+def main(argv: list[str]) -> int:
+    node_rank, nnodes, host, port, join_timeout = int(argv[0]), int(argv[1]), argv[2], int(argv[3]), float(argv[4])
+    listen_fd = int(argv[5]) if len(argv) > 5 else None
+    where = f"{host}:{port}"
+    from torch.distributed import TCPStore
+
+    try:
+        if node_rank == 0:
+            store = TCPStore(host, port, None, True, timedelta(seconds=join_timeout), wait_for_workers=False,
+                             master_listen_fd=listen_fd)
+        else:
+            store = TCPStore(host, port, None, False, timedelta(seconds=join_timeout))
+    except RuntimeError as exc:
+        detail = " ".join(str(exc).split("Exception raised from")[0].split())[:200]
+        sys.stdout.buffer.write(orjson.dumps({"event": "join-timeout", "attempt": 0, "missing": [0],
+                                              "timeout": join_timeout, "unreachable": True,
+                                              "detail": detail}) + b"\n")
+        sys.stdout.buffer.flush()
+        return 5
+    Agent(store, node_rank, nnodes, join_timeout, where).serve()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

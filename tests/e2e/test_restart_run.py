@@ -1,0 +1,113 @@
+"""Issue 9's restart promise through the whole product: a worker killed mid-run is
+restarted, resumes from the newest checkpoint this run wrote, and the run ends with
+the same final loss, bit for bit, as a run that was never interrupted."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import orjson
+import psutil
+
+from tests.supervisor.helpers import finish, wait_for
+
+STEPS = 240
+TINY = [
+    "data.dataset=dummy", "data.tokenizer=byte", "data.context_length=32", "model.n_layers=2", "model.dim=32",
+    "model.n_heads=4", "model.n_kv_heads=2", "model.multiple_of=16", "training.batch_size=2",
+    "training.grad_accum_nums=1", f"training.max_steps={STEPS}", "training.warmup_steps=5", "training.log_every=1",
+    "training.eval_every=0", "training.save_every=20", "training.keep_last=2",
+]
+
+
+def _command(*extra: str) -> list[str]:
+    cmd = [sys.executable, "-m", "supervisor", "--debug", "--set", "system.device=cpu", "--nproc", "2", *extra]
+    for item in TINY:
+        cmd += ["--set", item]
+    return cmd
+
+
+def _records(run_dir, kind: str) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_bytes().splitlines():
+        try:
+            record = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue  # a line being written right now
+        if record.get("type") == kind:
+            out.append(record)
+    return out
+
+
+def _final_losses(run_dir) -> dict[int, float]:
+    return {r["rank"]: r["loss"] for r in _records(run_dir, "step") if r["step"] == STEPS - 1 and "loss" in r}
+
+
+def _worker(supervisor_pid: int, rank: int) -> psutil.Process | None:
+    for p in psutil.Process(supervisor_pid).children():
+        try:
+            if "worker" in p.cmdline() and p.environ().get("RANK") == str(rank):
+                return p
+        except psutil.Error:
+            continue
+    return None
+
+
+def test_killed_worker_is_restarted_and_the_final_loss_is_bit_identical(tmp_path, python_env):
+    plain_dir, restart_dir = tmp_path / "plain", tmp_path / "restarted"
+    plain_dir.mkdir()
+    restart_dir.mkdir()
+    plain = subprocess.run(_command("--run-id", "plain"), cwd=plain_dir, env=python_env, capture_output=True,
+                           text=True, timeout=300)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    expected = _final_losses(plain_dir / "logs" / "plain")
+    assert set(expected) == {0, 1}
+
+    proc = subprocess.Popen(_command("--run-id", "r", "--max-restarts", "2", "--restart-backoff", "0.5"),
+                            cwd=restart_dir, env=python_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_dir = restart_dir / "logs" / "r"
+    try:
+        assert wait_for(lambda: any(r["step"] >= 40 for r in _records(run_dir, "checkpoint")), timeout=240, interval=0.02)
+        victim = _worker(proc.pid, 1)
+        assert victim is not None
+        killed_after = max(r["step"] for r in _records(run_dir, "step"))
+        victim.send_signal(signal.SIGKILL)
+    finally:
+        code, _out, err = finish(proc, timeout=300)
+    assert code == 0, err[-3000:]
+    assert killed_after < STEPS - 1, "the run finished before the kill: make it longer"
+
+    summary = orjson.loads((run_dir / "summary.json").read_bytes())
+    assert summary["restarts"] == 1
+    first, second = summary["attempts"]
+    assert first["exit_code"] == 128 + signal.SIGKILL and first["root_cause"]["rank"] == 1
+    resumed = second["resumed_from"]
+    assert resumed is not None and resumed.startswith(str(restart_dir / ".checkpoints" / "step_"))
+    resumed_step = int(resumed.rsplit("_", 1)[1].removesuffix(".pt"))
+    assert 40 <= resumed_step <= killed_after + 1
+    assert f"resumed from {resumed} at step {resumed_step}" in (run_dir / "attempt-1" / "worker-rank0-CPU0.log").read_text()
+
+    assert _final_losses(run_dir) == expected  # float equality: bit for bit
+
+
+def test_run_training_resume_flag_continues_from_the_latest_checkpoint(tmp_path, python_env):
+    """`run_training.sh --resume auto` (= --set training.resume=auto), as in pretrain_main.py."""
+    def train(max_steps: int, *extra: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "supervisor", "--debug", "--set", "system.device=cpu", "--nproc", "2", *extra]
+        for item in TINY:
+            cmd += ["--set", item]
+        cmd += ["--set", f"training.max_steps={max_steps}", "--set", "training.save_every=3"]
+        return subprocess.run(cmd, cwd=tmp_path, env=python_env, capture_output=True, text=True, timeout=300)
+
+    first = train(6, "--run-id", "first")
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = train(8, "--run-id", "second", "--resume", "auto")
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert f"resumed from {tmp_path / '.checkpoints' / 'step_0000006.pt'} at step 6" in second.stderr
+    steps = sorted({r["step"] for r in _records(tmp_path / "logs" / "second", "step") if "loss" in r})
+    assert steps == [6, 7]

@@ -1,0 +1,114 @@
+"""Running the real supervisor on the scenario worker (tests/supervisor/workers/scenario.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import psutil
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCENARIO = REPO_ROOT / "tests" / "supervisor" / "workers" / "scenario.py"
+ALLREDUCE = REPO_ROOT / "tests" / "supervisor" / "workers" / "allreduce.py"
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
+    e["GPUHERD_PYTHON"] = sys.executable
+    e.pop("CUDA_VISIBLE_DEVICES", None)
+    return e
+
+
+def command(*args: str, behaviours: tuple[str, ...] = (), script: Path | None = SCENARIO) -> list[str]:
+    cmd = ["bash", str(REPO_ROOT / "run_training.sh"), "--set", "system.device=cpu", *args]
+    if script is not None:
+        cmd += ["--script", str(script), *behaviours]
+    return cmd
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+    run_dir: Path | None
+
+    @property
+    def summary(self) -> dict:
+        return orjson.loads((self.run_dir / "summary.json").read_bytes())
+
+    def log(self, rank: int) -> str:
+        return next(self.run_dir.glob(f"worker-rank{rank}-*.log")).read_text()
+
+
+def run_dir_of(cwd: Path) -> Path | None:
+    runs = sorted((cwd / "logs").glob("*")) if (cwd / "logs").is_dir() else []
+    return runs[-1] if runs else None
+
+
+def run(cwd: Path, *behaviours: str, args: tuple[str, ...] = (), timeout: float = 60) -> Result:
+    proc = subprocess.run(command(*args, behaviours=behaviours), cwd=cwd, env=env(), capture_output=True,
+                          text=True, timeout=timeout)
+    return Result(proc.returncode, proc.stdout, proc.stderr, run_dir_of(cwd))
+
+
+def start(cwd: Path, *behaviours: str, args: tuple[str, ...] = (), script: Path | None = SCENARIO) -> subprocess.Popen:
+    """The supervisor itself (not bash), so tests can signal it directly."""
+    cmd = [sys.executable, "-m", "supervisor", "--set", "system.device=cpu", *args]
+    if script is not None:
+        cmd += ["--script", str(script), *behaviours]
+    return subprocess.Popen(cmd, cwd=cwd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return False
+
+
+def workers_started(proc: subprocess.Popen, n: int, cwd: Path, lines: int = 2) -> bool:
+    """Every worker has logged at least `lines` lines (its status pipe is live by then)."""
+    run_dir = run_dir_of(cwd)
+    if run_dir is None:
+        return False
+    logs = list(run_dir.glob("worker-rank*.log"))
+    return len(logs) == n and all(len(p.read_text().splitlines()) >= lines for p in logs)
+
+
+def descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def marked_processes(supervisor_pid: int) -> list[int]:
+    """Every process whose environment says it belongs to this supervisor (escapees included)."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("GPUHERD_SUPERVISOR_PID") == str(supervisor_pid):
+                found.append(p.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def finish(proc: subprocess.Popen, timeout: float = 30) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGKILL)
+        out, err = proc.communicate()
+        raise
+    return proc.returncode, out, err

@@ -1,0 +1,151 @@
+"""`--max-restarts`: which failures restart, per-attempt logs and summary, the pause between attempts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuherd.exit_codes import ExitCode
+from supervisor.restarts import RunCheckpoints, pause, refusal
+from supervisor.summary import RootCause
+from tests.supervisor.helpers import finish, run, start, wait_for
+
+FAST = ("--restart-backoff", "0.2", "--grace-period", "2")
+
+
+def test_failed_attempt_is_restarted_and_the_run_succeeds(tmp_path):
+    r = run(tmp_path, "train:3", "fail-until:1", args=("--max-restarts", "2", *FAST))
+    assert r.code == 0, r.err[-3000:]
+    s = r.summary
+    assert s["restarts"] == 1 and s["max_restarts"] == 2 and s["exit_code"] == 0
+    first, second = s["attempts"]
+    assert first["exit_code"] == 1 and first["root_cause"]["rank"] == 1
+    assert "boom on attempt 0" in " ".join(first["root_cause"]["stderr_tail"])
+    assert second["outcome"] == "success" and second["resumed_from"] is None
+    # the first attempt's logs stay where they were; the second's are beside them
+    assert "boom on attempt 0" in (r.run_dir / "worker-rank1-CPU1.log").read_text()
+    assert "attempt 1" in (r.run_dir / "attempt-1" / "worker-rank1-CPU1.log").read_text()
+    assert second["log_dir"] == str(r.run_dir / "attempt-1")
+    assert "restart 1 of 2" in r.err and "after 1 restart(s)" in r.err
+    assert "attempt 0 failed with exit code 1" in r.err
+
+
+def test_restarts_stop_when_used_up_with_the_last_cause(tmp_path):
+    r = run(tmp_path, "train:3", "fail-until:9", args=("--max-restarts", "2", *FAST))
+    assert r.code == 1
+    s = r.summary
+    assert [a["attempt"] for a in s["attempts"]] == [0, 1, 2]
+    assert "boom on attempt 2" in s["root_cause"]["message"] or "boom on attempt 2" in " ".join(
+        s["root_cause"]["stderr_tail"])
+    assert s["attempts"][-1]["not_restarted"] == "all 2 restart(s) used"
+    assert "not restarted: all 2 restart(s) used" in r.err
+
+
+@pytest.mark.parametrize("code, why", [(2, "config error"), (3, "dataset error"), (6, "NaN stop")])
+def test_failures_that_would_repeat_are_not_restarted(tmp_path, code, why):
+    r = run(tmp_path, "train:3", f"exit:{code}", args=("--max-restarts", "3", *FAST))
+    assert r.code == code
+    s = r.summary
+    assert len(s["attempts"]) == 1 and why in s["attempts"][0]["not_restarted"]
+
+
+def test_a_cancelled_job_is_not_restarted_whoever_saw_sigterm_first(tmp_path):
+    """scancel / a time limit: SIGTERM reaches the workers and the supervisor in either order."""
+    r = run(tmp_path, "forever", "scancel", args=("--max-restarts", "3", *FAST))
+    assert r.code == 143, r.err[-2000:]
+    attempts = r.summary["attempts"]
+    assert len(attempts) == 1 and attempts[0]["stop_signal"] == "SIGTERM"
+    assert "SIGTERM" in attempts[0]["not_restarted"] or "asked to stop" in attempts[0]["not_restarted"]
+
+
+def test_restart_on_nan_restarts_a_nan_stop(tmp_path):
+    r = run(tmp_path, "train:3", "exit:6", args=("--max-restarts", "1", "--restart-on-nan", *FAST))
+    assert r.code == 6 and len(r.summary["attempts"]) == 2
+
+
+def test_without_restarts_the_summary_has_one_attempt_and_no_restart_lines(tmp_path):
+    r = run(tmp_path, "train:3", "raise")
+    assert r.code == 1
+    assert len(r.summary["attempts"]) == 1 and r.summary["attempts"][0]["not_restarted"] is None
+    assert "not restarted" not in r.err and "attempt 0" not in r.err
+
+
+def test_ctrl_c_during_the_pause_ends_the_run_with_130(tmp_path):
+    proc = start(tmp_path, "train:3", "fail-until:9", args=("--max-restarts", "3", "--restart-backoff", "60"))
+    seen = []
+
+    def read_stderr() -> None:
+        for line in proc.stderr:
+            seen.append(line)
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    assert wait_for(lambda: any("restart 1 of 3" in line for line in seen), timeout=60)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=10) == ExitCode.SIGINT
+    assert time.monotonic() - t0 < 5
+    reader.join(timeout=5)
+    finish(proc)
+    assert any("interrupted by Ctrl-C (SIGINT) during the pause before attempt 1" in line for line in seen)
+
+
+def test_refusal_policy():
+    assert refusal(RootCause("worker-exit", 1, "x"), False) is None
+    assert refusal(RootCause("hang", 124, "x"), False) is None
+    assert refusal(RootCause("worker-exit", 137, "x"), False) is None
+    assert refusal(RootCause("watcher", 4, "gpu-xid"), False) is None
+    assert "asked to stop" in refusal(RootCause("interrupted", 130, "x"), False)
+    assert "asked to stop" in refusal(RootCause("terminated", 143, "x"), False)
+    assert refusal(RootCause("worker-exit", 6, "x"), True) is None
+    assert "--restart-on-nan" in refusal(RootCause("worker-exit", 6, "x"), False)
+
+
+def test_checkpoint_watch_picks_only_checkpoints_this_run_wrote(tmp_path):
+    old = tmp_path / "step_0000009.pt"
+    old.write_bytes(b"an earlier run's")
+    (tmp_path / "step_0000004").mkdir()
+    (tmp_path / "step_0000004" / "meta.pt").write_bytes(b"earlier, sharded")
+    watch = RunCheckpoints(tmp_path)
+    assert watch.newest_of_this_run() is None
+    (tmp_path / "step_0000002.pt").write_bytes(b"ours")
+    (tmp_path / "step_0000003").mkdir()  # no meta.pt yet: incomplete, never chosen
+    assert watch.newest_of_this_run() == tmp_path / "step_0000002.pt"
+    # an earlier run's name rewritten by this run counts as ours
+    tmp = tmp_path / "tmp"
+    tmp.write_bytes(b"ours, same name as before")
+    os.replace(tmp, tmp_path / "step_0000004" / "meta.pt")
+    assert watch.newest_of_this_run() == tmp_path / "step_0000004"
+
+
+def test_checkpoint_watch_of_a_missing_directory(tmp_path):
+    assert RunCheckpoints(tmp_path / "nothing").newest_of_this_run() is None
+
+
+def test_pause_returns_early_on_a_stop_signal():
+    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGTERM))
+    t0 = time.monotonic()
+    timer.start()
+    assert pause(30) == signal.SIGTERM
+    assert time.monotonic() - t0 < 5
+    assert pause(0.05) is None
+    assert signal.getsignal(signal.SIGTERM) is not None
+
+
+def test_restarted_attempt_env(tmp_path: Path):
+    from supervisor.gpus.devices import DevicePlan, DeviceSlot
+    from supervisor.processes.worker_env import RunEnv, worker_env
+
+    plan = DevicePlan(slots=(DeviceSlot(0, "cpu", 0),), isolate=False)
+    run_env = RunEnv(run_id="r", run_dir=str(tmp_path), master_addr="127.0.0.1", master_port=1, supervisor_pid=1,
+                     restart_count=2, max_restarts=3, resume="/ck/step_0000004.pt")
+    env = worker_env({"GPUHERD_RESUME": "stale"}, plan, plan.slots[0], run_env, 5)
+    assert env["TORCHELASTIC_RESTART_COUNT"] == "2" and env["TORCHELASTIC_MAX_RESTARTS"] == "3"
+    assert env["GPUHERD_RESUME"] == "/ck/step_0000004.pt"
+    first = RunEnv(run_id="r", run_dir=str(tmp_path), master_addr="127.0.0.1", master_port=1, supervisor_pid=1)
+    assert "GPUHERD_RESUME" not in worker_env({"GPUHERD_RESUME": "stale"}, plan, plan.slots[0], first, 5)
