@@ -57,5 +57,7 @@ class BadRecords:
 
 
 def one_line(exc: BaseException) -> str:
-    """Library messages (pyarrow's span lines) folded into one line."""
-    return " ".join(str(exc).split()) or type(exc).__name__
+    """A library's message folded into one printable line (pyarrow's span several
+    lines and can quote the undecodable byte itself)."""
+    text = "".join(ch if ch.isprintable() else " " for ch in str(exc))
+    return " ".join(text.split()) or type(exc).__name__
