@@ -95,3 +95,12 @@ def test_huggingface_dataset_dict_asks_for_one_split(tmp_path):
         f"data.dataset {tmp_path / 'dd'} is a HuggingFace DatasetDict: point it at one split's directory "
         f"(e.g. {tmp_path / 'dd' / 'train'})"
     )
+
+
+@pytest.mark.parametrize("fmt", ["jsonl.zst", "parquet"])
+def test_tokenizer_processes_give_the_same_cache(tmp_path, fmt):
+    """The pool forks before pyarrow or zstd open anything; output is identical."""
+    dataset = write_corpus(tmp_path / "corpus", fmt, DOCS * 20)
+    one = all_tokens(prepare_cache(data_config(tmp_path, dataset=str(dataset), num_samples=0), workers=1))
+    two = prepare_cache(data_config(tmp_path, dataset=str(dataset), num_samples=0, cache_dir=str(tmp_path / "c2")), workers=2)
+    assert all_tokens(two) == one == byte_stream(DOCS * 20)
