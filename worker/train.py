@@ -97,6 +97,8 @@ class Trainer:
         tokens_per_step = t.batch_size * t.grad_accum_nums * cfg.data.context_length
         self.reporter = StepReporter(identity, t.max_steps, t.log_every, tokens_per_step, self.flops, status,
                                      self.tb, device, self.start_step)
+        if data.describe is not None:  # what this run reads: sources, shares, epochs over max_steps
+            self._log_rank0(f"{identity.bracket} {data.describe(tokens_per_step * identity.world_size * t.max_steps)}")
         self.skipped_steps = 0
 
     def _log_rank0(self, message: str) -> None:

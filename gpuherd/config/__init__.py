@@ -23,10 +23,11 @@ from gpuherd.config.schema import (
     SystemConfig,
     TrainingConfig,
 )
+from gpuherd.config.data_sources import is_glob
 from gpuherd.config.validate import validate
 
 __all__ = [
     "BUILTIN_DATASETS", "BUILTIN_TOKENIZERS", "DEFAULT_PRESET", "PRESETS", "SECTIONS", "Config", "ConfigError",
-    "DataConfig", "DebugConfig", "LoggingConfig", "ModelConfig", "SystemConfig", "TrainingConfig", "parse_value", "preset",
+    "DataConfig", "DebugConfig", "is_glob", "LoggingConfig", "ModelConfig", "SystemConfig", "TrainingConfig", "parse_value", "preset",
     "read_json_file", "resolve", "validate",
 ]

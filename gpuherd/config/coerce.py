@@ -20,26 +20,30 @@ def coerce(value: Any, annotation: Any, name: str, source: str) -> Any:
         if isinstance(value, str) and item_type is int:  # "0,2" from a command line
             value = _int_list(value, name, source)
         if not isinstance(value, list):
-            raise ConfigError(f"{source}: {name} must be a list, got {_show(value)}")
+            raise ConfigError(f"{source}: {name} must be a list, got {show(value)}")
         return [coerce(v, item_type, name, source) for v in value]
+    if origin is dict:  # a free-form object (data.mix entries): checked by its section's own rules
+        if isinstance(value, dict):
+            return value
+        raise ConfigError(f"{source}: {name} must be an object, got {show(value)}")
     if annotation is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{source}: {name} must be true or false, got {_show(value)}")
+        raise ConfigError(f"{source}: {name} must be true or false, got {show(value)}")
     if annotation is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if isinstance(value, float) and value.is_integer():
             return int(value)
-        raise ConfigError(f"{source}: {name} must be an integer, got {_show(value)}")
+        raise ConfigError(f"{source}: {name} must be an integer, got {show(value)}")
     if annotation is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        raise ConfigError(f"{source}: {name} must be a number, got {_show(value)}")
+        raise ConfigError(f"{source}: {name} must be a number, got {show(value)}")
     if annotation is str:
         if isinstance(value, str):
             return value
-        raise ConfigError(f"{source}: {name} must be a string, got {_show(value)}")
+        raise ConfigError(f"{source}: {name} must be a string, got {show(value)}")
     raise TypeError(f"unsupported config annotation {annotation!r} for {name}")
 
 
@@ -62,6 +66,6 @@ def _int_list(text: str, name: str, source: str) -> list[int]:
         raise ConfigError(f"{source}: {name} must be a comma-separated list of integers, got '{text}'") from None
 
 
-def _show(value: Any) -> str:
+def show(value: Any) -> str:
     kind = "null" if value is None else type(value).__name__
     return f"{kind} {value!r}"

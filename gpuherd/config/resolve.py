@@ -9,11 +9,13 @@ from typing import Any
 
 import orjson
 
+from gpuherd.config.data_sources import absolutize_data_sources
 from gpuherd.config.errors import ConfigError
 from gpuherd.config.jsonc import strip_json_comments
 from gpuherd.config.merge import merge, set_dotted
 from gpuherd.config.presets import DEFAULT_PRESET, preset
-from gpuherd.config.schema import BUILTIN_DATASETS, BUILTIN_TOKENIZERS, Config
+from gpuherd.config.paths import absolute
+from gpuherd.config.schema import BUILTIN_TOKENIZERS, Config
 from gpuherd.config.validate import validate
 
 
@@ -28,7 +30,7 @@ def resolve(
     cwd = Path.cwd() if cwd is None else cwd
     cfg = preset(preset_name or DEFAULT_PRESET)
     if config_file is not None:
-        merge(cfg, read_json_file(_absolute(config_file, cwd)), source=str(config_file))
+        merge(cfg, read_json_file(absolute(config_file, cwd)), source=str(config_file))
     if max_steps is not None:
         set_dotted(cfg, "training.max_steps", max_steps, source="--max-steps")
     for item in overrides:
@@ -69,22 +71,16 @@ def parse_value(text: str) -> Any:
         return text
 
 
-def _absolute(path: str | Path, cwd: Path) -> Path:
-    p = Path(path).expanduser()
-    return p if p.is_absolute() else (cwd / p)
-
-
 def _absolutize_paths(cfg: Config, cwd: Path) -> None:
     """Paths a user typed are relative to where they ran the command; store them
     absolute so workers (and later resumes) read the same files."""
-    cfg.system.run_root = str(_absolute(cfg.system.run_root, cwd))
-    cfg.system.checkpoint_dir = str(_absolute(cfg.system.checkpoint_dir, cwd))
-    cfg.data.cache_dir = str(_absolute(cfg.data.cache_dir, cwd))
-    if cfg.data.dataset not in BUILTIN_DATASETS:
-        cfg.data.dataset = str(_absolute(cfg.data.dataset, cwd))
+    cfg.system.run_root = str(absolute(cfg.system.run_root, cwd))
+    cfg.system.checkpoint_dir = str(absolute(cfg.system.checkpoint_dir, cwd))
+    cfg.data.cache_dir = str(absolute(cfg.data.cache_dir, cwd))
+    absolutize_data_sources(cfg.data, cwd)
     if cfg.data.tokenizer not in BUILTIN_TOKENIZERS:
-        cfg.data.tokenizer = str(_absolute(cfg.data.tokenizer, cwd))
+        cfg.data.tokenizer = str(absolute(cfg.data.tokenizer, cwd))
     if cfg.training.deepspeed_config:
-        cfg.training.deepspeed_config = str(_absolute(cfg.training.deepspeed_config, cwd))
+        cfg.training.deepspeed_config = str(absolute(cfg.training.deepspeed_config, cwd))
     if cfg.training.resume not in (None, "auto"):
-        cfg.training.resume = str(_absolute(cfg.training.resume, cwd))
+        cfg.training.resume = str(absolute(cfg.training.resume, cwd))

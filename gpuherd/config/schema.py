@@ -95,13 +95,17 @@ class TrainingConfig:
 
 @dataclass
 class DataConfig:
-    dataset: str = "shakespeare"  # shakespeare | dummy | path to text/dir/.jsonl
+    dataset: str = "shakespeare"  # shakespeare | dummy | a file, directory or glob (formats: README "Your own data")
     tokenizer: str = "gpt2"  # gpt2 | byte | path to a tokenizer.json
     context_length: int = limited(2048, gt=0)
-    num_samples: int = limited(0, ge=0)  # documents to use; 0 = all
+    num_samples: int = limited(0, ge=0)  # documents to use (per source in a mixture); 0 = all
     val_fraction: float = limited(0.05, gt=0, lt=1)
     cache_dir: str = "cache/datasets"
     verify_cache: bool = False  # full checksum on every open
+    text_field: str = "text"  # the key / column holding the text in JSONL, parquet and HF datasets
+    # error: exit 3 naming file and line/row | skip: counted in the build summary
+    on_bad_record: str = limited("error", choices=("error", "skip"))
+    mix: list[dict[str, Any]] | None = None  # [{source, weight | epochs | held_out, text_field?}]; replaces dataset
 
 
 @dataclass

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from gpuherd.config.errors import ConfigError
 from gpuherd.config.limits import field_limits
-from gpuherd.config.schema import BUILTIN_DATASETS, BUILTIN_TOKENIZERS, SECTIONS, Config
+from gpuherd.config.data_sources import validate_data_sources
+from gpuherd.config.schema import BUILTIN_TOKENIZERS, SECTIONS, Config
 
 
 def validate(cfg: Config) -> None:
@@ -46,10 +47,7 @@ def _check_files(cfg: Config) -> None:
     t, d = cfg.training, cfg.data
     if t.deepspeed_config and not Path(t.deepspeed_config).is_file():
         raise ConfigError(f"training.deepspeed_config file not found: {t.deepspeed_config}")
-    if d.dataset not in BUILTIN_DATASETS and not Path(d.dataset).exists():
-        raise ConfigError(
-            f"data.dataset '{d.dataset}' is neither a built-in ({', '.join(BUILTIN_DATASETS)}) nor an existing path"
-        )
+    validate_data_sources(d)
     if d.tokenizer not in BUILTIN_TOKENIZERS and not Path(d.tokenizer).is_file():
         raise ConfigError(
             f"data.tokenizer '{d.tokenizer}' is neither a built-in ({', '.join(BUILTIN_TOKENIZERS)}) nor an existing tokenizer.json"
