@@ -107,7 +107,10 @@ class Checkpointer:
     def resume(self, want: str | None, handed: str | None = None) -> Restored | None:
         """Restore the checkpoint `training.resume` (or, on a restarted attempt, the
         supervisor's `handed` one) names, verified (worker/resume.py); None: start afresh."""
-        verdict = Picker(self.directory, self.run_id, self.rank, self.world_size).pick(want, handed)
+        # Global rank 0's id: it is the one its checkpoints record, and nodes of a multi-node
+        # job started without --run-id each name their own run.
+        job_id = wdist.gather_objects(self.run_id)[0]
+        verdict = Picker(self.directory, job_id, self.rank, self.world_size).pick(want, handed)
         if verdict is None:
             return None
         return self.load(verdict.path, verdict.meta)

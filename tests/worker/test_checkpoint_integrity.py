@@ -160,6 +160,27 @@ def test_a_restart_refuses_the_checkpoint_of_another_run_sharing_the_directory(t
     assert "Traceback" not in res.stderr and "resumed from" not in res.stderr
 
 
+def test_a_multi_node_restart_checks_the_run_id_global_rank_0_recorded(tmp_path: Path):
+    """Nodes started without --run-id each name their own run; the job's checkpoints
+    carry rank 0's id, and every rank judges a restart's checkpoint by that one."""
+    def two_ranks(name: str, overrides: list[str], handed: str = "") -> list:
+        port = h.free_port()
+        spec = tmp_path / f"{name}.json"
+        spec.write_text(json.dumps({"tmp": str(tmp_path), "status_dir": str(tmp_path),
+                                    "runs": [{"name": name, "port": port, "overrides": overrides}]}))
+        resume = {"GPUHERD_RESUME": handed, "TORCHELASTIC_RESTART_COUNT": "1"} if handed else {}
+        envs = [h.worker_env(rank, 2, port, TORCHELASTIC_RUN_ID=f"job-node{rank}", **resume) for rank in (0, 1)]
+        return h.spawn(["tests/worker/helpers.py", "train", str(spec)], envs, timeout=180)
+
+    first = two_ranks("first", ["training.save_every=2", "training.max_steps=2"])
+    assert [r.returncode for r in first] == [0, 0], first[1].stderr
+    saved = tmp_path / "ckpt" / "step_0000002.pt"
+    assert read_manifest(saved).run_id == "job-node0"
+    again = two_ranks("again", ["training.max_steps=4"], handed=str(saved))
+    assert [r.returncode for r in again] == [0, 0], again[1].stderr
+    assert steps_of(h.read_status(tmp_path / "again-rank1.jsonl")) == [2, 3]
+
+
 def test_a_restart_falls_back_to_an_older_checkpoint_of_its_own_run(ckpt: Path, tmp_path: Path, capfd, monkeypatch):
     newest = ckpt / "step_0000006.pt"
     reason = _overwrite_middle(newest)
