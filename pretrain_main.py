@@ -24,7 +24,7 @@ from gpuherd.cli import add_resume_flag, base_parser, config_from_args, die, res
 from gpuherd.config import Config  # noqa: E402
 from gpuherd.contract import WorkerIdentity  # noqa: E402
 from gpuherd.files import write_bytes_atomic  # noqa: E402
-from gpuherd.preflight import check_fits, check_vocab, host_memory_bytes  # noqa: E402
+from gpuherd.model_checks import check_fits, check_vocab, host_memory_bytes  # noqa: E402
 from gpuherd.status_channel import StatusWriter  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""Checks before anything starts: the tokenizer's vocabulary and the model's memory."""
+"""The configured model against what it will meet: the tokenizer's vocabulary and the memory."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import psutil
 
 from gpuherd.config import resolve
 from gpuherd.model_size import estimate_bytes
-from gpuherd.preflight import check_fits, check_vocab, host_memory_bytes
+from gpuherd.model_checks import check_fits, check_vocab, host_memory_bytes
 
 GB = 10**9
 
