@@ -44,7 +44,7 @@ def atomic_file(path: Path, label: str = "") -> Iterator[BinaryIO]:
     fd, tmp = _create_temp(path, label)
     try:
         with os.fdopen(fd, "wb") as handle:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)  # "a live writer": see held_by_nobody
+            _hold(handle.fileno())
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
@@ -66,6 +66,16 @@ def _create_temp(path: Path, label: str) -> tuple[int, Path]:
             continue
 
 
+def _hold(fd: int) -> None:
+    """Mark a temp file or directory as a live writer's (see held_by_nobody). Best effort:
+    where the filesystem has no flock (Lustre without `-o flock`) saving must still work;
+    its leftovers are then never judged orphaned, since no live writer can be told apart."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        pass
+
+
 def _temp_name(path: Path, label: str) -> Path:
     return path.with_name(f".{path.name}.{label + '.' if label else ''}{os.getpid()}.{secrets.token_hex(4)}.tmp")
 
@@ -78,7 +88,7 @@ def locked_temp_dir(path: Path, label: str = "") -> Iterator[Path]:
     tmp.mkdir()
     fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        _hold(fd)
         yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
