@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from gpuherd.config import ModelConfig
+from gpuherd.model_size import ffn_hidden
 from worker.attention import get_attention
 
 # A kernel choice, not part of the model: the same weights load under any backend.
@@ -51,11 +52,8 @@ class ModelArgs(ModelConfig):
 
     @property
     def ffn_hidden(self) -> int:
-        """Llama's rule: 2/3 of 4*dim, optionally scaled, rounded up to multiple_of."""
-        hidden = int(2 * 4 * self.dim / 3)
-        if self.ffn_dim_multiplier is not None:
-            hidden = int(self.ffn_dim_multiplier * hidden)
-        return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
+        """Llama's rule (one definition, shared with the torch-free size estimate)."""
+        return ffn_hidden(self.dim, self.multiple_of, self.ffn_dim_multiplier)
 
 
 class RMSNorm(nn.Module):

@@ -46,6 +46,8 @@ def resolve(
 def read_json_file(path: Path) -> dict[str, Any]:
     """A JSON config file; `//` and `/* */` comments are allowed (hand-written example
     configs carry them), trailing text is not."""
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a directory; --config takes a JSON file")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:

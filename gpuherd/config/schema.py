@@ -50,13 +50,15 @@ class SystemConfig:
 
 @dataclass
 class ModelConfig:
-    n_layers: int = limited(32, gt=0)
-    dim: int = limited(4096, gt=0)
-    n_heads: int = limited(32, gt=0)
+    # Upper bounds sit far above any trained model (GPT-3: 96 layers, dim 12288; Llama 3 405B:
+    # 126, 16384): a value past them is a typo, refused before workers try to build it.
+    n_layers: int = limited(32, gt=0, le=1024)
+    dim: int = limited(4096, gt=0, le=65536)
+    n_heads: int = limited(32, gt=0, le=1024)
     n_kv_heads: int | None = 8  # grouped-query attention; None = n_heads (checked against n_heads)
-    vocab_size: int = limited(0, ge=0)  # 0 = the tokenizer's, padded to a multiple of 64
-    multiple_of: int = limited(256, gt=0)  # SwiGLU hidden size is rounded up to this
-    ffn_dim_multiplier: float | None = limited(None, gt=0)
+    vocab_size: int = limited(0, ge=0, le=2**22)  # 0 = the tokenizer's, padded to a multiple of 64
+    multiple_of: int = limited(256, gt=0, le=65536)  # SwiGLU hidden size is rounded up to this
+    ffn_dim_multiplier: float | None = limited(None, gt=0, le=64)
     norm_eps: float = limited(1e-5, gt=0)
     rope_theta: float = limited(10000.0, gt=0)
     init_std: float = limited(0.02, gt=0)
@@ -97,7 +99,7 @@ class TrainingConfig:
 class DataConfig:
     dataset: str = "shakespeare"  # shakespeare | dummy | a file, directory or glob (formats: README "Your own data")
     tokenizer: str = "gpt2"  # gpt2 | byte | path to a tokenizer.json
-    context_length: int = limited(2048, gt=0)
+    context_length: int = limited(2048, gt=0, le=2**21)
     num_samples: int = limited(0, ge=0)  # documents to use (per source in a mixture); 0 = all
     val_fraction: float = limited(0.05, gt=0, lt=1)
     cache_dir: str = "cache/datasets"

@@ -11,18 +11,31 @@ from gpuherd.config.limits import field_limits
 from gpuherd.config.data_sources import validate_data_sources
 from gpuherd.config.schema import BUILTIN_TOKENIZERS, SECTIONS, Config
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
 
 def validate(cfg: Config) -> None:
     """Raise ConfigError (one line, naming the field) for the first problem found."""
     for section_name in SECTIONS:
         section = getattr(cfg, section_name)
         for f in dataclasses.fields(section):
+            dotted, value = f"{section_name}.{f.name}", getattr(section, f.name)
+            _check_int64(dotted, value)
             limits = field_limits(f)
             if limits is not None:
-                limits.check(f"{section_name}.{f.name}", getattr(section, f.name))
+                limits.check(dotted, value)
     _check_model_shape(cfg)
     _check_relations(cfg)
     _check_files(cfg)
+
+
+def _check_int64(dotted: str, value: object) -> None:
+    """Every integer is a signed 64-bit number: torch, numpy, JSON writers and the
+    status channel all stop there, and nothing a run counts gets near it."""
+    for item in value if isinstance(value, list) else [value]:
+        if isinstance(item, int) and not isinstance(item, bool) and not INT64_MIN <= item <= INT64_MAX:
+            shown = str(item) if item.bit_length() <= 256 else f"a {item.bit_length()}-bit number"
+            raise ConfigError(f"{dotted} must fit in a signed 64-bit integer (at most {INT64_MAX}), got {shown}")
 
 
 def _check_model_shape(cfg: Config) -> None:

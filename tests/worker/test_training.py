@@ -125,7 +125,7 @@ def test_corrupt_checkpoint_is_a_clear_error(tmp_path: Path):
     bad = tmp_path / "ckpt" / "step_0000009.pt"
     bad.parent.mkdir(parents=True)
     bad.write_bytes(b"not a checkpoint")
-    with pytest.raises(WorkerError, match="cannot read checkpoint") as info:
+    with pytest.raises(WorkerError, match="step_0000009.pt is not a gpuherd checkpoint$") as info:
         train(tmp_path, f"training.resume={bad}")
     assert info.value.exit_code == ExitCode.USAGE
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from gpuherd.exit_codes import ExitCode
-from worker.checkpoint_io import FORMAT_DCP, FORMAT_DEEPSPEED, FORMAT_FILE, atomic_torch_save, load_file
+from worker.checkpoint_io import FORMAT_DCP, FORMAT_DEEPSPEED, FORMAT_FILE, load_file, save_checkpoint_file
 from worker.distributed import WorkerError
 from worker.engines.base import Build, Engine, StepCheck
 from worker.model import Transformer
@@ -94,12 +94,12 @@ class TorchEngine(Engine):
 
     # ------------------------------------------------------------------ checkpoints
     def save_states(self, path: Path, meta: dict[str, Any], rank: int) -> None:
-        """One full-state file, written by rank 0."""
+        """One full-state file and its manifest, written by rank 0."""
         model_sd = {k: v.detach().cpu().clone() for k, v in self.inner.state_dict().items()}
         optim_sd = self.full_optimizer_state(rank)
         if rank == 0:
-            atomic_torch_save({"format": FORMAT_FILE, "model": model_sd, "optimizer": optim_sd,
-                               "optimizer_format": self.optimizer_format, "meta": meta}, path)
+            save_checkpoint_file({"format": FORMAT_FILE, "model": model_sd, "optimizer": optim_sd,
+                                  "optimizer_format": self.optimizer_format, "meta": meta}, path)
 
     def full_optimizer_state(self, rank: int) -> dict[str, Any] | None:
         """The whole optimizer state keyed by parameter name (a collective); rank 0 writes it."""
