@@ -141,9 +141,12 @@ def test_cli_maps_flags_onto_system_config_and_script_takes_the_rest(tmp_path, m
     s = launch.config.system
     assert (s.nproc, s.gpus, s.hang_timeout, s.grace_period, s.log_ranks, s.collapse_logs, s.isolate) == \
         (3, [0, 2], 9.0, 2.0, [0], True, False)  # isolation off by default for --script
-    assert launch.script == tmp_path / "train.py" and launch.script_args == ["--debug", "--lr", "1"]
+    assert (launch.script.target, launch.script.args) == ("train.py", ["--debug", "--lr", "1"])
     assert parse(["--debug"]).config.system.isolate is True
     assert parse(["--isolate", "--script", "train.py"]).config.system.isolate is True
+    positional = parse(["--nproc", "3", "train.py", "--nproc", "1", "--script", "x"])  # torchrun-style
+    assert (positional.script.target, positional.script.args) == ("train.py", ["--nproc", "1", "--script", "x"])
+    assert positional.config.system.nproc == 3
 
 
 def test_worker_env_isolates_one_gpu_per_worker(four_gpus):
