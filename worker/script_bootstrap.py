@@ -11,7 +11,8 @@ then sees `sys.argv`, `sys.path[0]`, `__file__`, `__name__ == "__main__"` as und
 Heartbeats: once the script has imported torch, every optimizer step (torch's global
 optimizer-step post hook) becomes a `step` status record, at most every HEARTBEAT_EVERY s,
 and `torch.save` runs in phase `checkpoint` (the supervisor gives a saving rank the long
-allowance). Nothing is sent before the first optimizer step: a script that never steps one
+allowance), and so does the interpreter's teardown once the script returned (phase
+`shutdown`). Nothing is sent before the first optimizer step: a script that never steps one
 is not judged by heartbeat, and the supervisor says so. A script that writes its own status
 records (gpuherd.status_channel) takes over; the automatic ones stop. SIGUSR1 dumps every
 thread's Python stack (faulthandler), as for the built-in worker.
@@ -62,10 +63,13 @@ class Heartbeat:
             self.writer.send("step", step=self.steps)
             self.sent, self.last_sent = self.steps, now
 
-    def flush(self) -> None:
-        """At exit: the supervisor's last step for this rank is the real one."""
+    def at_exit(self) -> None:
+        """The script is done: the supervisor's last step for this rank is the real one, and the
+        interpreter's teardown (process groups, CUDA, garbage) may take a while: phase shutdown."""
         if self.steps > self.sent:
             self._send(self.clock())
+        if self.steps and not self._quiet():
+            self.writer.send("phase", name="shutdown")
 
     def saving(self, save: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(save)
@@ -86,7 +90,7 @@ class Heartbeat:
 
         register_optimizer_step_post_hook(self.on_step)
         torch.save = self.saving(torch.save)
-        atexit.register(self.flush)
+        atexit.register(self.at_exit)
 
 
 class AfterImport(importlib.abc.MetaPathFinder):
@@ -107,16 +111,28 @@ class AfterImport(importlib.abc.MetaPathFinder):
             return None
         sys.meta_path.remove(self)  # one shot; the other finders locate the module
         spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        exec_module = spec.loader.exec_module
-
-        def exec_then_call(module: types.ModuleType) -> None:
-            exec_module(module)
-            self.then(module)
-
-        spec.loader.exec_module = exec_then_call  # type: ignore[method-assign]
+        if spec is not None and spec.loader is not None:
+            spec.loader = _ThenLoader(spec.loader, self.then)
         return spec
+
+
+class _ThenLoader(importlib.abc.Loader):
+    """`loader`, plus a call once the module has run. A wrapper, not a patched loader: one
+    loader object may load many modules (pytest's assertion rewriter does)."""
+
+    def __init__(self, loader: Any, then: Callable[[types.ModuleType], None]) -> None:
+        self.loader, self.then = loader, then
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self.loader.exec_module(module)
+        module.__spec__.loader = module.__loader__ = self.loader  # the module keeps its own loader
+        self.then(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_code, get_resource_reader, ...: the loader's own
+        return getattr(self.loader, name)
 
 
 def run_script(script: str, args: list[str]) -> None:
@@ -165,7 +181,8 @@ def bootstrap(argv: list[str]) -> None:
     except (SystemExit, KeyboardInterrupt):
         raise  # Python's own exit code (and its death by SIGINT) stay as they are
     except BaseException as exc:  # noqa: BLE001 - printed as Python would, minus our frames
-        sys.excepthook(type(exc), exc, _user_frames_only(exc))
+        exc.with_traceback(_user_frames_only(exc))  # Python prints the exception's own traceback
+        sys.excepthook(type(exc), exc, exc.__traceback__)
         raise SystemExit(1) from None
 
 

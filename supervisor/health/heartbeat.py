@@ -17,7 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-SLOW_PHASES = {"init", "rendezvous", "compile", "checkpoint", "eval"}
+# shutdown: the program is done and the interpreter tears down (process groups, CUDA, a big
+# model's garbage), which can take longer than a training step
+SLOW_PHASES = {"init", "rendezvous", "compile", "checkpoint", "eval", "shutdown"}
 # Defaults when system.hang_timeout is 0: a production step plus its logging can take
 # minutes on one GPU; a --script's steps are unknown, so be generous.
 HANG_DEFAULTS = {"debug": 60.0, "gpt2-small": 300.0, "production": 600.0}
