@@ -146,7 +146,7 @@ def parse(argv: list[str], prog: str = PROG) -> Launch:
     script = _script(args, prog)
     if script is not None and args.isolate is None:
         args.isolate = False  # a torchrun-style script expects every GPU visible
-    torchrun = translate(args, die)
+    torchrun = translate(args)
     if torchrun.nproc is not None:
         args.nproc = torchrun.nproc
     node = _node_spec(args)  # may fill --nproc and --run-id from SLURM's allocation

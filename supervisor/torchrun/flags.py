@@ -14,6 +14,7 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
+from gpuherd.cli import die
 from supervisor.rendezvous import SingleStore
 
 LOOPBACK = "127.0.0.1"
@@ -57,8 +58,8 @@ def add_torchrun_flags(parser: argparse.ArgumentParser) -> None:
         t.add_argument(*flags, dest=dest, default=None, metavar="X", help=f"accepted, not needed: {_NOT_NEEDED[dest]}")
 
 
-def translate(args: argparse.Namespace, die) -> TorchrunLaunch:  # noqa: ANN001 (gpuherd.cli.die)
-    """The torchrun flags in `args` -> gpuherd's settings; `die(message)` on a bad one (exit 2).
+def translate(args: argparse.Namespace) -> TorchrunLaunch:
+    """The torchrun flags in `args` -> gpuherd's settings; exit 2 with one line on a bad one.
     Fills args.master_addr/master_port from --rdzv-endpoint for the multi-node checks."""
     out = TorchrunLaunch()
     multi = args.nnodes not in (None, 1)
@@ -70,24 +71,27 @@ def translate(args: argparse.Namespace, die) -> TorchrunLaunch:  # noqa: ANN001 
     if args.nproc_per_node is not None:
         if args.nproc is not None:
             die("--nproc and --nproc-per-node say the same thing; give one")
-        _nproc_per_node(args.nproc_per_node, out, die)
+        _nproc_per_node(args.nproc_per_node, out)
     if args.rdzv_endpoint:
-        host, _, port = args.rdzv_endpoint.rpartition(":") if ":" in args.rdzv_endpoint else (
-            args.rdzv_endpoint, "", "")
+        host, sep, port = args.rdzv_endpoint.rpartition(":")
+        if not sep:
+            host, port = args.rdzv_endpoint, ""
         args.master_addr = args.master_addr or host
         if port and args.master_port is None:
-            args.master_port = _port(port, "--rdzv-endpoint", die)
+            if not port.isdigit():
+                die(f"--rdzv-endpoint {args.rdzv_endpoint}: the port must be a number")
+            args.master_port = int(port)
     if args.log_dir:
         out.overrides.append(f"system.run_root={args.log_dir}")
-    ignored = [f"--{dest.replace('_', '-')}" for dest in _NOT_NEEDED if getattr(args, dest) is not None]
+    ignored = [dest for dest in _NOT_NEEDED if getattr(args, dest) is not None]
     if ignored:
-        out.notices.append(f"ignored torchrun flag(s) {', '.join(ignored)}: "
-                           + "; ".join(sorted({_NOT_NEEDED[f[2:].replace('-', '_')] for f in ignored})))
+        why = "; ".join(dict.fromkeys(_NOT_NEEDED[dest] for dest in ignored))
+        out.notices.append(f"ignored torchrun flag(s) {', '.join('--' + d.replace('_', '-') for d in ignored)}: {why}")
     out.store = _single_store(args, out)
     return out
 
 
-def _nproc_per_node(value: str, out: TorchrunLaunch, die) -> None:  # noqa: ANN001
+def _nproc_per_node(value: str, out: TorchrunLaunch) -> None:
     cores = str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     if value.isdigit() and int(value) > 0:
         out.nproc = int(value)
@@ -99,12 +103,6 @@ def _nproc_per_node(value: str, out: TorchrunLaunch, die) -> None:  # noqa: ANN0
         out.overrides.append(f"system.nproc={cores}")  # every GPU; without one, one worker per core
     else:
         die(f"--nproc-per-node {value!r}: expected a number > 0, gpu, cpu or auto")
-
-
-def _port(text: str, flag: str, die) -> int:  # noqa: ANN001
-    if not text.isdigit():
-        die(f"{flag}: port must be a number, got {text!r}")
-    return int(text)
 
 
 def _single_store(args: argparse.Namespace, out: TorchrunLaunch) -> SingleStore | None:

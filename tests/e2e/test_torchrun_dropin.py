@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -57,38 +58,49 @@ def losses(result: subprocess.CompletedProcess) -> list[tuple[int, str]]:
     return found
 
 
-def _same_run_under_both(tmp_path: Path, script: str, *args: str) -> tuple[subprocess.CompletedProcess, ...]:
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _same_run_under_both(tmp_path: Path, flags: list[str], script: str) -> tuple[subprocess.CompletedProcess, ...]:
+    """The same launch line under both, `torchrun` replaced by `gpuherd run`; the losses must agree."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    ours = launch(gpuherd_run(), tmp_path / "a", str(SCRIPTS / script), *args)
-    theirs = launch(torchrun(), tmp_path / "b", str(SCRIPTS / script), *args)
+    # torchrun first: a fixed --master-port is then free again for gpuherd, which binds it with SO_REUSEADDR
+    theirs = launch(torchrun(), tmp_path / "b", *flags, str(SCRIPTS / script))
+    ours = launch(gpuherd_run(), tmp_path / "a", *flags, str(SCRIPTS / script))
     assert losses(ours) == losses(theirs)
     return ours, theirs
 
 
 @pytest.mark.slow
 def test_nanogpt_style_script_trains_as_under_torchrun_and_heartbeats_without_code(tmp_path):
-    ours, _ = _same_run_under_both(tmp_path, "nanogpt_ddp.py", "12")
+    ours, _ = _same_run_under_both(tmp_path, ["--standalone"], "nanogpt_ddp.py")
     run_dir = sh.run_dir_of(tmp_path / "a")
     records = [orjson.loads(line) for line in (run_dir / "metrics.jsonl").read_bytes().splitlines()]
     steps = {(r["rank"], r["step"]) for r in records if r["type"] == "step"}
-    assert (0, 1) in steps and (1, 1) in steps and (0, 12) in steps  # the first step at once, the last at exit
+    assert (0, 1) in steps and (1, 1) in steps and (0, 20) in steps  # the first step at once, the last at exit
     summary = orjson.loads((run_dir / "summary.json").read_bytes())
-    assert summary["exit_code"] == 0 and [w["last_step"] for w in summary["workers"]] == [12, 12]
+    assert summary["exit_code"] == 0 and [w["last_step"] for w in summary["workers"]] == [20, 20]
 
 
 @pytest.mark.slow
 def test_lightning_script_runs_unchanged_under_torchelastic_detection(tmp_path):
-    ours, theirs = _same_run_under_both(tmp_path, "lightning_train.py")
+    ours, theirs = _same_run_under_both(tmp_path, [], "lightning_train.py")
     for result in (ours, theirs):  # Lightning saw a torchelastic launch and started no processes of its own
         assert "environment TorchElasticEnvironment creates_processes_externally=True" in result.stdout
 
 
 @pytest.mark.slow
 def test_accelerate_script_runs_unchanged_as_multi_cpu(tmp_path):
-    ours, theirs = _same_run_under_both(tmp_path, "accelerate_train.py")
+    port = _free_port()
+    ours, theirs = _same_run_under_both(tmp_path, ["--master-addr", "127.0.0.1", "--master_port", str(port)],
+                                        "accelerate_train.py")
     for result in (ours, theirs):
         assert "setup DistributedType.MULTI_CPU num_processes=2" in result.stdout
+    assert f"rendezvous store on 127.0.0.1:{port}" in (sh.run_dir_of(tmp_path / "a") / "supervisor.log").read_text()
 
 
 def test_the_users_pythonpath_and_sys_path_are_exactly_torchruns(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
 import time
 
 import psutil
@@ -85,6 +86,27 @@ def test_silent_script_rank_exiting_early_fails_once_the_other_makes_no_progress
     assert cause["kind"] == "early-exit" and cause["rank"] == 1
     assert "CPU1 (rank 1) exited 0, then rank(s) 0 made no progress for 1 s" in cause["message"]
     assert time.monotonic() - started < 20
+
+
+def test_a_script_that_never_steps_is_said_to_be_unwatched_once(tmp_path):
+    script = tmp_path / "no_steps.py"
+    script.write_text("import time\ntime.sleep(3)\n")
+    cmd = sh.command("--hang-timeout", "1", "--set", "system.startup_timeout=1", script=script)
+    result = subprocess.run(cmd, cwd=tmp_path, env=sh.env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    notices = [line for line in result.stderr.splitlines() if "sent no heartbeat in their first 1 s" in line]
+    assert len(notices) == 1 and "rank(s) 0, 1" in notices[0] and "no torch optimizer step seen" in notices[0]
+
+
+def test_a_module_runs_with_dash_m_as_under_python(tmp_path):
+    (tmp_path / "userpkg").mkdir()
+    (tmp_path / "userpkg" / "__init__.py").write_text("")
+    (tmp_path / "userpkg" / "job.py").write_text(
+        "import os, sys\nprint('rank', os.environ['RANK'], __name__, sys.argv[1:], flush=True)\n")
+    cmd = sh.command("-m", "userpkg.job", "--lr", "1", script=None)
+    result = subprocess.run(cmd, cwd=tmp_path, env=sh.env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "CPU0:rank 0 __main__ ['--lr', '1']" in result.stdout and "CPU1:rank 1 __main__" in result.stdout
 
 
 def test_stopped_worker_is_named_as_straggler_and_every_rank_dumps_stacks(tmp_path):
@@ -276,8 +298,6 @@ def test_collapse_logs_prints_identical_lines_once(tmp_path):
 ])
 def test_bad_supervisor_options_exit_2_before_anything_is_written(tmp_path, args, fragment):
     cmd = sh.command(*args, script=None)
-    import subprocess
-
     p = subprocess.run(cmd, cwd=tmp_path, env=sh.env(), capture_output=True, text=True, timeout=60)
     assert p.returncode == 2, p.stderr
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]

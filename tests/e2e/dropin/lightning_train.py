@@ -3,11 +3,10 @@
 Rank 0 prints `step N loss X` and which cluster environment Lightning detected.
 """
 
+import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
-
-import pytorch_lightning as pl
 
 
 class Regression(pl.LightningModule):
