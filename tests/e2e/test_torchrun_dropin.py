@@ -88,6 +88,7 @@ def test_nanogpt_style_script_trains_as_under_torchrun_and_heartbeats_without_co
 
 @pytest.mark.slow
 def test_lightning_script_runs_unchanged_under_torchelastic_detection(tmp_path):
+    pytest.importorskip("pytorch_lightning", reason="a dev dependency: pip install -r requirements-dev.txt")
     ours, theirs = _same_run_under_both(tmp_path, [], "lightning_train.py")
     for result in (ours, theirs):  # Lightning saw a torchelastic launch and started no processes of its own
         assert "environment TorchElasticEnvironment creates_processes_externally=True" in result.stdout
@@ -95,6 +96,7 @@ def test_lightning_script_runs_unchanged_under_torchelastic_detection(tmp_path):
 
 @pytest.mark.slow
 def test_accelerate_script_runs_unchanged_as_multi_cpu(tmp_path):
+    pytest.importorskip("accelerate", reason="a dev dependency: pip install -r requirements-dev.txt")
     port = _free_port()
     ours, theirs = _same_run_under_both(tmp_path, ["--master-addr", "127.0.0.1", "--master_port", str(port)],
                                         "accelerate_train.py")
