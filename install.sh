@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install gpuherd's dependencies into ./.venv (or into $GPUHERD_PYTHON's environment).
+# Install gpuherd into ./.venv (or into $GPUHERD_PYTHON's environment): its dependencies,
+# then this checkout itself, editable, so `gpuherd` and `python -m supervisor` work anywhere.
 #   bash install.sh               runtime dependencies
 #   bash install.sh --test        + test dependencies
 #   bash install.sh --gpu-extras  + flash-attn (GPU machines only)
@@ -14,7 +15,7 @@ for arg in "$@"; do
   case "$arg" in
     --test) want_test=1 ;;
     --gpu-extras) want_gpu=1 ;;
-    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install.sh: error: unknown option '$arg' (see install.sh --help)" >&2; exit 2 ;;
   esac
 done
@@ -51,6 +52,8 @@ else
 fi
 
 pip_install -r "$ROOT/requirements.txt"
+# --no-deps: the requirements are in already, and a resolver run could swap torch's build.
+pip_install --no-deps -e "$ROOT"
 [[ $want_test == 1 ]] && pip_install -r "$ROOT/requirements-dev.txt"
 if [[ $want_gpu == 1 ]]; then
   if [[ $has_gpu == 1 ]]; then pip_install --no-build-isolation -r "$ROOT/requirements-gpu.txt"

@@ -35,10 +35,13 @@ def from_signal(signum: int) -> int:
     return 128 + int(signum)
 
 
-def describe(code: int) -> str:
-    """Human words for an exit code, for summaries and error blocks."""
+def describe(code: int, script: bool = False) -> str:
+    """Human words for an exit code, for summaries and error blocks. `script`: the code of a
+    user's script, which means what the script means by it; only signal deaths have names."""
     if code < 0:  # subprocess returncode for "killed by signal -code"
         return f"killed by {_signal_name(-code)}"
+    if script and code <= 128:
+        return f"exit code {code}"
     try:
         return {
             ExitCode.OK: "success",

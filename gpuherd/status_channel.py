@@ -24,14 +24,20 @@ PIPE_BUF = 4096
 class StatusWriter:
     """Worker side. Without a supervisor (standalone runs) every send is a no-op."""
 
-    def __init__(self, fd: int | None, rank: int) -> None:
+    # True once a writer other than the script bootstrap's automatic heartbeat sent a record
+    # in this process: the script reports for itself, and the automatic step counts (another
+    # numbering of steps) must not interleave with its own (worker/script_bootstrap.py).
+    explicit_records = False
+
+    def __init__(self, fd: int | None, rank: int, automatic: bool = False) -> None:
         self._fd = fd
         self._rank = rank
+        self._automatic = automatic
 
     @classmethod
-    def from_env(cls, rank: int) -> StatusWriter:
+    def from_env(cls, rank: int, automatic: bool = False) -> StatusWriter:
         raw = os.environ.get(contract.STATUS_FD)
-        return cls(int(raw) if raw else None, rank)
+        return cls(int(raw) if raw else None, rank, automatic)
 
     @property
     def connected(self) -> bool:
@@ -42,6 +48,8 @@ class StatusWriter:
             return
         if type_ not in RECORD_TYPES:
             raise ValueError(f"unknown status record type {type_!r}")
+        if not self._automatic:
+            StatusWriter.explicit_records = True
         record = {"type": type_, "rank": self._rank, "time": time.time(), **fields}
         line = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
         if len(line) > PIPE_BUF:  # keep writes atomic: drop bulky fields, never tear

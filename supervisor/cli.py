@@ -1,9 +1,14 @@
-"""`python -m supervisor` command line (run_training.sh passes its arguments through).
+"""`gpuherd run` (= `python -m supervisor`, what run_training.sh passes its arguments to).
+
+    gpuherd run [options]                        the built-in trainer
+    gpuherd run [options] train.py [ARGS...]     a torchrun-style script; everything after
+                                                 it is the script's (also: --script PATH ARGS)
 
 Built on gpuherd.cli.base_parser, so --debug/--preset/--config/--max-steps/--set
 mean what they mean everywhere; the supervisor's own flags map onto
 `system.*` config fields, so a config file can set them too and one validation
-pass covers both.
+pass covers both. torchrun's flags are accepted with torchrun's meaning
+(supervisor/torchrun/flags.py; the ones gpuherd shares are aliases below).
 """
 
 from __future__ import annotations
@@ -11,26 +16,27 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from gpuherd.cli import add_resume_flag, base_parser, config_from_args, die, resume_override
 from gpuherd.config import Config
 from gpuherd.text import int_list
-from supervisor.rendezvous import DEFAULT_PORT, NodeSpec
+from supervisor.rendezvous import DEFAULT_PORT, NodeSpec, SingleStore
+from supervisor.torchrun import Script, ScriptError, add_torchrun_flags, translate
 
-PROG = "run_training.sh"
+PROG = "gpuherd run"
 
 
 @dataclass
 class Launch:
     config: Config
-    script: Path | None = None  # --script: a torchrun-style user script instead of the built-in worker
-    script_args: list[str] = field(default_factory=list)
+    script: Script | None = None  # a torchrun-style user program instead of the built-in worker
     nproc_explicit: bool = False
     force: bool = False
     run_id: str | None = None
     verbose: bool = False
     node: NodeSpec = field(default_factory=NodeSpec)  # multi-node: which node this supervisor is
+    store: SingleStore | None = None  # one node: where torchrun's flags put the workers' store
+    notices: list[str] = field(default_factory=list)  # said at INFO once logging is set up
 
 
 def _id_list(text: str) -> list[int]:
@@ -43,6 +49,18 @@ def _id_list(text: str) -> list[int]:
     return ids
 
 
+def _nnodes(text: str) -> int:
+    """torchrun's `N` or `MIN:MAX`; gpuherd's jobs have a fixed size, so MIN must equal MAX."""
+    low, _, high = text.partition(":")
+    try:
+        lo, hi = int(low), int(high or low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of nodes like 2, got '{text}'") from None
+    if lo != hi:
+        raise argparse.ArgumentTypeError(f"'{text}': elastic node ranges are not supported; give one number")
+    return lo
+
+
 def _seconds(text: str) -> float:
     try:
         return float(text)
@@ -50,9 +68,11 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected seconds, got '{text}'") from None
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = base_parser(PROG, "Prepare the dataset once, start one isolated worker per GPU (or CPU workers), "
-                               "supervise them, and exit with a code that names the cause.")
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    parser = base_parser(prog, "Prepare the dataset once, start one isolated worker per GPU (or CPU workers), "
+                               "supervise them, and exit with a code that names the cause. With a SCRIPT: "
+                               "run it on every worker instead of the built-in trainer, as torchrun would.")
+    parser.usage = f"{prog} [options] [SCRIPT [ARGS...]]"
     add_resume_flag(parser)
     g = parser.add_argument_group("supervisor")
     g.add_argument("--nproc", type=int, default=None, metavar="N",
@@ -70,12 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds without a heartbeat before a worker counts as hung (default: per preset)")
     g.add_argument("--grace-period", type=_seconds, default=None, metavar="S",
                    help="teardown: seconds between SIGTERM and SIGKILL (default: per preset)")
-    g.add_argument("--log-ranks", type=_id_list, default=None, metavar="R[,R]",
+    g.add_argument("--log-ranks", "--local-ranks-filter", "--local_ranks_filter", type=_id_list, default=None,
+                   metavar="R[,R]",
                    help="console shows these ranks, plus every rank's warnings and errors (files keep all)")
     g.add_argument("--collapse-logs", action="store_true",
                    help="print a line that all ranks print identically once, with a rank count")
     r = parser.add_argument_group("restarts")
-    r.add_argument("--max-restarts", type=int, default=None, metavar="N",
+    r.add_argument("--max-restarts", "--max_restarts", type=int, default=None, metavar="N",
                    help="after a crash, hang or lost worker, restart every worker up to N times, resuming from "
                         "the newest checkpoint this run wrote (default 0)")
     r.add_argument("--restart-backoff", type=_seconds, default=None, metavar="S",
@@ -83,25 +104,39 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--restart-on-nan", action="store_true",
                    help="restart after a NaN stop (exit 6) too; by default a NaN stop ends the run")
     m = parser.add_argument_group("multi-node (one supervisor per node; see README 'Multi-node')")
-    m.add_argument("--nnodes", type=int, default=None, metavar="N", help="nodes in the job (default 1)")
-    m.add_argument("--node-rank", type=int, default=None, metavar="R", help="this node, 0..N-1; node 0 hosts the job store")
-    m.add_argument("--master-addr", default=None, metavar="HOST",
+    m.add_argument("--nnodes", type=_nnodes, default=None, metavar="N", help="nodes in the job (default 1)")
+    m.add_argument("--node-rank", "--node_rank", type=int, default=None, metavar="R",
+                   help="this node, 0..N-1; node 0 hosts the job store")
+    m.add_argument("--master-addr", "--master_addr", default=None, metavar="HOST",
                    help="node 0's address as every node reaches it; node 0 binds the store to that interface only")
-    m.add_argument("--master-port", type=int, default=None, metavar="P",
+    m.add_argument("--master-port", "--master_port", type=int, default=None, metavar="P",
                    help=f"the job store's port on node 0 (default {DEFAULT_PORT})")
     m.add_argument("--slurm", action="store_true",
                    help="take --nnodes/--node-rank/--master-addr/--master-port from SLURM's environment "
                         "(run under srun, one task per node); explicit flags win")
-    g.add_argument("--run-id", default=None, metavar="ID", help="name of the run directory (default: time + random)")
+    g.add_argument("--run-id", "--rdzv-id", "--rdzv_id", default=None, metavar="ID",
+                   help="name of the run directory and TORCHELASTIC_RUN_ID (default: time + random)")
     g.add_argument("-v", "--verbose", action="store_true", help="the supervisor's own debug messages on the console")
     g.add_argument("--skip-checks", dest="preflight", action="store_false", default=None,
                    help="skip the pre-flight GPU and host checks (`gpuherd check`) before the run")
     g.add_argument("--no-report", dest="report", action="store_false", default=None,
                    help="do not write report.html and its figures into the run directory at the end")
-    g.add_argument("--script", default=None, metavar="PATH",
-                   help="run a torchrun-style training script instead of the built-in trainer; "
-                        "every argument after PATH goes to the script")
+    _add_script_flags(parser)
+    add_torchrun_flags(parser)
     return parser
+
+
+def _add_script_flags(parser: argparse.ArgumentParser) -> None:
+    s = parser.add_argument_group("your script (torchrun-style; the built-in trainer without one)")
+    s.add_argument("script", nargs="?", default=None, metavar="SCRIPT",
+                   help="run this on every worker instead of the built-in trainer; every argument after "
+                        "it is the script's")
+    s.add_argument("script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    s.add_argument("--script", dest="script_flag", nargs=argparse.REMAINDER, default=None, metavar="PATH",
+                   help="the same as SCRIPT (every argument after PATH is the script's)")
+    s.add_argument("--no-auto-heartbeat", dest="auto_heartbeat", action="store_false",
+                   help="start the script exactly as torchrun does: no heartbeats from its optimizer steps, "
+                        "no stack dumps on SIGUSR1 (hang detection then needs status records from it)")
 
 
 # flags whose value goes to `system.<same name>` (store_true flags only when given)
@@ -109,15 +144,16 @@ _SYSTEM_FLAGS = ("nproc", "gpus", "isolate", "hang_timeout", "grace_period", "lo
                  "max_restarts", "restart_backoff", "restart_on_nan", "preflight", "report")
 
 
-def parse(argv: list[str]) -> Launch:
+def parse(argv: list[str], prog: str = PROG) -> Launch:
     """Arguments -> a validated Launch; exits 2 with one line on any problem."""
-    ours, script, script_args = _split_script(argv)
-    parser = build_parser()
-    args = parser.parse_args(ours)
-    if script is not None:
-        args.script = script
-    if args.script is not None and args.isolate is None:
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    script = _script(args, prog)
+    if script is not None and args.isolate is None:
         args.isolate = False  # a torchrun-style script expects every GPU visible
+    torchrun = translate(args)
+    if torchrun.nproc is not None:
+        args.nproc = torchrun.nproc
     node = _node_spec(args)  # may fill --nproc and --run-id from SLURM's allocation
     extra = resume_override(args)
     for flag in _SYSTEM_FLAGS:  # each flag is a system.* config key: one validation covers both
@@ -126,14 +162,33 @@ def parse(argv: list[str]) -> Launch:
             extra.append(f"system.{flag}=false")  # --no-isolate, --skip-checks, --no-report
         elif value is not None and value is not False:
             extra.append(f"system.{flag}={'true' if value is True else value}")
-    cfg = config_from_args(args, extra)
-    script_path = None
-    if args.script is not None:
-        script_path = (Path.cwd() / args.script).resolve()
-        if not script_path.is_file():
-            die(f"--script file not found: {args.script}")
-    return Launch(config=cfg, script=script_path, script_args=script_args, nproc_explicit=args.nproc is not None,
-                  force=args.force, run_id=args.run_id, verbose=args.verbose, node=node)
+    cfg = config_from_args(args, extra + torchrun.overrides)
+    return Launch(config=cfg, script=script, nproc_explicit=args.nproc is not None, force=args.force,
+                  run_id=args.run_id, verbose=args.verbose, node=node, store=torchrun.store,
+                  notices=torchrun.notices)
+
+
+def _script(args: argparse.Namespace, prog: str) -> Script | None:
+    """SCRIPT ARGS (or --script PATH ARGS) with -m / --no-python / --no-auto-heartbeat, checked."""
+    if args.script_flag is not None:
+        if args.script is not None:
+            die(f"two scripts: {args.script} and --script {' '.join(args.script_flag)}; give one")
+        if not args.script_flag:
+            die(f"--script needs a path (see {prog} --help)")
+        args.script, args.script_args = args.script_flag[0], args.script_flag[1:]
+    if args.script is None:
+        for flag, given in (("-m", args.module), ("--no-python", args.no_python),
+                            ("--no-auto-heartbeat", not args.auto_heartbeat)):
+            if given:
+                die(f"{flag} needs a script or module to run (see {prog} --help)")
+        return None
+    script = Script(args.script, list(args.script_args), module=args.module, no_python=args.no_python,
+                    auto_heartbeat=args.auto_heartbeat)
+    try:
+        script.check()
+    except ScriptError as exc:
+        die(str(exc), exc.exit_code)
+    return script
 
 
 def _node_spec(args: argparse.Namespace) -> NodeSpec:
@@ -170,17 +225,3 @@ def _read_slurm(master_addr: str | None):
         return read_slurm(os.environ, master_addr=master_addr)
     except SlurmError as exc:
         die(f"--slurm: {exc}")
-
-
-def _split_script(argv: list[str]) -> tuple[list[str], str | None, list[str]]:
-    """Everything after `--script PATH` belongs to the script, even `--debug` or `-h`."""
-    for i, arg in enumerate(argv):
-        if arg == "--script":
-            if i + 1 >= len(argv):
-                die("--script needs a path (see run_training.sh --help)")
-            return argv[:i], argv[i + 1], argv[i + 2:]
-        if arg.startswith("--script="):
-            return argv[:i], arg.split("=", 1)[1], argv[i + 1:]
-        if arg == "--":
-            break
-    return argv, None, []

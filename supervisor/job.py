@@ -27,7 +27,7 @@ from supervisor.health import Heartbeats, MetricsSink, NcclTransportWatch, RunCo
     hang_timeouts
 from supervisor.logs import Console, LogRouter, WorkerLog
 from supervisor.processes import OrphanGuard, Supervision, WorkerProcess, become_subreaper, die_with_parent, \
-    python_env, RunEnv, spawn, sweep_children, worker_env
+    error_file_for, python_env, RunEnv, script_env, spawn, sweep_children, worker_env
 from supervisor.rendezvous import NodeLinkError, Rendezvous, Setup, SingleNode
 from supervisor.restarts import RunCheckpoints, pause, refusal
 from supervisor.summary import AttemptReport, RootCause, Summary, WorkerReport, how_it_ended, now_iso, shell_code
@@ -150,7 +150,7 @@ class Job:
             attempt=attempt, started_at=started_at, duration_s=round(time.monotonic() - t0, 3),
             exit_code=int(cause.exit_code) if cause else 0, outcome="success" if cause is None else cause.kind,
             root_cause=cause, resumed_from=setup.resume, log_dir=str(log_dir), teardown_s=teardown,
-            workers=[_report(w, cause, att.monitor) for w in att.workers],
+            workers=[_report(w, cause, att.monitor, self.mode == "script") for w in att.workers],
             stop_signal=signal.Signals(sup.stop_signal).name if sup.stop_signal else None)
 
     def _prepare_attempt(self, attempt: int, setup: Setup, log_dir: Path, metrics: MetricsSink) -> Attempt:
@@ -164,7 +164,8 @@ class Job:
         monitor = Heartbeats([s.rank for s in plan.slots], time.monotonic(), hang, startup,
                              cfg.system.rendezvous_timeout, expect_heartbeats=self.mode == "train")
         sup = Supervision([], router, monitor, metrics, cfg.system.grace_period, finish_window=hang,
-                          on_cause=self.rendezvous.publisher(attempt))
+                          on_cause=self.rendezvous.publisher(attempt), script=self.mode == "script",
+                          unwatched_why=_unwatched_why(self.launch))
         run_env = RunEnv(run_id=self.run_id, run_dir=str(self.run_dir), master_addr=setup.master_addr,
                          master_port=setup.master_port, supervisor_pid=os.getpid(),
                          config_path=str(self.run_dir / "config.json"), dataset_cache=self.dataset_path,
@@ -176,15 +177,17 @@ class Job:
     def _supervise(self, att: Attempt, guard: OrphanGuard) -> RootCause | None:
         """Spawn, watch until the end, and leave nothing of the attempt running."""
         plan, store, sup = att.setup.plan, att.setup.store, att.sup
-        base_env = python_env() if self.mode == "train" else dict(os.environ)
+        base_env = python_env() if self.mode == "train" else script_env()
         watchers: list[RunWatcher] = []
         cause: RootCause | None = None
         sup.install_signal_handlers()
         self.rendezvous.watch(att.number, on_remote=sup.report_remote)
         try:
             for slot in plan.slots:
-                w = spawn(self.command, lambda fd, slot=slot: worker_env(base_env, plan, slot, att.run_env, fd),
-                          slot, att.logs[slot.rank].path)
+                error_file = error_file_for(att.logs[slot.rank].path)
+                error_file.unlink(missing_ok=True)  # only what this attempt's rank writes may be read back
+                w = spawn(self.command, lambda fd, slot=slot, ef=str(error_file): worker_env(
+                    base_env, plan, slot, att.run_env, fd, error_file=ef), slot, att.logs[slot.rank].path)
                 sup.add_worker(w)
                 att.workers.append(w)
                 guard.watch(w.pgid)
@@ -253,6 +256,17 @@ def _nccl_watch(plan: DevicePlan) -> NcclTransportWatch | None:
     return NcclTransportWatch({s.rank for s in plan.slots})
 
 
+def _unwatched_why(launch: Launch) -> str | None:
+    """Why a script's rank that never sent a heartbeat is not judged by heartbeat (said once)."""
+    if launch.script is None:
+        return None
+    if launch.script.bootstrapped:
+        return ("no torch optimizer step seen (gpuherd counts them as heartbeats): not watched for hangs "
+                "until it steps one")
+    return ("no status record from the script (--no-auto-heartbeat or --no-python): not watched for hangs; "
+            "send records with gpuherd.status_channel for that")
+
+
 def _stop_cause(signum: int, when: str) -> RootCause:
     name = signal.Signals(signum).name
     if signum == signal.SIGINT:
@@ -280,7 +294,7 @@ def _stop_watcher(watcher: RunWatcher) -> None:
         logger.warning(f"watcher {getattr(watcher, 'name', watcher)} failed to stop: {exc}")
 
 
-def _report(w: WorkerProcess, cause: RootCause | None, monitor: Heartbeats | None) -> WorkerReport:
+def _report(w: WorkerProcess, cause: RootCause | None, monitor: Heartbeats | None, script: bool) -> WorkerReport:
     st = monitor.ranks[w.slot.rank] if monitor is not None else None
     code = None if w.returncode is None else shell_code(w.returncode)
     if cause is None:
@@ -294,7 +308,8 @@ def _report(w: WorkerProcess, cause: RootCause | None, monitor: Heartbeats | Non
     else:
         role = "ok" if code == 0 else "failed"
     return WorkerReport(
-        rank=w.slot.rank, device=w.slot.tag, pid=w.pid, exit_code=code, ended=how_it_ended(w.returncode), role=role,
+        rank=w.slot.rank, device=w.slot.tag, pid=w.pid, exit_code=code, ended=how_it_ended(w.returncode, script),
+        role=role,
         signals_sent=list(w.signalled), last_step=st.step if st else None, phase=st.phase if st else None,
         status_records=st.records if st else 0,
         seconds=None if w.ended is None else round(w.ended - w.started, 3), log=str(w.log_path),

@@ -1,4 +1,4 @@
-"""`python -m supervisor`: one training job from command line to exit code.
+"""`gpuherd run` / `python -m supervisor`: one training job from command line to exit code.
 
 resolve config (exit 2) -> plan devices (exit 2) -> run directory + config.json ->
 dataset cache (exit 3; built-in trainer only) -> the job's attempts (job.py) ->
@@ -8,6 +8,7 @@ summary.json + root-cause block -> exit with the cause's code.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
 
@@ -17,18 +18,18 @@ from loguru import logger
 from gpuherd.cli import die
 from gpuherd.files import write_bytes_atomic
 from supervisor import run_dir as rundir
-from supervisor.cli import Launch, parse
+from supervisor.cli import PROG, Launch, parse
 from supervisor.gpus import DeviceError, DevicePlan, plan_devices
 from supervisor.health import WARN, CheckReport, announce_devices, hang_timeouts, run_checks
 from supervisor.job import Job
 from supervisor.processes import die_with_parent, python_env
-from supervisor.rendezvous import MultiNode, NodeLinkError, bind_master
+from supervisor.rendezvous import MultiNode, NodeLinkError, SingleNode, bind_master
 from supervisor.summary import now_iso
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     started_at, t0 = now_iso(), time.monotonic()
-    launch = parse(list(sys.argv[1:] if argv is None else argv))
+    launch = parse(list(sys.argv[1:] if argv is None else argv), prog)
     _console_logging(launch.verbose)
     cfg = launch.config
     plan = _plan(launch)
@@ -41,12 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         rundir.ensure_free(run_dir, launch.force)
     except rundir.RunDirError as exc:
         die(str(exc))
-    listen, bind_ip = None, None
-    if node.multi and node.node_rank == 0:
-        try:
-            listen, bind_ip = bind_master(node.master_addr, node.master_port)
-        except NodeLinkError as exc:
-            die(str(exc), exc.exit_code)
+    listen, bind_ip = _bind_store(launch)
     # ---- nothing was written before this line; everything below may write
     rundir.create(run_dir)
     write_bytes_atomic(run_dir / "config.json", cfg.to_json() + b"\n")
@@ -54,8 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         write_bytes_atomic(run_dir / "preflight.json", orjson.dumps(checks.to_dict(), option=orjson.OPT_INDENT_2))
     logger.add(run_dir / "supervisor.log", level="DEBUG", enqueue=False,
                format="{time:YYYY-MM-DD HH:mm:ss.SSS} {level} | {message}")
+    for notice in launch.notices:
+        logger.info(notice)
     mode = "script" if launch.script else "train"
-    command = _command(launch)
+    command = launch.script.command() if launch.script else [sys.executable, "-m", "worker"]
     logger.debug(f"run {run_id}: {mode} mode, {plan.world_size} worker(s) on "
                  f"{', '.join(s.tag for s in plan.slots)}; isolate={plan.isolate}; command: {' '.join(command)}")
     if plan.notice:
@@ -63,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     announce_devices(plan)
 
     job = Job(launch, plan, run_id, run_dir, command, started_at, t0)
+    if not node.multi and listen is not None:
+        job.rendezvous = SingleNode(launch.store, listen)  # held for the job; every attempt serves from it
     if node.multi:  # the agent imports torch while the dataset is prepared
         hang, _ = hang_timeouts(cfg.preset, cfg.system.hang_timeout, cfg.system.startup_timeout,
                                 script=mode == "script")
@@ -78,6 +78,21 @@ def main(argv: list[str] | None = None) -> int:
         return job.run()
     finally:
         job.rendezvous.close()
+
+
+def _bind_store(launch: Launch) -> tuple[socket.socket | None, str | None]:
+    """The store's socket, where this node hosts one at a chosen address (multi-node node 0, or
+    torchrun's flags on one node), bound before anything is written: a wrong address or a
+    busy port is one line and exit 2, never a timeout."""
+    node = launch.node
+    try:
+        if node.multi and node.node_rank == 0:
+            return bind_master(node.master_addr, node.master_port)
+        if not node.multi and launch.store is not None:
+            return bind_master(launch.store.bind_addr, launch.store.port)
+    except NodeLinkError as exc:
+        die(str(exc), exc.exit_code)
+    return None, None
 
 
 def _console_logging(verbose: bool) -> None:
@@ -117,11 +132,3 @@ def _preflight(launch: Launch, plan: DevicePlan) -> CheckReport:
             "to start anyway)", report.failed_exit_code)
     logger.debug(f"pre-flight checks: {report.counts()}")
     return report
-
-
-def _command(launch: Launch) -> list[str]:
-    if launch.script is not None:
-        return [sys.executable, "-u", str(launch.script), *launch.script_args]
-    return [sys.executable, "-m", "worker"]
-
-

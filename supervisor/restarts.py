@@ -22,17 +22,20 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 def refusal(cause: RootCause, restart_on_nan: bool) -> str | None:
     """Why this failure is not restarted (None: restart it). A failure that would only
-    repeat (config, dataset) or that someone asked for (Ctrl-C, SIGTERM) ends the run."""
+    repeat (config, dataset) or that someone asked for (Ctrl-C, SIGTERM) ends the run.
+    A user script's own exit code means what the script means by it: restarted like any crash."""
     if cause.kind in ("interrupted", "terminated"):
         return "the run was asked to stop"
+    if cause.kind == "supervisor":
+        return "the supervisor itself failed"
+    if cause.script_code:
+        return None
     if cause.exit_code == ExitCode.USAGE:
         return "a usage or config error fails every attempt the same way"
     if cause.exit_code == ExitCode.DATA:
         return "a dataset error fails every attempt the same way"
     if cause.exit_code == ExitCode.NAN and not restart_on_nan:
         return "a NaN stop is not restarted unless --restart-on-nan is given"
-    if cause.kind == "supervisor":
-        return "the supervisor itself failed"
     return None
 
 

@@ -21,7 +21,8 @@ def shell_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def how_it_ended(returncode: int | None) -> str:
+def how_it_ended(returncode: int | None, script: bool = False) -> str:
+    """`script`: a user's script exited, whose codes are its own (no gpuherd label)."""
     if returncode is None:
         return "still running"
     if returncode < 0:
@@ -29,7 +30,9 @@ def how_it_ended(returncode: int | None) -> str:
             return f"killed by {signal.Signals(-returncode).name}"
         except ValueError:
             return f"killed by signal {-returncode}"
-    return f"exit code {returncode}" + (f" ({describe(returncode)})" if returncode else "")
+    if returncode == 0 or (script and returncode <= 128):
+        return f"exit code {returncode}"
+    return f"exit code {returncode} ({describe(returncode)})"
 
 
 @dataclass
@@ -42,11 +45,14 @@ class RootCause:
     stderr_tail: list[str] = field(default_factory=list)
     node: int | None = None  # multi-node: the node it happened on
     host: str | None = None
+    traceback: list[str] = field(default_factory=list)  # from the rank's error file (torch's @record)
+    script_code: bool = False  # exit_code is a user script's own: no gpuherd label for it
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RootCause:
-        return cls(**{k: d.get(k) for k in ("kind", "exit_code", "message", "rank", "device", "node", "host")},
-                   stderr_tail=list(d.get("stderr_tail") or []))
+        keys = ("kind", "exit_code", "message", "rank", "device", "node", "host")
+        return cls(**{k: d.get(k) for k in keys}, stderr_tail=list(d.get("stderr_tail") or []),
+                   traceback=list(d.get("traceback") or []), script_code=bool(d.get("script_code")))
 
 
 @dataclass
@@ -118,10 +124,15 @@ class Summary:
                      f"{self.duration_s:.1f} s{after}; logs in {self.run_dir}"]
             return "\n".join(lines + self._attempt_lines() + [f"note: {n}" for n in self.notes])
         rc = self.root_cause
-        lines = [RULE, f"gpuherd: run {self.run_id} FAILED with exit code {self.exit_code} ({describe(self.exit_code)})",
+        label = describe(self.exit_code, rc.script_code)
+        label = "" if label == f"exit code {self.exit_code}" else f" ({label})"  # a script's code: no label
+        lines = [RULE, f"gpuherd: run {self.run_id} FAILED with exit code {self.exit_code}{label}",
                  f"root cause: {rc.message}"]
         lines += self._attempt_lines()
-        if rc.stderr_tail:
+        if rc.traceback:  # the rank's own account (torch's @record): the stderr tail would repeat it
+            lines.append(f"traceback of {rc.device} (rank {rc.rank}), from its error file:")
+            lines += [f"    {line}" for line in rc.traceback]
+        elif rc.stderr_tail:
             lines.append(f"last lines of {rc.device} (rank {rc.rank}) stderr:")
             lines += [f"    {line}" for line in rc.stderr_tail]
         victims = [w for w in self.workers if w.role == "victim"]

@@ -23,10 +23,11 @@ PROG = "train_auto_gpu.sh"
 TRAIN_GPU = REPO_ROOT / "train_gpu.sh"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ours, passthrough = (argv[: argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    parser = OneLineParser(prog=PROG if "--run" in ours else "python -m supervisor.commands.select_gpu", description=__doc__)
+    prog = prog or (PROG if "--run" in ours else "python -m supervisor.commands.select_gpu")
+    parser = OneLineParser(prog=prog, description=__doc__)
     parser.add_argument("--run", action="store_true", help="claim the GPU and exec ./train_gpu.sh N -- ARGS")
     parser.add_argument("--window", type=float, default=float(os.environ.get("GPUHERD_SELECT_WINDOW", "1.0")),
                         help="seconds to average utilization over (default 1.0, env GPUHERD_SELECT_WINDOW)")

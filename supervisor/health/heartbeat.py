@@ -2,17 +2,24 @@
 
 Any status record is a heartbeat. Until a rank's first `step`, and while it is in
 a slow phase (compile, checkpoint, eval), it gets the longer startup allowance;
-in training it gets `hang_timeout`. Ranks that never write a record (a `--script`
-that does not use the status channel) are not judged by heartbeat unless the run
-expects heartbeats (built-in workers always send them).
+in training it gets `hang_timeout`, unless another rank is saving a checkpoint
+(ranks waiting in a collective for the saver get the saver's allowance). Ranks that
+never write a record (a script that steps no torch optimizer, or runs with
+`--no-auto-heartbeat` and no status records) are not judged by heartbeat unless the
+run expects heartbeats (built-in workers always send them); the supervisor is told
+once (`newly_unwatched`) so it can say so. Among stale ranks the straggler is a rank
+whose process is stopped (SIGSTOP, a debugger) if any, else the one furthest behind.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-SLOW_PHASES = {"init", "rendezvous", "compile", "checkpoint", "eval"}
+# shutdown: the program is done and the interpreter tears down (process groups, CUDA, a big
+# model's garbage), which can take longer than a training step
+SLOW_PHASES = {"init", "rendezvous", "compile", "checkpoint", "eval", "shutdown"}
 # Defaults when system.hang_timeout is 0: a production step plus its logging can take
 # minutes on one GPU; a --script's steps are unknown, so be generous.
 HANG_DEFAULTS = {"debug": 60.0, "gpt2-small": 300.0, "production": 600.0}
@@ -39,6 +46,7 @@ class RankState:
     done: bool = False
     joined: bool = False  # past process-group init (any record that only a joined rank sends)
     error: str | None = None
+    unwatched_told: bool = False  # the supervisor said this rank is not judged by heartbeat
 
     def describe(self) -> str:
         if self.records == 0:
@@ -94,13 +102,15 @@ class Heartbeats:
         elif kind == "error":
             st.error = str(rec.get("message"))
 
-    def allowance(self, st: RankState) -> float:
-        if st.step is None or st.phase in SLOW_PHASES:
+    def allowance(self, st: RankState, saving: bool = False) -> float:
+        """`saving`: another rank is in phase checkpoint (this one may be waiting for it)."""
+        if st.step is None or st.phase in SLOW_PHASES or saving:
             return self.startup
         return self.hang
 
-    def check(self, now: float, alive: set[int]) -> Verdict | None:
-        """A hang or a failed rendezvous among the ranks still running, or None."""
+    def check(self, now: float, alive: set[int], stopped: Callable[[], set[int]] | None = None) -> Verdict | None:
+        """A hang or a failed rendezvous among the ranks still running, or None. `stopped()`:
+        the ranks whose process is stopped, asked only once some rank is stale."""
         watched = [st for r, st in self.ranks.items()
                    if r in alive and not st.done and (self.expect or st.records)]
         if self._rendezvous_started is not None and now - self._rendezvous_started > self.rendezvous:
@@ -109,17 +119,31 @@ class Heartbeats:
                 names = ", ".join(f"rank {st.rank} ({st.describe()})" for st in missing)
                 return Verdict("rendezvous", missing[0].rank,
                                f"process group not formed after {self.rendezvous:.0f} s: {names} never joined")
-        stale = [st for st in watched if now - (st.last_record or st.spawned) > self.allowance(st)]
+        saving = any(st.phase == "checkpoint" for st in watched)
+        stale = [st for st in watched if now - (st.last_record or st.spawned) > self.allowance(st, saving)]
         if not stale:
             return None
-        # The straggler: the rank furthest behind, then the one silent longest.
-        straggler = min(stale, key=lambda st: (st.step if st.step is not None else -1,
-                                               st.last_record or st.spawned))
+        paused = sorted((stopped() if stopped is not None else set()) & alive)
+        # The straggler: a stopped process if any, else the rank furthest behind, then the one silent longest.
+        straggler = min([self.ranks[r] for r in paused] or stale,
+                        key=lambda st: (st.step if st.step is not None else -1, st.last_record or st.spawned))
         silent = now - (straggler.last_record or straggler.spawned)
+        evidence = "; its process is stopped (SIGSTOP or a debugger)" if straggler.rank in paused else ""
         return Verdict("hang", straggler.rank,
                        f"rank {straggler.rank} sent no heartbeat for {silent:.0f} s "
-                       f"(allowance {self.allowance(straggler):.0f} s; {straggler.describe()}); "
+                       f"(allowance {self.allowance(straggler, saving):.0f} s; {straggler.describe()}{evidence}); "
                        f"steps reached: {self.steps_reached()}")
+
+    def newly_unwatched(self, now: float, alive: set[int]) -> list[int]:
+        """Ranks still running past the startup allowance without a single record, each
+        returned once: nothing judges them by heartbeat, and the user should know."""
+        if self.expect:
+            return []
+        due = [st for st in self.ranks.values() if st.rank in alive and not st.records and not st.unwatched_told
+               and now - st.spawned > self.startup]
+        for st in due:
+            st.unwatched_told = True
+        return [st.rank for st in due]
 
     def steps_reached(self) -> str:
         return ", ".join(f"rank {st.rank}={st.step if st.step is not None else '-'}" for st in self.ranks.values())

@@ -3,16 +3,19 @@ watched by one event loop, and torn down together.
 
   Supervision, Phase (supervision.py): the event loop and its teardown state machine
   spawn, WorkerProcess (spawn.py): one worker in its own process group, death signal set
-  worker_env, RunEnv, python_env (worker_env.py): the environment contract
+  worker_env, RunEnv, python_env, script_env (worker_env.py): the environment contract
+  error_file_for, read_error_file (error_file.py): TORCHELASTIC_ERROR_FILE per rank, read back
   OrphanGuard, sweep_children (orphan_guard.py -> orphan_guard_main.py, a helper process)
 """
 
+from supervisor.processes.error_file import RankError, error_file_for, read_error_file
 from supervisor.processes.orphan_guard import OrphanGuard, sweep_children
 from supervisor.processes.spawn import WorkerProcess, become_subreaper, die_with_parent, spawn
 from supervisor.processes.supervision import Phase, Supervision
-from supervisor.processes.worker_env import RunEnv, python_env, worker_env
+from supervisor.processes.worker_env import RunEnv, python_env, script_env, worker_env
 
 __all__ = [
-    "OrphanGuard", "Phase", "RunEnv", "Supervision", "WorkerProcess", "become_subreaper", "die_with_parent",
-    "python_env", "spawn", "sweep_children", "worker_env",
+    "OrphanGuard", "Phase", "RankError", "RunEnv", "Supervision", "WorkerProcess", "become_subreaper",
+    "die_with_parent", "error_file_for", "python_env", "read_error_file", "script_env", "spawn", "sweep_children",
+    "worker_env",
 ]

@@ -5,20 +5,26 @@ that signal handlers (SIGCHLD, SIGINT, SIGTERM, SIGHUP) and watcher threads writ
 to. A death is seen the moment SIGCHLD arrives, not at the next poll tick.
 
 The loop's phase (`Phase`) says what it is waiting for; each phase but RUNNING has
-one deadline, and `_deadline_passed` is the one place that says what comes next:
+one deadline (FINISHING only while a rank without heartbeats is left), and
+`_deadline_passed` is the one place that says what comes next:
 
-    RUNNING --a rank exits 0 early--> FINISHING --others not done in time--> DUMPING_STACKS
+    RUNNING --a rank exits 0 early--> FINISHING --the others stop progressing--> DUMPING_STACKS
     RUNNING/FINISHING --hang verdict--> DUMPING_STACKS --stacks written--> TERMINATING
     any live phase --failure, watcher, SIGTERM--> TERMINATING --grace over--> KILLING
     RUNNING --Ctrl-C--> STOPPING (workers save, exit 130) --grace over--> KILLING
     any --Ctrl-C again / SIGTERM again--> KILLING --KILL_WAIT--> DONE (a note: D-state?)
     any --no worker left--> DRAINING --pipes closed or DRAIN_WAIT--> DONE
 
+A rank that exits 0 while others run is finished, not failed (FINISHING): the others
+may end at their own pace. Ranks with heartbeats are judged by them as before (a rank
+saving a checkpoint, and the ranks waiting for it, get the long allowance); a rank that
+never sent one makes it a hang when the hang timeout after the clean exit is over.
+
 Teardown: SIGTERM (+ SIGCONT, so a stopped worker can act on it) to every worker's
 process group at once, then SIGKILL what is left after the grace period. The exit
 code is the root cause's: the first failing worker's own code, 124 for a hang or an
-early clean exit, 5 for a process group that never formed, a watcher's code,
-130 for Ctrl-C, 128+N when the supervisor itself got signal N.
+early clean exit the others then hung on, 5 for a process group that never formed, a
+watcher's code, 130 for Ctrl-C, 128+N when the supervisor itself got signal N.
 """
 
 from __future__ import annotations
@@ -32,12 +38,14 @@ import subprocess
 import time
 from collections.abc import Callable
 
+import psutil
 from loguru import logger
 
 from gpuherd.exit_codes import ExitCode
 from gpuherd.status_channel import decode
 from supervisor.health import FatalCause, Heartbeats, MetricsSink
 from supervisor.logs import STDERR, STDOUT, LogRouter
+from supervisor.processes.error_file import error_file_for, read_error_file
 from supervisor.processes.spawn import WorkerProcess
 from supervisor.summary import RootCause, how_it_ended, shell_code
 
@@ -45,12 +53,13 @@ READ_CHUNK = 1 << 16
 STACK_DUMP_WAIT = 2.0  # after SIGUSR1, time for faulthandler's stacks to reach the logs
 KILL_WAIT = 10.0  # after SIGKILL: a process in uninterruptible sleep (a wedged driver) may linger
 DRAIN_WAIT = 2.0  # after the last worker: pipes a setsid'd grandchild still holds are given up
+EARLY_EXIT_NOTICE = 2.0  # a rank exited 0 and the others still run this much later: say so (INFO)
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)
 
 
 class Phase(enum.Enum):
     RUNNING = "running"  # judging heartbeats; no deadline
-    FINISHING = "finishing"  # a rank exited 0 early: the others get the finish window to end too
+    FINISHING = "finishing"  # a rank exited 0 early: the others end at their pace while they progress
     STOPPING = "stopping"  # graceful stop (Ctrl-C): workers save and exit; SIGKILL at the deadline
     DUMPING_STACKS = "dumping stacks"  # hang verdict: SIGUSR1 sent; SIGTERM at the deadline
     TERMINATING = "terminating"  # SIGTERM sent to every group; SIGKILL at the deadline
@@ -66,15 +75,21 @@ _TEARDOWN_ORDER = [Phase.DUMPING_STACKS, Phase.STOPPING, Phase.TERMINATING, Phas
 class Supervision:
     def __init__(self, workers: list[WorkerProcess], router: LogRouter, monitor: Heartbeats,
                  metrics: MetricsSink, grace_period: float, finish_window: float,
-                 on_cause: Callable[[RootCause], None] | None = None) -> None:
+                 on_cause: Callable[[RootCause], None] | None = None, script: bool = False,
+                 unwatched_why: str | None = None) -> None:
         """`on_cause`: told this node's root cause the moment it is set (multi-node: the job's
-        rendezvous offers it to the other nodes)."""
+        rendezvous offers it to the other nodes). `finish_window`: how long the ranks left after
+        a clean early exit may go without progress. `script`: the workers run a user's script,
+        whose exit codes are its own. `unwatched_why`: said once for ranks that never send a
+        heartbeat."""
         self.workers = {w.slot.rank: w for w in workers}
         self.router = router
         self.monitor = monitor
         self.metrics = metrics
         self.grace = grace_period
         self.finish_window = finish_window
+        self.script = script
+        self.unwatched_why = unwatched_why
         self.cause: RootCause | None = None
         self.notes: list[str] = []
         self.first_failure_at: float | None = None
@@ -94,6 +109,7 @@ class Supervision:
         self.phase = Phase.RUNNING
         self.deadline: float | None = None  # when the phase's wait is over
         self._early_exiter: WorkerProcess | None = None  # FINISHING: the rank that exited 0 first
+        self._early_exit_told = False
         self._old_handlers: dict[int, object] = {}
         self._helpers: list[tuple[str, subprocess.Popen, Callable[[], str]]] = []
         self._old_wakeup = -1
@@ -323,46 +339,91 @@ class Supervision:
     def _on_exit(self, w: WorkerProcess, now: float) -> None:
         self._drain(w)
         w.signal_group(signal.SIGKILL)  # what it forked and left behind in its group goes with it
-        logger.debug(f"{w.slot.tag} (rank {w.slot.rank}, pid {w.pid}) {how_it_ended(w.returncode)}")
+        logger.debug(f"{w.slot.tag} (rank {w.slot.rank}, pid {w.pid}) {how_it_ended(w.returncode, self.script)}")
         if self.cause is not None:
             return
         code = shell_code(w.returncode)
         st = self.monitor.ranks[w.slot.rank]
         if code != 0:
-            message = f"{w.slot.tag} (rank {w.slot.rank}) {how_it_ended(w.returncode)} after {now - w.started:.1f} s"
-            if st.error:
-                message += f": {st.error}"
-            self._set_cause(self._worker_cause("worker-exit", code, message, w), now)
-            self._terminate_all(now)
+            self._worker_failed(w, code, now)
             return
         others = [o for o in self._alive() if o is not w]
-        if not others or st.done:
+        if not others or st.done or self.phase is not Phase.RUNNING:
             return
-        names = ", ".join(str(o.slot.rank) for o in others)
-        if st.records or self.monitor.expect:
-            self._diagnose(self._worker_cause(
-                "early-exit", ExitCode.HANG,
-                f"{w.slot.tag} (rank {w.slot.rank}) exited 0 at {st.describe()} without reporting 'done' while "
-                f"rank(s) {names} were still training; steps reached: {self.monitor.steps_reached()}", w), now)
-        elif self.phase is Phase.RUNNING:
-            self._early_exiter = w
-            self._enter(Phase.FINISHING, now, self.finish_window)
-            logger.debug(f"{w.slot.tag} (rank {w.slot.rank}) exited 0; waiting up to {self.finish_window:g} s "
-                        f"for rank(s) {names} to finish")
+        self._early_exiter = w
+        self._enter(Phase.FINISHING, now, min(EARLY_EXIT_NOTICE, self.finish_window))
+
+    def _worker_failed(self, w: WorkerProcess, code: int, now: float) -> None:
+        """The root cause: its own account first (torch's @record error file), else its status record."""
+        message = (f"{w.slot.tag} (rank {w.slot.rank}) {how_it_ended(w.returncode, self.script)} "
+                   f"after {now - w.started:.1f} s")
+        error = read_error_file(error_file_for(w.log_path))
+        st_error = self.monitor.ranks[w.slot.rank].error
+        if error is not None or st_error:
+            message += f": {error.message if error is not None else st_error}"
+        cause = self._worker_cause("worker-exit", code, message, w)
+        cause.script_code = self.script and w.returncode > 0  # a signal's death is nobody's own code
+        if error is not None:
+            cause.traceback = error.traceback
+        self._set_cause(cause, now)
+        self._terminate_all(now)
+
+    def _finish_check(self, now: float) -> None:
+        """FINISHING's deadline. Ranks that send heartbeats are judged by them (`_judge_heartbeats`:
+        a saving rank has the long allowance, and so have ranks waiting for it); ranks that never
+        sent one make it a hang once the finish window after the clean exit is over."""
+        w = self._early_exiter
+        if not self._early_exit_told:
+            self._early_exit_told = True
+            where = self.monitor.ranks[w.slot.rank].describe()
+            logger.info(f"{w.slot.tag} (rank {w.slot.rank}) exited 0 first ({where}); rank(s) "
+                        f"{', '.join(str(o.slot.rank) for o in self._alive())} may finish at their own pace: "
+                        f"a hang only after {self.finish_window:g} s without progress")
+        silent = [str(o.slot.rank) for o in self._alive()
+                  if not (self.monitor.ranks[o.slot.rank].records or self.monitor.expect)]
+        if not silent or now - w.ended < self.finish_window:
+            self.deadline = w.ended + self.finish_window if silent else None
+            return
+        self._diagnose(self._worker_cause(
+            "early-exit", ExitCode.HANG,
+            f"{w.slot.tag} (rank {w.slot.rank}) exited 0, then rank(s) {', '.join(silent)} made no progress for "
+            f"{self.finish_window:g} s (stuck waiting for it?)", w), now)
+
+    def _stopped_ranks(self) -> set[int]:
+        """Ranks whose process is stopped (SIGSTOP, a debugger): the surest straggler there is."""
+        stopped = set()
+        for w in self._alive():
+            try:
+                if psutil.Process(w.pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+                    stopped.add(w.slot.rank)
+            except psutil.Error:
+                continue
+        return stopped
 
     def _timers(self, now: float) -> None:
         if self.cause is None and now - self._last_check >= 0.25:
             self._last_check = now
-            alive = {w.slot.rank for w in self._alive()}
-            verdict = self.monitor.check(now, alive)
-            if verdict is not None:
-                code = ExitCode.RENDEZVOUS if verdict.kind == "rendezvous" else ExitCode.HANG
-                self._diagnose(self._worker_cause(verdict.kind, code, verdict.message,
-                                                  self.workers[verdict.rank]), now)
+            self._judge_heartbeats(now)
         if self.phase is Phase.DRAINING and not any(k.data is not None for k in self._sel.get_map().values()):
             self._enter(Phase.DONE, now)
         if self.deadline is not None and now >= self.deadline:
             self._deadline_passed(now)
+
+    def _judge_heartbeats(self, now: float) -> None:
+        alive = {w.slot.rank for w in self._alive()}
+        unwatched = self.monitor.newly_unwatched(now, alive)
+        if unwatched and self.unwatched_why:
+            logger.info(f"rank(s) {', '.join(map(str, unwatched))} sent no heartbeat in their first "
+                        f"{self.monitor.startup:g} s: {self.unwatched_why}")
+        verdict = self.monitor.check(now, alive, stopped=self._stopped_ranks)
+        if verdict is None:
+            return
+        code = ExitCode.RENDEZVOUS if verdict.kind == "rendezvous" else ExitCode.HANG
+        message = verdict.message
+        if self._early_exiter is not None and self._early_exiter.ended is not None:
+            message += (f"; {self._early_exiter.slot.tag} (rank {self._early_exiter.slot.rank}) had exited 0 "
+                        f"{now - self._early_exiter.ended:.0f} s before (waiting for it?)")
+        self._diagnose(self._worker_cause(verdict.kind, code, message, self.workers[verdict.rank]), now)
 
     # ------------------------------------------------------------------ the state machine
 
@@ -373,12 +434,7 @@ class Supervision:
     def _deadline_passed(self, now: float) -> None:
         """What each phase does when its wait is over: the transitions of the module docstring."""
         if self.phase is Phase.FINISHING:
-            w = self._early_exiter
-            names = ", ".join(str(o.slot.rank) for o in self._alive())
-            self._diagnose(self._worker_cause(
-                "early-exit", ExitCode.HANG,
-                f"{w.slot.tag} (rank {w.slot.rank}) exited 0 but rank(s) {names} did not finish within "
-                f"{self.finish_window:g} s (stuck waiting for it?)", w), now)
+            self._finish_check(now)
         elif self.phase is Phase.DUMPING_STACKS:
             self._terminate_all(now)
         elif self.phase in (Phase.STOPPING, Phase.TERMINATING):

@@ -3,6 +3,10 @@
 torchrun's variables, so scripts and frameworks that detect a torchrun launch run
 unchanged, then gpuherd's own. The rendezvous store is hosted by the supervisor
 (TORCHELASTIC_USE_AGENT_STORE=True: every rank is a client, as under torchrun).
+
+Which environment a worker starts from: the built-in worker and the helper processes
+get the checkout on PYTHONPATH (`python_env`); a user's script gets the user's own
+environment (`script_env`), so its imports resolve exactly as under torchrun.
 """
 
 from __future__ import annotations
@@ -14,6 +18,11 @@ from dataclasses import dataclass
 from gpuherd import contract
 from supervisor import REPO_ROOT
 from supervisor.gpus import DevicePlan, DeviceSlot
+from supervisor.processes.error_file import ERROR_FILE_VAR
+
+# The launch scripts (scripts/python.sh) put the checkout first on PYTHONPATH for gpuherd's
+# own imports and name the entry they added here, so a script gets the user's PYTHONPATH back.
+WRAPPER_PYTHONPATH = "GPUHERD_WRAPPER_PYTHONPATH"
 
 
 @dataclass(frozen=True)
@@ -36,7 +45,8 @@ class RunEnv:
 
 
 def worker_env(base: Mapping[str, str], plan: DevicePlan, slot: DeviceSlot, run: RunEnv,
-               status_fd: int) -> dict[str, str]:
+               status_fd: int, error_file: str | None = None) -> dict[str, str]:
+    """`error_file`: this rank's TORCHELASTIC_ERROR_FILE (torch's `@record` writes it)."""
     env = dict(base)
     world = str(run.world_size or plan.world_size)
     env.update({
@@ -71,6 +81,10 @@ def worker_env(base: Mapping[str, str], plan: DevicePlan, slot: DeviceSlot, run:
         # Lines reach the supervisor as they are printed, not when a 8 KiB buffer fills.
         "PYTHONUNBUFFERED": "1",
     })
+    if error_file:
+        env[ERROR_FILE_VAR] = error_file
+    else:
+        env.pop(ERROR_FILE_VAR, None)  # never a file of whoever started the supervisor
     if run.resume:
         env[contract.RESUME] = run.resume
     else:
@@ -92,4 +106,20 @@ def python_env() -> dict[str, str]:
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if str(REPO_ROOT) not in paths:
         env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *paths])
+    return env
+
+
+def script_env() -> dict[str, str]:
+    """The user's environment for their script: PYTHONPATH as they set it, without the
+    checkout the launch script put in front (a user package named `worker` is theirs)."""
+    env = dict(os.environ)
+    added = env.pop(WRAPPER_PYTHONPATH, None)
+    if added is not None:
+        paths = env.get("PYTHONPATH", "").split(os.pathsep)
+        if paths[0] == added:
+            paths = paths[1:]
+        if any(paths):
+            env["PYTHONPATH"] = os.pathsep.join(paths)
+        else:
+            env.pop("PYTHONPATH", None)
     return env

@@ -1,7 +1,7 @@
 """Where an attempt's workers meet: the per-attempt rendezvous store, and the job across nodes.
 
   Rendezvous (api.py): the interface the job drives, one backend per topology —
-    SingleNode (single.py): a fresh loopback store per attempt
+    SingleNode, SingleStore (single.py): a fresh store per attempt, where torchrun's flags put it
     MultiNode (multi.py): joins the job through this node's agent (job_link.py ->
       node_agent_main.py, a helper process), global ranks, cross-node root causes
   HostedStore (store.py -> store_main.py, a helper process): the torch TCPStore on a
@@ -13,11 +13,11 @@
 from supervisor.rendezvous.api import OnCause, Rendezvous, Setup
 from supervisor.rendezvous.multi import MultiNode
 from supervisor.rendezvous.nodes import DEFAULT_PORT, NodeLinkError, NodeSpec, bind_master
-from supervisor.rendezvous.single import SingleNode
+from supervisor.rendezvous.single import SingleNode, SingleStore
 from supervisor.rendezvous.slurm_env import SlurmError, read_slurm
 from supervisor.rendezvous.store import HostedStore
 
 __all__ = [
     "DEFAULT_PORT", "HostedStore", "MultiNode", "NodeLinkError", "NodeSpec", "OnCause", "Rendezvous", "Setup",
-    "SingleNode", "SlurmError", "bind_master", "read_slurm",
+    "SingleNode", "SingleStore", "SlurmError", "bind_master", "read_slurm",
 ]

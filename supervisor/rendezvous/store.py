@@ -26,13 +26,17 @@ MASTER_ADDR = "127.0.0.1"
 
 
 class HostedStore:
-    def __init__(self, timeout_s: float = 1800.0, bind_addr: str = MASTER_ADDR) -> None:
-        """`bind_addr`: loopback for a single-node run; node 0's chosen interface for a multi-node one."""
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self._sock.bind((bind_addr, 0))
-        self._sock.listen(1024)  # every rank may connect before the store runs; none may be refused
-        self.addr = bind_addr
-        self.port = self._sock.getsockname()[1]
+    def __init__(self, timeout_s: float = 1800.0, bind_addr: str = MASTER_ADDR,
+                 listen: socket.socket | None = None) -> None:
+        """`bind_addr`: loopback for a single-node run; node 0's chosen interface for a multi-node one.
+        `listen`: serve from this already listening socket instead (its owner closes it)."""
+        self._owned = listen is None
+        if listen is None:
+            listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listen.bind((bind_addr, 0))
+            listen.listen(1024)  # every rank may connect before the store runs; none may be refused
+        self._sock = listen
+        self.addr, self.port = listen.getsockname()[:2]
         self.timeout_s = timeout_s
         self.proc: subprocess.Popen | None = None
 
@@ -63,4 +67,5 @@ class HostedStore:
             self.proc.wait()
         if self.proc is not None and self.proc.stderr is not None:
             self.proc.stderr.close()
-        self._sock.close()
+        if self._owned:
+            self._sock.close()

@@ -127,6 +127,22 @@ def test_heartbeats_name_the_straggler_and_rendezvous_stragglers():
     assert silent.check(100.0, {0}) is None  # a script that never uses the channel is not judged by it
 
 
+def test_heartbeats_wait_for_a_saver_name_a_stopped_rank_and_say_who_is_unwatched():
+    hb = Heartbeats([0, 1], now=0.0, hang=10, startup=100, rendezvous=30, expect_heartbeats=False)
+    for r in (0, 1):
+        hb.record(r, {"type": "step", "step": 1}, 1.0)
+    hb.record(0, {"type": "phase", "name": "checkpoint"}, 2.0)
+    assert hb.check(50.0, {0, 1}) is None  # rank 1 may be waiting for the saver: the long allowance
+    hb.record(0, {"type": "phase", "name": "train"}, 60.0)
+    assert hb.check(75.0, {0, 1}).rank == 1  # silent longest
+    v = hb.check(75.0, {0, 1}, stopped=lambda: {0})
+    assert v.rank == 0 and "its process is stopped" in v.message  # evidence beats step counts
+    silent = Heartbeats([0, 1], now=0.0, hang=1, startup=5, rendezvous=1, expect_heartbeats=False)
+    silent.record(1, {"type": "step", "step": 1}, 1.0)
+    assert silent.newly_unwatched(4.0, {0, 1}) == []
+    assert silent.newly_unwatched(6.0, {0, 1}) == [0] and silent.newly_unwatched(9.0, {0, 1}) == []  # once
+
+
 def test_hang_defaults_follow_the_preset():
     assert hang_timeouts("debug", 0, 0, script=False) == (60.0, 300.0)
     assert hang_timeouts("production", 0, 0, script=False) == (600.0, 1800.0)
@@ -141,9 +157,12 @@ def test_cli_maps_flags_onto_system_config_and_script_takes_the_rest(tmp_path, m
     s = launch.config.system
     assert (s.nproc, s.gpus, s.hang_timeout, s.grace_period, s.log_ranks, s.collapse_logs, s.isolate) == \
         (3, [0, 2], 9.0, 2.0, [0], True, False)  # isolation off by default for --script
-    assert launch.script == tmp_path / "train.py" and launch.script_args == ["--debug", "--lr", "1"]
+    assert (launch.script.target, launch.script.args) == ("train.py", ["--debug", "--lr", "1"])
     assert parse(["--debug"]).config.system.isolate is True
     assert parse(["--isolate", "--script", "train.py"]).config.system.isolate is True
+    positional = parse(["--nproc", "3", "train.py", "--nproc", "1", "--script", "x"])  # torchrun-style
+    assert (positional.script.target, positional.script.args) == ("train.py", ["--nproc", "1", "--script", "x"])
+    assert positional.config.system.nproc == 3
 
 
 def test_worker_env_isolates_one_gpu_per_worker(four_gpus):

@@ -3,8 +3,9 @@
     python scenario.py BEHAVIOUR_RANK0 BEHAVIOUR_RANK1 ...   (missing ranks: "train")
 
 Behaviours: train[:steps] | forever | raise | exit0 | silent-exit0 | sigkill | stop |
-stall | ignore-term | ignore-int | flood[:lines] | midline | grandchild | escapee | graceful | env |
+stall | silent-stall | ignore-term | ignore-int | flood[:lines] | midline | grandchild | escapee | graceful | env |
 fail-until:K (raise on attempts < K, i.e. TORCHELASTIC_RESTART_COUNT < K, then train) | exit:N |
+save:S (train, then S seconds in phase checkpoint, exit 0 without 'done') |
 scancel (SIGTERM to the supervisor and exit 143 at once, as a batch system's cancel does).
 Every rank registers faulthandler on SIGUSR1 (as gpuherd's own worker does) unless
 the behaviour ends in "+nofh".
@@ -113,6 +114,17 @@ def main() -> int:
         train(3)
         log("waiting in a collective that never completes")
         time.sleep(600)
+        return 0
+    if NAME == "silent-stall":
+        log("waiting forever without a word on the status channel")
+        time.sleep(600)
+        return 0
+    if NAME == "save":
+        train(3)
+        status.send("phase", name="checkpoint")
+        log("saving the final checkpoint")
+        time.sleep(float(ARG))
+        status.send("checkpoint", step=3, path="ckpt")
         return 0
     if NAME == "flood":
         n = int(ARG or 100_000)

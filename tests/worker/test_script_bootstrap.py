@@ -1,0 +1,182 @@
+"""worker/script_bootstrap.py: a script run through it sees what Python would show it, and its
+optimizer steps become heartbeats without a line of gpuherd code in it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from gpuherd.status_channel import StatusWriter
+from worker import script_bootstrap
+from worker.script_bootstrap import HEARTBEAT_EVERY, AfterImport, Heartbeat
+
+BOOTSTRAP_SELF = Path(script_bootstrap.__file__)
+
+SHOW = """\
+import json, sys
+import helper
+print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "file": __file__, "name": __name__,
+                  "spec": __spec__ and [__spec__.name, __spec__.origin], "loader": type(__loader__).__name__,
+                  "cached": __cached__,
+                  "main": sys.modules["__main__"].__dict__ is globals(), "helper": helper.WHERE,
+                  "torch": "torch" in sys.modules}))
+"""
+RAISE = "def inner():\n    raise ValueError('boom')\n\ninner()\n"
+
+
+def _python(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = env or {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([sys.executable, "-u", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A user project: a script beside a module of its own, run through a symlink from elsewhere."""
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "helper.py").write_text("WHERE = 'src'\n")
+    (src / "show.py").write_text(SHOW)
+    (src / "pkg" / "__init__.py").write_text("")
+    (src / "pkg" / "show.py").write_text(SHOW)
+    (src / "fail.py").write_text(RAISE)
+    (tmp_path / "link.py").symlink_to(src / "show.py")
+    return tmp_path
+
+
+@pytest.mark.parametrize("target", [["src/show.py", "a", "--b"], ["link.py", "x"]])
+def test_a_script_sees_argv_sys_path_and_file_as_under_python(project, target):
+    plain, ours = _python(target, project), _python([str(BOOTSTRAP_SELF), *target], project)
+    assert plain.returncode == ours.returncode == 0, ours.stderr
+    assert orjson.loads(ours.stdout) == orjson.loads(plain.stdout)
+    assert orjson.loads(ours.stdout)["path0"] == str(project / "src")  # the symlink's target directory
+
+
+def test_a_module_sees_what_python_dash_m_shows(project):
+    plain = _python(["-m", "pkg.show", "c"], project / "src")
+    ours = _python([str(BOOTSTRAP_SELF), "-m", "pkg.show", "c"], project / "src")
+    assert plain.returncode == ours.returncode == 0, ours.stderr
+    assert orjson.loads(ours.stdout) == orjson.loads(plain.stdout)
+
+
+def test_a_failing_script_prints_pythons_traceback_and_exit_code(project):
+    plain, ours = _python(["src/fail.py"], project), _python([str(BOOTSTRAP_SELF), "src/fail.py"], project)
+    assert plain.returncode == ours.returncode == 1
+    assert ours.stderr == plain.stderr  # no frame of the bootstrap in it
+    (project / "src" / "exit3.py").write_text("raise SystemExit(3)\n")
+    assert _python([str(BOOTSTRAP_SELF), "src/exit3.py"], project).returncode == 3
+
+
+def test_optimizer_steps_and_torch_save_become_status_records(tmp_path):
+    """A real torch script with nothing of gpuherd in it, through the bootstrap with a status pipe."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\n"
+        "model = torch.nn.Linear(2, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(5):\n"
+        "    opt.zero_grad(); model(torch.ones(1, 2)).sum().backward(); opt.step()\n"
+        "torch.save(model.state_dict(), 'model.pt')\n")
+    read, write = os.pipe()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(GPUHERD_STATUS_FD=str(write), RANK="0")
+    proc = subprocess.run([sys.executable, "-u", str(BOOTSTRAP_SELF), str(script)], cwd=tmp_path, env=env,
+                          pass_fds=(write,), capture_output=True, text=True, timeout=120)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        records = [orjson.loads(line) for line in pipe.read().splitlines()]
+    assert proc.returncode == 0, proc.stderr
+    seen = [(r["type"], r.get("step", r.get("name"))) for r in records]
+    # the first step at once, the save as phase checkpoint, the real last step and the teardown at exit
+    assert seen == [("step", 1), ("phase", "checkpoint"), ("phase", "train"), ("step", 5), ("phase", "shutdown")]
+    assert (tmp_path / "model.pt").is_file()
+
+
+def test_a_script_without_torch_never_imports_it_and_sends_nothing(project):
+    read, write = os.pipe()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(GPUHERD_STATUS_FD=str(write), RANK="0")
+    proc = subprocess.run([sys.executable, "-u", str(BOOTSTRAP_SELF), "src/show.py"], cwd=project, env=env,
+                          pass_fds=(write,), capture_output=True, text=True, timeout=60)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        assert pipe.read() == b""
+    assert proc.returncode == 0 and orjson.loads(proc.stdout)["torch"] is False
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def channel(monkeypatch):
+    monkeypatch.setattr(StatusWriter, "explicit_records", False)
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+
+    def records() -> list[tuple[str, object]]:
+        try:
+            data = os.read(read, 1 << 16)
+        except BlockingIOError:
+            return []
+        return [(r["type"], r.get("step", r.get("name"))) for r in map(orjson.loads, data.splitlines())]
+
+    yield StatusWriter(write, 0, automatic=True), records
+    os.close(read)
+    os.close(write)
+
+
+def test_steps_are_rate_limited_and_saves_announced_only_after_the_first_step(channel):
+    writer, records = channel
+    clock = FakeClock()
+    beat = Heartbeat(writer, clock)
+    save = beat.saving(lambda: "saved")
+    assert save() == "saved" and records() == []  # nothing before the first optimizer step
+    for _ in range(3):
+        beat.on_step(None, (), {})
+    assert records() == [("step", 1)]
+    clock.now += HEARTBEAT_EVERY
+    beat.on_step(None, (), {})
+    assert records() == [("step", 4)]
+    assert save() == "saved" and records() == [("phase", "checkpoint"), ("phase", "train")]
+    beat.on_step(None, (), {})
+    beat.at_exit()
+    assert records() == [("step", 5), ("phase", "shutdown")]
+
+
+def test_a_script_that_reports_for_itself_silences_the_automatic_heartbeat(channel):
+    writer, records = channel
+    beat = Heartbeat(writer, FakeClock())
+    with open(os.devnull, "wb") as elsewhere:
+        StatusWriter(elsewhere.fileno(), 0).send("step", step=7)  # the script's own writer
+    beat.on_step(None, (), {})
+    beat.at_exit()
+    assert records() == []
+
+
+def test_after_import_calls_back_once_the_module_is_imported(tmp_path, monkeypatch):
+    (tmp_path / "lazy_mod_for_test.py").write_text("VALUE = 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "lazy_mod_for_test", raising=False)
+    seen = []
+    hook = AfterImport("lazy_mod_for_test", lambda module: seen.append(module.VALUE))
+    hook.install()
+    try:
+        assert seen == [] and hook in sys.meta_path
+        import lazy_mod_for_test  # noqa: F401
+        assert seen == [42] and hook not in sys.meta_path
+        AfterImport("lazy_mod_for_test", lambda module: seen.append("already")).install()
+        assert seen == [42, "already"]
+    finally:
+        if hook in sys.meta_path:
+            sys.meta_path.remove(hook)
+        sys.modules.pop("lazy_mod_for_test", None)

@@ -1,0 +1,190 @@
+"""Run a user's script exactly as Python would, with hang detection that needs no code in it.
+
+    python -u .../worker/script_bootstrap.py SCRIPT ARGS...      = python -u SCRIPT ARGS...
+    python -u .../worker/script_bootstrap.py -m MODULE ARGS...   = python -u -m MODULE ARGS...
+
+What `gpuherd run train.py` starts on every rank (not with `--no-auto-heartbeat`). It is
+started by path, never with `-m` or a PYTHONPATH entry, so nothing of gpuherd lands on the
+script's sys.path: a user package named `worker` or `supervisor` is the user's. The script
+then sees `sys.argv`, `sys.path[0]`, `__file__`, `__name__ == "__main__"` as under Python.
+
+Heartbeats: once the script has imported torch, every optimizer step (torch's global
+optimizer-step post hook) becomes a `step` status record, at most every HEARTBEAT_EVERY s,
+and `torch.save` runs in phase `checkpoint` (the supervisor gives a saving rank the long
+allowance), and so does the interpreter's teardown once the script returned (phase
+`shutdown`). Nothing is sent before the first optimizer step: a script that never steps one
+is not judged by heartbeat, and the supervisor says so. A script that writes its own status
+records (gpuherd.status_channel) takes over; the automatic ones stop. SIGUSR1 dumps every
+thread's Python stack (faulthandler), as for the built-in worker.
+"""
+
+from __future__ import annotations
+
+import atexit
+import builtins
+import faulthandler
+import functools
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import runpy
+import signal
+import sys
+import time
+import types
+from collections.abc import Callable
+from typing import Any
+
+HEARTBEAT_EVERY = 0.5  # seconds between step records: well under any sensible --hang-timeout
+
+
+class Heartbeat:
+    """Optimizer steps -> `step` records; torch.save -> phase `checkpoint`."""
+
+    def __init__(self, writer: Any, clock: Callable[[], float] = time.monotonic) -> None:
+        self.writer = writer  # a gpuherd.status_channel.StatusWriter(automatic=True)
+        self.clock = clock
+        self.steps = 0
+        self.sent = 0  # the step count last reported
+        self.last_sent = 0.0
+
+    def _quiet(self) -> bool:
+        return type(self.writer).explicit_records  # the script reports for itself
+
+    def on_step(self, _optimizer: object, _args: object, _kwargs: object) -> None:
+        self.steps += 1
+        now = self.clock()
+        if self.sent == 0 or now - self.last_sent >= HEARTBEAT_EVERY:
+            self._send(now)
+
+    def _send(self, now: float) -> None:
+        if not self._quiet():
+            self.writer.send("step", step=self.steps)
+            self.sent, self.last_sent = self.steps, now
+
+    def at_exit(self) -> None:
+        """The script is done: the supervisor's last step for this rank is the real one, and the
+        interpreter's teardown (process groups, CUDA, garbage) may take a while: phase shutdown."""
+        if self.steps > self.sent:
+            self._send(self.clock())
+        if self.steps and not self._quiet():
+            self.writer.send("phase", name="shutdown")
+
+    def saving(self, save: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(save)
+        def save_in_phase_checkpoint(*args: Any, **kwargs: Any) -> Any:
+            announce = self.steps > 0 and not self._quiet()  # silent until the first step
+            if announce:
+                self.writer.send("phase", name="checkpoint")
+            try:
+                return save(*args, **kwargs)
+            finally:
+                if announce:
+                    self.writer.send("phase", name="train")
+        return save_in_phase_checkpoint
+
+    def attach(self, torch: types.ModuleType) -> None:
+        """Right after `import torch` completed in the script."""
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        register_optimizer_step_post_hook(self.on_step)
+        torch.save = self.saving(torch.save)
+        atexit.register(self.at_exit)
+
+
+class AfterImport(importlib.abc.MetaPathFinder):
+    """Calls `then(module)` once the script imported `name`, without importing it ourselves
+    (a script that never imports torch pays nothing for it)."""
+
+    def __init__(self, name: str, then: Callable[[types.ModuleType], None]) -> None:
+        self.name, self.then = name, then
+
+    def install(self) -> None:
+        if self.name in sys.modules:
+            self.then(sys.modules[self.name])
+        else:
+            sys.meta_path.insert(0, self)
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # one shot; the other finders locate the module
+        spec = importlib.util.find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _ThenLoader(spec.loader, self.then)
+        return spec
+
+
+class _ThenLoader(importlib.abc.Loader):
+    """`loader`, plus a call once the module has run. A wrapper, not a patched loader: one
+    loader object may load many modules (pytest's assertion rewriter does)."""
+
+    def __init__(self, loader: Any, then: Callable[[types.ModuleType], None]) -> None:
+        self.loader, self.then = loader, then
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self.loader.exec_module(module)
+        module.__spec__.loader = module.__loader__ = self.loader  # the module keeps its own loader
+        self.then(module)
+
+    def __getattr__(self, name: str) -> Any:  # get_code, get_resource_reader, ...: the loader's own
+        return getattr(self.loader, name)
+
+
+def run_script(script: str, args: list[str]) -> None:
+    """What `python SCRIPT ARGS` does: argv as typed, sys.path[0] the script's real directory,
+    `__file__` absolute. (runpy.run_path would set argv[0] and __file__ to one string.)"""
+    path = os.path.abspath(script)
+    with open(path, "rb") as f:  # noqa: PTH123 - the bytes Python itself would compile
+        code = compile(f.read(), path, "exec", dont_inherit=True)
+    sys.argv = [script, *args]
+    sys.path[0] = os.path.dirname(os.path.realpath(script))
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __spec__=None, __builtins__=builtins,
+                         __loader__=importlib.machinery.SourceFileLoader("__main__", path))
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)  # noqa: S102 - running the user's script is the point
+
+
+def run_module(module: str, args: list[str]) -> None:
+    """What `python -m MODULE ARGS` does: sys.path[0] is the working directory."""
+    sys.argv = ["-m", *args]
+    sys.path[0] = os.getcwd()
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+def _user_frames_only(exc: BaseException) -> types.TracebackType | None:
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return tb
+
+
+def bootstrap(argv: list[str]) -> None:
+    if not argv or (argv[0] == "-m" and len(argv) < 2):
+        raise SystemExit("usage: script_bootstrap.py SCRIPT ARGS... | -m MODULE ARGS...")
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # gpuherd's packages, briefly
+    from gpuherd.status_channel import StatusWriter
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    heartbeat = Heartbeat(StatusWriter.from_env(int(os.environ.get("RANK", "0")), automatic=True))
+    AfterImport("torch", heartbeat.attach).install()
+    try:
+        if argv[0] == "-m":
+            run_module(argv[1], argv[2:])
+        else:
+            run_script(argv[0], argv[1:])
+    except (SystemExit, KeyboardInterrupt):
+        raise  # Python's own exit code (and its death by SIGINT) stay as they are
+    except BaseException as exc:  # noqa: BLE001 - printed as Python would, minus our frames
+        exc.with_traceback(_user_frames_only(exc))  # Python prints the exception's own traceback
+        sys.excepthook(type(exc), exc, exc.__traceback__)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    bootstrap(sys.argv[1:])
