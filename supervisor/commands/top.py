@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--once", action="store_true", help="print one frame and exit (for scripts and tests)")
     parser.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between redraws (default 1)")
     parser.add_argument("--width", type=int, default=None, metavar="COLS",
-                        help="render this wide (default: the terminal's width)")
+                        help="render this wide (default: the terminal's width; 200 when not a terminal)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.interval <= 0:
         die(f"--interval {args.interval:g}: must be > 0 seconds", prog=PROG)
@@ -34,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     except GpuherdError as exc:
         die(exc.message, exc.exit_code, PROG)
     try:
-        watch(RunState(RunFiles(run_dir)), Console(width=args.width), once=args.once, interval=args.interval)
+        # piped or redirected (a file, `less`, a script): rich would assume 80 columns and cut every cell
+        width = args.width or (None if sys.stdout.isatty() else 200)
+        watch(RunState(RunFiles(run_dir)), Console(width=width), once=args.once, interval=args.interval)
     except KeyboardInterrupt:  # Ctrl-C is how one leaves a live view: not an error
         return 0
     return 0
