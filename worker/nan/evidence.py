@@ -1,7 +1,7 @@
 """What a suspicious step showed, gathered from every rank and shaped for the three
 places it goes: the banner (console), the debug pickle and the status record.
 
-Two kinds: non-finite values (seed 003's NaN banner and tensors) and spikes (the
+Two kinds: non-finite values (the NaN banner and tensors) and spikes (the
 threshold that was crossed, the largest gradient norms). Bad path only: these read
 tensors back to the host and gather small records from every rank, collectively.
 """

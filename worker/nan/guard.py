@@ -224,8 +224,9 @@ class NanGuard:
             return self._conclude(s, policy, why=f"debug.{key}={policy}")
         if s.replay is not None and self.kept is not None and self.kept.rng is not None:
             return self._rerun(s)
-        why = (f"debug.{key}=rerun, but this step cannot be replayed"
-               f" ({'the optimizer already stepped' if s.replay is None else 'no state kept: begin_step not called'})")
+        missing = ("no replay handed over: DeepSpeed checks after its own optimizer step" if s.replay is None
+                   else "no RNG state kept: begin_step was not called")
+        why = f"debug.{key}=rerun, but this step cannot be replayed ({missing})"
         logger.warning(f"{self.identity.bracket} {why}: stopping instead")
         return self._conclude(s, "stop", why=why)
 
@@ -400,7 +401,7 @@ def _rerun_lines(outcome: Classification, names: list[SampleName]) -> list[str]:
 
 
 def _show(path: Path) -> str:
-    """Relative to the working directory like the seed (`.checkpoints/...`)
+    """Relative to the working directory, as a user would type it (`.checkpoints/...`),
     when the file is below it, absolute otherwise."""
     try:
         return os.path.relpath(path) if Path(path).resolve().is_relative_to(Path.cwd().resolve()) else str(path)

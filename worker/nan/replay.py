@@ -5,7 +5,7 @@ The step restarts from its checkpoint's weights (saved before the optimizer step
 and runs every recorded rank's micro-batches forward and backward as the engine
 does (each loss / number of micro-batches), in the recorded precision, with the
 debug probes attached; then each sample alone, forward and backward, to point at
-the rows that do it ('!'). A replay that is non-finite again prints the seed's banner.
+the rows that do it ('!'). A replay that is non-finite again prints the NaN banner.
 
 Exit 0: it reproduces (non-finite again; for a spike: above the recorded
 threshold) -> the batch or the model. Exit 7: it does not -> the device it was

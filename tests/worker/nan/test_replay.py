@@ -48,7 +48,7 @@ def test_the_recorded_nan_reproduces_on_cpu(recorded):
     out = result.stdout.splitlines()
     step = int(dump_of(recorded).stem.rsplit("_", 1)[1])
     assert out[0].startswith(f"Replay of step {step} on cpu (fp32) from {recorded / f'nan_grad_step_{step}.pt'}")
-    assert any(line.endswith("DETECTED [CPU 0]") for line in out)  # the seed's banner, from the replay
+    assert any(line.endswith("DETECTED [CPU 0]") for line in out)  # the NaN banner, from the replay
     assert "PROBLEMATIC TENSORS:" in out
     assert any(line.startswith("Rank 0: recorded on cpu") and line.endswith("-> reproduces") for line in out)
     # the weights are at fault here: every sample alone gives non-finite gradients, and is located

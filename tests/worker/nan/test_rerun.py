@@ -166,7 +166,7 @@ def test_rerun_without_kept_state_stops_and_says_why(tmp_path, log):
     with pytest.raises(NanStop) as stop:  # no begin_step, no replay: as under DeepSpeed
         guard.check(step=0, loss=loss.detach(), grad_norm=None, batches=[clean_batch(0)], lr=0.1)
     assert stop.value.exit_code == ExitCode.NAN
-    assert any("debug.nan_policy=rerun, but this step cannot be replayed (the optimizer already stepped)" in w
+    assert any("debug.nan_policy=rerun, but this step cannot be replayed (no replay handed over" in w
                for w in log.messages("WARNING"))
     guard.detach()
 
@@ -196,3 +196,23 @@ def test_classification_blames_the_rank_whose_own_result_changed():
 def test_same_bits_is_bitwise_with_nan_equal_to_nan():
     assert same_bits(NAN, -NAN) and same_bits(1.5, 1.5)
     assert not same_bits(0.0, -0.0) and not same_bits(1.0, np.nextafter(1.0, 2.0)) and not same_bits(NAN, 1.0)
+
+
+def test_a_replay_under_a_grad_scaler_unscales_its_own_gradients_with_the_same_scale():
+    from worker.nan.rerun import clear_gradients
+
+    model = tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    grads = []
+    for replay in (False, True):
+        if replay:
+            with pytest.raises(RuntimeError, match="unscale_"):  # what clipping a replay would hit
+                scaler.unscale_(opt)
+            clear_gradients(model, scaler)
+        scaler.scale(model(clean_batch(0))).backward()
+        scaler.unscale_(opt)
+        grads.append(model.output.weight.grad.clone())
+    assert torch.equal(grads[0], grads[1]) and scaler.get_scale() == 1024.0
+    scaler.step(opt)
+    scaler.update()
