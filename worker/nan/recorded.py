@@ -1,15 +1,15 @@
 """A recorded suspicious step, found and loaded for an offline replay.
 
 What a replay needs is written at a stopping step: `nan_grad_step_N.pt` (a file, or
-an FSDP directory) holds the weights the step started from (it is saved before the
-optimizer step), and each `debug/nan_debug_step_N[_rankR].pkl` holds one rank's
-batch (input and target ids). Given either, the other is found beside it.
+an FSDP directory; read as generate.py reads checkpoints) holds the weights the step
+started from (it is saved before the optimizer step), and each
+`debug/nan_debug_step_N[_rankR].pkl` holds one rank's batch (input and target ids).
+Given either, the other is found beside it.
 """
 
 from __future__ import annotations
 
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,9 +18,9 @@ import torch
 
 from gpuherd.errors import GpuherdError
 from gpuherd.exit_codes import ExitCode
-from worker.checkpoint import FORMAT_DEEPSPEED, load_file, read_meta
+from worker.checkpoint_io import FORMAT_DEEPSPEED, read_meta
 from worker.distributed import WorkerError
-from worker.model import ModelArgs, Transformer
+from worker.inference import model_from_checkpoint
 from worker.nan.dump import load as load_dump
 
 _CHECKPOINT = re.compile(r"^nan_grad_step_(\d+)\.pt$")
@@ -74,23 +74,8 @@ def load_model(checkpoint: Path, device: torch.device) -> tuple[torch.nn.Module,
         if checkpoint.is_dir() and meta.get("format") == FORMAT_DEEPSPEED:
             raise ReplayError(f"{checkpoint} is a DeepSpeed checkpoint: DeepSpeed's step is judged after its"
                               " optimizer step, so the weights the step started from are gone")
-        state = _dcp_model_state(checkpoint) if checkpoint.is_dir() else load_file(checkpoint)["model"]
+        if "model_args" not in meta:
+            raise ReplayError(f"{checkpoint} is not a gpuherd training checkpoint (no model description)")
+        return model_from_checkpoint(checkpoint, meta).to(device), meta
     except WorkerError as exc:
         raise ReplayError(str(exc)) from None
-    with torch.device(device):
-        model = Transformer(ModelArgs(**meta["model_args"]))
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as exc:  # missing / unexpected keys, other shapes
-        raise ReplayError(f"{checkpoint}: weights do not fit the model it names: {str(exc).splitlines()[0]}") from None
-    return model, meta
-
-
-def _dcp_model_state(directory: Path) -> dict[str, torch.Tensor]:
-    """An FSDP (torch.distributed.checkpoint) directory's model state, without a process group."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    with tempfile.TemporaryDirectory() as tmp:
-        target = Path(tmp) / "full.pt"
-        dcp_to_torch_save(directory, target)
-        return torch.load(target, map_location="cpu", weights_only=True)["model"]
