@@ -201,7 +201,8 @@ class NanGuard:
             no = torch.zeros((), dtype=torch.bool, device=loss.device)
             return local_flags(nonfinite, no, no, norm_bad)
         loss_spike, norm_spike = self.spikes.flags(loss, grad_norm)
-        return local_flags(nonfinite, loss_spike, norm_spike.to(loss.device), norm_bad)
+        # An Inf norm is not a spike: it is non-finite, or under fp16 the scaler's overflow signal.
+        return local_flags(nonfinite, loss_spike, norm_spike.to(loss.device) & ~norm_bad, norm_bad)
 
     def _healthy(self, loss: torch.Tensor, grad_norm: torch.Tensor, verdict: Verdict) -> None:
         self.consecutive_skips = 0
@@ -246,9 +247,10 @@ class NanGuard:
         mine = RerunRecord(self.identity.rank, bracket, hostname(), device_label(self._device(), bracket),
                            first_loss, first_norm, float(loss), float(norm), evidence)
         outcome = classify([RerunRecord(**raw) for raw in gather_dicts(asdict(mine))], again.suspicious)
+        if outcome.transient:  # the replay is healthy: its verdict says what enters the spike history
+            return self._transient(_Step(s.step, loss, norm, local, again, s.batches, s.lr, None), outcome,
+                                   s.verdict.kind)
         replayed = _Step(s.step, loss, norm, local, again if again.suspicious else s.verdict, s.batches, s.lr, None)
-        if outcome.transient:
-            return self._transient(replayed, outcome, s.verdict.kind)
         return self._conclude(replayed, "rerun", outcome=outcome,
                               why="reproduced on replay: the batch or the model, not the device")
 

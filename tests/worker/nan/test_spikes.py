@@ -190,3 +190,15 @@ def test_a_healthy_step_reads_one_value_back_from_the_device(tmp_path, model, mo
         assert counts == Counter({"tolist": 1}), counts
         opt.step()
     guard.detach()
+
+
+def test_under_fp16_an_overflowing_gradient_norm_is_the_scalers_business_not_a_spike(tmp_path, model):
+    cfg = suspicious_config(tmp_path, spike_policy="stop")
+    cfg.training.use_amp, cfg.training.amp_dtype = True, "fp16"
+    guard = make_guard(model, cfg)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    warm_up(model, opt, guard)
+    guard.begin_step(None)
+    assert guard.check(step=WARM, loss=torch.tensor(3.4), grad_norm=torch.tensor(float("inf")), batches=[], lr=0.1)
+    assert guard.spikes.grad_norm.seen == WARM  # and the overflow did not enter the history
+    guard.detach()
