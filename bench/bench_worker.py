@@ -104,7 +104,8 @@ def time_bare(tmp: Path, steps: int) -> float:
 
 
 def cpu_overhead(repeats: int, steps: int) -> dict:
-    rows: dict[str, list[float]] = {"bare": [], "worker": [], "worker+nan_detection": []}
+    rows: dict[str, list[float]] = {"bare": [], "worker": [], "worker+nan_detection": [],
+                                    "worker+spikes+rerun": []}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         for _ in range(repeats):  # interleaved, so load from other processes hits all alike
@@ -112,13 +113,19 @@ def cpu_overhead(repeats: int, steps: int) -> dict:
             rows["worker"].append(time_worker(tmp, steps, "debug.nan_detection=false"))
             rows["worker+nan_detection"].append(time_worker(tmp, steps, "debug.nan_detection=true",
                                                             "debug.nan_hooks=false"))
+            # Spikes judged from the 3rd step on (inside the timed window) and both rerun
+            # policies armed: the RNG capture per step and deterministic kernels included.
+            rows["worker+spikes+rerun"].append(time_worker(
+                tmp, steps, "debug.nan_detection=true", "debug.nan_hooks=false", "debug.nan_policy=rerun",
+                "debug.spike_policy=rerun", "debug.spike_warmup=2"))
     # Best-of-N is the overhead estimate: on a shared machine every disturbance only
     # slows a run down, so the fastest run of each loop is the least disturbed one.
     best = {k: max(v) for k, v in rows.items()}
     median = {k: statistics.median(v) for k, v in rows.items()}
     return {"steps": steps, "repeats": repeats, "steps_per_s": rows, "best": best, "median": median,
             "ratio_worker_vs_bare": best["worker"] / best["bare"],
-            "ratio_worker_nan_vs_bare": best["worker+nan_detection"] / best["bare"]}
+            "ratio_worker_nan_vs_bare": best["worker+nan_detection"] / best["bare"],
+            "ratio_spikes_rerun_vs_nan": best["worker+spikes+rerun"] / best["worker+nan_detection"]}
 
 
 GPU_MODELS = {
@@ -186,7 +193,10 @@ def write_results(out: dict) -> None:
     lines += ["", f"Paired ratios worker/bare per repeat (each pair ran back to back): "
               f"{', '.join(f'{r:.2f}' for r in paired)}; median {statistics.median(paired):.3f}.", "",
               f"Framework cost (best vs best): {100 * cost:.1f}% of steps/s (goal: < 3%; negative = the worker "
-              "loop was faster). NaN detection (debug preset) adds one finite check with a host sync per step."]
+              "loop was faster). NaN detection (debug preset) adds one finite check with a host sync per step; "
+              "spike detection and the rerun policies fold into that same check (no further sync: "
+              "tests/worker/nan/test_spikes.py counts host reads), and keep the RNG state per step "
+              f"(spikes+rerun vs nan_detection: {cpu.get('ratio_spikes_rerun_vs_nan', float('nan')):.3f})."]
     if spread > 1.5:
         lines += ["", f"**Noise warning**: the bare loop's own runs differ {spread:.1f}x on this machine (shared CPU "
                   "cores); differences of a few percent cannot be resolved here. Re-run on an idle machine."]

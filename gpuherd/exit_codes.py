@@ -21,10 +21,12 @@ class ExitCode(enum.IntEnum):
     # --force; nothing is wrong with the hardware, so it is a usage error, not a device error.
     BUSY_GPU = 2
     RENDEZVOUS = 5  # a rank (or, multi-node, a node) never joined in time
-    NAN = 6  # non-finite loss or gradient with debug.nan_policy=stop
+    NAN = 6  # non-finite loss or gradient (or a loss spike) stopped by policy `stop` or too many skips
     # Cannot write: no space, quota, file too large, read-only filesystem. A restart
     # would only fail the same way, so this is never restarted.
     STORAGE = 7
+    DEVICE_SUSPECT = 8  # one device kept producing transient faults (replays came out clean)
+    DATA_MODEL = 9  # a suspicious step reproduced on replay: the batch or the model, not the device
     HANG = 124  # a worker stopped sending heartbeats (same number as timeout(1))
     SIGINT = 130  # 128 + SIGINT: the user pressed Ctrl-C
     SIGTERM = 143  # 128 + SIGTERM: the supervisor was asked to stop
@@ -50,8 +52,10 @@ def describe(code: int, script: bool = False) -> str:
             ExitCode.DATA: "dataset cache error",
             ExitCode.DEVICE: "device error",
             ExitCode.RENDEZVOUS: "process group never formed",
-            ExitCode.NAN: "non-finite loss or gradient",
+            ExitCode.NAN: "non-finite loss or gradient, or a loss spike",
             ExitCode.STORAGE: "cannot write: disk full, quota, file too large or read-only",
+            ExitCode.DEVICE_SUSPECT: "suspect device: repeated transient faults",
+            ExitCode.DATA_MODEL: "data or model fault: the suspicious step reproduced",
             ExitCode.HANG: "hang detected",
             ExitCode.SIGINT: "interrupted (SIGINT)",
             ExitCode.SIGTERM: "terminated (SIGTERM)",

@@ -17,7 +17,7 @@ import orjson
 
 from gpuherd import contract
 
-RECORD_TYPES = ("ready", "step", "eval", "checkpoint", "phase", "nan", "done", "error")
+RECORD_TYPES = ("ready", "step", "eval", "checkpoint", "phase", "nan", "spike", "suspect", "done", "error")
 PIPE_BUF = 4096
 
 

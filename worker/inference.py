@@ -81,8 +81,14 @@ def load_for_inference(path: Path, device: torch.device) -> Loaded:
     if tokenizer.vocab_size > args.vocab_size:
         raise WorkerError(f"{path}: tokenizer {spec} has {tokenizer.vocab_size} tokens but the model only "
                           f"{args.vocab_size}: checkpoint and tokenizer do not belong together", ExitCode.USAGE)
+    model = model_from_checkpoint(path, meta).to(device).eval()
+    return Loaded(model, tokenizer, spec, int(tokenizer.eot_id), int(meta.get("step", 0)), model.num_params(), path)
+
+
+def model_from_checkpoint(path: Path, meta: dict[str, Any]) -> Transformer:
+    """The Transformer `meta` describes, on CPU, holding the weights saved at `path` (any layout)."""
     with torch.device("meta"):
-        model = Transformer(args)
+        model = Transformer(ModelArgs(**meta["model_args"]))
     model.to_empty(device="cpu")  # no random init: every weight comes from the checkpoint
     model.init_rope(torch.device("cpu"))
     state = load_state(path, meta, model)
@@ -91,8 +97,7 @@ def load_for_inference(path: Path, device: torch.device) -> Loaded:
     except RuntimeError as exc:
         first = " ".join(str(exc).split())[:300]
         raise WorkerError(f"{path}: weights do not fit the model it describes: {first}", ExitCode.USAGE) from None
-    model.to(device).eval()
-    return Loaded(model, tokenizer, spec, int(tokenizer.eot_id), int(meta.get("step", 0)), model.num_params(), path)
+    return model
 
 
 @torch.no_grad()

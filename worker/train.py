@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from worker.attention import resolve_backend
 from worker.checkpoint import Checkpointer, meta_base, run_id_from_env
 from worker.data import DataBundle, cache_bundle
 from worker.distributed import StopVote, WorkerError
-from worker.engines import Engine, Precision, build_engine, needs_process_group, resolve_strategy
+from worker.engines import Engine, Precision, StepCheck, build_engine, needs_process_group, resolve_strategy
 from worker.logs import setup_logging
 from worker.mfu import FlopsModel
 from worker.model import ModelArgs
@@ -130,7 +131,8 @@ class Trainer:
         except ImportError:
             logger.warning("debug.nan_detection is on but worker.nan is missing from this tree: no NaN checks")
             return None
-        guard = NanGuard(self.cfg, self.engine.model, self.identity, self.status, self._save_for_guard)
+        guard = NanGuard(self.cfg, self.engine.model, self.identity, self.status, self._save_for_guard,
+                         scaler=self.engine.scaler)
         guard.attach()
         return guard
 
@@ -161,29 +163,46 @@ class Trainer:
             self.status.send("phase", name="shutdown")
             return int(ExitCode.SIGINT)
         if self.skipped_steps:
-            logger.warning(f"{self.identity.bracket} {self.skipped_steps} optimizer step(s) skipped for non-finite values")
+            logger.warning(f"{self.identity.bracket} {self.skipped_steps} optimizer step(s) skipped"
+                           " as suspicious (non-finite or a spike)")
         self.status.send("done", step=self.step)
         return int(ExitCode.OK)
 
     def _train_step(self) -> None:
         t, engine, step = self.cfg.training, self.engine, self.step
         lr = self.schedule(step)
-        losses, batches = [], []
-        for micro in range(t.grad_accum_nums):
-            inputs, targets = self.data.train.next_batch()
-            if self.device.type == "cuda":
-                inputs = inputs.pin_memory().to(self.device, non_blocking=True)
-                targets = targets.pin_memory().to(self.device, non_blocking=True)
-            losses.append(engine.micro_step(inputs, targets, is_last=micro == t.grad_accum_nums - 1))
-            if self.guard is not None:
-                batches.append(inputs)
-        loss = torch.stack(losses).mean()
-        check = None if self.guard is None else (  # the engine calls it when its grad norm is known
-            lambda grad_norm: self.guard.check(step=step, loss=loss, grad_norm=grad_norm, batches=batches, lr=lr))
+        if self.guard is not None:
+            self.guard.begin_step(self.data.train)  # where the batches come from (+ RNG state for a replay)
+        batches = [self._next_batch() for _ in range(t.grad_accum_nums)]
+        loss = self._micro_steps(batches)
+        check = None if self.guard is None else self._step_check(step, loss, batches, lr)
         grad_norm, applied = engine.step(lr, t.max_grad_norm, check)
+        if self.guard is not None:
+            loss, grad_norm = self.guard.retried or (loss, grad_norm)  # a retried step: the replay's values
         if not applied:
             self.skipped_steps += 1
         self.reporter.after_step(step, loss, lr, grad_norm)
+
+    def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = self.data.train.next_batch()
+        if self.device.type == "cuda":
+            inputs = inputs.pin_memory().to(self.device, non_blocking=True)
+            targets = targets.pin_memory().to(self.device, non_blocking=True)
+        return inputs, targets
+
+    def _micro_steps(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """Forward + backward of every micro-batch; their mean loss."""
+        last = len(batches) - 1
+        return torch.stack([self.engine.micro_step(x, y, is_last=i == last) for i, (x, y) in enumerate(batches)]).mean()
+
+    def _step_check(self, step: int, loss: torch.Tensor, batches: list[tuple[torch.Tensor, torch.Tensor]],
+                    lr: float) -> StepCheck:
+        """The guard's verdict, which the engine asks for once the step's gradient norm is known.
+        `clip_again` (None once the optimizer has stepped) lets the guard replay the step."""
+        def check(grad_norm: torch.Tensor | None, clip_again: Callable[[], torch.Tensor] | None) -> bool:
+            replay = None if clip_again is None else (lambda: (self._micro_steps(batches), clip_again()))
+            return self.guard.check(step=step, loss=loss, grad_norm=grad_norm, batches=batches, lr=lr, replay=replay)
+        return check
 
     def _paused(self, fn, back_to: str | None = "train") -> None:
         start = time.perf_counter()

@@ -116,9 +116,20 @@ class DebugConfig:
     log_level: str = limited("INFO", choices=("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR"))
     nan_detection: bool = True  # cheap finite checks every step
     nan_hooks: bool = False  # forward hooks naming the first bad module
-    nan_policy: str = limited("stop", choices=("stop", "skip"))
+    nan_policy: str = limited("stop", choices=("stop", "skip", "rerun"))
     max_nan_skips: int = limited(3, gt=0)
     max_dump_mb: int = limited(1024, gt=0)
+    # Suspicious steps beyond NaN/Inf (worker/nan/spikes.py, worker/nan/rerun.py). A loss (and
+    # gradient-norm) spike is a value above median + spike_k x MAD of the last spike_window
+    # applied steps, judged once spike_warmup steps were seen. `rerun` replays the step to
+    # tell a transient (device) fault from a reproducible (data/model) one.
+    spike_policy: str = limited("off", choices=("off", "stop", "skip", "rerun"))
+    spike_window: int = limited(100, ge=3)  # a median and a MAD of fewer values say nothing about spread
+    spike_warmup: int = limited(20, ge=0)
+    spike_k: float = limited(10.0, gt=0)
+    spike_grad_norm: bool = True  # judge the gradient norm too, not only the loss
+    max_transient_faults: int = limited(2, ge=0)  # per device; one more stops the run with exit 8
+    rerun_deterministic: bool = True  # deterministic kernels while a rerun policy is on
 
 
 @dataclass

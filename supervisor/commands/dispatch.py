@@ -37,6 +37,8 @@ COMMANDS: dict[str, Command] = {
     "sbatch": Command("supervisor.commands.sbatch:main", "write an sbatch script for a multi-node SLURM job"),
     "topology": Command("supervisor.commands.topology:main", "the GPU link matrix, with warnings for slow pairs"),
     "nan report": Command("worker.nan.report:main", "print a NaN debug dump (nan_debug_step_N.pkl) again"),
+    "nan replay": Command("worker.nan.replay:main", "re-run a recorded suspicious step from its checkpoint or pickle "
+                                                    "on any device: does it reproduce?"),
     "check": Command("supervisor.commands.check:main", "pre-flight GPU and host checks: a PASS/WARN/FAIL table"),
     "top": Command("supervisor.commands.top:main", "a live table of a run, one row per rank (--once: one frame)"),
     "report": Command("supervisor.commands.report:main", "report.html + PNG figures of a run, or of runs compared"),

@@ -19,7 +19,7 @@ from supervisor.views.run_files import LogLine
 @dataclass(frozen=True)
 class Event:
     time: float  # unix seconds
-    kind: str  # checkpoint | nan | error | restart | xid | ecc | eval | warning
+    kind: str  # checkpoint | nan (also spikes) | suspect | error | restart | xid | ecc | eval | warning
     text: str  # one short line
     rank: int | None = None
 
@@ -30,10 +30,12 @@ def event_of(record: dict[str, Any]) -> Event | None:
     if kind == "checkpoint":
         return Event(when, "checkpoint", f"checkpoint saved at step {record.get('step')}: "
                                          f"{Path(str(record.get('path', '?'))).name}")
-    if kind == "nan":
-        action = "skipped" if record.get("action") == "skip" else "stopped the run"
-        return Event(when, "nan", f"non-finite loss/gradient at step {record.get('step')} "
-                                  f"(loss {record.get('loss')}): {action}", rank)
+    if kind in ("nan", "spike"):
+        return _suspicious_step(record, when, rank)
+    if kind == "suspect":
+        return Event(when, "suspect", f"device {record.get('device')} ({record.get('host')}) suspect: "
+                                      f"{record.get('transient_faults')} transient fault(s), limit {record.get('limit')}"
+                                      + (": stopping the run" if record.get("stopping") else ""), rank)
     if kind == "error":
         return Event(when, "error", f"rank {rank}: {str(record.get('message', '')).splitlines()[0][:160]}", rank)
     if kind == "restart":
@@ -46,6 +48,19 @@ def event_of(record: dict[str, Any]) -> Event | None:
     if kind == "eval":
         return Event(when, "eval", f"validation loss {_num(record.get('val_loss'))} at step {record.get('step')}", rank)
     return None
+
+
+_ACTIONS = {"skip": "skipped", "retried": "retried (the replay came out clean)", "stop": "stopped the run"}
+_WHAT = {"nonfinite": "non-finite loss/gradient", "loss_spike": "loss spike", "grad_norm_spike": "grad-norm spike"}
+
+
+def _suspicious_step(record: dict[str, Any], when: float, rank: Any) -> Event:
+    """A `nan` or `spike` record: what was suspicious, and what the policy did about it."""
+    what = _WHAT.get(str(record.get("kind")), "non-finite loss/gradient" if record.get("type") == "nan" else "spike")
+    action = _ACTIONS.get(str(record.get("action")), "stopped the run")
+    if record.get("classification"):
+        action += f"; {record['classification']}"
+    return Event(when, "nan", f"{what} at step {record.get('step')} (loss {record.get('loss')}): {action}", rank)
 
 
 def collect(records: list[dict[str, Any]], warnings: list[LogLine]) -> list[Event]:

@@ -92,7 +92,7 @@ def test_exit_codes_are_documented_and_distinct():
     assert from_signal(signal.SIGKILL) == 137
     assert describe(137) == "killed by SIGKILL"
     assert describe(-9) == "killed by SIGKILL"
-    assert describe(6) == "non-finite loss or gradient"
+    assert describe(6) == "non-finite loss or gradient, or a loss spike"
     assert describe(17) == "exit code 17"
 
 

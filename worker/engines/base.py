@@ -21,8 +21,11 @@ from gpuherd.config import Config
 from worker.engines.precision import Precision, adamw_kwargs, optimizer_groups
 from worker.model import Transformer
 
-# The NaN guard's verdict on a step's loss and gradient norm: True = apply the step.
-StepCheck = Callable[[torch.Tensor | None], bool]
+# The NaN guard's verdict on a step's loss and gradient norm: True = apply the step. Its
+# second argument clips the gradients again and returns their norm, so the guard can replay
+# the step's micro-batches (policy rerun); None where the check comes after the optimizer
+# step and the step can no longer be replayed.
+StepCheck = Callable[[torch.Tensor | None, Callable[[], torch.Tensor] | None], bool]
 
 
 @dataclass(frozen=True)

@@ -111,7 +111,7 @@ class DeepSpeedEngine(Engine):
         norm = self.model.get_global_grad_norm()
         norm = None if norm is None else torch.as_tensor(float(norm))
         if check is not None and norm is not None:
-            check(norm)
+            check(norm, None)  # after the optimizer step: nothing left to replay
         return norm, True
 
     def save_states(self, path: Path, meta: dict[str, Any], rank: int) -> None:

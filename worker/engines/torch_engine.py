@@ -58,7 +58,7 @@ class TorchEngine(Engine):
 
     def step(self, lr: float, max_grad_norm: float, check: StepCheck | None) -> tuple[torch.Tensor | None, bool]:
         norm = self.clip_grad_norm(max_grad_norm)
-        if check is not None and not check(norm):
+        if check is not None and not check(norm, lambda: self.clip_grad_norm(max_grad_norm)):
             self.skip_step()
             return norm, False
         self.optimizer_step(lr)

@@ -73,9 +73,16 @@ def write_atomic(path: Path, payload: dict[str, Any]) -> None:
         pickle.dump(payload, handle, protocol=pickle.HIGHEST_PROTOCOL)
 
 
+def token_ids(batches: list[Any]) -> list[np.ndarray]:
+    """Each micro-batch's input ids: the batch itself, or the inputs of an (inputs, targets) pair."""
+    return [(b[0] if isinstance(b, (tuple, list)) else b).detach().cpu().numpy() for b in batches]
 
-def token_ids(batches: list[torch.Tensor]) -> list[np.ndarray]:
-    return [b.detach().cpu().numpy() for b in batches]
+
+def target_ids(batches: list[Any]) -> list[np.ndarray] | None:
+    """The targets of (inputs, targets) pairs (an offline replay needs both); None for plain ids."""
+    if not batches or not all(isinstance(b, (tuple, list)) and len(b) == 2 for b in batches):
+        return None
+    return [b[1].detach().cpu().numpy() for b in batches]
 
 
 def load(path: Path) -> dict[str, Any]:

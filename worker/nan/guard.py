@@ -1,14 +1,19 @@
-"""NanGuard: the worker's one entry point for NaN/Inf forensics.
+"""NanGuard: the worker's one entry point for suspicious steps (NaN/Inf and spikes).
 
-    guard = NanGuard(cfg, model, identity, status, save_checkpoint)
+    guard = NanGuard(cfg, model, identity, status, save_checkpoint, scaler=engine.scaler)
     guard.attach()                      # after wrapping (DDP / compile / FSDP2)
-    apply = guard.check(step=..., loss=..., grad_norm=..., batches=..., lr=...)
+    guard.begin_step(source)            # before the step draws its batches
+    apply = guard.check(step=..., loss=..., grad_norm=..., batches=..., lr=..., replay=...)
+    loss, grad_norm = guard.retried or (loss, grad_norm)
     guard.detach()
 
 `check` runs on every rank after backward + clipping and before
-`optimizer.step()`. Good step: one 1-element all-reduce + one host sync (see
-consensus.py), returns True. Bad step (agreed by all ranks): inspect, gather
-attribution, report, dump, then skip (False) or stop (raise NanStop).
+`optimizer.step()`. Healthy step: one 4-element all-reduce + one host sync (see
+consensus.py), returns True. Suspicious step (agreed by all ranks): per policy
+(`debug.nan_policy` for NaN/Inf, `debug.spike_policy` for spikes) report and stop
+(raise NanStop), skip (False), or replay it (rerun.py): a transient fault is
+retried (True, `retried` holds the replay's loss and norm), a reproducible one
+names the batch and stops.
 """
 
 from __future__ import annotations
@@ -16,9 +21,9 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -29,28 +34,57 @@ from gpuherd.contract import WorkerIdentity
 from gpuherd.errors import GpuherdError
 from gpuherd.exit_codes import ExitCode
 from gpuherd.status_channel import StatusWriter
+from worker import rng
 from worker.nan import dump
-from worker.nan.banner import NanReport, render
-from worker.nan.consensus import any_rank_bad, device_label, distributed, gather_records, hostname
-from worker.nan.inspect_model import ModelInspection, inspect_model
+from worker.nan.consensus import Verdict, agree, device_label, distributed, gather_dicts, hostname, local_flags
+from worker.nan.evidence import Evidence, nonfinite_evidence, number_or_text, spike_evidence
 from worker.nan.names import is_dtensor, local_tensor
 from worker.nan.probes import ForwardProbe, GradProbe, MicroBatchCounter
-from worker.nan.ranks import RankRecord
+from worker.nan.rerun import (
+    Classification,
+    FaultLedger,
+    KeptStep,
+    RerunRecord,
+    classify,
+    clear_gradients,
+    deterministic_kernels,
+    restore_kernels,
+)
+from worker.nan.samples import SampleName, name_batch
+from worker.nan.spikes import SpikeDetector
 
-STATUS_RANKS = 64  # rank ids listed in a `nan` status record
+STATUS_RANKS = 64  # rank ids listed in a `nan` / `spike` status record
+BATCH_LINES = 8  # sample names printed with a reproducible fault (all of them go to the dump)
+KIND_WORDS = {"nonfinite": "non-finite loss or gradient", "loss_spike": "loss spike",
+              "grad_norm_spike": "gradient-norm spike"}
 
 
 class NanStop(GpuherdError, RuntimeError):
-    """Raised on every rank together; the worker exits with `exit_code`."""
+    """Raised on every rank together; the worker exits with `exit_code` (6, 7 or 8)."""
 
     exit_code = ExitCode.NAN
 
-    def __init__(self, message: str, step: int, ranks: list[int], report: Path | None, checkpoint: Path | None):
-        super().__init__(message)
+    def __init__(self, message: str, step: int, ranks: list[int], report: Path | None, checkpoint: Path | None,
+                 exit_code: int | None = None) -> None:
+        super().__init__(message, exit_code)
         self.step = step
         self.ranks = ranks
         self.report = report
         self.checkpoint = checkpoint
+
+
+@dataclass
+class _Step:
+    """The step under judgement: its scalars on the device and what every rank agreed."""
+
+    step: int
+    loss: torch.Tensor
+    grad_norm: torch.Tensor
+    local: torch.Tensor  # this rank's flags (consensus.local_flags)
+    verdict: Verdict
+    batches: list[Any]
+    lr: float
+    replay: Callable[[], tuple[Any, Any]] | None
 
 
 class NanGuard:
@@ -61,12 +95,14 @@ class NanGuard:
         identity: WorkerIdentity,
         status: StatusWriter,
         save_checkpoint: Callable[[Path], None] | None,
+        scaler: Any = None,
     ) -> None:
         self.cfg = cfg
         self.model = model
         self.identity = identity
         self.status = status
         self.save_checkpoint = save_checkpoint
+        self.scaler = scaler  # fp16's GradScaler: a replay must be able to unscale again
         self.checkpoint_dir = Path(cfg.system.checkpoint_dir)
         self.consecutive_skips = 0
         self.skipped_steps: list[int] = []
@@ -75,6 +111,12 @@ class NanGuard:
         # not divergence, so only a non-finite loss counts. bf16/fp32 have no
         # scaler: there every non-finite gradient norm is a real problem.
         self.scaler_owns_overflow = cfg.training.use_amp and cfg.training.amp_dtype == "fp16"
+        self.spikes = SpikeDetector.from_config(cfg.debug)
+        self.replaying = "rerun" in (cfg.debug.nan_policy, cfg.debug.spike_policy)
+        self.ledger = FaultLedger()
+        self.kept: KeptStep | None = None
+        self.retried: tuple[torch.Tensor, torch.Tensor] | None = None  # the replay's (loss, grad_norm)
+        self._kernels_before: tuple[bool, bool] | None = None
         self._counter = MicroBatchCounter()
         self._forward: ForwardProbe | None = None
         self._grads: GradProbe | None = None
@@ -83,8 +125,13 @@ class NanGuard:
 
     def attach(self) -> None:
         """Install the debug probes (forward hooks + local-gradient hooks) when
-        `debug.nan_hooks` is on; production runs keep the model untouched."""
-        if not (self.cfg.debug.nan_detection and self.cfg.debug.nan_hooks) or self._forward:
+        `debug.nan_hooks` is on; production runs keep the model untouched. A rerun
+        policy also switches to deterministic kernels (`debug.rerun_deterministic`)."""
+        if not self.cfg.debug.nan_detection:
+            return
+        if self.replaying and self.cfg.debug.rerun_deterministic and self._kernels_before is None:
+            self._kernels_before = deterministic_kernels()
+        if not self.cfg.debug.nan_hooks or self._forward:
             return
         self._forward = ForwardProbe(self.model, self._counter)
         self._grads = GradProbe(self.model, self._counter)
@@ -98,31 +145,43 @@ class NanGuard:
             if probe is not None:
                 probe.detach()
         self._forward = self._grads = None
+        if self._kernels_before is not None:
+            restore_kernels(self._kernels_before)
+            self._kernels_before = None
 
     # ------------------------------------------------------------------ per step
 
+    def begin_step(self, source: Any = None) -> None:
+        """Before the step draws its batches: keep where they come from (to name them on
+        the bad path) and, under a rerun policy, the RNG states (to replay the step)."""
+        if not self.cfg.debug.nan_detection:
+            return
+        position = source.state_dict() if source is not None else None
+        self.kept = KeptStep(source, position, rng.capture(self._device()) if self.replaying else None)
+
     def check(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor | float | None,
-              batches: list[torch.Tensor], lr: float) -> bool:
-        """True: apply this step. False: skip it (policy skip). Raises NanStop."""
+              batches: list[Any], lr: float, replay: Callable[[], tuple[Any, Any]] | None = None) -> bool:
+        """True: apply this step. False: skip it (policy skip). Raises NanStop.
+        `replay()` runs the step's forward/backward and clipping again on the kept
+        batches and returns (loss, grad_norm); policy rerun needs it."""
+        self.retried = None
         if not self.cfg.debug.nan_detection:
             return True
         loss_t, norm_t = self._scalars(loss, grad_norm)
-        finite = torch.isfinite(loss_t)
-        if not self.scaler_owns_overflow:
-            finite = finite & torch.isfinite(norm_t)
-        if not any_rank_bad(~finite):
-            self.consecutive_skips = 0
-            self._reset_probes()
+        local = self._flags(loss_t, norm_t)
+        verdict = agree(local)
+        if not verdict.suspicious:
+            self._healthy(loss_t, norm_t, verdict)
             return True
         try:
-            return self._bad_step(step, float(loss_t), float(norm_t), batches, lr)
+            return self._suspicious(_Step(step, loss_t, norm_t, local, verdict, batches, lr, replay))
         finally:
             self._reset_probes()
 
     def _scalars(self, loss: Any, grad_norm: Any) -> tuple[torch.Tensor, torch.Tensor]:
         device = next((t.device for t in (loss, grad_norm) if isinstance(t, torch.Tensor)), None)
         if device is None:
-            device = next((local_tensor(p).device for p in self.model.parameters()), torch.device("cpu"))
+            device = self._device()
         if grad_norm is None:  # clipping disabled: the same norm clipping would compute
             grads = [p.grad for p in self.model.parameters() if p.grad is not None]
             grad_norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
@@ -132,81 +191,160 @@ class NanGuard:
         norm_t = torch.as_tensor(grad_norm, dtype=torch.float32).detach().to(device).reshape(())
         return loss_t, norm_t
 
+    def _flags(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> torch.Tensor:
+        """Every test of the step as device ops: nothing here reads back to the host."""
+        norm_bad = ~torch.isfinite(grad_norm)
+        nonfinite = ~torch.isfinite(loss)
+        if not self.scaler_owns_overflow:
+            nonfinite = nonfinite | norm_bad
+        if self.spikes is None:
+            no = torch.zeros((), dtype=torch.bool, device=loss.device)
+            return local_flags(nonfinite, no, no, norm_bad)
+        loss_spike, norm_spike = self.spikes.flags(loss, grad_norm)
+        # An Inf norm is not a spike: it is non-finite, or under fp16 the scaler's overflow signal.
+        return local_flags(nonfinite, loss_spike, norm_spike.to(loss.device) & ~norm_bad, norm_bad)
+
+    def _healthy(self, loss: torch.Tensor, grad_norm: torch.Tensor, verdict: Verdict) -> None:
+        self.consecutive_skips = 0
+        if self.spikes is not None:
+            self.spikes.observe(loss, grad_norm if verdict.grad_norm_finite else None)
+        self._reset_probes()
+
     def _reset_probes(self) -> None:
         self._counter.reset()
         for probe in (self._forward, self._grads):
             if probe is not None:
                 probe.reset()
 
-    # ------------------------------------------------------------------ bad path
+    # ------------------------------------------------------------------ suspicious steps
 
-    def _bad_step(self, step: int, loss: float, grad_norm: float, batches: list[torch.Tensor], lr: float) -> bool:
-        inspection = inspect_model(self.model)
-        first_module = self._forward.first_bad() if self._forward else None
-        first_grad = self._grads.first_bad() if self._grads else None
+    def _suspicious(self, s: _Step) -> bool:
+        key = "nan_policy" if s.verdict.nonfinite else "spike_policy"
+        policy = getattr(self.cfg.debug, key)
+        if policy != "rerun":
+            return self._conclude(s, policy, why=f"debug.{key}={policy}")
+        if s.replay is not None and self.kept is not None and self.kept.rng is not None:
+            return self._rerun(s)
+        missing = ("no replay handed over: DeepSpeed checks after its own optimizer step" if s.replay is None
+                   else "no RNG state kept: begin_step was not called")
+        why = f"debug.{key}=rerun, but this step cannot be replayed ({missing})"
+        logger.warning(f"{self.identity.bracket} {why}: stopping instead")
+        return self._conclude(s, "stop", why=why)
+
+    def _rerun(self, s: _Step) -> bool:
+        """Replay the step on every rank (collectives inside) and classify it."""
+        first_loss, first_norm = float(s.loss), float(s.grad_norm)
+        own = s.local.cpu().tolist()
+        evidence = (not math.isfinite(first_loss) or own[1] > 0
+                    or bool(self._forward and self._forward.first_bad()) or bool(self._grads and self._grads.first_bad()))
+        rng.restore(self.kept.rng, self._device())
+        self._reset_probes()
+        clear_gradients(self.model, self.scaler)
+        loss, norm = self._scalars(*s.replay())
+        local = self._flags(loss, norm)
+        again = agree(local)
         bracket = self.identity.bracket
-        device = device_label(torch.device(self._device()), bracket)
-        mine = RankRecord(
-            rank=self.identity.rank, tag=self.identity.tag, bracket=bracket, host=hostname(), device=device,
-            loss=loss, grad_norm=grad_norm, loss_bad=not math.isfinite(loss),
-            grad_norm_bad=not math.isfinite(grad_norm), bad_parameters=len(inspection.bad_parameters),
-            bad_gradients=len(inspection.bad_gradients),
-            first_bad_module=first_module["module"] if first_module else None,
-            first_bad_gradient=(first_grad.get("parameter") or first_grad.get("module")) if first_grad else None,
-            sharded=inspection.sharded,
-        )
-        records = gather_records(mine)
-        reporters = _reporters(records)
-        # Under sharding every flagged rank holds a different piece of the state: all of them dump.
-        dumpers = sorted(set(reporters) | {r.rank for r in records if r.flagged and r.sharded})
-        origin = [r.rank for r in records if r.evidence] or [r.rank for r in records if r.flagged]
+        mine = RerunRecord(self.identity.rank, bracket, hostname(), device_label(self._device(), bracket),
+                           first_loss, first_norm, float(loss), float(norm), evidence)
+        outcome = classify([RerunRecord(**raw) for raw in gather_dicts(asdict(mine))], again.suspicious)
+        if outcome.transient:  # the replay is healthy: its verdict says what enters the spike history
+            return self._transient(_Step(s.step, loss, norm, local, again, s.batches, s.lr, None), outcome,
+                                   s.verdict.kind)
+        replayed = _Step(s.step, loss, norm, local, again if again.suspicious else s.verdict, s.batches, s.lr, None)
+        return self._conclude(replayed, "rerun", outcome=outcome,
+                              why="reproduced on replay: the batch or the model, not the device")
 
-        stop = True
-        if self.cfg.debug.nan_policy == "skip":
-            self.consecutive_skips += 1
-            self.skipped_steps.append(step)
-            stop = self.consecutive_skips > self.cfg.debug.max_nan_skips
+    def _transient(self, s: _Step, outcome: Classification, kind: str) -> bool:
+        """The replay came out healthy: apply it, count the device, stop when it has had too many."""
+        self.ledger.add(outcome.culprits)
+        limit = self.cfg.debug.max_transient_faults
+        over = self.ledger.over(limit)
+        me = self.identity.rank
+        mine = next(r for r in outcome.records if r.rank == me)
+        blamed = "; ".join(f"{r.describe()} ({self.ledger.counts[r.rank]} transient fault(s), limit {limit})"
+                           for r in outcome.culprit_records())
+        blamed = blamed or (f"not identified among ranks {[r.rank for r in outcome.records]} (the gradient"
+                            " reduction mixes them; debug.nan_hooks=true names the rank whose local gradients went bad)")
+        message = (f"{self.identity.bracket} Transient fault at step {s.step}: the {KIND_WORDS[kind]} did not"
+                   f" reproduce on replay (loss {mine.loss:.4f} -> {mine.replay_loss:.4f}, grad norm"
+                   f" {mine.grad_norm:.4f} -> {mine.replay_grad_norm:.4f}); suspect device: {blamed}")
+        speaks = me in outcome.culprits or (not outcome.culprits and me == outcome.records[0].rank)
+        (logger.warning if speaks else logger.debug)(message + ("" if over else "; step retried"))
+        self.status.send("nan" if kind == "nonfinite" else "spike", step=s.step, kind=kind,
+                         action="stop" if over else "retried", classification="transient",
+                         culprits=outcome.culprits[:STATUS_RANKS], loss=number_or_text(mine.loss),
+                         grad_norm=number_or_text(mine.grad_norm), replay_loss=number_or_text(mine.replay_loss),
+                         replay_grad_norm=number_or_text(mine.replay_grad_norm))
+        if me in outcome.culprits:
+            self.status.send("suspect", step=s.step, device=device_label(self._device(), self.identity.bracket),
+                             host=hostname(), transient_faults=self.ledger.counts[me], limit=limit,
+                             stopping=bool(over))
+        if over:
+            who = ", ".join("an unidentified rank" if r is None else f"rank {r}" for r in over)
+            logger.error(f"{self.identity.bracket} Stopping at step {s.step}: {who} had more than"
+                         f" debug.max_transient_faults={limit} transient faults; exit code {int(ExitCode.DEVICE_SUSPECT)}")
+            raise NanStop(f"suspect device: {who} had more than {limit} transient faults (last at step {s.step})",
+                          s.step, [r for r in over if r is not None], None, None, ExitCode.DEVICE_SUSPECT)
+        self.consecutive_skips = 0
+        self.retried = (s.loss, s.grad_norm)
+        if self.spikes is not None:
+            self.spikes.observe(s.loss, s.grad_norm if s.verdict.grad_norm_finite else None)
+        return True
 
-        report = NanReport(
-            bracket=bracket, step=step, loss=loss, grad_norm=grad_norm, lr=lr,
-            gradients=inspection.bad_gradients, parameters=inspection.bad_parameters,
-            affected_layers=inspection.affected_layers, first_bad_module=first_module,
-            first_bad_gradient=first_grad, ranks=[asdict(r) for r in records],
-            sharded=inspection.sharded, hooks=self._forward is not None,
-        )
-        i_report = self.identity.rank in reporters
-        if i_report:
-            for line in render(report):
+    def _conclude(self, s: _Step, policy: str, why: str, outcome: Classification | None = None) -> bool:
+        """Report, dump, and stop or skip (policies stop/skip, and a reproducible rerun)."""
+        loss, norm = float(s.loss), float(s.grad_norm)
+        if s.verdict.nonfinite:
+            ev = nonfinite_evidence(self.model, self.identity, (self._forward, self._grads), s.step, loss, norm,
+                                    s.lr, self.cfg.debug.max_dump_mb)
+        else:
+            ev = spike_evidence(self.model, self.identity, self.spikes, s.verdict, s.local.cpu().tolist(),
+                                s.step, loss, norm, s.lr)
+        stop, code, why = self._decide(s, policy, why, outcome)
+        kept = self.kept or KeptStep(None, None, None)
+        names = name_batch(kept.source, kept.position, s.batches, self.identity.rank)
+        bracket, me = self.identity.bracket, self.identity.rank
+        if me in ev.reporters:
+            for line in ev.banner + (_rerun_lines(outcome, names) if outcome else []):
                 logger.error(line)
         else:
-            logger.error(f"{bracket} Non-finite loss/gradients at step {step} produced on rank(s) {origin};"
-                         f" full report from rank(s) {reporters}")
-
-        pkl = self._write_dump(step, report, inspection, batches, stop) if self.identity.rank in dumpers else None
-        ckpt = self._save_checkpoint(step) if stop else None
-        if i_report and ckpt is not None:
+            logger.error(f"{bracket} {_what(ev.kind)} at step {s.step} produced on rank(s) {ev.origin};"
+                         f" full report from rank(s) {ev.reporters}")
+        pkl = self._write_dump(s, ev, names, policy, stop, outcome) if me in ev.dumpers else None
+        ckpt = self._save_checkpoint(s.step) if stop else None
+        if me in ev.reporters and ckpt is not None:
             logger.error(f"Checkpoint saved: {_show(ckpt)}")
         if pkl is not None:
             logger.error(f"Debug tensors saved: {_show(pkl)}")
         # The record must stay under PIPE_BUF or the channel drops its fields: cap the list.
-        self.status.send("nan", step=step, ranks=origin[:STATUS_RANKS], n_ranks=len(origin),
-                         report=str(pkl) if pkl else None,
-                         checkpoint=str(ckpt) if ckpt else None, action="stop" if stop else "skip",
-                         loss=loss if math.isfinite(loss) else str(loss),
-                         grad_norm=grad_norm if math.isfinite(grad_norm) else str(grad_norm))
+        self.status.send(ev.record_type, step=s.step, ranks=ev.origin[:STATUS_RANKS], n_ranks=len(ev.origin),
+                         report=str(pkl) if pkl else None, checkpoint=str(ckpt) if ckpt else None,
+                         action="stop" if stop else "skip", kind=ev.kind,
+                         classification=outcome.label if outcome else None, **ev.fields)
         if stop:
-            self._stop(step, origin, pkl, ckpt)
-        logger.warning(f"{bracket} debug.nan_policy=skip: step {step} not applied"
+            logger.error(f"{bracket} Stopping at step {s.step} ({why}); exit code {int(code)}")
+            raise NanStop(f"{KIND_WORDS[ev.kind]} at step {s.step} on rank(s) {ev.origin}"
+                          + (f": {why}" if outcome else ""), s.step, ev.origin, pkl, ckpt, code)
+        logger.warning(f"{bracket} {why}: step {s.step} not applied"
                        f" ({self.consecutive_skips}/{self.cfg.debug.max_nan_skips} in a row,"
                        f" {len(self.skipped_steps)} skipped in all)")
         return False
 
-    def _stop(self, step: int, origin: list[int], pkl: Path | None, ckpt: Path | None) -> NoReturn:
-        why = ("debug.nan_policy=stop" if self.cfg.debug.nan_policy == "stop" else
-               f"{self.consecutive_skips} non-finite steps in a row > debug.max_nan_skips="
-               f"{self.cfg.debug.max_nan_skips}")
-        logger.error(f"{self.identity.bracket} Stopping at step {step} ({why}); exit code {int(ExitCode.NAN)}")
-        raise NanStop(f"non-finite loss or gradient at step {step} on rank(s) {origin}", step, origin, pkl, ckpt)
+    def _decide(self, s: _Step, policy: str, why: str, outcome: Classification | None) -> tuple[bool, int, str]:
+        """(stop?, exit code, why) for the step; counts skips."""
+        if outcome is not None:
+            return True, ExitCode.DATA_MODEL, why
+        if policy != "skip":
+            return True, ExitCode.NAN, why
+        self.consecutive_skips += 1
+        self.skipped_steps.append(s.step)
+        if self.consecutive_skips <= self.cfg.debug.max_nan_skips:
+            return False, ExitCode.OK, why
+        what = "non-finite" if s.verdict.nonfinite else "suspicious"
+        return True, ExitCode.NAN, (f"{self.consecutive_skips} {what} steps in a row > debug.max_nan_skips="
+                                    f"{self.cfg.debug.max_nan_skips}")
+
+    # ------------------------------------------------------------------ files
 
     def _device(self) -> torch.device:
         return next((local_tensor(p).device for p in self.model.parameters()), torch.device("cpu"))
@@ -214,43 +352,21 @@ class NanGuard:
     def _world_size(self) -> int:
         return dist.get_world_size() if distributed() else self.identity.world_size
 
-    def _write_dump(self, step: int, report: NanReport, inspection: ModelInspection,
-                    batches: list[torch.Tensor], stop: bool) -> Path | None:
+    def _write_dump(self, s: _Step, ev: Evidence, names: list[SampleName], policy: str, stop: bool,
+                    outcome: Classification | None) -> Path | None:
         suffix = f"_rank{self.identity.rank}" if self._world_size() > 1 else ""
-        path = self.checkpoint_dir / "debug" / f"nan_debug_step_{step}{suffix}.pkl"
-        limit_mb = self.cfg.debug.max_dump_mb
-        selection = dump.select_tensors(self.model, inspection.affected_layers, limit_mb * 2**20)
-        notes = []
-        if inspection.sharded:
-            notes.append(f"FSDP: rank {self.identity.rank} dumped its local shards; arrays have local shard shapes,"
-                         " 'shapes' holds the global ones; load every rank's file for whole tensors")
-        if selection.empty_shards:
-            notes.append(f"no local elements (empty shards, not dumped): {selection.empty_shards}")
-        omitted = dump.omitted_note(selection, limit_mb)
-        if omitted:
-            notes.append(omitted)
-            logger.warning(f"{self.identity.bracket} {omitted}")
+        path = self.checkpoint_dir / "debug" / f"nan_debug_step_{s.step}{suffix}.pkl"
         payload = {
-            "format": dump.FORMAT,
-            "parameters": selection.parameters,
-            "gradients": selection.gradients,
-            "step": step, "loss": report.loss, "grad_norm": report.grad_norm, "lr": report.lr,
+            "format": dump.FORMAT, "kind": ev.kind,
+            "step": s.step, "loss": float(s.loss), "grad_norm": float(s.grad_norm), "lr": s.lr,
             "rank": self.identity.rank, "world_size": self._world_size(), "tag": self.identity.tag,
-            "device": next(r["device"] for r in report.ranks if r["rank"] == self.identity.rank),
-            "host": hostname(),
-            "batch_token_ids": dump.token_ids(batches),
-            "affected_layers": report.affected_layers,
-            "first_bad_module": report.first_bad_module,
-            "first_bad_gradient": report.first_bad_gradient,
-            "ranks": report.ranks,
-            "sharded": inspection.sharded,
-            "shapes": {f.name: f.shape for f in inspection.parameters},
-            "omitted": selection.omitted,
-            "max_dump_mb": limit_mb,
-            "notes": notes,
-            "policy": self.cfg.debug.nan_policy,
-            "action": "stop" if stop else "skip",
-            "report": asdict(report),
+            "device": ev.device, "host": hostname(),
+            "batch_token_ids": dump.token_ids(s.batches), "batch_target_ids": dump.target_ids(s.batches),
+            "batch": [asdict(n) for n in names],
+            "policy": policy, "action": "stop" if stop else "skip",
+            "classification": outcome.label if outcome else None,
+            "rerun": [asdict(r) for r in outcome.records] if outcome else None,
+            **ev.dump_entries(),
         }
         try:
             dump.write_atomic(path, payload)
@@ -271,18 +387,19 @@ class NanGuard:
         return path
 
 
-def _reporters(records: list[RankRecord]) -> list[int]:
-    """Ranks that print the banner and write a dump: those that produced the
-    bad values; failing that (all ranks only received NaN gradients through
-    the all-reduce, or the norm overflowed) one rank under replication, every
-    flagged rank under sharding (each holds different shards)."""
-    origin = [r.rank for r in records if r.evidence]
-    if origin:
-        return origin
-    flagged = [r for r in records if r.flagged] or records
-    if any(r.sharded for r in flagged):
-        return [r.rank for r in flagged]
-    return [flagged[0].rank]
+def _what(kind: str) -> str:
+    return {"nonfinite": "Non-finite loss/gradients", "loss_spike": "Loss spike",
+            "grad_norm_spike": "Gradient-norm spike"}[kind]
+
+
+def _rerun_lines(outcome: Classification, names: list[SampleName]) -> list[str]:
+    how = "bit-identical on every rank" if outcome.identical else "suspicious again (not bit-identical)"
+    lines = [f"Replayed on the same device: {how} -> the batch or the model is at fault, not the device",
+             f"Batch ({len(names)} sample(s) on this rank):"]
+    lines += [f"  • {n.describe()}" for n in names[:BATCH_LINES]]
+    if len(names) > BATCH_LINES:
+        lines.append(f"  ... and {len(names) - BATCH_LINES} more (the debug pickle's 'batch' lists all)")
+    return lines
 
 
 def _show(path: Path) -> str:

@@ -1,9 +1,10 @@
-"""`python -m worker.nan.report FILE.pkl [--all]`: the NaN banner again, from a dump.
+"""`python -m worker.nan.report FILE.pkl [--all]`: the banner again, from a dump.
 
-Prints the summary the worker logged when it stopped (same renderer), then
-what the file holds. Works on dumps without the 'report' entry (e.g. written
-by another tool in the same layout) by recomputing the findings from the
-arrays. Bad input: one line on stderr, exit code 2.
+Prints the summary the worker logged (same renderer: the NaN banner, or the
+spike banner for a spike's dump), then what the file holds, the batch's samples
+included. Works on dumps without the 'report' entry (e.g. written by another
+tool in the same layout) by recomputing the findings from the arrays. Bad
+input: one line on stderr, exit code 2.
 """
 
 from __future__ import annotations
@@ -18,6 +19,10 @@ from gpuherd.exit_codes import ExitCode
 from worker.nan.banner import NanReport, render
 from worker.nan.dump import load
 from worker.nan.findings import finding_from_array, finding_from_dict
+from worker.nan.samples import SampleName
+from worker.nan.spike_report import SpikeReport, render_spike
+
+SAMPLES_SHOWN = 8
 
 
 def report_from_dump(data: dict[str, Any]) -> NanReport:
@@ -53,9 +58,24 @@ def describe_file(data: dict[str, Any]) -> list[str]:
     if batches:
         shapes = ", ".join(str(list(getattr(b, "shape", []))) for b in batches)
         lines.append(f"Batch token ids: {len(batches)} micro-batch(es) of shape {shapes}")
+    if data.get("classification"):
+        lines.append(f"Replayed by policy rerun: {data['classification']}")
+    samples = [SampleName(**raw) for raw in data.get("batch") or []]
+    if samples:
+        lines.append(f"Samples ({len(samples)}):")
+        lines += [f"  • {name.describe()}" for name in samples[:SAMPLES_SHOWN]]
+        if len(samples) > SAMPLES_SHOWN:
+            lines.append(f"  ... and {len(samples) - SAMPLES_SHOWN} more (the pickle's 'batch')")
     lines.append(f"Arrays: {len(data['parameters'])} parameters, {len(data['gradients'])} gradients")
     lines += [f"Note: {note}" for note in data.get("notes", [])]
     return lines
+
+
+def banner(data: dict[str, Any], bullets: int | None) -> list[str]:
+    spike = data.get("spike")
+    if isinstance(spike, dict):
+        return render_spike(SpikeReport(**spike))
+    return render(report_from_dump(data), bullets=bullets)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         data = load(args.dump)
-        report = report_from_dump(data)
+        lines = banner(data, bullets=None if args.all else 30)
     except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:
         print(f"worker.nan.report: error: cannot read {args.dump}: {exc}", file=sys.stderr)
         return int(ExitCode.USAGE)
@@ -73,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"worker.nan.report: error: {args.dump} is not a readable pickle: {type(exc).__name__}: {exc}",
               file=sys.stderr)
         return int(ExitCode.USAGE)
-    print("\n".join(render(report, bullets=None if args.all else 30) + describe_file(data)))
+    print("\n".join(lines + describe_file(data)))
     return 0
 
 
