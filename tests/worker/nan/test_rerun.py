@@ -70,7 +70,7 @@ def test_a_one_off_gradient_fault_is_transient_retried_and_training_ends_where_a
     twin_guard.detach()
 
 
-def test_more_transient_faults_than_allowed_stop_with_exit_7(tmp_path, log):
+def test_more_transient_faults_than_allowed_stop_with_exit_8(tmp_path, log):
     model = tiny()
     fd = status_file(tmp_path / "status.jsonl")
     guard = make_guard(model, suspicious_config(tmp_path, nan_policy="rerun", max_transient_faults=1), status_fd=fd)
@@ -112,7 +112,7 @@ def poisoned_source(tmp_path: Path):
     return cache, TensorBatches(BatchSampler(cache, "train", 4, 16, 0, 1, seed=3))
 
 
-def test_a_poisoned_sample_reproduces_is_named_down_to_its_document_and_stops_with_exit_8(tmp_path, log):
+def test_a_poisoned_sample_reproduces_is_named_down_to_its_document_and_stops_with_exit_9(tmp_path, log):
     cache, source = poisoned_source(tmp_path)
     model = tiny(vocab=256)
     with torch.no_grad():

@@ -13,7 +13,7 @@ from tests.worker import helpers as h
 from tests.worker.nan.replay_helpers import records
 
 
-def test_a_reproducible_blow_up_under_fsdp_stops_both_ranks_with_exit_8_and_replays_offline(tmp_path: Path, capsys):
+def test_a_reproducible_blow_up_under_fsdp_stops_both_ranks_with_exit_9_and_replays_offline(tmp_path: Path, capsys):
     overrides = ["training.strategy=fsdp", "debug.nan_detection=true", "debug.nan_policy=rerun",
                  "training.learning_rate=1e30", "training.warmup_steps=0", "training.max_grad_norm=0"]
     port = h.free_port()
@@ -22,7 +22,7 @@ def test_a_reproducible_blow_up_under_fsdp_stops_both_ranks_with_exit_8_and_repl
                                 "runs": [{"name": "fsdp", "port": port, "overrides": overrides}]}))
     results = h.spawn(["tests/worker/helpers.py", "train", str(spec)], [h.worker_env(r, 2, port) for r in range(2)],
                       timeout=240)
-    assert [r.returncode for r in results] == [8, 8], results[0].stderr[-3000:] + results[1].stderr[-3000:]
+    assert [r.returncode for r in results] == [9, 9], results[0].stderr[-3000:] + results[1].stderr[-3000:]
     for rank in range(2):
         (nan,) = [r for r in records(tmp_path / f"fsdp-rank{rank}.jsonl") if r["type"] == "nan"]
         assert (nan["classification"], nan["action"]) == ("reproducible", "stop")

@@ -113,7 +113,7 @@ def test_spike_policy_skip_drops_the_step_and_training_goes_on(tmp_path, model, 
     assert spike["action"] == "skip" and spike["classification"] is None
 
 
-def test_spike_policy_rerun_a_spike_that_comes_back_is_the_batch_exit_8(tmp_path, model, log):
+def test_spike_policy_rerun_a_spike_that_comes_back_is_the_batch_exit_9(tmp_path, model, log):
     guard = make_guard(model, suspicious_config(tmp_path, spike_policy="rerun"), lambda path: None)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     warm_up(model, opt, guard)
