@@ -3,7 +3,9 @@
 The project's rule is that caches, checkpoints, configs, summaries and debug
 dumps are written atomically: a temp file beside the target, fsync, rename,
 fsync the directory, so a reader sees the old file or the new one, never half,
-even after a crash or power loss.
+even after a crash or power loss. They get the permissions any other tool would
+give them under the user's umask (0644 with the usual 022), so teammates on a shared
+cluster can read a run's checkpoints and summaries.
 """
 
 from __future__ import annotations
@@ -27,6 +29,20 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it: `os.umask` can only set it, and
+    setting it even for a moment would race with other threads creating files."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # no /proc (not Linux): the racy way is the only one left
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_file(path: Path) -> Iterator[BinaryIO]:
     """Write `path` through the yielded binary handle; it appears only complete.
@@ -37,6 +53,7 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
+            os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes it 0600: private to its owner
             yield handle
             handle.flush()
             os.fsync(handle.fileno())

@@ -214,7 +214,6 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(script)
             return 0
         write_bytes_atomic(path, script.encode())
-        path.chmod(0o644)  # the temp file behind the atomic write is private (0600)
     except OSError as exc:
         die(f"cannot write {exc.filename or path}: {exc.strerror}")
     print(f"wrote {path}; submit it with: sbatch {shlex.quote(str(path))}", file=sys.stderr)
