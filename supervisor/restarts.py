@@ -29,6 +29,8 @@ def refusal(cause: RootCause, restart_on_nan: bool) -> str | None:
         return "a usage or config error fails every attempt the same way"
     if cause.exit_code == ExitCode.DATA:
         return "a dataset error fails every attempt the same way"
+    if cause.exit_code == ExitCode.STORAGE:
+        return "a full, over-quota or read-only disk fails every attempt the same way"
     if cause.exit_code == ExitCode.NAN and not restart_on_nan:
         return "a NaN stop is not restarted unless --restart-on-nan is given"
     if cause.kind == "supervisor":

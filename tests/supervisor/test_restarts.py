@@ -46,7 +46,8 @@ def test_restarts_stop_when_used_up_with_the_last_cause(tmp_path):
     assert "not restarted: all 2 restart(s) used" in r.err
 
 
-@pytest.mark.parametrize("code, why", [(2, "config error"), (3, "dataset error"), (6, "NaN stop")])
+@pytest.mark.parametrize("code, why", [(2, "config error"), (3, "dataset error"), (6, "NaN stop"),
+                                       (ExitCode.STORAGE, "read-only disk")])
 def test_failures_that_would_repeat_are_not_restarted(tmp_path, code, why):
     r = run(tmp_path, "train:3", f"exit:{code}", args=("--max-restarts", "3", *FAST))
     assert r.code == code
@@ -104,6 +105,7 @@ def test_refusal_policy():
     assert "asked to stop" in refusal(RootCause("terminated", 143, "x"), False)
     assert refusal(RootCause("worker-exit", 6, "x"), True) is None
     assert "--restart-on-nan" in refusal(RootCause("worker-exit", 6, "x"), False)
+    assert "disk" in refusal(RootCause("worker-exit", ExitCode.STORAGE, "x"), True)
 
 
 def test_checkpoint_watch_picks_only_checkpoints_this_run_wrote(tmp_path):
