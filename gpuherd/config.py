@@ -233,6 +233,8 @@ def resolve(
 def read_json_file(path: Path) -> dict[str, Any]:
     """A JSON config file; `//` and `/* */` comments are allowed (the seed's own
     single-GPU example carries them), trailing text is not."""
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a directory, not a JSON file")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
