@@ -49,6 +49,7 @@ class SystemConfig:
     max_restarts: int = 0  # restart every worker after a failure, resuming from the newest checkpoint
     restart_backoff: float = 5.0  # seconds between a failed attempt's teardown and the next start
     restart_on_nan: bool = False  # a NaN stop (exit 6) is restarted too, not only crashes and hangs
+    stop_timeout: float = 120.0  # a graceful stop (SIGTERM, Ctrl-C) with its final save, at most this long
 
 
 @dataclass
@@ -410,7 +411,7 @@ _POSITIVE = (
     "training.grad_accum_nums", "training.learning_rate", "training.max_steps",
     "training.log_every", "training.eval_steps", "training.keep_last", "data.context_length",
     "debug.max_nan_skips", "debug.max_dump_mb", "system.grace_period",
-    "system.rendezvous_timeout", "system.monitor_interval",
+    "system.rendezvous_timeout", "system.monitor_interval", "system.stop_timeout",
 )
 _NON_NEGATIVE = (
     "model.vocab_size", "training.warmup_steps", "training.max_grad_norm",

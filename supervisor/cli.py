@@ -68,7 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--hang-timeout", type=_seconds, default=None, metavar="S",
                    help="seconds without a heartbeat before a worker counts as hung (default: per preset)")
     g.add_argument("--grace-period", type=_seconds, default=None, metavar="S",
-                   help="teardown: seconds between SIGTERM and SIGKILL (default: per preset)")
+                   help="teardown: seconds between SIGTERM and SIGKILL; Ctrl-C: seconds to reach a save "
+                        "(default: per preset)")
+    g.add_argument("--stop-timeout", type=_seconds, default=None, metavar="S",
+                   help="a graceful stop (SIGTERM, SIGUSR1/2, Ctrl-C) with its final checkpoint takes at most this "
+                        "long, then SIGKILL (default 120; under SLURM shorter than its KillWait)")
     g.add_argument("--log-ranks", type=_id_list, default=None, metavar="R[,R]",
                    help="console shows these ranks, plus every rank's warnings and errors (files keep all)")
     g.add_argument("--collapse-logs", action="store_true",
@@ -100,8 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # flags whose value goes to `system.<same name>` (store_true flags only when given)
-_SYSTEM_FLAGS = ("nproc", "gpus", "isolate", "hang_timeout", "grace_period", "log_ranks", "collapse_logs",
-                 "max_restarts", "restart_backoff", "restart_on_nan")
+_SYSTEM_FLAGS = ("nproc", "gpus", "isolate", "hang_timeout", "grace_period", "stop_timeout", "log_ranks",
+                 "collapse_logs", "max_restarts", "restart_backoff", "restart_on_nan")
 
 
 def parse(argv: list[str]) -> Launch:
@@ -125,6 +129,8 @@ def parse(argv: list[str]) -> Launch:
     script_path = None
     if args.script is not None:
         script_path = (Path.cwd() / args.script).resolve()
+        if script_path.is_dir():
+            die(f"--script {args.script} is a directory, not a script")
         if not script_path.is_file():
             die(f"--script file not found: {args.script}")
     return Launch(config=cfg, script=script_path, script_args=script_args, nproc_explicit=args.nproc is not None,

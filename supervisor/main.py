@@ -1,8 +1,9 @@
 """`python -m supervisor`: one training job from command line to exit code.
 
-resolve config (exit 2) -> plan devices (exit 2) -> run directory + config.json ->
-dataset cache (exit 3; built-in trainer only) -> the job's attempts (job.py) ->
-summary.json + root-cause block -> exit with the cause's code.
+resolve config (exit 2) -> plan devices (exit 2) -> preflight: limits, paths, room for
+checkpoints (exit 2) -> run directory (one atomic mkdir) + config.json -> dataset cache
+(exit 3; built-in trainer only) -> the job's attempts (job.py) -> summary.json +
+root-cause block -> exit with the cause's code.
 """
 
 from __future__ import annotations
@@ -20,37 +21,47 @@ from supervisor.cli import Launch, parse
 from supervisor.gpus import DeviceError, DevicePlan, plan_devices
 from supervisor.health import announce_devices, hang_timeouts
 from supervisor.job import Job
-from supervisor.processes import die_with_parent, python_env
-from supervisor.rendezvous import MultiNode, NodeLinkError, bind_master
+from supervisor.logs import STDERR, Console
+from supervisor.preflight import PreflightError, preflight
+from supervisor.processes import die_with_parent, python_env, within_kill_wait
+from supervisor.rendezvous import MultiNode, NodeLinkError, bind_master, kill_wait
 from supervisor.summary import now_iso
 
 
 def main(argv: list[str] | None = None) -> int:
     started_at, t0 = now_iso(), time.monotonic()
     launch = parse(list(sys.argv[1:] if argv is None else argv))
-    _console_logging(launch.verbose)
-    cfg = launch.config
-    plan = _plan(launch)
-    node = launch.node
+    console = Console()  # everything the supervisor prints goes through it, its own lines too
     try:
+        return _run(launch, console, started_at, t0)
+    finally:
+        console.close()
+
+
+def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
+    _console_logging(launch.verbose, console)
+    cfg, node = launch.config, launch.node
+    mode = "script" if launch.script else "train"
+    plan = _plan(launch)
+    listen, bind_ip = None, None
+    try:  # what the user typed first, then what the machine and its filesystems say
         run_id = rundir.check_run_id(launch.run_id) if launch.run_id else rundir.new_run_id()
         # one directory per node: nodes sharing a filesystem (and a --run-id) never mix their files
         run_dir = rundir.run_dir_path(cfg.system.run_root, run_id if not node.multi else f"{run_id}-node{node.node_rank}")
         rundir.ensure_free(run_dir, launch.force)
-    except rundir.RunDirError as exc:
-        die(str(exc))
-    listen, bind_ip = None, None
-    if node.multi and node.node_rank == 0:
-        try:
+        if node.multi and node.node_rank == 0:
             listen, bind_ip = bind_master(node.master_addr, node.master_port)
-        except NodeLinkError as exc:
-            die(str(exc), exc.exit_code)
+        preflight(cfg, plan, train=mode == "train")
+    except (rundir.RunDirError, NodeLinkError, PreflightError) as exc:
+        die(str(exc), exc.exit_code)
     # ---- nothing was written before this line; everything below may write
-    rundir.create(run_dir)
+    try:
+        rundir.create(run_dir, exist_ok=launch.force)  # one mkdir: of two runs with one --run-id, one wins
+    except rundir.RunDirError as exc:
+        die(str(exc), exc.exit_code)
     write_bytes_atomic(run_dir / "config.json", cfg.to_json() + b"\n")
     logger.add(run_dir / "supervisor.log", level="DEBUG", enqueue=False,
                format="{time:YYYY-MM-DD HH:mm:ss.SSS} {level} | {message}")
-    mode = "script" if launch.script else "train"
     command = _command(launch)
     logger.debug(f"run {run_id}: {mode} mode, {plan.world_size} worker(s) on "
                  f"{', '.join(s.tag for s in plan.slots)}; isolate={plan.isolate}; command: {' '.join(command)}")
@@ -58,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         logger.info(plan.notice)
     announce_devices(plan)
 
-    job = Job(launch, plan, run_id, run_dir, command, started_at, t0)
+    job = Job(launch, plan, run_id, run_dir, command, started_at, t0, console, _stop_timeout(cfg.system.stop_timeout))
     if node.multi:  # the agent imports torch while the dataset is prepared
         hang, _ = hang_timeouts(cfg.preset, cfg.system.hang_timeout, cfg.system.startup_timeout,
                                 script=mode == "script")
@@ -76,10 +87,29 @@ def main(argv: list[str] | None = None) -> int:
         job.rendezvous.close()
 
 
-def _console_logging(verbose: bool) -> None:
+def _console_logging(verbose: bool, console: Console) -> None:
+    """The supervisor's own lines take the workers' way to the terminal: a terminal that
+    stops reading never blocks the loop that judges heartbeats and sends SIGKILL on time."""
     logger.remove()
-    logger.add(sys.stderr, level="DEBUG" if verbose else "INFO", format="supervisor:{level} | {message}",
-               colorize=False, filter=lambda record: not record["extra"].get("file_only"))
+    logger.add(lambda message: console.write(STDERR, str(message).encode(errors="replace")),
+               level="DEBUG" if verbose else "INFO", format="supervisor:{level} | {message}", colorize=False,
+               filter=lambda record: not record["extra"].get("file_only"))
+
+
+def _stop_timeout(configured: float) -> float:
+    """system.stop_timeout; under SLURM, over before SLURM's KillWait when scontrol can say it,
+    so the final saves end before SLURM's SIGKILL does."""
+    if not os.environ.get("SLURM_JOB_ID"):
+        return configured
+    wait = kill_wait()
+    if wait is None:
+        logger.debug(f"SLURM's KillWait is unknown (scontrol show config failed): stop timeout {configured:g} s")
+        return configured
+    limited = within_kill_wait(configured, wait)
+    if limited < configured:
+        logger.info(f"stop timeout {limited:g} s instead of {configured:g} s: SLURM kills a job {wait:g} s after "
+                    "its SIGTERM (KillWait)")
+    return limited
 
 
 def _plan(launch: Launch) -> DevicePlan:

@@ -5,6 +5,11 @@ a slow phase (compile, checkpoint, eval), it gets the longer startup allowance;
 in training it gets `hang_timeout`. Ranks that never write a record (a `--script`
 that does not use the status channel) are not judged by heartbeat unless the run
 expects heartbeats (built-in workers always send them).
+
+Silence counts only while the supervisor itself runs: after it was stopped (Ctrl-Z,
+SIGSTOP, a frozen VM) the clocks restart from the moment it resumed
+(`restart_clocks`), so heartbeats that sat unread in the pipes meanwhile never make
+a healthy worker look hung.
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ class RankState:
     done: bool = False
     joined: bool = False  # past process-group init (any record that only a joined rank sends)
     error: str | None = None
+    saving: bool = False  # in phase checkpoint, its `checkpoint` record not sent yet
+    save_ended: float | None = None  # when its last save ended (record or next phase)
+    saved_at: float | None = None  # when its last `checkpoint` record came
 
     def describe(self) -> str:
         if self.records == 0:
@@ -63,6 +71,7 @@ class Heartbeats:
         self.hang, self.startup, self.rendezvous = hang, startup, rendezvous
         self.expect = expect_heartbeats
         self._rendezvous_started: float | None = None
+        self._clock_floor = now  # no silence counts from before this (restart_clocks)
 
     def record(self, rank: int, rec: dict[str, Any], now: float) -> None:
         st = self.ranks.get(rank)
@@ -72,6 +81,8 @@ class Heartbeats:
         kind = rec.get("type")
         if st.phase == "rendezvous":  # anything a rank says after entering rendezvous means it got through
             st.joined = True
+        if kind in ("phase", "checkpoint"):
+            self._track_save(st, rec, now)
         if kind == "phase":
             st.phase = str(rec.get("name"))
             if st.phase == "rendezvous":
@@ -94,6 +105,23 @@ class Heartbeats:
         elif kind == "error":
             st.error = str(rec.get("message"))
 
+    @staticmethod
+    def _track_save(st: RankState, rec: dict[str, Any], now: float) -> None:
+        starts = rec.get("type") == "phase" and rec.get("name") == "checkpoint"
+        if st.saving and not starts:
+            st.saving, st.save_ended = False, now
+        if starts:
+            st.saving = True
+        if rec.get("type") == "checkpoint":
+            st.saved_at = now
+
+    def restart_clocks(self, now: float) -> None:
+        """The supervisor was not running until `now`: start every silence from here."""
+        self._clock_floor = max(self._clock_floor, now)
+
+    def _since(self, st: RankState) -> float:
+        return max(st.last_record or st.spawned, self._clock_floor)
+
     def allowance(self, st: RankState) -> float:
         if st.step is None or st.phase in SLOW_PHASES:
             return self.startup
@@ -103,19 +131,20 @@ class Heartbeats:
         """A hang or a failed rendezvous among the ranks still running, or None."""
         watched = [st for r, st in self.ranks.items()
                    if r in alive and not st.done and (self.expect or st.records)]
-        if self._rendezvous_started is not None and now - self._rendezvous_started > self.rendezvous:
+        started = self._rendezvous_started
+        if started is not None and now - max(started, self._clock_floor) > self.rendezvous:
             missing = [st for st in self.ranks.values() if st.rank in alive and not st.joined]
             if missing:
                 names = ", ".join(f"rank {st.rank} ({st.describe()})" for st in missing)
                 return Verdict("rendezvous", missing[0].rank,
                                f"process group not formed after {self.rendezvous:.0f} s: {names} never joined")
-        stale = [st for st in watched if now - (st.last_record or st.spawned) > self.allowance(st)]
+        stale = [st for st in watched if now - self._since(st) > self.allowance(st)]
         if not stale:
             return None
         # The straggler: the rank furthest behind, then the one silent longest.
         straggler = min(stale, key=lambda st: (st.step if st.step is not None else -1,
                                                st.last_record or st.spawned))
-        silent = now - (straggler.last_record or straggler.spawned)
+        silent = now - self._since(straggler)
         return Verdict("hang", straggler.rank,
                        f"rank {straggler.rank} sent no heartbeat for {silent:.0f} s "
                        f"(allowance {self.allowance(straggler):.0f} s; {straggler.describe()}); "

@@ -3,16 +3,20 @@ watched by one event loop, and torn down together.
 
   Supervision, Phase (supervision.py): the event loop and its teardown state machine
   spawn, WorkerProcess (spawn.py): one worker in its own process group, death signal set
+  StopRules, GracefulStop, SAVE_AND_STOP, stop_exit_code, within_kill_wait (stopping.py): a graceful
+    stop's rules (which signal, how long) and its outcome (was the final checkpoint saved?)
   worker_env, RunEnv, python_env (worker_env.py): the environment contract
   OrphanGuard, sweep_children (orphan_guard.py -> orphan_guard_main.py, a helper process)
 """
 
 from supervisor.processes.orphan_guard import OrphanGuard, sweep_children
 from supervisor.processes.spawn import WorkerProcess, become_subreaper, die_with_parent, spawn
+from supervisor.processes.stopping import SAVE_AND_STOP, GracefulStop, StopRules, stop_exit_code, within_kill_wait
 from supervisor.processes.supervision import Phase, Supervision
 from supervisor.processes.worker_env import RunEnv, python_env, worker_env
 
 __all__ = [
-    "OrphanGuard", "Phase", "RunEnv", "Supervision", "WorkerProcess", "become_subreaper", "die_with_parent",
-    "python_env", "spawn", "sweep_children", "worker_env",
+    "SAVE_AND_STOP", "GracefulStop", "OrphanGuard", "Phase", "RunEnv", "StopRules", "Supervision", "WorkerProcess",
+    "become_subreaper", "die_with_parent", "python_env", "spawn", "stop_exit_code", "sweep_children", "within_kill_wait",
+    "worker_env",
 ]
