@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         loaded = load_for_inference(Path(args.checkpoint).expanduser(), device)
     except WorkerError as exc:
-        die(str(exc), code=exc.code, prog=PROG)
+        die(str(exc), code=exc.exit_code, prog=PROG)
     tokenizer = loaded.tokenizer
     prompt_ids = tokenizer.encode(args.prompt) if args.prompt else [loaded.eot_id]
     print(f"{PROG}: {loaded.path} (step {loaded.step}, {loaded.n_params / 1e6:.1f}M parameters, "

@@ -72,16 +72,25 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _prepare(cfg, verify: bool | None, workers: int | None) -> int:  # noqa: ANN001 (gpuherd.config.Config)
-    from dataset_cache import open_cache, prepare_cache
+    from dataset_cache import TokenCache, open_data, prepare_cache
 
     info = prepare_cache(cfg.data, verify=verify, workers=workers)
-    cache = open_cache(info.path)
-    meta = cache.meta
+    data = open_data(info.path)
     checked = "checksums" if (verify or cfg.data.verify_cache or info.built) else "sizes"
     print(f"key:       {info.key}")
     print(f"path:      {info.path}")
-    print(f"dataset:   {meta['dataset']['name']} ({meta['dataset']['documents']:,} documents)")
-    print(f"tokenizer: {meta['tokenizer']['name']} (vocab {cache.vocab_size:,}, {meta['dtype']})")
+    if isinstance(data, TokenCache):
+        meta = data.meta
+        print(f"dataset:   {meta['dataset']['name']} ({meta['dataset']['documents']:,} documents)")
+        skipped = meta["dataset"].get("skipped") or {}
+        if skipped.get("records") or skipped.get("lost_tails"):
+            print(f"skipped:   {skipped['records']:,} bad records, {skipped['lost_tails']} undecodable file tails "
+                  f"(first: {skipped['first']})")
+        print(f"tokenizer: {meta['tokenizer']['name']} (vocab {data.vocab_size:,}, {meta['dtype']})")
+    else:
+        print(f"mixture:   {len(data.sources)} sources, tokenizer {data.tokenizer} (vocab {data.vocab_size:,})")
+        for line in info.sources:
+            print(f"  {line}")
     print(f"tokens:    {info.train_tokens + info.val_tokens:,} ({info.train_tokens:,} train + {info.val_tokens:,} val)")
     print(f"status:    {'built' if info.built else 'reused'}, {checked} verified, in {info.seconds:.2f} s")
     return ExitCode.OK

@@ -39,8 +39,8 @@ from gpuherd.config import resolve  # noqa: E402
 from gpuherd.contract import WorkerIdentity  # noqa: E402
 from gpuherd.status_channel import StatusWriter  # noqa: E402
 from worker.data import ArraySampler, in_memory_bundle  # noqa: E402
+from worker.engines import adamw_kwargs, optimizer_groups  # noqa: E402
 from worker.model import ModelArgs, Transformer  # noqa: E402
-from worker.parallelize import adamw_kwargs, optimizer_groups  # noqa: E402
 from worker.schedule import WarmupCosine  # noqa: E402
 from worker.train import run  # noqa: E402
 

@@ -27,7 +27,7 @@ from dataset_cache.parallel import BATCH_CHARS, MIN_PARALLEL_BYTES, default_work
 from dataset_cache.progress import BuildProgress
 from dataset_cache.split import split_index
 from dataset_cache.tokenizers import Tokenizer, token_dtype
-from dataset_cache.writer import ArrayWriter
+from dataset_cache.writer import ArrayWriter, FileRecord
 from gpuherd.files import write_bytes_atomic
 
 TOKENS_FILE = "tokens.bin"
@@ -62,22 +62,9 @@ def build_cache(
     progress = BuildProgress(label=corpus.name, total_bytes=corpus.total_bytes, doc_limit=num_samples)
     final_dir.parent.mkdir(parents=True, exist_ok=True)
     with temp_dir_beside(final_dir, temp_prefix(key.short)) as tmp:
-        tokens = ArrayWriter(tmp / TOKENS_FILE, dtype)
-        offsets = ArrayWriter(tmp / OFFSETS_FILE, OFFSETS_DTYPE)
-        offsets.append(np.zeros(1))
-        try:
-            pieces = corpus.pieces(BATCH_CHARS, tokenizer.splittable)
-            for batch in encode_pieces(tokenizer, pieces, dtype, workers, doc_limit=num_samples):
-                base = tokens.count
-                tokens.append(batch.tokens)
-                offsets.append(np.asarray(batch.doc_ends, dtype=np.int64) + base)
-                progress.update(batch.text_bytes, int(batch.tokens.size), len(batch.doc_ends))
-        except BaseException:
-            tokens.abort()
-            offsets.abort()
-            raise
-        token_record, offsets_record = tokens.close(), offsets.close()
-        total, documents = tokens.count, offsets.count - 1
+        token_record, offsets_record, total, documents = _tokenize_into(
+            tmp, corpus, tokenizer, dtype, workers, num_samples, progress
+        )
         if total == 0:
             raise DatasetError(f"dataset {corpus.name} holds no text (every document is empty)")
         doc_offsets = np.memmap(tmp / OFFSETS_FILE, dtype=OFFSETS_DTYPE, mode="r")  # bounded memory for any count
@@ -87,13 +74,11 @@ def build_cache(
             "format_version": FORMAT_VERSION,
             "key": key.digest,
             "key_inputs": key.inputs,
-            "tokenizer": {
-                "spec": tokenizer.spec, "name": tokenizer.name, "sha256": tokenizer.fingerprint,
-                "vocab_size": tokenizer.vocab_size, "eot_id": tokenizer.eot_id,
-            },
+            "tokenizer": _tokenizer_record(tokenizer),
             "dataset": {
                 "spec": corpus.spec, "name": corpus.name, "sha256": key.inputs["dataset"]["sha256"],
                 "documents": documents, "text_bytes": progress.text_bytes,
+                "skipped": corpus.bad.as_dict() if corpus.bad else None,
             },
             "dtype": dtype.name,
             "context_length": context_length,
@@ -101,22 +86,62 @@ def build_cache(
             "val_fraction": val_fraction,
             "tokens": {"total": total, "train": n_train, "val": total - n_train},
             "splits": {"train": [0, n_train], "val": [n_train, total]},
-            "split_at_document_boundary": bool(np.isin(n_train, doc_offsets)),
+            "split_at_document_boundary": _is_offset(doc_offsets, n_train),
             "files": {TOKENS_FILE: token_record.as_dict(), OFFSETS_FILE: offsets_record.as_dict()},
-            "build": {
-                "seconds": round(seconds, 3), "workers": workers, "pid": os.getpid(), "host": socket.gethostname(),
-                "created": datetime.now(UTC).isoformat(timespec="seconds"),
-                "mb_per_s": round(progress.text_bytes / 1e6 / max(seconds, 1e-9), 2),
-            },
+            "build": _build_record(seconds, workers, progress.text_bytes),
         }
         write_bytes_atomic(tmp / METADATA_FILE, canonical_json(meta))  # last: its presence means complete
         publish_dir(tmp, final_dir)
     logger.info(
         f"built dataset cache {key.short}: {documents:,} documents, {total:,} tokens "
-        f"({n_train:,} train / {total - n_train:,} val) in {seconds:.2f} s, "
-        f"{progress.text_bytes / 1e6 / max(seconds, 1e-9):.1f} MB/s"
+        f"({n_train:,} train / {total - n_train:,} val) in {seconds:.2f} s, {meta['build']['mb_per_s']:.1f} MB/s"
     )
+    if corpus.bad and corpus.bad.any:
+        logger.warning(f"dataset cache {key.short}: {corpus.bad.summary()}")
     return meta
+
+
+def _is_offset(doc_offsets: np.ndarray, position: int) -> bool:
+    """Binary search: np.isin would copy and sort every offset (8 bytes per document)."""
+    i = int(np.searchsorted(doc_offsets, position))
+    return i < doc_offsets.size and int(doc_offsets[i]) == position
+
+
+def _tokenizer_record(tokenizer: Tokenizer) -> dict[str, Any]:
+    return {
+        "spec": tokenizer.spec, "name": tokenizer.name, "sha256": tokenizer.fingerprint,
+        "vocab_size": tokenizer.vocab_size, "eot_id": tokenizer.eot_id,
+    }
+
+
+def _build_record(seconds: float, workers: int, text_bytes: int) -> dict[str, Any]:
+    return {
+        "seconds": round(seconds, 3), "workers": workers, "pid": os.getpid(), "host": socket.gethostname(),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "mb_per_s": round(text_bytes / 1e6 / max(seconds, 1e-9), 2),
+    }
+
+
+def _tokenize_into(
+    tmp: Path, corpus: Corpus, tokenizer: Tokenizer, dtype: np.dtype, workers: int, num_samples: int,
+    progress: BuildProgress,
+) -> tuple[FileRecord, FileRecord, int, int]:
+    """tokens.bin and doc_offsets.bin in `tmp`: their records, the token and the document count."""
+    tokens = ArrayWriter(tmp / TOKENS_FILE, dtype)
+    offsets = ArrayWriter(tmp / OFFSETS_FILE, OFFSETS_DTYPE)
+    offsets.append(np.zeros(1))
+    try:
+        pieces = corpus.pieces(BATCH_CHARS, tokenizer.splittable)
+        for batch in encode_pieces(tokenizer, pieces, dtype, workers, doc_limit=num_samples):
+            base = tokens.count
+            tokens.append(batch.tokens)
+            offsets.append(np.asarray(batch.doc_ends, dtype=np.int64) + base)
+            progress.update(batch.text_bytes, int(batch.tokens.size), len(batch.doc_ends))
+    except BaseException:
+        tokens.abort()
+        offsets.abort()
+        raise
+    return tokens.close(), offsets.close(), tokens.count, offsets.count - 1
 
 
 def remove_stale_temps(cache_dir: Path, short_key: str) -> None:

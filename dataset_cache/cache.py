@@ -21,6 +21,7 @@ from dataset_cache.hashing import sha256_file
 from dataset_cache.key import FORMAT_VERSION
 
 SPLITS = ("train", "val")
+ALL = "all"
 
 
 class TokenCache:
@@ -38,9 +39,13 @@ class TokenCache:
         self._all: np.memmap | None = None
 
     def tokens(self, split: str) -> np.ndarray:
-        """The split's tokens as a read-only memmap (nothing is read until indexed)."""
+        """The split's tokens as a read-only memmap (nothing is read until indexed);
+        "all": both splits (a mixture's held-out validation source, and the training
+        sources beside one, read every token)."""
+        if split == ALL:
+            return self._memmap()
         if split not in SPLITS:
-            raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+            raise ValueError(f"split must be one of {', '.join(SPLITS)} or {ALL}, got {split!r}")
         start, end = self.meta["splits"][split]
         return self._memmap()[start:end]
 

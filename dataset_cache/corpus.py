@@ -1,6 +1,7 @@
-"""Where text comes from: local files, the synthetic `dummy` set, or the fetched
-Shakespeare plays (see `shakespeare.py`). A corpus is a sequence of documents
-with a name and the sha256 of its raw text, both part of the cache key.
+"""Where text comes from: local files (`inputs.py` finds them, `readers.py`
+reads the record formats), the synthetic `dummy` set, or the fetched
+Shakespeare plays (see `shakespeare.py`). A corpus is a sequence of documents;
+what identifies its content goes into the cache key (`key_inputs`).
 
 Documents are streamed as `Piece`s so that neither a huge file nor a huge
 corpus ever has to fit in memory; a splittable tokenizer gets long documents in
@@ -14,15 +15,14 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import orjson
-
+from dataset_cache.bad_records import BadRecords
 from dataset_cache.errors import DatasetError
 from dataset_cache.hash_memo import NO_MEMO, HashMemo
 from dataset_cache.hashing import READ_BLOCK, sha256_of_parts
-
-TEXT_SUFFIXES = (".txt",)
-JSONL_SUFFIXES = (".jsonl",)
+from dataset_cache.inputs import InputFile, resolve_inputs
+from dataset_cache.readers import READER_VERSIONS, open_readable, read_texts
 
 
 @dataclass(frozen=True)
@@ -33,12 +33,17 @@ class Piece:
 
 class Corpus(ABC):
     spec: str  # as configured (data.dataset)
-    name: str  # stable name that goes into the key
+    name: str  # what the user recognizes it by (logs, metadata, --list)
     total_bytes: int  # raw size, for progress and throughput
+    bad: BadRecords | None = None  # records skipped under data.on_bad_record=skip
 
     @abstractmethod
     def fingerprint(self) -> str:
         """sha256 of the raw text (over every file, named, in reading order)."""
+
+    def key_inputs(self) -> dict[str, Any]:
+        """What identifies this corpus's text in the cache key."""
+        return {"name": self.name, "sha256": self.fingerprint()}
 
     @abstractmethod
     def pieces(self, max_chars: int, splittable: bool) -> Iterator[Piece]:
@@ -46,17 +51,33 @@ class Corpus(ABC):
 
 
 class FileCorpus(Corpus):
-    """Plain text files (one document each) and JSONL files (one document per line)."""
+    """Local files: a .txt file is one document; every other format holds one
+    document per record (JSONL line, parquet or Arrow row)."""
 
-    def __init__(self, spec: str, name: str, files: list[Path], root: Path, memo: HashMemo = NO_MEMO) -> None:
-        self.spec, self.name, self.files, self.root, self.memo = spec, name, files, root, memo
-        self.total_bytes = sum(_size(p) for p in files)
+    def __init__(self, spec: str, name: str, files: list[InputFile], memo: HashMemo = NO_MEMO,
+                 text_field: str = "text", on_bad_record: str = "error") -> None:
+        self.spec, self.name, self.files, self.memo = spec, name, files, memo
+        self.text_field = text_field
+        self.bad = BadRecords(on_bad_record)
+        self.total_bytes = sum(_size(f.path) for f in files)
         self._fingerprint: str | None = None  # computed once: hashing twice would double the cost
+
+    @classmethod
+    def of_text_files(cls, spec: str, name: str, paths: list[Path], root: Path) -> FileCorpus:
+        return cls(spec, name, [InputFile(p, p.relative_to(root).as_posix(), "txt") for p in paths])
 
     def fingerprint(self) -> str:
         if self._fingerprint is None:
-            self._fingerprint = sha256_of_parts((_relative(p, self.root), self._sha256(p)) for p in self.files)
+            self._fingerprint = sha256_of_parts((f.name, self._sha256(f.path)) for f in self.files)
         return self._fingerprint
+
+    def key_inputs(self) -> dict[str, Any]:
+        """Content, readers and text field; not the corpus's path (moving it keeps the cache)."""
+        formats = sorted({f.fmt for f in self.files})
+        inputs: dict[str, Any] = {"sha256": self.fingerprint(), "readers": {fmt: READER_VERSIONS[fmt] for fmt in formats}}
+        if formats != ["txt"]:  # the text field changes nothing for plain text
+            inputs["text_field"] = self.text_field
+        return inputs
 
     def _sha256(self, path: Path) -> str:
         try:
@@ -65,31 +86,19 @@ class FileCorpus(Corpus):
             raise DatasetError(f"cannot read dataset file {path}: {exc.strerror}") from None
 
     def pieces(self, max_chars: int, splittable: bool) -> Iterator[Piece]:
-        for path in self.files:
-            if path.suffix.lower() in JSONL_SUFFIXES:
-                yield from _jsonl_pieces(path, max_chars, splittable)
-            else:
-                yield from _text_file_pieces(path, max_chars, splittable)
+        for file in self.files:
+            if file.fmt == "txt":
+                yield from _text_file_pieces(file.path, max_chars, splittable, self.bad)
+                continue
+            for text in read_texts(file.path, file.fmt, self.text_field, self.bad):
+                if text:
+                    yield from document_pieces(text, max_chars, splittable)
 
 
-def local_corpus(spec: str, memo: HashMemo = NO_MEMO) -> FileCorpus:
-    """A .txt/.jsonl file, or a directory searched recursively for them."""
-    path = Path(spec).expanduser()
-    if not path.exists():
-        raise DatasetError(f"data.dataset path not found: {path} (use a .txt or .jsonl file, a directory of them, shakespeare or dummy)")
-    path = path.resolve()
-    if path.is_file():
-        return FileCorpus(spec, str(path), [path], path.parent, memo)
-    if not path.is_dir():
-        raise DatasetError(f"data.dataset {path} is neither a regular file nor a directory")
-    files = sorted(
-        (p for p in path.rglob("*") if p.suffix.lower() in TEXT_SUFFIXES + JSONL_SUFFIXES and p.is_file()
-         and not any(part.startswith(".") for part in p.relative_to(path).parts)),
-        key=lambda p: p.relative_to(path).as_posix(),
-    )
-    if not files:
-        raise DatasetError(f"data.dataset directory {path} holds no .txt or .jsonl files")
-    return FileCorpus(spec, str(path), files, path, memo)
+def local_corpus(spec: str, memo: HashMemo = NO_MEMO, text_field: str = "text", on_bad_record: str = "error") -> FileCorpus:
+    """A file, a directory, a glob or a HuggingFace save_to_disk directory."""
+    files = resolve_inputs(spec)
+    return FileCorpus(spec, str(Path(spec).expanduser()), files, memo, text_field, on_bad_record)
 
 
 def document_pieces(text: str, max_chars: int, splittable: bool) -> Iterator[Piece]:
@@ -124,9 +133,9 @@ def _safe_cut(text: str, at_least: int) -> int | None:
     return None
 
 
-def _text_file_pieces(path: Path, max_chars: int, splittable: bool) -> Iterator[Piece]:
+def _text_file_pieces(path: Path, max_chars: int, splittable: bool, bad: BadRecords) -> Iterator[Piece]:
     buffer = ""
-    for block in _decoded_blocks(path):
+    for block in _decoded_blocks(path, bad):
         buffer += block
         if splittable and len(buffer) > 2 * max_chars:
             parts = list(split_points(buffer, max_chars))
@@ -137,36 +146,19 @@ def _text_file_pieces(path: Path, max_chars: int, splittable: bool) -> Iterator[
         yield from document_pieces(buffer, max_chars, splittable)
 
 
-def _jsonl_pieces(path: Path, max_chars: int, splittable: bool) -> Iterator[Piece]:
-    with _open_readable(path) as f:
-        for line_no, raw in enumerate(f, start=1):
-            if not raw.strip():
-                continue
-            try:
-                record = orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                raise DatasetError(f"{path} line {line_no}: not valid JSON ({exc.msg})") from None
-            text = record.get("text") if isinstance(record, dict) else None
-            if not isinstance(text, str):
-                raise DatasetError(f"{path} line {line_no}: no string field 'text' (each JSONL line must be {{\"text\": \"...\"}})")
-            if text:
-                yield from document_pieces(text, max_chars, splittable)
-
-
-def _decoded_blocks(path: Path) -> Iterator[str]:
-    """UTF-8 text in blocks; a byte that is not UTF-8 is named with its offset."""
+def _decoded_blocks(path: Path, bad: BadRecords) -> Iterator[str]:
+    """UTF-8 text in blocks; a byte that is not UTF-8 is named with its offset
+    (and under on_bad_record=skip, the document ends before its block)."""
     decoder = codecs.getincrementaldecoder("utf-8-sig")("strict")
     offset = 0
-    with _open_readable(path) as f:
+    with open_readable(path) as f:
         while True:
             block = f.read(READ_BLOCK)
             try:
                 text = decoder.decode(block, final=not block)
             except UnicodeDecodeError as exc:
-                raise DatasetError(
-                    f"{path} is not UTF-8 text (byte 0x{block[exc.start]:02x} at offset {offset + exc.start}); "
-                    "data.dataset takes .txt or .jsonl files or a directory of them"
-                ) from None
+                bad.lost_tail(str(path), f"not UTF-8 text (byte 0x{block[exc.start]:02x} at offset {offset + exc.start})")
+                return
             if text:
                 yield text
             if not block:
@@ -174,19 +166,8 @@ def _decoded_blocks(path: Path) -> Iterator[str]:
             offset += len(block)
 
 
-def _open_readable(path: Path):  # noqa: ANN202 (a binary file object)
-    try:
-        return open(path, "rb")
-    except OSError as exc:
-        raise DatasetError(f"cannot read dataset file {path}: {exc.strerror}") from None
-
-
 def _size(path: Path) -> int:
     try:
         return path.stat().st_size
     except OSError as exc:
         raise DatasetError(f"cannot read dataset file {path}: {exc.strerror}") from None
-
-
-def _relative(path: Path, root: Path) -> str:
-    return path.relative_to(root).as_posix()

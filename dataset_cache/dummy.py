@@ -1,4 +1,4 @@
-"""The synthetic `dummy` dataset (seed 004's --create_dummy_data): English-like
+"""The synthetic `dummy` dataset (`data.dataset=dummy`): English-like
 sentences from a fixed word list, the same on every machine, no network.
 
 Document i depends only on i, so `data.num_samples=N` picks the first N documents

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from gpuherd.errors import GpuherdError
+from gpuherd.exit_codes import ExitCode
 
-class DatasetError(Exception):
+
+class DatasetError(GpuherdError):
     """The cache could not be built, fetched or verified.
 
     The message is one line naming the culprit (a file, a package, a setting) and,
     where there is one, the fix. Entry points print it and exit with
     `ExitCode.DATA` (3), never with a traceback.
     """
+
+    exit_code = ExitCode.DATA
 
 
 class CacheCorruptError(DatasetError):

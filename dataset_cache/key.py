@@ -1,11 +1,16 @@
 """The cache key: a digest of everything that decides the cache's bytes.
 
 Inputs (canonical JSON, sorted keys): the cache format version, the tokenizer's
-name and the sha256 of its vocabulary files, the dataset's name and the sha256
-of its raw text, context length, sample count, token dtype, and the validation
-fraction (the split is stored in the cache, so it must be keyed too). Anything
-else in the config (model, training, cache_dir, verify_cache...) leaves the key
-unchanged, so an unchanged corpus and tokenizer are always reused.
+name and the sha256 of its vocabulary files, the dataset's identity, context
+length, sample count, token dtype, and the validation fraction (the split is
+stored in the cache, so it must be keyed too). The dataset's identity is, for
+local files, the sha256 of their raw bytes (each named relative to the corpus
+root), the version of every format reader used and the text field (unless all
+files are plain text); for the built-ins, their name and raw-text sha256.
+
+Anything else (the corpus's location, model, training, cache_dir, verify_cache,
+on_bad_record...) leaves the key unchanged, so an unchanged corpus and tokenizer
+are always reused.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ def key_inputs(
     return {
         "format": FORMAT_VERSION,
         "tokenizer": {"name": tokenizer.name, "sha256": tokenizer.fingerprint},
-        "dataset": {"name": corpus.name, "sha256": corpus.fingerprint()},
+        "dataset": corpus.key_inputs(),
         "context_length": int(context_length),
         "num_samples": int(num_samples),
         "dtype": token_dtype(tokenizer.vocab_size).name,

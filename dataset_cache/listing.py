@@ -13,6 +13,7 @@ from dataset_cache.durable import remove_tree
 from dataset_cache.errors import CacheCorruptError, DatasetError
 from dataset_cache.hash_memo import memo_dir
 from dataset_cache.locking import lock_path, release, try_lock
+from dataset_cache.mixture import MIXTURE_FILE, open_mixture
 
 KEY_DIR = re.compile(r"^[0-9a-f]{16}$")
 RAW_DIR = "raw"
@@ -23,7 +24,7 @@ class CacheEntry:
     key: str
     path: Path
     size_bytes: int
-    summary: str  # dataset, tokenizer and token counts, or what is wrong with it
+    summary: str  # dataset, tokenizer and token counts (a mixture: its sources' shares), or what is wrong with it
 
 
 def list_caches(cache_dir: Path) -> list[CacheEntry]:
@@ -84,6 +85,8 @@ def format_size(size: int) -> str:
 
 
 def _summary(path: Path) -> str:
+    if (path / MIXTURE_FILE).is_file():
+        return _mixture_summary(path)
     try:
         meta = read_metadata(path)
         tokens = meta["tokens"]
@@ -93,6 +96,16 @@ def _summary(path: Path) -> str:
         )
     except (CacheCorruptError, KeyError, TypeError) as exc:
         return f"DAMAGED: {exc}"
+
+
+def _mixture_summary(path: Path) -> str:
+    try:
+        mixture = open_mixture(path)
+    except DatasetError as exc:  # a source cache removed or damaged since
+        return f"DAMAGED: {exc}"
+    parts = [f"{Path(s.spec).name or s.spec} {s.train_share:.1%}" for s in mixture.sources if s.train_share > 0]
+    held_out = sum(1 for s in mixture.sources if s.role == "held_out")
+    return f"mixture: {' + '.join(parts)}{f' (+ {held_out} held out)' if held_out else ''} | {mixture.tokenizer}"
 
 
 def _remove_unlocked_leftovers(cache_dir: Path) -> None:

@@ -77,6 +77,9 @@ def _encode_in_pool(
     )
     pending: deque[Future[EncodedBatch]] = deque()
     try:
+        # Start (fork) every worker now, before `batches` opens the first input:
+        # pyarrow's C++ thread pools must not exist yet in the process being forked.
+        executor.submit(os.getpid)
         for batch in batches:
             pending.append(executor.submit(_encode_batch, batch, dtype.str))
             while len(pending) >= 2 * workers:

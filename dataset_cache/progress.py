@@ -7,12 +7,7 @@ from dataclasses import dataclass, field
 
 from loguru import logger
 
-
-def format_duration(seconds: float) -> str:
-    seconds = max(0, int(round(seconds)))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+from gpuherd.text import format_duration
 
 
 @dataclass

@@ -67,11 +67,7 @@ class BatchSampler:
         first = self.consumed + self.rank * self.batch_size
         windows = order[first:first + self.batch_size]
         self.consumed += self.per_step
-        starts = offset + windows * self.context_length
-        # Sorted reads touch the memmap front to back; the rows go back into order after.
-        sort = np.argsort(starts)
-        rows = np.empty((self.batch_size, self.context_length + 1), dtype=np.int64)
-        rows[sort] = self.data[starts[sort][:, None] + self._ramp]
+        rows = read_windows(self.data, offset + windows * self.context_length, self._ramp)
         return rows[:, :-1], rows[:, 1:]
 
     def state_dict(self) -> dict[str, Any]:
@@ -106,10 +102,24 @@ class BatchSampler:
 
     def _epoch_order(self) -> tuple[int, np.ndarray]:
         if self._epoch_cache is None or self._epoch_cache[0] != self.epoch:
-            split_code = SPLITS.index(self.split)
-            rng = np.random.default_rng(np.random.SeedSequence([self.seed, split_code, self.epoch]))
-            offset = int(rng.integers(0, self.context_length))
-            windows = (self.data.size - 1 - offset) // self.context_length
-            self._epoch_cache = (self.epoch, offset, rng.permutation(windows))
+            entropy = [self.seed, SPLITS.index(self.split), self.epoch]
+            self._epoch_cache = (self.epoch, *epoch_windows(self.data.size, self.context_length, entropy))
         _, offset, order = self._epoch_cache
         return offset, order
+
+
+def epoch_windows(n_tokens: int, context_length: int, entropy: list[int]) -> tuple[int, np.ndarray]:
+    """One epoch: a random offset in [0, context_length) and a permutation of the
+    windows of `context_length + 1` tokens that start at offset + k * context_length."""
+    rng = np.random.default_rng(np.random.SeedSequence(entropy))
+    offset = int(rng.integers(0, context_length))
+    return offset, rng.permutation((n_tokens - 1 - offset) // context_length)
+
+
+def read_windows(data: np.ndarray, starts: np.ndarray, ramp: np.ndarray) -> np.ndarray:
+    """int64 rows data[start:start + len(ramp)], in the order of `starts`. Sorted reads
+    touch the memmap front to back; the rows go back into order after."""
+    sort = np.argsort(starts)
+    rows = np.empty((starts.size, ramp.size), dtype=np.int64)
+    rows[sort] = data[starts[sort][:, None] + ramp]
+    return rows

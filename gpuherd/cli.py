@@ -35,7 +35,7 @@ def base_parser(prog: str, description: str) -> OneLineParser:
     group.add_argument("--debug", action="store_true", help="shorthand for --preset debug")
     group.add_argument(
         "--preset", choices=sorted(PRESETS), default=None,
-        help="start from this preset (default: production, as in seed 003)",
+        help="start from this preset (default: production)",
     )
     group.add_argument(
         "--config", metavar="FILE.json", default=None,

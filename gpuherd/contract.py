@@ -18,7 +18,7 @@ TORCHRUN_VARS = (
     "TORCHELASTIC_USE_AGENT_STORE",
 )
 
-GPU_RANK = "GPU_RANK"  # seed 003: the physical GPU id, used in the [GPU n] tag
+GPU_RANK = "GPU_RANK"  # the physical GPU id shown in the [GPU n] tag
 DEVICE_KIND = "GPUHERD_DEVICE_KIND"  # "cuda" or "cpu"
 DEVICE_ID = "GPUHERD_DEVICE_ID"  # physical device id (GPU index as nvidia-smi shows it, or CPU worker n)
 DEVICE_UUID = "GPUHERD_DEVICE_UUID"  # NVML UUID the supervisor planned for this worker ("" on CPU)
@@ -58,12 +58,12 @@ class WorkerIdentity:
 
     @property
     def tag(self) -> str:
-        """`GPU3` / `CPU0`: the seed's console prefix without the colon."""
+        """`GPU3` / `CPU0`: the console line prefix, without its colon."""
         return f"{'CPU' if self.device_kind == 'cpu' else 'GPU'}{self.device_id}"
 
     @property
     def bracket(self) -> str:
-        """`[GPU 3]` / `[CPU 0]`: the seed's in-message tag."""
+        """`[GPU 3]` / `[CPU 0]`: the tag inside step, NaN and error messages."""
         return f"[{'CPU' if self.device_kind == 'cpu' else 'GPU'} {self.device_id}]"
 
     @classmethod

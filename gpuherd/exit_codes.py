@@ -22,8 +22,8 @@ class ExitCode(enum.IntEnum):
     BUSY_GPU = 2
     RENDEZVOUS = 5  # a rank (or, multi-node, a node) never joined in time
     NAN = 6  # non-finite loss or gradient with debug.nan_policy=stop
-    # The disk is full, over quota, read-only or refuses a file this large: every attempt
-    # would fail the same way, so it is never restarted.
+    # Cannot write: no space, quota, file too large, read-only filesystem. A restart
+    # would only fail the same way, so this is never restarted.
     STORAGE = 7
     HANG = 124  # a worker stopped sending heartbeats (same number as timeout(1))
     SIGINT = 130  # 128 + SIGINT: the user pressed Ctrl-C
@@ -48,7 +48,7 @@ def describe(code: int) -> str:
             ExitCode.DEVICE: "device error",
             ExitCode.RENDEZVOUS: "process group never formed",
             ExitCode.NAN: "non-finite loss or gradient",
-            ExitCode.STORAGE: "storage error (disk full, quota, read-only)",
+            ExitCode.STORAGE: "cannot write: disk full, quota, file too large or read-only",
             ExitCode.HANG: "hang detected",
             ExitCode.SIGINT: "interrupted (SIGINT)",
             ExitCode.SIGTERM: "terminated (SIGTERM)",

@@ -3,9 +3,12 @@
 The project's rule is that caches, checkpoints, configs, summaries and debug
 dumps are written atomically: a temp file beside the target, fsync, rename,
 fsync the directory, so a reader sees the old file or the new one, never half,
-even after a crash or power loss. They get the permissions any other tool would
-give them under the user's umask (0644 with the usual 022), so teammates on a shared
-cluster can read a run's checkpoints and summaries.
+even after a crash or power loss.
+
+A temp file is created with mode 0666 minus the user's umask, like any file a
+tool writes (teammates read checkpoints on shared clusters), and its writer holds
+an flock on it until the rename: a temp file nobody holds is a dead writer's
+leftover (`held_by_nobody`), safe to remove.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import contextlib
 import errno
 import fcntl
 import os
-import tempfile
+import secrets
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -29,39 +33,68 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def current_umask() -> int:
-    """The process's umask, read without changing it: `os.umask` can only set it, and
-    setting it even for a moment would race with other threads creating files."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)  # no /proc (not Linux): the racy way is the only one left
-    os.umask(mask)
-    return mask
-
-
 @contextlib.contextmanager
-def atomic_file(path: Path) -> Iterator[BinaryIO]:
+def atomic_file(path: Path, label: str = "") -> Iterator[BinaryIO]:
     """Write `path` through the yielded binary handle; it appears only complete.
 
-    The temp name is unique (pid + random), so concurrent writers never share
-    one; on any error the temp file is removed and the old `path` is untouched.
+    The temp file `.<name>.[<label>.]<pid>.<random>.tmp` is unique, so concurrent
+    writers never share one, and says who left it; on any error it is removed and
+    the old `path` is untouched.
     """
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _create_temp(path, label)
     try:
         with os.fdopen(fd, "wb") as handle:
-            os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes it 0600: private to its owner
+            _hold(handle.fileno())
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
-        os.replace(tmp, path)
+            os.replace(tmp, path)  # still locked: the name never shows an unheld temp file
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def _create_temp(path: Path, label: str) -> tuple[int, Path]:
+    """O_EXCL with mode 0666, so the kernel applies the umask (and default ACLs), which
+    tempfile.mkstemp's fixed 0600 would override."""
+    while True:
+        tmp = _temp_name(path, label)
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), tmp
+        except FileExistsError:
+            continue
+
+
+def _hold(fd: int) -> None:
+    """Mark a temp file or directory as a live writer's (see held_by_nobody). Best effort:
+    where the filesystem has no flock (Lustre without `-o flock`) saving must still work;
+    its leftovers are then never judged orphaned, since no live writer can be told apart."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError:
+        pass
+
+
+def _temp_name(path: Path, label: str) -> Path:
+    return path.with_name(f".{path.name}.{label + '.' if label else ''}{os.getpid()}.{secrets.token_hex(4)}.tmp")
+
+
+@contextlib.contextmanager
+def locked_temp_dir(path: Path, label: str = "") -> Iterator[Path]:
+    """A temp directory beside `path`, named like atomic_file's temp files and flock-held
+    while the caller fills it and renames it into place; removed if the caller raises."""
+    tmp = _temp_name(path, label)
+    tmp.mkdir()
+    fd = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _hold(fd)
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        os.close(fd)
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
@@ -93,3 +126,18 @@ def lock_or_close(fd: int) -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+def held_by_nobody(path: Path) -> bool:
+    """True when no live process holds `path`'s flock (a temp file or directory whose
+    writer died). False when one does, or when the filesystem cannot tell: keep it then."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        return try_flock(fd)
+    except OSError:  # no flock on this filesystem: nobody can be proven gone
+        return False
+    finally:
+        os.close(fd)  # drops the lock we may have taken

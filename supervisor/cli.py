@@ -15,6 +15,7 @@ from pathlib import Path
 
 from gpuherd.cli import add_resume_flag, base_parser, config_from_args, die, resume_override
 from gpuherd.config import Config
+from gpuherd.text import int_list
 from supervisor.rendezvous import DEFAULT_PORT, NodeSpec
 
 PROG = "run_training.sh"
@@ -34,7 +35,7 @@ class Launch:
 
 def _id_list(text: str) -> list[int]:
     try:
-        ids = [int(part) for part in text.split(",") if part.strip()]
+        ids = int_list(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers like 0,2, got '{text}'") from None
     if not ids:
@@ -97,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(run under srun, one task per node); explicit flags win")
     g.add_argument("--run-id", default=None, metavar="ID", help="name of the run directory (default: time + random)")
     g.add_argument("-v", "--verbose", action="store_true", help="the supervisor's own debug messages on the console")
+    g.add_argument("--skip-checks", dest="preflight", action="store_false", default=None,
+                   help="skip the pre-flight GPU and host checks (`gpuherd check`) before the run")
+    g.add_argument("--no-report", dest="report", action="store_false", default=None,
+                   help="do not write report.html and its figures into the run directory at the end")
     g.add_argument("--script", default=None, metavar="PATH",
                    help="run a torchrun-style training script instead of the built-in trainer; "
                         "every argument after PATH goes to the script")
@@ -105,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # flags whose value goes to `system.<same name>` (store_true flags only when given)
 _SYSTEM_FLAGS = ("nproc", "gpus", "isolate", "hang_timeout", "grace_period", "stop_timeout", "log_ranks",
-                 "collapse_logs", "max_restarts", "restart_backoff", "restart_on_nan")
+                 "collapse_logs", "max_restarts", "restart_backoff", "restart_on_nan", "preflight", "report")
 
 
 def parse(argv: list[str]) -> Launch:
@@ -121,8 +126,8 @@ def parse(argv: list[str]) -> Launch:
     extra = resume_override(args)
     for flag in _SYSTEM_FLAGS:  # each flag is a system.* config key: one validation covers both
         value = getattr(args, flag)
-        if value is False and flag == "isolate":
-            extra.append("system.isolate=false")  # --no-isolate (a store_true flag left False says nothing)
+        if value is False and flag in ("isolate", "preflight", "report"):
+            extra.append(f"system.{flag}=false")  # --no-isolate, --skip-checks, --no-report
         elif value is not None and value is not False:
             extra.append(f"system.{flag}={'true' if value is True else value}")
     cfg = config_from_args(args, extra)

@@ -269,6 +269,12 @@ class Job:
         block = summary.block()
         logger.bind(file_only=True).info(block)  # the console gets it below, unprefixed
         self.console.write(STDERR, block.encode() + b"\n")
+        if self.cfg.system.report:
+            from supervisor.views import report_after_run  # matplotlib: only when a report is wanted
+
+            html = report_after_run(self.run_dir)
+            if html is not None:
+                logger.info(f"report: {html} (figures beside it; `gpuherd report RUN RUN` compares runs)")
         return exit_code
 
 

@@ -1,17 +1,20 @@
 """`python -m supervisor`: one training job from command line to exit code.
 
-resolve config (exit 2) -> plan devices (exit 2) -> preflight: limits, paths, room for
-checkpoints (exit 2) -> run directory (one atomic mkdir) + config.json -> dataset cache
-(exit 3; built-in trainer only) -> the job's attempts (job.py) -> summary.json +
-root-cause block -> exit with the cause's code.
+resolve config (exit 2) -> plan devices (exit 2) -> the launch's paths and limits
+(exit 2) -> pre-flight GPU and host checks (exit 4 / 2) -> run directory (one atomic
+mkdir) + config.json -> dataset cache (exit 3; built-in trainer only) -> the job's
+attempts (job.py) -> summary.json + root-cause block -> exit with the cause's code.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import time
+from pathlib import Path
 
+import orjson
 from loguru import logger
 
 from gpuherd.cli import die
@@ -19,13 +22,13 @@ from gpuherd.files import write_bytes_atomic
 from supervisor import run_dir as rundir
 from supervisor.cli import Launch, parse
 from supervisor.gpus import DeviceError, DevicePlan, plan_devices
-from supervisor.health import announce_devices, hang_timeouts
+from supervisor.health import WARN, CheckReport, announce_devices, hang_timeouts, run_checks
 from supervisor.job import Job
 from supervisor.logs import STDERR, Console
-from supervisor.preflight import PreflightError, preflight
 from supervisor.processes import die_with_parent, python_env, within_kill_wait
 from supervisor.rendezvous import MultiNode, NodeLinkError, bind_master, kill_wait
 from supervisor.summary import now_iso
+from supervisor.validation import LaunchError, validate_launch
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,23 +46,20 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
     cfg, node = launch.config, launch.node
     mode = "script" if launch.script else "train"
     plan = _plan(launch)
-    listen, bind_ip = None, None
-    try:  # what the user typed first, then what the machine and its filesystems say
-        run_id = rundir.check_run_id(launch.run_id) if launch.run_id else rundir.new_run_id()
-        # one directory per node: nodes sharing a filesystem (and a --run-id) never mix their files
-        run_dir = rundir.run_dir_path(cfg.system.run_root, run_id if not node.multi else f"{run_id}-node{node.node_rank}")
-        rundir.ensure_free(run_dir, launch.force)
-        if node.multi and node.node_rank == 0:
-            listen, bind_ip = bind_master(node.master_addr, node.master_port)
-        preflight(cfg, plan, train=mode == "train")
-    except (rundir.RunDirError, NodeLinkError, PreflightError) as exc:
+    try:  # before the pre-flight checks: they read these paths too, and would trip over a bad one
+        validate_launch(cfg, plan, train=mode == "train")
+    except LaunchError as exc:
         die(str(exc), exc.exit_code)
+    checks = _preflight(launch, plan) if cfg.system.preflight else None
+    run_id, run_dir, listen, bind_ip = _claim_names(launch)
     # ---- nothing was written before this line; everything below may write
     try:
         rundir.create(run_dir, exist_ok=launch.force)  # one mkdir: of two runs with one --run-id, one wins
     except rundir.RunDirError as exc:
         die(str(exc), exc.exit_code)
     write_bytes_atomic(run_dir / "config.json", cfg.to_json() + b"\n")
+    if checks is not None:
+        write_bytes_atomic(run_dir / "preflight.json", orjson.dumps(checks.to_dict(), option=orjson.OPT_INDENT_2))
     logger.add(run_dir / "supervisor.log", level="DEBUG", enqueue=False,
                format="{time:YYYY-MM-DD HH:mm:ss.SSS} {level} | {message}")
     command = _command(launch)
@@ -85,6 +85,23 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
         return job.run()
     finally:
         job.rendezvous.close()
+
+
+def _claim_names(launch: Launch) -> tuple[str, Path, socket.socket | None, str | None]:
+    """The run id and directory (checked free), and node 0's job-store socket: exit 2 with one
+    line for a bad --run-id, a taken directory, a wrong --master-addr or a busy port."""
+    cfg, node = launch.config, launch.node
+    listen, bind_ip = None, None
+    try:
+        run_id = rundir.check_run_id(launch.run_id) if launch.run_id else rundir.new_run_id()
+        # one directory per node: nodes sharing a filesystem (and a --run-id) never mix their files
+        run_dir = rundir.run_dir_path(cfg.system.run_root, run_id if not node.multi else f"{run_id}-node{node.node_rank}")
+        rundir.ensure_free(run_dir, launch.force)
+        if node.multi and node.node_rank == 0:
+            listen, bind_ip = bind_master(node.master_addr, node.master_port)
+    except (rundir.RunDirError, NodeLinkError) as exc:
+        die(str(exc), exc.exit_code)
+    return run_id, run_dir, listen, bind_ip
 
 
 def _console_logging(verbose: bool, console: Console) -> None:
@@ -123,6 +140,26 @@ def _plan(launch: Launch) -> DevicePlan:
         if rank >= plan.world_size and not launch.node.multi:  # multi-node: global ranks, known at the join
             die(f"--log-ranks {rank}: this run has ranks 0-{plan.world_size - 1}")
     return plan
+
+
+def _preflight(launch: Launch, plan: DevicePlan) -> CheckReport:
+    """The `gpuherd check` items for this run, before anything is written or bound (the
+    master-port item would otherwise find node 0's own socket): a FAIL stops the run."""
+    node = launch.node
+    try:
+        report = run_checks(launch.config, [g.index for g in plan.gpus] if plan.kind == "cuda" else [],
+                            master=(node.master_addr, node.master_port) if node.multi else None,
+                            node_rank=node.node_rank)
+    except DeviceError as exc:
+        die(str(exc), exc.exit_code)
+    for item in report.of(WARN):
+        logger.warning(f"pre-flight: {item.line()}")
+    failure = report.first_failure()
+    if failure is not None:
+        die(f"pre-flight check failed: {failure.line()} (`gpuherd check` shows every item; --skip-checks "
+            "to start anyway)", report.failed_exit_code)
+    logger.debug(f"pre-flight checks: {report.counts()}")
+    return report
 
 
 def _command(launch: Launch) -> list[str]:

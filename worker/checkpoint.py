@@ -1,68 +1,61 @@
-"""Training checkpoints: atomic, last-K, resumable bit for bit.
+"""Training checkpoints: atomic, verified, last-K, resumable bit for bit.
 
-Layouts under `system.checkpoint_dir`:
+Layouts under `system.checkpoint_dir` (each engine writes its own, see worker/engines/):
 
 - `step_0000100.pt` (single / ddp / zero1): one file written by rank 0
-  {"format", "model", "optimizer", "optimizer_format", "meta"}.
+  {"format", "model", "optimizer", "optimizer_format", "meta"}, and its manifest
+  `step_0000100.pt.manifest.json` beside it.
 - `step_0000100/` (fsdp): torch.distributed.checkpoint shards of
-  {"model", "optimizer"} plus `meta.pt`.
-- `step_0000100/` (deepspeed): DeepSpeed's own files under `ds/` plus `meta.pt`.
+  {"model", "optimizer"} plus `meta.pt` and `manifest.json`.
+- `step_0000100/` (deepspeed): DeepSpeed's own files under `ds/` plus `meta.pt` and `manifest.json`.
 
-`meta` holds step, model args, config, LR schedule, tokenizer, world size and,
-per rank, the data-sampler state and every RNG state. Everything is written to
-a `.tmp` name, fsynced and renamed, so a crash never leaves a checkpoint that
-looks complete; directories count only once `meta.pt` exists. Loads use
-`torch.load(weights_only=True)`.
+`meta` holds step, run id, model args, config, LR schedule, tokenizer, world size and,
+per rank, the data-sampler state and every RNG state. The manifest (written last)
+records the run id and every file's size and sha256; resuming verifies it
+(worker/resume.py). Everything is written to a temp name that carries the run id and
+the writer's pid, fsynced and renamed, so a crash never leaves a checkpoint that
+looks complete; a killed save's temp files are removed at the next start. A full or
+read-only disk is one line and `ExitCode.STORAGE`. Loads use
+`torch.load(weights_only=True, mmap=True)`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from loguru import logger
 
-from gpuherd.checkpoint_layout import META, checkpoint_name, list_checkpoints
+from gpuherd.checkpoint_layout import checkpoint_name, list_checkpoints, remove_checkpoint, remove_orphans
 from gpuherd.exit_codes import ExitCode
-from gpuherd.files import atomic_file, fsync_dir
+from gpuherd.model_size import checkpoint_bytes
+from gpuherd.storage import format_bytes, probe_errno, storage_errno, storage_message
 from worker import distributed as wdist
 from worker import rng
+from worker.checkpoint_io import checkpoint_format, read_meta
 from worker.distributed import WorkerError
-from worker.parallelize import Engine
+from worker.engines import Engine
+from worker.model import ModelArgs
+from worker.resume import Picker
 
-FORMAT_FILE = "gpuherd/full-v1"
-FORMAT_DCP = "gpuherd/dcp-v1"
-FORMAT_DEEPSPEED = "gpuherd/deepspeed-v1"
-
-
-def atomic_torch_save(obj: Any, path: Path) -> None:
-    with atomic_file(path) as handle:
-        torch.save(obj, handle)
+# Where a worker learns its run's id: gpuherd's own name first, then torchrun's
+# (which is "none" when torchrun was given no --rdzv-id).
+RUN_ID_VARS = ("GPUHERD_RUN_ID", "TORCHELASTIC_RUN_ID")
 
 
-def load_file(path: Path) -> dict[str, Any]:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure means the same to the user
-        raise WorkerError(f"cannot read checkpoint {path}: {' '.join(str(exc).split())[:200]}", ExitCode.USAGE) from None
-
-
-def read_meta(path: Path) -> dict[str, Any]:
-    """The meta block of any checkpoint layout (used by resume and generate.py)."""
-    if path.is_dir():
-        if not (path / META).is_file():
-            raise WorkerError(f"{path} is not a complete gpuherd checkpoint (no {META})", ExitCode.USAGE)
-        return load_file(path / META)
-    return load_file(path)["meta"]
+def run_id_from_env() -> str:
+    for name in RUN_ID_VARS:
+        value = os.environ.get(name, "")
+        if value and value != "none":
+            return value
+    return ""
 
 
 @dataclass
 class Restored:
+    path: Path
     step: int
     sampler_state: dict[str, Any] | None
 
@@ -71,101 +64,61 @@ class Checkpointer:
     """Saves and restores the whole training state of one engine (a collective: all ranks call)."""
 
     def __init__(self, engine: Engine, directory: Path, keep_last: int, rank: int, world_size: int,
-                 meta_base: dict[str, Any]) -> None:
+                 meta_base: dict[str, Any], run_id: str = "") -> None:
         self.engine, self.directory, self.keep_last = engine, directory, keep_last
-        self.rank, self.world_size, self.meta_base = rank, world_size, meta_base
+        self.rank, self.world_size, self.meta_base, self.run_id = rank, world_size, meta_base, run_id
+
+    def remove_orphans(self) -> None:
+        """Rank 0 deletes the temp files of saves killed midway (never a live writer's)."""
+        if self.rank != 0:
+            return
+        removed = remove_orphans(self.directory)
+        if removed:
+            total = format_bytes(sum(size for _, size in removed))
+            logger.info(f"removed {len(removed)} temp file(s) of interrupted checkpoint saves from {self.directory} "
+                        f"({total}): {', '.join(path.name for path, _ in removed)}")
 
     # ------------------------------------------------------------------ save
     def save(self, step: int, sampler_state: dict[str, Any], path: Path | None = None) -> Path:
         """Write the state after `step` optimizer steps to `path` (default: the step's name)."""
         path = path or self.directory / checkpoint_name(step, self.engine.sharded)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        meta = dict(self.meta_base, step=step, world_size=self.world_size, strategy=self.engine.strategy,
-                    sampler=wdist.gather_objects(sampler_state),
+        meta = dict(self.meta_base, step=step, run_id=self.run_id, world_size=self.world_size,
+                    strategy=self.engine.strategy, sampler=wdist.gather_objects(sampler_state),
                     rng=wdist.gather_objects(rng.capture(self.engine.device)))
-        if self.engine.strategy == "deepspeed":
-            self._save_deepspeed(path, meta)
-        elif self.engine.strategy == "fsdp":
-            self._save_dcp(path, meta)
-        else:
-            self._save_file(path, meta)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.engine.save_states(path, meta, self.rank)
+        except Exception as exc:
+            code = storage_errno(exc) or probe_errno(path.parent)
+            if code is None:
+                raise
+            needed = checkpoint_bytes(self.engine.n_params)
+            raise WorkerError(storage_message("checkpoint", path.parent, code, needed), ExitCode.STORAGE) from None
         wdist.barrier()  # nobody runs ahead (or prunes) before the checkpoint is complete
         if self.rank == 0 and path.parent == self.directory:
             self._prune()
         return path
 
-    def _save_file(self, path: Path, meta: dict[str, Any]) -> None:
-        model_sd, optim_sd, optim_format = self._full_states()
-        if self.rank == 0:
-            atomic_torch_save({"format": FORMAT_FILE, "model": model_sd, "optimizer": optim_sd,
-                               "optimizer_format": optim_format, "meta": meta}, path)
-
-    def _full_states(self) -> tuple[dict[str, Any], dict[str, Any] | None, str]:
-        engine = self.engine
-        model_sd = {k: v.detach().cpu().clone() for k, v in engine.inner.state_dict().items()}
-        if engine.strategy == "zero1":
-            engine.optimizer.consolidate_state_dict(to=0)  # collective
-            optim_sd = engine.optimizer.state_dict() if self.rank == 0 else None
-            return model_sd, optim_sd, "zero1"
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-        optim_sd = get_optimizer_state_dict(engine.inner, engine.optimizer,
-                                            options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return model_sd, optim_sd, "fqn"
-
-    def _save_dcp(self, path: Path, meta: dict[str, Any]) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        tmp = path.with_name(path.name + ".tmp")
-        if self.rank == 0 and tmp.exists():
-            shutil.rmtree(tmp)
-        wdist.barrier()
-        model_sd, optim_sd = get_state_dict(self.engine.inner, self.engine.optimizer)
-        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp)
-        self._finish_dir(tmp, path, dict(meta, format=FORMAT_DCP))
-
-    def _save_deepspeed(self, path: Path, meta: dict[str, Any]) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        if self.rank == 0 and tmp.exists():
-            shutil.rmtree(tmp)
-        wdist.barrier()
-        self.engine.ds_engine.save_checkpoint(str(tmp), tag="ds", save_latest=False)
-        self._finish_dir(tmp, path, dict(meta, format=FORMAT_DEEPSPEED))
-
-    def _finish_dir(self, tmp: Path, path: Path, meta: dict[str, Any]) -> None:
-        wdist.barrier()  # every shard is on disk
-        if self.rank == 0:
-            atomic_torch_save(meta, tmp / META)
-            if path.exists():
-                shutil.rmtree(path)
-            os.replace(tmp, path)
-            fsync_dir(path.parent)
-
     def _prune(self) -> None:
         for _, old in list_checkpoints(self.directory)[:-self.keep_last]:
-            if old.is_dir():
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                old.unlink(missing_ok=True)
+            remove_checkpoint(old)
 
     # ------------------------------------------------------------------ load
-    def load(self, path: Path) -> Restored:
-        meta = read_meta(path)
+    def resume(self, want: str | None, handed: str | None = None) -> Restored | None:
+        """Restore the checkpoint `training.resume` (or, on a restarted attempt, the
+        supervisor's `handed` one) names, verified (worker/resume.py); None: start afresh."""
+        # Global rank 0's id: it is the one its checkpoints record, and nodes of a multi-node
+        # job started without --run-id each name their own run.
+        job_id = wdist.gather_objects(self.run_id)[0]
+        verdict = Picker(self.directory, job_id, self.rank, self.world_size).pick(want, handed)
+        if verdict is None:
+            return None
+        return self.load(verdict.path, verdict.meta)
+
+    def load(self, path: Path, meta: dict[str, Any] | None = None) -> Restored:
+        meta = meta if meta is not None else read_meta(path)
         self._check_compatible(path, meta)
-        fmt = meta.get("format", FORMAT_FILE) if path.is_dir() else FORMAT_FILE
-        if fmt == FORMAT_DEEPSPEED:
-            if self.engine.strategy != "deepspeed":
-                raise WorkerError(f"{path} is a DeepSpeed checkpoint; resume it with training.strategy=deepspeed",
-                                  ExitCode.USAGE)
-            self.engine.ds_engine.load_checkpoint(str(path), tag="ds")
-        elif self.engine.strategy == "deepspeed":
-            raise WorkerError(f"{path} is not a DeepSpeed checkpoint; training.strategy=deepspeed resumes only its own",
-                              ExitCode.USAGE)
-        elif fmt == FORMAT_DCP:
-            self._load_dcp(path)
-        else:
-            self._load_file(path)
+        self.engine.load_states(path, checkpoint_format(path, meta))
         sampler = None
         if meta["world_size"] == self.world_size:
             sampler = meta["sampler"][self.rank]
@@ -173,7 +126,7 @@ class Checkpointer:
         else:
             logger.warning(f"checkpoint was written by {meta['world_size']} ranks, resuming with {self.world_size}: "
                            "model and optimizer restored, data order and RNG streams start afresh")
-        return Restored(step=int(meta["step"]), sampler_state=sampler)
+        return Restored(path=path, step=int(meta["step"]), sampler_state=sampler)
 
     def _check_compatible(self, path: Path, meta: dict[str, Any]) -> None:
         want, have = self.meta_base["model_args"], meta.get("model_args")
@@ -182,39 +135,7 @@ class Checkpointer:
             raise WorkerError(f"checkpoint {path} holds a different model ({', '.join(diff) or 'unknown layout'} differ); "
                               "use the config it was trained with or start without training.resume", ExitCode.USAGE)
 
-    def _load_file(self, path: Path) -> None:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_state_dict,
-        )
 
-        ckpt = load_file(path)
-        engine = self.engine
-        options = StateDictOptions(full_state_dict=True)
-        saved, wanted = ckpt["optimizer_format"], ("zero1" if engine.strategy == "zero1" else "fqn")
-        if saved != wanted:
-            # ZeRO-1 keeps optimizer state by parameter index, the others by name
-            raise WorkerError(f"{path}: optimizer state saved as '{saved}' cannot be loaded by strategy "
-                              f"{engine.strategy}; resume with the strategy that wrote it", ExitCode.USAGE)
-        if saved == "zero1":
-            set_model_state_dict(engine.inner, ckpt["model"], options=options)
-            engine.optimizer.load_state_dict(ckpt["optimizer"])
-            return
-        set_state_dict(engine.inner, engine.optimizer, model_state_dict=ckpt["model"],
-                       optim_state_dict=ckpt["optimizer"], options=options)
-
-    def _load_dcp(self, path: Path) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-        model_sd, optim_sd = get_state_dict(self.engine.inner, self.engine.optimizer)
-        state = {"model": model_sd, "optimizer": optim_sd}
-        dcp.load(state, checkpoint_id=path)
-        set_state_dict(self.engine.inner, self.engine.optimizer,
-                       model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-
-
-def meta_base(model_args: Any, cfg_dict: dict[str, Any], schedule: dict[str, Any], tokenizer: str) -> dict[str, Any]:
-    return {"model_args": dataclasses.asdict(model_args), "config": cfg_dict, "lr_schedule": schedule,
+def meta_base(model_args: ModelArgs, cfg_dict: dict[str, Any], schedule: dict[str, Any], tokenizer: str) -> dict[str, Any]:
+    return {"model_args": model_args.checkpoint_dict(), "config": cfg_dict, "lr_schedule": schedule,
             "tokenizer": tokenizer}

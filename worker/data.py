@@ -2,7 +2,8 @@
 
 The loop only needs `next_batch()`, `state_dict()` and `load_state_dict()`.
 Real runs use dataset_cache's rank-sharded `BatchSampler` over the prepared
-cache; tests (and benchmarks) feed the same protocol from tokens in memory.
+cache (or its `MixtureSampler` over a data.mix mixture); tests (and benchmarks)
+feed the same protocol from tokens in memory.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class DataBundle:
     make_val: Callable[[], BatchSource] | None  # fresh sampler per eval: same val batches each time
     vocab_size: int  # the model's (padded) vocabulary
     tokenizer: str  # spec string, saved in checkpoints for generate.py
+    describe: Callable[[int], str] | None = None  # tokens the run will draw -> the start-up "data:" line
 
 
 class ArraySampler:
@@ -96,22 +98,24 @@ def in_memory_bundle(train_tokens: np.ndarray, val_tokens: np.ndarray | None, vo
 
 def cache_bundle(cache_dir: Path, model_vocab: int, batch_size: int, context_length: int,
                  rank: int, world_size: int, seed: int, verify: bool = False) -> DataBundle:
-    """Batches from a prepared dataset cache (dataset_cache's public API only)."""
-    from dataset_cache import BatchSampler, open_cache, padded_vocab_size
+    """Batches from a prepared dataset cache or mixture (dataset_cache's public API only)."""
+    from dataset_cache import BatchSampler, MixtureSampler, TokenCache, describe_data, open_data, padded_vocab_size
 
-    cache = open_cache(cache_dir, verify=verify)
-    vocab = model_vocab or padded_vocab_size(cache.vocab_size)
-    if vocab < cache.vocab_size:
+    data = open_data(cache_dir, verify=verify)
+    vocab = model_vocab or padded_vocab_size(data.vocab_size)
+    if vocab < data.vocab_size:
         raise ConfigError(
-            f"model.vocab_size={model_vocab} is smaller than the tokenizer's vocabulary ({cache.vocab_size})"
+            f"model.vocab_size={model_vocab} is smaller than the tokenizer's vocabulary ({data.vocab_size})"
         )
+    sampler = BatchSampler if isinstance(data, TokenCache) else MixtureSampler
 
     def make_val() -> BatchSource:
-        return TensorBatches(BatchSampler(cache, "val", batch_size, context_length, rank, world_size, seed + 1))
+        return TensorBatches(sampler(data, "val", batch_size, context_length, rank, world_size, seed + 1))
 
     return DataBundle(
-        train=TensorBatches(BatchSampler(cache, "train", batch_size, context_length, rank, world_size, seed)),
+        train=TensorBatches(sampler(data, "train", batch_size, context_length, rank, world_size, seed)),
         make_val=make_val,
         vocab_size=vocab,
-        tokenizer=cache.tokenizer,
+        tokenizer=data.tokenizer,
+        describe=lambda planned_tokens: describe_data(data, planned_tokens),
     )

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from gpuherd import contract
 from gpuherd.config import Config
 from gpuherd.contract import WorkerIdentity
+from gpuherd.errors import GpuherdError
 from gpuherd.exit_codes import ExitCode
 
 # Collectives after the rendezvous may legitimately take long (a large checkpoint
@@ -21,12 +22,11 @@ from gpuherd.exit_codes import ExitCode
 COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 
 
-class WorkerError(RuntimeError):
+class WorkerError(GpuherdError, RuntimeError):
     """A failure with a known cause: one line for the user and its exit code."""
 
-    def __init__(self, message: str, code: int) -> None:
-        super().__init__(message)
-        self.code = int(code)
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message, exit_code)
 
 
 def choose_device(cfg: Config, identity: WorkerIdentity) -> tuple[torch.device, WorkerIdentity]:

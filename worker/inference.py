@@ -11,7 +11,7 @@ import torch
 
 from gpuherd.checkpoint_layout import META, latest_checkpoint
 from gpuherd.exit_codes import ExitCode
-from worker.checkpoint import FORMAT_DCP, FORMAT_DEEPSPEED, load_file, read_meta
+from worker.checkpoint_io import FORMAT_DCP, FORMAT_DEEPSPEED, load_file, read_meta
 from worker.distributed import WorkerError
 from worker.model import KVCache, ModelArgs, Transformer
 

@@ -9,23 +9,15 @@ from collections.abc import Callable
 
 from loguru import logger
 
-from gpuherd.config import ConfigError
+from gpuherd.errors import GpuherdError
 from gpuherd.exit_codes import ExitCode
 from gpuherd.status_channel import StatusWriter
-from worker.distributed import WorkerError
 
 
 def exit_code_of(exc: BaseException) -> tuple[int, str]:
     """(exit code, one-line message) for a failure."""
-    if isinstance(exc, WorkerError):
-        return exc.code, str(exc)
-    if isinstance(exc, ConfigError):
-        return ExitCode.USAGE, str(exc)
-    code = getattr(exc, "exit_code", None)  # worker.nan.NanStop carries its own code
-    if isinstance(code, int):
-        return code, str(exc) or type(exc).__name__
-    if type(exc).__name__ == "DatasetError":  # dataset_cache's, without importing it eagerly
-        return ExitCode.DATA, str(exc)
+    if isinstance(exc, GpuherdError):  # config, dataset, worker, NaN stop: each knows its code
+        return exc.exit_code, str(exc) or type(exc).__name__
     return ExitCode.FAILURE, f"{type(exc).__name__}: {exc}"
 
 

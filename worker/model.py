@@ -1,7 +1,7 @@
 """A Llama-style decoder: RMSNorm, rotary embeddings, SwiGLU, grouped-query attention.
 
-Parameter names follow torchtitan and seed 003's NaN report (`tok_embed`,
-`layers.{i}.attention.wq`, `layers.{i}.feed_forward.w1`, `norm`, `output`).
+Parameter names follow torchtitan (`tok_embed`, `layers.{i}.attention.wq`,
+`layers.{i}.feed_forward.w1`, `norm`, `output`); the NaN report prints them as is.
 The model is built on the meta device and materialised by `init_weights()`
 after sharding, so a large model never exists in full on one rank. Weights are
 drawn parameter by parameter from one seeded generator over the *full* shape
@@ -12,7 +12,8 @@ the same numbers, which is what lets tests compare their loss curves.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -20,32 +21,30 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from gpuherd.config import ModelConfig
+from gpuherd.model_size import ffn_hidden
 from worker.attention import get_attention
 
+# A kernel choice, not part of the model: the same weights load under any backend.
+NOT_IN_CHECKPOINT = ("attention",)
 
-@dataclass(frozen=True)
-class ModelArgs:
-    n_layers: int
-    dim: int
-    n_heads: int
-    n_kv_heads: int
-    vocab_size: int
-    max_seq_len: int
-    multiple_of: int = 256
-    ffn_dim_multiplier: float | None = None
-    norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    init_std: float = 0.02
-    tie_embeddings: bool = False
+
+@dataclass
+class ModelArgs(ModelConfig):
+    """`ModelConfig` with what the data decides resolved: the vocabulary size (never 0),
+    `n_kv_heads` (never None) and the context length. A field added to ModelConfig
+    reaches the model (and the checkpoint's description of it) with no second declaration."""
+
+    max_seq_len: int = field(kw_only=True)
 
     @classmethod
     def from_config(cls, m: ModelConfig, vocab_size: int, max_seq_len: int) -> ModelArgs:
-        return cls(
-            n_layers=m.n_layers, dim=m.dim, n_heads=m.n_heads, n_kv_heads=m.n_kv_heads or m.n_heads,
-            vocab_size=vocab_size, max_seq_len=max_seq_len, multiple_of=m.multiple_of,
-            ffn_dim_multiplier=m.ffn_dim_multiplier, norm_eps=m.norm_eps, rope_theta=m.rope_theta,
-            init_std=m.init_std, tie_embeddings=m.tie_embeddings,
-        )
+        values = {f.name: getattr(m, f.name) for f in fields(m)}
+        values.update(n_kv_heads=m.n_kv_heads or m.n_heads, vocab_size=vocab_size)
+        return cls(**values, max_seq_len=max_seq_len)
+
+    def checkpoint_dict(self) -> dict[str, Any]:
+        """What a checkpoint records to recognise its model (and rebuild it for generation)."""
+        return {k: v for k, v in asdict(self).items() if k not in NOT_IN_CHECKPOINT}
 
     @property
     def head_dim(self) -> int:
@@ -53,11 +52,8 @@ class ModelArgs:
 
     @property
     def ffn_hidden(self) -> int:
-        """Llama's rule: 2/3 of 4*dim, optionally scaled, rounded up to multiple_of."""
-        hidden = int(2 * 4 * self.dim / 3)
-        if self.ffn_dim_multiplier is not None:
-            hidden = int(self.ffn_dim_multiplier * hidden)
-        return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
+        """Llama's rule (one definition, shared with the torch-free size estimate)."""
+        return ffn_hidden(self.dim, self.multiple_of, self.ffn_dim_multiplier)
 
 
 class RMSNorm(nn.Module):

@@ -17,24 +17,18 @@ from loguru import logger
 
 from gpuherd.contract import WorkerIdentity
 from gpuherd.status_channel import StatusWriter
+from gpuherd.text import format_duration
 from worker.mfu import FlopsModel
+from worker.wandb_log import WandbLog
 
 HEARTBEAT_S = 5.0  # at most this long between status records while training
-
-
-def format_eta(seconds: float) -> str:
-    """`5:30`, or `1:02:03` beyond an hour (seed 003)."""
-    seconds = max(0, int(round(seconds)))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
 def step_line(bracket: str, step: int, max_steps: int, loss: float, lr: float, grad_norm: float | None,
               eta_s: float, tokens_per_s: float, flops: FlopsModel) -> str:
     norm = "n/a" if grad_norm is None else f"{grad_norm:.4f}"
     line = (f"{bracket} Step [{step}/{max_steps}] | Loss: {loss:.4f} | LR: {lr:.2e} | Grad Norm: {norm} | "
-            f"ETA: {format_eta(eta_s)} | Tok/s: {tokens_per_s:.0f}")
+            f"ETA: {format_duration(eta_s)} | Tok/s: {tokens_per_s:.0f}")
     mfu = flops.mfu(tokens_per_s)
     if mfu is None:  # unknown peak (CPU, unlisted GPU): report achieved TFLOP/s only
         return f"{line} | MFU: n/a | TFLOP/s: {flops.tflops(tokens_per_s):.3f}"
@@ -74,9 +68,24 @@ class TensorBoard:
             self.writer.close()
 
 
+class ScalarSinks:
+    """Every scalar to every sink (TensorBoard, W&B offline): one call site in the reporter."""
+
+    def __init__(self, *sinks: TensorBoard | WandbLog) -> None:
+        self.sinks = sinks
+
+    def scalars(self, step: int, **values: float | None) -> None:
+        for sink in self.sinks:
+            sink.scalars(step, **values)
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+
+
 class StepReporter:
     def __init__(self, identity: WorkerIdentity, max_steps: int, log_every: int, tokens_per_step: int,
-                 flops: FlopsModel, status: StatusWriter, tensorboard: TensorBoard, device: torch.device,
+                 flops: FlopsModel, status: StatusWriter, tensorboard: TensorBoard | ScalarSinks, device: torch.device,
                  start_step: int) -> None:
         self.identity, self.max_steps, self.log_every = identity, max_steps, log_every
         self.tokens_per_step, self.flops, self.status = tokens_per_step, flops, status

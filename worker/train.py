@@ -12,7 +12,6 @@ import torch.distributed as dist
 from loguru import logger
 
 from gpuherd import contract
-from gpuherd.checkpoint_layout import latest_checkpoint
 from gpuherd.config import Config
 from gpuherd.contract import WorkerIdentity
 from gpuherd.exit_codes import ExitCode
@@ -21,23 +20,24 @@ from worker import distributed as wdist
 from worker import rng
 from worker import signals as wsignals
 from worker.attention import resolve_backend
-from worker.checkpoint import Checkpointer, meta_base
+from worker.checkpoint import Checkpointer, meta_base, run_id_from_env
 from worker.data import DataBundle, cache_bundle
 from worker.distributed import StopVote, WorkerError
+from worker.engines import Engine, Precision, build_engine, needs_process_group, resolve_strategy
 from worker.logs import setup_logging
 from worker.mfu import FlopsModel
 from worker.model import ModelArgs
-from worker.parallelize import Engine, Precision, build_engine, resolve_strategy
-from worker.reporting import StepReporter, TensorBoard
+from worker.reporting import ScalarSinks, StepReporter, TensorBoard
+from worker.wandb_log import WandbLog
 from worker.schedule import WarmupCosine
-
-NEEDS_PROCESS_GROUP = ("ddp", "fsdp", "zero1", "deepspeed")
 
 
 def run(cfg: Config, identity: WorkerIdentity, *, cache_dir: Path | None = None, data: DataBundle | None = None,
-        status: StatusWriter | None = None, run_dir: Path | None = None, install_signals: bool = True) -> int:
+        status: StatusWriter | None = None, run_dir: Path | None = None, install_signals: bool = True,
+        run_id: str | None = None) -> int:
     """Train per `cfg`; returns the exit code (0, or 130 / 143 after a graceful SIGINT / SIGUSR2 stop).
-    Failures with a known cause raise WorkerError (or worker.nan.NanStop)."""
+    Failures with a known cause raise WorkerError (or worker.nan.NanStop). `run_id`
+    (default: from the environment) goes into every checkpoint."""
     sig = wsignals.install() if install_signals else wsignals.SignalState()
     device, identity = wdist.choose_device(cfg, identity)
     setup_logging(identity, cfg.debug.log_level)  # now the tag says GPU or CPU for sure
@@ -46,7 +46,7 @@ def run(cfg: Config, identity: WorkerIdentity, *, cache_dir: Path | None = None,
     status.send("ready", device=str(device), uuid=uuid, pid=os.getpid())
     strategy = resolve_strategy(cfg.training.strategy, identity.world_size)
     try:
-        if identity.world_size > 1 or strategy in NEEDS_PROCESS_GROUP:
+        if identity.world_size > 1 or needs_process_group(strategy):
             status.send("phase", name="rendezvous")
             wdist.init_process_group(cfg, identity, device)
         if data is None:
@@ -54,7 +54,8 @@ def run(cfg: Config, identity: WorkerIdentity, *, cache_dir: Path | None = None,
                 raise WorkerError("no dataset cache given (GPUHERD_DATASET_CACHE)", ExitCode.DATA)
             data = cache_bundle(cache_dir, cfg.model.vocab_size, cfg.training.batch_size, cfg.data.context_length,
                                 identity.rank, identity.world_size, cfg.system.seed, cfg.data.verify_cache)
-        trainer = Trainer(cfg, identity, device, strategy, data, status, run_dir, sig)
+        trainer = Trainer(cfg, identity, device, strategy, data, status, run_dir, sig,
+                          run_id_from_env() if run_id is None else run_id)
         return trainer.train()
     finally:
         wdist.shutdown()
@@ -62,7 +63,7 @@ def run(cfg: Config, identity: WorkerIdentity, *, cache_dir: Path | None = None,
 
 class Trainer:
     def __init__(self, cfg: Config, identity: WorkerIdentity, device: torch.device, strategy: str, data: DataBundle,
-                 status: StatusWriter, run_dir: Path | None, sig: wsignals.SignalState) -> None:
+                 status: StatusWriter, run_dir: Path | None, sig: wsignals.SignalState, run_id: str = "") -> None:
         self.cfg, self.identity, self.device, self.strategy = cfg, identity, device, strategy
         self.data, self.status, self.sig = data, status, sig
         t = cfg.training
@@ -88,15 +89,18 @@ class Trainer:
         self.schedule = WarmupCosine.from_config(t)
         self.checkpointer = Checkpointer(
             self.engine, Path(cfg.system.checkpoint_dir), t.keep_last, identity.rank, identity.world_size,
-            meta_base(self.args, cfg.to_dict(), self.schedule.state_dict(), data.tokenizer))
+            meta_base(self.args, cfg.to_dict(), self.schedule.state_dict(), data.tokenizer), run_id)
         self.start_step = self._resume()
         self.step = self.saved_step = self.start_step
         self.guard = self._nan_guard()
         self.vote = StopVote.create()
-        self.tb = TensorBoard(run_dir, identity.rank)
+        self.tb = ScalarSinks(TensorBoard(run_dir, identity.rank),
+                              WandbLog(cfg.logging.wandb, run_dir, identity.rank, cfg.to_dict()))
         tokens_per_step = t.batch_size * t.grad_accum_nums * cfg.data.context_length
         self.reporter = StepReporter(identity, t.max_steps, t.log_every, tokens_per_step, self.flops, status,
                                      self.tb, device, self.start_step)
+        if data.describe is not None:  # what this run reads: sources, shares, epochs over max_steps
+            self._log_rank0(f"{identity.bracket} {data.describe(tokens_per_step * identity.world_size * t.max_steps)}")
         self.skipped_steps = 0
 
     def _log_rank0(self, message: str) -> None:
@@ -105,17 +109,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup helpers
     def _resume(self) -> int:
+        self.checkpointer.remove_orphans()
         want = self.cfg.training.resume
-        if want is None:
+        # a restarted attempt: the supervisor's pick, which must be this run's own checkpoint
+        restored = self.checkpointer.resume(want, handed=os.environ.get(contract.RESUME))
+        if restored is None:
+            if want == "auto":
+                self._log_rank0(f"resume=auto: no checkpoint in {self.cfg.system.checkpoint_dir}, starting at step 0")
             return 0
-        path = latest_checkpoint(Path(self.cfg.system.checkpoint_dir)) if want == "auto" else Path(want)
-        if path is None:
-            self._log_rank0(f"resume=auto: no checkpoint in {self.cfg.system.checkpoint_dir}, starting at step 0")
-            return 0
-        restored = self.checkpointer.load(path)
         if restored.sampler_state is not None:
             self.data.train.load_state_dict(restored.sampler_state)
-        self._log_rank0(f"resumed from {path} at step {restored.step}")
+        self._log_rank0(f"resumed from {restored.path} at step {restored.step}")
         return restored.step
 
     def _nan_guard(self) -> Any:
@@ -175,20 +179,11 @@ class Trainer:
             if self.guard is not None:
                 batches.append(inputs)
         loss = torch.stack(losses).mean()
-        grad_norm = engine.clip_grad_norm(t.max_grad_norm)
-        apply = True
-        if self.guard is not None and engine.ds_engine is None:
-            apply = self.guard.check(step=step, loss=loss, grad_norm=grad_norm, batches=batches, lr=lr)
-        if apply:
-            engine.optimizer_step(lr)
-        else:
-            engine.skip_step()
+        check = None if self.guard is None else (  # the engine calls it when its grad norm is known
+            lambda grad_norm: self.guard.check(step=step, loss=loss, grad_norm=grad_norm, batches=batches, lr=lr))
+        grad_norm, applied = engine.step(lr, t.max_grad_norm, check)
+        if not applied:
             self.skipped_steps += 1
-        if engine.ds_engine is not None:
-            # DeepSpeed clips inside its step, so its norm (and the NaN check) come after it
-            grad_norm = engine.after_step_norm()
-            if self.guard is not None and grad_norm is not None:
-                self.guard.check(step=step, loss=loss, grad_norm=grad_norm, batches=batches, lr=lr)
         self.reporter.after_step(step, loss, lr, grad_norm)
 
     def _paused(self, fn, back_to: str | None = "train") -> None:

@@ -8,6 +8,7 @@ import sys
 
 from gpuherd.cli import OneLineParser, die
 from gpuherd.exit_codes import ExitCode
+from gpuherd.text import int_list
 from supervisor.gpus import DeviceError, NvmlUnavailable, read_inventory, read_topology
 from supervisor.gpus import allowed_gpus
 
@@ -38,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _ids(text: str, existing: list[int]) -> list[int]:
     try:
-        ids = [int(part) for part in text.split(",") if part.strip()]
+        ids = int_list(text)
     except ValueError:
         die(f"--gpus expects ids like 0,1, got '{text}'", ExitCode.USAGE, PROG)
     for i in ids:

@@ -12,14 +12,17 @@ Everything outside this package imports from here, never from the modules below.
   read_topology(gpu_ids) -> Topology (.format(), .warnings())                         topology.py
   read_inventory() -> list[GpuInfo]; allowed_gpus(inventory, CUDA_VISIBLE_DEVICES)    inventory.py, visible.py
   CLAIM_FDS_ENV: the variable that hands a GPU claim through exec                     claim.py
+  read_device_health(index) -> DeviceHealth: pre-flight readings (ECC, XID, links)    device_health.py
+  NA: what a reading is when the board or driver cannot answer                        nvml.py
 """
 
 from supervisor.gpus.claim import CLAIM_FDS_ENV
+from supervisor.gpus.device_health import DeviceHealth, read_device_health
 from supervisor.gpus.devices import DevicePlan, DeviceSlot, plan_devices
 from supervisor.gpus.errors import DeviceError
 from supervisor.gpus.inventory import GpuInfo, GpuProcess, read_inventory
 from supervisor.gpus.monitor import GpuMonitor
-from supervisor.gpus.nvml import GpuLost, NvmlUnavailable
+from supervisor.gpus.nvml import NA, GpuLost, NvmlUnavailable
 from supervisor.gpus.plan import plan_gpus, release_claims
 from supervisor.gpus.selection import Selection, select_least_used
 from supervisor.gpus.table import format_device_table
@@ -27,7 +30,7 @@ from supervisor.gpus.topology import Topology, read_topology
 from supervisor.gpus.visible import allowed_gpus
 
 __all__ = [
-    "CLAIM_FDS_ENV", "DeviceError", "DevicePlan", "DeviceSlot", "GpuInfo", "GpuLost", "GpuMonitor", "GpuProcess",
+    "CLAIM_FDS_ENV", "NA", "DeviceError", "DeviceHealth", "DevicePlan", "DeviceSlot", "GpuInfo", "GpuLost", "GpuMonitor", "GpuProcess",
     "NvmlUnavailable", "Selection", "Topology", "allowed_gpus", "format_device_table", "plan_devices", "plan_gpus",
-    "read_inventory", "read_topology", "release_claims", "select_least_used",
+    "read_device_health", "read_inventory", "read_topology", "release_claims", "select_least_used",
 ]

@@ -1,7 +1,7 @@
 """GpuMonitor: GPU health tied to the worker on each GPU, for the length of a run.
 
 Two daemon threads. The sampler reads, every `interval` seconds and per GPU:
-utilization, memory (v2), temperature and slowdown threshold, power and limit,
+utilization, memory (v2), temperature and slowdown threshold, SM clock, power and limit,
 clock-event (throttle) reasons, volatile ECC counts, and the memory each
 worker process holds; plus host CPU and RSS per worker pid (psutil). The event
 thread blocks in nvmlEventSetWait_v2 (200 ms slices, so stop() is prompt) for
@@ -209,6 +209,7 @@ class GpuMonitor:
                          lambda: p.nvmlDeviceGetTemperature(h, p.NVML_TEMPERATURE_GPU)),
             "temp_slowdown": self._once(i, "slowdown temperature", lambda: p.nvmlDeviceGetTemperatureThreshold(
                 h, p.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)),
+            "sm_clock_mhz": read(i, "SM clock", lambda: p.nvmlDeviceGetClockInfo(h, p.NVML_CLOCK_SM)),
             "power_w": power if power == nvml.NA else round(power / 1000, 1),
             "power_limit_w": limit if limit == nvml.NA else round(limit / 1000, 1),
             "clock_events": events if events == nvml.NA else health.clock_event_names(events),

@@ -60,6 +60,6 @@ def test_dataset_errors_exit_3_in_one_line(tmp_path):
                            env=dict(os.environ, PYTHONPATH=""))
     assert done.returncode == 3
     assert done.stderr.strip().splitlines()[-1] == (
-        f"prepare_dataset.py: error: {bad} is not UTF-8 text (byte 0xff at offset 0); "
-        "data.dataset takes .txt or .jsonl files or a directory of them"
+        f"prepare_dataset.py: error: {bad}: not UTF-8 text (byte 0xff at offset 0); "
+        "data.on_bad_record=skip skips the rest of such a file"
     )

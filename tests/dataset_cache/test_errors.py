@@ -25,7 +25,7 @@ def test_missing_path(tmp_path):
 def test_directory_without_text_files(tmp_path):
     (tmp_path / "pics").mkdir()
     (tmp_path / "pics" / "a.png").write_bytes(b"\x89PNG")
-    assert "holds no .txt or .jsonl files" in prepare_error(tmp_path, dataset=str(tmp_path / "pics"))
+    assert "holds no .txt, .jsonl, .jsonl.gz, .jsonl.zst or .parquet files" in prepare_error(tmp_path, dataset=str(tmp_path / "pics"))
 
 
 def test_binary_file_names_the_byte_and_offset(tmp_path):

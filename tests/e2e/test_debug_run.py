@@ -1,4 +1,4 @@
-"""Issue 2's promise, end to end: `bash run_training.sh --debug` on two CPU workers."""
+"""`bash run_training.sh --debug` end to end on two CPU workers, as a user runs it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-# Seed 003's step line; fields after ETA may follow.
+# The step line users grep for; fields after ETA may follow, the ones before never change.
 STEP_LINE = re.compile(
     r"^(?P<kind>CPU|GPU)(?P<id>\d+):INFO \| \[(?P=kind) (?P=id)\] Step \[(?P<step>\d+)/(?P<total>\d+)\]"
     r" \| Loss: \d+\.\d{4} \| LR: \d\.\d{2}e[+-]\d{2} \| Grad Norm: \d+\.\d{4} \| ETA: \d+:\d{2}(:\d{2})?( \| .+)?$"
@@ -44,6 +44,13 @@ def _check_run(result: subprocess.CompletedProcess, cwd: Path) -> None:
     assert (run_dir / "supervisor.log").is_file()
     summary = orjson.loads((run_dir / "summary.json").read_bytes())
     assert summary["exit_code"] == 0
+    # the pre-flight checks ran before anything started, and found nothing to stop for
+    preflight = orjson.loads((run_dir / "preflight.json").read_bytes())
+    assert preflight["failed_exit_code"] is None and preflight["items"]
+    # the report written at the end embeds its figures (it opens offline)
+    html = (run_dir / "report" / "report.html").read_text()
+    assert html.count("data:image/png;base64,") >= 4
+    assert f"report: {run_dir / 'report' / 'report.html'}" in out
 
 
 def test_debug_run_on_two_cpu_workers(repo_root, tmp_path, python_env):

@@ -23,7 +23,7 @@ def test_two_nodes_train_one_model(tmp_path, python_env):
         port = s.getsockname()[1]
     procs = []
     for node in (0, 1):
-        cmd = [sys.executable, "-m", "supervisor", "--debug", "--set", "system.device=cpu", "--nproc", "1",
+        cmd = [sys.executable, "-m", "supervisor", "--debug", "--set", "system.device=cpu", "--no-report", "--nproc", "1",
                "--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
                "--run-id", "job"]
         for item in TINY:

@@ -26,7 +26,7 @@ TINY = [
 
 
 def _command(*extra: str) -> list[str]:
-    cmd = [sys.executable, "-m", "supervisor", "--debug", "--set", "system.device=cpu", "--nproc", "2", *extra]
+    cmd = [sys.executable, "-m", "supervisor", "--debug", "--set", "system.device=cpu", "--no-report", "--nproc", "2", *extra]
     for item in TINY:
         cmd += ["--set", item]
     return cmd
@@ -101,7 +101,7 @@ def test_killed_worker_is_restarted_and_the_final_loss_is_bit_identical(tmp_path
 def test_run_training_resume_flag_continues_from_the_latest_checkpoint(tmp_path, python_env):
     """`run_training.sh --resume auto` (= --set training.resume=auto), as in pretrain_main.py."""
     def train(max_steps: int, *extra: str) -> subprocess.CompletedProcess:
-        cmd = [sys.executable, "-m", "supervisor", "--debug", "--set", "system.device=cpu", "--nproc", "2", *extra]
+        cmd = [sys.executable, "-m", "supervisor", "--debug", "--set", "system.device=cpu", "--no-report", "--nproc", "2", *extra]
         for item in TINY:
             cmd += ["--set", item]
         cmd += ["--set", f"training.max_steps={max_steps}", "--set", "training.save_every=3"]

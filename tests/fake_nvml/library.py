@@ -260,9 +260,9 @@ class FakeNvmlLibrary:
             links = m.nvlinks[self._index(handle)] if m.nvlinks else []
             if not links:
                 return pynvml.NVML_ERROR_NOT_SUPPORTED
-            if link >= pynvml.NVML_NVLINK_MAX_LINKS:
+            if link >= len(links):  # past this board's last link, as the driver answers
                 return pynvml.NVML_ERROR_INVALID_ARGUMENT
-            out[0] = 1 if link < len(links) else 0
+            out[0] = 0 if link in gpu.nvlink_down else 1
             return SUCCESS
 
         def nvlink_remote(handle, link, out):
@@ -274,6 +274,63 @@ class FakeNvmlLibrary:
                 return pynvml.NVML_ERROR_INVALID_ARGUMENT
             out[0] = _pci_struct(links[link])
             return SUCCESS
+
+        def pair(symbol, attr):
+            """Symbol (device, T* a, T* b): the two values of a tuple field."""
+            def impl(handle, a, b):
+                gpu, err = self._gpu(handle, symbol)
+                if err:
+                    return err
+                a[0], b[0] = getattr(gpu, attr)
+                return SUCCESS
+            return impl
+
+        def retired_pages(handle, cause, count_p, addresses):
+            gpu, err = self._gpu(handle, "nvmlDeviceGetRetiredPages")
+            if err:
+                return err
+            n = gpu.retired_pages[cause] if cause < 2 else 0
+            if not addresses or count_p[0] < n:
+                count_p[0] = n
+                return pynvml.NVML_ERROR_INSUFFICIENT_SIZE if n else SUCCESS
+            for i in range(n):
+                addresses[i] = 0x1000 * (i + 1) + cause
+            count_p[0] = n
+            return SUCCESS
+
+        def remapped_rows(handle, corr, unc, pending, failure):
+            gpu, err = self._gpu(handle, "nvmlDeviceGetRemappedRows")
+            if err:
+                return err
+            corr[0], unc[0] = gpu.remapped_rows
+            pending[0], failure[0] = int(gpu.remap_pending), int(gpu.remap_failure)
+            return SUCCESS
+
+        def field_values(handle, count, address):
+            gpu, err = self._gpu(handle, "nvmlDeviceGetFieldValues")
+            if err:
+                return err
+            # pynvml passes byref(array): declared void*, as ctypes cannot take it for a struct pointer
+            values = ctypes.cast(address, P(pynvml.c_nvmlFieldValue_t))
+            for i in range(count):
+                if values[i].fieldId == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+                    values[i].valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+                    values[i].value.uiVal = gpu.recovery_action
+                    values[i].nvmlReturn = SUCCESS
+                else:
+                    values[i].nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+            return SUCCESS
+
+        def clock(symbol, attr):
+            def impl(handle, kind, out):
+                gpu, err = self._gpu(handle, symbol)
+                if err:
+                    return err
+                if kind != pynvml.NVML_CLOCK_SM:
+                    return pynvml.NVML_ERROR_NOT_SUPPORTED
+                out[0] = getattr(gpu, attr)
+                return SUCCESS
+            return impl
 
         def event_set_create(out):
             out[0] = ctypes.cast(c_void_p(EVENT_SET), pynvml.c_nvmlEventSet_t)
@@ -349,6 +406,26 @@ class FakeNvmlLibrary:
             "nvmlDeviceGetP2PStatus": (RET, [DEV, DEV, c_uint, uint_p], p2p_status),
             "nvmlDeviceGetNvLinkState": (RET, [DEV, c_uint, uint_p], nvlink_state),
             "nvmlDeviceGetNvLinkRemotePciInfo_v2": (RET, [DEV, c_uint, P(pci_t)], nvlink_remote),
+            "nvmlDeviceGetClockInfo": (RET, [DEV, c_uint, uint_p], clock("nvmlDeviceGetClockInfo", "sm_clock_mhz")),
+            "nvmlDeviceGetMaxClockInfo": (RET, [DEV, c_uint, uint_p], clock(
+                "nvmlDeviceGetMaxClockInfo", "sm_clock_max_mhz")),
+            "nvmlDeviceGetEccMode": (RET, [DEV, uint_p, uint_p], pair("nvmlDeviceGetEccMode", "ecc_mode")),
+            "nvmlDeviceGetMigMode": (RET, [DEV, uint_p, uint_p], pair("nvmlDeviceGetMigMode", "mig_mode")),
+            "nvmlDeviceGetRetiredPages": (RET, [DEV, c_uint, uint_p, ull_p], retired_pages),
+            "nvmlDeviceGetRetiredPagesPendingStatus": (RET, [DEV, uint_p], getter(
+                "nvmlDeviceGetRetiredPagesPendingStatus", lambda g: int(g.retired_pages_pending))),
+            "nvmlDeviceGetRemappedRows": (RET, [DEV, uint_p, uint_p, uint_p, uint_p], remapped_rows),
+            "nvmlDeviceGetCurrPcieLinkGeneration": (RET, [DEV, uint_p], getter(
+                "nvmlDeviceGetCurrPcieLinkGeneration", lambda g: g.pcie[0])),
+            "nvmlDeviceGetMaxPcieLinkGeneration": (RET, [DEV, uint_p], getter(
+                "nvmlDeviceGetMaxPcieLinkGeneration", lambda g: g.pcie[1])),
+            "nvmlDeviceGetGpuMaxPcieLinkGeneration": (RET, [DEV, uint_p], getter(
+                "nvmlDeviceGetGpuMaxPcieLinkGeneration", lambda g: g.pcie[1])),
+            "nvmlDeviceGetCurrPcieLinkWidth": (RET, [DEV, uint_p], getter(
+                "nvmlDeviceGetCurrPcieLinkWidth", lambda g: g.pcie[2])),
+            "nvmlDeviceGetMaxPcieLinkWidth": (RET, [DEV, uint_p], getter(
+                "nvmlDeviceGetMaxPcieLinkWidth", lambda g: g.pcie[3])),
+            "nvmlDeviceGetFieldValues": (RET, [DEV, c_int, c_void_p], field_values),
             "nvmlEventSetCreate": (RET, [P(pynvml.c_nvmlEventSet_t)], event_set_create),
             "nvmlDeviceGetSupportedEventTypes": (RET, [DEV, ull_p], supported_events),
             "nvmlDeviceRegisterEvents": (RET, [DEV, c_ulonglong, c_void_p], register_events),

@@ -52,6 +52,19 @@ class FakeGpu:
     lost: bool = False
     unsupported: list[str] = field(default_factory=list)  # NVML symbols -> NOT_SUPPORTED here
     supported_events: int = 0x2 | 0x8  # double-bit ECC | XID critical
+    sm_clock_mhz: int = 1980
+    sm_clock_max_mhz: int = 1980
+    # Fault modes for the pre-flight check (healthy by default)
+    ecc_mode: tuple[int, int] = (1, 1)  # (current, pending): 1 enabled
+    retired_pages: tuple[int, int] = (0, 0)  # pages retired for (multiple single-bit, double-bit) errors
+    retired_pages_pending: bool = False
+    remapped_rows: tuple[int, int] = (0, 0)  # rows remapped for (correctable, uncorrectable) errors
+    remap_pending: bool = False
+    remap_failure: bool = False
+    nvlink_down: list[int] = field(default_factory=list)  # links (of the machine's nvlinks[i]) reading inactive
+    pcie: tuple[int, int, int, int] = (5, 5, 16, 16)  # (generation, max generation, width, max width)
+    recovery_action: int = 0  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 0 none, 1 GPU reset, 2 node reboot, ...
+    mig_mode: tuple[int, int] = (0, 0)  # (current, pending): 1 enabled
 
 
 @dataclass
@@ -71,7 +84,9 @@ class FakeMachine:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> FakeMachine:
-        gpus = [FakeGpu(**{**g, "processes": [FakeProcess(**p) for p in g["processes"]]}) for g in raw["gpus"]]
+        tuples = {f.name for f in dataclasses.fields(FakeGpu) if str(f.type).startswith("tuple")}
+        gpus = [FakeGpu(**{**g, **{k: tuple(g[k]) for k in tuples & g.keys()},
+                           "processes": [FakeProcess(**p) for p in g["processes"]]}) for g in raw["gpus"]]
         return cls(**{**raw, "gpus": gpus})
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuherd.config import PRESETS, SECTIONS, Config, ConfigError, preset, resolve
+from gpuherd.config import PRESETS, SECTIONS, Config, ConfigError, preset, resolve, validate
 
 
 def test_debug_preset_matches_seed():
@@ -135,6 +135,43 @@ def test_invalid_config_is_one_clear_line(overrides, fragment):
     message = str(info.value)
     assert fragment in message
     assert "\n" not in message
+
+
+def test_every_integer_is_64_bit_bounded_wherever_it_was_set():
+    """Past 2**63 orjson, torch and numpy fail with tracebacks; the config says so first,
+    for fields without declared limits too (n_kv_heads) and for list items."""
+    top = 2**63 - 1
+    assert resolve("debug", overrides=[f"system.seed={top}"]).system.seed == top
+    for dotted in ("system.seed", "training.max_steps", "debug.max_dump_mb"):
+        with pytest.raises(ConfigError, match=f"^{dotted} must fit in a signed 64-bit integer"):
+            resolve("debug", overrides=[f"{dotted}={top + 1}"])
+    cfg = resolve("debug")
+    cfg.model.n_kv_heads = 10**30
+    with pytest.raises(ConfigError, match="^model.n_kv_heads must fit in a signed 64-bit integer"):
+        validate(cfg)
+    cfg = resolve("debug")
+    cfg.system.gpus = [0, 2**64]
+    with pytest.raises(ConfigError, match="^system.gpus must fit in a signed 64-bit integer"):
+        validate(cfg)
+    cfg.system.gpus = [0, 10**400]
+    with pytest.raises(ConfigError, match="got a 1329-bit number$"):  # never a 400-digit line
+        validate(cfg)
+
+
+@pytest.mark.parametrize("dotted, impossible", [
+    ("model.dim", 2**40), ("model.n_layers", 100_000_000), ("model.n_heads", 4096),
+    ("model.vocab_size", 2**30), ("data.context_length", 2**30), ("model.ffn_dim_multiplier", 1e6),
+])
+def test_impossible_model_sizes_are_refused(dotted, impossible):
+    with pytest.raises(ConfigError, match=f"^{dotted} must be within "):
+        resolve("debug", overrides=[f"{dotted}={impossible}"])
+
+
+def test_a_saved_config_is_validated_like_a_typed_one():
+    raw = resolve("debug").to_dict()
+    raw["model"]["dim"] = 10**25
+    with pytest.raises(ConfigError, match="model.dim must fit in a signed 64-bit integer"):
+        validate(Config.from_dict(raw))
 
 
 def test_unknown_key_in_file_names_the_file(tmp_path: Path):

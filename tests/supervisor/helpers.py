@@ -27,7 +27,7 @@ def env() -> dict[str, str]:
 
 
 def command(*args: str, behaviours: tuple[str, ...] = (), script: Path | None = SCENARIO) -> list[str]:
-    cmd = ["bash", str(REPO_ROOT / "run_training.sh"), "--set", "system.device=cpu", *args]
+    cmd = ["bash", str(REPO_ROOT / "run_training.sh"), "--set", "system.device=cpu", "--no-report", *args]
     if script is not None:
         cmd += ["--script", str(script), *behaviours]
     return cmd
@@ -61,7 +61,7 @@ def run(cwd: Path, *behaviours: str, args: tuple[str, ...] = (), timeout: float 
 
 def start(cwd: Path, *behaviours: str, args: tuple[str, ...] = (), script: Path | None = SCENARIO) -> subprocess.Popen:
     """The supervisor itself (not bash), so tests can signal it directly."""
-    cmd = [sys.executable, "-m", "supervisor", "--set", "system.device=cpu", *args]
+    cmd = [sys.executable, "-m", "supervisor", "--set", "system.device=cpu", "--no-report", *args]
     if script is not None:
         cmd += ["--script", str(script), *behaviours]
     return subprocess.Popen(cmd, cwd=cwd, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

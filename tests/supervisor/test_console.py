@@ -79,7 +79,7 @@ def test_supervisor_finishes_while_nobody_reads_its_stdout(tmp_path):
     """Before: a flooding worker filled the terminal's pipe, the supervisor blocked in
     write() and never noticed anything again."""
     with open(tmp_path / "err.txt", "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "supervisor", "--set", "system.device=cpu", "--script",
+        proc = subprocess.Popen([sys.executable, "-m", "supervisor", "--set", "system.device=cpu", "--no-report", "--script",
                                  str(sh.SCENARIO), "flood:200000", "flood:200000"],
                                 cwd=tmp_path, env=sh.env(), stdout=subprocess.PIPE, stderr=err)
         try:

@@ -140,7 +140,7 @@ def test_restart_after_a_failure_on_one_node_restarts_every_node(tmp_path):
     (("--nnodes", "2", "--master-addr", "no-such-host.invalid"), "--master-addr no-such-host.invalid: cannot resolve"),
 ])
 def test_bad_multinode_options_exit_2_before_anything_is_written(tmp_path, args, fragment):
-    proc = subprocess.run([sys.executable, "-m", "supervisor", "--set", "system.device=cpu", *args],
+    proc = subprocess.run([sys.executable, "-m", "supervisor", "--set", "system.device=cpu", "--no-report", *args],
                           cwd=tmp_path, env=sh.env(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc.stderr
     assert fragment in proc.stderr and "Traceback" not in proc.stderr
@@ -195,7 +195,7 @@ def test_slurm_environment_places_each_supervisor(tmp_path):
     for node in (0, 1):
         env = {**sh.env(), "PATH": f"{fakebin}:{sh.env()['PATH']}", "SLURM_JOB_ID": "777", "SLURM_NNODES": "2",
                "SLURM_NODEID": str(node), "SLURM_JOB_NODELIST": "node[01-02]", "MASTER_PORT": str(port)}
-        cmd = [sys.executable, "-m", "supervisor", "--slurm", "--set", "system.device=cpu", "--nproc", "1",
+        cmd = [sys.executable, "-m", "supervisor", "--slurm", "--set", "system.device=cpu", "--no-report", "--nproc", "1",
                "--script", str(sh.SCENARIO), "train:2", "train:2"]
         procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))

@@ -1,123 +1,131 @@
-"""Bad paths and impossible values are refused before anything is written or spawned:
-exit 2, one line naming the culprit, the working directory untouched."""
+"""`gpuherd check`: every fault the fake NVML can show gives its FAIL or WARN line; the host
+items pass here; FAIL ends the command with 4 (a GPU) or 2 (the host)."""
 
 from __future__ import annotations
 
-import os
-import resource
-import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from gpuherd.model_size import ModelSize
-from supervisor.preflight import PreflightError
-from supervisor.preflight.limits import check_backend, check_worker_count
-from supervisor.preflight.paths import check_directory, check_room, probe_writable
-from tests.supervisor import helpers as sh
+from gpuherd.config import resolve
+from supervisor.health.items import FAIL, NA, PASS, WARN
+from supervisor.health.preflight import run_checks
+from tests.fake_nvml import GIB, FakeProcess, installed, machine, subprocess_env
+from tests.supervisor.helpers import env as run_env
 
-TINY_TRAIN = ("--debug", "--set", "data.dataset=dummy", "--set", "data.tokenizer=byte")
-
-
-def _supervisor(cwd: Path, *args: str, preexec=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "supervisor", "--set", "system.device=cpu", *args], cwd=cwd,
-                          env=sh.env(), capture_output=True, text=True, timeout=120, preexec_fn=preexec)
+CHECK = [sys.executable, "-m", "supervisor.commands.check"]
 
 
-def _refused(done: subprocess.CompletedProcess, fragment: str) -> None:
-    assert done.returncode == 2, done.stderr[-3000:]
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and fragment in lines[0], done.stderr
-    assert "Traceback" not in done.stderr
+def config(tmp_path: Path, *overrides: str):
+    return resolve(preset_name="debug", config_file=None, max_steps=None, cwd=tmp_path,
+                   overrides=["data.dataset=dummy", *overrides])
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (("--set", "system.checkpoint_dir=a_file"), "system.checkpoint_dir {cwd}/a_file is a file, not a directory"),
-    (("--set", "system.checkpoint_dir=a_file/ckpt"), "system.checkpoint_dir {cwd}/a_file/ckpt: {cwd}/a_file is a file"),
-    (("--set", "system.run_root=a_file"), "system.run_root {cwd}/a_file is a file, not a directory"),
-    (("--set", "data.cache_dir=a_file/cache"), "data.cache_dir {cwd}/a_file/cache: {cwd}/a_file is a file"),
-    (("--set", f"system.run_root=runs/{'r' * 300}"), "system.run_root: the path component 'rrrrrrrrrrrrrrrrrr"),
-    (("--set", f"system.checkpoint_dir={'c' * 300}/x"), "(300 bytes) is longer than the filesystem allows"),
-    (("--set", "system.checkpoint_dir=/proc/gpuherd-checkpoints"), "cannot create files there"),
-    (("--config", "a_dir"), "config file {cwd}/a_dir is a directory, not a JSON file"),
-    (("--nproc", "100000"), "--nproc 100000 (system.nproc): one supervisor runs at most 1024 workers"),
-    (("--set", "system.backend=nccl"), "system.backend=nccl needs CUDA GPUs, but this run's workers are on CPU"),
-])
-def test_bad_paths_and_values_exit_2_before_anything_is_written(tmp_path, args, fragment):
-    (tmp_path / "a_file").write_text("in the way\n")
-    (tmp_path / "a_dir").mkdir()
-    done = _supervisor(tmp_path, *TINY_TRAIN, *args)
-    _refused(done, fragment.format(cwd=tmp_path))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_dir", "a_file"]
-    assert not list((tmp_path / "a_dir").iterdir())
+def items_of(report, scope: str) -> dict[str, tuple[str, str]]:
+    return {i.name: (i.status, i.detail) for i in report.items if i.scope == scope}
 
 
-def test_a_script_that_is_a_directory_is_refused(tmp_path):
-    (tmp_path / "train").mkdir()
-    _refused(_supervisor(tmp_path, "--script", "train"), "--script train is a directory, not a script")
-    assert [p.name for p in tmp_path.iterdir()] == ["train"]
+def set_attr(name, value):
+    return lambda m, lib: setattr(m.gpus[1], name, value)
 
 
-def _open_files(limit: int):
-    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+FAULTS = [  # (what the machine shows on GPU 1, item, status, words of the detail)
+    (set_attr("ecc_uncorrected", 2), "ecc errors", FAIL, "2 uncorrectable (double-bit)"),
+    (set_attr("ecc_corrected", 7), "ecc errors", WARN, "7 corrected (single-bit)"),
+    (set_attr("ecc_mode", (0, 0)), "ecc mode", WARN, "ECC is off"),
+    (set_attr("ecc_mode", (1, 0)), "ecc mode", WARN, "off after the next reboot"),
+    (set_attr("retired_pages_pending", True), "retired pages", WARN, "page retirement pending"),
+    (set_attr("remap_pending", True), "row remapping", WARN, "row remap pending"),
+    (set_attr("remap_failure", True), "row remapping", FAIL, "row remapping failed"),
+    (lambda m, lib: lib.inject_xid(1, 79), "xid", FAIL, "hardware XID 79"),
+    (lambda m, lib: lib.inject_xid(1, 13), "xid", WARN, "XID 13 during the check"),
+    (set_attr("clocks_event_reasons", 0x40), "throttle", FAIL, "held back by the hardware now (hw_thermal)"),
+    (set_attr("clocks_event_reasons", 0x80), "throttle", FAIL, "hw_power_brake"),
+    (set_attr("clocks_event_reasons", 0x4), "throttle", WARN, "capped by the driver now (sw_power_cap)"),
+    (set_attr("nvlink_down", [1, 3]), "nvlink", WARN, "NVLink 1, 3 down (2 of 4 up)"),
+    (set_attr("pcie", (4, 5, 8, 16)), "pcie link", WARN, "gen 4 x8 (max gen 5 x16)"),
+    (set_attr("recovery_action", 1), "recovery action", FAIL, "asks for a GPU reset"),
+    (set_attr("recovery_action", 2), "recovery action", FAIL, "asks for a node reboot"),
+    (set_attr("mig_mode", (1, 1)), "mig", FAIL, "MIG mode is on"),
+    (set_attr("mig_mode", (0, 1)), "mig", WARN, "turns on at the next GPU reset"),
+    (set_attr("processes", [FakeProcess(1, 3 * GIB)]), "processes", WARN, "other processes on this GPU: pid 1"),
+    (set_attr("memory_used", 40 * GIB), "processes", WARN, "40.0 of 80 GiB in use by processes not visible"),
+    (lambda m, lib: lib.lose(1), "present", FAIL, "GPU is lost"),
+]
 
 
-def test_too_many_workers_for_the_open_file_limit(tmp_path):
-    done = _supervisor(tmp_path, *TINY_TRAIN, "--nproc", "50", preexec=_open_files(200))
-    _refused(done, "50 workers need about 464 open files, but this process may open only 200 (ulimit -Hn)")
-    assert list(tmp_path.iterdir()) == []
+@pytest.mark.parametrize(("fault", "item", "status", "words"), FAULTS, ids=[f"{f[1]}-{f[3][:24]}" for f in FAULTS])
+def test_each_fault_mode_gives_its_line(tmp_path, fault, item, status, words):
+    m = machine(2, nvlink=True)
+    with installed(m) as lib:
+        fault(m, lib)
+        report = run_checks(config(tmp_path), None)
+    gpu1 = items_of(report, "GPU 1")
+    assert gpu1[item][0] == status and words in gpu1[item][1], gpu1[item]
+    healthy = items_of(report, "GPU 0")
+    assert {s for s, _ in healthy.values()} == {PASS}, healthy
+    assert report.failed_exit_code == (4 if status == FAIL else 2)  # 2: this CPU-only torch fails the host
 
 
-def test_a_low_soft_open_file_limit_is_raised_to_what_the_workers_need(tmp_path):
-    """Soft limit below the need, hard limit above it: raised, as `ulimit -n` would."""
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-    if hard != resource.RLIM_INFINITY and hard < 1000:
-        pytest.skip(f"the hard open-file limit here is {hard}")
-    code = ("import resource; from supervisor.preflight.limits import ensure_open_files; ensure_open_files(40); "
-            "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=sh.env(), capture_output=True, text=True,
-                          timeout=60, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (100, hard)))
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["384"]  # 64 + 8 per worker
+def test_a_board_or_driver_that_cannot_answer_reads_n_a():
+    m = machine(1)
+    m.gpus[0].unsupported = ["nvmlDeviceGetEccMode", "nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetRetiredPages",
+                             "nvmlDeviceGetRemappedRows", "nvmlDeviceGetMigMode", "nvmlDeviceGetFieldValues"]
+    m.missing = ["nvmlEventSetCreate", "nvmlDeviceGetCurrPcieLinkGeneration"]
+    with installed(m):
+        report = run_checks(config(Path.cwd()), [0])
+    gpu0 = items_of(report, "GPU 0")
+    assert {k for k, (s, _) in gpu0.items() if s == NA} == {
+        "ecc mode", "ecc errors", "retired pages", "row remapping", "xid", "nvlink", "pcie link", "recovery action",
+        "mig"}
+    assert gpu0["throttle"][0] == PASS and gpu0["processes"][0] == PASS
 
 
-def test_check_directory_finds_what_mkdir_would_start_from(tmp_path):
-    assert check_directory("k", tmp_path / "new" / "deeper") == tmp_path
-    (tmp_path / "f").write_text("x")
-    with pytest.raises(PreflightError, match=f"^k {tmp_path}/f/sub: {tmp_path}/f is a file, not a directory$"):
-        check_directory("k", tmp_path / "f" / "sub")
+def test_check_here_passes_the_host_and_says_there_is_no_gpu(tmp_path):
+    result = subprocess.run([*CHECK, "--debug", "--set", "data.dataset=dummy"], cwd=tmp_path, env=run_env(),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[1] if line.split()[1] != "checkpoint" else "checkpoint disk": line
+            for line in result.stdout.splitlines()[1:]}
+    assert "no GPU: NVML unavailable" in rows["gpus"] and " n/a " in rows["gpus"]
+    for name in ("checkpoint disk", "log", "dataset", "open", "torch"):
+        assert " PASS " in rows[name], rows[name]
+    assert not (tmp_path / "logs").exists() and not (tmp_path / ".checkpoints").exists()  # it only looks
 
 
-def test_probe_leaves_nothing_behind(tmp_path):
-    probe_writable("k", tmp_path / "ckpt", tmp_path)
-    assert list(tmp_path.iterdir()) == []
+def test_a_gpu_failure_stops_with_exit_4_naming_the_gpu(tmp_path):
+    m = machine(2)
+    m.gpus[1].ecc_uncorrected = 1
+    result = subprocess.run([*CHECK, "--debug", "--set", "data.dataset=dummy"], cwd=tmp_path,
+                            env=subprocess_env(m, tmp_path, run_env()), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert result.stderr.splitlines()[-1].startswith("gpuherd check: error: GPU 1: ecc errors: 1 uncorrectable")
+    assert "GPU 0  ecc errors       PASS" in result.stdout
 
 
-def test_unwritable_directory_is_named(tmp_path):
-    if os.geteuid() == 0:
-        pytest.skip("root may write anywhere; /proc covers this case in the supervisor test")
-    locked = tmp_path / "locked"
-    locked.mkdir(mode=0o555)
-    with pytest.raises(PreflightError, match="cannot create files there"):
-        probe_writable("system.checkpoint_dir", locked / "ckpt", locked)
+def test_host_failures_exit_2(tmp_path):
+    (tmp_path / "not-a-dir").write_text("")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = subprocess.run([*CHECK, "--debug", "--set", f"data.cache_dir={tmp_path / 'not-a-dir'}",
+                                 "--master-addr", "127.0.0.1", "--master-port", str(port)],
+                                cwd=tmp_path, env=run_env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    failed = [line for line in result.stdout.splitlines() if " FAIL " in line]
+    assert len(failed) == 2 and "not a readable directory" in failed[0]
+    assert f"--master-port {port} is already in use" in failed[1]
 
 
-def test_room_for_two_checkpoints(tmp_path):
-    free = shutil.disk_usage(tmp_path).free
-    fits = ModelSize(parameters=1000, checkpoint_bytes=free // 4)
-    check_room("system.checkpoint_dir", tmp_path, tmp_path, fits)
-    too_big = ModelSize(parameters=6_083_055_616, checkpoint_bytes=free // 2 + 1_000_000)
-    with pytest.raises(PreflightError, match=r"but 2 checkpoints of this model \(6.08B parameters, ~.* each\) need"):
-        check_room("system.checkpoint_dir", tmp_path, tmp_path, too_big)
-
-
-def test_worker_count_and_backend_limits():
-    check_worker_count(1024)
-    with pytest.raises(PreflightError, match="at most 1024 workers"):
-        check_worker_count(1025)
-    check_backend("nccl", "cuda")
-    check_backend("gloo", "cpu")
-    with pytest.raises(PreflightError, match="system.backend=nccl needs CUDA GPUs"):
-        check_backend("nccl", "cpu")
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    m = machine(2)
+    for args, message in ((["--gpus", "7"], "GPU 7 does not exist (this machine has GPUs 0-1)"),
+                          (["--gpus", "x"], "--gpus x: expected GPU ids like 0,2"),
+                          (["--master-addr", "h"], "--master-addr and --master-port go together")):
+        result = subprocess.run([*CHECK, *args], cwd=tmp_path, env=subprocess_env(m, tmp_path, run_env()),
+                                capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and result.stderr.splitlines() == [f"gpuherd check: error: {message}"]

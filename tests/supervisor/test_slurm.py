@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from gpuherd.files import current_umask
 from supervisor.commands import sbatch as slurm
 from supervisor.rendezvous import slurm_env
 from supervisor.commands.sbatch import SbatchOptions, render_sbatch
@@ -376,7 +375,9 @@ def test_cli_writes_the_script_and_creates_the_log_dir(tmp_path, python_env):
     assert (tmp_path / "slurm-logs").is_dir()
     assert f"cd {shlex.quote(str(slurm.REPO_ROOT))}" in script.splitlines()
     assert shlex.split(script.splitlines()[-1])[6:] == list(TRAIN_ARGS)
-    assert (tmp_path / "job.sbatch").stat().st_mode & 0o777 == 0o666 & ~current_umask()  # like any other tool's
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert (tmp_path / "job.sbatch").stat().st_mode & 0o777 == 0o666 & ~umask  # like any other tool's file
     assert directives(script)["signal"] == "USR1@180"
 
 

@@ -82,11 +82,20 @@ def test_resume_mid_run_is_bit_identical(runs: Path, name: str):
 
 
 def test_checkpoint_layouts(runs: Path):
-    assert sorted(p.name for p in (runs / "ckpt-ddp").iterdir()) == ["step_0000003.pt", "step_0000006.pt"]
+    from gpuherd.checkpoint_manifest import read_manifest
+
+    assert sorted(p.name for p in (runs / "ckpt-ddp").iterdir()) == [
+        "step_0000003.pt", "step_0000003.pt.manifest.json", "step_0000006.pt", "step_0000006.pt.manifest.json"]
     assert (runs / "ckpt-zero1" / "step_0000006.pt").is_file()
     fsdp = runs / "ckpt-fsdp" / "step_0000006"
     assert (fsdp / "meta.pt").is_file() and (fsdp / ".metadata").is_file()
-    assert (runs / "ckpt-deepspeed" / "step_0000006" / "ds").is_dir()
+    deepspeed = runs / "ckpt-deepspeed" / "step_0000006"
+    assert (deepspeed / "ds").is_dir()
+    for sharded in (fsdp, deepspeed):  # the manifest covers every file the ranks wrote, checksummed between them
+        manifest = read_manifest(sharded)
+        on_disk = sorted(str(p.relative_to(sharded)) for p in sharded.rglob("*") if p.is_file())
+        assert sorted(manifest.files) == [name for name in on_disk if name != "manifest.json"]
+        assert manifest.step == 6 and "meta.pt" in manifest.files
     assert not list(runs.glob("ckpt-*/*.tmp"))
     meta = torch.load(fsdp / "meta.pt", weights_only=True)
     assert meta["step"] == 6 and meta["world_size"] == 2 and len(meta["rng"]) == 2

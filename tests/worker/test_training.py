@@ -13,9 +13,10 @@ from tests.worker import helpers as h
 from gpuherd.checkpoint_layout import latest_checkpoint, list_checkpoints
 from gpuherd.contract import WorkerIdentity
 from gpuherd.exit_codes import ExitCode
+from gpuherd.text import format_duration
 from worker.distributed import WorkerError
 from worker.mfu import FlopsModel, peak_flops
-from worker.reporting import format_eta, step_line
+from worker.reporting import step_line
 from worker.schedule import WarmupCosine
 from worker.train import run
 
@@ -59,7 +60,7 @@ def test_step_line_matches_the_seed_format():
     assert line.startswith("[GPU 0] Step [0/10] | Loss: 10.9877 | LR: 1.00e-05 | Grad Norm: 2.7565 | ETA: 0:05 | ")
     assert STEP_LINE.match(line) and line.endswith("MFU: 0.1%")
     assert STEP_LINE.match(step_line("[CPU 1]", 3, 10, 1.0, 3e-4, 0.5, 4000, 10, FlopsModel(1e9, None)))
-    assert format_eta(330) == "5:30" and format_eta(3723) == "1:02:03"
+    assert format_duration(330) == "5:30" and format_duration(3723) == "1:02:03"
 
 
 def test_run_logs_reports_and_saves(tmp_path: Path, capfd):
@@ -117,16 +118,16 @@ def test_resume_with_another_model_is_a_clear_error(tmp_path: Path):
     train(tmp_path, "training.max_steps=2")
     with pytest.raises(WorkerError, match="different model.*dim") as info:
         train(tmp_path, "training.resume=auto", "model.dim=64", "model.n_heads=4")
-    assert info.value.code == ExitCode.USAGE
+    assert info.value.exit_code == ExitCode.USAGE
 
 
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path: Path):
     bad = tmp_path / "ckpt" / "step_0000009.pt"
     bad.parent.mkdir(parents=True)
     bad.write_bytes(b"not a checkpoint")
-    with pytest.raises(WorkerError, match="cannot read checkpoint") as info:
+    with pytest.raises(WorkerError, match="step_0000009.pt is not a gpuherd checkpoint$") as info:
         train(tmp_path, f"training.resume={bad}")
-    assert info.value.code == ExitCode.USAGE
+    assert info.value.exit_code == ExitCode.USAGE
 
 
 def test_nan_guard_stops_with_exit_code_6(tmp_path: Path):

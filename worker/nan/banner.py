@@ -1,4 +1,4 @@
-"""The seed 003 banner, rendered from plain data (live or from a dump file).
+"""The NaN report banner, rendered from plain data (live or from a dump file).
 
     ================================================================================
     NaN GRADIENT DETECTED [GPU 6]

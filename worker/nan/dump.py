@@ -1,7 +1,7 @@
-"""The debug pickle of seed 003: `{'parameters': {name: ndarray}, 'gradients':
+"""The NaN debug pickle: `{'parameters': {name: ndarray}, 'gradients':
 {name: ndarray}, ...}`, written atomically and kept under `debug.max_dump_mb`.
 
-Plain builtins and numpy float32 arrays only, so the seed's analysis snippet
+Plain builtins and numpy float32 arrays only, so a plain numpy analysis
 (`np.isnan(param).any()` over both dicts) runs on it unchanged and loading it
 needs neither torch nor gpuherd.
 """

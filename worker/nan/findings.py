@@ -13,13 +13,13 @@ from typing import Any
 
 import numpy as np
 
-FIRST_VALUES = 5  # the seed shows five values then '...'
+FIRST_VALUES = 5  # the report shows five values then '...'
 
 
 @dataclass
 class TensorFinding:
     name: str
-    shape: list[int]  # the full (global) shape, as the seed prints it
+    shape: list[int]  # the full (global) shape, as the model declares it
     numel: int  # elements inspected (this rank's shard under FSDP)
     nan: int
     inf: int
@@ -32,8 +32,8 @@ class TensorFinding:
 
 
 def format_value(value: float) -> str:
-    """The seed writes non-finite values as 'NaN'; we add 'Inf'/'-Inf' and
-    short finite numbers so a half-broken tensor reads at a glance."""
+    """Non-finite values as 'NaN', 'Inf' or '-Inf', finite ones short, so a
+    half-broken tensor reads at a glance."""
     if math.isnan(value):
         return "NaN"
     if math.isinf(value):
@@ -42,7 +42,7 @@ def format_value(value: float) -> str:
 
 
 def format_values(values: list[float], numel: int) -> str:
-    """`['NaN', 'NaN', 'NaN', 'NaN', 'NaN', ...]` exactly as in seed 003."""
+    """`['NaN', 'NaN', 'NaN', 'NaN', 'NaN', ...]` the report's documented form."""
     shown = ", ".join(repr(format_value(v)) for v in values)
     if numel > len(values):
         shown = f"{shown}, ..." if shown else "..."

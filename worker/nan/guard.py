@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -26,6 +26,7 @@ from loguru import logger
 
 from gpuherd.config import Config
 from gpuherd.contract import WorkerIdentity
+from gpuherd.errors import GpuherdError
 from gpuherd.exit_codes import ExitCode
 from gpuherd.status_channel import StatusWriter
 from worker.nan import dump
@@ -39,7 +40,7 @@ from worker.nan.ranks import RankRecord
 STATUS_RANKS = 64  # rank ids listed in a `nan` status record
 
 
-class NanStop(RuntimeError):
+class NanStop(GpuherdError, RuntimeError):
     """Raised on every rank together; the worker exits with `exit_code`."""
 
     exit_code = ExitCode.NAN
@@ -181,8 +182,7 @@ class NanGuard:
             logger.error(f"{bracket} Non-finite loss/gradients at step {step} produced on rank(s) {origin};"
                          f" full report from rank(s) {reporters}")
 
-        i_dump = self.identity.rank in dumpers
-        pkl = self._write_dump(step, report, inspection, batches, stop) if i_dump else None
+        pkl = self._write_dump(step, report, inspection, batches, stop) if self.identity.rank in dumpers else None
         ckpt = self._save_checkpoint(step) if stop else None
         if i_report and ckpt is not None:
             logger.error(f"Checkpoint saved: {_show(ckpt)}")
@@ -195,15 +195,18 @@ class NanGuard:
                          loss=loss if math.isfinite(loss) else str(loss),
                          grad_norm=grad_norm if math.isfinite(grad_norm) else str(grad_norm))
         if stop:
-            why = ("debug.nan_policy=stop" if self.cfg.debug.nan_policy == "stop" else
-                   f"{self.consecutive_skips} non-finite steps in a row > debug.max_nan_skips="
-                   f"{self.cfg.debug.max_nan_skips}")
-            logger.error(f"{bracket} Stopping at step {step} ({why}); exit code {int(ExitCode.NAN)}")
-            raise NanStop(f"non-finite loss or gradient at step {step} on rank(s) {origin}", step, origin, pkl, ckpt)
+            self._stop(step, origin, pkl, ckpt)
         logger.warning(f"{bracket} debug.nan_policy=skip: step {step} not applied"
                        f" ({self.consecutive_skips}/{self.cfg.debug.max_nan_skips} in a row,"
                        f" {len(self.skipped_steps)} skipped in all)")
         return False
+
+    def _stop(self, step: int, origin: list[int], pkl: Path | None, ckpt: Path | None) -> NoReturn:
+        why = ("debug.nan_policy=stop" if self.cfg.debug.nan_policy == "stop" else
+               f"{self.consecutive_skips} non-finite steps in a row > debug.max_nan_skips="
+               f"{self.cfg.debug.max_nan_skips}")
+        logger.error(f"{self.identity.bracket} Stopping at step {step} ({why}); exit code {int(ExitCode.NAN)}")
+        raise NanStop(f"non-finite loss or gradient at step {step} on rank(s) {origin}", step, origin, pkl, ckpt)
 
     def _device(self) -> torch.device:
         return next((local_tensor(p).device for p in self.model.parameters()), torch.device("cpu"))
@@ -283,7 +286,7 @@ def _reporters(records: list[RankRecord]) -> list[int]:
 
 
 def _show(path: Path) -> str:
-    """Relative to the working directory like the seed (`.checkpoints/...`)
+    """Relative to the working directory, as a user would type it (`.checkpoints/...`),
     when the file is below it, absolute otherwise."""
     try:
         return os.path.relpath(path) if Path(path).resolve().is_relative_to(Path.cwd().resolve()) else str(path)

@@ -1,6 +1,6 @@
 """Clean parameter/module names and local tensors, whatever wraps the model.
 
-The report must read like seed 003 (`tok_embed.weight`,
+The report must name parameters as the model declares them (`tok_embed.weight`,
 `layers.0.attention.wq.weight`) even though the worker hands us a model
 wrapped by DDP (`module.`), torch.compile (`_orig_mod.`), FSDP1
 (`_fsdp_wrapped_module.`) or activation checkpointing

@@ -2,7 +2,7 @@
 
 Prints the summary the worker logged when it stopped (same renderer), then
 what the file holds. Works on dumps without the 'report' entry (e.g. written
-by another tool in the seed's layout) by recomputing the findings from the
+by another tool in the same layout) by recomputing the findings from the
 arrays. Bad input: one line on stderr, exit code 2.
 """
 

@@ -11,7 +11,7 @@ import resource
 
 from loguru import logger
 
-from supervisor.preflight.errors import PreflightError
+from supervisor.validation.errors import LaunchError
 
 MAX_WORKERS = 1024  # per node: far beyond any machine's GPUs; CPU workers past it only thrash
 # The supervisor holds per worker: stdout, stderr and status pipes, its log file, and a few
@@ -22,7 +22,7 @@ FDS_BASE = 64
 
 def check_worker_count(world_size: int) -> None:
     if world_size > MAX_WORKERS:
-        raise PreflightError(f"--nproc {world_size} (system.nproc): one supervisor runs at most {MAX_WORKERS} workers; "
+        raise LaunchError(f"--nproc {world_size} (system.nproc): one supervisor runs at most {MAX_WORKERS} workers; "
                              "use fewer, or more nodes (--nnodes)")
 
 
@@ -34,7 +34,7 @@ def ensure_open_files(world_size: int) -> None:
     if soft == resource.RLIM_INFINITY or need <= soft:
         return
     if hard != resource.RLIM_INFINITY and need > hard:
-        raise PreflightError(f"{world_size} workers need about {need} open files, but this process may open only "
+        raise LaunchError(f"{world_size} workers need about {need} open files, but this process may open only "
                              f"{hard} (ulimit -Hn); lower --nproc or raise the limit")
     resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
     logger.debug(f"open-file limit raised from {soft} to {need} for {world_size} workers")
@@ -43,5 +43,5 @@ def ensure_open_files(world_size: int) -> None:
 def check_backend(backend: str, device_kind: str) -> None:
     """The built-in worker's process-group backend must fit the devices it gets."""
     if backend == "nccl" and device_kind != "cuda":
-        raise PreflightError("system.backend=nccl needs CUDA GPUs, but this run's workers are on CPU (no usable GPU, "
+        raise LaunchError("system.backend=nccl needs CUDA GPUs, but this run's workers are on CPU (no usable GPU, "
                              "or system.device=cpu); use system.backend=gloo or auto")

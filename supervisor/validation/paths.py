@@ -1,22 +1,20 @@
 """Directories the run will write into, checked before anything is written.
 
 A path component longer than the filesystem allows, a regular file where a directory
-must be (the path itself or one of its parents), a directory nobody may create files
-in, or a checkpoint directory without room for two checkpoints would otherwise surface
-late: as a traceback after the run folder exists, or at the first save after hours of
-training. Each becomes one line naming the config key and the path.
+must be (the path itself or one of its parents), or a directory nobody may create
+files in would otherwise surface late: as a traceback after the run folder exists, or
+at the first save after hours of training. Each becomes one line naming the config
+key and the path.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
-from gpuherd.model_size import ModelSize, human_bytes, human_count
-from supervisor.preflight.errors import PreflightError
+from supervisor.validation.errors import LaunchError
 
 DEFAULT_NAME_MAX = 255  # bytes per component on every common Linux filesystem
 DEFAULT_PATH_MAX = 4096
@@ -30,7 +28,7 @@ def nearest_existing(path: Path) -> Path:
             return candidate
         except OSError as exc:  # ENOTDIR: a file further up, found on the way
             if exc.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ENAMETOOLONG, errno.ELOOP):
-                raise PreflightError(f"cannot look at {candidate}: {exc.strerror}") from None
+                raise LaunchError(f"cannot look at {candidate}: {exc.strerror}") from None
     return Path(path.anchor or "/")
 
 
@@ -41,7 +39,7 @@ def check_directory(key: str, path: Path) -> Path:
     if not existing.is_dir():
         what = "a file" if existing.is_file() else "something else"
         where = f"{path} is" if existing == path else f"{path}: {existing} is"
-        raise PreflightError(f"{key} {where} {what}, not a directory")
+        raise LaunchError(f"{key} {where} {what}, not a directory")
     return existing
 
 
@@ -50,12 +48,12 @@ def _check_lengths(key: str, path: Path, existing: Path) -> None:
     for part in path.parts:
         if len(os.fsencode(part)) > name_max:
             shown = part if len(part) <= 40 else f"{part[:18]}...{part[-18:]}"
-            raise PreflightError(f"{key}: the path component '{shown}' ({len(os.fsencode(part))} bytes) is longer "
+            raise LaunchError(f"{key}: the path component '{shown}' ({len(os.fsencode(part))} bytes) is longer "
                                  f"than the filesystem allows ({name_max})")
     path_max = _pathconf(existing, "PC_PATH_MAX", DEFAULT_PATH_MAX)
     # room for what the run puts below it: <run-id>/attempt-N/worker-rankR-GPUn.log and the like
     if len(os.fsencode(str(path))) + 256 > path_max:
-        raise PreflightError(f"{key}: the path {str(path)[:60]}... ({len(os.fsencode(str(path)))} bytes) leaves no "
+        raise LaunchError(f"{key}: the path {str(path)[:60]}... ({len(os.fsencode(str(path)))} bytes) leaves no "
                              f"room below it for the run's files (the limit is {path_max})")
 
 
@@ -75,15 +73,4 @@ def probe_writable(key: str, path: Path, existing: Path) -> None:
         os.unlink(name)
     except OSError as exc:
         where = path if existing == path else f"{path} (it would be created in {existing})"
-        raise PreflightError(f"{key} {where}: cannot create files there ({exc.strerror})") from None
-
-
-def check_room(key: str, path: Path, existing: Path, size: ModelSize, copies: int = 2) -> None:
-    """Enough free space for `copies` checkpoints of the planned model."""
-    need = copies * size.checkpoint_bytes
-    free = shutil.disk_usage(existing).free
-    if free < need:
-        raise PreflightError(
-            f"{key} {path}: {human_bytes(free)} free, but {copies} checkpoints of this model "
-            f"({human_count(size.parameters)} parameters, ~{human_bytes(size.checkpoint_bytes)} each) need "
-            f"~{human_bytes(need)}; free some space or point {key} at a bigger disk")
+        raise LaunchError(f"{key} {where}: cannot create files there ({exc.strerror})") from None

@@ -1,0 +1,88 @@
+"""Building a config: preset -> `--config FILE.json` (partial, nested) -> `--max-steps`
+-> `--set section.key=value`, paths made absolute, then validated as a whole."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gpuherd.config.data_sources import absolutize_data_sources
+from gpuherd.config.errors import ConfigError
+from gpuherd.config.jsonc import strip_json_comments
+from gpuherd.config.merge import merge, set_dotted
+from gpuherd.config.presets import DEFAULT_PRESET, preset
+from gpuherd.config.paths import absolute
+from gpuherd.config.schema import BUILTIN_TOKENIZERS, Config
+from gpuherd.config.validate import validate
+
+
+def resolve(
+    preset_name: str | None = None,
+    config_file: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    max_steps: int | None = None,
+    cwd: Path | None = None,
+) -> Config:
+    """Build, merge and validate a config; raises ConfigError with one line."""
+    cwd = Path.cwd() if cwd is None else cwd
+    cfg = preset(preset_name or DEFAULT_PRESET)
+    if config_file is not None:
+        merge(cfg, read_json_file(absolute(config_file, cwd)), source=str(config_file))
+    if max_steps is not None:
+        set_dotted(cfg, "training.max_steps", max_steps, source="--max-steps")
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects section.key=value, got '{item}'")
+        set_dotted(cfg, key.strip(), parse_value(text.strip()), source="--set")
+    _absolutize_paths(cfg, cwd)
+    validate(cfg)
+    return cfg
+
+
+def read_json_file(path: Path) -> dict[str, Any]:
+    """A JSON config file; `//` and `/* */` comments are allowed (hand-written example
+    configs carry them), trailing text is not."""
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a directory; --config takes a JSON file")
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    try:
+        raw = orjson.loads(strip_json_comments(text))
+    except orjson.JSONDecodeError as exc:
+        raise ConfigError(
+            f"config file {path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {path}: top level must be an object of sections")
+    return raw
+
+
+def parse_value(text: str) -> Any:
+    """`--set` values: JSON when it parses (1e-4, true, null, [0,1]), else a string."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
+
+
+def _absolutize_paths(cfg: Config, cwd: Path) -> None:
+    """Paths a user typed are relative to where they ran the command; store them
+    absolute so workers (and later resumes) read the same files."""
+    cfg.system.run_root = str(absolute(cfg.system.run_root, cwd))
+    cfg.system.checkpoint_dir = str(absolute(cfg.system.checkpoint_dir, cwd))
+    cfg.data.cache_dir = str(absolute(cfg.data.cache_dir, cwd))
+    absolutize_data_sources(cfg.data, cwd)
+    if cfg.data.tokenizer not in BUILTIN_TOKENIZERS:
+        cfg.data.tokenizer = str(absolute(cfg.data.tokenizer, cwd))
+    if cfg.training.deepspeed_config:
+        cfg.training.deepspeed_config = str(absolute(cfg.training.deepspeed_config, cwd))
+    if cfg.training.resume not in (None, "auto"):
+        cfg.training.resume = str(absolute(cfg.training.resume, cwd))

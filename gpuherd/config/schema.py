@@ -1,0 +1,164 @@
+"""The config's shape: one dataclass per section, each field with its default and limits.
+
+Sections: `system`, `model`, `training`, `data`, `debug`. A limit is declared on
+its field (`limited(default, gt=0)`, see limits.py), so `validate()` follows a
+rename; the few rules that relate two fields live in validate.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gpuherd.config.errors import ConfigError
+from gpuherd.config.limits import limited
+from gpuherd.config.merge import merge, section_names
+
+# Names the data section understands without a path on disk.
+BUILTIN_DATASETS = ("shakespeare", "dummy")
+BUILTIN_TOKENIZERS = ("gpt2", "byte")
+
+
+@dataclass
+class SystemConfig:
+    device: str = limited("auto", choices=("auto", "cuda", "cpu"))
+    device_id: int | None = limited(None, ge=0)  # one physical GPU id (train_gpu.sh sets it)
+    gpus: list[int] | None = limited(None, ids=True)  # physical GPU ids to use; None = all allowed
+    nproc: int = limited(2, gt=0)  # CPU workers on a machine with no GPU
+    backend: str = limited("auto", choices=("auto", "nccl", "gloo"))  # auto = nccl on GPU, gloo on CPU
+    seed: int = limited(1337, ge=0)
+    run_root: str = "logs"  # run directories go to <run_root>/<run-id>/
+    checkpoint_dir: str = ".checkpoints"
+    isolate: bool = True  # each worker sees only its own GPU
+    hang_timeout: float = limited(0.0, ge=0)  # seconds without a heartbeat; 0 = preset default
+    startup_timeout: float = limited(0.0, ge=0)  # allowance for init + first step; 0 = default
+    grace_period: float = limited(5.0, gt=0)  # SIGTERM -> SIGKILL wait during teardown
+    rendezvous_timeout: float = limited(120.0, gt=0)  # process-group init
+    log_ranks: list[int] | None = limited(None, ids=True)  # console shows these ranks (+ all warnings)
+    collapse_logs: bool = False  # identical lines from all ranks -> one line
+    monitor_interval: float = limited(5.0, gt=0)  # seconds between GPU samples
+    max_restarts: int = limited(0, ge=0)  # restart every worker after a failure, resuming from the newest checkpoint
+    restart_backoff: float = limited(5.0, ge=0)  # seconds between a failed attempt's teardown and the next start
+    restart_on_nan: bool = False  # a NaN stop (exit 6) is restarted too, not only crashes and hangs
+    stop_timeout: float = limited(120.0, gt=0)  # a graceful stop (SIGTERM, Ctrl-C) with its final save, at most
+    preflight: bool = True  # GPU and host checks (`gpuherd check`) before anything starts
+    report: bool = True  # report.html + PNG figures in the run directory at the end
+
+
+@dataclass
+class ModelConfig:
+    # Upper bounds sit far above any trained model (GPT-3: 96 layers, dim 12288; Llama 3 405B:
+    # 126, 16384): a value past them is a typo, refused before workers try to build it.
+    n_layers: int = limited(32, gt=0, le=1024)
+    dim: int = limited(4096, gt=0, le=65536)
+    n_heads: int = limited(32, gt=0, le=1024)
+    n_kv_heads: int | None = 8  # grouped-query attention; None = n_heads (checked against n_heads)
+    vocab_size: int = limited(0, ge=0, le=2**22)  # 0 = the tokenizer's, padded to a multiple of 64
+    multiple_of: int = limited(256, gt=0, le=65536)  # SwiGLU hidden size is rounded up to this
+    ffn_dim_multiplier: float | None = limited(None, gt=0, le=64)
+    norm_eps: float = limited(1e-5, gt=0)
+    rope_theta: float = limited(10000.0, gt=0)
+    init_std: float = limited(0.02, gt=0)
+    tie_embeddings: bool = False
+    attention: str = limited("auto", choices=("auto", "flash_attn", "sdpa", "eager"))
+
+
+@dataclass
+class TrainingConfig:
+    batch_size: int = limited(4, gt=0)  # micro-batch per worker
+    grad_accum_nums: int = limited(8, gt=0)
+    learning_rate: float = limited(3e-4, gt=0)
+    min_lr_ratio: float = limited(0.1, ge=0, le=1)  # cosine decays to learning_rate * this
+    weight_decay: float = limited(0.1, ge=0)
+    beta1: float = limited(0.9, ge=0, lt=1)
+    beta2: float = limited(0.95, ge=0, lt=1)
+    eps: float = limited(1e-8, ge=0)
+    max_steps: int = limited(10000, gt=0)
+    warmup_steps: int = limited(2000, ge=0)  # at most max_steps
+    max_grad_norm: float = limited(1.0, ge=0)  # 0 disables clipping
+    use_amp: bool = True  # bf16 autocast on GPU (fp16 + scaler where no bf16)
+    amp_dtype: str = limited("bf16", choices=("bf16", "fp16"))
+    num_workers: int = limited(0, ge=0)  # data-loading processes per worker
+    log_every: int = limited(10, gt=0)
+    eval_every: int = limited(500, ge=0)  # 0 disables evaluation
+    eval_steps: int = limited(20, gt=0)
+    save_every: int = limited(1000, ge=0)  # 0 = only at the end
+    keep_last: int = limited(3, gt=0)
+    strategy: str = limited("auto", choices=("auto", "single", "ddp", "fsdp", "zero1", "deepspeed"))
+    deepspeed_config: str | None = None  # a DeepSpeed JSON file; required by strategy=deepspeed
+    fsdp_reshard_after_forward: bool = True  # True ~ ZeRO-3, False ~ ZeRO-2
+    gradient_checkpointing: bool = False
+    compile: bool = False
+    resume: str | None = None  # None | "auto" | path to a checkpoint
+
+
+@dataclass
+class DataConfig:
+    dataset: str = "shakespeare"  # shakespeare | dummy | a file, directory or glob (formats: README "Your own data")
+    tokenizer: str = "gpt2"  # gpt2 | byte | path to a tokenizer.json
+    context_length: int = limited(2048, gt=0, le=2**21)
+    num_samples: int = limited(0, ge=0)  # documents to use (per source in a mixture); 0 = all
+    val_fraction: float = limited(0.05, gt=0, lt=1)
+    cache_dir: str = "cache/datasets"
+    verify_cache: bool = False  # full checksum on every open
+    text_field: str = "text"  # the key / column holding the text in JSONL, parquet and HF datasets
+    # error: exit 3 naming file and line/row | skip: counted in the build summary
+    on_bad_record: str = limited("error", choices=("error", "skip"))
+    mix: list[dict[str, Any]] | None = None  # [{source, weight | epochs | held_out, text_field?}]; replaces dataset
+
+
+@dataclass
+class DebugConfig:
+    enabled: bool = False
+    log_level: str = limited("INFO", choices=("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR"))
+    nan_detection: bool = True  # cheap finite checks every step
+    nan_hooks: bool = False  # forward hooks naming the first bad module
+    nan_policy: str = limited("stop", choices=("stop", "skip"))
+    max_nan_skips: int = limited(3, gt=0)
+    max_dump_mb: int = limited(1024, gt=0)
+
+
+@dataclass
+class LoggingConfig:
+    # "offline": rank 0 also writes a Weights & Biases run into the run directory for a
+    # later `wandb sync`; nothing ever contacts a server from a training run.
+    wandb: str = limited("off", choices=("off", "offline"))
+
+
+@dataclass
+class Config:
+    preset: str = "production"
+    system: SystemConfig = field(default_factory=SystemConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.to_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Config:
+        """Exact inverse of `to_dict` (a saved, resolved config)."""
+        cfg = cls(preset=str(raw.get("preset", "custom")))
+        merge(cfg, {k: v for k, v in raw.items() if k != "preset"}, source="saved config")
+        return cfg
+
+    @classmethod
+    def load(cls, path: Path) -> Config:
+        try:
+            raw = orjson.loads(Path(path).read_bytes())
+        except (OSError, orjson.JSONDecodeError) as exc:
+            raise ConfigError(f"cannot read resolved config {path}: {exc}") from None
+        return cls.from_dict(raw)
+
+
+SECTIONS = section_names(Config())

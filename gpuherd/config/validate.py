@@ -1,0 +1,69 @@
+"""Validating a whole config: every field against the limits declared on it, then the
+rules that relate fields to each other or to files on disk."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from gpuherd.config.errors import ConfigError
+from gpuherd.config.limits import field_limits
+from gpuherd.config.data_sources import validate_data_sources
+from gpuherd.config.schema import BUILTIN_TOKENIZERS, SECTIONS, Config
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def validate(cfg: Config) -> None:
+    """Raise ConfigError (one line, naming the field) for the first problem found."""
+    for section_name in SECTIONS:
+        section = getattr(cfg, section_name)
+        for f in dataclasses.fields(section):
+            dotted, value = f"{section_name}.{f.name}", getattr(section, f.name)
+            _check_int64(dotted, value)
+            limits = field_limits(f)
+            if limits is not None:
+                limits.check(dotted, value)
+    _check_model_shape(cfg)
+    _check_relations(cfg)
+    _check_files(cfg)
+
+
+def _check_int64(dotted: str, value: object) -> None:
+    """Every integer is a signed 64-bit number: torch, numpy, JSON writers and the
+    status channel all stop there, and nothing a run counts gets near it."""
+    for item in value if isinstance(value, list) else [value]:
+        if isinstance(item, int) and not isinstance(item, bool) and not INT64_MIN <= item <= INT64_MAX:
+            shown = str(item) if item.bit_length() <= 256 else f"a {item.bit_length()}-bit number"
+            raise ConfigError(f"{dotted} must fit in a signed 64-bit integer (at most {INT64_MAX}), got {shown}")
+
+
+def _check_model_shape(cfg: Config) -> None:
+    m = cfg.model
+    if m.dim % m.n_heads:
+        raise ConfigError(f"model.dim ({m.dim}) must be divisible by model.n_heads ({m.n_heads})")
+    if (m.dim // m.n_heads) % 2:
+        raise ConfigError(f"head dim model.dim/model.n_heads = {m.dim // m.n_heads} must be even for rotary embeddings")
+    if m.n_kv_heads is not None and (m.n_kv_heads <= 0 or m.n_heads % m.n_kv_heads):
+        raise ConfigError(f"model.n_heads ({m.n_heads}) must be a multiple of model.n_kv_heads ({m.n_kv_heads})")
+
+
+def _check_relations(cfg: Config) -> None:
+    t = cfg.training
+    if t.warmup_steps > t.max_steps:
+        raise ConfigError(f"training.warmup_steps ({t.warmup_steps}) must not exceed training.max_steps ({t.max_steps})")
+    if t.strategy == "deepspeed" and not t.deepspeed_config:
+        raise ConfigError("training.strategy=deepspeed needs training.deepspeed_config (a DeepSpeed JSON file)")
+
+
+def _check_files(cfg: Config) -> None:
+    t, d = cfg.training, cfg.data
+    if t.deepspeed_config and not Path(t.deepspeed_config).is_file():
+        raise ConfigError(f"training.deepspeed_config file not found: {t.deepspeed_config}")
+    validate_data_sources(d)
+    if d.tokenizer not in BUILTIN_TOKENIZERS and not Path(d.tokenizer).is_file():
+        raise ConfigError(
+            f"data.tokenizer '{d.tokenizer}' is neither a built-in ({', '.join(BUILTIN_TOKENIZERS)}) nor an existing tokenizer.json"
+        )
+    if t.resume not in (None, "auto") and not Path(t.resume).exists():
+        raise ConfigError(f"training.resume checkpoint not found: {t.resume}")

@@ -1,0 +1,164 @@
+"""The machine before a run: disk for checkpoints and logs, the dataset cache, the
+master port, the open-file limit, the torch / CUDA / NCCL builds.
+
+FAIL (exit 2, nothing is spawned): less free disk than one checkpoint (or 100 MiB for
+logs); a dataset cache directory that cannot be read or created; node 0's master
+port busy or not an address of this machine, another node's master address that
+does not resolve; no torch, or a CPU-only torch where GPUs are planned.
+WARN: room for fewer checkpoints than `training.keep_last` + 1, or under 1 GiB for
+logs; a cache directory this user cannot write (an unbuilt cache cannot be built);
+an open-file limit under 1024. torch is never imported (that alone takes seconds):
+versions come from the installed packages' metadata.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import importlib.util
+import os
+import resource
+import shutil
+import socket
+from pathlib import Path
+
+from gpuherd.config import Config
+from supervisor.health.items import FAIL, NA, PASS, WARN, CheckItem
+from supervisor.rendezvous import NodeLinkError, bind_master
+
+GIB = 1024**3
+BYTES_PER_PARAM = 12  # fp32 weights + AdamW's two moments: what one checkpoint holds per parameter
+GPT2_VOCAB = 50304  # data.tokenizer=gpt2, padded (model.vocab_size 0 means the tokenizer's)
+LOGS_FAIL, LOGS_WARN = 100 * 1024**2, GIB
+MIN_OPEN_FILES = 1024
+
+
+def host_items(cfg: Config, gpus_planned: int, master: tuple[str, int] | None, node_rank: int) -> list[CheckItem]:
+    items = [_checkpoint_disk(cfg), _logs_disk(cfg), _dataset_cache(cfg), _master(master, node_rank),
+             _open_files(), _software(gpus_planned)]
+    return [CheckItem("host", name, status, detail) for name, status, detail in items]
+
+
+def checkpoint_bytes(cfg: Config) -> int:
+    """About what one checkpoint of this model takes (weights + optimizer state)."""
+    m = cfg.model
+    vocab = m.vocab_size or GPT2_VOCAB
+    kv_dim = m.dim // m.n_heads * (m.n_kv_heads or m.n_heads)
+    hidden = int(2 * 4 * m.dim / 3 * (m.ffn_dim_multiplier or 1))
+    hidden = m.multiple_of * -(-hidden // m.multiple_of)
+    per_layer = 2 * m.dim * m.dim + 2 * m.dim * kv_dim + 3 * m.dim * hidden
+    params = m.n_layers * per_layer + vocab * m.dim * (1 if m.tie_embeddings else 2)
+    return params * BYTES_PER_PARAM
+
+
+def _free(path: Path) -> tuple[Path, int]:
+    """Free bytes where `path` is, or will be (its nearest existing parent)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path, shutil.disk_usage(path).free
+
+
+def _checkpoint_disk(cfg: Config) -> tuple[str, str, str]:
+    where, free = _free(Path(cfg.system.checkpoint_dir))
+    one, keep = checkpoint_bytes(cfg), cfg.training.keep_last + 1
+    detail = f"{free / GIB:.1f} GiB free at {where}; one checkpoint is about {one / GIB:.2f} GiB"
+    if free < one:
+        return "checkpoint disk", FAIL, detail + ": not even one fits (system.checkpoint_dir elsewhere?)"
+    if free < keep * one:
+        return "checkpoint disk", WARN, detail + f": fewer than the {keep} kept while saving (training.keep_last + 1)"
+    return "checkpoint disk", PASS, detail
+
+
+def _logs_disk(cfg: Config) -> tuple[str, str, str]:
+    where, free = _free(Path(cfg.system.run_root))
+    detail = f"{free / GIB:.1f} GiB free at {where}"
+    if free < LOGS_FAIL:
+        return "log disk", FAIL, detail + ": logs and metrics need at least 100 MiB"
+    if free < LOGS_WARN:
+        return "log disk", WARN, detail + ": a long run's logs may fill it"
+    return "log disk", PASS, detail
+
+
+def _dataset_cache(cfg: Config) -> tuple[str, str, str]:
+    cache = Path(cfg.data.cache_dir)
+    if cache.exists():
+        if not cache.is_dir() or not os.access(cache, os.R_OK | os.X_OK):
+            return "dataset cache", FAIL, f"{cache} is not a readable directory"
+        if not os.access(cache, os.W_OK):
+            return "dataset cache", WARN, f"{cache} is read-only for this user: only caches built already can be used"
+        return "dataset cache", PASS, f"{cache} readable and writable"
+    parent, _free_bytes = _free(cache)
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return "dataset cache", FAIL, f"{cache} does not exist and {parent} is not writable: it cannot be built"
+    return "dataset cache", PASS, f"{cache} will be created"
+
+
+def _master(master: tuple[str, int] | None, node_rank: int) -> tuple[str, str, str]:
+    if master is None:
+        return "master port", NA, "single node: the supervisor binds a free port itself"
+    addr, port = master
+    if node_rank == 0:
+        try:
+            sock, ip = bind_master(addr, port)
+        except NodeLinkError as exc:
+            return "master port", FAIL, str(exc)
+        sock.close()
+        return "master port", PASS, f"{addr}:{port} ({ip}) free on this node"
+    try:
+        ip = socket.getaddrinfo(addr, port, socket.AF_INET, socket.SOCK_STREAM)[0][4][0]
+    except socket.gaierror as exc:
+        return "master port", FAIL, f"--master-addr {addr}: cannot resolve it ({exc.strerror})"
+    try:
+        socket.create_connection((ip, port), timeout=1.0).close()
+        return "master port", PASS, f"{addr}:{port} ({ip}) reachable"
+    except OSError:
+        return "master port", PASS, f"{addr} resolves to {ip}; nothing listens on {port} yet (node 0 may start later)"
+
+
+def _open_files() -> tuple[str, str, str]:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    shown = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+    if soft != resource.RLIM_INFINITY and soft < MIN_OPEN_FILES:
+        return "open files", WARN, (f"limit {shown} (hard {hard}): workers, pipes and NCCL sockets may run out; "
+                                    f"ulimit -n {hard}")
+    return "open files", PASS, f"limit {shown}"
+
+
+def _software(gpus_planned: int) -> tuple[str, str, str]:
+    torch = _version("torch")
+    if torch is None:
+        return "torch", FAIL, "torch is not installed (bash install.sh)"
+    cuda = _torch_cuda()
+    nccl = next((v for v in map(_version, ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")) if v), None)
+    detail = f"torch {torch}, CUDA {cuda or 'none (CPU build)'}, NCCL {nccl or 'n/a'}"
+    if gpus_planned and not cuda:
+        return "torch", FAIL, detail + ": a CPU-only torch cannot use the planned GPUs (bash install.sh)"
+    return "torch", PASS, detail
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _torch_cuda() -> str | None:
+    """`torch.version.cuda` read from torch/version.py's literals: importing it would load torch."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    try:
+        tree = ast.parse((Path(next(iter(spec.submodule_search_locations))) / "version.py").read_text())
+    except (OSError, SyntaxError):
+        return None
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign):
+            target = node.target
+        elif isinstance(node, ast.Assign):
+            target = node.targets[0]
+        else:
+            continue
+        if isinstance(target, ast.Name) and target.id == "cuda" and isinstance(node.value, ast.Constant):
+            return node.value.value
+    return None

@@ -1,0 +1,83 @@
+"""What happened during a run, as one list of events: top's footer and the report's timeline.
+
+Sources: the status records and the supervisor's own records in metrics.jsonl
+(checkpoint, nan, error, restart, gpu_event, eval) and the warning/error lines
+of supervisor.log (throttling, memory nearly full, hangs, teardown). Several
+ranks report the same checkpoint or NaN step; those collapse into one event.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from supervisor.views.run_files import LogLine
+
+
+@dataclass(frozen=True)
+class Event:
+    time: float  # unix seconds
+    kind: str  # checkpoint | nan | error | restart | xid | ecc | eval | warning
+    text: str  # one short line
+    rank: int | None = None
+
+
+def event_of(record: dict[str, Any]) -> Event | None:
+    """The event a metrics record stands for, or None for samples and heartbeats."""
+    kind, when, rank = record.get("type"), _time(record), record.get("rank")
+    if kind == "checkpoint":
+        return Event(when, "checkpoint", f"checkpoint saved at step {record.get('step')}: "
+                                         f"{Path(str(record.get('path', '?'))).name}")
+    if kind == "nan":
+        action = "skipped" if record.get("action") == "skip" else "stopped the run"
+        return Event(when, "nan", f"non-finite loss/gradient at step {record.get('step')} "
+                                  f"(loss {record.get('loss')}): {action}", rank)
+    if kind == "error":
+        return Event(when, "error", f"rank {rank}: {str(record.get('message', '')).splitlines()[0][:160]}", rank)
+    if kind == "restart":
+        return Event(when, "restart", f"restart {record.get('attempt')} after exit code {record.get('exit_code')}: "
+                                      f"{record.get('after')}")
+    if kind == "gpu_event":
+        name = "xid" if record.get("event") == "xid" else "ecc"
+        what = f"XID {record.get('data')}" if name == "xid" else "double-bit ECC error"
+        return Event(when, name, f"GPU {record.get('gpu')}: {what}", rank)
+    if kind == "eval":
+        return Event(when, "eval", f"validation loss {_num(record.get('val_loss'))} at step {record.get('step')}", rank)
+    return None
+
+
+def collect(records: list[dict[str, Any]], warnings: list[LogLine]) -> list[Event]:
+    """Every event of a run, oldest first; one per (kind, step) for what all ranks report alike."""
+    events: list[Event] = []
+    seen: set[tuple[str, Any]] = set()
+    for record in records:
+        event = event_of(record)
+        if event is None:
+            continue
+        if event.kind in ("checkpoint", "nan", "eval"):
+            key = (event.kind, record.get("step"))
+            if key in seen:
+                continue
+            seen.add(key)
+        events.append(event)
+    events += [Event(_log_time(w.when), "warning" if w.level == "WARNING" else "error", w.message) for w in warnings]
+    return sorted(events, key=lambda e: e.time)
+
+
+def _time(record: dict[str, Any]) -> float:
+    value = record.get("time")
+    return float(value) if isinstance(value, (int, float)) else 0.0
+
+
+def _log_time(text: str) -> float:
+    """supervisor.log stamps are local time, as loguru writes them."""
+    try:
+        return datetime.datetime.strptime(text, "%Y-%m-%d %H:%M:%S.%f").timestamp()
+    except ValueError:
+        return 0.0
+
+
+def _num(value: Any) -> str:
+    return f"{value:.4f}" if isinstance(value, (int, float)) else str(value)

@@ -1,0 +1,150 @@
+"""One run's whole history as series, for the report's figures and tables.
+
+`load_run` reads a run directory once (the same tolerant readers as `top`) and
+groups metrics.jsonl into per-rank step series, validation losses, per-GPU and
+per-worker samples, attempts and events. Times stay unix seconds; `since_start`
+turns them into seconds since the run began, the report's shared time axis.
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from supervisor.views.events import Event, collect
+from supervisor.views.run_files import RunFiles, RunFilesError, is_run_dir
+
+
+@dataclass(frozen=True)
+class StepPoint:
+    time: float
+    step: int
+    loss: float
+    tokens_per_s: float | None
+    mfu: float | None
+    step_time: float | None  # seconds per optimizer step (tokens per step / tokens/s)
+
+
+@dataclass(frozen=True)
+class Span:
+    """One attempt: every worker started once (`--max-restarts`)."""
+
+    attempt: int
+    start: float
+    end: float
+    outcome: str
+
+
+@dataclass
+class RunData:
+    run_dir: Path
+    config: dict[str, Any]
+    summary: dict[str, Any] | None
+    start: float
+    steps: dict[int, list[StepPoint]] = field(default_factory=dict)  # rank -> logged steps
+    evals: list[tuple[float, int, float]] = field(default_factory=list)  # (time, step, val_loss)
+    gpus: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # GPU index -> samples
+    hosts: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # rank -> host samples
+    events: list[Event] = field(default_factory=list)
+    attempts: list[Span] = field(default_factory=list)
+    devices: dict[int, str] = field(default_factory=dict)  # rank -> GPU3 / CPU0
+    malformed: int = 0
+
+    @property
+    def run_id(self) -> str:
+        return self.run_dir.name
+
+    def since_start(self, when: float) -> float:
+        return when - self.start
+
+    def mean_loss_by_step(self) -> list[tuple[int, float]]:
+        """The loss every rank logged at a step, averaged: each rank sees its own batch."""
+        by_step: dict[int, list[float]] = {}
+        for points in self.steps.values():
+            for p in points:
+                by_step.setdefault(p.step, []).append(p.loss)
+        return [(step, statistics.fmean(losses)) for step, losses in sorted(by_step.items())]
+
+    def total_tokens_per_s(self) -> list[tuple[int, float]]:
+        """The job's throughput per logged step: every rank's tokens/s added up."""
+        by_step: dict[int, float] = {}
+        for points in self.steps.values():
+            for p in points:
+                if p.tokens_per_s is not None:
+                    by_step[p.step] = by_step.get(p.step, 0.0) + p.tokens_per_s
+        return sorted(by_step.items())
+
+
+def load_run(run_dir: Path) -> RunData:
+    """Read one run directory; RunFilesError (exit 2) when it is no run."""
+    if not is_run_dir(run_dir):
+        raise RunFilesError(f"{run_dir} is not a gpuherd run directory (no config.json, metrics.jsonl or summary.json)")
+    files = RunFiles(run_dir)
+    files.poll()
+    data = RunData(run_dir=run_dir, config=files.config or {}, summary=files.summary, start=_start(files),
+                   devices=files.devices, malformed=files.malformed)
+    per_step = tokens_per_step(data.config)
+    seen_evals: set[int] = set()
+    for r in files.records:
+        _add(data, r, per_step, seen_evals)
+    data.events = collect(files.records, files.warnings)
+    data.attempts = _attempts(data, files.records)
+    return data
+
+
+def _add(data: RunData, r: dict[str, Any], per_step: int | None, seen_evals: set[int]) -> None:
+    kind, rank = r.get("type"), r.get("rank")
+    when = r.get("time")
+    if not isinstance(when, (int, float)):
+        return
+    if kind == "step" and isinstance(r.get("loss"), (int, float)) and isinstance(rank, int):
+        tps = r.get("tokens_per_s")
+        step_time = per_step / tps if per_step and isinstance(tps, (int, float)) and tps > 0 else None
+        data.steps.setdefault(rank, []).append(StepPoint(when, int(r.get("step", 0)), float(r["loss"]),
+                                                         tps, r.get("mfu"), step_time))
+    elif kind == "eval" and isinstance(r.get("val_loss"), (int, float)) and r.get("step") not in seen_evals:
+        seen_evals.add(r.get("step"))
+        data.evals.append((when, int(r.get("step", 0)), float(r["val_loss"])))
+    elif kind == "gpu" and isinstance(r.get("gpu"), int):
+        data.gpus.setdefault(r["gpu"], []).append(r)
+    elif kind == "host" and isinstance(rank, int):
+        data.hosts.setdefault(rank, []).append(r)
+
+
+def tokens_per_step(cfg: dict[str, Any]) -> int | None:
+    """Tokens one rank trains on per optimizer step, from the run's config.json."""
+    try:
+        return int(cfg["training"]["batch_size"] * cfg["training"]["grad_accum_nums"] * cfg["data"]["context_length"])
+    except (KeyError, TypeError):
+        return None
+
+
+def _start(files: RunFiles) -> float:
+    started = (files.summary or {}).get("started_at")
+    if isinstance(started, str):
+        try:
+            return datetime.datetime.fromisoformat(started).timestamp()
+        except ValueError:
+            pass
+    return files.started()
+
+
+def _attempts(data: RunData, records: list[dict[str, Any]]) -> list[Span]:
+    """summary.json's attempts when the run has ended; else one open span per restart record."""
+    spans = []
+    for a in (data.summary or {}).get("attempts", []):
+        try:
+            begin = datetime.datetime.fromisoformat(a["started_at"]).timestamp()
+            spans.append(Span(int(a["attempt"]), begin, begin + float(a["duration_s"]), str(a.get("outcome"))))
+        except (KeyError, TypeError, ValueError):
+            continue
+    if spans:
+        return spans
+    times = [r["time"] for r in records if isinstance(r.get("time"), (int, float))]
+    end = max(times, default=data.start)
+    starts = [data.start] + [r["time"] for r in records if r.get("type") == "restart" and "time" in r]
+    return [Span(i, s, starts[i + 1] if i + 1 < len(starts) else end, "running" if i == len(starts) - 1 else "failed")
+            for i, s in enumerate(starts)]

@@ -1,0 +1,195 @@
+"""A run's files, read while the run may still be writing them.
+
+The viewers (`top`, `report`) never talk to the supervisor or the workers: they
+read `logs/<run-id>/` only, so looking at a run can never stall it. The
+supervisor appends `metrics.jsonl` and `supervisor.log` line by line; a reader
+can therefore meet a last line that is only half written. `JsonlTail` and
+`LogTail` keep such a fragment back until its newline arrives, and skip (and
+count) a line that is not valid JSON instead of failing on it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from gpuherd.errors import GpuherdError
+from gpuherd.exit_codes import ExitCode
+
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+CONFIG = "config.json"
+SUPERVISOR_LOG = "supervisor.log"
+RUN_MARKERS = (CONFIG, METRICS, SUMMARY)  # a directory with none of these is no gpuherd run
+
+_WORKER_LOG = re.compile(r"^worker-rank(\d+)-(\w+)\.log$")
+# supervisor.log lines: "2026-11-23 01:17:32.031 WARNING | message"
+_LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+) (\w+) \| (.*)$")
+
+
+class RunFilesError(GpuherdError):
+    """RUN names no run directory: the user's input is wrong (exit 2)."""
+
+    exit_code = ExitCode.USAGE
+
+
+def is_run_dir(path: Path) -> bool:
+    return path.is_dir() and any((path / name).exists() for name in RUN_MARKERS)
+
+
+def resolve_run(run: str | None, run_root: Path) -> Path:
+    """RUN as the user typed it: a run directory, or a run id under `run_root`;
+    None means the newest run under `run_root` (by the time its config was written)."""
+    if run is None:
+        runs = [p for p in run_root.iterdir() if is_run_dir(p)] if run_root.is_dir() else []
+        if not runs:
+            raise RunFilesError(f"no run found under {run_root} (give RUN: a run directory or a run id)")
+        return max(runs, key=_started)
+    for candidate in (Path(run), run_root / run):
+        if is_run_dir(candidate):
+            return candidate.resolve()
+    if Path(run).is_dir():
+        raise RunFilesError(f"{run} is not a gpuherd run directory (no {', '.join(RUN_MARKERS)})")
+    raise RunFilesError(f"run {run!r} not found (neither a directory nor a run id under {run_root})")
+
+
+def _started(run_dir: Path) -> float:
+    for name in RUN_MARKERS:
+        try:
+            return (run_dir / name).stat().st_mtime
+        except OSError:
+            continue
+    return run_dir.stat().st_mtime
+
+
+class _LineTail:
+    """Whole lines appended to a file since the last call; a fragment without its
+    newline yet is kept for the next call. A file that shrank was replaced: start over."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+
+    def read_lines(self) -> list[bytes]:
+        try:
+            with self.path.open("rb") as handle:
+                handle.seek(0, 2)
+                if handle.tell() < self._offset:
+                    self._offset, self._partial = 0, b""
+                handle.seek(self._offset)
+                data = handle.read()
+        except OSError:
+            return []
+        self._offset += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        return [line for line in lines if line.strip()]
+
+
+class JsonlTail(_LineTail):
+    """metrics.jsonl: one dict per complete line; malformed lines are counted, not fatal."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.malformed = 0
+
+    def read_new(self) -> list[dict[str, Any]]:
+        records = []
+        for line in self.read_lines():
+            try:
+                record = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                record = None
+            if isinstance(record, dict):
+                records.append(record)
+            else:
+                self.malformed += 1
+        return records
+
+
+@dataclass(frozen=True)
+class LogLine:
+    when: str  # "2026-11-23 01:17:32.031"
+    level: str  # WARNING | ERROR | ...
+    message: str
+
+
+class LogTail(_LineTail):
+    """supervisor.log: its warning and error lines (what the footer and the timeline show)."""
+
+    LEVELS = frozenset({"WARNING", "ERROR", "CRITICAL"})
+
+    def read_new(self) -> list[LogLine]:
+        found = []
+        for raw in self.read_lines():
+            match = _LOG_LINE.match(raw.decode("utf-8", "replace"))
+            if match and match.group(2) in self.LEVELS:
+                found.append(LogLine(*match.groups()))
+        return found
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """summary.json / config.json, or None while it is missing or not (yet) valid JSON;
+    both are written atomically, so 'invalid' means damaged, never half-written."""
+    try:
+        value = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def worker_devices(run_dir: Path) -> dict[int, str]:
+    """rank -> device tag (`GPU3`, `CPU0`) from the worker log names, the newest attempt last."""
+    found: dict[int, str] = {}
+    for folder in [run_dir, *sorted(run_dir.glob("attempt-*"), key=_attempt_number)]:
+        for path in folder.glob("worker-rank*.log"):
+            match = _WORKER_LOG.match(path.name)
+            if match:
+                found[int(match.group(1))] = match.group(2)
+    return found
+
+
+def _attempt_number(path: Path) -> int:
+    suffix = path.name.rpartition("-")[2]
+    return int(suffix) if suffix.isdigit() else 0
+
+
+@dataclass
+class RunFiles:
+    """Everything a viewer reads from one run directory, refreshed by `poll()`."""
+
+    run_dir: Path
+    records: list[dict[str, Any]] = field(default_factory=list)  # every metrics record so far, in file order
+    warnings: list[LogLine] = field(default_factory=list)
+    summary: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+    devices: dict[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._metrics = JsonlTail(self.run_dir / METRICS)
+        self._log = LogTail(self.run_dir / SUPERVISOR_LOG)
+
+    @property
+    def malformed(self) -> int:
+        return self._metrics.malformed
+
+    def poll(self) -> list[dict[str, Any]]:
+        """Read what was appended since the last poll; returns the new metrics records."""
+        new = self._metrics.read_new()
+        self.records += new
+        self.warnings += self._log.read_new()
+        if self.summary is None:
+            self.summary = read_json(self.run_dir / SUMMARY)
+        if self.config is None:
+            self.config = read_json(self.run_dir / CONFIG)
+        self.devices = worker_devices(self.run_dir)
+        return new
+
+    def started(self) -> float:
+        """When the run began: the supervisor writes config.json first."""
+        return _started(self.run_dir)

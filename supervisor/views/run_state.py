@@ -1,0 +1,227 @@
+"""One run as `top` shows it: per-rank progress and health, the run's header numbers.
+
+Built from the records `RunFiles` reads; `verdicts()` judges each rank:
+failed (its exit in summary.json, or an `error` record), stopped (its process is
+in state T: SIGSTOP, a debugger), silent (no status record for a while during
+training), slow (a straggler: behind the others, or a step time well above theirs).
+Process states are read from /proc via psutil, which never disturbs the worker.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from supervisor.views.events import Event, collect
+from supervisor.views.run_data import tokens_per_step
+from supervisor.views.run_files import RunFiles
+
+SILENT_AFTER_S = 15.0  # workers send a record at least every 5 s while training: 3 missed
+BUSY_PHASES = frozenset({"init", "rendezvous", "compile", "checkpoint", "eval"})  # long silences are normal here
+SLOW_FACTOR = 1.5  # step time this many times the other ranks' median: a straggler
+BEHIND_STEPS = 2  # this many steps behind the leading rank: a straggler
+ABANDONED_AFTER_S = 30.0  # no worker alive and no file written for this long, yet no summary.json
+
+
+@dataclass
+class RankView:
+    rank: int
+    device: str = "?"
+    pid: int | None = None
+    phase: str | None = None
+    step: int | None = None
+    max_steps: int | None = None
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    step_time: float | None = None  # seconds per optimizer step, pauses excluded
+    last_record: float | None = None  # unix time of its newest status record
+    done: bool = False
+    error: str | None = None
+    gpu: dict[str, Any] | None = None  # newest GPU sample of its device
+    host: dict[str, Any] | None = None  # newest host sample (CPU %, RSS) of its process
+
+
+@dataclass(frozen=True)
+class Verdict:
+    level: str  # ok | done | ended | slow | silent | stopped | failed
+    reason: str = ""
+
+    @property
+    def bad(self) -> bool:
+        return self.level in ("slow", "silent", "stopped", "failed")
+
+
+@dataclass
+class RunState:
+    files: RunFiles
+    ranks: dict[int, RankView] = field(default_factory=dict)
+    restarts: int = 0
+
+    def refresh(self) -> None:
+        for record in self.files.poll():
+            self._apply(record)
+        for rank, device in self.files.devices.items():
+            self._rank(rank).device = device
+
+    def _rank(self, rank: int) -> RankView:
+        if rank not in self.ranks:
+            self.ranks[rank] = RankView(rank)
+        return self.ranks[rank]
+
+    def _apply(self, r: dict[str, Any]) -> None:
+        kind, rank = r.get("type"), r.get("rank")
+        if kind == "restart":
+            self.restarts = max(self.restarts, int(r.get("attempt") or 0))
+            for view in self.ranks.values():  # a new attempt: old errors and done flags are history
+                view.done, view.error = False, None
+            return
+        if not isinstance(rank, int):
+            return
+        view = self._rank(rank)
+        if kind == "gpu":
+            view.gpu = r
+        elif kind == "host":
+            view.host, view.pid = r, r.get("pid") or view.pid
+        else:
+            self._status(view, kind, r)
+
+    def _status(self, view: RankView, kind: Any, r: dict[str, Any]) -> None:
+        view.last_record = r.get("time", view.last_record)
+        if kind == "ready":
+            view.pid = r.get("pid") or view.pid
+        elif kind == "phase":
+            view.phase = r.get("name")
+        elif kind == "step":
+            view.step, view.max_steps = r.get("step", view.step), r.get("max_steps", view.max_steps)
+            if r.get("loss") is not None:
+                view.loss, view.tokens_per_s, view.mfu = r.get("loss"), r.get("tokens_per_s"), r.get("mfu")
+                view.step_time = self._step_time(view.tokens_per_s)
+        elif kind == "done":
+            view.done, view.step = True, r.get("step", view.step)
+        elif kind == "error":
+            view.error = str(r.get("message", "error")).splitlines()[0]
+
+    def _step_time(self, tokens_per_s: Any) -> float | None:
+        """tokens per optimizer step (from the run's config) / tokens/s: eval and
+        checkpoint pauses are already left out of the worker's tokens/s."""
+        per_step = tokens_per_step(self.files.config or {})
+        if not per_step or not isinstance(tokens_per_s, (int, float)) or tokens_per_s <= 0:
+            return None
+        return per_step / tokens_per_s
+
+    # ------------------------------------------------------------------ judging
+
+    @property
+    def finished(self) -> bool:
+        return self.files.summary is not None
+
+    def verdicts(self, now: float | None = None) -> dict[int, Verdict]:
+        now = time.time() if now is None else now
+        return {rank: self._verdict(view, now) for rank, view in sorted(self.ranks.items())}
+
+    def _verdict(self, view: RankView, now: float) -> Verdict:
+        ended = self._ended(view)
+        if ended is not None:
+            return ended
+        if view.error:
+            return Verdict("failed", view.error)
+        if view.done:
+            return Verdict("done")
+        if not self.finished and _stopped(view.pid, view.last_record):
+            return Verdict("stopped", f"pid {view.pid} stopped (SIGSTOP or a debugger)")
+        age = None if view.last_record is None else now - view.last_record
+        if not self.finished and age is not None and age >= SILENT_AFTER_S and view.phase not in BUSY_PHASES:
+            return Verdict("silent", f"no heartbeat for {age:.0f} s (last: step {view.step}, phase {view.phase})")
+        return self._straggler(view) or Verdict("ok")
+
+    def _ended(self, view: RankView) -> Verdict | None:
+        """How summary.json says this rank ended: the root cause's rank failed, the
+        supervisor stopped the others; None while the run goes on."""
+        summary = self.files.summary
+        if summary is None:
+            return None
+        cause = summary.get("root_cause") or {}
+        if cause.get("rank") == view.rank:
+            return Verdict("failed", str(cause.get("message", "failed")))
+        for worker in summary.get("workers", []):
+            if worker.get("rank") == view.rank:
+                if worker.get("role") == "first-failure":
+                    return Verdict("failed", str(worker.get("ended")))
+                if worker.get("role") in ("victim", "interrupted"):
+                    return Verdict("ended", f"stopped by the supervisor ({worker.get('ended')})")
+        return None
+
+    def _straggler(self, view: RankView) -> Verdict | None:
+        others = [v for v in self.ranks.values() if v.rank != view.rank]
+        steps = [v.step for v in others if v.step is not None]
+        if view.step is not None and steps and max(steps) - view.step >= BEHIND_STEPS:
+            return Verdict("slow", f"{max(steps) - view.step} steps behind the leading rank")
+        times = [v.step_time for v in others if v.step_time]
+        if view.step_time and times and view.step_time >= SLOW_FACTOR * statistics.median(times):
+            return Verdict("slow", f"step time {view.step_time:.2f} s vs {statistics.median(times):.2f} s "
+                                   "on the other ranks")
+        return None
+
+    # ------------------------------------------------------------------ header
+
+    def events(self) -> list[Event]:
+        return collect(self.files.records, self.files.warnings)
+
+    def elapsed(self, now: float | None = None) -> float:
+        summary = self.files.summary
+        if summary and isinstance(summary.get("duration_s"), (int, float)):
+            return float(summary["duration_s"])
+        return (time.time() if now is None else now) - self.files.started()
+
+    def eta(self) -> float | None:
+        """The slowest rank's remaining steps at its current step time."""
+        left = [(v.max_steps - v.step - 1) * v.step_time for v in self.ranks.values()
+                if not v.done and None not in (v.step, v.max_steps, v.step_time)]
+        return max(left) if left and not self.finished else None
+
+    def abandoned(self, now: float | None = None) -> bool:
+        """No summary.json, no worker process left and nothing written for a while:
+        the supervisor itself died (SIGKILL, the machine), nobody will finish the files."""
+        if self.finished:
+            return False
+        now = time.time() if now is None else now
+        if any(_alive(v.pid) for v in self.ranks.values()):
+            return False
+        newest = max((p.stat().st_mtime for p in self.files.run_dir.iterdir() if p.is_file()), default=0.0)
+        return now - newest > ABANDONED_AFTER_S
+
+    def outcome(self, now: float | None = None) -> str:
+        summary = self.files.summary
+        if summary is None:
+            return "ended without summary.json (was the supervisor killed?)" if self.abandoned(now) else "running"
+        code = summary.get("exit_code")
+        if code == 0:
+            return "finished: success"
+        cause = (summary.get("root_cause") or {}).get("message") or summary.get("outcome")
+        return f"FAILED with exit code {code}: {cause}"
+
+
+def _alive(pid: int | None) -> bool:
+    try:
+        return bool(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _stopped(pid: int | None, since: float | None) -> bool:
+    """The worker's process is in state T (stopped). A pid newer than the rank's
+    records belongs to some other process: not ours to judge."""
+    if not pid:
+        return False
+    try:
+        proc = psutil.Process(pid)
+        if since is not None and proc.create_time() > since + 1:
+            return False
+        return proc.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False

@@ -1,0 +1,13 @@
+"""Training strategies as `Engine` subclasses: how one model is built, wrapped,
+stepped and checkpointed across ranks. torch.distributed (or DeepSpeed) does the
+work; an engine only chooses and wires. `build_engine` picks the class
+(factory.py); the loop and the checkpointer call the `Engine` methods (base.py)."""
+
+from worker.engines.base import Engine, StepCheck
+from worker.engines.factory import STRATEGIES, build_engine, needs_process_group, resolve_strategy
+from worker.engines.precision import Precision, adamw_kwargs, optimizer_groups
+
+__all__ = [
+    "STRATEGIES", "Engine", "Precision", "StepCheck", "adamw_kwargs", "build_engine", "needs_process_group",
+    "optimizer_groups", "resolve_strategy",
+]

@@ -1,0 +1,101 @@
+"""The `Engine` interface: one built, wrapped, initialised model with its optimizer.
+
+The training loop and the checkpointer call only these methods; each strategy
+(a subclass, one per file) decides how they are done, so neither branches on
+strategy names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from gpuherd.config import Config
+from worker.engines.precision import Precision, adamw_kwargs, optimizer_groups
+from worker.model import Transformer
+
+# The NaN guard's verdict on a step's loss and gradient norm: True = apply the step.
+StepCheck = Callable[[torch.Tensor | None], bool]
+
+
+@dataclass(frozen=True)
+class Build:
+    """What constructing any engine needs besides the model itself."""
+
+    cfg: Config
+    device: torch.device
+    precision: Precision
+    world_size: int
+
+
+@dataclass
+class Engine(ABC):
+    strategy: ClassVar[str]
+    sharded: ClassVar[bool] = False  # checkpoints are per-rank directories, not one file
+    needs_process_group: ClassVar[bool] = True  # even with a single worker
+
+    model: nn.Module  # what forward() is called on (wrapped)
+    inner: Transformer  # the unwrapped module: names, parameters, accounting
+    optimizer: Any
+    device: torch.device
+    precision: Precision
+    grad_accum: int
+    scaler: torch.amp.GradScaler | None = None
+    _params: list[nn.Parameter] = field(default_factory=list)
+    # Counted on the meta model: ZeRO-3 partitions leave p.numel() == 0 afterwards.
+    n_params: int = 0
+    n_matmul_params: int = 0
+
+    # ------------------------------------------------------------------ construction
+    @classmethod  # noqa: B027 - a hook whose default is to do nothing
+    def shard(cls, model: Transformer, build: Build) -> None:
+        """Called on the meta-device model, before its weights exist: shard it in place
+        where the strategy shards parameters (FSDP). Default: nothing."""
+
+    @classmethod
+    @abstractmethod
+    def create(cls, model: Transformer, build: Build, counts: dict[str, int]) -> Engine:
+        """Wrap the materialised, initialised `model` and give it an optimizer."""
+
+    @classmethod
+    def make_optimizer(cls, model: Transformer, build: Build) -> Any:
+        """AdamW over nanoGPT's decay / no-decay groups."""
+        return torch.optim.AdamW(optimizer_groups(model, build.cfg.training.weight_decay),
+                                 **adamw_kwargs(build.cfg, build.device))
+
+    # ------------------------------------------------------------------ the loop's calls
+    def train(self) -> None:
+        self.model.train()
+
+    def eval(self) -> None:
+        self.model.eval()
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.precision.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.precision.autocast_dtype)
+
+    @abstractmethod
+    def micro_step(self, inputs: torch.Tensor, targets: torch.Tensor, is_last: bool) -> torch.Tensor:
+        """Forward + backward of one micro-batch; returns the detached loss."""
+
+    @abstractmethod
+    def step(self, lr: float, max_grad_norm: float, check: StepCheck | None) -> tuple[torch.Tensor | None, bool]:
+        """Finish the optimizer step after the last micro-batch: clip (max_grad_norm > 0),
+        let `check` veto it, step or drop the gradients. Returns (total grad norm, applied)."""
+
+    # ------------------------------------------------------------------ checkpoints
+    @abstractmethod
+    def save_states(self, path: Path, meta: dict[str, Any], rank: int) -> None:
+        """Write model + optimizer state and `meta` to `path` (a collective: all ranks call)."""
+
+    @abstractmethod
+    def load_states(self, path: Path, fmt: str) -> None:
+        """Restore model + optimizer state from `path`, written in format `fmt`."""

@@ -1,0 +1,66 @@
+"""DistributedDataParallel, and ZeRO-1 (DDP plus a `ZeroRedundancyOptimizer` that
+shards the optimizer state): gradients are all-reduced once per step, on the
+last micro-batch (`no_sync()` before it)."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from worker.engines.base import Build
+from worker.engines.precision import adamw_kwargs, optimizer_groups
+from worker.engines.torch_engine import TorchEngine
+from worker.model import Transformer
+
+
+@dataclass
+class DDPEngine(TorchEngine):
+    strategy: ClassVar[str] = "ddp"
+
+    @classmethod
+    def wrap(cls, model: Transformer, build: Build) -> nn.Module:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        # RoPE tables are computed identically everywhere: no per-forward buffer sync.
+        # torch 2.13 renamed the switch (the old name warns on every rank's console).
+        no_buffer_sync = ({"forward_sync_buffers": False}
+                          if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+                          else {"broadcast_buffers": False})
+        device = build.device
+        return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+                   gradient_as_bucket_view=True, **no_buffer_sync)
+
+    def sync_context(self, is_last: bool) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext() if is_last else self.model.no_sync()
+
+
+@dataclass
+class Zero1Engine(DDPEngine):
+    strategy: ClassVar[str] = "zero1"
+    optimizer_format: ClassVar[str] = "zero1"  # optimizer state keyed by parameter index
+
+    @classmethod
+    def make_optimizer(cls, model: Transformer, build: Build) -> Any:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        decay = build.cfg.training.weight_decay
+        groups = optimizer_groups(model, decay)
+        optimizer = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=torch.optim.AdamW,
+                                            weight_decay=decay, **adamw_kwargs(build.cfg, build.device))
+        optimizer.add_param_group(groups[1])
+        return optimizer
+
+    def full_optimizer_state(self, rank: int) -> dict[str, Any] | None:
+        self.optimizer.consolidate_state_dict(to=0)  # collective
+        return self.optimizer.state_dict() if rank == 0 else None
+
+    def load_full_states(self, ckpt: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(self.inner, ckpt["model"], options=StateDictOptions(full_state_dict=True))
+        self.optimizer.load_state_dict(ckpt["optimizer"])

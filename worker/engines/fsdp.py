@@ -1,0 +1,64 @@
+"""FSDP2: `fully_shard` per block, then the root; checkpoints as DCP shards per rank."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from gpuherd.config import ConfigError
+from worker.checkpoint_io import FORMAT_DCP, publish_dir
+from worker.engines.base import Build
+from worker.engines.torch_engine import TorchEngine
+from worker.model import Transformer
+
+
+@dataclass
+class FSDPEngine(TorchEngine):
+    strategy: ClassVar[str] = "fsdp"
+    sharded: ClassVar[bool] = True
+
+    @classmethod
+    def shard(cls, model: Transformer, build: Build) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        precision = build.precision
+        if precision.use_scaler:
+            raise ConfigError("fp16 with training.strategy=fsdp is not supported; use bf16 or strategy ddp")
+        mesh = init_device_mesh(build.device.type, (build.world_size,))
+        mp = MixedPrecisionPolicy()
+        if precision.autocast_dtype is not None:
+            # compute in bf16, reduce gradients in fp32 (torchtitan's default)
+            mp = MixedPrecisionPolicy(param_dtype=precision.autocast_dtype, reduce_dtype=torch.float32)
+        reshard = build.cfg.training.fsdp_reshard_after_forward
+        for i, layer in enumerate(model.layers):
+            # The last block is re-gathered for backward right away: keeping it unsharded is free.
+            fully_shard(layer, mesh=mesh, mp_policy=mp,
+                        reshard_after_forward=reshard and i < len(model.layers) - 1)
+        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()  # FSDP casts through its MixedPrecisionPolicy instead
+
+    def sync_context(self, is_last: bool) -> contextlib.AbstractContextManager:
+        self.model.set_requires_gradient_sync(is_last)
+        return contextlib.nullcontext()
+
+    def total_norm(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        total = super().total_norm(grads)
+        # the norm of local shards is a partial DTensor (a plain tensor when no shard has a gradient)
+        return total.full_tensor() if hasattr(total, "full_tensor") else total
+
+    def save_states(self, path: Path, meta: dict[str, Any], rank: int) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        def write_shards(tmp: Path) -> None:
+            model_sd, optim_sd = get_state_dict(self.inner, self.optimizer)
+            dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp)
+
+        publish_dir(path, dict(meta, format=FORMAT_DCP), rank, write_shards)

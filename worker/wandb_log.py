@@ -1,0 +1,56 @@
+"""Optional Weights & Biases logging, offline only: rank 0 writes a W&B run on disk.
+
+    logging.wandb=offline  ->  <run_dir>/wandb/offline-run-<time>-<run id>-attempt<n>/
+                               upload later with `wandb sync <run_dir>/wandb/offline-run-*`
+    logging.wandb=off      ->  nothing (the default)
+
+Never contacts a server: the mode is forced to offline here, whatever WANDB_MODE
+or a logged-in account says. wandb is an optional dependency; without it the
+worker warns once and trains on. The interface matches `worker.reporting.TensorBoard`
+(`scalars(step, **values)`, `close()`), so the step reporter feeds both alike.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+MODES = ("off", "offline")
+PROJECT = "gpuherd"
+
+
+class WandbLog:
+    def __init__(self, mode: str, run_dir: Path | None, rank: int, config: dict[str, Any] | None = None) -> None:
+        if mode not in MODES:
+            raise ValueError(f"logging.wandb={mode!r}: expected one of {', '.join(MODES)}")
+        self.run: Any = None
+        if mode == "off" or rank != 0 or run_dir is None:
+            return
+        try:
+            import wandb
+        except ImportError:
+            logger.warning("logging.wandb=offline but wandb is not installed (pip install wandb): no W&B run")
+            return
+        run_id = Path(run_dir).name
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        os.environ["WANDB_MODE"] = "offline"  # belt and braces: wandb's own children read it too
+        self.run = wandb.init(mode="offline", dir=str(run_dir), project=PROJECT, name=run_id,
+                              id=f"{run_id}-attempt{attempt}", config=config or {},
+                              settings=wandb.Settings(console="off", silent=True))
+        logger.info(f"W&B offline run in {self.run.dir}; upload it later with "
+                    f"`wandb sync {Path(run_dir) / 'wandb'}/offline-run-*`")
+
+    def scalars(self, step: int, **values: float | None) -> None:
+        if self.run is None:
+            return
+        present = {name: value for name, value in values.items() if value is not None}
+        if present:
+            self.run.log(present, step=step)
+
+    def close(self, exit_code: int = 0) -> None:
+        if self.run is not None:
+            self.run.finish(exit_code=exit_code)
+            self.run = None
