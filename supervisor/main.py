@@ -13,11 +13,13 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import orjson
 from loguru import logger
 
 from gpuherd.cli import die
+from gpuherd.exit_codes import ExitCode
 from gpuherd.files import write_bytes_atomic
 from supervisor import run_dir as rundir
 from supervisor.cli import Launch, parse
@@ -45,18 +47,18 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
     _console_logging(launch.verbose, console)
     cfg, node = launch.config, launch.node
     mode = "script" if launch.script else "train"
-    plan = _plan(launch)
+    plan = _plan(launch, console)
     try:  # before the pre-flight checks: they read these paths too, and would trip over a bad one
         validate_launch(cfg, plan, train=mode == "train")
     except LaunchError as exc:
-        die(str(exc), exc.exit_code)
-    checks = _preflight(launch, plan) if cfg.system.preflight else None
-    run_id, run_dir, listen, bind_ip = _claim_names(launch)
+        _refuse(console, str(exc), exc.exit_code)
+    checks = _preflight(launch, plan, console) if cfg.system.preflight else None
+    run_id, run_dir, listen, bind_ip = _claim_names(launch, console)
     # ---- nothing was written before this line; everything below may write
     try:
         rundir.create(run_dir, exist_ok=launch.force)  # one mkdir: of two runs with one --run-id, one wins
     except rundir.RunDirError as exc:
-        die(str(exc), exc.exit_code)
+        _refuse(console, str(exc), exc.exit_code)
     write_bytes_atomic(run_dir / "config.json", cfg.to_json() + b"\n")
     if checks is not None:
         write_bytes_atomic(run_dir / "preflight.json", orjson.dumps(checks.to_dict(), option=orjson.OPT_INDENT_2))
@@ -87,7 +89,7 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
         job.rendezvous.close()
 
 
-def _claim_names(launch: Launch) -> tuple[str, Path, socket.socket | None, str | None]:
+def _claim_names(launch: Launch, console: Console) -> tuple[str, Path, socket.socket | None, str | None]:
     """The run id and directory (checked free), and node 0's job-store socket: exit 2 with one
     line for a bad --run-id, a taken directory, a wrong --master-addr or a busy port."""
     cfg, node = launch.config, launch.node
@@ -100,8 +102,15 @@ def _claim_names(launch: Launch) -> tuple[str, Path, socket.socket | None, str |
         if node.multi and node.node_rank == 0:
             listen, bind_ip = bind_master(node.master_addr, node.master_port)
     except (rundir.RunDirError, NodeLinkError) as exc:
-        die(str(exc), exc.exit_code)
+        _refuse(console, str(exc), exc.exit_code)
     return run_id, run_dir, listen, bind_ip
+
+
+def _refuse(console: Console, message: str, code: int = ExitCode.USAGE) -> NoReturn:
+    """One line and the exit code (gpuherd.cli.die), after the lines the console still
+    holds: they were logged first, so they are printed first."""
+    console.flush()
+    die(message, code)
 
 
 def _console_logging(verbose: bool, console: Console) -> None:
@@ -129,20 +138,20 @@ def _stop_timeout(configured: float) -> float:
     return limited
 
 
-def _plan(launch: Launch) -> DevicePlan:
+def _plan(launch: Launch, console: Console) -> DevicePlan:
     cfg = launch.config
     try:
         plan = plan_devices(cfg.system, os.environ.get("CUDA_VISIBLE_DEVICES"),
                             nproc_explicit=launch.nproc_explicit, force=launch.force)
     except DeviceError as exc:
-        die(str(exc), exc.exit_code)
+        _refuse(console, str(exc), exc.exit_code)
     for rank in cfg.system.log_ranks or []:
         if rank >= plan.world_size and not launch.node.multi:  # multi-node: global ranks, known at the join
-            die(f"--log-ranks {rank}: this run has ranks 0-{plan.world_size - 1}")
+            _refuse(console, f"--log-ranks {rank}: this run has ranks 0-{plan.world_size - 1}")
     return plan
 
 
-def _preflight(launch: Launch, plan: DevicePlan) -> CheckReport:
+def _preflight(launch: Launch, plan: DevicePlan, console: Console) -> CheckReport:
     """The `gpuherd check` items for this run, before anything is written or bound (the
     master-port item would otherwise find node 0's own socket): a FAIL stops the run."""
     node = launch.node
@@ -151,13 +160,13 @@ def _preflight(launch: Launch, plan: DevicePlan) -> CheckReport:
                             master=(node.master_addr, node.master_port) if node.multi else None,
                             node_rank=node.node_rank)
     except DeviceError as exc:
-        die(str(exc), exc.exit_code)
+        _refuse(console, str(exc), exc.exit_code)
     for item in report.of(WARN):
         logger.warning(f"pre-flight: {item.line()}")
     failure = report.first_failure()
     if failure is not None:
-        die(f"pre-flight check failed: {failure.line()} (`gpuherd check` shows every item; --skip-checks "
-            "to start anyway)", report.failed_exit_code)
+        _refuse(console, f"pre-flight check failed: {failure.line()} (`gpuherd check` shows every item; "
+                         "--skip-checks to start anyway)", report.failed_exit_code)
     logger.debug(f"pre-flight checks: {report.counts()}")
     return report
 

@@ -50,6 +50,13 @@ class Console:
             dropped = lane.put(data, self.max_pending)
             self.left_out += dropped
 
+    def flush(self, timeout: float = 2.0) -> None:
+        """Wait (at most `timeout` s on a stuck terminal) until what was written has been
+        printed: a line written directly afterwards then comes after it."""
+        deadline = time.monotonic() + timeout
+        for lane in list(self._lanes.values()):
+            lane.wait_printed(max(0.0, deadline - time.monotonic()))
+
     def close(self, timeout: float = 2.0) -> None:
         """Print what is waiting (at most `timeout` s on a stuck terminal), then stop."""
         deadline = time.monotonic() + timeout
@@ -69,6 +76,7 @@ class _Lane:
         self.closed = False
         self._queue: deque[tuple[bytes | None, int]] = deque()  # (batch, 0) or (None, lines left out)
         self._pending = 0
+        self._writing = False  # a batch taken off the queue is being written
         self._stopping = False
         self._cond = threading.Condition()
         self.thread = threading.Thread(target=self._run, name=f"console-fd{fd}", daemon=True)
@@ -87,13 +95,17 @@ class _Lane:
             else:
                 lines = data.count(b"\n")
                 self._queue.append((None, lines))
-            self._cond.notify()
+            self._cond.notify_all()
             return lines
 
     def stop(self) -> None:
         with self._cond:
             self._stopping = True
-            self._cond.notify()
+            self._cond.notify_all()
+
+    def wait_printed(self, timeout: float) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._queue and not self._writing, timeout)
 
     def _run(self) -> None:
         while True:
@@ -103,13 +115,16 @@ class _Lane:
                 if not self._queue:
                     return
                 data, left_out = self._queue.popleft()
+                self._writing = True
             if data is None:  # short: one atomic write even where another stream's thread writes to notice_fd
                 self._emit(self.notice_fd, b"gpuherd: the console fell behind: %d line(s) not shown here "
                                            b"(every line is in the worker logs)\n" % left_out)
-                continue
-            self._emit(self.fd, data)
+            else:
+                self._emit(self.fd, data)
             with self._cond:
-                self._pending -= len(data)
+                self._pending -= len(data or b"")
+                self._writing = False
+                self._cond.notify_all()
 
     def _emit(self, fd: int, data: bytes) -> None:
         if self.closed:

@@ -40,7 +40,7 @@ def _refused(done: subprocess.CompletedProcess, fragment: str) -> None:
     (("--set", f"system.run_root=runs/{'r' * 300}"), "system.run_root: the path component 'rrrrrrrrrrrrrrrrrr"),
     (("--set", f"system.checkpoint_dir={'c' * 300}/x"), "(300 bytes) is longer than the filesystem allows"),
     (("--set", "system.checkpoint_dir=/proc/gpuherd-checkpoints"), "cannot create files there"),
-    (("--config", "a_dir"), "config file {cwd}/a_dir is a directory, not a JSON file"),
+    (("--config", "a_dir"), "config file {cwd}/a_dir is a directory; --config takes a JSON file"),
     (("--nproc", "100000"), "--nproc 100000 (system.nproc): one supervisor runs at most 1024 workers"),
     (("--set", "system.backend=nccl"), "system.backend=nccl needs CUDA GPUs, but this run's workers are on CPU"),
 ])
