@@ -60,11 +60,13 @@ def latest_checkpoint(directory: Path) -> Path | None:
     return found[-1][1] if found else None
 
 
-def fingerprint(path: Path) -> tuple[int, int]:
-    """(inode, mtime) of what makes `path` complete: a checkpoint rewritten under the same
-    name (an earlier run's step_0000100 overwritten by this one) gets a new fingerprint."""
-    st = (path if path.suffix == ".pt" else path / META).stat()
-    return st.st_ino, st.st_mtime_ns
+def fingerprint(path: Path) -> tuple[int, int, int]:
+    """(inode, mtime, size) of what makes `path` complete (the file, or a directory's META): a
+    checkpoint rewritten under the same name (another run's step_0000100 saved over this
+    one's) gets a new fingerprint, even where the filesystem reuses the inode at once and
+    its clock ticks coarsely."""
+    st = (path / META if path.is_dir() else path).stat()
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def remove_checkpoint(path: Path) -> None:

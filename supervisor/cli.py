@@ -89,7 +89,11 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     g.add_argument("--hang-timeout", type=_seconds, default=None, metavar="S",
                    help="seconds without a heartbeat before a worker counts as hung (default: per preset)")
     g.add_argument("--grace-period", type=_seconds, default=None, metavar="S",
-                   help="teardown: seconds between SIGTERM and SIGKILL (default: per preset)")
+                   help="teardown: seconds between SIGTERM and SIGKILL; Ctrl-C: seconds to reach a save "
+                        "(default: per preset)")
+    g.add_argument("--stop-timeout", type=_seconds, default=None, metavar="S",
+                   help="a graceful stop (SIGTERM, SIGUSR1/2, Ctrl-C) with its final checkpoint takes at most this "
+                        "long, then SIGKILL (default 120; under SLURM shorter than its KillWait)")
     g.add_argument("--log-ranks", "--local-ranks-filter", "--local_ranks_filter", type=_id_list, default=None,
                    metavar="R[,R]",
                    help="console shows these ranks, plus every rank's warnings and errors (files keep all)")
@@ -140,8 +144,8 @@ def _add_script_flags(parser: argparse.ArgumentParser) -> None:
 
 
 # flags whose value goes to `system.<same name>` (store_true flags only when given)
-_SYSTEM_FLAGS = ("nproc", "gpus", "isolate", "hang_timeout", "grace_period", "log_ranks", "collapse_logs",
-                 "max_restarts", "restart_backoff", "restart_on_nan", "preflight", "report")
+_SYSTEM_FLAGS = ("nproc", "gpus", "isolate", "hang_timeout", "grace_period", "stop_timeout", "log_ranks",
+                 "collapse_logs", "max_restarts", "restart_backoff", "restart_on_nan", "preflight", "report")
 
 
 def parse(argv: list[str], prog: str = PROG) -> Launch:

@@ -3,11 +3,13 @@
 An attempt: rendezvous (exit 5 when a node never joins) -> spawn one worker per
 device -> supervise until the end -> the job's root cause. `--max-restarts N`: a
 failure worth retrying starts the next attempt, resuming from the newest checkpoint
-this run wrote. The end: summary.json and the root-cause block.
+this run wrote, on a dataset cache checked (and rebuilt if it went missing or was
+damaged) again first. The end: summary.json and the root-cause block.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
@@ -25,9 +27,10 @@ from supervisor.cli import Launch
 from supervisor.gpus import DevicePlan
 from supervisor.health import Heartbeats, MetricsSink, NcclTransportWatch, RunContext, RunWatcher, gpu_watcher, \
     hang_timeouts
-from supervisor.logs import Console, LogRouter, WorkerLog
-from supervisor.processes import OrphanGuard, Supervision, WorkerProcess, become_subreaper, die_with_parent, \
-    error_file_for, python_env, RunEnv, script_env, spawn, sweep_children, worker_env
+from supervisor.logs import STDERR, Console, LogRouter, WorkerLog
+from supervisor.processes import SAVE_AND_STOP, OrphanGuard, StopRules, Supervision, WorkerProcess, \
+    become_subreaper, die_with_parent, error_file_for, python_env, RunEnv, script_env, spawn, stop_exit_code, \
+    sweep_children, worker_env
 from supervisor.rendezvous import NodeLinkError, Rendezvous, Setup, SingleNode
 from supervisor.restarts import RunCheckpoints, pause, refusal
 from supervisor.summary import AttemptReport, RootCause, Summary, WorkerReport, how_it_ended, now_iso, shell_code
@@ -50,13 +53,17 @@ class Attempt:
 
 class Job:
     def __init__(self, launch: Launch, plan: DevicePlan, run_id: str, run_dir: Path, command: list[str],
-                 started_at: str, t0: float) -> None:
+                 started_at: str, t0: float, console: Console, stop_timeout: float) -> None:
+        """`console`: the one writer of everything the supervisor prints (main.py);
+        `stop_timeout`: system.stop_timeout, shortened under SLURM to fit its KillWait."""
         self.launch, self.plan, self.run_id, self.run_dir = launch, plan, run_id, run_dir
         self.cfg = launch.config
         self.command, self.started_at, self.t0 = command, started_at, t0
+        self.console, self.stop_timeout = console, stop_timeout
         self.dataset_path = ""
         self.notes: list[str] = []
         self.rendezvous: Rendezvous = SingleNode()
+        self.checkpoints = RunCheckpoints()
 
     @property
     def mode(self) -> str:
@@ -64,21 +71,27 @@ class Job:
 
     def prepare_dataset(self) -> RootCause | None:
         """Built once, here, before any worker exists; workers only read it."""
+        return self.recheck_dataset()[0]
+
+    def recheck_dataset(self) -> tuple[RootCause | None, bool]:
+        """(failure, rebuilt): prepare_cache reuses a sound cache and, under its lock, rebuilds
+        one that is missing or damaged (sizes always checked, checksums with data.verify_cache)."""
         try:
             from dataset_cache import DatasetError, prepare_cache
         except ImportError as exc:
-            return RootCause("dataset", ExitCode.DATA, f"the dataset_cache package is unusable: {exc}")
+            return RootCause("dataset", ExitCode.DATA, f"the dataset_cache package is unusable: {exc}"), False
         try:
             info = prepare_cache(self.cfg.data)
         except DatasetError as exc:
             logger.error(f"dataset: {exc}")
-            return RootCause("dataset", ExitCode.DATA, f"dataset: {exc}")
+            return RootCause("dataset", ExitCode.DATA, f"dataset: {exc}"), False
         except KeyboardInterrupt:
-            return RootCause("interrupted", ExitCode.SIGINT, "interrupted by Ctrl-C while preparing the dataset")
+            return RootCause("interrupted", ExitCode.SIGINT, "interrupted by Ctrl-C while preparing the dataset"), False
+        rebuilt = info.built and bool(self.dataset_path)
         self.dataset_path = str(info.path)
-        logger.info(f"dataset cache {'built' if info.built else 'reused'}: {info.path} "
+        logger.info(f"dataset cache {'rebuilt' if rebuilt else 'built' if info.built else 'reused'}: {info.path} "
                     f"({info.train_tokens:,} train / {info.val_tokens:,} val tokens, {info.seconds:.1f} s)")
-        return None
+        return None, rebuilt
 
     def run(self) -> int:
         """Every attempt until one succeeds, a failure is not worth restarting, or
@@ -87,7 +100,6 @@ class Job:
         system = self.cfg.system
         guard = OrphanGuard(f"{contract.SUPERVISOR_PID}={os.getpid()}", sys.executable, python_env())
         metrics = MetricsSink(self.run_dir / "metrics.jsonl")
-        checkpoints = RunCheckpoints(Path(system.checkpoint_dir))
         attempts: list[AttemptReport] = []
         final: RootCause | None = None
         resume: str | None = None
@@ -98,14 +110,12 @@ class Job:
                 final = report.root_cause
                 if final is None:
                     break
-                why_not = refusal(final, system.restart_on_nan)
-                if report.stop_signal:  # e.g. scancel's SIGTERM reached a worker before the supervisor
-                    why_not = f"the supervisor received {report.stop_signal}"
-                if attempt == system.max_restarts or why_not:
+                why_not = self._why_not_restart(final, report, last=attempt == system.max_restarts)
+                if why_not:
                     if system.max_restarts:  # say why only where a restart was on the table
-                        report.not_restarted = why_not or f"all {system.max_restarts} restart(s) used"
+                        report.not_restarted = why_not
                     break
-                newest = checkpoints.newest_of_this_run()
+                newest = self.checkpoints.newest_of_this_run()
                 resume = str(newest) if newest is not None else None
                 logger.warning(f"attempt {attempt} failed ({final.message}); restart {attempt + 1} of "
                                f"{system.max_restarts} in {system.restart_backoff:g} s, "
@@ -125,6 +135,22 @@ class Job:
             guard.release()
         return self.finish(final, attempts)
 
+    def _why_not_restart(self, cause: RootCause, report: AttemptReport, last: bool) -> str | None:
+        """None: restart. Before a restart of the built-in trainer the dataset cache is checked
+        again and rebuilt if it went missing or was damaged, so a worker that failed on a
+        broken cache (exit 3) gets another attempt once it is repaired."""
+        why_not = refusal(cause, self.cfg.system.restart_on_nan)
+        if report.stop_signal:  # e.g. scancel's SIGTERM reached a worker before the supervisor
+            why_not = f"the supervisor received {report.stop_signal}"
+        if last:
+            return why_not or f"all {self.cfg.system.max_restarts} restart(s) used"
+        if self.mode != "train" or (why_not and cause.exit_code != ExitCode.DATA) or report.stop_signal:
+            return why_not
+        failure, rebuilt = self.recheck_dataset()
+        if failure is not None:
+            return f"the dataset cache cannot be rebuilt: {failure.message}"
+        return None if rebuilt else why_not
+
     def run_attempt(self, attempt: int, resume: str | None, guard: OrphanGuard, metrics: MetricsSink) -> AttemptReport:
         """Start every worker once, supervise them to the end, clean up everything but the job's files."""
         started_at, t0 = now_iso(), time.monotonic()
@@ -141,8 +167,13 @@ class Job:
         att = self._prepare_attempt(attempt, setup, log_dir, metrics)
         cause = self._supervise(att, guard)
         cause = self.rendezvous.settle(attempt, cause, att.sup.notes)
-        self.notes += att.sup.notes
         sup = att.sup
+        final_save = sup.final_save()
+        if final_save == "not saved" and cause is not None:
+            cause = _save_cut(cause, sup.graceful.unfinished)
+        elif final_save == "saved" and self.checkpoints.newest_of_this_run() is not None:
+            sup.notes.append(f"the final checkpoint was saved: {self.checkpoints.newest_of_this_run()}")
+        self.notes += sup.notes
         teardown = None
         if sup.first_failure_at is not None and sup.all_gone_at is not None:
             teardown = round(max(0.0, sup.all_gone_at - sup.first_failure_at), 4)
@@ -151,7 +182,7 @@ class Job:
             exit_code=int(cause.exit_code) if cause else 0, outcome="success" if cause is None else cause.kind,
             root_cause=cause, resumed_from=setup.resume, log_dir=str(log_dir), teardown_s=teardown,
             workers=[_report(w, cause, att.monitor, self.mode == "script") for w in att.workers],
-            stop_signal=signal.Signals(sup.stop_signal).name if sup.stop_signal else None)
+            stop_signal=signal.Signals(sup.stop_signal).name if sup.stop_signal else None, final_save=final_save)
 
     def _prepare_attempt(self, attempt: int, setup: Setup, log_dir: Path, metrics: MetricsSink) -> Attempt:
         """Everything an attempt's supervision needs, before the first worker exists."""
@@ -159,13 +190,15 @@ class Job:
         hang, startup = hang_timeouts(cfg.preset, cfg.system.hang_timeout, cfg.system.startup_timeout,
                                       script=self.mode == "script")
         logs = {s.rank: WorkerLog(s.rank, s.tag, log_dir / f"worker-rank{s.rank}-{s.tag}.log") for s in plan.slots}
-        router = LogRouter(list(logs.values()), Console(), cfg.system.log_ranks, cfg.system.collapse_logs,
+        router = LogRouter(list(logs.values()), self.console, cfg.system.log_ranks, cfg.system.collapse_logs,
                            nccl_watch=_nccl_watch(plan))
         monitor = Heartbeats([s.rank for s in plan.slots], time.monotonic(), hang, startup,
                              cfg.system.rendezvous_timeout, expect_heartbeats=self.mode == "train")
-        sup = Supervision([], router, monitor, metrics, cfg.system.grace_period, finish_window=hang,
-                          on_cause=self.rendezvous.publisher(attempt), script=self.mode == "script",
-                          unwatched_why=_unwatched_why(self.launch))
+        stop = StopRules(cfg.system.grace_period, self.stop_timeout,
+                         save_signal=SAVE_AND_STOP if self.mode == "train" else None)
+        sup = Supervision([], router, monitor, metrics, stop, finish_window=hang,
+                          on_cause=self.rendezvous.publisher(attempt), on_record=self.checkpoints.observe,
+                          script=self.mode == "script", unwatched_why=_unwatched_why(self.launch))
         run_env = RunEnv(run_id=self.run_id, run_dir=str(self.run_dir), master_addr=setup.master_addr,
                          master_port=setup.master_port, supervisor_pid=os.getpid(),
                          config_path=str(self.run_dir / "config.json"), dataset_cache=self.dataset_path,
@@ -213,9 +246,6 @@ class Job:
         for watcher in watchers:
             _stop_watcher(watcher)
         att.router.close()
-        if att.router.console.left_out:
-            sup.notes.append(f"the console fell behind: {att.router.console.left_out} line(s) were not shown "
-                             f"there (a terminal that stopped reading); every line is in the worker logs")
         store_pid = store.proc.pid if store is not None and store.proc is not None else None
         if store is not None:
             store.stop()
@@ -227,6 +257,9 @@ class Job:
     def finish(self, cause: RootCause | None, attempts: list[AttemptReport]) -> int:
         exit_code = int(cause.exit_code) if cause is not None else 0
         last = attempts[-1] if attempts else None
+        if self.console.left_out:
+            self.notes.append(f"the console fell behind: {self.console.left_out} line(s) were not shown there "
+                              "(a terminal that stopped reading); every line is in the log files")
         summary = Summary(
             run_id=self.run_id, run_dir=str(self.run_dir), mode=self.mode, command=self.command,
             exit_code=exit_code, outcome="success" if cause is None else cause.kind, started_at=self.started_at,
@@ -234,11 +267,12 @@ class Job:
             workers=last.workers if last else [], teardown_s=last.teardown_s if last else None, notes=self.notes,
             max_restarts=self.cfg.system.max_restarts, restarts=max(0, len(attempts) - 1), attempts=attempts,
             node_rank=self.rendezvous.node_rank, nnodes=self.rendezvous.nnodes, nodes=self.rendezvous.nodes,
+            final_save=last.final_save if last else None,
         )
         summary.write(self.run_dir / "summary.json")
         block = summary.block()
         logger.bind(file_only=True).info(block)  # the console gets it below, unprefixed
-        print(block, file=sys.stderr, flush=True)
+        self.console.write(STDERR, block.encode() + b"\n")
         if self.cfg.system.report:
             from supervisor.views import report_after_run  # matplotlib: only when a report is wanted
 
@@ -267,11 +301,18 @@ def _unwatched_why(launch: Launch) -> str | None:
             "send records with gpuherd.status_channel for that")
 
 
+def _save_cut(cause: RootCause, unfinished: list[str]) -> RootCause:
+    """A stop whose final checkpoint was not written is no normal 130/143: the work since the
+    last complete checkpoint is lost, and the user must know before relying on it."""
+    return dataclasses.replace(cause, exit_code=int(ExitCode.FAILURE),
+                               message=f"{cause.message}; the final checkpoint was NOT saved: {'; '.join(unfinished)}")
+
+
 def _stop_cause(signum: int, when: str) -> RootCause:
     name = signal.Signals(signum).name
     if signum == signal.SIGINT:
         return RootCause("interrupted", ExitCode.SIGINT, f"interrupted by Ctrl-C (SIGINT) {when}")
-    return RootCause("terminated", 128 + signum, f"the supervisor received {name} {when}")
+    return RootCause("terminated", stop_exit_code(signum), f"the supervisor received {name} {when}")
 
 
 def _start_watchers(cfg: Config, plan: DevicePlan, run_dir: Path, sup: Supervision, metrics: MetricsSink,
@@ -303,6 +344,8 @@ def _report(w: WorkerProcess, cause: RootCause | None, monitor: Heartbeats | Non
         role = "first-failure"
     elif cause.kind == "interrupted":
         role = "interrupted"
+    elif cause.kind == "terminated" and SAVE_AND_STOP.name in w.signalled and code == ExitCode.SIGTERM:
+        role = "stopped"  # asked to save and stop, and did
     elif w.signalled and any(s in ("SIGTERM", "SIGKILL") for s in w.signalled):
         role = "victim"
     else:

@@ -1,8 +1,9 @@
 """`gpuherd run` / `python -m supervisor`: one training job from command line to exit code.
 
-resolve config (exit 2) -> plan devices (exit 2) -> run directory + config.json ->
-dataset cache (exit 3; built-in trainer only) -> the job's attempts (job.py) ->
-summary.json + root-cause block -> exit with the cause's code.
+resolve config (exit 2) -> plan devices (exit 2) -> the launch's paths and limits
+(exit 2) -> pre-flight GPU and host checks (exit 4 / 2) -> run directory (one atomic
+mkdir) + config.json -> dataset cache (exit 3; built-in trainer only) -> the job's
+attempts (job.py) -> summary.json + root-cause block -> exit with the cause's code.
 """
 
 from __future__ import annotations
@@ -11,40 +12,53 @@ import os
 import socket
 import sys
 import time
+from pathlib import Path
+from typing import NoReturn
 
 import orjson
 from loguru import logger
 
 from gpuherd.cli import die
+from gpuherd.exit_codes import ExitCode
 from gpuherd.files import write_bytes_atomic
 from supervisor import run_dir as rundir
 from supervisor.cli import PROG, Launch, parse
 from supervisor.gpus import DeviceError, DevicePlan, plan_devices
 from supervisor.health import WARN, CheckReport, announce_devices, hang_timeouts, run_checks
 from supervisor.job import Job
-from supervisor.processes import die_with_parent, python_env
-from supervisor.rendezvous import MultiNode, NodeLinkError, SingleNode, bind_master
+from supervisor.logs import STDERR, Console
+from supervisor.processes import die_with_parent, python_env, within_kill_wait
+from supervisor.rendezvous import MultiNode, NodeLinkError, SingleNode, bind_master, kill_wait
 from supervisor.summary import now_iso
+from supervisor.validation import LaunchError, validate_launch
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     started_at, t0 = now_iso(), time.monotonic()
     launch = parse(list(sys.argv[1:] if argv is None else argv), prog)
-    _console_logging(launch.verbose)
-    cfg = launch.config
-    plan = _plan(launch)
-    node = launch.node
-    checks = _preflight(launch, plan) if cfg.system.preflight else None
+    console = Console()  # everything the supervisor prints goes through it, its own lines too
     try:
-        run_id = rundir.check_run_id(launch.run_id) if launch.run_id else rundir.new_run_id()
-        # one directory per node: nodes sharing a filesystem (and a --run-id) never mix their files
-        run_dir = rundir.run_dir_path(cfg.system.run_root, run_id if not node.multi else f"{run_id}-node{node.node_rank}")
-        rundir.ensure_free(run_dir, launch.force)
-    except rundir.RunDirError as exc:
-        die(str(exc))
-    listen, bind_ip = _bind_store(launch)
+        return _run(launch, console, started_at, t0)
+    finally:
+        console.close()
+
+
+def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
+    _console_logging(launch.verbose, console)
+    cfg, node = launch.config, launch.node
+    mode = "script" if launch.script else "train"
+    plan = _plan(launch, console)
+    try:  # before the pre-flight checks: they read these paths too, and would trip over a bad one
+        validate_launch(cfg, plan, train=mode == "train")
+    except LaunchError as exc:
+        _refuse(console, str(exc), exc.exit_code)
+    checks = _preflight(launch, plan, console) if cfg.system.preflight else None
+    run_id, run_dir, listen, bind_ip = _claim_names(launch, console)
     # ---- nothing was written before this line; everything below may write
-    rundir.create(run_dir)
+    try:
+        rundir.create(run_dir, exist_ok=launch.force)  # one mkdir: of two runs with one --run-id, one wins
+    except rundir.RunDirError as exc:
+        _refuse(console, str(exc), exc.exit_code)
     write_bytes_atomic(run_dir / "config.json", cfg.to_json() + b"\n")
     if checks is not None:
         write_bytes_atomic(run_dir / "preflight.json", orjson.dumps(checks.to_dict(), option=orjson.OPT_INDENT_2))
@@ -52,7 +66,6 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
                format="{time:YYYY-MM-DD HH:mm:ss.SSS} {level} | {message}")
     for notice in launch.notices:
         logger.info(notice)
-    mode = "script" if launch.script else "train"
     command = launch.script.command() if launch.script else [sys.executable, "-m", "worker"]
     logger.debug(f"run {run_id}: {mode} mode, {plan.world_size} worker(s) on "
                  f"{', '.join(s.tag for s in plan.slots)}; isolate={plan.isolate}; command: {' '.join(command)}")
@@ -60,7 +73,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         logger.info(plan.notice)
     announce_devices(plan)
 
-    job = Job(launch, plan, run_id, run_dir, command, started_at, t0)
+    job = Job(launch, plan, run_id, run_dir, command, started_at, t0, console, _stop_timeout(cfg.system.stop_timeout))
     if not node.multi and listen is not None:
         job.rendezvous = SingleNode(launch.store, listen)  # held for the job; every attempt serves from it
     if node.multi:  # the agent imports torch while the dataset is prepared
@@ -80,41 +93,72 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         job.rendezvous.close()
 
 
-def _bind_store(launch: Launch) -> tuple[socket.socket | None, str | None]:
-    """The store's socket, where this node hosts one at a chosen address (multi-node node 0, or
-    torchrun's flags on one node), bound before anything is written: a wrong address or a
-    busy port is one line and exit 2, never a timeout."""
-    node = launch.node
+def _claim_names(launch: Launch, console: Console) -> tuple[str, Path, socket.socket | None, str | None]:
+    """The run id and directory (checked free), and the store's socket where this node hosts
+    one at a chosen address (multi-node node 0, or torchrun's flags on one node): exit 2 with
+    one line for a bad --run-id, a taken directory, a wrong address or a busy port."""
+    cfg, node = launch.config, launch.node
+    listen, bind_ip = None, None
     try:
+        run_id = rundir.check_run_id(launch.run_id) if launch.run_id else rundir.new_run_id()
+        # one directory per node: nodes sharing a filesystem (and a --run-id) never mix their files
+        run_dir = rundir.run_dir_path(cfg.system.run_root, run_id if not node.multi else f"{run_id}-node{node.node_rank}")
+        rundir.ensure_free(run_dir, launch.force)
         if node.multi and node.node_rank == 0:
-            return bind_master(node.master_addr, node.master_port)
-        if not node.multi and launch.store is not None:
-            return bind_master(launch.store.bind_addr, launch.store.port)
-    except NodeLinkError as exc:
-        die(str(exc), exc.exit_code)
-    return None, None
+            listen, bind_ip = bind_master(node.master_addr, node.master_port)
+        elif not node.multi and launch.store is not None:
+            listen, bind_ip = bind_master(launch.store.bind_addr, launch.store.port)
+    except (rundir.RunDirError, NodeLinkError) as exc:
+        _refuse(console, str(exc), exc.exit_code)
+    return run_id, run_dir, listen, bind_ip
 
 
-def _console_logging(verbose: bool) -> None:
+def _refuse(console: Console, message: str, code: int = ExitCode.USAGE) -> NoReturn:
+    """One line and the exit code (gpuherd.cli.die), after the lines the console still
+    holds: they were logged first, so they are printed first."""
+    console.flush()
+    die(message, code)
+
+
+def _console_logging(verbose: bool, console: Console) -> None:
+    """The supervisor's own lines take the workers' way to the terminal: a terminal that
+    stops reading never blocks the loop that judges heartbeats and sends SIGKILL on time."""
     logger.remove()
-    logger.add(sys.stderr, level="DEBUG" if verbose else "INFO", format="supervisor:{level} | {message}",
-               colorize=False, filter=lambda record: not record["extra"].get("file_only"))
+    logger.add(lambda message: console.write(STDERR, str(message).encode(errors="replace")),
+               level="DEBUG" if verbose else "INFO", format="supervisor:{level} | {message}", colorize=False,
+               filter=lambda record: not record["extra"].get("file_only"))
 
 
-def _plan(launch: Launch) -> DevicePlan:
+def _stop_timeout(configured: float) -> float:
+    """system.stop_timeout; under SLURM, over before SLURM's KillWait when scontrol can say it,
+    so the final saves end before SLURM's SIGKILL does."""
+    if not os.environ.get("SLURM_JOB_ID"):
+        return configured
+    wait = kill_wait()
+    if wait is None:
+        logger.debug(f"SLURM's KillWait is unknown (scontrol show config failed): stop timeout {configured:g} s")
+        return configured
+    limited = within_kill_wait(configured, wait)
+    if limited < configured:
+        logger.info(f"stop timeout {limited:g} s instead of {configured:g} s: SLURM kills a job {wait:g} s after "
+                    "its SIGTERM (KillWait)")
+    return limited
+
+
+def _plan(launch: Launch, console: Console) -> DevicePlan:
     cfg = launch.config
     try:
         plan = plan_devices(cfg.system, os.environ.get("CUDA_VISIBLE_DEVICES"),
                             nproc_explicit=launch.nproc_explicit, force=launch.force)
     except DeviceError as exc:
-        die(str(exc), exc.exit_code)
+        _refuse(console, str(exc), exc.exit_code)
     for rank in cfg.system.log_ranks or []:
         if rank >= plan.world_size and not launch.node.multi:  # multi-node: global ranks, known at the join
-            die(f"--log-ranks {rank}: this run has ranks 0-{plan.world_size - 1}")
+            _refuse(console, f"--log-ranks {rank}: this run has ranks 0-{plan.world_size - 1}")
     return plan
 
 
-def _preflight(launch: Launch, plan: DevicePlan) -> CheckReport:
+def _preflight(launch: Launch, plan: DevicePlan, console: Console) -> CheckReport:
     """The `gpuherd check` items for this run, before anything is written or bound (the
     master-port item would otherwise find node 0's own socket): a FAIL stops the run."""
     node = launch.node
@@ -123,12 +167,12 @@ def _preflight(launch: Launch, plan: DevicePlan) -> CheckReport:
                             master=(node.master_addr, node.master_port) if node.multi else None,
                             node_rank=node.node_rank)
     except DeviceError as exc:
-        die(str(exc), exc.exit_code)
+        _refuse(console, str(exc), exc.exit_code)
     for item in report.of(WARN):
         logger.warning(f"pre-flight: {item.line()}")
     failure = report.first_failure()
     if failure is not None:
-        die(f"pre-flight check failed: {failure.line()} (`gpuherd check` shows every item; --skip-checks "
-            "to start anyway)", report.failed_exit_code)
+        _refuse(console, f"pre-flight check failed: {failure.line()} (`gpuherd check` shows every item; "
+                         "--skip-checks to start anyway)", report.failed_exit_code)
     logger.debug(f"pre-flight checks: {report.counts()}")
     return report

@@ -2,22 +2,25 @@
 where the next attempt resumes, and the pause between attempts.
 
 torchrun restarts the worker group but leaves resuming to the script. Here the
-supervisor also picks the checkpoint: the newest complete one *this run* wrote
-(a `step_*` left in a shared checkpoint directory by an earlier run is never
-picked up by accident), handed to the workers as `GPUHERD_RESUME`. With none
-written yet, the next attempt starts as the first one did.
+supervisor also picks the checkpoint: the newest one *this run's* workers reported
+saving (their `checkpoint` status records), still as it was when they reported it,
+handed to the workers as `GPUHERD_RESUME`. A checkpoint another run wrote into a
+shared directory — before this run, or while it ran, even under the same name — is
+never picked up. With none written yet, the next attempt starts as the first one did.
 """
 
 from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Any
 
-from gpuherd.checkpoint_layout import fingerprint, list_checkpoints
+from gpuherd.checkpoint_layout import fingerprint
 from gpuherd.exit_codes import ExitCode
 from supervisor.summary import RootCause
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# SIGUSR1/2 too: SLURM's warning before the time limit may come between two attempts
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
 
 def refusal(cause: RootCause, restart_on_nan: bool) -> str | None:
@@ -34,41 +37,55 @@ def refusal(cause: RootCause, restart_on_nan: bool) -> str | None:
         return "a usage or config error fails every attempt the same way"
     if cause.exit_code == ExitCode.DATA:
         return "a dataset error fails every attempt the same way"
+    if cause.exit_code == ExitCode.STORAGE:
+        return "a full, over-quota or read-only disk fails every attempt the same way"
     if cause.exit_code == ExitCode.NAN and not restart_on_nan:
         return "a NaN stop is not restarted unless --restart-on-nan is given"
+    if cause.exit_code == ExitCode.DATA_MODEL:
+        return "the suspicious step reproduced on replay: the batch or the model fails every attempt the same way"
     return None
 
 
 class RunCheckpoints:
-    """What the checkpoint directory held when the run started, to tell this run's
-    checkpoints from older ones."""
+    """The checkpoints this run's workers reported saving, each with the stamp it had when
+    the report came: a file since replaced (another run saving the same step into a
+    shared directory) or pruned no longer counts."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self._before = self._fingerprints()
+    def __init__(self) -> None:
+        self._saved: dict[Path, tuple[int, tuple[int, int, int]]] = {}  # path -> (step, stamp)
+        self._reporters: dict[Path, set[int]] = {}  # ranks that reported the latest save of a path
 
-    def _fingerprints(self) -> dict[Path, tuple[int, int]]:
-        found = {}
-        for _, path in list_checkpoints(self.directory):
-            try:
-                found[path] = fingerprint(path)
-            except OSError:  # pruned between listing and stat
-                continue
-        return found
+    def observe(self, record: dict[str, Any]) -> None:
+        """A status record; `checkpoint` ones (step, path) are this run's saves. Every rank
+        reports a save that rank 0 wrote: the stamp is taken at the first report, so one
+        that comes late cannot adopt a file another run put there meanwhile."""
+        if record.get("type") != "checkpoint" or not isinstance(record.get("path"), str):
+            return
+        path, rank = Path(record["path"]).absolute(), record.get("rank")
+        reporters = self._reporters.setdefault(path, set())
+        if path in self._saved and rank not in reporters:
+            reporters.add(rank)  # another rank reporting the same save
+            return
+        try:
+            step, stamp = int(record.get("step") or 0), fingerprint(path)
+        except (OSError, ValueError, TypeError):  # not there (a rank reporting a save it did not write)
+            return
+        self._saved[path] = (step, stamp)
+        self._reporters[path] = {rank}
 
     def newest_of_this_run(self) -> Path | None:
-        for _, path in reversed(list_checkpoints(self.directory)):
+        for path, (_, stamp) in sorted(self._saved.items(), key=lambda item: item[1][0], reverse=True):
             try:
-                if self._before.get(path) != fingerprint(path):
+                if fingerprint(path) == stamp:
                     return path
-            except OSError:
+            except OSError:  # pruned (training.keep_last) or removed
                 continue
         return None
 
 
 def pause(seconds: float) -> int | None:
-    """Sleep between attempts; a Ctrl-C / SIGTERM / SIGHUP meanwhile ends the wait and
-    is returned (the run then stops with that signal's cause)."""
+    """Sleep between attempts; a Ctrl-C / SIGTERM / SIGHUP / SIGUSR1 / SIGUSR2 meanwhile ends
+    the wait and is returned (the run then stops with that signal's cause)."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         info = signal.sigtimedwait(STOP_SIGNALS, max(0.0, seconds))  # consumes the signal it reports

@@ -1,4 +1,4 @@
-"""The run directory `logs/<run-id>/`: its id, its path, and its creation."""
+"""The run directory `logs/<run-id>/`: its id, its path, and its creation (atomic: one run per id)."""
 
 from __future__ import annotations
 
@@ -41,6 +41,16 @@ def ensure_free(run_dir: Path, force: bool) -> None:
         raise RunDirError(f"run directory {run_dir} already exists (choose another --run-id or add --force)")
 
 
-def create(run_dir: Path) -> Path:
-    run_dir.mkdir(parents=True, exist_ok=True)
+def create(run_dir: Path, exist_ok: bool = False) -> Path:
+    """Make the directory in one `mkdir`: of two runs started at the same instant with one
+    --run-id, exactly one gets it. (`ensure_free`, earlier, refuses the usual case before
+    anything else is done; only this mkdir settles a race.)"""
+    try:
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        run_dir.mkdir(exist_ok=exist_ok)
+    except FileExistsError:
+        raise RunDirError(f"run directory {run_dir} already exists: another run with this --run-id started "
+                          "at the same moment (choose another --run-id)") from None
+    except OSError as exc:
+        raise RunDirError(f"cannot create run directory {run_dir}: {exc.strerror or exc}") from None
     return run_dir

@@ -86,7 +86,8 @@ class AttemptReport:
     teardown_s: float | None
     workers: list[WorkerReport]
     not_restarted: str | None = None  # why a failed attempt ended the run (restarts left or not)
-    stop_signal: str | None = None  # the supervisor received this (SIGINT/SIGTERM/SIGHUP) during the attempt
+    stop_signal: str | None = None  # the supervisor received this (SIGINT/SIGTERM/SIGHUP/...) during the attempt
+    final_save: str | None = None  # a graceful stop's last checkpoint: "saved", "not saved", None: nothing said
 
 
 @dataclass
@@ -109,6 +110,7 @@ class Summary:
     node_rank: int = 0  # multi-node: this node
     nnodes: int = 1
     nodes: list[dict[str, Any]] = field(default_factory=list)  # every node: host, nproc, first_rank, run_dir
+    final_save: str | None = None  # the last attempt's (a graceful stop): "saved" | "not saved" | None
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2)

@@ -3,6 +3,8 @@
 - SIGTERM: the supervisor is tearing the run down; exit 143 now, no collectives.
 - SIGINT: graceful stop; the loop stops at the next step boundary (all ranks
   agree through a vote), saves a checkpoint and exits 130. A second SIGINT exits 130 at once.
+- SIGUSR2: save and stop (the supervisor got SIGTERM: a preemption, scancel, a time
+  limit); the same graceful stop, exit 143.
 - SIGUSR1: faulthandler dumps every thread's stack to stderr; training goes on.
 
 Python runs signal handlers only between bytecodes of the main thread, which
@@ -23,10 +25,13 @@ from loguru import logger
 
 from gpuherd.exit_codes import ExitCode
 
+SAVE_AND_STOP = signal.SIGUSR2  # the supervisor's name for it: supervisor/processes/stopping.py
+
 
 @dataclass
 class SignalState:
     stop_requested: bool = False
+    stop_code: int = ExitCode.SIGINT  # what a graceful stop exits with: 130 (Ctrl-C) or 143 (save and stop)
     _read_fd: int = -1
     _thread: threading.Thread | None = field(default=None, repr=False)
 
@@ -56,6 +61,18 @@ def _watch(state: SignalState) -> None:
                 state.stop_requested = True
                 logger.warning("received SIGINT: stopping at the next step boundary "
                                "(checkpoint, then exit 130); press Ctrl-C again to exit at once")
+            elif signum == SAVE_AND_STOP:
+                _save_and_stop(state)
+
+
+def _save_and_stop(state: SignalState) -> None:
+    """The supervisor's stop request, distinct from SIGTERM's teardown: the ranks still agree
+    on a last step and save it together."""
+    if state.stop_requested:
+        return  # already stopping (a Ctrl-C came first): that stop saves too
+    state.stop_code, state.stop_requested = ExitCode.SIGTERM, True
+    logger.warning("received SIGUSR2 (the supervisor was asked to stop): stopping at the next step boundary "
+                   "(checkpoint, then exit 143)")
 
 
 def install() -> SignalState:
@@ -64,7 +81,7 @@ def install() -> SignalState:
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     state._read_fd = read_fd
-    for signum in (signal.SIGTERM, signal.SIGINT):
+    for signum in (signal.SIGTERM, signal.SIGINT, SAVE_AND_STOP):
         # A Python-level handler must exist for the wakeup fd to receive the signal;
         # the watcher thread does the work, so this one does nothing.
         signal.signal(signum, lambda *_: None)

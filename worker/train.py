@@ -36,7 +36,7 @@ from worker.schedule import WarmupCosine
 def run(cfg: Config, identity: WorkerIdentity, *, cache_dir: Path | None = None, data: DataBundle | None = None,
         status: StatusWriter | None = None, run_dir: Path | None = None, install_signals: bool = True,
         run_id: str | None = None) -> int:
-    """Train per `cfg`; returns the exit code (0, or 130 after a graceful SIGINT stop).
+    """Train per `cfg`; returns the exit code (0, or 130 / 143 after a graceful SIGINT / SIGUSR2 stop).
     Failures with a known cause raise WorkerError (or worker.nan.NanStop). `run_id`
     (default: from the environment) goes into every checkpoint."""
     sig = wsignals.install() if install_signals else wsignals.SignalState()
@@ -92,7 +92,7 @@ class Trainer:
             self.engine, Path(cfg.system.checkpoint_dir), t.keep_last, identity.rank, identity.world_size,
             meta_base(self.args, cfg.to_dict(), self.schedule.state_dict(), data.tokenizer), run_id)
         self.start_step = self._resume()
-        self.step = self.start_step
+        self.step = self.saved_step = self.start_step
         self.guard = self._nan_guard()
         self.vote = StopVote.create()
         self.tb = ScalarSinks(TensorBoard(run_dir, identity.rank),
@@ -155,13 +155,14 @@ class Trainer:
                 self._paused(self.evaluate)
             if t.save_every and self.step % t.save_every == 0 and self.step < t.max_steps:
                 self._paused(self.save)
-        if self.step > self.start_step:  # a stop before any step has nothing new to save
+        if self.step != self.saved_step:  # a stop right after a save (or before any step) has nothing new to save
             self._paused(self.save, back_to=None)
         self.tb.close()
         if stopped:
-            logger.warning(f"{self.identity.bracket} stopped by SIGINT after {self.step} steps")
+            logger.warning(f"{self.identity.bracket} stopped after {self.step} steps, as asked "
+                           f"(exit {int(self.sig.stop_code)})")
             self.status.send("phase", name="shutdown")
-            return int(ExitCode.SIGINT)
+            return int(self.sig.stop_code)
         if self.skipped_steps:
             logger.warning(f"{self.identity.bracket} {self.skipped_steps} optimizer step(s) skipped"
                            " as suspicious (non-finite or a spike)")
@@ -233,6 +234,7 @@ class Trainer:
     def save(self) -> Path:
         self.status.send("phase", name="checkpoint")
         path = self.checkpointer.save(self.step, self.data.train.state_dict())
+        self.saved_step = self.step
         self._log_rank0(f"{self.identity.bracket} checkpoint saved: {path}")
         self.status.send("checkpoint", step=self.step, path=str(path))
         return path

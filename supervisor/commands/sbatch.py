@@ -26,6 +26,9 @@ from supervisor import REPO_ROOT
 
 PROG = "python -m supervisor.commands.sbatch"
 CPUS_PER_GPU = 8  # the usual CPU share on GPU nodes: 8 tasks x 8 CPUs for 8 GPUs
+# SIGUSR1 this long before the time limit: every node saves a checkpoint and stops within
+# the stop timeout (120 s by default); SLURM may send it up to 60 s earlier (sbatch(1)).
+STOP_WARNING_S = 180
 
 # sbatch(1) --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours,
 # days-hours:minutes, days-hours:minutes:seconds; UNLIMITED / INFINITE where allowed.
@@ -46,6 +49,7 @@ class SbatchOptions:
     time: str | None = None
     mem: str | None = None
     train_args: tuple[str, ...] = ()
+    stop_warning: int = STOP_WARNING_S  # seconds before the time limit SLURM sends SIGUSR1; 0: none
 
 
 def render_sbatch(options: SbatchOptions) -> str:
@@ -59,6 +63,8 @@ def _header(o: SbatchOptions) -> list[str]:
         ("job-name", o.job_name), ("nodes", o.nodes), ("ntasks-per-node", 1), ("gres", f"gpu:{o.gpus_per_node}"),
         ("cpus-per-task", o.cpus_per_task), ("mem", o.mem), ("time", o.time), ("partition", o.partition),
         ("account", o.account), ("output", output), ("error", output),
+        # USR1 (not B:USR1): to every step's tasks, i.e. each node's supervisor, which saves and stops
+        ("signal", f"USR1@{o.stop_warning}" if o.stop_warning else None),
     ]
     return [
         "#!/bin/bash",
@@ -67,6 +73,8 @@ def _header(o: SbatchOptions) -> list[str]:
         "#",
         "# One task per node: gpuherd runs one supervisor per node and the supervisor starts",
         "# one worker per GPU itself, so SLURM must not start a task per GPU.",
+        "# --signal=USR1@T: T seconds before the time limit every supervisor gets SIGUSR1 and its",
+        "# workers save a checkpoint and stop (exit 143); scancel and preemption (SIGTERM) do the same.",
         *(f"#SBATCH --{name}={value}" for name, value in directives if value is not None),
     ]
 
@@ -154,7 +162,8 @@ def parse(argv: list[str]) -> tuple[SbatchOptions, Path | None]:
         nodes=args.nodes, gpus_per_node=args.gpus_per_node,
         cpus_per_task=args.cpus_per_task or CPUS_PER_GPU * args.gpus_per_node,
         repo=REPO_ROOT, log_dir=log_dir, job_name=args.job_name, partition=args.partition,
-        account=args.account, time=args.time, mem=args.mem, train_args=tuple(train_args))
+        account=args.account, time=args.time, mem=args.mem, train_args=tuple(train_args),
+        stop_warning=args.stop_warning)
     return options, (Path(args.output).expanduser() if args.output else None)
 
 
@@ -175,6 +184,9 @@ def _parser() -> OneLineParser:
     parser.add_argument("--job-name", type=_word, default="gpuherd", metavar="NAME", help="default gpuherd")
     parser.add_argument("--partition", type=_word, default=None, metavar="NAME")
     parser.add_argument("--account", type=_word, default=None, metavar="NAME")
+    parser.add_argument("--stop-warning", type=_seconds, default=STOP_WARNING_S, metavar="S",
+                        help="SLURM sends SIGUSR1 this many seconds before the time limit, and every node saves a "
+                             f"checkpoint and stops (default {STOP_WARNING_S}; 0: no signal)")
     parser.add_argument("--log-dir", default=None, metavar="DIR",
                         help="where SLURM writes the job's output, NAME-JOBID.out (default: logs/slurm in the checkout)")
     parser.add_argument("--output", "-o", default=None, metavar="PATH", help="write the script here (default: stdout)")
@@ -186,6 +198,12 @@ def _parser() -> OneLineParser:
 def _count(text: str) -> int:
     if not re.fullmatch(r"[0-9]+", text) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got '{text}'")
+    return int(text)
+
+
+def _seconds(text: str) -> int:
+    if not re.fullmatch(r"[0-9]+", text) or int(text) > 65535:  # sbatch(1): sig_time at most 65535
+        raise argparse.ArgumentTypeError(f"expected whole seconds from 0 to 65535, got '{text}'")
     return int(text)
 
 
@@ -214,7 +232,6 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(script)
             return 0
         write_bytes_atomic(path, script.encode())
-        path.chmod(0o644)  # the temp file behind the atomic write is private (0600)
     except OSError as exc:
         die(f"cannot write {exc.filename or path}: {exc.strerror}")
     print(f"wrote {path}; submit it with: sbatch {shlex.quote(str(path))}", file=sys.stderr)

@@ -9,6 +9,11 @@ never write a record (a script that steps no torch optimizer, or runs with
 run expects heartbeats (built-in workers always send them); the supervisor is told
 once (`newly_unwatched`) so it can say so. Among stale ranks the straggler is a rank
 whose process is stopped (SIGSTOP, a debugger) if any, else the one furthest behind.
+
+Silence counts only while the supervisor itself runs: after it was stopped (Ctrl-Z,
+SIGSTOP, a frozen VM) the clocks restart from the moment it resumed
+(`restart_clocks`), so heartbeats that sat unread in the pipes meanwhile never make
+a healthy worker look hung.
 """
 
 from __future__ import annotations
@@ -47,6 +52,9 @@ class RankState:
     joined: bool = False  # past process-group init (any record that only a joined rank sends)
     error: str | None = None
     unwatched_told: bool = False  # the supervisor said this rank is not judged by heartbeat
+    saving: bool = False  # in phase checkpoint, its `checkpoint` record not sent yet
+    save_ended: float | None = None  # when its last save ended (record or next phase)
+    saved_at: float | None = None  # when its last `checkpoint` record came
 
     def describe(self) -> str:
         if self.records == 0:
@@ -71,6 +79,7 @@ class Heartbeats:
         self.hang, self.startup, self.rendezvous = hang, startup, rendezvous
         self.expect = expect_heartbeats
         self._rendezvous_started: float | None = None
+        self._clock_floor = now  # no silence counts from before this (restart_clocks)
 
     def record(self, rank: int, rec: dict[str, Any], now: float) -> None:
         st = self.ranks.get(rank)
@@ -80,6 +89,8 @@ class Heartbeats:
         kind = rec.get("type")
         if st.phase == "rendezvous":  # anything a rank says after entering rendezvous means it got through
             st.joined = True
+        if kind in ("phase", "checkpoint"):
+            self._track_save(st, rec, now)
         if kind == "phase":
             st.phase = str(rec.get("name"))
             if st.phase == "rendezvous":
@@ -102,6 +113,23 @@ class Heartbeats:
         elif kind == "error":
             st.error = str(rec.get("message"))
 
+    @staticmethod
+    def _track_save(st: RankState, rec: dict[str, Any], now: float) -> None:
+        starts = rec.get("type") == "phase" and rec.get("name") == "checkpoint"
+        if st.saving and not starts:
+            st.saving, st.save_ended = False, now
+        if starts:
+            st.saving = True
+        if rec.get("type") == "checkpoint":
+            st.saved_at = now
+
+    def restart_clocks(self, now: float) -> None:
+        """The supervisor was not running until `now`: start every silence from here."""
+        self._clock_floor = max(self._clock_floor, now)
+
+    def _since(self, st: RankState) -> float:
+        return max(st.last_record or st.spawned, self._clock_floor)
+
     def allowance(self, st: RankState, saving: bool = False) -> float:
         """`saving`: another rank is in phase checkpoint (this one may be waiting for it)."""
         if st.step is None or st.phase in SLOW_PHASES or saving:
@@ -113,21 +141,22 @@ class Heartbeats:
         the ranks whose process is stopped, asked only once some rank is stale."""
         watched = [st for r, st in self.ranks.items()
                    if r in alive and not st.done and (self.expect or st.records)]
-        if self._rendezvous_started is not None and now - self._rendezvous_started > self.rendezvous:
+        started = self._rendezvous_started
+        if started is not None and now - max(started, self._clock_floor) > self.rendezvous:
             missing = [st for st in self.ranks.values() if st.rank in alive and not st.joined]
             if missing:
                 names = ", ".join(f"rank {st.rank} ({st.describe()})" for st in missing)
                 return Verdict("rendezvous", missing[0].rank,
                                f"process group not formed after {self.rendezvous:.0f} s: {names} never joined")
         saving = any(st.phase == "checkpoint" for st in watched)
-        stale = [st for st in watched if now - (st.last_record or st.spawned) > self.allowance(st, saving)]
+        stale = [st for st in watched if now - self._since(st) > self.allowance(st, saving)]
         if not stale:
             return None
         paused = sorted((stopped() if stopped is not None else set()) & alive)
         # The straggler: a stopped process if any, else the rank furthest behind, then the one silent longest.
         straggler = min([self.ranks[r] for r in paused] or stale,
                         key=lambda st: (st.step if st.step is not None else -1, st.last_record or st.spawned))
-        silent = now - (straggler.last_record or straggler.spawned)
+        silent = now - self._since(straggler)
         evidence = "; its process is stopped (SIGSTOP or a debugger)" if straggler.rank in paused else ""
         return Verdict("hang", straggler.rank,
                        f"rank {straggler.rank} sent no heartbeat for {silent:.0f} s "

@@ -107,7 +107,7 @@ class LogRouter:
                     logger.warning(warning)
 
     def close(self) -> None:
+        """The attempt's files; the console outlives it (the supervisor's, closed by its owner)."""
         self.tick(0.0, everything=True)
-        self.console.close()
         for log in self.logs.values():
             log.close()

@@ -1,8 +1,11 @@
 """The event loop of a running job: forward logs, read heartbeats, notice deaths, tear down.
 
 One thread, one epoll: worker pipes (stdout, stderr, status), and a wake-up pipe
-that signal handlers (SIGCHLD, SIGINT, SIGTERM, SIGHUP) and watcher threads write
-to. A death is seen the moment SIGCHLD arrives, not at the next poll tick.
+that signal handlers (SIGCHLD, SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGCONT)
+and watcher threads write to. A death is seen the moment SIGCHLD arrives, not at the
+next poll tick. After the supervisor itself was stopped (SIGCONT, or any gap in the
+loop over LOOP_GAP), every pipe is read to the end and the hang clocks restart before
+anyone is judged.
 
 The loop's phase (`Phase`) says what it is waiting for; each phase but RUNNING has
 one deadline (FINISHING only while a rank without heartbeats is left), and
@@ -10,8 +13,10 @@ one deadline (FINISHING only while a rank without heartbeats is left), and
 
     RUNNING --a rank exits 0 early--> FINISHING --the others stop progressing--> DUMPING_STACKS
     RUNNING/FINISHING --hang verdict--> DUMPING_STACKS --stacks written--> TERMINATING
-    any live phase --failure, watcher, SIGTERM--> TERMINATING --grace over--> KILLING
-    RUNNING --Ctrl-C--> STOPPING (workers save, exit 130) --grace over--> KILLING
+    any live phase --failure, watcher--> TERMINATING --grace over--> KILLING
+    RUNNING --Ctrl-C--> STOPPING (workers save, exit 130) --grace over, no save going on--> KILLING
+    RUNNING --SIGTERM/SIGHUP/SIGUSR1/SIGUSR2--> STOPPING (save, exit 143) --stop timeout--> KILLING
+        (a --script: TERMINATING with the stop timeout; SIGUSR1/2 are forwarded to it instead)
     any --Ctrl-C again / SIGTERM again--> KILLING --KILL_WAIT--> DONE (a note: D-state?)
     any --no worker left--> DRAINING --pipes closed or DRAIN_WAIT--> DONE
 
@@ -21,10 +26,12 @@ saving a checkpoint, and the ranks waiting for it, get the long allowance); a ra
 never sent one makes it a hang when the hang timeout after the clean exit is over.
 
 Teardown: SIGTERM (+ SIGCONT, so a stopped worker can act on it) to every worker's
-process group at once, then SIGKILL what is left after the grace period. The exit
-code is the root cause's: the first failing worker's own code, 124 for a hang or an
-early clean exit the others then hung on, 5 for a process group that never formed, a
-watcher's code, 130 for Ctrl-C, 128+N when the supervisor itself got signal N.
+process group at once, then SIGKILL what is left after the grace period. A graceful
+stop (stopping.py) never SIGKILLs a worker while it reports phase `checkpoint`, up to
+the stop timeout; a save it did have to cut is named in `graceful.unfinished`. The
+exit code is the root cause's: the first failing worker's own code, 124 for a hang or
+an early clean exit the others then hung on, 5 for a process group that never formed, a watcher's code, 130
+for Ctrl-C, 128+N when the supervisor itself got SIGTERM/SIGHUP, 143 for SIGUSR1/2.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from supervisor.health import FatalCause, Heartbeats, MetricsSink
 from supervisor.logs import STDERR, STDOUT, LogRouter
 from supervisor.processes.error_file import error_file_for, read_error_file
 from supervisor.processes.spawn import WorkerProcess
+from supervisor.processes.stopping import STOP_REQUESTS, GracefulStop, StopRules, stop_exit_code
 from supervisor.summary import RootCause, how_it_ended, shell_code
 
 READ_CHUNK = 1 << 16
@@ -54,13 +62,15 @@ STACK_DUMP_WAIT = 2.0  # after SIGUSR1, time for faulthandler's stacks to reach 
 KILL_WAIT = 10.0  # after SIGKILL: a process in uninterruptible sleep (a wedged driver) may linger
 DRAIN_WAIT = 2.0  # after the last worker: pipes a setsid'd grandchild still holds are given up
 EARLY_EXIT_NOTICE = 2.0  # a rank exited 0 and the others still run this much later: say so (INFO)
-HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)
+LOOP_GAP = 1.0  # the loop slept this much longer than it asked to: the supervisor was stopped
+CATCH_UP_CHUNKS = 256  # per pipe after a stop: 16 MiB, so a flooding worker cannot hold the loop
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGCHLD, signal.SIGCONT, *STOP_REQUESTS)
 
 
 class Phase(enum.Enum):
     RUNNING = "running"  # judging heartbeats; no deadline
     FINISHING = "finishing"  # a rank exited 0 early: the others end at their pace while they progress
-    STOPPING = "stopping"  # graceful stop (Ctrl-C): workers save and exit; SIGKILL at the deadline
+    STOPPING = "stopping"  # graceful stop (Ctrl-C, SIGTERM): workers save and exit; SIGKILL at the deadline
     DUMPING_STACKS = "dumping stacks"  # hang verdict: SIGUSR1 sent; SIGTERM at the deadline
     TERMINATING = "terminating"  # SIGTERM sent to every group; SIGKILL at the deadline
     KILLING = "killing"  # SIGKILL sent; given up at the deadline (a process in uninterruptible sleep)
@@ -74,19 +84,21 @@ _TEARDOWN_ORDER = [Phase.DUMPING_STACKS, Phase.STOPPING, Phase.TERMINATING, Phas
 
 class Supervision:
     def __init__(self, workers: list[WorkerProcess], router: LogRouter, monitor: Heartbeats,
-                 metrics: MetricsSink, grace_period: float, finish_window: float,
-                 on_cause: Callable[[RootCause], None] | None = None, script: bool = False,
+                 metrics: MetricsSink, stop: StopRules, finish_window: float,
+                 on_cause: Callable[[RootCause], None] | None = None,
+                 on_record: Callable[[dict], None] | None = None, script: bool = False,
                  unwatched_why: str | None = None) -> None:
         """`on_cause`: told this node's root cause the moment it is set (multi-node: the job's
-        rendezvous offers it to the other nodes). `finish_window`: how long the ranks left after
-        a clean early exit may go without progress. `script`: the workers run a user's script,
-        whose exit codes are its own. `unwatched_why`: said once for ranks that never send a
-        heartbeat."""
+        rendezvous offers it to the other nodes). `on_record`: every status record, as it comes.
+        `finish_window`: how long the ranks left after a clean early exit may go without
+        progress. `script`: the workers run a user's script, whose exit codes are its own.
+        `unwatched_why`: said once for ranks that never send a heartbeat."""
         self.workers = {w.slot.rank: w for w in workers}
         self.router = router
         self.monitor = monitor
         self.metrics = metrics
-        self.grace = grace_period
+        self.stop = stop
+        self.grace = stop.grace
         self.finish_window = finish_window
         self.script = script
         self.unwatched_why = unwatched_why
@@ -115,7 +127,10 @@ class Supervision:
         self._old_wakeup = -1
         self._remote: queue.SimpleQueue[RootCause] = queue.SimpleQueue()
         self._on_cause = on_cause
+        self._on_record = on_record
         self.stop_signal: int | None = None  # the supervisor itself was asked to stop (never restart then)
+        self.graceful: GracefulStop | None = None  # a graceful stop, once one began
+        self._stopped_meanwhile = False  # SIGCONT: the supervisor itself was stopped
 
     # ------------------------------------------------------------------ setup
 
@@ -168,14 +183,18 @@ class Supervision:
             self._sel.register(w.status_fd, selectors.EVENT_READ, (rank, "status"))
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         while True:
-            now = time.monotonic()
-            for key, _ in self._sel.select(self._timeout(now)):
+            before = time.monotonic()
+            timeout = self._timeout(before)
+            for key, _ in self._sel.select(timeout):
                 if key.data is None:
                     self._drain_wakeups()
                 else:
                     self._read(key.fd, *key.data)
             now = time.monotonic()
             self._handle_signals(now)
+            if self._stopped_meanwhile or now - before > timeout + LOOP_GAP:
+                self._catch_up()
+                now = time.monotonic()
             self._handle_fatal(now)
             if self._reap_due or now - self._last_reap > 0.5:
                 self._reap(now)
@@ -189,6 +208,15 @@ class Supervision:
             tail = self.router.logs[self.cause.rank].stderr_tail
             self.cause.stderr_tail = [line.decode(errors="replace") for line in tail]
         return self.cause
+
+    def _catch_up(self) -> None:
+        """The supervisor was stopped (or starved) while the workers went on: what they said
+        meanwhile is still in the pipes. Read it all, then count silence from now only."""
+        self._stopped_meanwhile = False
+        for key in list(self._sel.get_map().values()):
+            if key.data is not None:
+                self._read(key.fd, *key.data, limit=CATCH_UP_CHUNKS)
+        self.monitor.restart_clocks(time.monotonic())
 
     def _timeout(self, now: float) -> float:
         deadlines = [now + 0.5]
@@ -253,6 +281,8 @@ class Supervision:
             if record is None:
                 continue
             self.monitor.record(rank, record, now)
+            if self._on_record is not None:
+                self._on_record(record)
             good.append(line)
         if good:
             self.metrics.write_lines(b"\n".join(good) + b"\n")
@@ -264,29 +294,58 @@ class Supervision:
             signum = self._signals.pop(0)
             if signum == signal.SIGCHLD:
                 self._reap_due = True
+            elif signum == signal.SIGCONT:
+                self._stopped_meanwhile = True
             elif signum == signal.SIGINT:
-                self._interrupts += 1
-                self.stop_signal = self.stop_signal or signum
-                if self._interrupts == 1 and self.cause is None:
-                    logger.warning("Ctrl-C: asking every worker to stop at a step boundary (they may save a "
-                                   f"checkpoint) within {self.grace:g} s; press Ctrl-C again to kill them now")
-                    self._set_cause(RootCause("interrupted", ExitCode.SIGINT, "interrupted by Ctrl-C (SIGINT)"), now)
-                    self._stop_all(now)
-                else:
-                    logger.warning("Ctrl-C again: killing every worker now")
-                    if self.cause is None:
-                        self._set_cause(RootCause("interrupted", ExitCode.SIGINT, "interrupted by Ctrl-C (SIGINT)"), now)
-                    self._kill_all(now)
+                self._interrupt(now)
+            elif signum in (signal.SIGUSR1, signal.SIGUSR2) and self.stop.save_signal is None:
+                self._forward(signum)  # a --script's own business (Lightning's SLURM requeue, say)
             else:
-                self._terminations += 1
-                self.stop_signal = self.stop_signal or signum
-                name = signal.Signals(signum).name
-                if self._terminations == 1 and self.cause is None:
-                    logger.warning(f"supervisor received {name}: stopping every worker")
-                    self._set_cause(RootCause("terminated", 128 + signum, f"the supervisor received {name}"), now)
-                    self._terminate_all(now)
-                elif self._terminations > 1:
-                    self._kill_all(now)
+                self._stop_request(signum, now)
+
+    def _interrupt(self, now: float) -> None:
+        self._interrupts += 1
+        self.stop_signal = self.stop_signal or signal.SIGINT
+        if self._interrupts == 1 and self.cause is None:
+            logger.warning(f"Ctrl-C: asking every worker to stop at a step boundary and save a checkpoint "
+                           f"within {self.grace:g} s (longer while a checkpoint is being written, up to "
+                           f"{self.stop.stop_timeout:g} s); press Ctrl-C again to kill them now")
+            self._set_cause(RootCause("interrupted", ExitCode.SIGINT, "interrupted by Ctrl-C (SIGINT)"), now)
+            self._stop_all(now)
+            return
+        logger.warning(f"Ctrl-C {'again' if self._interrupts > 1 else 'during the teardown'}: killing every worker now")
+        if self.cause is None:
+            self._set_cause(RootCause("interrupted", ExitCode.SIGINT, "interrupted by Ctrl-C (SIGINT)"), now)
+        self._kill_all(now)
+
+    def _stop_request(self, signum: int, now: float) -> None:
+        """SIGTERM/SIGHUP (scancel, a preemption, a closed terminal) or, for gpuherd's worker,
+        SIGUSR1/SIGUSR2 (SLURM's warning before the time limit): save and stop. A second
+        SIGTERM/SIGHUP kills; a later SIGUSR1/2 changes nothing."""
+        name = signal.Signals(signum).name
+        self.stop_signal = self.stop_signal or signum
+        repeated = signum in (signal.SIGTERM, signal.SIGHUP) and self._terminations > 0
+        if signum in (signal.SIGTERM, signal.SIGHUP):
+            self._terminations += 1
+        if self.cause is None:
+            self._set_cause(RootCause("terminated", stop_exit_code(signum), f"the supervisor received {name}"), now)
+            self._save_and_stop(now, f"supervisor received {name}")
+        elif repeated:
+            logger.warning(f"{name} again: killing every worker now")
+            self._kill_all(now)
+
+    def _forward(self, signum: int) -> None:
+        """Pass SIGUSR1/SIGUSR2 on to every worker that handles it (to one that does not, its
+        default action would be death)."""
+        sent, skipped = [], []
+        for w in self._alive():
+            if w.catches(signum):
+                w.signal_leader(signum)
+                sent.append(w.slot.tag)
+            else:
+                skipped.append(w.slot.tag)
+        logger.info(f"supervisor received {signal.Signals(signum).name}: forwarded to {', '.join(sent) or 'no worker'}"
+                    + (f"; not to {', '.join(skipped)}, which installed no handler for it" if skipped else ""))
 
     def _handle_fatal(self, now: float) -> None:
         while not self._remote.empty():
@@ -298,6 +357,8 @@ class Supervision:
                     # ranks agree on a last step and save the checkpoint together
                     logger.warning(f"{remote.message}: asking this node's workers to stop at a step boundary")
                     self._stop_all(now)
+                elif remote.kind == "terminated":  # the same for a stop request (a preemption) there
+                    self._save_and_stop(now, remote.message)
                 else:
                     logger.error(f"the job failed on another node: {remote.message}; stopping this node's workers")
                     self._terminate_all(now)
@@ -341,6 +402,7 @@ class Supervision:
         w.signal_group(signal.SIGKILL)  # what it forked and left behind in its group goes with it
         logger.debug(f"{w.slot.tag} (rank {w.slot.rank}, pid {w.pid}) {how_it_ended(w.returncode, self.script)}")
         if self.cause is not None:
+            self._judge_stop(w)
             return
         code = shell_code(w.returncode)
         st = self.monitor.ranks[w.slot.rank]
@@ -437,16 +499,53 @@ class Supervision:
             self._finish_check(now)
         elif self.phase is Phase.DUMPING_STACKS:
             self._terminate_all(now)
+        elif self.phase is Phase.STOPPING and self._extend_for_saves(now):
+            pass
         elif self.phase in (Phase.STOPPING, Phase.TERMINATING):
             left = self._alive()
             if left:
-                logger.warning(f"grace period over: SIGKILL to {', '.join(w.slot.tag for w in left)}")
+                over = "stop timeout" if self.graceful and now >= self.graceful.limit else "grace period"
+                logger.warning(f"{over} over: SIGKILL to {', '.join(w.slot.tag for w in left)}")
+                self._note_cut_saves(left)
             self._kill_all(now)
         elif self.phase is Phase.KILLING:
             self.notes.append(f"some worker did not die within {KILL_WAIT:g} s of SIGKILL (uninterruptible sleep?)")
             self._enter(Phase.DONE, now)
         elif self.phase is Phase.DRAINING:
             self._enter(Phase.DONE, now)
+
+    def _extend_for_saves(self, now: float) -> bool:
+        """A graceful stop's grace is over: while a worker still writes its checkpoint (and
+        for a grace period after its save), wait on, up to the stop timeout."""
+        if self.graceful is None:
+            return False
+        alive = [self.monitor.ranks[w.slot.rank] for w in self._alive()]
+        saving = [st for st in alive if st.saving]
+        ends = [st.save_ended for st in alive if st.save_ended is not None]
+        deadline = self.graceful.next_deadline(now, self.grace, bool(saving), max(ends, default=None))
+        if deadline is None:
+            return False
+        if saving and not self.graceful.extended:
+            self.graceful.extended = True
+            logger.info(f"rank(s) {', '.join(str(st.rank) for st in saving)} still saving a checkpoint: waiting for "
+                        f"it (at most {self.graceful.limit - now:.0f} s more, the stop timeout)")
+        self.deadline = deadline
+        return True
+
+    def _note_cut_saves(self, left: list[WorkerProcess]) -> None:
+        """Workers about to be killed in a graceful stop: whose final save does that cut?
+        (gpuherd's worker saves at every graceful stop, then says `shutdown` on its way out.)"""
+        if self.graceful is None:
+            return
+        for w in left:
+            st = self.monitor.ranks[w.slot.rank]
+            self.graceful.killed(f"{w.slot.tag} (rank {w.slot.rank})", st.saving, st.phase == "shutdown",
+                                 saves_always=self.stop.save_signal is not None)
+
+    def _judge_stop(self, w: WorkerProcess) -> None:
+        if self.graceful is not None and self.stop.save_signal is not None and "SIGKILL" not in w.signalled:
+            self.graceful.ended(f"{w.slot.tag} (rank {w.slot.rank})", shell_code(w.returncode),
+                                how_it_ended(w.returncode))
 
     def _escalate(self, phase: Phase, now: float, wait: float | None) -> bool:
         """Move on to a harsher teardown phase; never back to a gentler one (False then)."""
@@ -489,17 +588,47 @@ class Supervision:
                               "`faulthandler.register(signal.SIGUSR1)` to the script to get one")
         self._escalate(Phase.DUMPING_STACKS, now, min(STACK_DUMP_WAIT, self.grace) if asked else 0.0)
 
-    def _stop_all(self, now: float) -> None:
-        """Graceful: SIGINT to each worker's leader; they stop at a step boundary and may save."""
+    def _stop_all(self, now: float, signum: int = signal.SIGINT, wait: float | None = None) -> None:
+        """Graceful: `signum` to each worker's leader (SIGINT: Ctrl-C; the save signal: a stop
+        request); they stop at a step boundary and save. A worker still starting, with no
+        handler for the save signal yet, has nothing to save: it gets SIGTERM."""
         for w in self._alive():
-            w.signal_leader(signal.SIGINT)
-        self._escalate(Phase.STOPPING, now, self.grace)
+            if signum == signal.SIGINT or w.catches(signum):
+                w.signal_leader(signum)
+            else:
+                w.signal_group(signal.SIGTERM)
+        self._begin_graceful(now)
+        self._escalate(Phase.STOPPING, now, self.grace if wait is None else wait)
 
-    def _terminate_all(self, now: float) -> None:
+    def _save_and_stop(self, now: float, why: str) -> None:
+        """A stop request: every worker finishes its step, saves and exits 143, within the stop timeout."""
+        timeout = self.stop.stop_timeout
+        if self.stop.save_signal is None:  # a --script: SIGTERM, as torchrun sends it, and the time to act on it
+            logger.warning(f"{why}: SIGTERM to every worker, SIGKILL after {timeout:g} s (the stop timeout)")
+            self._begin_graceful(now)
+            self._terminate_all(now, wait=timeout)
+            return
+        logger.warning(f"{why}: every worker finishes its step, saves a checkpoint and stops (exit 143) "
+                       f"within {timeout:g} s (the stop timeout)")
+        self._stop_all(now, self.stop.save_signal, wait=timeout)
+
+    def final_save(self) -> str | None:
+        """After a graceful stop: "saved", "not saved" (see `graceful.unfinished`), or None."""
+        if self.graceful is None:
+            return None
+        started = self.graceful.started
+        saved = any(st.saved_at is not None and st.saved_at >= started for st in self.monitor.ranks.values())
+        return self.graceful.outcome(saved)
+
+    def _begin_graceful(self, now: float) -> None:
+        if self.graceful is None:
+            self.graceful = GracefulStop(started=now, limit=now + self.stop.stop_timeout)
+
+    def _terminate_all(self, now: float, wait: float | None = None) -> None:
         for w in self._alive():  # signals only: no waiting between workers
             w.signal_group(signal.SIGTERM)
             w.signal_group(signal.SIGCONT)
-        self._escalate(Phase.TERMINATING, now, self.grace)
+        self._escalate(Phase.TERMINATING, now, self.grace if wait is None else wait)
 
     def _kill_all(self, now: float) -> None:
         for w in self._alive():

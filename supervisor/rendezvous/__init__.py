@@ -7,17 +7,17 @@
   HostedStore (store.py -> store_main.py, a helper process): the torch TCPStore on a
     socket the supervisor bound first
   NodeSpec, bind_master, NodeLinkError (nodes.py): multi-node addresses and errors
-  read_slurm (slurm_env.py): this node's place in a SLURM allocation
+  read_slurm, kill_wait (slurm_env.py): this node's place in a SLURM allocation; SLURM's KillWait
 """
 
 from supervisor.rendezvous.api import OnCause, Rendezvous, Setup
 from supervisor.rendezvous.multi import MultiNode
 from supervisor.rendezvous.nodes import DEFAULT_PORT, NodeLinkError, NodeSpec, bind_master
 from supervisor.rendezvous.single import SingleNode, SingleStore
-from supervisor.rendezvous.slurm_env import SlurmError, read_slurm
+from supervisor.rendezvous.slurm_env import SlurmError, kill_wait, read_slurm
 from supervisor.rendezvous.store import HostedStore
 
 __all__ = [
     "DEFAULT_PORT", "HostedStore", "MultiNode", "NodeLinkError", "NodeSpec", "OnCause", "Rendezvous", "Setup",
-    "SingleNode", "SingleStore", "SlurmError", "bind_master", "read_slurm",
+    "SingleNode", "SingleStore", "SlurmError", "bind_master", "kill_wait", "read_slurm",
 ]

@@ -10,7 +10,11 @@ checkpoint a restart resumes from, so every node hands its workers the same ones
 
 The first failure any node publishes is the job's root cause (first writer wins in
 the store); every other node tears its workers down as soon as it sees it and
-reports that same cause — not a cascade of NCCL timeouts ten minutes later.
+reports that same cause — not a cascade of NCCL timeouts ten minutes later. When a
+node dies whole, the survivors' workers usually fail first ("connection closed by
+peer") and publish that; each survivor then asks its agent which nodes stopped beating
+(`silent_nodes`) and names the dead node as the cause, the workers' error as its
+consequence.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import orjson
 
 from gpuherd.exit_codes import ExitCode
 from supervisor.rendezvous.nodes import NodeLinkError, NodeSpec
+
+SILENT_CHECK_S = 30.0  # the agent answers an "alive" check within its SILENT_S + 2 s
 
 
 class JobLink:
@@ -150,6 +156,17 @@ class JobLink:
         with self._abort_seen:
             self._abort_seen.wait_for(lambda: attempt in self._aborts or self.lost is not None, timeout)
             return self._aborts.get(attempt)
+
+    def silent_nodes(self, attempt: int) -> list[dict[str, Any]]:
+        """After a failure: the other nodes that stopped beating, each as a root cause ("node r
+        (host) stopped responding"); [] when every other node is alive, done or gone. Takes
+        about a second when all are alive, up to the agent's SILENT_S when one is not."""
+        self._send("alive", attempt)
+        try:
+            event = self._reply(SILENT_CHECK_S)
+        except NodeLinkError:
+            return []
+        return list(event.get("silent") or [])
 
     def finished(self, attempt: int, wait_for_all: float | None) -> dict[str, Any] | None:
         """Say this node's workers finished. Node 0 (`wait_for_all` seconds) keeps the store up

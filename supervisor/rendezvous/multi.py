@@ -91,7 +91,18 @@ class MultiNode:
             notes.append(f"also on this node, after the job's first failure: {cause.message}")
         if winner.get("node") == self.node_rank and cause.node is None:
             winner["stderr_tail"] = cause.stderr_tail  # complete now that every pipe is drained
-        return RootCause.from_dict(winner)
+        return self._blame_dead_node(attempt, RootCause.from_dict(winner), notes)
+
+    def _blame_dead_node(self, attempt: int, cause: RootCause, notes: list[str]) -> RootCause:
+        """A worker failure in the moment another node died (its workers' connections closed)
+        is that death's consequence: the dead node is the job's cause on every survivor."""
+        if cause.kind in ("node", "interrupted", "terminated"):
+            return cause
+        silent = [d for d in self.link.silent_nodes(attempt) if d.get("node") != cause.node]
+        if not silent:
+            return cause
+        notes.append(f"a consequence of that, not the cause: {cause.message}")
+        return RootCause.from_dict(silent[0])
 
     def close(self) -> None:
         self.link.close()

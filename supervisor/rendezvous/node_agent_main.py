@@ -9,9 +9,9 @@ a client. Keys, per attempt k:
     a{k}/abort     the job's root cause: the first failure any node publishes
                    (compare_set: first writer wins, everyone reads the same one)
     a{k}/done{r}   node r's workers all finished
-    a{k}/beat{r}   node r's heartbeat counter while attempt k runs; one that stands still
-                   for SILENT_S (and is not done) makes the watching agent publish
-                   "node r stopped responding" as the abort
+    a{k}/beat{r}   node r's heartbeat counter from attempt k on (until it leaves or joins
+                   attempt k+1); one that stands still for SILENT_S (and is not done) makes
+                   the watching agent publish "node r stopped responding" as the abort
     left{r}        node r is done with the store (node 0 keeps it up until then)
 
 Protocol with the supervisor: one JSON object per line; commands on stdin,
@@ -23,6 +23,10 @@ events on stdout (stderr is torch's own chatter, kept in the run's agent log).
     {"cmd": "abort", "attempt": k, "cause": {...}}   -> abort {cause: the winner}
     {"cmd": "done", "attempt": k}
     {"cmd": "wait-done", "attempt": k, "timeout": s} -> [abort {cause}] then finished {missing: nodes not done}
+    {"cmd": "alive", "attempt": k}                   -> alive {silent: [cause, ...]} within SILENT_S + 2 s:
+                                                        after a failure, the nodes that stopped beating (a
+                                                        worker's "connection closed by peer" is then their
+                                                        consequence, not the job's cause)
     {"cmd": "leave"}                                 (a node other than 0 is done with the store)
     {"cmd": "linger", "timeout": s}                  -> lingered {missing}: node 0 waited for every leave
     (always possible)                                -> lost {message}: the store is gone
@@ -51,6 +55,8 @@ class Agent:
         self.store, self.node_rank, self.nnodes = store, node_rank, nnodes
         self.join_timeout, self.where = join_timeout, where
         self.watching: int | None = None
+        self.beating: int | None = None  # the attempt whose beat counter this agent bumps
+        self.verifying: tuple[int, float] | None = None  # an "alive" check: (attempt, when it began)
         self.last_join: int | None = None
         self.lost = False
         self.hosts: dict[int, str] = {}
@@ -93,8 +99,12 @@ class Agent:
                 self.hosts = {i: str(n.get("host", "?")) for i, n in enumerate(nodes)}
                 self.emit("joined", attempt=k, nodes=nodes)
         elif cmd == "watch":
-            self.watching = k
+            self.watching = self.beating = k
             self._beats = {}
+        elif cmd == "alive":
+            began = time.monotonic()
+            self._last_beats(k, began)  # the baseline: a node first seen now must move to count as alive
+            self.verifying = (k, began)
         elif cmd == "abort":
             payload = orjson.dumps(msg["cause"])
             winner = self.store.compare_set(f"a{k}/abort", "", payload)  # first writer wins
@@ -109,6 +119,7 @@ class Agent:
                 self.emit("abort", attempt=k, cause=orjson.loads(result))
             self.emit("finished", attempt=k, missing=[] if isinstance(result, str) else result)
         elif cmd == "leave":
+            self.beating = None
             self.store.set(f"left{self.node_rank}", b"1")
         elif cmd == "linger":  # node 0: the store stays up until every node that joined has read what it needs
             last = 0 if self.last_join is None else self.last_join  # node 0 may fail before its own join
@@ -117,39 +128,66 @@ class Agent:
             self.emit("lingered", missing=[joined[i] for i in missing])
 
     def poll(self) -> None:
-        if self.watching is None:
-            return
-        k = self.watching
-        if self.store.check([f"a{k}/abort"]):
-            self.watching = None
+        if self.watching is not None and self.store.check([f"a{self.watching}/abort"]):
+            k, self.watching = self.watching, None
             cause = orjson.loads(self.store.get(f"a{k}/abort"))
             if cause.get("kind") == "node" and cause.get("node") is not None:
                 self.gone.add(int(cause["node"]))  # another agent found it silent
             self.emit("abort", attempt=k, cause=cause)
             return
         now = time.monotonic()
-        if now >= self._next_beat:
-            self._next_beat = now + BEAT_S
-            self.store.add(f"a{k}/beat{self.node_rank}", 1)
-            self._check_beats(k, now)
+        if now < self._next_beat or (self.beating is None and self.verifying is None):
+            return
+        self._next_beat = now + BEAT_S
+        if self.beating is not None:
+            self.store.add(f"a{self.beating}/beat{self.node_rank}", 1)
+        if self.watching is not None:
+            self._check_beats(self.watching, now)
+        elif self.verifying is not None:
+            self._verify_alive(now)
 
-    def _check_beats(self, k: int, now: float) -> None:
+    def _last_beats(self, k: int, now: float) -> dict[int, float]:
+        """When each other node's counter last moved, for the nodes still expected to beat
+        (not done, not gone, not left, not yet in attempt k+1)."""
+        out = {}
         for r in range(self.nnodes):
-            if r == self.node_rank or self.store.check([f"a{k}/done{r}"]):
+            if r == self.node_rank or r in self.gone:
+                continue
+            if any(self.store.check([key]) for key in (f"a{k}/done{r}", f"left{r}", f"a{k + 1}/node{r}")):
                 continue
             count = self.store.add(f"a{k}/beat{r}", 0)
             last, since = self._beats.get(r, (-1, now))
             if count != last:
                 self._beats[r] = (count, now)
-            elif now - since > SILENT_S:
-                host = self.hosts.get(r, "?")
-                self.gone.add(r)
-                cause = {"kind": "node", "exit_code": 1, "node": r, "host": host, "rank": None, "device": None,
-                         "stderr_tail": [],
-                         "message": f"node {r} ({host}) stopped responding: no heartbeat for {now - since:.0f} s "
-                                    "(its machine or its supervisor died; see that node's logs)"}
-                self.handle({"cmd": "abort", "attempt": k, "cause": cause})
+                since = now
+            out[r] = since
+        return out
+
+    def _silent(self, r: int, silent_s: float) -> dict[str, Any]:
+        host = self.hosts.get(r, "?")
+        self.gone.add(r)
+        return {"kind": "node", "exit_code": 1, "node": r, "host": host, "rank": None, "device": None,
+                "stderr_tail": [],
+                "message": f"node {r} ({host}) stopped responding: no heartbeat for {silent_s:.0f} s "
+                           "(its machine, its supervisor or its node agent died; see that node's logs)"}
+
+    def _check_beats(self, k: int, now: float) -> None:
+        for r, since in self._last_beats(k, now).items():
+            if now - since > SILENT_S:
+                self.handle({"cmd": "abort", "attempt": k, "cause": self._silent(r, now - since)})
                 return
+
+    def _verify_alive(self, now: float) -> None:
+        """A node whose counter moved since the check began is alive; one still for SILENT_S is
+        not. Undecided ones are waited for, at most SILENT_S + 2 s (then counted alive)."""
+        k, began = self.verifying
+        last = self._last_beats(k, now)
+        undecided = [r for r, since in last.items() if since <= began and now - since <= SILENT_S]
+        if undecided and now - began < SILENT_S + 2:
+            return
+        silent = [self._silent(r, now - since) for r, since in last.items() if since <= began and now - since > SILENT_S]
+        self.verifying = None
+        self.emit("alive", attempt=k, silent=silent)
 
     def serve(self) -> None:
         sel = selectors.DefaultSelector()

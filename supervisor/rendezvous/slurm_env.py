@@ -79,6 +79,25 @@ def hostnames(nodelist: str) -> list[str]:
     return hosts
 
 
+def kill_wait() -> float | None:
+    """SLURM's KillWait, the seconds between a job's SIGTERM and its SIGKILL (`scontrol show
+    config`), or None when it cannot be read (no scontrol, a container, an old SLURM)."""
+    try:
+        done = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
+                              timeout=SCONTROL_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return parse_kill_wait(done.stdout)
+
+
+def parse_kill_wait(config_text: str) -> float | None:
+    """`KillWait                = 30 sec` in `scontrol show config` -> 30.0."""
+    match = re.search(r"^\s*KillWait\s*=\s*([0-9]+)\s*(sec)?\s*$", config_text, re.MULTILINE | re.IGNORECASE)
+    return float(match.group(1)) if match else None
+
+
 def read_slurm(environ: Mapping[str, str], hostnames: Callable[[str], list[str]] = hostnames, *,
                master_addr: str | None = None) -> SlurmNode:
     """This node's SlurmNode; SlurmError (one line, naming the variable) on anything missing or wrong.

@@ -46,6 +46,8 @@ class Script:
         if self.no_python:
             if shutil.which(self.target) is None:
                 raise ScriptError(f"--no-python: {self.target} is not an executable program")
+        elif not self.module and Path(self.target).is_dir():
+            raise ScriptError(f"script {self.target} is a directory, not a script")
         elif not self.module and not Path(self.target).is_file():
             raise ScriptError(f"script not found: {self.target}")
 

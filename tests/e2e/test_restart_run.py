@@ -1,15 +1,18 @@
 """Issue 9's restart promise through the whole product: a worker killed mid-run is
 restarted, resumes from the newest checkpoint this run wrote, and the run ends with
-the same final loss, bit for bit, as a run that was never interrupted."""
+the same final loss, bit for bit, as a run that was never interrupted; a dataset cache
+deleted meanwhile is rebuilt before the restart."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
 
 import orjson
 import psutil
+import pytest
 
 from tests.supervisor.helpers import finish, wait_for
 
@@ -111,3 +114,28 @@ def test_run_training_resume_flag_continues_from_the_latest_checkpoint(tmp_path,
     assert f"resumed from {tmp_path / '.checkpoints' / 'step_0000006.pt'} at step 6" in second.stderr
     steps = sorted({r["step"] for r in _records(tmp_path / "logs" / "second", "step") if "loss" in r})
     assert steps == [6, 7]
+
+
+@pytest.mark.slow
+def test_a_deleted_dataset_cache_is_rebuilt_before_the_restart(tmp_path, python_env):
+    """The cache vanishes while the run trains (a cleanup job, a full disk's victim), then a
+    worker dies: the restart would fail on the missing cache (exit 3), so the supervisor
+    rebuilds it first, under the same lock, and the run completes."""
+    proc = subprocess.Popen(_command("--run-id", "r", "--max-restarts", "1", "--restart-backoff", "0.2"),
+                            cwd=tmp_path, env=python_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_dir = tmp_path / "logs" / "r"
+    try:
+        assert wait_for(lambda: any(r["step"] >= 5 for r in _records(run_dir, "step")), timeout=240)
+        caches = [p for p in (tmp_path / "cache" / "datasets").iterdir() if not p.name.startswith(".")]
+        assert len(caches) == 1
+        shutil.rmtree(caches[0])
+        victim = _worker(proc.pid, 1)
+        assert victim is not None
+        victim.send_signal(signal.SIGKILL)
+    finally:
+        code, _out, err = finish(proc, timeout=300)
+    assert code == 0, err[-3000:]
+    summary = orjson.loads((run_dir / "summary.json").read_bytes())
+    assert summary["restarts"] == 1 and summary["attempts"][1]["outcome"] == "success"
+    assert f"dataset cache rebuilt: {caches[0]}" in err
+    assert (caches[0] / "metadata.json").is_file()

@@ -224,6 +224,34 @@ def test_a_node_that_dies_whole_is_noticed_by_the_others(tmp_path):
     assert rc["kind"] == "node" and rc["node"] == 1 and "stopped responding" in rc["message"]
 
 
+@pytest.mark.slow
+def test_a_dead_node_is_the_cause_and_its_peers_broken_connections_the_consequence(tmp_path):
+    """The workers talk across nodes: when node 1's supervisor is SIGKILLed (its workers and
+    agent die with it), node 0's worker fails at once with gloo's "connection closed by
+    peer" and is the first failure published. Node 0 still names node 1 as the root cause
+    once its heartbeats stop, keeps its own worker's error as the consequence, and exits
+    without waiting for node 1 to leave the store."""
+    port = _port()
+    n0 = _node(tmp_path, 0, port, "loop", script=sh.ALLREDUCE)
+    n1 = _node(tmp_path, 1, port, "loop", script=sh.ALLREDUCE)
+    assert sh.wait_for(lambda: all("sum=3" in p.read_text() for p in (tmp_path / "logs").glob("job-node*/worker-rank*.log"))
+                       and len(list((tmp_path / "logs").glob("job-node*/worker-rank*.log"))) == 2, timeout=120)
+    time.sleep(2)  # a few heartbeats of node 1's agent
+    n1.kill()
+    killed = time.monotonic()
+    code, _, err = sh.finish(n0, timeout=60)
+    sh.finish(n1)
+    assert code == 1, err[-3000:]
+    assert time.monotonic() - killed < 25  # the verdict (~10 s of silence), then no 30 s wait for node 1 to leave
+    summary = _summary(tmp_path, 0)
+    rc = summary["root_cause"]
+    assert rc["kind"] == "node" and rc["node"] == 1 and rc["message"].startswith("node 1 (")
+    assert "stopped responding" in rc["message"]
+    consequence = [n for n in summary["notes"] if n.startswith("a consequence of that, not the cause: ")]
+    assert len(consequence) == 1 and "node 0 (" in consequence[0] and "CPU0 (rank 0) exit code 1" in consequence[0]
+    assert "root cause: node 1 (" in err
+
+
 def test_a_node_whose_dataset_fails_stops_the_others_with_that_cause(tmp_path):
     """Node 1 cannot build its dataset (exit 3): node 0, waiting for it to join, stops
     with the same cause instead of a join timeout."""

@@ -64,7 +64,7 @@ def test_a_rank_exiting_0_early_is_finished_while_the_others_progress(tmp_path):
 
 def test_early_exit_while_the_other_rank_saves_kills_nothing(tmp_path):
     """A rank in phase checkpoint longer than the hang timeout is never killed for another's clean exit."""
-    r = sh.run(tmp_path, "save:3", "exit0", args=(*FAST, "--hang-timeout", "1"))
+    r = sh.run(tmp_path, "slow-save:3", "exit0", args=(*FAST, "--hang-timeout", "1"))
     assert r.code == 0, r.err
     assert all(w["signals_sent"] == [] and w["exit_code"] == 0 for w in r.summary["workers"])
     assert "saving the final checkpoint" in r.log(0)

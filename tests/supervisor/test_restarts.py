@@ -8,6 +8,7 @@ import threading
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 
 from gpuherd.exit_codes import ExitCode
@@ -109,27 +110,55 @@ def test_refusal_policy():
     for code in (2, 3, 6):  # a user script's own codes: restarted like any crash
         assert refusal(RootCause("worker-exit", code, "x", script_code=True), False) is None
     assert "asked to stop" in refusal(RootCause("interrupted", 130, "x", script_code=True), False)
+    assert "disk" in refusal(RootCause("worker-exit", ExitCode.STORAGE, "x"), True)
+    assert "reproduced" in refusal(RootCause("worker-exit", ExitCode.DATA_MODEL, "x"), True)
+    assert refusal(RootCause("worker-exit", ExitCode.DEVICE_SUSPECT, "x"), False) is None  # another attempt may do
 
 
-def test_checkpoint_watch_picks_only_checkpoints_this_run_wrote(tmp_path):
-    old = tmp_path / "step_0000009.pt"
-    old.write_bytes(b"an earlier run's")
-    (tmp_path / "step_0000004").mkdir()
-    (tmp_path / "step_0000004" / "meta.pt").write_bytes(b"earlier, sharded")
-    watch = RunCheckpoints(tmp_path)
+def _saved(path, step: int, rank: int = 0) -> dict:
+    return {"type": "checkpoint", "rank": rank, "time": 0.0, "step": step, "path": str(path)}
+
+
+def _rewrite(path, data: bytes) -> None:
+    """What a saver does: a new file renamed over the name (a new inode)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def test_checkpoints_come_from_this_runs_own_reports(tmp_path):
+    (tmp_path / "step_0000009.pt").write_bytes(b"another run's, newer than ours")
+    watch = RunCheckpoints()
     assert watch.newest_of_this_run() is None
-    (tmp_path / "step_0000002.pt").write_bytes(b"ours")
-    (tmp_path / "step_0000003").mkdir()  # no meta.pt yet: incomplete, never chosen
-    assert watch.newest_of_this_run() == tmp_path / "step_0000002.pt"
-    # an earlier run's name rewritten by this run counts as ours
-    tmp = tmp_path / "tmp"
-    tmp.write_bytes(b"ours, same name as before")
-    os.replace(tmp, tmp_path / "step_0000004" / "meta.pt")
-    assert watch.newest_of_this_run() == tmp_path / "step_0000004"
+    ours = tmp_path / "step_0000002.pt"
+    ours.write_bytes(b"ours")
+    watch.observe(_saved(ours, 2))
+    watch.observe(_saved(ours, 2, rank=1))  # every rank reports the save rank 0 wrote
+    watch.observe({"type": "step", "rank": 0, "step": 3, "path": str(tmp_path / "step_0000009.pt")})
+    watch.observe(_saved(tmp_path / "step_0000003", 3))  # a directory without meta.pt: never complete
+    assert watch.newest_of_this_run() == ours
+    sharded = tmp_path / "step_0000004"
+    sharded.mkdir()
+    (sharded / "meta.pt").write_bytes(b"ours, sharded")
+    watch.observe(_saved(sharded, 4))
+    assert watch.newest_of_this_run() == sharded
+    _rewrite(sharded / "meta.pt", b"another run saved step 4 into the shared directory")
+    assert watch.newest_of_this_run() == ours
 
 
-def test_checkpoint_watch_of_a_missing_directory(tmp_path):
-    assert RunCheckpoints(tmp_path / "nothing").newest_of_this_run() is None
+def test_a_late_report_does_not_adopt_another_runs_file(tmp_path):
+    path = tmp_path / "step_0000005.pt"
+    path.write_bytes(b"ours")
+    watch = RunCheckpoints()
+    watch.observe(_saved(path, 5, rank=0))
+    _rewrite(path, b"another run's step 5")
+    watch.observe(_saved(path, 5, rank=1))  # rank 1's report of the same save comes after the overwrite
+    assert watch.newest_of_this_run() is None
+    _rewrite(path, b"ours again: rank 0 saved step 5 once more (a final save at a stop)")
+    watch.observe(_saved(path, 5, rank=0))
+    assert watch.newest_of_this_run() == path
+    path.unlink()  # pruned by training.keep_last
+    assert watch.newest_of_this_run() is None
 
 
 def test_pause_returns_early_on_a_stop_signal():
@@ -154,3 +183,26 @@ def test_restarted_attempt_env(tmp_path: Path):
     assert env["GPUHERD_RESUME"] == "/ck/step_0000004.pt"
     first = RunEnv(run_id="r", run_dir=str(tmp_path), master_addr="127.0.0.1", master_port=1, supervisor_pid=1)
     assert "GPUHERD_RESUME" not in worker_env({"GPUHERD_RESUME": "stale"}, plan, plan.slots[0], first, 5)
+
+
+@pytest.mark.parametrize("other_step", [4, 2])
+def test_a_restart_never_resumes_from_another_runs_checkpoint(tmp_path, other_step):
+    """Two runs share .checkpoints/. Run A saves step 2; run B then saves a newer step 4, or
+    step 2 again over A's file; then A fails. A's restart resumes from its own step 2, or,
+    its file being B's now, starts afresh — never from B's weights."""
+    a = start(tmp_path, "save-then-fail:2", args=("--nproc", "1", "--run-id", "a", "--max-restarts", "1", *FAST))
+    a_log = tmp_path / "logs" / "a" / "worker-rank0-CPU0.log"
+    try:
+        assert wait_for(lambda: a_log.exists() and "saved " in a_log.read_text(), timeout=60)
+        b = run(tmp_path, f"save:{other_step}", args=("--nproc", "1", "--run-id", "b"))
+        assert b.code == 0, b.err[-3000:]
+        (tmp_path / "go").touch()
+    finally:
+        code, _, err = finish(a, timeout=120)
+    assert code == 0, err[-3000:]
+    attempts = orjson.loads((tmp_path / "logs" / "a" / "summary.json").read_bytes())["attempts"]
+    ours = tmp_path / ".checkpoints" / "step_0000002.pt"
+    expected = str(ours) if other_step != 2 else None
+    assert attempts[1]["resumed_from"] == expected
+    resumed = (tmp_path / "logs" / "a" / "attempt-1" / "worker-rank0-CPU0.log").read_text()
+    assert f"resume={expected or ''!r}" in resumed

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from supervisor.commands import sbatch as slurm
 from supervisor.rendezvous import slurm_env
 from supervisor.commands.sbatch import SbatchOptions, render_sbatch
 from supervisor.rendezvous.slurm_env import SlurmError, SlurmNode, derived_port, hostnames, read_slurm
+from tests.supervisor import helpers as sh
 
 # What srun puts in the environment of the task on the second of two nodes.
 STEP_ENV = {
@@ -272,7 +274,7 @@ def test_sbatch_directives_one_task_per_node_and_the_gpus():
     assert directives(render_sbatch(options())) == {
         "job-name": "gpuherd", "nodes": "2", "ntasks-per-node": "1", "gres": "gpu:8", "cpus-per-task": "64",
         "time": "48:00:00", "partition": "gpu",
-        "output": "/srv/logs/slurm/%x-%j.out", "error": "/srv/logs/slurm/%x-%j.out",
+        "output": "/srv/logs/slurm/%x-%j.out", "error": "/srv/logs/slurm/%x-%j.out", "signal": "USR1@180",
     }
 
 
@@ -280,6 +282,7 @@ def test_optional_directives_only_when_given():
     found = directives(render_sbatch(options(time=None, partition=None, account="proj7", mem="0")))
     assert "time" not in found and "partition" not in found
     assert (found["account"], found["mem"]) == ("proj7", "0")
+    assert "signal" not in directives(render_sbatch(options(stop_warning=0)))
 
 
 def test_every_directive_comes_before_the_first_command():
@@ -372,7 +375,10 @@ def test_cli_writes_the_script_and_creates_the_log_dir(tmp_path, python_env):
     assert (tmp_path / "slurm-logs").is_dir()
     assert f"cd {shlex.quote(str(slurm.REPO_ROOT))}" in script.splitlines()
     assert shlex.split(script.splitlines()[-1])[6:] == list(TRAIN_ARGS)
-    assert (tmp_path / "job.sbatch").stat().st_mode & 0o777 == 0o644
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert (tmp_path / "job.sbatch").stat().st_mode & 0o777 == 0o666 & ~umask  # like any other tool's file
+    assert directives(script)["signal"] == "USR1@180"
 
 
 @pytest.mark.parametrize("args", [
@@ -397,6 +403,7 @@ def test_cli_bad_input_exits_2_in_one_line(tmp_path, python_env, args):
     (["--preset", "gpt2-small"], "unrecognized arguments: --preset gpt2-small (arguments for run_training.sh "
                                  "go after --"),
     (["--log-dir", "my logs"], "contains whitespace or '%' (a filename pattern character"),
+    (["--stop-warning", "soon"], "argument --stop-warning: expected whole seconds from 0 to 65535, got 'soon'"),
 ])
 def test_bad_flags_exit_2_naming_the_flag(tmp_path, monkeypatch, capsys, args, message):
     monkeypatch.chdir(tmp_path)
@@ -423,3 +430,47 @@ def test_stdout_is_the_default(capsys, tmp_path):
     assert out == render_sbatch(slurm.parse(["--nodes", "1", "--gpus-per-node", "2",
                                              "--log-dir", str(tmp_path / "l")])[0])
     assert out.splitlines()[-1] == "srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash run_training.sh --slurm"
+
+
+# ---- KillWait: the stop timeout under SLURM
+
+SHOW_CONFIG = """Configuration data as of 2026-01-01T00:00:00
+AccountingStorageType   = accounting_storage/none
+KillOnBadExit           = 0
+KillWait                = 10 sec
+MaxJobCount             = 10000
+"""
+
+
+def test_kill_wait_is_read_from_scontrol_show_config(tmp_path, monkeypatch):
+    assert slurm_env.parse_kill_wait(SHOW_CONFIG) == 10.0
+    assert slurm_env.parse_kill_wait("KillWait = 30\n") == 30.0
+    assert slurm_env.parse_kill_wait("nothing here\n") is None
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\n[ "$1 $2" = "show config" ] && cat <<"END"\n{SHOW_CONFIG}END\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    assert slurm_env.kill_wait() == 10.0
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nexit 1\n")
+    assert slurm_env.kill_wait() is None
+
+
+def test_the_stop_timeout_ends_before_slurms_kill_wait(tmp_path, python_env):
+    """Inside an allocation the supervisor reads KillWait and shortens the stop timeout, so the
+    final saves end (or are killed and reported) before SLURM's SIGKILL of the whole job."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\n[ "$1 $2" = "show config" ] && cat <<"END"\n{SHOW_CONFIG}END\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    env = {**sh.env(), "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "77"}
+    cmd = [sys.executable, "-m", "supervisor", "--set", "system.device=cpu", "--nproc", "1",
+           "--script", str(sh.SCENARIO), "save-on:TERM:60"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert sh.wait_for(lambda: sh.workers_started(proc, 1, tmp_path, lines=3))
+    proc.send_signal(signal.SIGTERM)
+    code, _, err = sh.finish(proc, timeout=60)
+    assert "stop timeout 8 s instead of 120 s: SLURM kills a job 10 s after its SIGTERM (KillWait)" in err
+    assert "SIGKILL after 8 s (the stop timeout)" in err
+    assert code == 1, err[-3000:]  # the 60 s save was cut: said, not a normal 143
+    assert "was killed while saving it" in err

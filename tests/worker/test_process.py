@@ -40,6 +40,24 @@ def test_sigint_stops_at_a_step_boundary_with_a_checkpoint(tmp_path: Path):
     assert not any(r["type"] == "done" for r in records)
 
 
+def test_sigusr2_saves_and_stops_with_143(tmp_path: Path):
+    """The supervisor's stop request (it got SIGTERM: a preemption, scancel): unlike SIGTERM,
+    the worker finishes its step and saves first."""
+    proc = long_run(tmp_path, h.free_port())
+    try:
+        proc.wait_for("Step [2/")
+        proc.proc.send_signal(signal.SIGUSR2)
+        assert proc.finish(timeout=60) == 143
+    finally:
+        proc.kill()
+    saved = proc.wait_for("checkpoint saved:")
+    last = max(int(m) for m in re.findall(r"Step \[(\d+)/", proc.stderr))
+    assert saved.endswith(f"step_{last + 1:07d}.pt")
+    assert "received SIGUSR2" in proc.stderr and "stopped after" in proc.stderr
+    records = h.read_status(tmp_path / "run-rank0.jsonl")
+    assert records[-1] == {**records[-1], "type": "phase", "name": "shutdown"}
+
+
 def test_sigusr1_dumps_stacks_then_sigterm_exits_143(tmp_path: Path):
     proc = long_run(tmp_path, h.free_port())
     try:

@@ -5,8 +5,13 @@
 Behaviours: train[:steps] | forever | raise | exit0 | silent-exit0 | sigkill | stop |
 stall | silent-stall | ignore-term | ignore-int | flood[:lines] | midline | grandchild | escapee | graceful | env |
 fail-until:K (raise on attempts < K, i.e. TORCHELASTIC_RESTART_COUNT < K, then train) | exit:N |
-save:S (train, then S seconds in phase checkpoint, exit 0 without 'done') |
-scancel (SIGTERM to the supervisor and exit 143 at once, as a batch system's cancel does).
+slow-save:S (train, then S seconds in phase checkpoint, exit 0 without 'done') |
+scancel (SIGTERM to the supervisor and exit 143 at once, as a batch system's cancel does) |
+save-on:SIG:S (train until SIG (INT or TERM), then report phase checkpoint, take S seconds to
+"save", report the checkpoint, exit 128+SIG) | usr2-log (train; log each SIGUSR2) |
+save:S (write .checkpoints/step_S.pt, report it, finish) | save-then-fail:S (attempt 0: save
+step S, then raise once a file `go` exists; later attempts: log GPUHERD_RESUME, finish) |
+flood-raise:N (N lines on stderr, then raise).
 Every rank registers faulthandler on SIGUSR1 (as gpuherd's own worker does) unless
 the behaviour ends in "+nofh".
 """
@@ -48,6 +53,62 @@ def train(total: int) -> None:
         step(i, total)
 
 
+def save_checkpoint(step_no: int) -> str:
+    """A checkpoint in gpuherd's layout, written atomically, reported like the built-in worker does."""
+    from pathlib import Path
+
+    from gpuherd.files import write_bytes_atomic
+
+    path = Path(".checkpoints") / f"step_{step_no:07d}.pt"
+    path.parent.mkdir(exist_ok=True)
+    write_bytes_atomic(path, f"run {os.environ['TORCHELASTIC_RUN_ID']} step {step_no}".encode())
+    status.send("checkpoint", step=step_no, path=str(path.absolute()))
+    log(f"saved {path.absolute()}")
+    return str(path)
+
+
+def save_on(signame: str, seconds: float) -> None:
+    signum = getattr(signal, f"SIG{signame}")
+
+    def save(_signum, _frame):
+        log(f"SIG{signame}: saving a checkpoint ({seconds:g} s)", "WARNING")
+        status.send("phase", name="checkpoint")
+        time.sleep(seconds)
+        status.send("checkpoint", step=0, path="ckpt")
+        log("checkpoint saved", "WARNING")
+        status.send("phase", name="shutdown")
+        raise SystemExit(128 + signum)
+    signal.signal(signum, save)
+
+
+def save_then_fail(step_no: int) -> int:
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    if attempt > 0:
+        log(f"attempt {attempt}, resume={os.environ.get('GPUHERD_RESUME', '')!r}")
+        status.send("done", step=step_no)
+        return 0
+    train(2)
+    save_checkpoint(step_no)
+    while not os.path.exists("go"):
+        step(step_no, 10**6)
+    raise RuntimeError(f"boom after saving step {step_no}")
+
+
+def more_behaviours() -> int:
+    if NAME == "save":
+        save_checkpoint(int(ARG))
+        status.send("done", step=int(ARG))
+        return 0
+    if NAME == "save-then-fail":
+        return save_then_fail(int(ARG))
+    if NAME == "flood-raise":
+        for i in range(int(ARG)):
+            sys.stderr.write(f"INFO | {TAG} flood line {i:06d} " + "x" * 60 + "\n")
+        sys.stderr.flush()
+        raise RuntimeError(f"boom after {ARG} lines")
+    raise SystemExit(f"unknown behaviour {SPEC!r}")
+
+
 def main() -> int:
     if NAME == "env":
         print("ENV " + json.dumps(dict(os.environ)), flush=True)
@@ -57,7 +118,12 @@ def main() -> int:
         train(int(ARG or 20))
         status.send("done", step=int(ARG or 20))
         return 0
-    if NAME in ("forever", "ignore-term", "ignore-int", "graceful", "grandchild", "escapee"):
+    if NAME in ("forever", "ignore-term", "ignore-int", "graceful", "grandchild", "escapee", "save-on", "usr2-log"):
+        if NAME == "save-on":
+            signame, _, seconds = ARG.partition(":")
+            save_on(signame, float(seconds))
+        if NAME == "usr2-log":
+            signal.signal(signal.SIGUSR2, lambda *_: log("got SIGUSR2", "WARNING"))
         if NAME == "ignore-term":
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if NAME == "ignore-int":
@@ -119,7 +185,7 @@ def main() -> int:
         log("waiting forever without a word on the status channel")
         time.sleep(600)
         return 0
-    if NAME == "save":
+    if NAME == "slow-save":
         train(3)
         status.send("phase", name="checkpoint")
         log("saving the final checkpoint")
@@ -139,7 +205,7 @@ def main() -> int:
         sys.stderr.write("fatal: half a line without newli")
         sys.stderr.flush()
         os._exit(3)
-    raise SystemExit(f"unknown behaviour {SPEC!r}")
+    return more_behaviours()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,113 @@
+"""A launch's bad paths and impossible values (supervisor/validation/) are refused before
+anything is written or spawned: exit 2, one line naming the culprit, the working
+directory untouched."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from supervisor.validation import LaunchError
+from supervisor.validation.limits import check_backend, check_worker_count
+from supervisor.validation.paths import check_directory, probe_writable
+from tests.supervisor import helpers as sh
+
+TINY_TRAIN = ("--debug", "--set", "data.dataset=dummy", "--set", "data.tokenizer=byte")
+
+
+def _supervisor(cwd: Path, *args: str, preexec=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "supervisor", "--set", "system.device=cpu", *args], cwd=cwd,
+                          env=sh.env(), capture_output=True, text=True, timeout=120, preexec_fn=preexec)
+
+
+def _refused(done: subprocess.CompletedProcess, fragment: str) -> None:
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and fragment in lines[0], done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("--set", "system.checkpoint_dir=a_file"), "system.checkpoint_dir {cwd}/a_file is a file, not a directory"),
+    (("--set", "system.checkpoint_dir=a_file/ckpt"), "system.checkpoint_dir {cwd}/a_file/ckpt: {cwd}/a_file is a file"),
+    (("--set", "system.run_root=a_file"), "system.run_root {cwd}/a_file is a file, not a directory"),
+    (("--set", "data.cache_dir=a_file/cache"), "data.cache_dir {cwd}/a_file/cache: {cwd}/a_file is a file"),
+    (("--set", f"system.run_root=runs/{'r' * 300}"), "system.run_root: the path component 'rrrrrrrrrrrrrrrrrr"),
+    (("--set", f"system.checkpoint_dir={'c' * 300}/x"), "(300 bytes) is longer than the filesystem allows"),
+    (("--set", "system.checkpoint_dir=/proc/gpuherd-checkpoints"), "cannot create files there"),
+    (("--config", "a_dir"), "config file {cwd}/a_dir is a directory; --config takes a JSON file"),
+    (("--nproc", "100000"), "--nproc 100000 (system.nproc): one supervisor runs at most 1024 workers"),
+    (("--set", "system.backend=nccl"), "system.backend=nccl needs CUDA GPUs, but this run's workers are on CPU"),
+])
+def test_bad_paths_and_values_exit_2_before_anything_is_written(tmp_path, args, fragment):
+    (tmp_path / "a_file").write_text("in the way\n")
+    (tmp_path / "a_dir").mkdir()
+    done = _supervisor(tmp_path, *TINY_TRAIN, *args)
+    _refused(done, fragment.format(cwd=tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_dir", "a_file"]
+    assert not list((tmp_path / "a_dir").iterdir())
+
+
+def test_a_script_that_is_a_directory_is_refused(tmp_path):
+    (tmp_path / "train").mkdir()
+    _refused(_supervisor(tmp_path, "--script", "train"), "--script train is a directory, not a script")
+    assert [p.name for p in tmp_path.iterdir()] == ["train"]
+
+
+def _open_files(limit: int):
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+
+def test_too_many_workers_for_the_open_file_limit(tmp_path):
+    done = _supervisor(tmp_path, *TINY_TRAIN, "--nproc", "50", preexec=_open_files(200))
+    _refused(done, "50 workers need about 464 open files, but this process may open only 200 (ulimit -Hn)")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_low_soft_open_file_limit_is_raised_to_what_the_workers_need(tmp_path):
+    """Soft limit below the need, hard limit above it: raised, as `ulimit -n` would."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 1000:
+        pytest.skip(f"the hard open-file limit here is {hard}")
+    code = ("import resource; from supervisor.validation.limits import ensure_open_files; ensure_open_files(40); "
+            "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=sh.env(), capture_output=True, text=True,
+                          timeout=60, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (100, hard)))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["384"]  # 64 + 8 per worker
+
+
+def test_check_directory_finds_what_mkdir_would_start_from(tmp_path):
+    assert check_directory("k", tmp_path / "new" / "deeper") == tmp_path
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(LaunchError, match=f"^k {tmp_path}/f/sub: {tmp_path}/f is a file, not a directory$"):
+        check_directory("k", tmp_path / "f" / "sub")
+
+
+def test_probe_leaves_nothing_behind(tmp_path):
+    probe_writable("k", tmp_path / "ckpt", tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unwritable_directory_is_named(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root may write anywhere; /proc covers this case in the supervisor test")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    with pytest.raises(LaunchError, match="cannot create files there"):
+        probe_writable("system.checkpoint_dir", locked / "ckpt", locked)
+
+
+def test_worker_count_and_backend_limits():
+    check_worker_count(1024)
+    with pytest.raises(LaunchError, match="at most 1024 workers"):
+        check_worker_count(1025)
+    check_backend("nccl", "cuda")
+    check_backend("gloo", "cpu")
+    with pytest.raises(LaunchError, match="system.backend=nccl needs CUDA GPUs"):
+        check_backend("nccl", "cpu")
