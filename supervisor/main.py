@@ -52,8 +52,9 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
         validate_launch(cfg, plan, train=mode == "train")
     except LaunchError as exc:
         _refuse(console, str(exc), exc.exit_code)
+    run_id, run_dir = _run_names(launch, console)  # a bad --run-id is refused before any slower check
     checks = _preflight(launch, plan, console) if cfg.system.preflight else None
-    run_id, run_dir, listen, bind_ip = _claim_names(launch, console)
+    listen, bind_ip = _bind_store(launch, console)  # after the checks: they probe the master port themselves
     # ---- nothing was written before this line; everything below may write
     try:
         rundir.create(run_dir, exist_ok=launch.force)  # one mkdir: of two runs with one --run-id, one wins
@@ -62,6 +63,8 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
     write_bytes_atomic(run_dir / "config.json", cfg.to_json() + b"\n")
     if checks is not None:
         write_bytes_atomic(run_dir / "preflight.json", orjson.dumps(checks.to_dict(), option=orjson.OPT_INDENT_2))
+        for item in checks.of(WARN):
+            logger.warning(f"pre-flight: {item.line()}")
     logger.add(run_dir / "supervisor.log", level="DEBUG", enqueue=False,
                format="{time:YYYY-MM-DD HH:mm:ss.SSS} {level} | {message}")
     for notice in launch.notices:
@@ -93,24 +96,33 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
         job.rendezvous.close()
 
 
-def _claim_names(launch: Launch, console: Console) -> tuple[str, Path, socket.socket | None, str | None]:
-    """The run id and directory (checked free), and the store's socket where this node hosts
-    one at a chosen address (multi-node node 0, or torchrun's flags on one node): exit 2 with
-    one line for a bad --run-id, a taken directory, a wrong address or a busy port."""
+def _run_names(launch: Launch, console: Console) -> tuple[str, Path]:
+    """The run id and directory (checked free): exit 2 with one line for a bad --run-id or a
+    taken directory."""
     cfg, node = launch.config, launch.node
-    listen, bind_ip = None, None
     try:
         run_id = rundir.check_run_id(launch.run_id) if launch.run_id else rundir.new_run_id()
         # one directory per node: nodes sharing a filesystem (and a --run-id) never mix their files
         run_dir = rundir.run_dir_path(cfg.system.run_root, run_id if not node.multi else f"{run_id}-node{node.node_rank}")
         rundir.ensure_free(run_dir, launch.force)
-        if node.multi and node.node_rank == 0:
-            listen, bind_ip = bind_master(node.master_addr, node.master_port)
-        elif not node.multi and launch.store is not None:
-            listen, bind_ip = bind_master(launch.store.bind_addr, launch.store.port)
-    except (rundir.RunDirError, NodeLinkError) as exc:
+    except rundir.RunDirError as exc:
         _refuse(console, str(exc), exc.exit_code)
-    return run_id, run_dir, listen, bind_ip
+    return run_id, run_dir
+
+
+def _bind_store(launch: Launch, console: Console) -> tuple[socket.socket | None, str | None]:
+    """The store's socket where this node hosts one at a chosen address (multi-node node 0, or
+    torchrun's flags on one node), bound before anything is written: a wrong address or a
+    busy port is one line and exit 2, never a timeout."""
+    node = launch.node
+    try:
+        if node.multi and node.node_rank == 0:
+            return bind_master(node.master_addr, node.master_port)
+        if not node.multi and launch.store is not None:
+            return bind_master(launch.store.bind_addr, launch.store.port)
+    except NodeLinkError as exc:
+        _refuse(console, str(exc), exc.exit_code)
+    return None, None
 
 
 def _refuse(console: Console, message: str, code: int = ExitCode.USAGE) -> NoReturn:
@@ -168,11 +180,8 @@ def _preflight(launch: Launch, plan: DevicePlan, console: Console) -> CheckRepor
                             node_rank=node.node_rank)
     except DeviceError as exc:
         _refuse(console, str(exc), exc.exit_code)
-    for item in report.of(WARN):
-        logger.warning(f"pre-flight: {item.line()}")
     failure = report.first_failure()
     if failure is not None:
         _refuse(console, f"pre-flight check failed: {failure.line()} (`gpuherd check` shows every item; "
                          "--skip-checks to start anyway)", report.failed_exit_code)
-    logger.debug(f"pre-flight checks: {report.counts()}")
-    return report
+    return report  # its warnings are told once the run really starts: a refused launch stays one line

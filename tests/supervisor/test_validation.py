@@ -55,7 +55,7 @@ def test_bad_paths_and_values_exit_2_before_anything_is_written(tmp_path, args, 
 
 def test_a_script_that_is_a_directory_is_refused(tmp_path):
     (tmp_path / "train").mkdir()
-    _refused(_supervisor(tmp_path, "--script", "train"), "--script train is a directory, not a script")
+    _refused(_supervisor(tmp_path, "--script", "train"), "train is a directory, not a script")
     assert [p.name for p in tmp_path.iterdir()] == ["train"]
 
 
