@@ -15,6 +15,7 @@ from loguru import logger
 
 from gpuherd.cli import die
 from gpuherd.files import write_bytes_atomic
+from gpuherd.torch_floor import TorchTooOld, check_torch_version, installed_torch_version
 from supervisor import run_dir as rundir
 from supervisor.cli import Launch, parse
 from supervisor.gpus import DeviceError, DevicePlan, plan_devices
@@ -30,6 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     launch = parse(list(sys.argv[1:] if argv is None else argv))
     _console_logging(launch.verbose)
     cfg = launch.config
+    if launch.script is None:  # the built-in trainer: a too-old torch is exit 2 here, not a crash in every worker
+        try:
+            check_torch_version(installed_torch_version())
+        except TorchTooOld as exc:
+            die(str(exc), exc.exit_code)
     plan = _plan(launch)
     node = launch.node
     try:
