@@ -70,7 +70,7 @@ class Trainer:
             torch.backends.cudnn.allow_tf32 = True
         rng.seed_everything(cfg.system.seed)
         precision = Precision.choose(cfg, device)
-        attention, why = resolve_backend(cfg.model.attention, device.type, precision.autocast_dtype)
+        attention, why = resolve_backend(cfg.model.attention, device, precision.autocast_dtype)
         self.args = ModelArgs.from_config(cfg.model, data.vocab_size, cfg.data.context_length)
         if t.compile:
             status.send("phase", name="compile")
