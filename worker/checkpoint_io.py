@@ -29,8 +29,10 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
 
 
 def load_file(path: Path) -> dict[str, Any]:
+    """mmap=True: tensors are read from the page cache as they are copied into the model, so
+    the ranks of one node share one copy of the file instead of each loading all of it."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means the same to the user
         raise WorkerError(f"cannot read checkpoint {path}: {' '.join(str(exc).split())[:200]}", ExitCode.USAGE) from None
 
