@@ -12,6 +12,7 @@ Everything outside this package imports from here, never from the modules below.
   read_topology(gpu_ids) -> Topology (.format(), .warnings())                         topology.py
   read_inventory() -> list[GpuInfo]; allowed_gpus(inventory, CUDA_VISIBLE_DEVICES)    inventory.py, visible.py
   CLAIM_FDS_ENV: the variable that hands a GPU claim through exec                     claim.py
+  whose process an NVML pid is (host pids seen from a container)                     pids.py
 """
 
 from supervisor.gpus.claim import CLAIM_FDS_ENV

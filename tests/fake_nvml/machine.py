@@ -52,6 +52,13 @@ class FakeGpu:
     lost: bool = False
     unsupported: list[str] = field(default_factory=list)  # NVML symbols -> NOT_SUPPORTED here
     supported_events: int = 0x2 | 0x8  # double-bit ECC | XID critical
+    # nvmlDeviceGetHandleByIndex fails with this NVML error: NVML_ERROR_UNKNOWN (999), what a
+    # GPU off the bus often answers, or NVML_ERROR_NO_PERMISSION (4), a cgroup-restricted device
+    handle_error: int = 0
+    mig_mode: int = 0  # 1: MIG enabled (CUDA then sees only MIG instances)
+    # True: the driver writes v3 process entries 8 bytes longer than nvidia-ml-py reads them
+    # (the struct changed between driver branches): entries past the first come out as garbage
+    wide_process_struct: bool = False
 
 
 @dataclass
