@@ -31,6 +31,14 @@ SAFETY = 1.10  # estimates err low (temporaries, fragmentation); plan as if 10% 
 CE_CHUNK_BYTES = 256 * 1024**2  # fp32 logits of one cross-entropy chunk (worker/loss.py)
 
 
+def ce_chunk_tokens(vocab_size: int, dim: int) -> int:
+    """Tokens per chunk of the fused cross-entropy (worker/loss.py): fp32 logits of about
+    CE_CHUNK_BYTES, but at least 2*dim tokens, because every chunk also adds its share
+    of the output weight's gradient ([vocab, dim], ~10 B per element) into an fp32
+    accumulator: fewer, larger chunks keep that traffic below the logits' own."""
+    return max(1, CE_CHUNK_BYTES // (4 * vocab_size), 2 * dim)
+
+
 @dataclass(frozen=True)
 class ModelShape:
     n_layers: int
@@ -122,7 +130,7 @@ def estimate_bytes(shape: ModelShape, layout: Layout, work: Workload) -> Estimat
         activations = 2 * shape.dim * tokens * shape.n_layers + per_layer
     else:
         activations = per_layer * shape.n_layers
-    chunk_logits = min(CE_CHUNK_BYTES, 4 * shape.vocab_size * tokens)
+    chunk_logits = 4 * shape.vocab_size * min(tokens, ce_chunk_tokens(shape.vocab_size, shape.dim))
     output = 2 * chunk_logits + 2 * shape.dim * tokens * 4  # logits + grad; hidden, norm out, grads
     return Estimate(layout, {"state": state, "accumulated_grads": accumulated, "activations": activations,
                              "output": output, "overhead": CONTEXT_OVERHEAD})

@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from gpuherd.config import ModelConfig
 from worker.attention import get_attention
-from worker.loss import linear_cross_entropy
+from worker.loss import autocast_dtype, linear_cross_entropy
 
 # A kernel choice, not part of the model: the same weights load under any backend.
 NOT_IN_CHECKPOINT = ("attention",)
@@ -237,10 +237,11 @@ class Transformer(nn.Module):
             raise ValueError(f"sequence of {start + t} tokens exceeds the model's context {self.args.max_seq_len}")
         cos, sin = self.rope(start, t, tokens.device)
         h = self.tok_embed(tokens)
-        if torch.is_autocast_enabled(h.device.type):
+        compute = autocast_dtype(h.device.type)
+        if compute is not None:
             # The residual stream in the compute dtype (an fp32 embedding table would
             # make it fp32 and double every elementwise op's traffic).
-            h = h.to(torch.get_autocast_dtype(h.device.type))
+            h = h.to(compute)
         for layer in self.layers:
             h = layer(h, cos, sin, cache)
         h = self.norm(h)

@@ -6,11 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.worker import helpers as h
 
 from gpuherd.config import ModelConfig
+from gpuherd.contract import WorkerIdentity
+from gpuherd.model_size import ce_chunk_tokens
 from worker.engines import compile_blocks
-from worker.loss import chunk_tokens, linear_cross_entropy
+from worker.loss import linear_cross_entropy
 from worker.model import ModelArgs, RMSNorm, Transformer, apply_rope, rope_tables
+from worker.train import run
 
 
 def reference_rope(x: torch.Tensor, theta: float) -> torch.Tensor:
@@ -89,9 +93,10 @@ def test_chunked_cross_entropy_under_autocast_and_without_grad():
                                    F.cross_entropy(F.linear(hidden.float(), weight), targets), rtol=1e-5, atol=1e-5)
 
 
-def test_chunk_size_keeps_the_fp32_logits_bounded():
-    assert chunk_tokens(50304) * 50304 * 4 <= 256 * 1024**2
-    assert chunk_tokens(10**9) == 1
+def test_chunk_size_bounds_the_logits_and_the_weight_gradient_traffic():
+    assert ce_chunk_tokens(50304, 512) == 256 * 1024**2 // (50304 * 4)  # narrow: the 256 MiB logits bound rules
+    assert ce_chunk_tokens(50304, 2048) == 4096  # wider models: at least 2*dim tokens per chunk
+    assert ce_chunk_tokens(10**9, 1) == 2
 
 
 def tiny(layers: int = 2, tie: bool = False) -> Transformer:
@@ -140,3 +145,15 @@ def test_compiled_blocks_match_eager_on_cpu():
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     for (name, a), b in zip(eager.named_parameters(), compiled.parameters(), strict=True):
         torch.testing.assert_close(b.grad, a.grad, rtol=1e-3, atol=1e-5, msg=name)
+
+
+@pytest.mark.slow  # inductor on CPU, as above
+def test_compile_with_nan_hooks_trains(tmp_path):
+    """debug.nan_hooks' forward hooks break the graph on purpose: compile without fullgraph."""
+    torch._dynamo.reset()
+    cfg = h.tiny_config(tmp_path, "training.compile=true", "debug.nan_detection=true", "debug.nan_hooks=true",
+                        "training.max_steps=2", "training.warmup_steps=1")
+    identity = WorkerIdentity(0, 0, 1, 1, "cpu", 0, False)
+    status = tmp_path / "status.jsonl"
+    assert run(cfg, identity, data=h.bundle(cfg), status=h.status_writer(status, 0), install_signals=False) == 0
+    assert [r["step"] for r in h.read_status(status) if r["type"] == "step" and "loss" in r] == [0, 1]

@@ -4,7 +4,7 @@
 |-----------|-------------------|-----------------------------------------------------------|---------------------------|
 | single    | `SingleEngine`    | none                                                      | plain                     |
 | ddp       | `DDPEngine`       | DistributedDataParallel                                   | `no_sync()` until the last micro-batch |
-| fsdp      | `FSDPEngine`      | FSDP2 `fully_shard` per block, then the root              | `set_requires_gradient_sync(False)` until the last |
+| fsdp      | `FSDPEngine`      | FSDP2 `fully_shard` per block, then the root              | `set_requires_gradient_sync(False)` until the last, or a reduce-scatter every micro-batch (layout.py) |
 | zero1     | `Zero1Engine`     | DDP + `ZeroRedundancyOptimizer` (optimizer state sharded) | `no_sync()`               |
 | deepspeed | `DeepSpeedEngine` | `deepspeed.initialize` (ZeRO 1/2/3 from the JSON config)   | DeepSpeed's own boundary  |
 """
@@ -55,7 +55,8 @@ def build_engine(cfg: Config, args: ModelArgs, layout: Layout, device: torch.dev
     model.set_attention_backend(attention)
     model.set_gradient_checkpointing(layout.checkpointing)
     if compile_enabled(cfg, device):
-        compile_blocks(model, fullgraph=attention != "flash_attn")
+        # The NaN probes' forward hooks run outside the graph on purpose (debug.nan_hooks).
+        compile_blocks(model, fullgraph=attention != "flash_attn" and not cfg.debug.nan_hooks)
     build = Build(cfg, device, Precision.choose(cfg, device), world_size, layout)
     engine_cls.shard(model, build)
     model.to_empty(device=device)
@@ -73,6 +74,7 @@ def compile_blocks(model: Transformer, fullgraph: bool) -> None:
     """Each block compiled on its own (torchtitan's recipe): one small graph reused by every
     layer instead of one huge one, and FSDP's per-block hooks stay outside the graphs.
     fullgraph=True turns any graph break into an error, so a regression cannot silently
-    fall back to eager; flash-attn's kernels may break the graph, so not with it."""
+    fall back to eager; flash-attn's kernels and the NaN probes' hooks may break the
+    graph, so not with them."""
     for layer in model.layers:
         layer.compile(fullgraph=fullgraph)  # in place: parameter names stay `layers.{i}...`
