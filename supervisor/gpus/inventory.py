@@ -62,8 +62,14 @@ class GpuInfo:
 def read_inventory() -> list[GpuInfo]:
     """Every GPU NVML sees; raises nvml.NvmlUnavailable (with the reason) without NVML."""
     with nvml.session() as pynvml:
-        opened, failed = nvml.handles(pynvml)
-        return [describe_device(pynvml, i, opened.get(i), failed.get(i)) for i in sorted({*opened, *failed})]
+        return describe_all(pynvml)[0]
+
+
+def describe_all(pynvml: ModuleType) -> tuple[list[GpuInfo], dict[int, Any]]:
+    """Every GPU's GpuInfo, and the handles of those NVML could open (inside a session)."""
+    opened, failed = nvml.handles(pynvml)
+    gpus = [describe_device(pynvml, i, opened.get(i), failed.get(i)) for i in sorted({*opened, *failed})]
+    return gpus, opened
 
 
 def describe_device(pynvml: ModuleType, index: int, handle: Any, failed: nvml.HandleError | None = None) -> GpuInfo:

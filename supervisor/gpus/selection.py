@@ -18,7 +18,7 @@ from pathlib import Path
 from gpuherd.exit_codes import ExitCode
 from supervisor.gpus import claim, health, nvml
 from supervisor.gpus.errors import DeviceError
-from supervisor.gpus.inventory import GpuInfo, describe_device
+from supervisor.gpus.inventory import GpuInfo, describe_all
 from supervisor.gpus.table import format_device_table
 from supervisor.gpus.visible import allowed_gpus
 
@@ -72,9 +72,8 @@ def select_least_used(
     rng = rng or random.Random()
     try:
         with nvml.session() as pynvml:
-            handles, failed = nvml.handles(pynvml)
-            gpus = allowed_gpus([describe_device(pynvml, i, handles.get(i), failed.get(i))
-                                 for i in sorted({*handles, *failed})], allowed_env)
+            everything, handles = describe_all(pynvml)
+            gpus = allowed_gpus(everything, allowed_env)
             usable = [g for g in gpus if not g.lost and not g.unusable]
             if not gpus:
                 raise DeviceError("no GPU to select from" + (f" (CUDA_VISIBLE_DEVICES={allowed_env})"
