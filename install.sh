@@ -4,8 +4,9 @@
 #   bash install.sh               runtime dependencies
 #   bash install.sh --test        + test dependencies
 #   bash install.sh --gpu-extras  + flash-attn (GPU machines only)
-# torch comes first and is chosen for the machine: an existing torch is kept
-# (the venv sees system packages, so a CUDA build already installed is reused);
+# torch comes first and is chosen for the machine: an existing torch is kept when
+# it is new enough for the trainer (>= the floor in gpuherd/torch_floor.py; the venv
+# sees system packages, so a CUDA build already installed is reused), replaced if older;
 # otherwise a CUDA build where `nvidia-smi` sees a GPU, else the CPU build
 # torch==2.13.0 (a few hundred MB instead of several GB of CUDA wheels).
 set -euo pipefail
@@ -34,8 +35,21 @@ pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
 has_gpu=0
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then has_gpu=1; fi
 
+# The oldest torch gpuherd's trainer runs on (gpuherd/torch_floor.py says which APIs set it).
+TORCH_FLOOR="$(PYTHONPATH="$ROOT" "$PY" -c 'from gpuherd.torch_floor import FLOOR_TEXT; print(FLOOR_TEXT)')"
+have_torch=""
 if "$PY" -c 'import torch' >/dev/null 2>&1; then
-  echo "install.sh: keeping torch $("$PY" -c 'import torch; print(torch.__version__)')"
+  have_torch="$("$PY" -c 'import torch; print(torch.__version__)')"
+  if ! why="$(PYTHONPATH="$ROOT" "$PY" -m gpuherd.torch_floor "$have_torch")"; then
+    # Never keep a torch the trainer would crash on at step 0: install a newer one over it.
+    echo "install.sh: $why" >&2
+    echo "install.sh: replacing torch $have_torch with torch>=$TORCH_FLOOR" >&2
+    have_torch=""
+  fi
+fi
+
+if [[ -n "$have_torch" ]]; then
+  echo "install.sh: keeping torch $have_torch"
   if [[ $has_gpu == 1 ]] && ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.version.cuda else 1)'; then
     echo "install.sh: warning: this machine has an NVIDIA GPU but the installed torch is a CPU build;" \
          "workers will run on CPU. Reinstall torch with CUDA to use the GPU." >&2
@@ -44,8 +58,8 @@ elif [[ -n "${GPUHERD_TORCH_SPEC:-}" ]]; then
   echo "install.sh: installing ${GPUHERD_TORCH_SPEC} (GPUHERD_TORCH_SPEC)"
   pip_install "${GPUHERD_TORCH_SPEC}"
 elif [[ $has_gpu == 1 ]]; then
-  echo "install.sh: NVIDIA GPU found: installing a CUDA build of torch"
-  pip_install "torch>=2.4"
+  echo "install.sh: NVIDIA GPU found: installing a CUDA build of torch>=$TORCH_FLOOR"
+  pip_install "torch>=$TORCH_FLOOR"
 else
   echo "install.sh: no NVIDIA GPU: installing the CPU build torch==2.13.0"
   pip_install "torch==2.13.0"

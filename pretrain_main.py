@@ -82,6 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     status = StatusWriter.from_env(identity.rank)
 
     def body() -> int:
+        import torch
+
+        from gpuherd.torch_floor import check_torch_version
+
+        check_torch_version(torch.__version__)  # before anything is built or written
         from dataset_cache import prepare_cache
         from worker.distributed import choose_device
         from worker.train import run
@@ -106,4 +111,9 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    # As the supervisor does for its workers: CUDA_VISIBLE_DEVICES=2 means nvidia-smi's GPU 2
+    # (CUDA's own default order, fastest first, may number mixed GPUs differently).
+    from gpuherd.contract import cuda_defaults
+
+    os.environ.update(cuda_defaults(os.environ))
     sys.exit(main())

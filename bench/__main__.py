@@ -8,6 +8,7 @@ dated section to `bench/RESULTS.md` and writes `bench/RESULTS.json`.
 
     python -m bench --quick            # the whole suite in a few minutes on 2 cores
     python -m bench --only supervisor  # one benchmark
+    python -m bench --gpu              # tokens/s, MFU, peak memory: 124M and 1B, sdpa/flash_attn, eager/compile
 """
 
 from __future__ import annotations
@@ -38,14 +39,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions: the suite in a few minutes")
     parser.add_argument("--only", action="append", choices=sorted(benches), help="run just this benchmark (repeatable)")
     parser.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
+    parser.add_argument("--gpu", action="store_true",
+                        help="only the worker benchmark's GPU rows (needs a CUDA GPU)")
     args = parser.parse_args(argv)
 
-    chosen = args.only or sorted(benches)
+    chosen = ["worker"] if args.gpu else args.only or sorted(benches)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     machine = describe()
     outcomes: dict[str, dict] = {}
     for name in chosen:
-        cmd = [sys.executable, str(benches[name])] + (["--quick"] if args.quick else [])
+        cmd = [sys.executable, str(benches[name])] + (["--quick"] if args.quick else []) + (
+            ["--gpu-only"] if args.gpu else [])
         print(f"bench: {name}: {shlex.join(cmd)}", flush=True)
         started = time.monotonic()
         proc = subprocess.run(cmd, cwd=ROOT, env=_env())

@@ -4,13 +4,16 @@
 CPU (always): the worker's training loop (`worker.train.run`, strategy single)
 versus a bare nanoGPT-style loop over the same model, batch, optimizer and LR
 schedule, in the same process, interleaved and repeated; the ratio of steps/s
-is the framework's cost (goal: under 3%).
+is the framework's cost (goal: under 3%). Then what the GPU rows cost per token,
+measured without a GPU (bench/worker_costs.py: counted FLOPs against 6N + 12LHQT,
+the elementwise traffic of a block and of the output head), and eager vs
+per-block torch.compile step time on this CPU.
 
-GPU (only with CUDA; skipped and said so otherwise): tokens/s and MFU for a
-~125M and a ~1B model on one GPU, sdpa vs flash_attn, with and without
-torch.compile.
+GPU (only with CUDA; skipped and said so otherwise): tokens/s, MFU and peak
+memory for a ~124M and a ~1B model on one GPU, sdpa vs flash_attn, eager vs
+compile (`python -m bench --gpu` runs only these).
 
-    PYTHONPATH=. python bench/bench_worker.py [--repeats 3] [--steps 30]
+    PYTHONPATH=. python bench/bench_worker.py [--repeats 3] [--steps 30] [--gpu-only]
 Writes bench/results/worker.md and bench/results/worker.json.
 """
 
@@ -35,9 +38,11 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from loguru import logger  # noqa: E402
 
+from bench.worker_costs import elementwise_traffic, flops_per_token  # noqa: E402
 from gpuherd.config import resolve  # noqa: E402
 from gpuherd.contract import WorkerIdentity  # noqa: E402
 from gpuherd.status_channel import StatusWriter  # noqa: E402
+from worker.attention import flash_attn_problem  # noqa: E402
 from worker.data import ArraySampler, in_memory_bundle  # noqa: E402
 from worker.engines import adamw_kwargs, optimizer_groups  # noqa: E402
 from worker.model import ModelArgs, Transformer  # noqa: E402
@@ -129,54 +134,73 @@ def cpu_overhead(repeats: int, steps: int) -> dict:
 
 
 GPU_MODELS = {
-    "125M": ["model.n_layers=12", "model.dim=768", "model.n_heads=12", "model.n_kv_heads=null",
+    "124M": ["model.n_layers=12", "model.dim=768", "model.n_heads=12", "model.n_kv_heads=null",
              "model.tie_embeddings=true", "data.context_length=1024", "training.batch_size=16"],
     "1B": ["model.n_layers=16", "model.dim=2048", "model.n_heads=32", "model.n_kv_heads=8",
            "model.multiple_of=256", "data.context_length=2048", "training.batch_size=8"],
 }
+GPU_VOCAB = 50304  # GPT-2's, padded to a multiple of 64
+
+
+def compile_ratio(repeats: int, steps: int) -> dict:
+    """Steps/s of the CPU model, eager vs per-block torch.compile, interleaved (compile time
+    falls into the untimed warm-up steps)."""
+    rows: dict[str, list[float]] = {"eager": [], "compiled": []}
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        for _ in range(repeats):
+            for name in rows:  # the production default: no NaN hooks (debug.nan_hooks)
+                rows[name].append(time_worker(tmp, steps, f"training.compile={str(name == 'compiled').lower()}",
+                                              "debug.nan_hooks=false"))
+    best = {k: max(v) for k, v in rows.items()}
+    return {"steps_per_s": rows, "best": best, "eager_over_compiled_step_time": best["compiled"] / best["eager"]}
+
+
+def model_costs() -> dict:
+    """FLOPs and elementwise traffic per micro-step of the GPU rows' shapes (meta device)."""
+    out = {}
+    for name, overrides in GPU_MODELS.items():
+        cfg = resolve("debug", overrides=overrides)
+        ctx, batch = cfg.data.context_length, cfg.training.batch_size
+        out[name] = {"flops_per_token": flops_per_token(cfg.model, GPU_VOCAB, ctx),
+                     "traffic": elementwise_traffic(cfg.model, GPU_VOCAB, ctx, batch)}
+    return out
+
+
+def gpu_row(name: str, backend: str, compiled: bool, steps: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        extra = [*GPU_MODELS[name], "training.grad_accum_nums=1", "training.use_amp=true",
+                 f"model.attention={backend}", f"training.compile={str(compiled).lower()}",
+                 f"training.max_steps={steps}", "training.log_every=5", "debug.nan_detection=false",
+                 "debug.nan_hooks=false", "training.eval_every=0", "training.save_every=0",
+                 "debug.log_level=WARNING", f"system.checkpoint_dir={tmp / 'ckpt'}"]
+        cfg = resolve("debug", overrides=extra, cwd=tmp)
+        status_path = tmp / "status.jsonl"
+        fd = os.open(status_path, os.O_WRONLY | os.O_CREAT)
+        data = in_memory_bundle(np.random.default_rng(0).integers(0, 50257, 20_000_000), None, GPU_VOCAB,
+                                cfg.training.batch_size, cfg.data.context_length, 0, 1, 1)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()  # each row's peak is its own
+        run(cfg, WorkerIdentity(0, 0, 1, 1, "cuda", 0, False), data=data, status=StatusWriter(fd, 0),
+            install_signals=False)
+        os.close(fd)
+        last = [orjson.loads(x) for x in status_path.read_bytes().splitlines() if b'"loss"' in x][-1]
+    return {"model": name, "attention": backend, "compile": compiled, "tokens_per_s": last["tokens_per_s"],
+            "mfu": last["mfu"], "mem_gib": torch.cuda.max_memory_allocated() / 2**30}
 
 
 def gpu_throughput(steps: int) -> list[dict]:
-    from worker.attention import flash_attn_installed
-
-    results = []
-    backends = ["sdpa"] + (["flash_attn"] if flash_attn_installed() else [])
-    for name, model_cfg in GPU_MODELS.items():
-        for backend in backends:
-            for compiled in (False, True):
-                with tempfile.TemporaryDirectory() as tmp_name:
-                    tmp = Path(tmp_name)
-                    extra = [*model_cfg, "training.grad_accum_nums=1", "training.use_amp=true",
-                             f"model.attention={backend}", f"training.compile={str(compiled).lower()}",
-                             f"training.max_steps={steps}", "training.log_every=5", "debug.nan_detection=false",
-                             "debug.nan_hooks=false", "training.eval_every=0", "training.save_every=0",
-                             "debug.log_level=WARNING", f"system.checkpoint_dir={tmp / 'ckpt'}"]
-                    cfg = resolve("debug", overrides=extra, cwd=tmp)
-                    status_path = tmp / "status.jsonl"
-                    fd = os.open(status_path, os.O_WRONLY | os.O_CREAT)
-                    data = in_memory_bundle(np.random.default_rng(0).integers(0, 50257, 20_000_000), None, 50304,
-                                            cfg.training.batch_size, cfg.data.context_length, 0, 1, 1)
-                    identity = WorkerIdentity(0, 0, 1, 1, "cuda", 0, False)
-                    run(cfg, identity, data=data, status=StatusWriter(fd, 0), install_signals=False)
-                    os.close(fd)
-                    last = [orjson.loads(x) for x in status_path.read_bytes().splitlines()
-                            if b'"loss"' in x][-1]
-                    results.append({"model": name, "attention": backend, "compile": compiled,
-                                    "tokens_per_s": last["tokens_per_s"], "mfu": last["mfu"],
-                                    "mem_gib": last["mem_bytes"] / 2**30})
-                    torch.cuda.empty_cache()
-    return results
+    backends = ["sdpa"] + (["flash_attn"] if flash_attn_problem(torch.device("cuda", 0), torch.bfloat16) is None
+                           else [])
+    return [gpu_row(name, backend, compiled, steps)
+            for name in GPU_MODELS for backend in backends for compiled in (False, True)]
 
 
-def write_results(out: dict) -> None:
-    results = REPO / "bench" / "results"
-    results.mkdir(parents=True, exist_ok=True)
-    (results / "worker.json").write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
+def cpu_lines(out: dict) -> list[str]:
     cpu = out["cpu"]
     lines = [
-        "# Worker benchmark", "",
-        f"- commit `{out['commit']}`, torch {out['torch']}, {out['machine']}, {out['threads']} threads",
-        "", "## CPU: framework overhead (same model, batch, optimizer, LR; same process, interleaved)", "",
+        "## CPU: framework overhead (same model, batch, optimizer, LR; same process, interleaved)", "",
         f"Model: {' '.join(CPU_MODEL)}, vocab {VOCAB}; {cpu['steps']} steps per run, first {WARMUP_STEPS} untimed, "
         f"{cpu['repeats']} interleaved repeats; ratios from the best run of each loop "
         "(on a shared machine a disturbance only ever slows a run down).", "",
@@ -200,17 +224,56 @@ def write_results(out: dict) -> None:
     if spread > 1.5:
         lines += ["", f"**Noise warning**: the bare loop's own runs differ {spread:.1f}x on this machine (shared CPU "
                   "cores); differences of a few percent cannot be resolved here. Re-run on an idle machine."]
-    lines.append("")
-    lines += ["## GPU: tokens/s and MFU", ""]
+    return lines + [""]
+
+
+def cost_lines(out: dict) -> list[str]:
+    lines = ["## Per-token cost of the GPU rows' shapes (meta device: counted, not timed)", "",
+             "| model | FLOPs/token 6N+12LHQT | counted (FlopCounterMode) | block elementwise GB / micro-step | "
+             "block: matmul ms at 989 TF/s vs elementwise ms at 3.35 TB/s | head GB: chunked loss vs full logits |",
+             "|---|---|---|---|---|---|"]
+    for name, c in out["costs"].items():
+        f, t = c["flops_per_token"], c["traffic"]
+        lines.append(f"| {name} | {f['formula'] / 1e9:.3f} G | {f['counted'] / 1e9:.3f} G ({f['ratio']:.4f}x) | "
+                     f"{t['block_bytes'] / 1e9:.2f} | {t['block_ms_matmul_at_h100_peak']:.2f} vs "
+                     f"{t['block_ms_elementwise_at_h100_hbm']:.2f} | {t['head_bytes_fused'] / 1e9:.1f} vs "
+                     f"{t['head_bytes_full_logits'] / 1e9:.1f} |")
+    lines += ["", "Elementwise bytes are what eager mode reads and writes outside matmuls and the attention kernel "
+              "(aten ops; a CUDA kernel may fuse a cast the count keeps separate). Where the elementwise time "
+              "rivals the matmul time, per-block torch.compile (on by default on CUDA) is what removes it.", ""]
+    ratio = out.get("compile")
+    if ratio:
+        lines += [f"Eager vs per-block torch.compile on this CPU ({' '.join(CPU_MODEL)}): best steps/s "
+                  f"{ratio['best']['eager']:.2f} eager, {ratio['best']['compiled']:.2f} compiled; eager step time / "
+                  f"compiled = {ratio['eager_over_compiled_step_time']:.2f}x.", ""]
+    return lines
+
+
+def gpu_lines(out: dict) -> list[str]:
+    lines = ["## GPU: tokens/s, MFU and peak memory", ""]
     if out["gpu"] is None:
-        lines.append("Skipped: no CUDA device on this machine. Run this script on a GPU machine to fill this table.")
-    else:
-        lines += ["| model | attention | compile | tokens/s | MFU | peak mem GiB |", "|---|---|---|---|---|---|"]
-        for r in out["gpu"]:
-            mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
-            lines.append(f"| {r['model']} | {r['attention']} | {r['compile']} | {r['tokens_per_s']:.0f} | {mfu} | "
-                         f"{r['mem_gib']:.1f} |")
-    (results / "worker.md").write_text("\n".join(lines) + "\n")
+        return lines + ["Skipped: no CUDA device on this machine. `python -m bench --gpu` on a GPU machine fills it.", ""]
+    lines += [f"On {out.get('gpu_name', '?')}, one GPU, bf16, micro-batch as configured, no accumulation.", "",
+              "| model | attention | compile | tokens/s | MFU | peak mem GiB |", "|---|---|---|---|---|---|"]
+    for r in out["gpu"]:
+        mfu = "n/a" if r["mfu"] is None else f"{100 * r['mfu']:.1f}%"
+        lines.append(f"| {r['model']} | {r['attention']} | {r['compile']} | {r['tokens_per_s']:.0f} | {mfu} | "
+                     f"{r['mem_gib']:.1f} |")
+    return lines + [""]
+
+
+def write_results(out: dict) -> None:
+    results = REPO / "bench" / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    (results / "worker.json").write_bytes(orjson.dumps(out, option=orjson.OPT_INDENT_2))
+    lines = ["# Worker benchmark", "",
+             f"- commit `{out['commit']}`, torch {out['torch']}, {out['machine']}, {out['threads']} threads", ""]
+    if out.get("cpu"):
+        lines += cpu_lines(out)
+    if out.get("costs"):
+        lines += cost_lines(out)
+    lines += gpu_lines(out)
+    (results / "worker.md").write_text("\n".join(lines))
 
 
 def main() -> int:
@@ -218,6 +281,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--gpu-steps", type=int, default=30)
+    parser.add_argument("--gpu-only", action="store_true", help="only the GPU rows (python -m bench --gpu)")
     parser.add_argument("--render-only", action="store_true", help="rewrite worker.md from worker.json")
     parser.add_argument("--quick", action="store_true", help="3 repeats of 20 steps (python -m bench --quick)")
     args = parser.parse_args()
@@ -227,13 +291,19 @@ def main() -> int:
         write_results(orjson.loads((REPO / "bench" / "results" / "worker.json").read_bytes()))
         print((REPO / "bench" / "results" / "worker.md").read_text())
         return 0
+    if args.gpu_only and not torch.cuda.is_available():
+        print("bench_worker.py: error: --gpu needs a CUDA GPU; torch sees none", file=sys.stderr)
+        return 2
     logger.remove()
     logger.add(sys.stderr, level="WARNING")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                             text=True).stdout.strip()
     out = {"commit": commit, "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
-           "threads": torch.get_num_threads(), "cpu": cpu_overhead(args.repeats, args.steps),
-           "gpu": gpu_throughput(args.gpu_steps) if torch.cuda.is_available() else None}
+           "threads": torch.get_num_threads()}
+    if not args.gpu_only:
+        out.update(cpu=cpu_overhead(args.repeats, args.steps), costs=model_costs(),
+                   compile=compile_ratio(1 if args.quick else args.repeats, args.steps))
+    out["gpu"] = gpu_throughput(args.gpu_steps) if torch.cuda.is_available() else None
     if out["gpu"] is not None:
         out["gpu_name"] = torch.cuda.get_device_name(0)
     write_results(out)

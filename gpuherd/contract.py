@@ -36,6 +36,20 @@ GPUHERD_VARS = (
 )
 
 
+# Set for every CUDA process gpuherd starts (supervised workers and pretrain_main.py)
+# unless the user set them: ids mean nvidia-smi's ids, and the caching allocator grows
+# segments instead of fragmenting (PyTorch's own advice for training; newer torch also
+# reads PYTORCH_ALLOC_CONF, so a user setting under either name wins).
+CUDA_DEFAULTS = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+_SAME_SETTING = {"PYTORCH_CUDA_ALLOC_CONF": ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+
+
+def cuda_defaults(env: dict[str, str] | os._Environ) -> dict[str, str]:
+    """The CUDA_DEFAULTS `env` does not already decide."""
+    return {name: value for name, value in CUDA_DEFAULTS.items()
+            if not any(alias in env for alias in _SAME_SETTING.get(name, (name,)))}
+
+
 def same_device_uuid(a: str, b: str) -> bool:
     """NVML writes `GPU-<hex>`, torch's device properties give `<hex>`: one GPU either way."""
     def norm(uuid: str) -> str:

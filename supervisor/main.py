@@ -21,6 +21,7 @@ from loguru import logger
 from gpuherd.cli import die
 from gpuherd.exit_codes import ExitCode
 from gpuherd.files import write_bytes_atomic
+from gpuherd.torch_floor import TorchTooOld, check_torch_version, installed_torch_version
 from supervisor import run_dir as rundir
 from supervisor.cli import PROG, Launch, parse
 from supervisor.gpus import DeviceError, DevicePlan, plan_devices
@@ -47,6 +48,11 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
     _console_logging(launch.verbose, console)
     cfg, node = launch.config, launch.node
     mode = "script" if launch.script else "train"
+    if launch.script is None:  # the built-in trainer: a too-old torch is exit 2 here, not a crash in every worker
+        try:
+            check_torch_version(installed_torch_version())
+        except TorchTooOld as exc:
+            _refuse(console, str(exc), exc.exit_code)
     plan = _plan(launch, console)
     try:  # before the pre-flight checks: they read these paths too, and would trip over a bad one
         validate_launch(cfg, plan, train=mode == "train")

@@ -42,7 +42,12 @@ def main() -> int:
             cfg.training.resume = os.environ[contract.RESUME]
         cache = os.environ.get(contract.DATASET_CACHE)
         run_dir = os.environ.get(contract.RUN_DIR)
-        from worker.train import run  # torch is imported only once the config is known to be good
+        import torch
+
+        from gpuherd.torch_floor import check_torch_version
+
+        check_torch_version(torch.__version__)  # one line and exit 2, not an AttributeError at step 0
+        from worker.train import run
 
         return run(cfg, identity, cache_dir=Path(cache) if cache else None,
                    status=status, run_dir=Path(run_dir) if run_dir else None)

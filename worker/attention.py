@@ -8,6 +8,7 @@ training, one query over a KV cache during generation).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 from collections.abc import Callable
@@ -23,30 +24,73 @@ AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def flash_attn_installed() -> bool:
+    """The package is there; whether it *loads* is `flash_attn_problem`'s question."""
     return importlib.util.find_spec("flash_attn") is not None
 
 
-def resolve_backend(requested: str, device_type: str, dtype: torch.dtype | None) -> tuple[str, str]:
+@functools.cache
+def _import_problem() -> str | None:
+    """Why `from flash_attn import flash_attn_func` fails here, or None.
+
+    find_spec only finds the files: a wheel built for another torch or CUDA fails
+    when its extension loads (ImportError "undefined symbol", OSError for a missing
+    libcudart), which would otherwise surface at the first forward."""
+    if not flash_attn_installed():
+        return "flash-attn not installed"
+    try:
+        from flash_attn import flash_attn_func  # noqa: F401
+    except (ImportError, OSError) as exc:
+        first = " ".join(str(exc).split())[:160]
+        return f"flash-attn is installed but does not load ({type(exc).__name__}: {first})"
+    return None
+
+
+@functools.cache
+def _kernel_problem(device_index: int) -> str | None:
+    """A tiny call on the GPU: a build without kernels for this architecture fails here."""
+    q = torch.zeros(1, 8, 2, 64, device=torch.device("cuda", device_index), dtype=torch.bfloat16)
+    try:
+        flash_attention(q, q, q)
+    except RuntimeError as exc:
+        return f"flash-attn's kernel failed on this GPU ({' '.join(str(exc).split())[:160]})"
+    return None
+
+
+def flash_attn_problem(device: torch.device, dtype: torch.dtype | None) -> str | None:
+    """Why flash-attn cannot run on `device` in `dtype` (None: it can)."""
+    if device.type != "cuda":
+        return "not on CUDA"
+    if dtype not in (torch.bfloat16, torch.float16):
+        return "not in bf16/fp16"
+    problem = _import_problem()
+    if problem is not None:
+        return problem
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < 8:  # V100 / T4: "FlashAttention only supports Ampere GPUs or newer"
+        return f"compute capability {major}.{minor}; flash-attn needs 8.0 (Ampere) or newer"
+    return _kernel_problem(device.index or 0)
+
+
+def resolve_backend(requested: str, device: torch.device, dtype: torch.dtype | None) -> tuple[str, str]:
     """(backend, reason). `dtype` is the compute dtype (autocast dtype or None = fp32).
 
-    flash-attn kernels exist only for CUDA tensors in bf16/fp16; asking for it
-    elsewhere is a config mistake, so it raises instead of silently degrading.
+    `auto` takes flash-attn where it really runs and says why not otherwise (the
+    reason lands in the start-up line); asking for flash_attn where it cannot run is
+    a config mistake, so it raises instead of silently degrading.
     """
-    flash_ok = flash_attn_installed() and device_type == "cuda" and dtype in (torch.bfloat16, torch.float16)
-    if requested == "auto":
-        if flash_ok:
-            return "flash_attn", "flash-attn installed, CUDA, half precision"
-        why = ("flash-attn not installed" if not flash_attn_installed()
-               else "not on CUDA" if device_type != "cuda" else "not in bf16/fp16")
-        return "sdpa", f"torch scaled_dot_product_attention ({why})"
-    if requested == "flash_attn" and not flash_ok:
-        raise ConfigError(
-            "model.attention=flash_attn needs the flash-attn package, a CUDA device and "
-            "bf16/fp16 autocast (training.use_amp=true); use sdpa or auto instead"
-        )
-    if requested not in BACKENDS:
+    if requested not in (*BACKENDS, "auto"):
         raise ConfigError(f"unknown attention backend {requested!r}; choose from auto, {', '.join(BACKENDS)}")
-    return requested, "requested in model.attention"
+    if requested not in ("auto", "flash_attn"):
+        return requested, "requested in model.attention"
+    problem = flash_attn_problem(device, dtype)
+    if problem is None:
+        return "flash_attn", "flash-attn loads and runs here, half precision" if requested == "auto" else \
+            "requested in model.attention"
+    if requested == "flash_attn":
+        raise ConfigError(f"model.attention=flash_attn cannot run here: {problem}; use sdpa or auto instead "
+                          "(flash-attn needs the package built for this torch, a CUDA GPU of compute capability "
+                          ">= 8.0 and bf16/fp16 autocast, training.use_amp=true)")
+    return "sdpa", f"torch scaled_dot_product_attention; {problem}"
 
 
 def get_attention(backend: str) -> AttentionFn:

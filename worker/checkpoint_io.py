@@ -65,12 +65,12 @@ def save_checkpoint_file(obj: dict[str, Any], path: Path) -> None:
 
 
 def load_file(path: Path) -> dict[str, Any]:
+    """mmap=True: tensors are read from the page cache as they are copied into the model, so
+    the ranks of one node share one copy of the file instead of each loading all of it."""
     problem = file_problem(path)
     if problem:
         raise WorkerError(problem, ExitCode.USAGE)
     try:
-        # mmap: tensors are paged in from the file as they are copied into the model,
-        # instead of the whole checkpoint sitting in host RAM once more
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means the same to the user
         raise WorkerError(f"cannot read checkpoint {path}: {' '.join(str(exc).split())[:200]}", ExitCode.USAGE) from None

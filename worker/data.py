@@ -8,6 +8,8 @@ feed the same protocol from tokens in memory.
 
 from __future__ import annotations
 
+import queue
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +83,64 @@ class TensorBatches:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.sampler.load_state_dict(state)
+
+
+class Prefetched:
+    """Batches drawn `depth` ahead by a background thread (`training.num_workers`), pinned
+    for an asynchronous host-to-GPU copy, so the loop never waits on the sampler.
+
+    The draw order is the source's, so training is bit-identical to drawing in the loop;
+    `state_dict()` is the source's state after the last batch *handed out*, not after
+    the ones drawn ahead, so a checkpoint resumes exactly where the loop was. Loading a
+    state is only possible before the first batch (resume does it then)."""
+
+    def __init__(self, source: BatchSource, depth: int, pin: bool) -> None:
+        self.source, self.depth, self.pin = source, depth, pin
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._state: dict[str, Any] | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def _fill(self) -> None:
+        try:
+            while not self._stop.is_set():
+                inputs, targets = self.source.next_batch()
+                if self.pin:
+                    inputs, targets = inputs.pin_memory(), targets.pin_memory()
+                self._put((inputs, targets, self.source.state_dict()))
+        except BaseException as exc:  # noqa: BLE001 - handed to the loop, which raises it
+            self._put(exc)
+
+    def _put(self, item: Any) -> None:
+        while not self._stop.is_set():  # never blocks past close()
+            try:
+                self._queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._fill, name="gpuherd-batches", daemon=True)
+            self._thread.start()
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        inputs, targets, self._state = item
+        return inputs, targets
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.source.state_dict() if self._state is None else self._state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self._thread is not None:
+            raise RuntimeError("a prefetching batch source cannot be rewound once it started")
+        self.source.load_state_dict(state)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
 
 
 def in_memory_bundle(train_tokens: np.ndarray, val_tokens: np.ndarray | None, vocab_size: int,

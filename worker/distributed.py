@@ -126,6 +126,14 @@ def gather_objects(obj: Any) -> list[Any]:
     return out
 
 
+def smallest_device_memory(device: torch.device) -> int | None:
+    """Total memory of the smallest GPU among all ranks (None on CPU): what a layout
+    every rank must agree on has to fit."""
+    if device.type != "cuda":
+        return None
+    return min(gather_objects(int(torch.cuda.get_device_properties(device).total_memory)))
+
+
 def shutdown() -> None:
     if active():
         dist.destroy_process_group()

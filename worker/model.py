@@ -23,6 +23,7 @@ from torch.utils.checkpoint import checkpoint
 from gpuherd.config import ModelConfig
 from gpuherd.model_size import ffn_hidden
 from worker.attention import get_attention
+from worker.loss import autocast_dtype, linear_cross_entropy
 
 # A kernel choice, not part of the model: the same weights load under any backend.
 NOT_IN_CHECKPOINT = ("attention",)
@@ -63,28 +64,31 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 (bf16 squares lose too much), return in the input dtype.
+        # Normalise and scale in fp32 (bf16 squares lose too much), return in the input
+        # dtype, so a bf16 residual stream stays bf16 (an fp32 weight under autocast would
+        # otherwise promote it). Under torch.compile this is one fused kernel.
         xf = x.float()
-        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return out.type_as(x) * self.weight
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight).to(x.dtype)
 
 
 def rope_tables(head_dim: int, max_seq_len: int, theta: float, device: torch.device | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [max_seq_len, head_dim/2]; real tables, because complex buffers
-    do not travel through every collective backend."""
+    """cos, sin [max_seq_len, head_dim/2], always float32: in bf16 the angles of late
+    positions lose their low bits and every strategy would rotate differently."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
     angles = torch.outer(torch.arange(max_seq_len, device=device, dtype=torch.float32), inv_freq)
     return angles.cos(), angles.sin()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, T, H, D] with (even, odd) pairs rotated, as Llama's complex form does."""
-    xf = x.float().unflatten(-1, (-1, 2))
-    x0, x1 = xf[..., 0], xf[..., 1]
+    """x [B, T, H, D] with (even, odd) pairs rotated, as Llama's complex form does.
+
+    No upcast copy of x: multiplying by the fp32 tables promotes each product, so the
+    rotation is computed in fp32 and rounded once; compiled, it is one kernel that
+    reads x once and writes the result once."""
+    x0, x1 = x.unflatten(-1, (-1, 2)).unbind(-1)
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]
-    out = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
-    return out.flatten(-2).type_as(x)
+    return torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1).flatten(-2).to(x.dtype)
 
 
 class KVCache:
@@ -169,9 +173,10 @@ class Transformer(nn.Module):
         # Tied: the output projection reads tok_embed.weight directly, so there is one
         # parameter and nothing for meta-device materialisation or sharding to untie.
         self.output = None if args.tie_embeddings else nn.Linear(args.dim, args.vocab_size, bias=False)
-        cos, sin = rope_tables(args.head_dim, args.max_seq_len, args.rope_theta)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        # The rotary tables are a plain attribute, not a buffer: whatever casts the module
+        # (DeepSpeed's module.bfloat16(), FSDP's forward-input casting, .to(dtype)) never
+        # sees them, so they stay float32 under every strategy. Built on first use.
+        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # ------------------------------------------------------------------ setup
     def set_attention_backend(self, backend: str) -> None:
@@ -184,10 +189,15 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def init_rope(self, device: torch.device) -> None:
-        """The non-persistent rotary tables (garbage after a meta-device build)."""
-        cos, sin = rope_tables(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta, device=device)
-        self.rope_cos.copy_(cos)
-        self.rope_sin.copy_(sin)
+        """The float32 rotary tables on `device` (forward rebuilds them if the model moved)."""
+        self._rope = rope_tables(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta, device=device)
+
+    def rope(self, start: int, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of positions [start, start + length), float32, on `device`."""
+        if self._rope is None or self._rope[0].device != device:
+            self.init_rope(device)
+        cos, sin = self._rope
+        return cos[start:start + length], sin[start:start + length]
 
     @torch.no_grad()
     def init_weights(self, seed: int, device: torch.device) -> None:
@@ -223,17 +233,22 @@ class Transformer(nn.Module):
         start = cache.pos if cache is not None else 0
         if start + t > self.args.max_seq_len:
             raise ValueError(f"sequence of {start + t} tokens exceeds the model's context {self.args.max_seq_len}")
-        cos, sin = self.rope_cos[start:start + t], self.rope_sin[start:start + t]
+        cos, sin = self.rope(start, t, tokens.device)
         h = self.tok_embed(tokens)
+        compute = autocast_dtype(h.device.type)
+        if compute is not None:
+            # The residual stream in the compute dtype (an fp32 embedding table would
+            # make it fp32 and double every elementwise op's traffic).
+            h = h.to(compute)
         for layer in self.layers:
             h = layer(h, cos, sin, cache)
         h = self.norm(h)
-        logits = F.linear(h, self.tok_embed.weight) if self.output is None else self.output(h)
+        head = self.tok_embed.weight if self.output is None else self.output.weight
         if cache is not None:
             cache.pos += t
         if targets is None:
-            return logits
-        return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+            return F.linear(h, head)
+        return linear_cross_entropy(h.flatten(0, 1), head, targets.flatten())
 
     # ------------------------------------------------------------------ accounting
     def num_params(self, matmul_only: bool = False) -> int:

@@ -105,8 +105,10 @@ class StepReporter:
                 self.status.send("step", step=step, max_steps=self.max_steps)
                 self.last_heartbeat = time.monotonic()
             return
-        loss_v = float(loss)  # the one host sync of a logged step
-        norm_v = None if grad_norm is None else float(grad_norm)
+        if grad_norm is None:
+            loss_v, norm_v = float(loss), None  # the one host sync of a logged step
+        else:  # both in one device-to-host copy: one sync, not two
+            loss_v, norm_v = torch.stack([loss.float(), grad_norm.float().to(loss.device)]).tolist()
         now = time.perf_counter()
         steps = step + 1 - self.window_step
         elapsed = max(now - self.window_start, 1e-9)

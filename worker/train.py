@@ -16,15 +16,16 @@ from gpuherd import contract
 from gpuherd.config import Config
 from gpuherd.contract import WorkerIdentity
 from gpuherd.exit_codes import ExitCode
+from gpuherd.memory_plan import Layout
 from gpuherd.status_channel import StatusWriter
 from worker import distributed as wdist
 from worker import rng
 from worker import signals as wsignals
 from worker.attention import resolve_backend
 from worker.checkpoint import Checkpointer, meta_base, run_id_from_env
-from worker.data import DataBundle, cache_bundle
+from worker.data import DataBundle, Prefetched, cache_bundle
 from worker.distributed import StopVote, WorkerError
-from worker.engines import Engine, Precision, StepCheck, build_engine, needs_process_group, resolve_strategy
+from worker.engines import Engine, Precision, StepCheck, build_engine, compile_enabled, needs_process_group, plan_layout
 from worker.logs import setup_logging
 from worker.mfu import FlopsModel
 from worker.model import ModelArgs
@@ -45,27 +46,35 @@ def run(cfg: Config, identity: WorkerIdentity, *, cache_dir: Path | None = None,
     uuid = wdist.check_device_uuid(device, os.environ.get(contract.DEVICE_UUID))
     status = status or StatusWriter.from_env(identity.rank)
     status.send("ready", device=str(device), uuid=uuid, pid=os.getpid())
-    strategy = resolve_strategy(cfg.training.strategy, identity.world_size)
     try:
-        if identity.world_size > 1 or needs_process_group(strategy):
-            status.send("phase", name="rendezvous")
-            wdist.init_process_group(cfg, identity, device)
+        if identity.world_size > 1:
+            _rendezvous(cfg, identity, device, status)
         if data is None:
             if cache_dir is None:
                 raise WorkerError("no dataset cache given (GPUHERD_DATASET_CACHE)", ExitCode.DATA)
             data = cache_bundle(cache_dir, cfg.model.vocab_size, cfg.training.batch_size, cfg.data.context_length,
                                 identity.rank, identity.world_size, cfg.system.seed, cfg.data.verify_cache)
-        trainer = Trainer(cfg, identity, device, strategy, data, status, run_dir, sig,
+        # every rank plans with the smallest GPU of the run, so all choose the same layout
+        layout, note = plan_layout(cfg, data.vocab_size, identity.world_size, wdist.smallest_device_memory(device))
+        if identity.world_size == 1 and needs_process_group(layout.strategy):
+            _rendezvous(cfg, identity, device, status)
+        trainer = Trainer(cfg, identity, device, layout, data, status, run_dir, sig, note,
                           run_id_from_env() if run_id is None else run_id)
         return trainer.train()
     finally:
         wdist.shutdown()
 
 
+def _rendezvous(cfg: Config, identity: WorkerIdentity, device: torch.device, status: StatusWriter) -> None:
+    status.send("phase", name="rendezvous")
+    wdist.init_process_group(cfg, identity, device)
+
+
 class Trainer:
-    def __init__(self, cfg: Config, identity: WorkerIdentity, device: torch.device, strategy: str, data: DataBundle,
-                 status: StatusWriter, run_dir: Path | None, sig: wsignals.SignalState, run_id: str = "") -> None:
-        self.cfg, self.identity, self.device, self.strategy = cfg, identity, device, strategy
+    def __init__(self, cfg: Config, identity: WorkerIdentity, device: torch.device, layout: Layout, data: DataBundle,
+                 status: StatusWriter, run_dir: Path | None, sig: wsignals.SignalState,
+                 layout_note: str | None = None, run_id: str = "") -> None:
+        self.cfg, self.identity, self.device, self.strategy = cfg, identity, device, layout.strategy
         self.data, self.status, self.sig = data, status, sig
         t = cfg.training
         status.send("phase", name="init")
@@ -74,16 +83,18 @@ class Trainer:
             torch.backends.cudnn.allow_tf32 = True
         rng.seed_everything(cfg.system.seed)
         precision = Precision.choose(cfg, device)
-        attention, why = resolve_backend(cfg.model.attention, device.type, precision.autocast_dtype)
+        attention, why = resolve_backend(cfg.model.attention, device, precision.autocast_dtype)
         self.args = ModelArgs.from_config(cfg.model, data.vocab_size, cfg.data.context_length)
-        if t.compile:
+        if compile_enabled(cfg, device):
             status.send("phase", name="compile")
-        self.engine: Engine = build_engine(cfg, self.args, strategy, device, attention, identity.world_size)
+        self.engine: Engine = build_engine(cfg, self.args, layout, device, attention, identity.world_size)
         n_params = self.engine.n_params
         self._log_rank0(f"{identity.bracket} model: {n_params / 1e6:.2f}M parameters, {self.args.n_layers} layers, "
-                        f"dim {self.args.dim}, vocab {self.args.vocab_size} | strategy {strategy} x{identity.world_size} | "
+                        f"dim {self.args.dim}, vocab {self.args.vocab_size} | strategy {layout.describe()} "
+                        f"x{identity.world_size}{f' ({layout_note})' if layout_note else ''} | "
                         f"attention {attention} ({why}) | "
-                        f"precision {precision.autocast_dtype or 'fp32'}{' + grad scaler' if precision.use_scaler else ''}")
+                        f"precision {precision.autocast_dtype or 'fp32'}{' + grad scaler' if precision.use_scaler else ''}"
+                        f"{' | compiled per block' if compile_enabled(cfg, device) else ''}")
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         self.flops = FlopsModel.for_model(self.engine.n_matmul_params, self.args.n_layers,
                                           self.args.n_heads, self.args.head_dim, cfg.data.context_length, name)
@@ -93,6 +104,8 @@ class Trainer:
             meta_base(self.args, cfg.to_dict(), self.schedule.state_dict(), data.tokenizer), run_id)
         self.start_step = self._resume()
         self.step = self.saved_step = self.start_step
+        if t.num_workers:  # after the resume: the sampler is at its restored position
+            data.train = Prefetched(data.train, t.num_workers, pin=device.type == "cuda")
         self.guard = self._nan_guard()
         self.vote = StopVote.create()
         self.tb = ScalarSinks(TensorBoard(run_dir, identity.rank),
@@ -141,6 +154,13 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> int:
+        try:
+            return self._train()
+        finally:
+            if isinstance(self.data.train, Prefetched):
+                self.data.train.close()
+
+    def _train(self) -> int:
         t = self.cfg.training
         self.status.send("phase", name="train")
         self.engine.train()
@@ -186,9 +206,10 @@ class Trainer:
 
     def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         inputs, targets = self.data.train.next_batch()
-        if self.device.type == "cuda":
-            inputs = inputs.pin_memory().to(self.device, non_blocking=True)
-            targets = targets.pin_memory().to(self.device, non_blocking=True)
+        if self.device.type == "cuda":  # pinned (by the prefetcher, or here): the copy overlaps compute
+            inputs, targets = (x if x.is_pinned() else x.pin_memory() for x in (inputs, targets))
+            inputs = inputs.to(self.device, non_blocking=True)
+            targets = targets.to(self.device, non_blocking=True)
         return inputs, targets
 
     def _micro_steps(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:

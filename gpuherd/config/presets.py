@@ -9,12 +9,12 @@ from gpuherd.config.schema import Config, DataConfig, DebugConfig, ModelConfig, 
 
 
 def _debug() -> Config:
-    """2 layers, 10 steps, debug logging, NaN hooks, conservative numerics."""
+    """2 layers, 10 steps, debug logging, NaN hooks, conservative numerics, no compile wait."""
     cfg = Config(preset="debug")
     cfg.model = ModelConfig(n_layers=2, dim=128, n_heads=4, n_kv_heads=2, multiple_of=32)
     cfg.training = TrainingConfig(
         batch_size=4, grad_accum_nums=2, learning_rate=3e-4, max_steps=10, warmup_steps=2,
-        use_amp=False, log_every=1, eval_every=5, eval_steps=2, save_every=0, keep_last=2,
+        use_amp=False, log_every=1, eval_every=5, eval_steps=2, save_every=0, keep_last=2, compile=False,
     )
     cfg.data = DataConfig(context_length=128)
     cfg.debug = DebugConfig(enabled=True, log_level="DEBUG", nan_hooks=True)

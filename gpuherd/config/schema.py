@@ -82,7 +82,7 @@ class TrainingConfig:
     max_grad_norm: float = limited(1.0, ge=0)  # 0 disables clipping
     use_amp: bool = True  # bf16 autocast on GPU (fp16 + scaler where no bf16)
     amp_dtype: str = limited("bf16", choices=("bf16", "fp16"))
-    num_workers: int = limited(0, ge=0)  # data-loading processes per worker
+    num_workers: int = limited(2, ge=0)  # batches a background thread prepares ahead; 0 = in the loop
     log_every: int = limited(10, gt=0)
     eval_every: int = limited(500, ge=0)  # 0 disables evaluation
     eval_steps: int = limited(20, gt=0)
@@ -92,7 +92,7 @@ class TrainingConfig:
     deepspeed_config: str | None = None  # a DeepSpeed JSON file; required by strategy=deepspeed
     fsdp_reshard_after_forward: bool = True  # True ~ ZeRO-3, False ~ ZeRO-2
     gradient_checkpointing: bool = False
-    compile: bool = False
+    compile: bool | None = None  # torch.compile per block; None = on for CUDA, off on CPU
     resume: str | None = None  # None | "auto" | path to a checkpoint
 
 

@@ -14,6 +14,7 @@ Everything outside this package imports from here, never from the modules below.
   CLAIM_FDS_ENV: the variable that hands a GPU claim through exec                     claim.py
   read_device_health(index) -> DeviceHealth: pre-flight readings (ECC, XID, links)    device_health.py
   NA: what a reading is when the board or driver cannot answer                        nvml.py
+  whose process an NVML pid is (host pids seen from a container)                     pids.py
 """
 
 from supervisor.gpus.claim import CLAIM_FDS_ENV

@@ -14,19 +14,23 @@ from types import ModuleType
 from typing import Any
 
 import psutil
+from loguru import logger
 
-from supervisor.gpus import nvml
+from supervisor.gpus import nvml, pids
 
 
 @dataclass(frozen=True)
 class GpuProcess:
-    pid: int
+    pid: int  # as NVML reports it: the host's pid namespace
     used_memory: int | None  # bytes; None where the driver does not say (WDDM)
     name: str = "?"  # process name, "?" when the pid is not visible (other container)
     user: str = "?"
+    visible: bool = True  # False: we run in a container, NVML's pid is not one of our /proc's
 
     def describe(self) -> str:
         mem = "?" if self.used_memory is None else f"{self.used_memory / 1024**3:.1f} GiB"
+        if not self.visible:
+            return f"pid {self.pid} (a host pid, owner unknown from inside this container) {mem}"
         return f"pid {self.pid} {self.name} ({self.user}) {mem}"
 
 
@@ -41,6 +45,7 @@ class GpuInfo:
     # compute processes holding memory when the inventory was read; None = unknown (unsupported)
     processes: tuple[GpuProcess, ...] | None = ()
     lost: str | None = None  # why the GPU cannot be used at all (fell off the bus), else None
+    unusable: str | None = None  # healthy but not for us: no permission, MIG mode on
 
     @property
     def short_uuid(self) -> str:
@@ -48,33 +53,52 @@ class GpuInfo:
         return self.uuid[:12] if self.uuid else "?"
 
     def foreign_processes(self, ours: set[int] | frozenset[int] = frozenset()) -> tuple[GpuProcess, ...]:
-        """Processes on this GPU that are not ours (we never count ourselves as busy)."""
-        mine = set(ours) | {os.getpid()}
+        """Processes on this GPU that are not ours (we never count ourselves as busy), matched
+        by every pid ours have, the host's included (pids.py)."""
+        mine = {alias for pid in (*ours, os.getpid()) for alias in pids.VIEW.aliases(pid)}
         return tuple(p for p in (self.processes or ()) if p.pid not in mine)
 
 
 def read_inventory() -> list[GpuInfo]:
     """Every GPU NVML sees; raises nvml.NvmlUnavailable (with the reason) without NVML."""
     with nvml.session() as pynvml:
-        return [describe_device(pynvml, index) for index in range(pynvml.nvmlDeviceGetCount())]
+        return describe_all(pynvml)[0]
 
 
-def describe_device(pynvml: ModuleType, index: int, handle: Any = None) -> GpuInfo:
-    """One GpuInfo; a lost GPU is returned with `lost` set instead of raising, so one
-    dead device never hides the healthy ones from a plan or a table."""
+def describe_all(pynvml: ModuleType) -> tuple[list[GpuInfo], dict[int, Any]]:
+    """Every GPU's GpuInfo, and the handles of those NVML could open (inside a session)."""
+    opened, failed = nvml.handles(pynvml)
+    gpus = [describe_device(pynvml, i, opened.get(i), failed.get(i)) for i in sorted({*opened, *failed})]
+    return gpus, opened
+
+
+def describe_device(pynvml: ModuleType, index: int, handle: Any, failed: nvml.HandleError | None = None) -> GpuInfo:
+    """One GpuInfo; a GPU NVML cannot open or read is returned with `lost` or `unusable`
+    set instead of raising, so one bad device never hides the healthy ones."""
+    if failed is not None:
+        logger.warning(f"GPU {index} cannot be used: {failed.reason}")
+        return _unopened(index, **({"lost": failed.reason} if failed.lost else {"unusable": failed.reason}))
     try:
-        handle = handle or pynvml.nvmlDeviceGetHandleByIndex(index)
         uuid = pynvml.nvmlDeviceGetUUID(handle)
         name = pynvml.nvmlDeviceGetName(handle)
         bus = pynvml.nvmlDeviceGetPciInfo(handle).busId
         total, used, _free = nvml.memory_info(pynvml, handle)
+        mig = nvml.mig_enabled(pynvml, handle)
     except pynvml.NVMLError as exc:
         if not nvml.is_lost(pynvml, exc):
             raise
-        return GpuInfo(index=index, uuid="", name="?", pci_bus_id="?", memory_total=0, memory_used=0,
-                       processes=None, lost=f"NVML: {exc}")
+        return _unopened(index, lost=f"NVML: {exc}")
+    unusable = None
+    if mig:  # CUDA would see only its MIG instances, and gpuherd plans whole GPUs
+        unusable = (f"MIG mode is enabled; disable it (sudo nvidia-smi -i {index} -mig 0, then reset the GPU) "
+                    "or choose a GPU without MIG")
     return GpuInfo(index=index, uuid=uuid, name=name, pci_bus_id=_bus(bus), memory_total=total,
-                   memory_used=used, processes=_processes(pynvml, handle))
+                   memory_used=used, processes=_processes(pynvml, handle), unusable=unusable)
+
+
+def _unopened(index: int, **why: str) -> GpuInfo:
+    return GpuInfo(index=index, uuid="", name="?", pci_bus_id="?", memory_total=0, memory_used=0,
+                   processes=None, **why)
 
 
 def _bus(bus_id: Any) -> str:
@@ -88,7 +112,10 @@ def _processes(pynvml: ModuleType, handle: Any) -> tuple[GpuProcess, ...] | None
         if nvml.is_unsupported(pynvml, exc):
             return None
         raise
-    return tuple(process_info(pid, used) for pid, used in found)
+    if pids.VIEW.in_host_namespace():
+        return tuple(process_info(pid, used) for pid, used in found)
+    # in a container NVML's pids are the host's: a same-numbered process here is someone else
+    return tuple(GpuProcess(pid, used, visible=False) for pid, used in found)
 
 
 def process_info(pid: int, used: int | None) -> GpuProcess:

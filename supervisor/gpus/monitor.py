@@ -9,9 +9,11 @@ XID critical errors and double-bit ECC errors.
 
 Every sample becomes a record for `sink` (the supervisor appends them to
 metrics.jsonl): {"type": "gpu", ...} per GPU and {"type": "host", ...} per
-worker. Trouble is named by GPU and rank: `warn` for throttling, memory near
-full, corrected ECC errors, application XIDs, a foreign process on a worker's
-GPU (each once per episode); `fatal(message, ExitCode.DEVICE)` once for a lost
+worker. Trouble is named by GPU and rank: `warn` for throttling (thermal, hardware
+slowdown, power brake; not the power cap a GPU at full load sits at), corrected ECC
+errors, application XIDs, a foreign process on a worker's GPU (each once per
+episode); memory use is recorded, not judged (health.py says why);
+`fatal(message, ExitCode.DEVICE)` once for a lost
 GPU, a hardware XID or an uncorrectable ECC error, after which the monitor
 stops sampling and the supervisor tears the run down.
 """
@@ -27,7 +29,7 @@ import psutil
 from loguru import logger
 
 from gpuherd.exit_codes import ExitCode
-from supervisor.gpus import health, nvml
+from supervisor.gpus import health, nvml, pids
 from supervisor.gpus.inventory import GpuInfo, process_info
 
 EVENT_WAIT_MS = 200  # stop() joins within about this
@@ -66,6 +68,7 @@ class GpuMonitor:
         self._foreign_told: set[tuple[int, int]] = set()
         self._procs: dict[int, psutil.Process] = {}
         self._static: dict[tuple[int, str], Any] = {}  # thresholds and limits: read once
+        self._unwatched: set[int] = set()  # GPUs NVML would not open (said once at start)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -123,10 +126,11 @@ class GpuMonitor:
             try:
                 self._handles[gpu.index] = pynvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
             except pynvml.NVMLError as exc:
-                if nvml.is_lost(pynvml, exc) or exc.value == pynvml.NVML_ERROR_NOT_FOUND:
+                if nvml.is_lost(pynvml, exc) or exc.value in (pynvml.NVML_ERROR_NOT_FOUND, pynvml.NVML_ERROR_UNKNOWN):
                     self._fail(f"{self._who(gpu.index)} is gone: NVML cannot find {gpu.uuid} ({exc})")
-                else:
-                    raise
+                else:  # e.g. no permission since planning: watch the others, say so once
+                    self._unwatched.add(gpu.index)
+                    self.warn(f"{self._who(gpu.index)}: not monitored, NVML cannot open it ({exc})")
 
     # ------------------------------------------------------------------ failure / warnings
 
@@ -168,18 +172,20 @@ class GpuMonitor:
         """One round of records (also sent to the sink); public so tests and a
         final summary can take a sample on demand."""
         now = time.time()
-        pids = dict(self.worker_pids())
+        workers = dict(self.worker_pids())
         records: list[dict] = []
         if self.nvml_available:
             for gpu in self.gpus:
                 if self._stop.is_set() and self._failed.is_set():
                     break
+                if gpu.index in self._unwatched:
+                    continue
                 try:
-                    records.append(self._sample_gpu(gpu, now, pids))
+                    records.append(self._sample_gpu(gpu, now, workers))
                 except nvml.GpuLost as exc:
                     self._fail_lost(exc)
                     break
-        records += self._sample_hosts(now, pids)
+        records += self._sample_hosts(now, workers)
         for record in records:
             self.sink(record)
         if self.verbose and self.nvml_available and records:
@@ -188,7 +194,7 @@ class GpuMonitor:
                 self.console(line)
         return records
 
-    def _sample_gpu(self, gpu: GpuInfo, now: float, pids: dict[int, int]) -> dict:
+    def _sample_gpu(self, gpu: GpuInfo, now: float, workers: dict[int, int]) -> dict:
         p, read, i = self._pynvml, self._reader.read, gpu.index
         h = self._handles.get(i)
         if h is None:
@@ -218,7 +224,7 @@ class GpuMonitor:
             "ecc_uncorrected": read(i, "ECC counters", lambda: p.nvmlDeviceGetTotalEccErrors(
                 h, p.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, p.NVML_VOLATILE_ECC)),
         }
-        record.update(self._processes(i, h, pids))
+        record.update(self._processes(i, h, workers))
         self._judge(record, events)
         return record
 
@@ -231,19 +237,37 @@ class GpuMonitor:
             self._static[key] = value
         return self._static[key]
 
-    def _processes(self, index: int, handle: Any, pids: dict[int, int]) -> dict:
+    def _processes(self, index: int, handle: Any, worker_pids: dict[int, int]) -> dict:
+        """Memory per worker, and the processes that are not ours. NVML's pids are the host's:
+        inside a container an unmatched pid is of unknown owner, not "another process"."""
         found = self._reader.read(index, "process memory", lambda: nvml.compute_processes(self._pynvml, handle))
         if found == nvml.NA:
-            return {"worker_mem": nvml.NA, "foreign": nvml.NA}
-        rank_of_pid = {pid: rank for rank, pid in pids.items()}
-        ours = {str(rank_of_pid[pid]): used for pid, used in found if pid in rank_of_pid}
-        foreign = [{"pid": pid, "mem": used} for pid, used in found if pid not in rank_of_pid]
+            return {"worker_mem": nvml.NA, "foreign": nvml.NA, "unknown_owner": nvml.NA}
+        rank_of_pid = {pid: rank for rank, pid in worker_pids.items()}
+        owners = pids.VIEW.owners([pid for pid, _ in found], rank_of_pid)
+        ours, foreign, unknown = {}, [], []
+        for pid, used in found:
+            kind, our_pid = owners[pid]
+            if kind == pids.OURS:
+                ours[str(rank_of_pid[our_pid])] = used
+            else:
+                (foreign if kind == pids.FOREIGN else unknown).append({"pid": pid, "mem": used})
         for item in foreign:
             if (index, item["pid"]) not in self._foreign_told:
                 self._foreign_told.add((index, item["pid"]))
                 self.warn(f"{self._who(index)}: another process shares this GPU: "
                           f"{process_info(item['pid'], item['mem']).describe()}")
-        return {"worker_mem": ours, "foreign": foreign}
+        self._unknown_owners(index, unknown, expected=int(index in self.rank_of_gpu) - len(ours))
+        return {"worker_mem": ours, "foreign": foreign, "unknown_owner": unknown}
+
+    def _unknown_owners(self, index: int, unknown: list[dict], expected: int) -> None:
+        """Our own workers may hide among pids we cannot see; more such processes than
+        workers of ours on this GPU means someone else is there too (said once per GPU)."""
+        if len(unknown) > max(expected, 0) and (index, -1) not in self._foreign_told:
+            self._foreign_told.add((index, -1))
+            listed = ", ".join(str(item["pid"]) for item in unknown)
+            self.warn(f"{self._who(index)}: {len(unknown)} process(es) on this GPU (host pids {listed}) for "
+                      f"{max(expected, 0)} worker(s) of this run: another container or job shares this GPU")
 
     def _judge(self, r: dict, events: Any) -> None:
         i, who = r["gpu"], self._who(r["gpu"])
@@ -254,11 +278,6 @@ class GpuMonitor:
                 temp += f" (slowdown at {r['temp_slowdown']}C)"
             self._episode(i, "throttle", kind is not None,
                           f"{who} is throttling: {kind} slowdown ({', '.join(r['clock_events'])}){temp}")
-        if r["mem_used"] != nvml.NA and r["mem_total"]:
-            share = r["mem_used"] / r["mem_total"]
-            self._episode(i, "memory", share >= health.NEAR_FULL,
-                          f"{who} memory nearly full: {r['mem_used'] / 1024**3:.1f}/"
-                          f"{r['mem_total'] / 1024**3:.1f} GiB ({share:.0%}); an OOM may follow")
         corrected, uncorrected = r["ecc_corrected"], r["ecc_uncorrected"]
         before = self._ecc_seen.get(i)
         self._ecc_seen[i] = (corrected, uncorrected)
@@ -271,9 +290,9 @@ class GpuMonitor:
             self.warn(f"{who}: {corrected - before[0]} new corrected (single-bit) ECC errors "
                       f"({corrected} since boot); watch for XID 63/64/92")
 
-    def _sample_hosts(self, now: float, pids: dict[int, int]) -> list[dict]:
+    def _sample_hosts(self, now: float, workers: dict[int, int]) -> list[dict]:
         records = []
-        for rank, pid in sorted(pids.items()):
+        for rank, pid in sorted(workers.items()):
             try:
                 proc = self._procs.get(pid)
                 if proc is None:

@@ -31,6 +31,16 @@ class GpuLost(RuntimeError):
         self.detail = detail
 
 
+class HandleError(RuntimeError):
+    """NVML cannot open device `index`: `lost` (off the bus, or answering Unknown Error, as a
+    GPU off the bus often does) or not ours to use (no permission: a container or cgroup
+    restricts it). Either way the other GPUs are still planned, listed and measured."""
+
+    def __init__(self, index: int, reason: str, lost: bool) -> None:
+        super().__init__(f"GPU {index}: {reason}")
+        self.index, self.reason, self.lost = index, reason, lost
+
+
 def load() -> ModuleType:
     try:
         import pynvml
@@ -96,6 +106,41 @@ def is_lost(pynvml: ModuleType, exc: BaseException) -> bool:
     )
 
 
+def handle_by_index(pynvml: ModuleType, index: int) -> Any:
+    """nvmlDeviceGetHandleByIndex, with the failures a real machine gives as HandleError."""
+    try:
+        return pynvml.nvmlDeviceGetHandleByIndex(index)
+    except pynvml.NVMLError as exc:
+        if is_lost(pynvml, exc) or exc.value == pynvml.NVML_ERROR_UNKNOWN:
+            raise HandleError(index, f"lost (NVML: {exc})", lost=True) from None
+        if exc.value == pynvml.NVML_ERROR_NO_PERMISSION:
+            raise HandleError(index, f"no permission to open it (NVML: {exc}); a container or cgroup "
+                                     "restricts this device", lost=False) from None
+        raise
+
+
+def handles(pynvml: ModuleType) -> tuple[dict[int, Any], dict[int, HandleError]]:
+    """({index: handle} of every GPU NVML can open, {index: why not} of the others)."""
+    opened, failed = {}, {}
+    for index in range(pynvml.nvmlDeviceGetCount()):
+        try:
+            opened[index] = handle_by_index(pynvml, index)
+        except HandleError as exc:
+            failed[index] = exc
+    return opened, failed
+
+
+def mig_enabled(pynvml: ModuleType, handle: Any) -> bool:
+    """MIG mode is on now (boards and drivers without MIG: False)."""
+    try:
+        current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
+    except Exception as exc:
+        if is_unsupported(pynvml, exc):
+            return False
+        raise
+    return int(current) == int(getattr(pynvml, "NVML_DEVICE_MIG_ENABLE", 1))
+
+
 def first_available(pynvml: ModuleType, *calls: Callable[[], Any]) -> Any:
     """Newest API first; fall back to older ones only when the driver lacks the newer."""
     for call in calls[:-1]:
@@ -117,14 +162,31 @@ def memory_info(pynvml: ModuleType, handle: Any) -> tuple[int, int, int]:
     return int(mem.total), int(mem.used), int(mem.free)
 
 
+# Linux never hands out a pid above 2^22 (PID_MAX_LIMIT) nor pid 0 to a process.
+PID_MAX_LIMIT = 4_194_304
+_implausible_told: set[int] = set()
+
+
 def compute_processes(pynvml: ModuleType, handle: Any) -> list[tuple[int, int | None]]:
-    """[(pid, used bytes or None)] of compute processes on this GPU (v3, else v2)."""
+    """[(pid, used bytes or None)] of compute processes on this GPU (v3, else v2).
+
+    nvidia-ml-py's v3 process struct differs between driver branches (the range
+    requirements.txt allows spans both): entries past the first are then read at the
+    wrong offset and come out as pid 0 or 4294967295. Such pids are dropped, with one
+    note per GPU, instead of becoming a phantom "other process" that makes a GPU busy."""
     procs = first_available(
         pynvml,
         lambda: pynvml.nvmlDeviceGetComputeRunningProcesses_v3(handle),
         lambda: pynvml.nvmlDeviceGetComputeRunningProcesses_v2(handle),
     )
-    return [(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory)) for p in procs]
+    found = [(int(p.pid), None if p.usedGpuMemory is None else int(p.usedGpuMemory)) for p in procs]
+    plausible = [(pid, used) for pid, used in found if 0 < pid < PID_MAX_LIMIT]
+    if len(plausible) < len(found) and handle_address(handle) not in _implausible_told:
+        _implausible_told.add(handle_address(handle))
+        bad = sorted({pid for pid, _ in found if not 0 < pid < PID_MAX_LIMIT})
+        logger.info(f"NVML listed impossible process ids {bad} on a GPU (its process struct does not match "
+                    "this driver); ignoring those entries")
+    return plausible
 
 
 def handle_address(handle: Any) -> int:

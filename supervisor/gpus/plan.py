@@ -51,6 +51,7 @@ def plan_gpus(
         raise DeviceError(f"GPU {_ids(requested)} requested but no GPU is usable: {exc}", ExitCode.USAGE) from None
     allowed = allowed_gpus(inventory, allowed_env)
     if requested is None:
+        allowed = _without_unusable(allowed)
         chosen = allowed
         if first is not None and allowed:
             if first > len(allowed):
@@ -63,6 +64,8 @@ def plan_gpus(
         if gpu.lost:
             raise DeviceError(f"GPU {gpu.index} cannot be used: it is lost ({gpu.lost}); "
                               "check `nvidia-smi` and dmesg for XID errors", ExitCode.DEVICE)
+        if gpu.unusable:
+            raise DeviceError(f"GPU {gpu.index} cannot be used: {gpu.unusable}", ExitCode.USAGE)
     if not force:
         _refuse_busy(chosen, requested is None)
     _claim(chosen, force, lock_dir)
@@ -74,6 +77,17 @@ def release_claims() -> None:
     for held in _held.values():
         held.release()
     _held.clear()
+
+
+def _without_unusable(allowed: list[GpuInfo]) -> list[GpuInfo]:
+    """Every allowed GPU but those we may not use (each was named when the inventory was
+    read); if that leaves none, the first one's reason is the error."""
+    usable = [g for g in allowed if not g.unusable]
+    if allowed and not usable:
+        first = allowed[0]
+        raise DeviceError(f"no usable GPU: GPU {first.index} cannot be used: {first.unusable}"
+                          + (f" (and {len(allowed) - 1} more)" if len(allowed) > 1 else ""), ExitCode.USAGE)
+    return usable
 
 
 def _pick(inventory: list[GpuInfo], allowed: list[GpuInfo], allowed_env: str | None, gpu_id: int) -> GpuInfo:

@@ -18,7 +18,7 @@ from pathlib import Path
 from gpuherd.exit_codes import ExitCode
 from supervisor.gpus import claim, health, nvml
 from supervisor.gpus.errors import DeviceError
-from supervisor.gpus.inventory import GpuInfo, describe_device
+from supervisor.gpus.inventory import GpuInfo, describe_all
 from supervisor.gpus.table import format_device_table
 from supervisor.gpus.visible import allowed_gpus
 
@@ -72,14 +72,14 @@ def select_least_used(
     rng = rng or random.Random()
     try:
         with nvml.session() as pynvml:
-            handles = {i: pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())}
-            gpus = allowed_gpus([describe_device(pynvml, i, h) for i, h in handles.items()], allowed_env)
-            usable = [g for g in gpus if not g.lost]
+            everything, handles = describe_all(pynvml)
+            gpus = allowed_gpus(everything, allowed_env)
+            usable = [g for g in gpus if not g.lost and not g.unusable]
             if not gpus:
                 raise DeviceError("no GPU to select from" + (f" (CUDA_VISIBLE_DEVICES={allowed_env})"
                                                              if allowed_env is not None else ""), ExitCode.USAGE)
             if not usable:
-                raise DeviceError("no usable GPU: every allowed GPU is lost (see nvidia-smi)", ExitCode.DEVICE)
+                _nothing_usable(gpus)
             candidates = _measure(pynvml, {g.index: handles[g.index] for g in usable}, usable, window_s)
     except nvml.NvmlUnavailable as exc:
         raise DeviceError(f"no GPU found: {exc}", ExitCode.USAGE) from None
@@ -99,6 +99,16 @@ def select_least_used(
         for c in ranked)
     raise DeviceError(f"no free GPU: {reasons}; pass --force to share the least-used busy GPU",
                       ExitCode.BUSY_GPU)
+
+
+def _nothing_usable(gpus: list[GpuInfo]) -> None:
+    """Exit 4 when every allowed GPU is lost; exit 2 (with the reason) when some are healthy
+    but not ours to use (no permission, MIG)."""
+    unusable = [g for g in gpus if g.unusable]
+    if not unusable:
+        raise DeviceError("no usable GPU: every allowed GPU is lost (see nvidia-smi)", ExitCode.DEVICE)
+    raise DeviceError(f"no usable GPU: GPU {unusable[0].index} cannot be used: {unusable[0].unusable}"
+                      + (f" (and {len(gpus) - 1} more unusable or lost)" if len(gpus) > 1 else ""), ExitCode.USAGE)
 
 
 def _measure(pynvml, handles: dict, gpus: list[GpuInfo], window_s: float) -> list[Candidate]:

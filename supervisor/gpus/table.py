@@ -26,8 +26,8 @@ def format_device_table(
     rows = []
     for gpu in gpus:
         row = [str(rank_of_gpu.get(gpu.index, "-"))] if rank_of_gpu is not None else []
-        if gpu.lost:
-            row += [str(gpu.index), "LOST", "-", "-", "-"]
+        if gpu.lost or not gpu.uuid:  # lost, or NVML would not open it at all
+            row += [str(gpu.index), "LOST" if gpu.lost else "NO ACCESS", "-", "-", "-"]
         else:
             row += [str(gpu.index), gpu.name, f"{gpu.memory_used / GIB:.1f}/{gpu.memory_total / GIB:.1f} GiB",
                     gpu.short_uuid, gpu.pci_bus_id]
@@ -40,8 +40,8 @@ def format_device_table(
 
 
 def _processes(gpu: GpuInfo) -> str:
-    if gpu.lost:
-        return gpu.lost
+    if gpu.lost or gpu.unusable:
+        return gpu.lost or gpu.unusable
     if gpu.processes is None:
         return "n/a"
     others = gpu.foreign_processes()

@@ -46,13 +46,14 @@ class Topology:
     gpus: list[int]  # physical ids, in matrix order
     link: dict[tuple[int, int], str] = field(default_factory=dict)  # (a, b) -> "NV4" / "PIX" / ... / "n/a"
     p2p: dict[tuple[int, int], str] = field(default_factory=dict)  # (a, b) -> "OK" / "CNS" / ... / "n/a"
+    unopened: dict[int, str] = field(default_factory=dict)  # GPU -> why NVML could not open it (n/a pairs)
 
     def pairs(self) -> list[tuple[int, int]]:
         return list(itertools.combinations(self.gpus, 2))
 
     def warnings(self) -> list[str]:
         """Advice for every slow pair (through the CPU or the network) and every pair without P2P."""
-        out = []
+        out = [f"GPU {g}: links unknown, NVML could not open it ({why})" for g, why in self.unopened.items()]
         slow = [(a, b, self.link[a, b]) for a, b in self.pairs() if self.link.get((a, b)) in SLOW_LEVELS]
         if slow:
             listed = ", ".join(f"GPU{a}-GPU{b} {kind}" for a, b, kind in slow)
@@ -86,13 +87,17 @@ class Topology:
 def read_topology(gpu_ids: list[int]) -> Topology:
     """Topology of these GPUs (physical ids). Raises nvml.NvmlUnavailable without NVML."""
     with nvml.session() as pynvml:
-        handles = {i: pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())}
+        handles, failed = nvml.handles(pynvml)  # a lost or forbidden GPU leaves its pairs n/a
+        unopened = {i: e.reason for i, e in failed.items()}
+        bus_of = _buses(pynvml, handles, unopened)
         reader = nvml.FieldReader(pynvml)
-        bus_of = {i: _bus(pynvml.nvmlDeviceGetPciInfo(h).busId) for i, h in handles.items()}
-        links = {i: _nvlinks(pynvml, reader, i, handles[i], bus_of) for i in gpu_ids}
-        topo = Topology(gpus=list(gpu_ids))
+        links = {i: _nvlinks(pynvml, reader, i, handles[i], bus_of) for i in gpu_ids if i in handles}
+        topo = Topology(gpus=list(gpu_ids), unopened={i: unopened[i] for i in gpu_ids if i in unopened})
         read_index = _p2p_read_index(pynvml)
         for a, b in topo.pairs():
+            if a not in handles or b not in handles:
+                topo.link[a, b] = topo.p2p[a, b] = nvml.NA
+                continue
             ha, hb = handles[a], handles[b]
             count = links[a]["gpu"].get(b, 0)
             if not count and links[a]["switch"] and links[b]["switch"]:
@@ -105,6 +110,20 @@ def read_topology(gpu_ids: list[int]) -> Topology:
             status = reader.read(a, "P2P status", lambda ha=ha, hb=hb: pynvml.nvmlDeviceGetP2PStatus(ha, hb, read_index))
             topo.p2p[a, b] = P2P_NAMES.get(status, "U") if status != nvml.NA else nvml.NA
         return topo
+
+
+def _buses(pynvml: ModuleType, handles: dict[int, Any], unopened: dict[int, str]) -> dict[int, str]:
+    """PCI bus id of every GPU; one lost since its handle was opened moves to `unopened`."""
+    out = {}
+    for index, handle in list(handles.items()):
+        try:
+            out[index] = _bus(pynvml.nvmlDeviceGetPciInfo(handle).busId)
+        except pynvml.NVMLError as exc:
+            if not nvml.is_lost(pynvml, exc):
+                raise
+            unopened[index] = f"lost (NVML: {exc})"
+            del handles[index]
+    return out
 
 
 def _nvlinks(pynvml: ModuleType, reader: nvml.FieldReader, index: int, handle: Any,

@@ -1,7 +1,9 @@
 """The environment each worker starts with (docs/architecture.md, "Environment contract").
 
 torchrun's variables, so scripts and frameworks that detect a torchrun launch run
-unchanged, then gpuherd's own. The rendezvous store is hosted by the supervisor
+unchanged, then gpuherd's own. NCCL's error handling is torch's default
+(TORCH_NCCL_ASYNC_ERROR_HANDLING=3: a failed collective ends the process without
+ncclCommAbort, which can hang), unless the user set it. The rendezvous store is hosted by the supervisor
 (TORCHELASTIC_USE_AGENT_STORE=True: every rank is a client, as under torchrun).
 
 Which environment a worker starts from: the built-in worker and the helper processes
@@ -65,7 +67,6 @@ def worker_env(base: Mapping[str, str], plan: DevicePlan, slot: DeviceSlot, run:
         "TORCHELASTIC_RESTART_COUNT": str(run.restart_count),
         "TORCHELASTIC_MAX_RESTARTS": str(run.max_restarts),
         "TORCHELASTIC_USE_AGENT_STORE": "True",
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         contract.GPU_RANK: str(slot.device_id),
         contract.DEVICE_KIND: slot.kind,
         contract.DEVICE_ID: str(slot.device_id),
@@ -91,6 +92,8 @@ def worker_env(base: Mapping[str, str], plan: DevicePlan, slot: DeviceSlot, run:
         env.pop(contract.RESUME, None)  # never inherited from whoever started the supervisor
     visible = plan.visible_devices(slot)
     if visible is not None:
+        env.update(contract.cuda_defaults(base))
+        # forced, not a default: the ids in CUDA_VISIBLE_DEVICES are NVML's (PCI bus order)
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["CUDA_VISIBLE_DEVICES"] = visible
     if "OMP_NUM_THREADS" not in base:

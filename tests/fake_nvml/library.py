@@ -138,6 +138,8 @@ class FakeNvmlLibrary:
                 return pynvml.NVML_ERROR_INVALID_ARGUMENT
             if m.gpus[index].lost:
                 return pynvml.NVML_ERROR_GPU_IS_LOST
+            if m.gpus[index].handle_error:
+                return m.gpus[index].handle_error
             out[0] = ctypes.cast(c_void_p(HANDLE_BASE + 16 * index), pynvml.c_nvmlDevice_t)
             return SUCCESS
 
@@ -226,9 +228,13 @@ class FakeNvmlLibrary:
                 if not infos or count_p[0] < len(procs):
                     count_p[0] = len(procs)
                     return pynvml.NVML_ERROR_INSUFFICIENT_SIZE if procs else SUCCESS
-                for i, proc in enumerate(procs):
-                    infos[i] = proc_t(pid=proc.pid, usedGpuMemory=proc.used_memory,
-                                      gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
+                struct = _WideProcessInfo if gpu.wide_process_struct else proc_t
+                entries = (struct * len(procs))(*(struct(pid=proc.pid, usedGpuMemory=proc.used_memory,
+                                                         gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF)
+                                                  for proc in procs))
+                # the driver writes its own layout into the caller's array, never past its end
+                room = count_p[0] * ctypes.sizeof(proc_t)
+                ctypes.memmove(ctypes.cast(infos, c_void_p), entries, min(room, ctypes.sizeof(entries)))
                 count_p[0] = len(procs)
                 return SUCCESS
             return impl
@@ -432,6 +438,13 @@ class FakeNvmlLibrary:
             "nvmlEventSetWait_v2": (RET, [c_void_p, P(event_t), c_uint], event_wait),
             "nvmlEventSetFree": (RET, [c_void_p], event_set_free),
         }
+
+
+class _WideProcessInfo(ctypes.Structure):
+    """A driver branch's v3 process entry with one more field than nvidia-ml-py's."""
+
+    _fields_ = [("pid", c_uint), ("usedGpuMemory", c_ulonglong), ("gpuInstanceId", c_uint),
+                ("computeInstanceId", c_uint), ("usedGpuCcProtectedMemory", c_ulonglong)]
 
 
 def _pci_struct(bus_id: str) -> pynvml.nvmlPciInfo_t:

@@ -64,7 +64,13 @@ class FakeGpu:
     nvlink_down: list[int] = field(default_factory=list)  # links (of the machine's nvlinks[i]) reading inactive
     pcie: tuple[int, int, int, int] = (5, 5, 16, 16)  # (generation, max generation, width, max width)
     recovery_action: int = 0  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 0 none, 1 GPU reset, 2 node reboot, ...
-    mig_mode: tuple[int, int] = (0, 0)  # (current, pending): 1 enabled
+    mig_mode: tuple[int, int] = (0, 0)  # (current, pending): 1 enabled (CUDA then sees only MIG instances)
+    # nvmlDeviceGetHandleByIndex fails with this NVML error: NVML_ERROR_UNKNOWN (999), what a
+    # GPU off the bus often answers, or NVML_ERROR_NO_PERMISSION (4), a cgroup-restricted device
+    handle_error: int = 0
+    # True: the driver writes v3 process entries 8 bytes longer than nvidia-ml-py reads them
+    # (the struct changed between driver branches): entries past the first come out as garbage
+    wide_process_struct: bool = False
 
 
 @dataclass

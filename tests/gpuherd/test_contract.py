@@ -102,3 +102,19 @@ def test_architecture_doc_lists_every_contract_name(repo_root):
         assert f"`{name}`" in doc, f"{name} is not documented in docs/architecture.md"
     for code in ExitCode:
         assert f"| {int(code)} |" in doc, f"exit code {int(code)} is not documented"
+
+
+def test_cuda_defaults_yield_to_what_the_user_set():
+    assert contract.cuda_defaults({}) == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                                          "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert contract.cuda_defaults({"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}) == {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert contract.cuda_defaults({"PYTORCH_ALLOC_CONF": "expandable_segments:False",  # torch's newer name
+                                   "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}) == {}
+
+
+def test_architecture_doc_documents_the_cuda_and_network_environment(repo_root):
+    doc = (repo_root / "docs" / "architecture.md").read_text()
+    for name in (*contract.CUDA_DEFAULTS, "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        assert f"| `{name}` |" in doc, f"{name} is not in docs/architecture.md's environment table"
+    assert "`TORCH_NCCL_ASYNC_ERROR_HANDLING` | never" in doc

@@ -174,3 +174,10 @@ def test_worker_env_isolates_one_gpu_per_worker(four_gpus):
     assert (env["GPUHERD_STATUS_FD"], env["GPUHERD_DEVICE_UUID"], env["GPUHERD_DATASET_CACHE"]) == \
         ("7", four_gpus.gpus[1].uuid, "/cache/x")
     assert env["OMP_NUM_THREADS"] == "1" and env["MASTER_PORT"] == "1234"
+    # torch's NCCL error handling (3) unless the user chose; the allocator grows segments
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in env
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    mine = worker_env({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64",
+                       "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}, plan, plan.slots[0], run, status_fd=7)
+    assert (mine["TORCH_NCCL_ASYNC_ERROR_HANDLING"], mine["PYTORCH_CUDA_ALLOC_CONF"]) == ("1", "max_split_size_mb:64")
+    assert mine["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # forced: CUDA_VISIBLE_DEVICES holds NVML's ids

@@ -88,13 +88,57 @@ def test_flash_attn_agrees_with_eager_on_gpu():
 
 
 def test_backend_choice():
-    assert resolve_backend("auto", "cpu", None)[0] == "sdpa"
-    assert resolve_backend("eager", "cpu", None)[0] == "eager"
-    if not flash_attn_installed():
-        with pytest.raises(ConfigError, match="flash-attn"):
-            resolve_backend("flash_attn", "cuda", torch.bfloat16)
-    with pytest.raises(ConfigError, match="flash_attn needs"):
-        resolve_backend("flash_attn", "cpu", None)
+    cpu = torch.device("cpu")
+    assert resolve_backend("auto", cpu, None) == ("sdpa", "torch scaled_dot_product_attention; not on CUDA")
+    assert resolve_backend("eager", cpu, None)[0] == "eager"
+    with pytest.raises(ConfigError, match="flash_attn cannot run here: not on CUDA"):
+        resolve_backend("flash_attn", cpu, None)
+    with pytest.raises(ConfigError, match="unknown attention backend"):
+        resolve_backend("fast", cpu, None)
+
+
+@pytest.fixture
+def fake_flash_attn(tmp_path, monkeypatch):
+    """A flash_attn package on sys.path whose body the test writes; caches cleared around it."""
+    import sys
+
+    from worker import attention
+
+    pkg = tmp_path / "flash_attn"
+    pkg.mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    cached = (attention._import_problem, attention._kernel_problem)  # a test may monkeypatch them away
+    for fn in cached:
+        fn.cache_clear()
+    yield pkg / "__init__.py"
+    sys.modules.pop("flash_attn", None)
+    for fn in cached:
+        fn.cache_clear()
+
+
+def test_flash_attn_that_does_not_load_falls_back_to_sdpa(fake_flash_attn):
+    # what a wheel built for another torch does at import
+    fake_flash_attn.write_text('raise ImportError("flash_attn_2_cuda.so: undefined symbol: _ZN3c104cuda9SetDeviceEi")\n')
+    cuda = torch.device("cuda", 0)
+    backend, why = resolve_backend("auto", cuda, torch.bfloat16)
+    assert backend == "sdpa" and "installed but does not load (ImportError" in why and "undefined symbol" in why
+    with pytest.raises(ConfigError, match="does not load"):
+        resolve_backend("flash_attn", cuda, torch.bfloat16)
+
+
+def test_flash_attn_needs_compute_capability_8(fake_flash_attn, monkeypatch):
+    from worker import attention
+
+    fake_flash_attn.write_text("def flash_attn_func(q, k, v, causal):\n    return q\n")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 0))  # V100
+    backend, why = resolve_backend("auto", torch.device("cuda", 0), torch.bfloat16)
+    assert backend == "sdpa" and why.endswith("compute capability 7.0; flash-attn needs 8.0 (Ampere) or newer")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))  # H100
+    monkeypatch.setattr(attention, "_kernel_problem", lambda index: None)  # the tiny call needs a real GPU
+    assert resolve_backend("auto", torch.device("cuda", 0), torch.bfloat16)[0] == "flash_attn"
+    assert resolve_backend("auto", torch.device("cuda", 0), None) == (
+        "sdpa", "torch scaled_dot_product_attention; not in bf16/fp16")
 
 
 def test_gradient_checkpointing_gives_the_same_gradients():

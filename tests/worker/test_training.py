@@ -49,9 +49,18 @@ def test_mfu_formula_and_peaks():
                                  device_name="NVIDIA H100 80GB HBM3")
     assert flops.flops_per_token == 6 * 1000 + 12 * 2 * 4 * 8 * 16
     assert flops.mfu(1e9) == pytest.approx(1e9 * flops.flops_per_token / 989e12)
-    assert peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
-    assert peak_flops("NVIDIA H200") == 989e12
     assert peak_flops("cpu") is None and FlopsModel(1.0, None).mfu(5.0) is None
+
+
+@pytest.mark.parametrize("name, tflops", [
+    ("NVIDIA A100-SXM4-80GB", 312), ("NVIDIA H100 80GB HBM3", 989), ("NVIDIA H100 PCIe", 756),
+    ("NVIDIA H100 NVL", 835), ("NVIDIA H200", 989), ("NVIDIA H200 NVL", 835), ("NVIDIA GH200 480GB", 989),
+    ("NVIDIA H800", 989), ("NVIDIA H20", 148), ("NVIDIA L40S", 362), ("NVIDIA L4", 121),
+    ("NVIDIA GeForce RTX 4090", 165), ("NVIDIA RTX A6000", 155), ("NVIDIA B200", 2250), ("NVIDIA A10G", None),
+])
+def test_peak_table_matches_whole_names(name: str, tflops: int | None):
+    # "H20" must not read "H200", "L4" not "L40S", "H200" not "GH200"; the longest key wins
+    assert peak_flops(name) == (None if tflops is None else tflops * 1e12)
 
 
 def test_step_line_matches_the_seed_format():

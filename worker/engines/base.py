@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from gpuherd.config import Config
+from gpuherd.memory_plan import Layout
 from worker.engines.precision import Precision, adamw_kwargs, optimizer_groups
 from worker.model import Transformer
 
@@ -36,6 +37,7 @@ class Build:
     device: torch.device
     precision: Precision
     world_size: int
+    layout: Layout  # strategy, activation checkpointing, FSDP reduce cadence (the memory plan)
 
 
 @dataclass

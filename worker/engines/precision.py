@@ -23,10 +23,13 @@ class Precision:
     def choose(cls, cfg: Config, device: torch.device) -> Precision:
         if not cfg.training.use_amp or device.type != "cuda":
             return cls(None, False)
-        if cfg.training.amp_dtype == "bf16" and torch.cuda.is_bf16_supported():
+        # including_emulation=False: V100/T4 "support" bf16 only by emulation, many times
+        # slower than their fp16 tensor cores; they take the fp16 + scaler path.
+        if cfg.training.amp_dtype == "bf16" and torch.cuda.is_bf16_supported(including_emulation=False):
             return cls(torch.bfloat16, False)
         if cfg.training.amp_dtype == "bf16":
-            logger.warning("this GPU has no bf16; using fp16 autocast with a gradient scaler")
+            logger.warning("this GPU has no native bf16 (compute capability < 8.0); using fp16 autocast "
+                           "with a gradient scaler")
         return cls(torch.float16, True)
 
 

@@ -97,6 +97,7 @@ def name_batch(source: Any, state: dict[str, Any] | None, batches: Sequence[Any]
 def _locate(source: Any, state: dict[str, Any], micro_batches: int
             ) -> tuple[list[list[tuple[int, int | None, int]]] | None, _Stream | None]:
     """Per micro-batch and row: (sample index, epoch, start within the split's tokens)."""
+    source = getattr(source, "source", source)  # worker.data.Prefetched wraps the real source
     sampler = getattr(source, "sampler", source)  # worker.data.TensorBatches wraps the cache's sampler
     try:
         if hasattr(sampler, "cache") and hasattr(sampler, "data"):
