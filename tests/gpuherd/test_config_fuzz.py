@@ -124,7 +124,7 @@ BAD_SUPERVISOR_FLAGS = [
     (["--max-restarts", "-1"], "system.max_restarts"),
     (["--log-ranks", "0,0"], "system.log_ranks lists an id twice"),
     (["--script"], "--script needs a path"),
-    (["--script", "/nope/train.py"], "--script file not found"),
+    (["--script", "/nope/train.py"], "script not found: /nope/train.py"),
 ]
 
 # bad for the one-process trainer, before any file: the tokenizer knows more tokens
