@@ -74,12 +74,16 @@ def read_device_health(indices: Sequence[int] | None = None) -> list[DeviceHealt
 
 
 def _one(pynvml: ModuleType, reader: nvml.FieldReader, index: int) -> DeviceHealth:
-    info = describe_device(pynvml, index)
+    try:  # a GPU NVML cannot open is reported lost or unusable, never raised
+        handle, failed = nvml.handle_by_index(pynvml, index), None
+    except nvml.HandleError as exc:
+        handle, failed = None, exc
+    info = describe_device(pynvml, index, handle, failed)
     health = DeviceHealth(info)
-    if info.lost:
+    if info.lost or handle is None:
         return health
     try:
-        _read_fields(pynvml, reader, pynvml.nvmlDeviceGetHandleByIndex(index), health)
+        _read_fields(pynvml, reader, handle, health)
     except nvml.GpuLost as exc:
         health.info = GpuInfo(index, info.uuid, info.name, info.pci_bus_id, 0, 0, None, lost=exc.detail)
     return health

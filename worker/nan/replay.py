@@ -78,7 +78,7 @@ class Replayer:
         amp = training["use_amp"] and recorded_on.startswith("cuda")  # CPU runs train in fp32
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[training["amp_dtype"]] if amp else None
         try:
-            backend, _ = resolve_backend(meta["config"]["model"]["attention"], device.type, self.dtype)
+            backend, _ = resolve_backend(meta["config"]["model"]["attention"], device, self.dtype)
         except ConfigError:  # flash-attn recorded on a GPU, replayed where it does not exist
             backend = "sdpa"
         model.set_attention_backend(backend)
