@@ -21,6 +21,8 @@ from loguru import logger
 from gpuherd.cli import die
 from gpuherd.exit_codes import ExitCode
 from gpuherd.files import write_bytes_atomic
+from gpuherd.config import Config
+from gpuherd.model_checks import check_fits, check_vocab, host_memory_bytes
 from gpuherd.torch_floor import TorchTooOld, check_torch_version, installed_torch_version
 from supervisor import run_dir as rundir
 from supervisor.cli import PROG, Launch, parse
@@ -58,6 +60,8 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
         validate_launch(cfg, plan, train=mode == "train")
     except LaunchError as exc:
         _refuse(console, str(exc), exc.exit_code)
+    if mode == "train":
+        _model_checks(cfg, plan, console)
     run_id, run_dir = _run_names(launch, console)  # a bad --run-id is refused before any slower check
     checks = _preflight(launch, plan, console) if cfg.system.preflight else None
     listen, bind_ip = _bind_store(launch, console)  # after the checks: they probe the master port themselves
@@ -100,6 +104,24 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
         return job.run()
     finally:
         job.rendezvous.close()
+
+
+def _model_checks(cfg: Config, plan: DevicePlan, console: Console) -> None:
+    """The built-in model against its tokenizer and, for CPU workers, this host's RAM: refused
+    here (exit 2) rather than by every worker after the spawn. On GPUs the worker's layout
+    planner picks a sharding that fits or refuses in one line itself."""
+    from dataset_cache import DatasetError, load_tokenizer
+
+    try:
+        vocab = load_tokenizer(cfg.data.tokenizer).vocab_size
+    except DatasetError as exc:
+        _refuse(console, str(exc), exc.exit_code)
+    problem = check_vocab(cfg, vocab)
+    if problem is None and plan.kind == "cpu":
+        problem = check_fits(cfg, host_memory_bytes(plan.world_size), world_size=plan.world_size,
+                             tokenizer_vocab=vocab, where=f"this host (available RAM / {plan.world_size} workers)")
+    if problem is not None:
+        _refuse(console, problem)
 
 
 def _run_names(launch: Launch, console: Console) -> tuple[str, Path]:

@@ -111,3 +111,14 @@ def test_worker_count_and_backend_limits():
     check_backend("gloo", "cpu")
     with pytest.raises(LaunchError, match="system.backend=nccl needs CUDA GPUs"):
         check_backend("nccl", "cpu")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("--set", "model.vocab_size=10"), "model.vocab_size=10 is smaller than the vocabulary of tokenizer gpt2"),
+    (("--set", "model.dim=8192", "--set", "model.n_layers=200"), "the model does not fit: training it needs"),
+])
+def test_a_model_that_cannot_train_is_refused_before_any_worker_starts(tmp_path, args, fragment):
+    """The supervisor, not every worker after the spawn: one line, exit 2, nothing written."""
+    done = _supervisor(tmp_path, "--debug", "--set", "data.dataset=dummy", "--skip-checks", *args)
+    _refused(done, fragment)
+    assert list(tmp_path.iterdir()) == []
