@@ -17,7 +17,7 @@ import orjson
 
 from gpuherd import contract
 
-RECORD_TYPES = ("ready", "step", "eval", "checkpoint", "phase", "nan", "done", "error")
+RECORD_TYPES = ("ready", "step", "eval", "checkpoint", "phase", "nan", "done", "error", "alive")
 PIPE_BUF = 4096
 
 
@@ -32,6 +32,10 @@ class StatusWriter:
     def from_env(cls, rank: int) -> StatusWriter:
         raw = os.environ.get(contract.STATUS_FD)
         return cls(int(raw) if raw else None, rank)
+
+    @property
+    def rank(self) -> int:
+        return self._rank
 
     @property
     def connected(self) -> bool:

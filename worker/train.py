@@ -16,6 +16,7 @@ from gpuherd.checkpoint_layout import latest_checkpoint
 from gpuherd.config import Config
 from gpuherd.contract import WorkerIdentity
 from gpuherd.exit_codes import ExitCode
+from gpuherd.liveness import Liveness
 from gpuherd.status_channel import StatusWriter
 from worker import distributed as wdist
 from worker import rng
@@ -30,6 +31,7 @@ from worker.model import ModelArgs
 from worker.parallelize import Engine, Precision, build_engine, resolve_strategy
 from worker.reporting import StepReporter, TensorBoard
 from worker.schedule import WarmupCosine
+from worker.whereabouts import GradientSync, dump_collective_trace
 
 NEEDS_PROCESS_GROUP = ("ddp", "fsdp", "zero1", "deepspeed")
 
@@ -45,28 +47,33 @@ def run(cfg: Config, identity: WorkerIdentity, *, cache_dir: Path | None = None,
     status = status or StatusWriter.from_env(identity.rank)
     status.send("ready", device=str(device), uuid=uuid, pid=os.getpid())
     strategy = resolve_strategy(cfg.training.strategy, identity.world_size)
+    trace_dir = os.environ.get(contract.TRACE_DIR)
+    live = Liveness(status, trace_dir=Path(trace_dir) if trace_dir else None, dump=dump_collective_trace).start()
     try:
         if identity.world_size > 1 or strategy in NEEDS_PROCESS_GROUP:
             status.send("phase", name="rendezvous")
+            live.at("rendezvous")
             wdist.init_process_group(cfg, identity, device)
         if data is None:
             if cache_dir is None:
                 raise WorkerError("no dataset cache given (GPUHERD_DATASET_CACHE)", ExitCode.DATA)
             data = cache_bundle(cache_dir, cfg.model.vocab_size, cfg.training.batch_size, cfg.data.context_length,
                                 identity.rank, identity.world_size, cfg.system.seed, cfg.data.verify_cache)
-        trainer = Trainer(cfg, identity, device, strategy, data, status, run_dir, sig)
+        trainer = Trainer(cfg, identity, device, strategy, data, status, run_dir, sig, live)
         return trainer.train()
     finally:
+        live.stop()
         wdist.shutdown()
 
 
 class Trainer:
     def __init__(self, cfg: Config, identity: WorkerIdentity, device: torch.device, strategy: str, data: DataBundle,
-                 status: StatusWriter, run_dir: Path | None, sig: wsignals.SignalState) -> None:
+                 status: StatusWriter, run_dir: Path | None, sig: wsignals.SignalState, live: Liveness) -> None:
         self.cfg, self.identity, self.device, self.strategy = cfg, identity, device, strategy
-        self.data, self.status, self.sig = data, status, sig
+        self.data, self.status, self.sig, self.live = data, status, sig, live
         t = cfg.training
         status.send("phase", name="init")
+        live.at("init")
         if device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True  # TF32 tensor cores on Ampere+
             torch.backends.cudnn.allow_tf32 = True
@@ -76,7 +83,9 @@ class Trainer:
         self.args = ModelArgs.from_config(cfg.model, data.vocab_size, cfg.data.context_length)
         if t.compile:
             status.send("phase", name="compile")
+            live.at("compile")
         self.engine: Engine = build_engine(cfg, self.args, strategy, device, attention, identity.world_size)
+        self.sync = GradientSync(self.engine.inner, strategy, identity.world_size, live)
         n_params = self.engine.n_params
         self._log_rank0(f"{identity.bracket} model: {n_params / 1e6:.2f}M parameters, {self.args.n_layers} layers, "
                         f"dim {self.args.dim}, vocab {self.args.vocab_size} | strategy {strategy} x{identity.world_size} | "
@@ -140,17 +149,20 @@ class Trainer:
         self.engine.train()
         stopped = False
         while self.step < t.max_steps:
-            if self.vote.any(self.sig.stop_requested):
+            self.live.step(self.step)
+            with self.live.collective("all_reduce (stop vote)"):
+                stop = self.vote.any(self.sig.stop_requested)
+            if stop:
                 stopped = True
                 break
             self._train_step()
             self.step += 1
             if t.eval_every and self.step % t.eval_every == 0 and self.data.make_val is not None:
-                self._paused(self.evaluate)
+                self._paused("eval", self.evaluate)
             if t.save_every and self.step % t.save_every == 0 and self.step < t.max_steps:
-                self._paused(self.save)
+                self._paused("checkpoint", self.save)
         if self.step > self.start_step:  # a stop before any step has nothing new to save
-            self._paused(self.save, back_to=None)
+            self._paused("checkpoint", self.save, back_to=None)
         self.tb.close()
         if stopped:
             logger.warning(f"{self.identity.bracket} stopped by SIGINT after {self.step} steps")
@@ -166,13 +178,18 @@ class Trainer:
         lr = self.schedule(step)
         losses, batches = [], []
         for micro in range(t.grad_accum_nums):
+            self.live.doing("data loading")
             inputs, targets = self.data.train.next_batch()
             if self.device.type == "cuda":
                 inputs = inputs.pin_memory().to(self.device, non_blocking=True)
                 targets = targets.pin_memory().to(self.device, non_blocking=True)
-            losses.append(engine.micro_step(inputs, targets, is_last=micro == t.grad_accum_nums - 1))
+            self.live.doing("forward/backward")
+            is_last = micro == t.grad_accum_nums - 1
+            with self.sync.micro_step(syncs=is_last):
+                losses.append(engine.micro_step(inputs, targets, is_last=is_last))
             if self.guard is not None:
                 batches.append(inputs)
+        self.live.doing("optimizer step")
         loss = torch.stack(losses).mean()
         grad_norm = engine.clip_grad_norm(t.max_grad_norm)
         apply = True
@@ -190,9 +207,10 @@ class Trainer:
                 self.guard.check(step=step, loss=loss, grad_norm=grad_norm, batches=batches, lr=lr)
         self.reporter.after_step(step, loss, lr, grad_norm)
 
-    def _paused(self, fn, back_to: str | None = "train") -> None:
+    def _paused(self, phase: str, fn, back_to: str | None = "train") -> None:
         start = time.perf_counter()
-        fn()
+        with self.live.phase(phase):
+            fn()
         self.reporter.exclude_pause(time.perf_counter() - start)
         if back_to:
             self.status.send("phase", name=back_to)
@@ -209,7 +227,8 @@ class Trainer:
             with self.engine.autocast():
                 total += self.engine.model(inputs.to(self.device), targets.to(self.device)).float()
         if wdist.active():
-            dist.all_reduce(total)  # SUM: gloo has no AVG
+            with self.live.collective("all_reduce (eval loss)"):
+                dist.all_reduce(total)  # SUM: gloo has no AVG
             total /= dist.get_world_size()
         val_loss = float(total) / self.cfg.training.eval_steps
         self.engine.train()
