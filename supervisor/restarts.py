@@ -6,6 +6,11 @@ supervisor also picks the checkpoint: the newest complete one *this run* wrote
 (a `step_*` left in a shared checkpoint directory by an earlier run is never
 picked up by accident), handed to the workers as `GPUHERD_RESUME`. With none
 written yet, the next attempt starts as the first one did.
+
+The pause is short (`system.restart_backoff`, 1 s by default: a restart is cheap, the
+store helper stays warm) and doubles for each further failure in a row, up to
+`MAX_BACKOFF_S`, so a job that fails at once every time does not spin; an attempt
+that ran for `STREAK_RESET_S` before failing starts the doubling over.
 """
 
 from __future__ import annotations
@@ -18,6 +23,13 @@ from gpuherd.exit_codes import ExitCode
 from supervisor.summary import RootCause
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+MAX_BACKOFF_S = 60.0
+STREAK_RESET_S = 600.0
+
+
+def backoff(base: float, streak: int) -> float:
+    """The pause before a restart after `streak` earlier quick failures in a row (0 for the first)."""
+    return min(base * 2 ** streak, max(base, MAX_BACKOFF_S))
 
 
 def refusal(cause: RootCause, restart_on_nan: bool) -> str | None:
