@@ -39,7 +39,7 @@ class SystemConfig:
     run_root: str = "logs"  # run directories go to <run_root>/<run-id>/
     checkpoint_dir: str = ".checkpoints"
     isolate: bool = True  # each worker sees only its own GPU
-    hang_timeout: float = 0.0  # seconds without a heartbeat; 0 = preset default
+    hang_timeout: float = 0.0  # fixed step allowance in seconds; 0 = learned per phase (hang_factor, hang_floor)
     startup_timeout: float = 0.0  # allowance for init + first step; 0 = default
     grace_period: float = 5.0  # SIGTERM -> SIGKILL wait during teardown
     rendezvous_timeout: float = 120.0  # process-group init
@@ -47,8 +47,13 @@ class SystemConfig:
     collapse_logs: bool = False  # identical lines from all ranks -> one line
     monitor_interval: float = 5.0  # seconds between GPU samples
     max_restarts: int = 0  # restart every worker after a failure, resuming from the newest checkpoint
-    restart_backoff: float = 5.0  # seconds between a failed attempt's teardown and the next start
+    restart_backoff: float = 1.0  # seconds before the first restart; doubles for each further quick failure
     restart_on_nan: bool = False  # a NaN stop (exit 6) is restarted too, not only crashes and hangs
+    # hang verdicts and stragglers (supervisor/health/): learned timeouts and slow-rank warnings
+    hang_factor: float = 5.0  # learned allowance of a phase = max(hang_floor, hang_factor x p99 of its durations)
+    hang_floor: float = 10.0  # seconds: a learned allowance is never shorter
+    straggler_factor: float = 1.3  # compute per step this much above the other ranks' median: a straggler; 0 = off
+    straggler_windows: int = 3  # ... in this many 5 s windows in a row before the warning
 
 
 @dataclass
@@ -165,7 +170,7 @@ def _debug() -> Config:
     )
     cfg.data = DataConfig(context_length=128)
     cfg.debug = DebugConfig(enabled=True, log_level="DEBUG", nan_hooks=True)
-    cfg.system = SystemConfig(hang_timeout=60.0, grace_period=3.0, rendezvous_timeout=60.0)
+    cfg.system = SystemConfig(grace_period=3.0, rendezvous_timeout=60.0)
     return cfg
 
 
@@ -408,13 +413,14 @@ _POSITIVE = (
     "training.grad_accum_nums", "training.learning_rate", "training.max_steps",
     "training.log_every", "training.eval_steps", "training.keep_last", "data.context_length",
     "debug.max_nan_skips", "debug.max_dump_mb", "system.grace_period",
-    "system.rendezvous_timeout", "system.monitor_interval",
+    "system.rendezvous_timeout", "system.monitor_interval", "system.hang_floor", "system.straggler_windows",
 )
 _NON_NEGATIVE = (
     "model.vocab_size", "training.warmup_steps", "training.max_grad_norm",
     "training.weight_decay", "training.min_lr_ratio", "training.eps", "training.num_workers",
     "training.eval_every", "training.save_every", "data.num_samples", "system.seed",
     "system.hang_timeout", "system.startup_timeout", "system.max_restarts", "system.restart_backoff",
+    "system.straggler_factor",
 )
 
 
@@ -466,6 +472,10 @@ def validate(cfg: Config) -> None:
         )
     if t.resume not in (None, "auto") and not Path(t.resume).exists():
         raise ConfigError(f"training.resume checkpoint not found: {t.resume}")
+    if s.hang_factor < 1:
+        raise ConfigError(f"system.hang_factor must be >= 1 (a multiple of the observed p99), got {s.hang_factor}")
+    if 0 < s.straggler_factor <= 1:
+        raise ConfigError(f"system.straggler_factor must be 0 (off) or > 1, got {s.straggler_factor}")
     if s.device_id is not None and s.device_id < 0:
         raise ConfigError(f"system.device_id must be >= 0, got {s.device_id}")
     for name in ("gpus", "log_ranks"):

@@ -1,10 +1,15 @@
-"""Status records -> per-rank liveness: hangs, early exits, a process group that never forms.
+"""Status records -> per-rank progress and liveness: hangs, early exits, a process group that never forms.
 
-Any status record is a heartbeat. Until a rank's first `step`, and while it is in
-a slow phase (compile, checkpoint, eval), it gets the longer startup allowance;
-in training it gets `hang_timeout`. Ranks that never write a record (a `--script`
-that does not use the status channel) are not judged by heartbeat unless the run
-expects heartbeats (built-in workers always send them).
+Per rank, two clocks. *Liveness*: any record (gpuherd/liveness.py's `alive` records
+come every second from a thread of their own, whatever the loop does). *Progress*: a
+new step, phase, eval or checkpoint: an `alive` record counts only when its (phase,
+step) changed (its `for_s` dates the change), any other record always (a script
+without liveness records says nothing else). A rank without progress for longer than
+its phase's allowance (timeouts.py: learned per phase, startup phases get the startup
+allowance) triggers the hang verdict; evidence.py decides whom to blame, with the
+kernel's view of every worker (proc_state.py). Ranks that never write a record (a
+`--script` that does not use the status channel) are judged only when the run expects
+records (built-in workers always send them).
 """
 
 from __future__ import annotations
@@ -12,18 +17,34 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from supervisor.health import evidence as ev
+from supervisor.health.proc_state import ProcWatch
+from supervisor.health.stragglers import Stragglers
+from supervisor.health.timeouts import LearnedTimeouts
+
 SLOW_PHASES = {"init", "rendezvous", "compile", "checkpoint", "eval"}
-# Defaults when system.hang_timeout is 0: a production step plus its logging can take
-# minutes on one GPU; a --script's steps are unknown, so be generous.
+STARTUP_PHASES = ("init", "rendezvous", "compile")
+# Initial step allowance (until steps are timed) when system.hang_timeout is 0: a production
+# step plus its logging can take minutes on one GPU; a --script's steps are unknown.
 HANG_DEFAULTS = {"debug": 60.0, "gpt2-small": 300.0, "production": 600.0}
 SCRIPT_HANG_DEFAULT = 300.0
+PROC_SAMPLE_S = 0.5  # /proc is read this often
 
 
 def hang_timeouts(preset: str, hang_timeout: float, startup_timeout: float, script: bool) -> tuple[float, float]:
-    """(hang, startup) seconds for this run."""
+    """(initial step allowance, startup allowance) seconds for this run."""
     hang = hang_timeout or (SCRIPT_HANG_DEFAULT if script else HANG_DEFAULTS.get(preset, 600.0))
     startup = startup_timeout or max(3 * hang, 300.0)
     return hang, startup
+
+
+def timed_phase(phase: str | None, step: int | None) -> str:
+    """The phase whose allowance applies: step | eval | checkpoint | startup."""
+    if phase in ("eval", "checkpoint"):
+        return phase
+    if step is None or phase in STARTUP_PHASES:
+        return "startup"
+    return "step"
 
 
 @dataclass
@@ -39,6 +60,12 @@ class RankState:
     done: bool = False
     joined: bool = False  # past process-group init (any record that only a joined rank sends)
     error: str | None = None
+    progress_at: float | None = None  # when it last moved on
+    progress_key: tuple | None = None  # (phase, step) of its last `alive` record
+    timed: str = "startup"  # the phase its allowance comes from
+    live: dict[str, Any] | None = None  # its last `alive` record
+    live_at: float | None = None
+    step_at: float | None = None  # when its step last advanced (scripts: step durations)
 
     def describe(self) -> str:
         if self.records == 0:
@@ -52,23 +79,38 @@ class RankState:
 @dataclass(frozen=True)
 class Verdict:
     kind: str  # "hang" | "rendezvous"
-    rank: int  # the straggler
+    rank: int  # the rank blamed first
     message: str
+    evidence: tuple[str, ...] = ()  # one line per rank, blamed ranks first
 
 
 class Heartbeats:
-    def __init__(self, ranks: list[int], now: float, hang: float, startup: float, rendezvous: float,
-                 expect_heartbeats: bool) -> None:
+    def __init__(self, ranks: list[int], now: float, timeouts: LearnedTimeouts, rendezvous: float,
+                 expect_heartbeats: bool, stragglers: Stragglers | None = None) -> None:
         self.ranks = {r: RankState(r, now) for r in ranks}
-        self.hang, self.startup, self.rendezvous = hang, startup, rendezvous
+        self.timeouts, self.rendezvous = timeouts, rendezvous
         self.expect = expect_heartbeats
+        self.stragglers = stragglers
+        self.procs = ProcWatch()
         self._rendezvous_started: float | None = None
+        self._last_sample = float("-inf")
+
+    def watch_pid(self, rank: int, pid: int) -> None:
+        self.procs.watch(rank, pid)
 
     def record(self, rank: int, rec: dict[str, Any], now: float) -> None:
         st = self.ranks.get(rank)
         if st is None:
             return
         st.last_record, st.records = now, st.records + 1
+        if rec.get("type") == "alive":
+            self._alive(st, rec, now)
+            return
+        self._status(st, rec, now)
+        st.progress_at = now
+        st.timed = timed_phase(st.phase, st.step)
+
+    def _status(self, st: RankState, rec: dict[str, Any], now: float) -> None:
         kind = rec.get("type")
         if st.phase == "rendezvous":  # anything a rank says after entering rendezvous means it got through
             st.joined = True
@@ -79,7 +121,13 @@ class Heartbeats:
                 if self._rendezvous_started is None:
                     self._rendezvous_started = now
         elif kind == "step":
-            st.step, st.max_steps, st.loss = rec.get("step"), rec.get("max_steps"), rec.get("loss")
+            step = rec.get("step")
+            if st.live is None and st.step_at is not None and step is not None and st.step is not None \
+                    and step > st.step:  # no liveness records: learn from the intervals between steps
+                self.timeouts.observe("step", (now - st.step_at) / (step - st.step), step - st.step)
+            if step != st.step:
+                st.step_at = now
+            st.step, st.max_steps, st.loss = step, rec.get("max_steps"), rec.get("loss")
             st.joined = True
             if st.phase in ("init", "rendezvous", None):
                 st.phase = "train"
@@ -94,13 +142,40 @@ class Heartbeats:
         elif kind == "error":
             st.error = str(rec.get("message"))
 
+    def _alive(self, st: RankState, rec: dict[str, Any], now: float) -> None:
+        """A liveness record: progress only if the loop moved on; what it timed is learned."""
+        st.live, st.live_at = rec, now
+        for phase, (count, longest) in (rec.get("took") or {}).items():
+            self.timeouts.observe(phase, float(longest), int(count))
+        if self.stragglers is not None and rec.get("steps"):
+            self.stragglers.add(st.rank, rec, now)
+        phase, step = rec.get("phase"), rec.get("step")
+        if step is not None and (st.step is None or step > st.step):
+            st.step = step  # steps reached, between the (rarer) step records
+        if step is None and phase not in STARTUP_PHASES:  # nothing to measure progress by: a heartbeat
+            st.progress_at, st.timed = now, "startup"
+            return
+        if (phase, step) != st.progress_key:
+            st.progress_key = (phase, step)
+            st.progress_at = max(st.spawned, now - float(rec.get("for_s") or 0.0))
+            st.timed = timed_phase(phase, step)
+
+    def responsive(self, now: float, alive: set[int]) -> set[int]:
+        """Ranks whose liveness thread still reports and whose process can run: they can answer a request."""
+        return {r for r in alive if (st := self.ranks.get(r)) is not None and st.live_at is not None
+                and now - st.live_at <= ev.LIVENESS_SILENT_S
+                and not ((proc := self.procs.state(r)) is not None and proc.hard)}
+
     def allowance(self, st: RankState) -> float:
-        if st.step is None or st.phase in SLOW_PHASES:
-            return self.startup
-        return self.hang
+        return self.timeouts.allowance(st.timed)
 
     def check(self, now: float, alive: set[int]) -> Verdict | None:
         """A hang or a failed rendezvous among the ranks still running, or None."""
+        if now - self._last_sample >= PROC_SAMPLE_S:
+            self._last_sample = now
+            self.procs.sample(now)
+        if self.stragglers is not None:
+            self.stragglers.tick(now)
         watched = [st for r, st in self.ranks.items()
                    if r in alive and not st.done and (self.expect or st.records)]
         if self._rendezvous_started is not None and now - self._rendezvous_started > self.rendezvous:
@@ -109,18 +184,25 @@ class Heartbeats:
                 names = ", ".join(f"rank {st.rank} ({st.describe()})" for st in missing)
                 return Verdict("rendezvous", missing[0].rank,
                                f"process group not formed after {self.rendezvous:.0f} s: {names} never joined")
-        stale = [st for st in watched if now - (st.last_record or st.spawned) > self.allowance(st)]
+        stale = [st for st in watched if now - (st.progress_at or st.spawned) > self.allowance(st)]
         if not stale:
             return None
-        # The straggler: the rank furthest behind, then the one silent longest.
-        straggler = min(stale, key=lambda st: (st.step if st.step is not None else -1,
-                                               st.last_record or st.spawned))
-        silent = now - (straggler.last_record or straggler.spawned)
-        return Verdict("hang", straggler.rank,
-                       f"rank {straggler.rank} sent no heartbeat for {silent:.0f} s "
-                       f"(allowance {self.allowance(straggler):.0f} s; {straggler.describe()}); "
-                       f"steps reached: {self.steps_reached()}")
+        return self._hang(stale, [st for st in self.ranks.values() if st.rank in alive and not st.done], now)
+
+    def _hang(self, stale: list[RankState], running: list[RankState], now: float) -> Verdict:
+        views = [ev.RankView(st.rank, st.step, now - (st.last_record or st.spawned), st.live,
+                             None if st.live_at is None else now - st.live_at, self.procs.state(st.rank))
+                 for st in running]
+        found = [ev.judge(v, now) for v in views]
+        stalled = {st.rank: now - (st.progress_at or st.spawned) for st in stale}
+        blamed, why = ev.blame(found, stalled)
+        first = self.ranks[blamed[0]]
+        lines = ev.ordered_lines(found, blamed)
+        message = (f"hang: {', '.join(f'rank {r}' for r in blamed)} ({why}): "
+                   + "; ".join(lines[:len(blamed)])
+                   + f"; no progress for {now - (first.progress_at or first.spawned):.0f} s, "
+                   f"{self.timeouts.explain(first.timed)}; steps reached: {self.steps_reached()}")
+        return Verdict("hang", blamed[0], message, tuple(lines))
 
     def steps_reached(self) -> str:
         return ", ".join(f"rank {st.rank}={st.step if st.step is not None else '-'}" for st in self.ranks.values())
-

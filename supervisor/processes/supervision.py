@@ -7,8 +7,9 @@ to. A death is seen the moment SIGCHLD arrives, not at the next poll tick.
 The loop's phase (`Phase`) says what it is waiting for; each phase but RUNNING has
 one deadline, and `_deadline_passed` is the one place that says what comes next:
 
-    RUNNING --a rank exits 0 early--> FINISHING --others not done in time--> DUMPING_STACKS
-    RUNNING/FINISHING --hang verdict--> DUMPING_STACKS --stacks written--> TERMINATING
+    RUNNING --a rank exits 0 early--> FINISHING --others not done in time--> DUMPING_TRACES
+    RUNNING/FINISHING --hang verdict--> DUMPING_TRACES --every responsive rank dumped its
+        collective trace, or traces.WAIT_S--> DUMPING_STACKS --stacks written--> TERMINATING
     any live phase --failure, watcher, SIGTERM--> TERMINATING --grace over--> KILLING
     RUNNING --Ctrl-C--> STOPPING (workers save, exit 130) --grace over--> KILLING
     any --Ctrl-C again / SIGTERM again--> KILLING --KILL_WAIT--> DONE (a note: D-state?)
@@ -31,12 +32,13 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from loguru import logger
 
 from gpuherd.exit_codes import ExitCode
 from gpuherd.status_channel import decode
-from supervisor.health import FatalCause, Heartbeats, MetricsSink
+from supervisor.health import FatalCause, Heartbeats, MetricsSink, traces
 from supervisor.logs import STDERR, STDOUT, LogRouter
 from supervisor.processes.spawn import WorkerProcess
 from supervisor.summary import RootCause, how_it_ended, shell_code
@@ -51,6 +53,7 @@ HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD)
 class Phase(enum.Enum):
     RUNNING = "running"  # judging heartbeats; no deadline
     FINISHING = "finishing"  # a rank exited 0 early: the others get the finish window to end too
+    DUMPING_TRACES = "dumping traces"  # hang verdict: collective traces requested; stacks at the deadline
     STOPPING = "stopping"  # graceful stop (Ctrl-C): workers save and exit; SIGKILL at the deadline
     DUMPING_STACKS = "dumping stacks"  # hang verdict: SIGUSR1 sent; SIGTERM at the deadline
     TERMINATING = "terminating"  # SIGTERM sent to every group; SIGKILL at the deadline
@@ -60,15 +63,16 @@ class Phase(enum.Enum):
 
 
 # Phases from which the loop only moves on (a teardown never goes back to a gentler signal).
-_TEARDOWN_ORDER = [Phase.DUMPING_STACKS, Phase.STOPPING, Phase.TERMINATING, Phase.KILLING, Phase.DRAINING, Phase.DONE]
+_TEARDOWN_ORDER = [Phase.DUMPING_TRACES, Phase.DUMPING_STACKS, Phase.STOPPING, Phase.TERMINATING, Phase.KILLING, Phase.DRAINING, Phase.DONE]
 
 
 class Supervision:
     def __init__(self, workers: list[WorkerProcess], router: LogRouter, monitor: Heartbeats,
                  metrics: MetricsSink, grace_period: float, finish_window: float,
-                 on_cause: Callable[[RootCause], None] | None = None) -> None:
+                 on_cause: Callable[[RootCause], None] | None = None, trace_dir: Path | None = None) -> None:
         """`on_cause`: told this node's root cause the moment it is set (multi-node: the job's
-        rendezvous offers it to the other nodes)."""
+        rendezvous offers it to the other nodes). `trace_dir`: where workers dump their
+        collective traces when asked (None: no traces asked for)."""
         self.workers = {w.slot.rank: w for w in workers}
         self.router = router
         self.monitor = monitor
@@ -100,6 +104,8 @@ class Supervision:
         self._remote: queue.SimpleQueue[RootCause] = queue.SimpleQueue()
         self._on_cause = on_cause
         self.stop_signal: int | None = None  # the supervisor itself was asked to stop (never restart then)
+        self.trace_dir = trace_dir
+        self._trace_waiting: set[int] = set()  # DUMPING_TRACES: the ranks expected to answer
 
     # ------------------------------------------------------------------ setup
 
@@ -110,6 +116,7 @@ class Supervision:
     def add_worker(self, w: WorkerProcess) -> None:
         self.workers[w.slot.rank] = w
         self.monitor.ranks[w.slot.rank].spawned = w.started
+        self.monitor.watch_pid(w.slot.rank, w.pid)
 
     def install_signal_handlers(self) -> None:
         """Before the first spawn: a SIGCHLD or Ctrl-C from then on is never missed."""
@@ -357,8 +364,12 @@ class Supervision:
             verdict = self.monitor.check(now, alive)
             if verdict is not None:
                 code = ExitCode.RENDEZVOUS if verdict.kind == "rendezvous" else ExitCode.HANG
-                self._diagnose(self._worker_cause(verdict.kind, code, verdict.message,
-                                                  self.workers[verdict.rank]), now)
+                cause = self._worker_cause(verdict.kind, code, verdict.message, self.workers[verdict.rank])
+                cause.evidence = list(verdict.evidence)
+                self._diagnose(cause, now)
+        if self.phase is Phase.DUMPING_TRACES and traces.answered(self.trace_dir, self._trace_waiting) \
+                == self._trace_waiting:
+            self._traces_in(now)
         if self.phase is Phase.DRAINING and not any(k.data is not None for k in self._sel.get_map().values()):
             self._enter(Phase.DONE, now)
         if self.deadline is not None and now >= self.deadline:
@@ -379,6 +390,8 @@ class Supervision:
                 "early-exit", ExitCode.HANG,
                 f"{w.slot.tag} (rank {w.slot.rank}) exited 0 but rank(s) {names} did not finish within "
                 f"{self.finish_window:g} s (stuck waiting for it?)", w), now)
+        elif self.phase is Phase.DUMPING_TRACES:
+            self._traces_in(now)
         elif self.phase is Phase.DUMPING_STACKS:
             self._terminate_all(now)
         elif self.phase in (Phase.STOPPING, Phase.TERMINATING):
@@ -416,9 +429,27 @@ class Supervision:
                          stderr_tail=[line.decode(errors="replace") for line in log.stderr_tail])
 
     def _diagnose(self, cause: RootCause, now: float) -> None:
-        """A hang: ask every live worker for its Python stacks, then tear down."""
+        """A hang: ask every live worker for its collective trace and its Python stacks, then tear down."""
         logger.error(cause.message)
         self._set_cause(cause, now)
+        responsive = self.monitor.responsive(now, {w.slot.rank for w in self._alive()})
+        if self.trace_dir is not None and responsive:
+            traces.request(self.trace_dir)
+            self._trace_waiting = responsive
+            self._escalate(Phase.DUMPING_TRACES, now, traces.WAIT_S)
+            return
+        self._dump_stacks(now)
+
+    def _traces_in(self, now: float) -> None:
+        """The collective traces are in (or their wait is over): one line per rank, then the stacks."""
+        lines = traces.analyse(self.trace_dir, sorted(self.workers))
+        for line in lines:
+            logger.error(line)
+        if self.cause is not None:
+            self.cause.evidence += lines
+        self._dump_stacks(now)
+
+    def _dump_stacks(self, now: float) -> None:
         asked, cannot = [], []
         for w in self._alive():
             if w.catches(signal.SIGUSR1):

@@ -10,7 +10,7 @@ from supervisor.cli import parse
 from supervisor.logs.console import Collapser
 from supervisor.gpus import DeviceError, plan_devices
 from supervisor.gpus import release_claims
-from supervisor.health import Heartbeats, hang_timeouts
+from supervisor.health import HangPolicy, Heartbeats, LearnedTimeouts, hang_timeouts
 from supervisor.logs.lines import LineSplitter, Severity
 from supervisor.processes.worker_env import RunEnv, worker_env
 from tests.fake_nvml import GIB, FakeProcess, installed, machine, no_nvml
@@ -109,21 +109,26 @@ def test_collapser_merges_identical_lines_and_keeps_order():
     assert c.due(9.0) == [(2, b"GPU*:same [x2 ranks: GPU0,GPU1]\n"), (2, b"GPU0:same\n")]
 
 
+def _heartbeats(ranks: list[int], hang: float, startup: float, rendezvous: float, expect: bool) -> Heartbeats:
+    timeouts = LearnedTimeouts(HangPolicy(step_default=hang, startup=startup, factor=5, floor=10, override=hang))
+    return Heartbeats(ranks, now=0.0, timeouts=timeouts, rendezvous=rendezvous, expect_heartbeats=expect)
+
+
 def test_heartbeats_name_the_straggler_and_rendezvous_stragglers():
-    hb = Heartbeats([0, 1], now=0.0, hang=10, startup=100, rendezvous=30, expect_heartbeats=True)
+    hb = _heartbeats([0, 1], hang=10, startup=100, rendezvous=30, expect=True)
     assert hb.check(50.0, {0, 1}) is None  # startup allowance
     for r in (0, 1):
         hb.record(r, {"type": "step", "step": 1}, 60.0)
     hb.record(0, {"type": "step", "step": 2}, 75.0)
     v = hb.check(75.0, {0, 1})
     assert v.kind == "hang" and v.rank == 1 and "rank 0=2, rank 1=1" in v.message
-    hb = Heartbeats([0, 1], now=0.0, hang=10, startup=1000, rendezvous=30, expect_heartbeats=True)
+    hb = _heartbeats([0, 1], hang=10, startup=1000, rendezvous=30, expect=True)
     hb.record(0, {"type": "phase", "name": "rendezvous"}, 1.0)
     hb.record(0, {"type": "phase", "name": "init"}, 2.0)
     hb.record(1, {"type": "ready"}, 2.0)
     v = hb.check(40.0, {0, 1})
     assert v.kind == "rendezvous" and v.rank == 1 and "rank 1 (no step yet) never joined" in v.message
-    silent = Heartbeats([0], now=0.0, hang=1, startup=1, rendezvous=1, expect_heartbeats=False)
+    silent = _heartbeats([0], hang=1, startup=1, rendezvous=1, expect=False)
     assert silent.check(100.0, {0}) is None  # a script that never uses the channel is not judged by it
 
 
