@@ -8,9 +8,9 @@ Two pieces the loop itself cannot set with a plain `liveness.doing(...)`:
   rank's own backward is done; from then until backward returns, it waits for the
   others: that is the collective wait the straggler check subtracts and the hang
   verdict reports ("waiting in all_reduce (gradients)").
-- `dump_collective_trace`: PyTorch's flight recorder (on by default since torch 2.7,
-  gloo included in torch 2.13) dumped on the supervisor's request: the full dump for
-  torch's own analyser and a compact JSON the supervisor reads.
+- `dump_collective_trace`: PyTorch's flight recorder (on by default in torch 2.13, for
+  gloo too) dumped on the supervisor's request: the full dump for torch's own analyser
+  and a compact JSON the supervisor reads.
 """
 
 from __future__ import annotations
@@ -63,7 +63,9 @@ def _dump_fr() -> bytes | None:
     for name in ("_dump_fr_trace", "_dump_nccl_trace"):  # the generic recorder, then the NCCL-only one
         dump = getattr(c10d, name, None)
         if dump is not None:
-            return dump()
+            # Without the call sites' Python frames: symbolising them imports sympy & co. lazily,
+            # seconds of CPU during a hang; the SIGUSR1 stack dump that follows shows them anyway.
+            return dump(includeCollectives=True, includeStackTraces=False)
     return None
 
 

@@ -31,10 +31,11 @@ class RankView:
     """What the heartbeat monitor knows of one rank when the verdict is made."""
 
     rank: int
-    step: int | None
+    step: int | None  # the furthest step any of its records reported
     silent_s: float  # since its last record of any kind
     live: dict | None  # its last `alive` record (None: it sends none)
     live_age_s: float | None  # since that record
+    live_latest: bool  # that record is its newest record (its `where` is not stale)
     proc: ProcState | None
 
 
@@ -47,13 +48,13 @@ class Evidence:
     line: str
 
 
-def _report(v: RankView) -> str:
-    """Where its last `alive` record placed the loop: `step 27, forward/backward`."""
+def _last_seen(v: RankView) -> str:
+    """Where its records last placed it: `step 27, forward/backward`."""
     live = v.live or {}
-    step = live.get("step", v.step)
-    at = f"step {step}" if step is not None else str(live.get("phase", "startup"))
-    doing = live.get("where")
-    return f"{at}, {'in ' if live.get('collective') else ''}{doing}" if doing else at
+    at = f"step {v.step}" if v.step is not None else str(live.get("phase", "startup"))
+    if v.live_latest and live.get("where"):
+        return f"{at}, {'in ' if live.get('collective') else ''}{live['where']}"
+    return at
 
 
 def judge(v: RankView, now: float) -> Evidence:
@@ -68,11 +69,11 @@ def judge(v: RankView, now: float) -> Evidence:
     live = v.live
     step = live.get("step", v.step)
     if v.proc is not None and v.proc.hard:
-        return Evidence(v.rank, HARD, False, step, f"rank {v.rank}: {proc}; its last report: {_report(v)}")
+        return Evidence(v.rank, HARD, False, step, f"rank {v.rank}: {proc}; last seen at {_last_seen(v)}")
     if v.live_age_s is not None and v.live_age_s > LIVENESS_SILENT_S:
         return Evidence(v.rank, SILENT, False, step,
                         f"rank {v.rank}: no liveness record for {v.live_age_s:.0f} s although the process runs "
-                        f"({proc or 'state unknown'}): wedged; its last report: {_report(v)}")
+                        f"({proc or 'state unknown'}): wedged; last seen at {_last_seen(v)}")
     suffix = f" ({proc})" if proc else ""
     there = f"{live.get('where_s', 0) + (v.live_age_s or 0):.0f} s"
     at = f"at step {step}" if step is not None else f"in {live.get('phase')}"

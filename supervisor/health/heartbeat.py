@@ -161,10 +161,11 @@ class Heartbeats:
             st.timed = timed_phase(phase, step)
 
     def responsive(self, now: float, alive: set[int]) -> set[int]:
-        """Ranks whose liveness thread still reports and whose process can run: they can answer a request."""
+        """Ranks whose liveness thread still reports and whose process is not frozen: they can answer
+        a request (a rank in state D too: only its main thread sleeps)."""
         return {r for r in alive if (st := self.ranks.get(r)) is not None and st.live_at is not None
                 and now - st.live_at <= ev.LIVENESS_SILENT_S
-                and not ((proc := self.procs.state(r)) is not None and proc.hard)}
+                and not ((proc := self.procs.state(r)) is not None and proc.frozen)}
 
     def allowance(self, st: RankState) -> float:
         return self.timeouts.allowance(st.timed)
@@ -191,7 +192,8 @@ class Heartbeats:
 
     def _hang(self, stale: list[RankState], running: list[RankState], now: float) -> Verdict:
         views = [ev.RankView(st.rank, st.step, now - (st.last_record or st.spawned), st.live,
-                             None if st.live_at is None else now - st.live_at, self.procs.state(st.rank))
+                             None if st.live_at is None else now - st.live_at, st.live_at == st.last_record,
+                             self.procs.state(st.rank))
                  for st in running]
         found = [ev.judge(v, now) for v in views]
         stalled = {st.rank: now - (st.progress_at or st.spawned) for st in stale}

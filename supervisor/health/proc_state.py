@@ -23,6 +23,7 @@ LETTER = {
 MEANING = {"T": "process stopped", "t": "process stopped by a tracer", "D": "uninterruptible sleep in the kernel",
            "Z": "process exited (zombie)", "X": "process dead"}
 HARD_STATES = frozenset(MEANING)  # states that alone explain a hang
+FROZEN_STATES = frozenset("TtZX")
 CPU_WINDOW_S = 3.0  # CPU time is judged over about this long
 BUSY_FRACTION = 0.05  # of one core: below this the process counts as idle
 
@@ -36,6 +37,11 @@ class ProcState:
     @property
     def hard(self) -> bool:
         return self.letter in HARD_STATES
+
+    @property
+    def frozen(self) -> bool:
+        """No thread of it runs (stopped or gone); in D only the sleeping thread waits."""
+        return self.letter in FROZEN_STATES
 
     def describe(self, now: float) -> str:
         """e.g. `process stopped (state T) for 12 s` or `state S, CPU idle`."""

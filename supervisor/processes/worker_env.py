@@ -95,15 +95,11 @@ def worker_env(base: Mapping[str, str], plan: DevicePlan, slot: DeviceSlot, run:
 def flight_recorder_env(base: Mapping[str, str], trace_dir: str) -> dict[str, str]:
     """PyTorch's flight recorder (the last collectives of every process group, NCCL and, in
     torch 2.13, gloo too) on, with NCCL's own dump on a watchdog timeout landing in the run
-    directory rather than /tmp. What the user set wins."""
-    wanted = {
-        "TORCH_FR_BUFFER_SIZE": FR_ENTRIES,  # torch 2.13's name; older releases read only the next one
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": FR_ENTRIES,
-        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-    }
+    directory rather than /tmp. torch 2.13 names: the TORCH_NCCL_* spellings of the buffer
+    size and dump file warn as deprecated on every rank. What the user set wins."""
+    wanted = {"TORCH_FR_BUFFER_SIZE": FR_ENTRIES, "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
     if trace_dir:
-        prefix = str(Path(trace_dir) / "nccl-timeout" / "rank")
-        wanted.update({"TORCH_FR_DUMP_TEMP_FILE": prefix, "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix})
+        wanted["TORCH_FR_DUMP_TEMP_FILE"] = str(Path(trace_dir) / "nccl-timeout" / "rank")
     return {name: base.get(name, value) for name, value in wanted.items()}
 
 
