@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--force", action="store_true",
                    help="use a GPU another process holds memory on; reuse an existing --run-id directory")
     g.add_argument("--hang-timeout", type=_seconds, default=None, metavar="S",
-                   help="seconds without a heartbeat before a worker counts as hung (default: per preset)")
+                   help="fixed step allowance: seconds without progress before a rank counts as hung "
+                        "(default: learned, max(system.hang_floor, system.hang_factor x p99 step time))")
     g.add_argument("--grace-period", type=_seconds, default=None, metavar="S",
                    help="teardown: seconds between SIGTERM and SIGKILL (default: per preset)")
     g.add_argument("--log-ranks", type=_id_list, default=None, metavar="R[,R]",
@@ -78,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after a crash, hang or lost worker, restart every worker up to N times, resuming from "
                         "the newest checkpoint this run wrote (default 0)")
     r.add_argument("--restart-backoff", type=_seconds, default=None, metavar="S",
-                   help="seconds to wait between a failed attempt's teardown and the restart (default 5)")
+                   help="seconds to wait between a failed attempt's teardown and the restart (default 0.5, "
+                        "doubling for each further quick failure in a row, at most 60)")
     r.add_argument("--restart-on-nan", action="store_true",
                    help="restart after a NaN stop (exit 6) too; by default a NaN stop ends the run")
     m = parser.add_argument_group("multi-node (one supervisor per node; see README 'Multi-node')")
