@@ -136,8 +136,9 @@ def test_flight_recorder_dump_of_a_real_gloo_group(tmp_path, monkeypatch):
     finally:
         dist.destroy_process_group()
     doc = orjson.loads((tmp_path / "traces" / "rank0.json").read_bytes())
-    status = next(iter(doc["pg_status"].values()))
-    assert status["last_enqueued_collective"] == 3 and status["last_completed_collective"] == 3
-    last = next(iter(doc["last"].values()))
-    assert last[-1]["op"] == "gloo:all_reduce" and last[-1]["seq"] == 3
+    assert doc["rank"] == 0, doc
+    # the recorder is per process: find our group by its entries, whatever ran in this process before
+    pg, last = next((pg, entries) for pg, entries in doc["last"].items() if entries[-1]["op"] == "gloo:all_reduce")
+    status = doc["pg_status"][pg]
+    assert last[-1]["seq"] == status["last_enqueued_collective"] == status["last_completed_collective"] >= 3, doc
     assert (tmp_path / "traces" / "fr" / "rank0").stat().st_size > 0  # torch's own format, for fr_trace
