@@ -80,7 +80,7 @@ def main() -> int:
     write_results("restart", "Restart to first step (max restarts 1)", comparisons, notes=[
         f"{rounds} round-robin rounds; restarts that never reached a first step within {args.cap:g} s: "
         + ", ".join(f"{kind} {failed[kind]} of {rounds}" for kind in KINDS) + ".",
-        "gpuherd: default backoff (0.5 s), a fresh TCPStore for the new attempt served by the store helper that "
+        "gpuherd: default backoff (0.2 s), a fresh TCPStore for the new attempt served by the store helper that "
         "stayed up (no second torch import); torchrun/ft_launcher: their c10d rendezvous (--standalone).",
     ])
     for c in comparisons:

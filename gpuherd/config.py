@@ -47,7 +47,7 @@ class SystemConfig:
     collapse_logs: bool = False  # identical lines from all ranks -> one line
     monitor_interval: float = 5.0  # seconds between GPU samples
     max_restarts: int = 0  # restart every worker after a failure, resuming from the newest checkpoint
-    restart_backoff: float = 0.5  # seconds before the first restart; doubles for each further quick failure
+    restart_backoff: float = 0.2  # seconds before the first restart; doubles for each further quick failure
     restart_on_nan: bool = False  # a NaN stop (exit 6) is restarted too, not only crashes and hangs
     # hang verdicts and stragglers (supervisor/health/): learned timeouts and slow-rank warnings
     hang_factor: float = 5.0  # learned allowance of a phase = max(hang_floor, hang_factor x p99 of its durations)

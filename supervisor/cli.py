@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after a crash, hang or lost worker, restart every worker up to N times, resuming from "
                         "the newest checkpoint this run wrote (default 0)")
     r.add_argument("--restart-backoff", type=_seconds, default=None, metavar="S",
-                   help="seconds to wait between a failed attempt's teardown and the restart (default 0.5, "
+                   help="seconds to wait between a failed attempt's teardown and the restart (default 0.2, "
                         "doubling for each further quick failure in a row, at most 60)")
     r.add_argument("--restart-on-nan", action="store_true",
                    help="restart after a NaN stop (exit 6) too; by default a NaN stop ends the run")

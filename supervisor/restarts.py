@@ -7,7 +7,7 @@ supervisor also picks the checkpoint: the newest complete one *this run* wrote
 picked up by accident), handed to the workers as `GPUHERD_RESUME`. With none
 written yet, the next attempt starts as the first one did.
 
-The pause is short (`system.restart_backoff`, 0.5 s by default: a restart is cheap, the
+The pause is short (`system.restart_backoff`, 0.2 s by default: a restart is cheap, the
 store helper stays warm) and doubles for each further failure in a row, up to
 `MAX_BACKOFF_S`, so a job that fails at once every time does not spin; an attempt
 that ran for `STREAK_RESET_S` before failing starts the doubling over.
