@@ -30,8 +30,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.compare import Comparison, Side, write_results  # noqa: E402
 from bench.bench_worker import time_worker  # noqa: E402
+from bench.compare import Comparison, Side, write_results  # noqa: E402
 from gpuherd.liveness import Liveness  # noqa: E402
 from gpuherd.status_channel import StatusWriter  # noqa: E402
 
