@@ -94,7 +94,7 @@ def blame(evidence: list[Evidence], stalled: dict[int, float]) -> tuple[list[int
     elsewhere = [e for e in evidence if not e.waiting]
     if waiting and elsewhere:
         return [e.rank for e in elsewhere], "not in the collective the others wait in"
-    steps = [e.step for e in evidence if e.step is not None]
+    steps = [e.step for e in evidence if isinstance(e.step, int)]
     if steps and min(steps) < max(steps):
         return [e.rank for e in evidence if e.step == min(steps)], "furthest behind in steps"
     longest = max(stalled, key=stalled.get)

@@ -38,6 +38,27 @@ def hang_timeouts(preset: str, hang_timeout: float, startup_timeout: float, scri
     return hang, startup
 
 
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def clean_alive(rec: dict[str, Any]) -> dict[str, Any]:
+    """An `alive` record with every field of the wrong type dropped: a script writes them too,
+    and nothing it sends may take the supervisor down."""
+    out: dict[str, Any] = {"phase": str(rec.get("phase") or "unknown"),
+                           "step": rec["step"] if isinstance(rec.get("step"), int) else None,
+                           "for_s": _number(rec.get("for_s")) or 0.0, "where": str(rec.get("where") or ""),
+                           "where_s": _number(rec.get("where_s")) or 0.0, "collective": rec.get("collective") is True}
+    took = rec.get("took")
+    if isinstance(took, dict):
+        out["took"] = {str(phase): (int(v[0]), float(v[1])) for phase, v in took.items()
+                       if isinstance(v, list) and len(v) == 2 and None not in (_number(v[0]), _number(v[1]))}
+    steps, compute = _number(rec.get("steps")), _number(rec.get("compute_s"))
+    if steps and compute is not None:
+        out.update(steps=int(steps), compute_s=compute)
+    return out
+
+
 def timed_phase(phase: str | None, step: int | None) -> str:
     """The phase whose allowance applies: step | eval | checkpoint | startup."""
     if phase in ("eval", "checkpoint"):
@@ -122,7 +143,7 @@ class Heartbeats:
                     self._rendezvous_started = now
         elif kind == "step":
             step = rec.get("step")
-            if st.live is None and st.step_at is not None and step is not None and st.step is not None \
+            if st.live is None and st.step_at is not None and isinstance(step, int) and isinstance(st.step, int) \
                     and step > st.step:  # no liveness records: learn from the intervals between steps
                 self.timeouts.observe("step", (now - st.step_at) / (step - st.step), step - st.step)
             if step != st.step:
@@ -142,22 +163,23 @@ class Heartbeats:
         elif kind == "error":
             st.error = str(rec.get("message"))
 
-    def _alive(self, st: RankState, rec: dict[str, Any], now: float) -> None:
+    def _alive(self, st: RankState, raw: dict[str, Any], now: float) -> None:
         """A liveness record: progress only if the loop moved on; what it timed is learned."""
+        rec = clean_alive(raw)
         st.live, st.live_at = rec, now
-        for phase, (count, longest) in (rec.get("took") or {}).items():
-            self.timeouts.observe(phase, float(longest), int(count))
+        for phase, (count, longest) in rec.get("took", {}).items():
+            self.timeouts.observe(phase, longest, count)
         if self.stragglers is not None and rec.get("steps"):
             self.stragglers.add(st.rank, rec, now)
         phase, step = rec.get("phase"), rec.get("step")
-        if step is not None and (st.step is None or step > st.step):
+        if step is not None and (not isinstance(st.step, int) or step > st.step):
             st.step = step  # steps reached, between the (rarer) step records
         if step is None and phase not in STARTUP_PHASES:  # nothing to measure progress by: a heartbeat
             st.progress_at, st.timed = now, "startup"
             return
         if (phase, step) != st.progress_key:
             st.progress_key = (phase, step)
-            st.progress_at = max(st.spawned, now - float(rec.get("for_s") or 0.0))
+            st.progress_at = max(st.spawned, now - rec["for_s"])
             st.timed = timed_phase(phase, step)
 
     def responsive(self, now: float, alive: set[int]) -> set[int]:

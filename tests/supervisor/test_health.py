@@ -91,6 +91,18 @@ def test_the_verdict_lists_the_blamed_rank_first_and_explains_the_allowance():
     assert "step allowance 10 s (learned: max(10 s, 5 x p99 0.10 s))" in v.message
 
 
+def test_malformed_liveness_records_from_a_script_are_shrugged_off():
+    hb = Heartbeats([0], now=0.0, timeouts=LearnedTimeouts(POLICY), rendezvous=60, expect_heartbeats=True,
+                    stragglers=Stragglers(1.3, 1, write=lambda rec: None))
+    for junk in ({"type": "alive", "took": {"step": 5}, "for_s": "soon", "steps": "many"},
+                 {"type": "alive", "took": [1, 2], "step": "7", "where_s": None, "compute_s": 1.0, "steps": 3},
+                 {"type": "alive", "took": {"step": ["a", 1.0]}, "collective": "yes"}):
+        hb.record(0, junk, 1.0)
+        hb.record(0, {"type": "step", "step": "eight"}, 1.5)
+        assert hb.check(2.0, {0}) is None
+    assert hb.ranks[0].live["collective"] is False and hb.ranks[0].live["step"] is None
+
+
 # ---------------------------------------------------------------------------- learned timeouts
 
 
