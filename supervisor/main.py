@@ -60,11 +60,11 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
         validate_launch(cfg, plan, train=mode == "train")
     except LaunchError as exc:
         _refuse(console, str(exc), exc.exit_code)
-    if mode == "train":
-        _model_checks(cfg, plan, console)
     run_id, run_dir = _run_names(launch, console)  # a bad --run-id is refused before any slower check
     checks = _preflight(launch, plan, console) if cfg.system.preflight else None
     listen, bind_ip = _bind_store(launch, console)  # after the checks: they probe the master port themselves
+    if mode == "train":  # last: a wrong flag above is named as such, not as a model that does not fit
+        _model_checks(cfg, plan, console)
     # ---- nothing was written before this line; everything below may write
     try:
         rundir.create(run_dir, exist_ok=launch.force)  # one mkdir: of two runs with one --run-id, one wins
