@@ -146,10 +146,15 @@ def _first_bad(report: NanReport) -> list[str]:
     return out
 
 
+def rank_records(ranks: list[dict[str, Any]], record: type) -> list[Any]:
+    """Each rank's part of a multi-rank report as `record`s; none for a single rank (nothing to compare)."""
+    return [record(**r) for r in ranks] if len(ranks) > 1 else []
+
+
 def _ranks(ranks: list[dict[str, Any]]) -> list[str]:
-    if len(ranks) <= 1:
+    records = rank_records(ranks, RankRecord)
+    if not records:
         return []
-    records = [RankRecord(**r) for r in ranks]
     origin = [r for r in records if r.evidence]
     flagged = [r for r in records if r.flagged]
     if origin:

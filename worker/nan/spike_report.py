@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from worker.nan.banner import NARROW, WIDE
+from worker.nan.banner import NARROW, WIDE, rank_records
 from worker.nan.spikes import MAD_TO_SIGMA
 
 LARGEST_SHOWN = 5
@@ -89,9 +89,9 @@ def render_spike(report: SpikeReport) -> list[str]:
 
 
 def _ranks(ranks: list[dict[str, Any]]) -> list[str]:
-    if len(ranks) <= 1:
+    records = rank_records(ranks, SpikeRecord)
+    if not records:
         return []
-    records = [SpikeRecord(**r) for r in ranks]
     spiked = [r for r in records if r.loss_spike]
     if not spiked:
         return [f"No rank's own loss spiked: the gradient norm (reduced over all {len(records)} ranks) did"]
