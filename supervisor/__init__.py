@@ -2,7 +2,7 @@
 
 Rooms (one concern each; docs/architecture.md has the map):
   processes/   the supervision event loop, spawning, worker environment, orphan cleanup
-  logs/        worker output -> prefixed lines on the console and in per-worker files
+  output/      worker output -> prefixed lines on the console and in per-worker files
   health/      heartbeats, run watchers (the GPU watch), metrics.jsonl
   gpus/        NVML and the device plan
   rendezvous/  the per-attempt store, single- and multi-node backends, SLURM

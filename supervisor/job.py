@@ -27,7 +27,7 @@ from supervisor.cli import Launch
 from supervisor.gpus import DevicePlan
 from supervisor.health import Heartbeats, MetricsSink, NcclTransportWatch, RunContext, RunWatcher, gpu_watcher, \
     hang_timeouts
-from supervisor.logs import STDERR, Console, LogRouter, WorkerLog
+from supervisor.output import STDERR, Console, LogRouter, WorkerLog
 from supervisor.processes import SAVE_AND_STOP, OrphanGuard, StopRules, Supervision, WorkerProcess, \
     become_subreaper, die_with_parent, error_file_for, python_env, RunEnv, script_env, spawn, stop_exit_code, \
     sweep_children, worker_env

@@ -29,7 +29,7 @@ from supervisor.cli import PROG, Launch, parse
 from supervisor.gpus import DeviceError, DevicePlan, plan_devices
 from supervisor.health import WARN, CheckReport, announce_devices, hang_timeouts, run_checks
 from supervisor.job import Job
-from supervisor.logs import STDERR, Console
+from supervisor.output import STDERR, Console
 from supervisor.processes import die_with_parent, python_env, within_kill_wait
 from supervisor.rendezvous import MultiNode, NodeLinkError, SingleNode, bind_master, kill_wait
 from supervisor.summary import now_iso

@@ -51,7 +51,7 @@ from loguru import logger
 from gpuherd.exit_codes import ExitCode
 from gpuherd.status_channel import decode
 from supervisor.health import FatalCause, Heartbeats, MetricsSink
-from supervisor.logs import STDERR, STDOUT, LogRouter
+from supervisor.output import STDERR, STDOUT, LogRouter
 from supervisor.processes.error_file import error_file_for, read_error_file
 from supervisor.processes.spawn import WorkerProcess
 from supervisor.processes.stopping import STOP_REQUESTS, GracefulStop, StopRules, stop_exit_code

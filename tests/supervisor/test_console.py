@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from supervisor.logs.console import STDOUT, Console
+from supervisor.output.console import STDOUT, Console
 from tests.supervisor import helpers as sh
 
 

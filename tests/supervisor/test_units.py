@@ -7,11 +7,11 @@ import pytest
 
 from gpuherd.config import SystemConfig, preset
 from supervisor.cli import parse
-from supervisor.logs.console import Collapser
+from supervisor.output.console import Collapser
 from supervisor.gpus import DeviceError, plan_devices
 from supervisor.gpus import release_claims
 from supervisor.health import Heartbeats, hang_timeouts
-from supervisor.logs.lines import LineSplitter, Severity
+from supervisor.output.lines import LineSplitter, Severity
 from supervisor.processes.worker_env import RunEnv, worker_env
 from tests.fake_nvml import GIB, FakeProcess, installed, machine, no_nvml
 

@@ -135,8 +135,8 @@ def test_worker_nccl_lines_reach_the_transport_watch(tmp_path):
     """NCCL_DEBUG=INFO output on a worker's stdout: the supervisor warns about the slow pair once."""
     from loguru import logger
 
-    from supervisor.logs.console import STDOUT, Console
-    from supervisor.logs.router import LogRouter, WorkerLog
+    from supervisor.output.console import STDOUT, Console
+    from supervisor.output.router import LogRouter, WorkerLog
 
     warnings: list[str] = []
     sink = logger.add(lambda m: warnings.append(m.record["message"]), level="WARNING")

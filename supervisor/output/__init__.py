@@ -5,8 +5,8 @@
   Console, Collapser (console.py): the non-blocking console writer; rank filter, collapsing
 """
 
-from supervisor.logs.console import STDERR, STDOUT, Collapser, Console
-from supervisor.logs.lines import LineSplitter, Severity
-from supervisor.logs.router import LogRouter, WorkerLog
+from supervisor.output.console import STDERR, STDOUT, Collapser, Console
+from supervisor.output.lines import LineSplitter, Severity
+from supervisor.output.router import LogRouter, WorkerLog
 
 __all__ = ["STDERR", "STDOUT", "Collapser", "Console", "LineSplitter", "LogRouter", "Severity", "WorkerLog"]

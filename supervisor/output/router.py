@@ -14,9 +14,9 @@ from pathlib import Path
 
 from loguru import logger
 
-from supervisor.logs.console import STDERR, STDOUT, Collapser, Console
+from supervisor.output.console import STDERR, STDOUT, Collapser, Console
 from supervisor.health import NcclTransportWatch
-from supervisor.logs.lines import LineSplitter, Severity
+from supervisor.output.lines import LineSplitter, Severity
 
 TAIL_LINES = 20
 
