@@ -267,7 +267,7 @@ def test_worker_environment_is_torchrun_compatible(tmp_path):
 
 
 def test_log_ranks_shows_rank_0_and_everyones_errors(tmp_path):
-    r = sh.run(tmp_path, "train:3", "raise", args=("--log-ranks", "0", *FAST))
+    r = sh.run(tmp_path, "train:3", "raise-after:0", args=("--log-ranks", "0", *FAST))
     assert r.code == 1
     assert "CPU0:INFO | [CPU 0] Step [2/3]" in r.err
     assert "CPU1:INFO" not in r.err  # rank 1's chatter stays in its file

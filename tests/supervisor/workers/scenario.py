@@ -11,7 +11,8 @@ save-on:SIG:S (train until SIG (INT or TERM), then report phase checkpoint, take
 "save", report the checkpoint, exit 128+SIG) | usr2-log (train; log each SIGUSR2) |
 save:S (write .checkpoints/step_S.pt, report it, finish) | save-then-fail:S (attempt 0: save
 step S, then raise once a file `go` exists; later attempts: log GPUHERD_RESUME, finish) |
-flood-raise:N (N lines on stderr, then raise).
+flood-raise:N (N lines on stderr, then raise) | raise-after:R (train, wait until rank R's
+worker log holds its last step line, then raise: an order of events that no scheduler can swap).
 Every rank registers faulthandler on SIGUSR1 (as gpuherd's own worker does) unless
 the behaviour ends in "+nofh".
 """
@@ -106,7 +107,22 @@ def more_behaviours() -> int:
             sys.stderr.write(f"INFO | {TAG} flood line {i:06d} " + "x" * 60 + "\n")
         sys.stderr.flush()
         raise RuntimeError(f"boom after {ARG} lines")
+    if NAME == "raise-after":
+        train(3)
+        wait_for_rank_log(int(ARG), "Step [2/3]")
+        raise RuntimeError(f"boom from rank {RANK}")
     raise SystemExit(f"unknown behaviour {SPEC!r}")
+
+
+def wait_for_rank_log(rank: int, text: str, timeout: float = 30.0) -> None:
+    from pathlib import Path
+
+    run_dir = Path(os.environ["GPUHERD_RUN_DIR"])
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(text in p.read_text() for p in run_dir.glob(f"worker-rank{rank}-*.log")):
+            return
+        time.sleep(0.02)
 
 
 def main() -> int:
