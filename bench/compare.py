@@ -74,7 +74,9 @@ def write_results(name: str, title: str, comparisons: list[Comparison], notes: l
     out = Path(__file__).resolve().parent / "results"
     out.mkdir(parents=True, exist_ok=True)
     if comparisons:
-        ours, theirs = comparisons[0].ours.name, comparisons[0].theirs.name
+        ours = comparisons[0].ours.name
+        others = {c.theirs.name for c in comparisons}
+        theirs = others.pop() if len(others) == 1 else "other launcher (named in the row)"
         lines = [f"**{title}**", "", f"| measure | {ours} median (min–max) | {theirs} median (min–max) | {ours} advantage |",
                  "|---|---|---|---|", *(c.row() for c in comparisons)]
     else:

@@ -1,8 +1,9 @@
-"""The two launchers the side-by-side benchmarks compare, on the same worker script.
+"""The launchers the side-by-side benchmarks compare, on the same worker script.
 
-`Launchers` builds both command lines with the same worker count and the same
-SIGTERM -> SIGKILL grace period (gpuherd `--grace-period`, torchrun
-`--shutdown-timeout`); `exit_after` waits for a launcher with a cap and kills
+`Launchers` builds gpuherd's, torchrun's and NVIDIA's ft_launcher's command lines
+with the same worker count and the same SIGTERM -> SIGKILL grace period (gpuherd
+`--grace-period`, torchrun `--shutdown-timeout`, ft_launcher `--term-timeout`); `flags`
+go to the launcher, `args` to the script. `exit_after` waits for a launcher with a cap and kills
 whatever it left running when the cap is reached.
 """
 
@@ -19,6 +20,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+FT_LAUNCHER = str(Path(sys.executable).with_name("ft_launcher"))  # pip install nvidia-resiliency-ext
 
 
 def worker_env() -> dict[str, str]:
@@ -35,15 +37,20 @@ class Launchers:
         self.script = script
         self.grace = grace_period
 
-    def gpuherd(self, n: int, *args: str) -> list[str]:
+    def gpuherd(self, n: int, *args: str, flags: tuple[str, ...] = ()) -> list[str]:
         return [sys.executable, "-m", "supervisor", "--set", "system.device=cpu", "--set",
                 f"system.run_root={self.work / 'logs'}", "--nproc", str(n), "--grace-period", f"{self.grace:g}",
-                "--script", str(self.script), *args]
+                *flags, "--script", str(self.script), *args]
 
-    def torchrun(self, n: int, *args: str) -> list[str]:
+    def torchrun(self, n: int, *args: str, flags: tuple[str, ...] = ()) -> list[str]:
         # --tee 3 --log-dir: prefixed lines on the console and one file per worker, like gpuherd
         return [TORCHRUN, "--nproc-per-node", str(n), "--shutdown-timeout", str(round(self.grace)),
-                "--tee", "3", "--log-dir", str(self.work / "tlogs"), str(self.script), *args]
+                "--tee", "3", "--log-dir", str(self.work / "tlogs"), *flags, str(self.script), *args]
+
+    def ft_launcher(self, n: int, *args: str, flags: tuple[str, ...] = ()) -> list[str]:
+        # torchrun's options plus NVIDIA's rank monitors; no NIC to watch on a CPU machine
+        return [FT_LAUNCHER, "--nproc-per-node", str(n), "--term-timeout", str(round(self.grace)),
+                "--ft-enable-nic-monitor", "false", *flags, str(self.script), *args]
 
 
 def kill_tree(proc: subprocess.Popen) -> None:

@@ -29,10 +29,11 @@ STATUS_FD = "GPUHERD_STATUS_FD"  # write end of the status pipe (orjson lines)
 SUPERVISOR_PID = "GPUHERD_SUPERVISOR_PID"  # for the parent-death check
 SUPERVISED = "GPUHERD_SUPERVISED"  # "1": the supervisor prefixes our lines
 RESUME = "GPUHERD_RESUME"  # set on a restarted attempt: the checkpoint to resume from (overrides training.resume)
+TRACE_DIR = "GPUHERD_TRACE_DIR"  # where a rank dumps its collective trace when the supervisor asks (gpuherd/liveness.py)
 
 GPUHERD_VARS = (
     GPU_RANK, DEVICE_KIND, DEVICE_ID, DEVICE_UUID, CONFIG_PATH, RUN_DIR, DATASET_CACHE,
-    STATUS_FD, SUPERVISOR_PID, SUPERVISED, RESUME,
+    STATUS_FD, SUPERVISOR_PID, SUPERVISED, RESUME, TRACE_DIR,
 )
 
 

@@ -17,7 +17,7 @@ import orjson
 
 from gpuherd import contract
 
-RECORD_TYPES = ("ready", "step", "eval", "checkpoint", "phase", "nan", "spike", "suspect", "done", "error")
+RECORD_TYPES = ("ready", "step", "eval", "checkpoint", "phase", "nan", "spike", "suspect", "done", "error", "alive")
 PIPE_BUF = 4096
 
 
@@ -38,6 +38,10 @@ class StatusWriter:
     def from_env(cls, rank: int, automatic: bool = False) -> StatusWriter:
         raw = os.environ.get(contract.STATUS_FD)
         return cls(int(raw) if raw else None, rank, automatic)
+
+    @property
+    def rank(self) -> int:
+        return self._rank
 
     @property
     def connected(self) -> bool:

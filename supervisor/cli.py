@@ -87,7 +87,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     g.add_argument("--force", action="store_true",
                    help="use a GPU another process holds memory on; reuse an existing --run-id directory")
     g.add_argument("--hang-timeout", type=_seconds, default=None, metavar="S",
-                   help="seconds without a heartbeat before a worker counts as hung (default: per preset)")
+                   help="fixed step allowance: seconds without progress before a rank counts as hung "
+                        "(default: learned, max(system.hang_floor, system.hang_factor x p99 step time))")
     g.add_argument("--grace-period", type=_seconds, default=None, metavar="S",
                    help="teardown: seconds between SIGTERM and SIGKILL; Ctrl-C: seconds to reach a save "
                         "(default: per preset)")
@@ -99,14 +100,33 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                    help="console shows these ranks, plus every rank's warnings and errors (files keep all)")
     g.add_argument("--collapse-logs", action="store_true",
                    help="print a line that all ranks print identically once, with a rank count")
+    _add_restart_flags(parser)
+    _add_node_flags(parser)
+    g.add_argument("--run-id", "--rdzv-id", "--rdzv_id", default=None, metavar="ID",
+                   help="name of the run directory and TORCHELASTIC_RUN_ID (default: time + random)")
+    g.add_argument("-v", "--verbose", action="store_true", help="the supervisor's own debug messages on the console")
+    g.add_argument("--skip-checks", dest="preflight", action="store_false", default=None,
+                   help="skip the pre-flight GPU and host checks (`gpuherd check`) before the run")
+    g.add_argument("--no-report", dest="report", action="store_false", default=None,
+                   help="do not write report.html and its figures into the run directory at the end")
+    _add_script_flags(parser)
+    add_torchrun_flags(parser)
+    return parser
+
+
+def _add_restart_flags(parser: argparse.ArgumentParser) -> None:
     r = parser.add_argument_group("restarts")
     r.add_argument("--max-restarts", "--max_restarts", type=int, default=None, metavar="N",
                    help="after a crash, hang or lost worker, restart every worker up to N times, resuming from "
                         "the newest checkpoint this run wrote (default 0)")
     r.add_argument("--restart-backoff", type=_seconds, default=None, metavar="S",
-                   help="seconds to wait between a failed attempt's teardown and the restart (default 5)")
+                   help="seconds to wait between a failed attempt's teardown and the restart (default 0.2, "
+                        "doubling for each further quick failure in a row, at most 60)")
     r.add_argument("--restart-on-nan", action="store_true",
                    help="restart after a NaN stop (exit 6) too; by default a NaN stop ends the run")
+
+
+def _add_node_flags(parser: argparse.ArgumentParser) -> None:
     m = parser.add_argument_group("multi-node (one supervisor per node; see README 'Multi-node')")
     m.add_argument("--nnodes", type=_nnodes, default=None, metavar="N", help="nodes in the job (default 1)")
     m.add_argument("--node-rank", "--node_rank", type=int, default=None, metavar="R",
@@ -118,16 +138,6 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     m.add_argument("--slurm", action="store_true",
                    help="take --nnodes/--node-rank/--master-addr/--master-port from SLURM's environment "
                         "(run under srun, one task per node); explicit flags win")
-    g.add_argument("--run-id", "--rdzv-id", "--rdzv_id", default=None, metavar="ID",
-                   help="name of the run directory and TORCHELASTIC_RUN_ID (default: time + random)")
-    g.add_argument("-v", "--verbose", action="store_true", help="the supervisor's own debug messages on the console")
-    g.add_argument("--skip-checks", dest="preflight", action="store_false", default=None,
-                   help="skip the pre-flight GPU and host checks (`gpuherd check`) before the run")
-    g.add_argument("--no-report", dest="report", action="store_false", default=None,
-                   help="do not write report.html and its figures into the run directory at the end")
-    _add_script_flags(parser)
-    add_torchrun_flags(parser)
-    return parser
 
 
 def _add_script_flags(parser: argparse.ArgumentParser) -> None:

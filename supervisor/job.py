@@ -25,14 +25,39 @@ from gpuherd.exit_codes import ExitCode
 from supervisor import run_dir as rundir
 from supervisor.cli import Launch
 from supervisor.gpus import DevicePlan
-from supervisor.health import Heartbeats, MetricsSink, NcclTransportWatch, RunContext, RunWatcher, gpu_watcher, \
-    hang_timeouts
+from supervisor.health import (
+    HangPolicy,
+    Heartbeats,
+    LearnedTimeouts,
+    MetricsSink,
+    NcclTransportWatch,
+    RunContext,
+    RunWatcher,
+    Stragglers,
+    gpu_watcher,
+    hang_timeouts,
+    previous_learned,
+)
 from supervisor.output import STDERR, Console, LogRouter, WorkerLog
-from supervisor.processes import SAVE_AND_STOP, OrphanGuard, StopRules, Supervision, WorkerProcess, \
-    become_subreaper, die_with_parent, error_file_for, python_env, RunEnv, script_env, spawn, stop_exit_code, \
-    sweep_children, worker_env
-from supervisor.rendezvous import NodeLinkError, Rendezvous, Setup, SingleNode
-from supervisor.restarts import RunCheckpoints, pause, refusal
+from supervisor.processes import (
+    SAVE_AND_STOP,
+    OrphanGuard,
+    RunEnv,
+    StopRules,
+    Supervision,
+    WorkerProcess,
+    become_subreaper,
+    die_with_parent,
+    error_file_for,
+    python_env,
+    script_env,
+    spawn,
+    stop_exit_code,
+    sweep_children,
+    worker_env,
+)
+from supervisor.rendezvous import NodeLinkError, Rendezvous, Setup, SingleNode, StoreServer, training_fingerprint
+from supervisor.restarts import STREAK_RESET_S, RunCheckpoints, backoff, pause, refusal
 from supervisor.summary import AttemptReport, RootCause, Summary, WorkerReport, how_it_ended, now_iso, shell_code
 
 
@@ -48,6 +73,7 @@ class Attempt:
     sup: Supervision
     run_env: RunEnv
     metrics: MetricsSink
+    stragglers: Stragglers
     workers: list[WorkerProcess] = field(default_factory=list)
 
 
@@ -64,10 +90,31 @@ class Job:
         self.notes: list[str] = []
         self.rendezvous: Rendezvous = SingleNode()
         self.checkpoints = RunCheckpoints()
+        self.stragglers: list[dict] = []  # every attempt's straggler warnings
+        self.timeouts = self._learned_timeouts()
+        self.store_server = StoreServer(sys.executable, python_env(), die_with_parent())  # warm across attempts
+        self._guarded: set[int] = set()  # helper processes the orphan guard already knows
 
     @property
     def mode(self) -> str:
         return "script" if self.launch.script else "train"
+
+    def _learned_timeouts(self) -> LearnedTimeouts:
+        """One learner for the whole job: a restart starts from what earlier attempts learned,
+        a --resume from what the newest run with the same settings left in its run directory."""
+        system = self.cfg.system
+        hang, startup = hang_timeouts(self.cfg.preset, system.hang_timeout, system.startup_timeout,
+                                      script=self.mode == "script")
+        policy = HangPolicy(step_default=hang, startup=startup, factor=system.hang_factor, floor=system.hang_floor,
+                            override=system.hang_timeout)
+        fingerprint = f"{training_fingerprint(self.cfg)}-{self.mode}-{self.plan.world_size}"
+        initial = None
+        if self.cfg.training.resume is not None and system.hang_timeout <= 0:
+            initial = previous_learned(Path(system.run_root), fingerprint, exclude=self.run_dir)
+            if initial:
+                logger.info("hang allowances learned by an earlier run with these settings: " + ", ".join(
+                    f"{phase} {seconds:.0f} s" for phase, seconds in initial.items()))
+        return LearnedTimeouts(policy, initial, fingerprint)
 
     def prepare_dataset(self) -> RootCause | None:
         """Built once, here, before any worker exists; workers only read it."""
@@ -103,11 +150,13 @@ class Job:
         attempts: list[AttemptReport] = []
         final: RootCause | None = None
         resume: str | None = None
+        streak = 0  # quick failures in a row: each doubles the pause
         try:
             for attempt in range(system.max_restarts + 1):
                 report = self.run_attempt(attempt, resume, guard, metrics)
                 attempts.append(report)
                 final = report.root_cause
+                streak = 0 if report.duration_s >= STREAK_RESET_S else streak
                 if final is None:
                     break
                 why_not = self._why_not_restart(final, report, last=attempt == system.max_restarts)
@@ -117,13 +166,15 @@ class Job:
                     break
                 newest = self.checkpoints.newest_of_this_run()
                 resume = str(newest) if newest is not None else None
+                delay = backoff(system.restart_backoff, streak)
+                streak += 1
                 logger.warning(f"attempt {attempt} failed ({final.message}); restart {attempt + 1} of "
-                               f"{system.max_restarts} in {system.restart_backoff:g} s, "
+                               f"{system.max_restarts} in {delay:g} s, "
                                + (f"resuming from {resume}" if resume else "starting as the first attempt did "
                                   "(no checkpoint written yet)"))
                 metrics.write({"type": "restart", "time": time.time(), "attempt": attempt + 1,
                                "after": final.message, "exit_code": final.exit_code, "resume": resume})
-                signum = pause(system.restart_backoff)
+                signum = pause(delay)
                 if signum is not None:
                     final = _stop_cause(signum, f"during the pause before attempt {attempt + 1}")
                     break
@@ -131,6 +182,7 @@ class Job:
             final = _stop_cause(signal.SIGINT, "between attempts")
         finally:
             metrics.close()
+            self.store_server.close()
             sweep_children(exclude={guard.pid, self.rendezvous.helper_pid})
             guard.release()
         return self.finish(final, attempts)
@@ -167,6 +219,8 @@ class Job:
         att = self._prepare_attempt(attempt, setup, log_dir, metrics)
         cause = self._supervise(att, guard)
         cause = self.rendezvous.settle(attempt, cause, att.sup.notes)
+        self.stragglers += [{**found, "attempt": attempt} for found in att.stragglers.found]
+        self.timeouts.save(self.run_dir)
         sup = att.sup
         final_save = sup.final_save()
         if final_save == "not saved" and cause is not None:
@@ -187,25 +241,29 @@ class Job:
     def _prepare_attempt(self, attempt: int, setup: Setup, log_dir: Path, metrics: MetricsSink) -> Attempt:
         """Everything an attempt's supervision needs, before the first worker exists."""
         cfg, plan = self.cfg, setup.plan
-        hang, startup = hang_timeouts(cfg.preset, cfg.system.hang_timeout, cfg.system.startup_timeout,
-                                      script=self.mode == "script")
         logs = {s.rank: WorkerLog(s.rank, s.tag, log_dir / f"worker-rank{s.rank}-{s.tag}.log") for s in plan.slots}
         router = LogRouter(list(logs.values()), self.console, cfg.system.log_ranks, cfg.system.collapse_logs,
                            nccl_watch=_nccl_watch(plan))
-        monitor = Heartbeats([s.rank for s in plan.slots], time.monotonic(), hang, startup,
-                             cfg.system.rendezvous_timeout, expect_heartbeats=self.mode == "train")
+        stragglers = Stragglers(cfg.system.straggler_factor, cfg.system.straggler_windows, metrics.write)
+        monitor = Heartbeats([s.rank for s in plan.slots], time.monotonic(), self.timeouts,
+                             cfg.system.rendezvous_timeout, expect_heartbeats=self.mode == "train",
+                             stragglers=stragglers)
+        trace_dir = log_dir / "collective-traces"
+        if plan.kind == "cuda":  # NCCL's own dump on a watchdog timeout lands here (worker_env.flight_recorder_env)
+            (trace_dir / "nccl-timeout").mkdir(parents=True, exist_ok=True)
         stop = StopRules(cfg.system.grace_period, self.stop_timeout,
                          save_signal=SAVE_AND_STOP if self.mode == "train" else None)
-        sup = Supervision([], router, monitor, metrics, stop, finish_window=hang,
+        sup = Supervision([], router, monitor, metrics, stop, finish_window=self.timeouts.policy.step_default,
                           on_cause=self.rendezvous.publisher(attempt), on_record=self.checkpoints.observe,
-                          script=self.mode == "script", unwatched_why=_unwatched_why(self.launch))
+                          script=self.mode == "script", unwatched_why=_unwatched_why(self.launch),
+                          trace_dir=trace_dir)
         run_env = RunEnv(run_id=self.run_id, run_dir=str(self.run_dir), master_addr=setup.master_addr,
                          master_port=setup.master_port, supervisor_pid=os.getpid(),
                          config_path=str(self.run_dir / "config.json"), dataset_cache=self.dataset_path,
                          restart_count=attempt, max_restarts=cfg.system.max_restarts, resume=setup.resume or "",
                          world_size=setup.world_size, node_rank=self.rendezvous.node_rank,
-                         nnodes=self.rendezvous.nnodes)
-        return Attempt(attempt, setup, logs, router, monitor, sup, run_env, metrics)
+                         nnodes=self.rendezvous.nnodes, trace_dir=str(trace_dir))
+        return Attempt(attempt, setup, logs, router, monitor, sup, run_env, metrics, stragglers)
 
     def _supervise(self, att: Attempt, guard: OrphanGuard) -> RootCause | None:
         """Spawn, watch until the end, and leave nothing of the attempt running."""
@@ -227,10 +285,12 @@ class Job:
             logger.debug(f"attempt {att.number}: spawned {len(att.workers)} worker(s); rendezvous store on "
                          f"{att.setup.master_addr}:{att.setup.master_port}")
             if store is not None:
-                store_proc = store.start(sys.executable, python_env(), die_with_parent())
-                guard.watch(store_proc.pid)
-                sup.watch_helper("rendezvous store", store_proc, store.failure)
-            watchers = _start_watchers(self.cfg, plan, self.run_dir, sup, att.metrics, att.workers)
+                store_proc = self.store_server.serve(store)
+                if store_proc.pid not in self._guarded:
+                    guard.watch(store_proc.pid)
+                    self._guarded.add(store_proc.pid)
+                sup.watch_helper("rendezvous store", store_proc, self.store_server.failure)
+            watchers = _start_watchers(self.cfg, plan, self.run_dir, sup, att, att.workers)
             cause = sup.run()
         except OSError as exc:
             cause = RootCause("supervisor", ExitCode.FAILURE, f"cannot start worker: {exc}")
@@ -246,11 +306,11 @@ class Job:
         for watcher in watchers:
             _stop_watcher(watcher)
         att.router.close()
-        store_pid = store.proc.pid if store is not None and store.proc is not None else None
         if store is not None:
             store.stop()
-        sweep_children(exclude={guard.pid, self.rendezvous.helper_pid})
-        for pgid in [w.pgid for w in att.workers] + ([store_pid] if store_pid else []):
+            self.store_server.drop()  # the helper stays warm for the next attempt
+        sweep_children(exclude={guard.pid, self.rendezvous.helper_pid, self.store_server.pid})
+        for pgid in [w.pgid for w in att.workers]:
             guard.forget(pgid)
         sup.restore_signal_handlers()
 
@@ -268,6 +328,7 @@ class Job:
             max_restarts=self.cfg.system.max_restarts, restarts=max(0, len(attempts) - 1), attempts=attempts,
             node_rank=self.rendezvous.node_rank, nnodes=self.rendezvous.nnodes, nodes=self.rendezvous.nodes,
             final_save=last.final_save if last else None,
+            stragglers=self.stragglers, hang_timeouts=self.timeouts.learned(),
         )
         summary.write(self.run_dir / "summary.json")
         block = summary.block()
@@ -315,10 +376,14 @@ def _stop_cause(signum: int, when: str) -> RootCause:
     return RootCause("terminated", stop_exit_code(signum), f"the supervisor received {name} {when}")
 
 
-def _start_watchers(cfg: Config, plan: DevicePlan, run_dir: Path, sup: Supervision, metrics: MetricsSink,
+def _start_watchers(cfg: Config, plan: DevicePlan, run_dir: Path, sup: Supervision, att: Attempt,
                     workers: list[WorkerProcess]) -> list[RunWatcher]:
+    def write_metric(record: dict) -> None:  # the straggler check reads the GPU/host samples too
+        att.stragglers.sample(record)
+        att.metrics.write(record)
+
     ctx = RunContext(config=cfg, plan=plan, run_dir=run_dir, pids={w.slot.rank: w.pid for w in workers},
-                     write_metric=metrics.write, report_fatal=sup.report_fatal)
+                     write_metric=write_metric, report_fatal=sup.report_fatal)
     started = []
     for factory in (gpu_watcher,):
         watcher = factory(ctx)

@@ -7,6 +7,11 @@ saving (their `checkpoint` status records), still as it was when they reported i
 handed to the workers as `GPUHERD_RESUME`. A checkpoint another run wrote into a
 shared directory — before this run, or while it ran, even under the same name — is
 never picked up. With none written yet, the next attempt starts as the first one did.
+
+The pause is short (`system.restart_backoff`, 0.2 s by default: a restart is cheap, the
+store helper stays warm) and doubles for each further failure in a row, up to
+`MAX_BACKOFF_S`, so a job that fails at once every time does not spin; an attempt
+that ran for `STREAK_RESET_S` before failing starts the doubling over.
 """
 
 from __future__ import annotations
@@ -21,6 +26,13 @@ from supervisor.summary import RootCause
 
 # SIGUSR1/2 too: SLURM's warning before the time limit may come between two attempts
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+MAX_BACKOFF_S = 60.0
+STREAK_RESET_S = 600.0
+
+
+def backoff(base: float, streak: int) -> float:
+    """The pause before a restart after `streak` earlier quick failures in a row (0 for the first)."""
+    return min(base * 2 ** streak, max(base, MAX_BACKOFF_S))
 
 
 def refusal(cause: RootCause, restart_on_nan: bool) -> str | None:

@@ -47,12 +47,14 @@ class RootCause:
     host: str | None = None
     traceback: list[str] = field(default_factory=list)  # from the rank's error file (torch's @record)
     script_code: bool = False  # exit_code is a user script's own: no gpuherd label for it
+    evidence: list[str] = field(default_factory=list)  # a hang: one line per rank, blamed first; collective traces
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RootCause:
         keys = ("kind", "exit_code", "message", "rank", "device", "node", "host")
         return cls(**{k: d.get(k) for k in keys}, stderr_tail=list(d.get("stderr_tail") or []),
-                   traceback=list(d.get("traceback") or []), script_code=bool(d.get("script_code")))
+                   traceback=list(d.get("traceback") or []), script_code=bool(d.get("script_code")),
+                   evidence=list(d.get("evidence") or []))
 
 
 @dataclass
@@ -111,6 +113,8 @@ class Summary:
     nnodes: int = 1
     nodes: list[dict[str, Any]] = field(default_factory=list)  # every node: host, nproc, first_rank, run_dir
     final_save: str | None = None  # the last attempt's (a graceful stop): "saved" | "not saved" | None
+    stragglers: list[dict[str, Any]] = field(default_factory=list)  # every straggler warning (health/stragglers.py)
+    hang_timeouts: dict[str, float] = field(default_factory=dict)  # learned allowance per phase, seconds
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2)
@@ -124,12 +128,14 @@ class Summary:
             after = f" after {self.restarts} restart(s)" if self.restarts else ""
             lines = [f"gpuherd: run {self.run_id} finished: {len(self.workers)} worker(s) exited 0 in "
                      f"{self.duration_s:.1f} s{after}; logs in {self.run_dir}"]
-            return "\n".join(lines + self._attempt_lines() + [f"note: {n}" for n in self.notes])
+            return "\n".join(lines + self._attempt_lines() + self._straggler_lines()
+                             + [f"note: {n}" for n in self.notes])
         rc = self.root_cause
         label = describe(self.exit_code, rc.script_code)
         label = "" if label == f"exit code {self.exit_code}" else f" ({label})"  # a script's code: no label
         lines = [RULE, f"gpuherd: run {self.run_id} FAILED with exit code {self.exit_code}{label}",
                  f"root cause: {rc.message}"]
+        lines += [f"    {line}" for line in rc.evidence]
         lines += self._attempt_lines()
         if rc.traceback:  # the rank's own account (torch's @record): the stderr tail would repeat it
             lines.append(f"traceback of {rc.device} (rank {rc.rank}), from its error file:")
@@ -141,12 +147,16 @@ class Summary:
         if victims:
             lines.append("stopped by the supervisor: " + ", ".join(
                 f"{w.device} (rank {w.rank}, {w.ended})" for w in victims))
+        lines += self._straggler_lines()
         lines += [f"note: {n}" for n in self.notes]
         if self.teardown_s is not None:
             lines.append(f"teardown: every worker gone {self.teardown_s * 1000:.0f} ms after the first failure")
         lines += [f"details: {self.run_dir}/summary.json, worker logs in {self.run_dir}", RULE]
         return "\n".join(lines)
 
+    def _straggler_lines(self) -> list[str]:
+        return [f"straggler: rank {s['rank']} computed {s['slowdown']:.2f}x slower than the others"
+                + (f" ({s['reason']})" if s.get("reason") else "") for s in self.stragglers]
 
     def _attempt_lines(self) -> list[str]:
         """One line per failed attempt that was restarted, and why the last failure was not."""

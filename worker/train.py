@@ -16,6 +16,7 @@ from gpuherd import contract
 from gpuherd.config import Config
 from gpuherd.contract import WorkerIdentity
 from gpuherd.exit_codes import ExitCode
+from gpuherd.liveness import Liveness
 from gpuherd.memory_plan import Layout
 from gpuherd.status_channel import StatusWriter
 from worker import distributed as wdist
@@ -30,8 +31,9 @@ from worker.logs import setup_logging
 from worker.mfu import FlopsModel
 from worker.model import ModelArgs
 from worker.reporting import ScalarSinks, StepReporter, TensorBoard
-from worker.wandb_log import WandbLog
 from worker.schedule import WarmupCosine
+from worker.wandb_log import WandbLog
+from worker.whereabouts import GradientSync, dump_collective_trace
 
 
 def run(cfg: Config, identity: WorkerIdentity, *, cache_dir: Path | None = None, data: DataBundle | None = None,
@@ -46,9 +48,11 @@ def run(cfg: Config, identity: WorkerIdentity, *, cache_dir: Path | None = None,
     uuid = wdist.check_device_uuid(device, os.environ.get(contract.DEVICE_UUID))
     status = status or StatusWriter.from_env(identity.rank)
     status.send("ready", device=str(device), uuid=uuid, pid=os.getpid())
+    trace_dir = os.environ.get(contract.TRACE_DIR)
+    live = Liveness(status, trace_dir=Path(trace_dir) if trace_dir else None, dump=dump_collective_trace).start()
     try:
         if identity.world_size > 1:
-            _rendezvous(cfg, identity, device, status)
+            _rendezvous(cfg, identity, device, status, live)
         if data is None:
             if cache_dir is None:
                 raise WorkerError("no dataset cache given (GPUHERD_DATASET_CACHE)", ExitCode.DATA)
@@ -57,27 +61,31 @@ def run(cfg: Config, identity: WorkerIdentity, *, cache_dir: Path | None = None,
         # every rank plans with the smallest GPU of the run, so all choose the same layout
         layout, note = plan_layout(cfg, data.vocab_size, identity.world_size, wdist.smallest_device_memory(device))
         if identity.world_size == 1 and needs_process_group(layout.strategy):
-            _rendezvous(cfg, identity, device, status)
-        trainer = Trainer(cfg, identity, device, layout, data, status, run_dir, sig, note,
+            _rendezvous(cfg, identity, device, status, live)
+        trainer = Trainer(cfg, identity, device, layout, data, status, run_dir, sig, live, note,
                           run_id_from_env() if run_id is None else run_id)
         return trainer.train()
     finally:
+        live.stop()
         wdist.shutdown()
 
 
-def _rendezvous(cfg: Config, identity: WorkerIdentity, device: torch.device, status: StatusWriter) -> None:
+def _rendezvous(cfg: Config, identity: WorkerIdentity, device: torch.device, status: StatusWriter,
+                live: Liveness) -> None:
     status.send("phase", name="rendezvous")
+    live.at("rendezvous")
     wdist.init_process_group(cfg, identity, device)
 
 
 class Trainer:
     def __init__(self, cfg: Config, identity: WorkerIdentity, device: torch.device, layout: Layout, data: DataBundle,
-                 status: StatusWriter, run_dir: Path | None, sig: wsignals.SignalState,
+                 status: StatusWriter, run_dir: Path | None, sig: wsignals.SignalState, live: Liveness,
                  layout_note: str | None = None, run_id: str = "") -> None:
         self.cfg, self.identity, self.device, self.strategy = cfg, identity, device, layout.strategy
-        self.data, self.status, self.sig = data, status, sig
+        self.data, self.status, self.sig, self.live = data, status, sig, live
         t = cfg.training
         status.send("phase", name="init")
+        live.at("init")
         if device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True  # TF32 tensor cores on Ampere+
             torch.backends.cudnn.allow_tf32 = True
@@ -87,7 +95,9 @@ class Trainer:
         self.args = ModelArgs.from_config(cfg.model, data.vocab_size, cfg.data.context_length)
         if compile_enabled(cfg, device):
             status.send("phase", name="compile")
+            live.at("compile")
         self.engine: Engine = build_engine(cfg, self.args, layout, device, attention, identity.world_size)
+        self.sync = GradientSync(self.engine.inner, layout.strategy, identity.world_size, live)
         n_params = self.engine.n_params
         self._log_rank0(f"{identity.bracket} model: {n_params / 1e6:.2f}M parameters, {self.args.n_layers} layers, "
                         f"dim {self.args.dim}, vocab {self.args.vocab_size} | strategy {layout.describe()} "
@@ -150,7 +160,9 @@ class Trainer:
         return guard
 
     def _save_for_guard(self, path: Path) -> None:
-        self.checkpointer.save(self.step, self.data.train.state_dict(), path=Path(path))
+        # inside a step, but as long as any save: the step's learned allowance must not cover it
+        with self.live.phase("checkpoint"):
+            self.checkpointer.save(self.step, self.data.train.state_dict(), path=Path(path))
 
     # ------------------------------------------------------------------ the loop
     def train(self) -> int:
@@ -166,17 +178,20 @@ class Trainer:
         self.engine.train()
         stopped = False
         while self.step < t.max_steps:
-            if self.vote.any(self.sig.stop_requested):
+            self.live.step(self.step)
+            with self.live.collective("all_reduce (stop vote)"):
+                stop = self.vote.any(self.sig.stop_requested)
+            if stop:
                 stopped = True
                 break
             self._train_step()
             self.step += 1
             if t.eval_every and self.step % t.eval_every == 0 and self.data.make_val is not None:
-                self._paused(self.evaluate)
+                self._paused("eval", self.evaluate)
             if t.save_every and self.step % t.save_every == 0 and self.step < t.max_steps:
-                self._paused(self.save)
+                self._paused("checkpoint", self.save)
         if self.step != self.saved_step:  # a stop right after a save (or before any step) has nothing new to save
-            self._paused(self.save, back_to=None)
+            self._paused("checkpoint", self.save, back_to=None)
         self.tb.close()
         if stopped:
             logger.warning(f"{self.identity.bracket} stopped after {self.step} steps, as asked "
@@ -186,6 +201,7 @@ class Trainer:
         if self.skipped_steps:
             logger.warning(f"{self.identity.bracket} {self.skipped_steps} optimizer step(s) skipped"
                            " as suspicious (non-finite or a spike)")
+        self.live.stop()  # `done` is the last record a finished rank sends
         self.status.send("done", step=self.step)
         return int(ExitCode.OK)
 
@@ -194,9 +210,11 @@ class Trainer:
         lr = self.schedule(step)
         if self.guard is not None:
             self.guard.begin_step(self.data.train)  # where the batches come from (+ RNG state for a replay)
+        self.live.doing("data loading")
         batches = [self._next_batch() for _ in range(t.grad_accum_nums)]
         loss = self._micro_steps(batches)
         check = None if self.guard is None else self._step_check(step, loss, batches, lr)
+        self.live.doing("optimizer step")
         grad_norm, applied = engine.step(lr, t.max_grad_norm, check)
         if self.guard is not None:
             loss, grad_norm = self.guard.retried or (loss, grad_norm)  # a retried step: the replay's values
@@ -214,8 +232,12 @@ class Trainer:
 
     def _micro_steps(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Forward + backward of every micro-batch; their mean loss."""
-        last = len(batches) - 1
-        return torch.stack([self.engine.micro_step(x, y, is_last=i == last) for i, (x, y) in enumerate(batches)]).mean()
+        self.live.doing("forward/backward")
+        last, losses = len(batches) - 1, []
+        for i, (x, y) in enumerate(batches):
+            with self.sync.micro_step(syncs=i == last):
+                losses.append(self.engine.micro_step(x, y, is_last=i == last))
+        return torch.stack(losses).mean()
 
     def _step_check(self, step: int, loss: torch.Tensor, batches: list[tuple[torch.Tensor, torch.Tensor]],
                     lr: float) -> StepCheck:
@@ -226,9 +248,10 @@ class Trainer:
             return self.guard.check(step=step, loss=loss, grad_norm=grad_norm, batches=batches, lr=lr, replay=replay)
         return check
 
-    def _paused(self, fn, back_to: str | None = "train") -> None:
+    def _paused(self, phase: str, fn, back_to: str | None = "train") -> None:
         start = time.perf_counter()
-        fn()
+        with self.live.phase(phase):
+            fn()
         self.reporter.exclude_pause(time.perf_counter() - start)
         if back_to:
             self.status.send("phase", name=back_to)
@@ -245,7 +268,8 @@ class Trainer:
             with self.engine.autocast():
                 total += self.engine.model(inputs.to(self.device), targets.to(self.device)).float()
         if wdist.active():
-            dist.all_reduce(total)  # SUM: gloo has no AVG
+            with self.live.collective("all_reduce (eval loss)"):
+                dist.all_reduce(total)  # SUM: gloo has no AVG
             total /= dist.get_world_size()
         val_loss = float(total) / self.cfg.training.eval_steps
         self.engine.train()

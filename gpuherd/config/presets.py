@@ -18,7 +18,7 @@ def _debug() -> Config:
     )
     cfg.data = DataConfig(context_length=128)
     cfg.debug = DebugConfig(enabled=True, log_level="DEBUG", nan_hooks=True)
-    cfg.system = SystemConfig(hang_timeout=60.0, grace_period=3.0, rendezvous_timeout=60.0)
+    cfg.system = SystemConfig(grace_period=3.0, rendezvous_timeout=60.0)
     return cfg
 
 

@@ -34,7 +34,7 @@ class SystemConfig:
     run_root: str = "logs"  # run directories go to <run_root>/<run-id>/
     checkpoint_dir: str = ".checkpoints"
     isolate: bool = True  # each worker sees only its own GPU
-    hang_timeout: float = limited(0.0, ge=0)  # seconds without a heartbeat; 0 = preset default
+    hang_timeout: float = limited(0.0, ge=0)  # fixed step allowance in seconds; 0 = learned per phase (hang_factor, hang_floor)
     startup_timeout: float = limited(0.0, ge=0)  # allowance for init + first step; 0 = default
     grace_period: float = limited(5.0, gt=0)  # SIGTERM -> SIGKILL wait during teardown
     rendezvous_timeout: float = limited(120.0, gt=0)  # process-group init
@@ -42,11 +42,16 @@ class SystemConfig:
     collapse_logs: bool = False  # identical lines from all ranks -> one line
     monitor_interval: float = limited(5.0, gt=0)  # seconds between GPU samples
     max_restarts: int = limited(0, ge=0)  # restart every worker after a failure, resuming from the newest checkpoint
-    restart_backoff: float = limited(5.0, ge=0)  # seconds between a failed attempt's teardown and the next start
+    restart_backoff: float = limited(0.2, ge=0)  # seconds before the first restart; doubles for each further quick failure
     restart_on_nan: bool = False  # a NaN stop (exit 6) is restarted too, not only crashes and hangs
     stop_timeout: float = limited(120.0, gt=0)  # a graceful stop (SIGTERM, Ctrl-C) with its final save, at most
     preflight: bool = True  # GPU and host checks (`gpuherd check`) before anything starts
     report: bool = True  # report.html + PNG figures in the run directory at the end
+    # hang verdicts and stragglers (supervisor/health/): learned timeouts and slow-rank warnings
+    hang_factor: float = limited(5.0, ge=1)  # learned allowance of a phase = max(hang_floor, hang_factor x its p99)
+    hang_floor: float = limited(10.0, gt=0)  # seconds: a learned allowance is never shorter
+    straggler_factor: float = limited(1.3, ge=0)  # compute per step this much above the others' median; 0 = off
+    straggler_windows: int = limited(3, gt=0)  # ... in this many 5 s windows in a row before the warning
 
 
 @dataclass

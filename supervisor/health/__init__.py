@@ -1,16 +1,21 @@
-"""Is the run healthy: heartbeats per rank (hangs, early exits, a group that never
-forms), run watchers that may end it (the GPU watch), NCCL transport warnings, and
+"""Is the run healthy: progress and liveness per rank (hangs blamed by evidence, early
+exits, a group that never forms), hang timeouts learned per phase, stragglers, collective
+traces on a hang, run watchers that may end it (the GPU watch), NCCL transport warnings,
 the metrics.jsonl sink every record goes to, and the pre-flight checks before a run."""
 
+from supervisor.health import traces
 from supervisor.health.gpu_watch import announce_devices, gpu_watcher
 from supervisor.health.heartbeat import Heartbeats, Verdict, hang_timeouts
+from supervisor.health.items import FAIL, PASS, WARN
 from supervisor.health.metrics import MetricsSink
 from supervisor.health.nccl_transport import NcclTransportWatch
-from supervisor.health.items import FAIL, PASS, WARN
 from supervisor.health.preflight import CheckReport, run_checks
+from supervisor.health.stragglers import Stragglers
+from supervisor.health.timeouts import HangPolicy, LearnedTimeouts, previous_learned
 from supervisor.health.watchers import FatalCause, RunContext, RunWatcher
 
 __all__ = [
-    "FAIL", "PASS", "WARN", "CheckReport", "FatalCause", "Heartbeats", "MetricsSink", "NcclTransportWatch", "RunContext", "RunWatcher", "Verdict",
-    "announce_devices", "gpu_watcher", "hang_timeouts", "run_checks",
+    "FAIL", "PASS", "WARN", "CheckReport", "FatalCause", "HangPolicy", "Heartbeats", "LearnedTimeouts", "MetricsSink",
+    "NcclTransportWatch", "RunContext", "RunWatcher", "Stragglers", "Verdict", "announce_devices", "gpu_watcher",
+    "hang_timeouts", "previous_learned", "run_checks", "traces",
 ]

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from typing import Any
 
-from supervisor.gpus import health as meaning
 from supervisor.gpus import NA as UNKNOWN
 from supervisor.gpus import DeviceHealth
+from supervisor.gpus import health as meaning
 from supervisor.health.items import FAIL, NA, PASS, WARN, CheckItem
 
 GIB = 1024**3

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from loguru import logger
 
-from supervisor.gpus import DevicePlan
-from supervisor.gpus import GpuMonitor, NvmlUnavailable, format_device_table, read_topology
+from supervisor.gpus import DevicePlan, GpuMonitor, NvmlUnavailable, format_device_table, read_topology
 from supervisor.health.watchers import FatalCause, RunContext
 
 

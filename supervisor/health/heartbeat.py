@@ -1,41 +1,80 @@
-"""Status records -> per-rank liveness: hangs, early exits, a process group that never forms.
+"""Status records -> per-rank progress and liveness: hangs, early exits, a process group that never forms.
 
-Any status record is a heartbeat. Until a rank's first `step`, and while it is in
-a slow phase (compile, checkpoint, eval), it gets the longer startup allowance;
-in training it gets `hang_timeout`, unless another rank is saving a checkpoint
-(ranks waiting in a collective for the saver get the saver's allowance). Ranks that
-never write a record (a script that steps no torch optimizer, or runs with
-`--no-auto-heartbeat` and no status records) are not judged by heartbeat unless the
-run expects heartbeats (built-in workers always send them); the supervisor is told
-once (`newly_unwatched`) so it can say so. Among stale ranks the straggler is a rank
-whose process is stopped (SIGSTOP, a debugger) if any, else the one furthest behind.
+Per rank, two clocks. *Liveness*: any record (gpuherd/liveness.py's `alive` records
+come every second from a thread of their own, whatever the loop does). *Progress*: a
+new step, phase, eval or checkpoint: an `alive` record counts only when its (phase,
+step) changed (its `for_s` dates the change), any other record always (a script
+without liveness records says nothing else). A rank without progress for longer than
+its phase's allowance (timeouts.py: learned per phase, startup phases get the startup
+allowance) triggers the hang verdict; evidence.py decides whom to blame, with the
+kernel's view of every worker (proc_state.py). While a rank saves a checkpoint, the
+ranks that may be waiting for it in a collective get the checkpoint allowance too.
+Ranks that never write a record (a script that steps no torch optimizer, or runs with
+`--no-auto-heartbeat` and no status records) are judged only when the run expects
+records (built-in workers always send them); the supervisor is told once
+(`newly_unwatched`) so it can say so.
 
 Silence counts only while the supervisor itself runs: after it was stopped (Ctrl-Z,
 SIGSTOP, a frozen VM) the clocks restart from the moment it resumed
-(`restart_clocks`), so heartbeats that sat unread in the pipes meanwhile never make
-a healthy worker look hung.
+(`restart_clocks`), so records that sat unread in the pipes meanwhile never make a
+healthy worker look hung.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from supervisor.health import evidence as ev
+from supervisor.health.proc_state import ProcWatch
+from supervisor.health.stragglers import Stragglers
+from supervisor.health.timeouts import LearnedTimeouts
+
 # shutdown: the program is done and the interpreter tears down (process groups, CUDA, a big
-# model's garbage), which can take longer than a training step
-SLOW_PHASES = {"init", "rendezvous", "compile", "checkpoint", "eval", "shutdown"}
-# Defaults when system.hang_timeout is 0: a production step plus its logging can take
-# minutes on one GPU; a --script's steps are unknown, so be generous.
+# model's garbage), which can take longer than a training step: it gets the startup allowance
+STARTUP_PHASES = ("init", "rendezvous", "compile", "shutdown")
+# Initial step allowance (until steps are timed) when system.hang_timeout is 0: a production
+# step plus its logging can take minutes on one GPU; a --script's steps are unknown.
 HANG_DEFAULTS = {"debug": 60.0, "gpt2-small": 300.0, "production": 600.0}
 SCRIPT_HANG_DEFAULT = 300.0
+PROC_SAMPLE_S = 0.5  # /proc is read this often
 
 
 def hang_timeouts(preset: str, hang_timeout: float, startup_timeout: float, script: bool) -> tuple[float, float]:
-    """(hang, startup) seconds for this run."""
+    """(initial step allowance, startup allowance) seconds for this run."""
     hang = hang_timeout or (SCRIPT_HANG_DEFAULT if script else HANG_DEFAULTS.get(preset, 600.0))
     startup = startup_timeout or max(3 * hang, 300.0)
     return hang, startup
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def clean_alive(rec: dict[str, Any]) -> dict[str, Any]:
+    """An `alive` record with every field of the wrong type dropped: a script writes them too,
+    and nothing it sends may take the supervisor down."""
+    out: dict[str, Any] = {"phase": str(rec.get("phase") or "unknown"),
+                           "step": rec["step"] if isinstance(rec.get("step"), int) else None,
+                           "for_s": _number(rec.get("for_s")) or 0.0, "where": str(rec.get("where") or ""),
+                           "where_s": _number(rec.get("where_s")) or 0.0, "collective": rec.get("collective") is True}
+    took = rec.get("took")
+    if isinstance(took, dict):
+        out["took"] = {str(phase): (int(v[0]), float(v[1])) for phase, v in took.items()
+                       if isinstance(v, list) and len(v) == 2 and None not in (_number(v[0]), _number(v[1]))}
+    steps, compute = _number(rec.get("steps")), _number(rec.get("compute_s"))
+    if steps and compute is not None:
+        out.update(steps=int(steps), compute_s=compute)
+    return out
+
+
+def timed_phase(phase: str | None, step: int | None) -> str:
+    """The phase whose allowance applies: step | eval | checkpoint | startup."""
+    if phase in ("eval", "checkpoint"):
+        return phase
+    if step is None or phase in STARTUP_PHASES:
+        return "startup"
+    return "step"
 
 
 @dataclass
@@ -51,6 +90,11 @@ class RankState:
     done: bool = False
     joined: bool = False  # past process-group init (any record that only a joined rank sends)
     error: str | None = None
+    progress_at: float | None = None  # when it last moved on
+    progress_key: tuple | None = None  # (phase, step) of its last `alive` record
+    timed: str = "startup"  # the phase its allowance comes from
+    live: dict[str, Any] | None = None  # its last `alive` record
+    live_at: float | None = None
     unwatched_told: bool = False  # the supervisor said this rank is not judged by heartbeat
     saving: bool = False  # in phase checkpoint, its `checkpoint` record not sent yet
     save_ended: float | None = None  # when its last save ended (record or next phase)
@@ -68,29 +112,44 @@ class RankState:
 @dataclass(frozen=True)
 class Verdict:
     kind: str  # "hang" | "rendezvous"
-    rank: int  # the straggler
+    rank: int  # the rank blamed first
     message: str
+    evidence: tuple[str, ...] = ()  # one line per rank, blamed ranks first
 
 
 class Heartbeats:
-    def __init__(self, ranks: list[int], now: float, hang: float, startup: float, rendezvous: float,
-                 expect_heartbeats: bool) -> None:
+    def __init__(self, ranks: list[int], now: float, timeouts: LearnedTimeouts, rendezvous: float,
+                 expect_heartbeats: bool, stragglers: Stragglers | None = None) -> None:
         self.ranks = {r: RankState(r, now) for r in ranks}
-        self.hang, self.startup, self.rendezvous = hang, startup, rendezvous
+        self.timeouts, self.rendezvous = timeouts, rendezvous
         self.expect = expect_heartbeats
+        self.stragglers = stragglers
+        self.procs = ProcWatch()
         self._rendezvous_started: float | None = None
+        self._last_sample = float("-inf")
         self._clock_floor = now  # no silence counts from before this (restart_clocks)
+
+    def watch_pid(self, rank: int, pid: int) -> None:
+        self.procs.watch(rank, pid)
 
     def record(self, rank: int, rec: dict[str, Any], now: float) -> None:
         st = self.ranks.get(rank)
         if st is None:
             return
         st.last_record, st.records = now, st.records + 1
+        if rec.get("type") == "alive":
+            self._alive(st, rec, now)
+            return
+        if rec.get("type") in ("phase", "checkpoint"):
+            self._track_save(st, rec, now)
+        self._status(st, rec, now)
+        st.progress_at = now
+        st.timed = timed_phase(st.phase, st.step)
+
+    def _status(self, st: RankState, rec: dict[str, Any], now: float) -> None:
         kind = rec.get("type")
         if st.phase == "rendezvous":  # anything a rank says after entering rendezvous means it got through
             st.joined = True
-        if kind in ("phase", "checkpoint"):
-            self._track_save(st, rec, now)
         if kind == "phase":
             st.phase = str(rec.get("name"))
             if st.phase == "rendezvous":
@@ -98,7 +157,10 @@ class Heartbeats:
                 if self._rendezvous_started is None:
                     self._rendezvous_started = now
         elif kind == "step":
-            st.step, st.max_steps, st.loss = rec.get("step"), rec.get("max_steps"), rec.get("loss")
+            step = rec.get("step")
+            # Step records alone teach the timeouts nothing: between two of them a script may
+            # evaluate, save or reshuffle for minutes unannounced; `alive` records name the phase.
+            st.step, st.max_steps, st.loss = step, rec.get("max_steps"), rec.get("loss")
             st.joined = True
             if st.phase in ("init", "rendezvous", None):
                 st.phase = "train"
@@ -112,6 +174,25 @@ class Heartbeats:
                 st.step = rec["step"]
         elif kind == "error":
             st.error = str(rec.get("message"))
+
+    def _alive(self, st: RankState, raw: dict[str, Any], now: float) -> None:
+        """A liveness record: progress only if the loop moved on; what it timed is learned."""
+        rec = clean_alive(raw)
+        st.live, st.live_at = rec, now
+        for phase, (count, longest) in rec.get("took", {}).items():
+            self.timeouts.observe(phase, longest, count)
+        if self.stragglers is not None and rec.get("steps"):
+            self.stragglers.add(st.rank, rec, now)
+        phase, step = rec.get("phase"), rec.get("step")
+        if step is not None and (not isinstance(st.step, int) or step > st.step):
+            st.step = step  # steps reached, between the (rarer) step records
+        if step is None and phase not in STARTUP_PHASES:  # nothing to measure progress by: a heartbeat
+            st.progress_at, st.timed = now, "startup"
+            return
+        if (phase, step) != st.progress_key:
+            st.progress_key = (phase, step)
+            st.progress_at = max(st.spawned, now - rec["for_s"])
+            st.timed = timed_phase(phase, step)
 
     @staticmethod
     def _track_save(st: RankState, rec: dict[str, Any], now: float) -> None:
@@ -128,17 +209,28 @@ class Heartbeats:
         self._clock_floor = max(self._clock_floor, now)
 
     def _since(self, st: RankState) -> float:
-        return max(st.last_record or st.spawned, self._clock_floor)
+        """When its current stretch without progress began (for the verdict's clock)."""
+        return max(st.progress_at or st.spawned, self._clock_floor)
+
+    def responsive(self, now: float, alive: set[int]) -> set[int]:
+        """Ranks whose liveness thread still reports and whose process is not frozen: they can answer
+        a request (a rank in state D too: only its main thread sleeps)."""
+        return {r for r in alive if (st := self.ranks.get(r)) is not None and st.live_at is not None
+                and now - st.live_at <= ev.LIVENESS_SILENT_S
+                and not ((proc := self.procs.state(r)) is not None and proc.frozen)}
 
     def allowance(self, st: RankState, saving: bool = False) -> float:
         """`saving`: another rank is in phase checkpoint (this one may be waiting for it)."""
-        if st.step is None or st.phase in SLOW_PHASES or saving:
-            return self.startup
-        return self.hang
+        own = self.timeouts.allowance(st.timed)
+        return max(own, self.timeouts.allowance("checkpoint")) if saving else own
 
-    def check(self, now: float, alive: set[int], stopped: Callable[[], set[int]] | None = None) -> Verdict | None:
-        """A hang or a failed rendezvous among the ranks still running, or None. `stopped()`:
-        the ranks whose process is stopped, asked only once some rank is stale."""
+    def check(self, now: float, alive: set[int]) -> Verdict | None:
+        """A hang or a failed rendezvous among the ranks still running, or None."""
+        if now - self._last_sample >= PROC_SAMPLE_S:
+            self._last_sample = now
+            self.procs.sample(now)
+        if self.stragglers is not None:
+            self.stragglers.tick(now)
         watched = [st for r, st in self.ranks.items()
                    if r in alive and not st.done and (self.expect or st.records)]
         started = self._rendezvous_started
@@ -152,28 +244,35 @@ class Heartbeats:
         stale = [st for st in watched if now - self._since(st) > self.allowance(st, saving)]
         if not stale:
             return None
-        paused = sorted((stopped() if stopped is not None else set()) & alive)
-        # The straggler: a stopped process if any, else the rank furthest behind, then the one silent longest.
-        straggler = min([self.ranks[r] for r in paused] or stale,
-                        key=lambda st: (st.step if st.step is not None else -1, st.last_record or st.spawned))
-        silent = now - self._since(straggler)
-        evidence = "; its process is stopped (SIGSTOP or a debugger)" if straggler.rank in paused else ""
-        return Verdict("hang", straggler.rank,
-                       f"rank {straggler.rank} sent no heartbeat for {silent:.0f} s "
-                       f"(allowance {self.allowance(straggler, saving):.0f} s; {straggler.describe()}{evidence}); "
-                       f"steps reached: {self.steps_reached()}")
+        return self._hang(stale, [st for st in self.ranks.values() if st.rank in alive and not st.done], now)
 
     def newly_unwatched(self, now: float, alive: set[int]) -> list[int]:
         """Ranks still running past the startup allowance without a single record, each
         returned once: nothing judges them by heartbeat, and the user should know."""
         if self.expect:
             return []
+        startup = self.timeouts.allowance("startup")
         due = [st for st in self.ranks.values() if st.rank in alive and not st.records and not st.unwatched_told
-               and now - st.spawned > self.startup]
+               and now - st.spawned > startup]
         for st in due:
             st.unwatched_told = True
         return [st.rank for st in due]
 
+    def _hang(self, stale: list[RankState], running: list[RankState], now: float) -> Verdict:
+        views = [ev.RankView(st.rank, st.step, now - (st.last_record or st.spawned), st.live,
+                             None if st.live_at is None else now - st.live_at, st.live_at == st.last_record,
+                             self.procs.state(st.rank))
+                 for st in running]
+        found = [ev.judge(v, now) for v in views]
+        stalled = {st.rank: now - self._since(st) for st in stale}
+        blamed, why = ev.blame(found, stalled)
+        first = self.ranks[blamed[0]]
+        lines = ev.ordered_lines(found, blamed)
+        message = (f"hang: {', '.join(f'rank {r}' for r in blamed)} ({why}): "
+                   + "; ".join(lines[:len(blamed)])
+                   + f"; no progress for {now - self._since(first):.0f} s, "
+                   f"{self.timeouts.explain(first.timed)}; steps reached: {self.steps_reached()}")
+        return Verdict("hang", blamed[0], message, tuple(lines))
+
     def steps_reached(self) -> str:
         return ", ".join(f"rank {st.rank}={st.step if st.step is not None else '-'}" for st in self.ranks.values())
-

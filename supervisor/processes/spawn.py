@@ -1,8 +1,8 @@
 """Start one worker so that it can never outlive the supervisor.
 
-Each worker gets its own process group (teardown signals the whole group, so
-data-loader children go too) and PR_SET_PDEATHSIG(SIGKILL), set in the forked
-child before exec. The death signal fires when the *thread* that forked the child
+Each worker gets its own session, and so its own process group (teardown signals
+the whole group, so data-loader children go too), and PR_SET_PDEATHSIG(SIGKILL), set
+in the forked child before exec. The death signal fires when the *thread* that forked the child
 exits, which is why workers are spawned from the main thread only. A supervisor
 that dies between fork and prctl would leave the child waiting for a signal that
 never comes, so the child also checks its parent pid after prctl. Grandchildren do
@@ -68,7 +68,7 @@ class WorkerProcess:
 
     @property
     def pgid(self) -> int:
-        return self.popen.pid  # process_group=0: the worker leads its own group
+        return self.popen.pid  # start_new_session: the worker leads its own group
 
     @property
     def alive(self) -> bool:
@@ -129,7 +129,11 @@ def spawn(cmd: Sequence[str], env_for: Callable[[int], Mapping[str, str]], slot:
         popen = subprocess.Popen(
             list(cmd), env=dict(env_for(status_w)), cwd=cwd, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(status_w,),
-            process_group=0, preexec_fn=die_with_parent(),
+            # A session, not just a group: with the kernel's autogroup scheduling (on by default) each
+            # session shares the CPU as one, so workers in the supervisor's session would split one
+            # share between them on a busy machine (torch's import took twice as long as under
+            # torchrun, which starts each worker in a session of its own too).
+            start_new_session=True, preexec_fn=die_with_parent(),
         )
     except BaseException:
         os.close(status_r)

@@ -11,8 +11,9 @@ The loop's phase (`Phase`) says what it is waiting for; each phase but RUNNING h
 one deadline (FINISHING only while a rank without heartbeats is left), and
 `_deadline_passed` is the one place that says what comes next:
 
-    RUNNING --a rank exits 0 early--> FINISHING --the others stop progressing--> DUMPING_STACKS
-    RUNNING/FINISHING --hang verdict--> DUMPING_STACKS --stacks written--> TERMINATING
+    RUNNING --a rank exits 0 early--> FINISHING --the others stop progressing--> DUMPING_TRACES
+    RUNNING/FINISHING --hang verdict--> DUMPING_TRACES --every responsive rank dumped its
+        collective trace, or traces.WAIT_S--> DUMPING_STACKS --stacks written--> TERMINATING
     any live phase --failure, watcher--> TERMINATING --grace over--> KILLING
     RUNNING --Ctrl-C--> STOPPING (workers save, exit 130) --grace over, no save going on--> KILLING
     RUNNING --SIGTERM/SIGHUP/SIGUSR1/SIGUSR2--> STOPPING (save, exit 143) --stop timeout--> KILLING
@@ -44,13 +45,13 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
-import psutil
 from loguru import logger
 
 from gpuherd.exit_codes import ExitCode
 from gpuherd.status_channel import decode
-from supervisor.health import FatalCause, Heartbeats, MetricsSink
+from supervisor.health import FatalCause, Heartbeats, MetricsSink, traces
 from supervisor.output import STDERR, STDOUT, LogRouter
 from supervisor.processes.error_file import error_file_for, read_error_file
 from supervisor.processes.spawn import WorkerProcess
@@ -70,6 +71,7 @@ HANDLED_SIGNALS = (signal.SIGINT, signal.SIGCHLD, signal.SIGCONT, *STOP_REQUESTS
 class Phase(enum.Enum):
     RUNNING = "running"  # judging heartbeats; no deadline
     FINISHING = "finishing"  # a rank exited 0 early: the others end at their pace while they progress
+    DUMPING_TRACES = "dumping traces"  # hang verdict: collective traces requested; stacks at the deadline
     STOPPING = "stopping"  # graceful stop (Ctrl-C, SIGTERM): workers save and exit; SIGKILL at the deadline
     DUMPING_STACKS = "dumping stacks"  # hang verdict: SIGUSR1 sent; SIGTERM at the deadline
     TERMINATING = "terminating"  # SIGTERM sent to every group; SIGKILL at the deadline
@@ -79,7 +81,7 @@ class Phase(enum.Enum):
 
 
 # Phases from which the loop only moves on (a teardown never goes back to a gentler signal).
-_TEARDOWN_ORDER = [Phase.DUMPING_STACKS, Phase.STOPPING, Phase.TERMINATING, Phase.KILLING, Phase.DRAINING, Phase.DONE]
+_TEARDOWN_ORDER = [Phase.DUMPING_TRACES, Phase.DUMPING_STACKS, Phase.STOPPING, Phase.TERMINATING, Phase.KILLING, Phase.DRAINING, Phase.DONE]
 
 
 class Supervision:
@@ -87,12 +89,13 @@ class Supervision:
                  metrics: MetricsSink, stop: StopRules, finish_window: float,
                  on_cause: Callable[[RootCause], None] | None = None,
                  on_record: Callable[[dict], None] | None = None, script: bool = False,
-                 unwatched_why: str | None = None) -> None:
+                 unwatched_why: str | None = None, trace_dir: Path | None = None) -> None:
         """`on_cause`: told this node's root cause the moment it is set (multi-node: the job's
         rendezvous offers it to the other nodes). `on_record`: every status record, as it comes.
         `finish_window`: how long the ranks left after a clean early exit may go without
         progress. `script`: the workers run a user's script, whose exit codes are its own.
-        `unwatched_why`: said once for ranks that never send a heartbeat."""
+        `unwatched_why`: said once for ranks that never send a heartbeat. `trace_dir`: where
+        workers dump their collective traces when asked (None: no traces asked for)."""
         self.workers = {w.slot.rank: w for w in workers}
         self.router = router
         self.monitor = monitor
@@ -131,6 +134,8 @@ class Supervision:
         self.stop_signal: int | None = None  # the supervisor itself was asked to stop (never restart then)
         self.graceful: GracefulStop | None = None  # a graceful stop, once one began
         self._stopped_meanwhile = False  # SIGCONT: the supervisor itself was stopped
+        self.trace_dir = trace_dir
+        self._trace_waiting: set[int] = set()  # DUMPING_TRACES: the ranks expected to answer
 
     # ------------------------------------------------------------------ setup
 
@@ -141,6 +146,7 @@ class Supervision:
     def add_worker(self, w: WorkerProcess) -> None:
         self.workers[w.slot.rank] = w
         self.monitor.ranks[w.slot.rank].spawned = w.started
+        self.monitor.watch_pid(w.slot.rank, w.pid)
 
     def install_signal_handlers(self) -> None:
         """Before the first spawn: a SIGCHLD or Ctrl-C from then on is never missed."""
@@ -451,21 +457,13 @@ class Supervision:
             f"{w.slot.tag} (rank {w.slot.rank}) exited 0, then rank(s) {', '.join(silent)} made no progress for "
             f"{self.finish_window:g} s (stuck waiting for it?)", w), now)
 
-    def _stopped_ranks(self) -> set[int]:
-        """Ranks whose process is stopped (SIGSTOP, a debugger): the surest straggler there is."""
-        stopped = set()
-        for w in self._alive():
-            try:
-                if psutil.Process(w.pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
-                    stopped.add(w.slot.rank)
-            except psutil.Error:
-                continue
-        return stopped
-
     def _timers(self, now: float) -> None:
         if self.cause is None and now - self._last_check >= 0.25:
             self._last_check = now
             self._judge_heartbeats(now)
+        if self.phase is Phase.DUMPING_TRACES and traces.answered(self.trace_dir, self._trace_waiting) \
+                == self._trace_waiting:
+            self._traces_in(now)
         if self.phase is Phase.DRAINING and not any(k.data is not None for k in self._sel.get_map().values()):
             self._enter(Phase.DONE, now)
         if self.deadline is not None and now >= self.deadline:
@@ -476,8 +474,8 @@ class Supervision:
         unwatched = self.monitor.newly_unwatched(now, alive)
         if unwatched and self.unwatched_why:
             logger.info(f"rank(s) {', '.join(map(str, unwatched))} sent no heartbeat in their first "
-                        f"{self.monitor.startup:g} s: {self.unwatched_why}")
-        verdict = self.monitor.check(now, alive, stopped=self._stopped_ranks)
+                        f"{self.monitor.timeouts.allowance('startup'):g} s: {self.unwatched_why}")
+        verdict = self.monitor.check(now, alive)
         if verdict is None:
             return
         code = ExitCode.RENDEZVOUS if verdict.kind == "rendezvous" else ExitCode.HANG
@@ -485,7 +483,9 @@ class Supervision:
         if self._early_exiter is not None and self._early_exiter.ended is not None:
             message += (f"; {self._early_exiter.slot.tag} (rank {self._early_exiter.slot.rank}) had exited 0 "
                         f"{now - self._early_exiter.ended:.0f} s before (waiting for it?)")
-        self._diagnose(self._worker_cause(verdict.kind, code, message, self.workers[verdict.rank]), now)
+        cause = self._worker_cause(verdict.kind, code, message, self.workers[verdict.rank])
+        cause.evidence = list(verdict.evidence)
+        self._diagnose(cause, now)
 
     # ------------------------------------------------------------------ the state machine
 
@@ -497,6 +497,8 @@ class Supervision:
         """What each phase does when its wait is over: the transitions of the module docstring."""
         if self.phase is Phase.FINISHING:
             self._finish_check(now)
+        elif self.phase is Phase.DUMPING_TRACES:
+            self._traces_in(now)
         elif self.phase is Phase.DUMPING_STACKS:
             self._terminate_all(now)
         elif self.phase is Phase.STOPPING and self._extend_for_saves(now):
@@ -571,9 +573,27 @@ class Supervision:
                          stderr_tail=[line.decode(errors="replace") for line in log.stderr_tail])
 
     def _diagnose(self, cause: RootCause, now: float) -> None:
-        """A hang: ask every live worker for its Python stacks, then tear down."""
+        """A hang: ask every live worker for its collective trace and its Python stacks, then tear down."""
         logger.error(cause.message)
         self._set_cause(cause, now)
+        responsive = self.monitor.responsive(now, {w.slot.rank for w in self._alive()})
+        if self.trace_dir is not None and responsive:
+            traces.request(self.trace_dir)
+            self._trace_waiting = responsive
+            self._escalate(Phase.DUMPING_TRACES, now, traces.WAIT_S)
+            return
+        self._dump_stacks(now)
+
+    def _traces_in(self, now: float) -> None:
+        """The collective traces are in (or their wait is over): one line per rank, then the stacks."""
+        lines = traces.analyse(self.trace_dir, sorted(self.workers))
+        for line in lines:
+            logger.error(line)
+        if self.cause is not None:
+            self.cause.evidence += lines
+        self._dump_stacks(now)
+
+    def _dump_stacks(self, now: float) -> None:
         asked, cannot = [], []
         for w in self._alive():
             if w.catches(signal.SIGUSR1):

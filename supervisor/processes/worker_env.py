@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from gpuherd import contract
 from supervisor import REPO_ROOT
@@ -25,6 +26,8 @@ from supervisor.processes.error_file import ERROR_FILE_VAR
 # The launch scripts (scripts/python.sh) put the checkout first on PYTHONPATH for gpuherd's
 # own imports and name the entry they added here, so a script gets the user's PYTHONPATH back.
 WRAPPER_PYTHONPATH = "GPUHERD_WRAPPER_PYTHONPATH"
+
+FR_ENTRIES = "2000"  # flight-recorder ring size per process: torch's own default in 2.13
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,7 @@ class RunEnv:
     world_size: int = 0  # every node's workers (0: this node's only)
     node_rank: int = 0
     nnodes: int = 1
+    trace_dir: str = ""  # this attempt's collective-trace directory (GPUHERD_TRACE_DIR)
 
 
 def worker_env(base: Mapping[str, str], plan: DevicePlan, slot: DeviceSlot, run: RunEnv,
@@ -81,11 +85,13 @@ def worker_env(base: Mapping[str, str], plan: DevicePlan, slot: DeviceSlot, run:
         "PYTHONFAULTHANDLER": base.get("PYTHONFAULTHANDLER", "1"),
         # Lines reach the supervisor as they are printed, not when a 8 KiB buffer fills.
         "PYTHONUNBUFFERED": "1",
+        contract.TRACE_DIR: run.trace_dir,
     })
     if error_file:
         env[ERROR_FILE_VAR] = error_file
     else:
         env.pop(ERROR_FILE_VAR, None)  # never a file of whoever started the supervisor
+    env.update(flight_recorder_env(base, run.trace_dir))
     if run.resume:
         env[contract.RESUME] = run.resume
     else:
@@ -101,6 +107,17 @@ def worker_env(base: Mapping[str, str], plan: DevicePlan, slot: DeviceSlot, run:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         env["OMP_NUM_THREADS"] = str(max(1, cores // plan.world_size) if slot.kind == "cpu" else 1)
     return env
+
+
+def flight_recorder_env(base: Mapping[str, str], trace_dir: str) -> dict[str, str]:
+    """PyTorch's flight recorder (the last collectives of every process group, NCCL and, in
+    torch 2.13, gloo too) on, with NCCL's own dump on a watchdog timeout landing in the run
+    directory rather than /tmp. torch 2.13 names: the TORCH_NCCL_* spellings of the buffer
+    size and dump file warn as deprecated on every rank. What the user set wins."""
+    wanted = {"TORCH_FR_BUFFER_SIZE": FR_ENTRIES, "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
+    if trace_dir:
+        wanted["TORCH_FR_DUMP_TEMP_FILE"] = str(Path(trace_dir) / "nccl-timeout" / "rank")
+    return {name: base.get(name, value) for name, value in wanted.items()}
 
 
 def python_env() -> dict[str, str]:

@@ -4,20 +4,22 @@
     SingleNode, SingleStore (single.py): a fresh store per attempt, where torchrun's flags put it
     MultiNode (multi.py): joins the job through this node's agent (job_link.py ->
       node_agent_main.py, a helper process), global ranks, cross-node root causes
-  HostedStore (store.py -> store_main.py, a helper process): the torch TCPStore on a
-    socket the supervisor bound first
-  NodeSpec, bind_master, NodeLinkError (nodes.py): multi-node addresses and errors
+  HostedStore, StoreServer (store.py -> store_main.py, a helper process kept warm across
+    attempts): each attempt's torch TCPStore, on a socket the supervisor bound first
+  NodeSpec, bind_master, NodeLinkError (nodes.py): multi-node addresses and errors;
+    training_fingerprint: what must match between nodes (and between runs sharing learned timeouts)
   read_slurm, kill_wait (slurm_env.py): this node's place in a SLURM allocation; SLURM's KillWait
 """
 
 from supervisor.rendezvous.api import OnCause, Rendezvous, Setup
 from supervisor.rendezvous.multi import MultiNode
-from supervisor.rendezvous.nodes import DEFAULT_PORT, NodeLinkError, NodeSpec, bind_master
+from supervisor.rendezvous.nodes import DEFAULT_PORT, NodeLinkError, NodeSpec, bind_master, training_fingerprint
 from supervisor.rendezvous.single import SingleNode, SingleStore
 from supervisor.rendezvous.slurm_env import SlurmError, kill_wait, read_slurm
-from supervisor.rendezvous.store import HostedStore
+from supervisor.rendezvous.store import HostedStore, StoreServer
 
 __all__ = [
     "DEFAULT_PORT", "HostedStore", "MultiNode", "NodeLinkError", "NodeSpec", "OnCause", "Rendezvous", "Setup",
-    "SingleNode", "SingleStore", "SlurmError", "bind_master", "kill_wait", "read_slurm",
+    "SingleNode", "SingleStore", "SlurmError", "StoreServer", "bind_master", "kill_wait", "read_slurm",
+    "training_fingerprint",
 ]

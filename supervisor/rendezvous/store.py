@@ -1,17 +1,24 @@
-"""The run's torch TCPStore, on a port the supervisor holds from the first moment.
+"""The workers' torch TCPStore, on a port the supervisor holds from the first moment.
 
 Why not a "free port" handed to rank 0: between probing and rank 0's bind another
 job can take it (pytorch #126510). Here the supervisor binds 127.0.0.1:0 before
-spawning anything and keeps the socket, so two jobs on one node never collide;
-every rank is a store client (TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun).
+spawning anything and keeps the socket (`HostedStore`, one per attempt), so two jobs
+on one node never collide; every rank is a store client
+(TORCHELASTIC_USE_AGENT_STORE=True, as under torchrun).
 
-Why a separate process: `import torch` costs seconds of CPU. The supervisor stays
-torch-free (its event loop never waits on an import holding the GIL); a small,
-slightly niced process imports torch while the workers do and serves the store
-from the already-bound socket (`master_listen_fd`). Workers that connect earlier
-wait in the listen backlog. It dies with the supervisor like a worker does.
+Why a fresh store per attempt: torch's env:// rendezvous does not prefix keys per
+attempt (torch 2.13, rendezvous.py: "We create a new TCPStore for every retry"), so
+one store reused across attempts would hand a restarted group the dead attempt's
+keys, gloo's included (torchrun's stale-key restart failures).
 
-The store process itself is `store_main.py`.
+Why one helper process for the whole job (`StoreServer`): `import torch` costs
+seconds of CPU. The supervisor stays torch-free (its event loop never waits on an
+import holding the GIL); a small, slightly niced process imports torch once, while
+the first attempt's workers do, and then serves each attempt's store from the socket
+the supervisor bound and hands over (SCM_RIGHTS over a socketpair): a restart gets a
+fresh store at once, not after another torch import. Workers that connect before the
+store serves wait in the listen backlog. It dies with the supervisor like a worker
+does. The process itself is `store_main.py`.
 """
 
 from __future__ import annotations
@@ -22,10 +29,14 @@ import socket
 import subprocess
 from collections.abc import Callable
 
+import orjson
+
 MASTER_ADDR = "127.0.0.1"
 
 
 class HostedStore:
+    """One attempt's store: the listening socket the workers are told about."""
+
     def __init__(self, timeout_s: float = 1800.0, bind_addr: str = MASTER_ADDR,
                  listen: socket.socket | None = None) -> None:
         """`bind_addr`: loopback for a single-node run; node 0's chosen interface for a multi-node one.
@@ -38,34 +49,83 @@ class HostedStore:
         self._sock = listen
         self.addr, self.port = listen.getsockname()[:2]
         self.timeout_s = timeout_s
-        self.proc: subprocess.Popen | None = None
 
-    def start(self, python: str, env: dict[str, str], preexec_fn: Callable[[], None]) -> subprocess.Popen:
-        fd = self._sock.fileno()
-        self.proc = subprocess.Popen(
-            [python, "-m", "supervisor.rendezvous.store_main", str(fd), str(self.port), str(self.timeout_s), self.addr],
-            env=env, pass_fds=(fd,),
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            process_group=0, preexec_fn=preexec_fn,
-        )
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def stop(self) -> None:
+        """Our copy of the socket (unless a longer-lived owner holds it); the helper's copy
+        goes when it is told to drop the store."""
+        if self._owned:
+            self._sock.close()
+
+
+class StoreServer:
+    """The job's store helper process: started on the first `serve`, kept warm across attempts."""
+
+    def __init__(self, python: str, env: dict[str, str], preexec_fn: Callable[[], None]) -> None:
+        self._python, self._env, self._preexec = python, env, preexec_fn
+        self.proc: subprocess.Popen | None = None
+        self._ctl: socket.socket | None = None
+        self._serving = ""
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def serve(self, store: HostedStore) -> subprocess.Popen:
+        """Hand `store`'s socket to the helper (starting it if need be); it serves from now on."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        message = orjson.dumps({"addr": store.addr, "port": store.port, "timeout_s": store.timeout_s})
+        try:
+            socket.send_fds(self._ctl, [message], [store.fileno()])
+        except OSError:
+            pass  # the helper is gone: the supervision sees its death and says why (failure())
+        self._serving = f"{store.addr}:{store.port}"
         return self.proc
 
+    def drop(self) -> None:
+        """The attempt is over: its store stops serving (the port is free again)."""
+        if self._ctl is not None and self.proc is not None and self.proc.poll() is None:
+            try:
+                self._ctl.send(b"{}")
+            except OSError:
+                pass
+
+    def _start(self) -> None:
+        self.close()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.proc = subprocess.Popen(
+                [self._python, "-m", "supervisor.rendezvous.store_main", str(theirs.fileno())],
+                env=self._env, pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                process_group=0, preexec_fn=self._preexec,
+            )
+        finally:
+            theirs.close()
+        self._ctl = ours
+
     def failure(self) -> str:
-        """Why the store process ended (its last stderr line), for the root cause."""
+        """Why the helper ended (its last stderr line), for the root cause."""
         if self.proc is None or self.proc.poll() is None:
             return ""
         try:
             err = self.proc.stderr.read().decode(errors="replace").strip().splitlines()
         except (OSError, ValueError):
             err = []
-        return (f"the rendezvous store on {self.addr}:{self.port} exited with code {self.proc.returncode}"
+        return (f"the rendezvous store on {self._serving} exited with code {self.proc.returncode}"
                 + (f": {err[-1]}" if err else ""))
 
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        if self.proc is not None and self.proc.stderr is not None:
-            self.proc.stderr.close()
-        if self._owned:
-            self._sock.close()
+    def close(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            if self.proc.stderr is not None:
+                self.proc.stderr.close()
+            self.proc = None
+        if self._ctl is not None:
+            self._ctl.close()
+            self._ctl = None

@@ -1,28 +1,44 @@
-"""The rendezvous store's own process: serves torch's TCPStore from the socket the
-supervisor bound (`supervisor.rendezvous.store.HostedStore`), until killed.
+"""The rendezvous store's own process: serves each attempt's torch TCPStore from the
+socket the supervisor bound and handed over (`supervisor.rendezvous.store.StoreServer`).
 
-    python -m supervisor.rendezvous.store_main LISTEN_FD PORT TIMEOUT_S ADDR
+    python -m supervisor.rendezvous.store_main CONTROL_FD
+
+CONTROL_FD is a SOCK_SEQPACKET socket. Each message is a JSON object; one that carries
+a file descriptor (a listening socket) with {"addr", "port", "timeout_s"} replaces the
+store being served by a fresh one on that socket; `{}` alone just stops the current one.
+End of file (the supervisor is gone) ends the process.
 """
 
 from __future__ import annotations
 
 import os
-import signal
+import socket
 import sys
 from datetime import timedelta
 
+import orjson
+
 STORE_NICENESS = 5  # workers' own torch imports come first on a machine short of cores
+MAX_MESSAGE = 4096
 
 
-def serve(listen_fd: int, port: int, timeout_s: float, addr: str) -> None:
+def serve(control_fd: int) -> None:
     os.nice(STORE_NICENESS)
     from torch.distributed import TCPStore
 
-    _store = TCPStore(addr, port, None, True, timedelta(seconds=timeout_s), wait_for_workers=False,
-                      master_listen_fd=listen_fd)
-    while True:  # the store runs in torch's own threads; we only stay alive until killed
-        signal.pause()
+    control = socket.socket(fileno=control_fd)
+    serving: list[TCPStore] = []  # held, or its server would stop
+    while True:
+        message, fds, _flags, _addr = socket.recv_fds(control, MAX_MESSAGE, 1)
+        if not message:
+            return
+        serving.clear()  # the previous attempt's store: its server stops and closes its socket
+        spec = orjson.loads(message)
+        if fds:
+            # The store owns the listening fd from here and closes it when replaced.
+            serving.append(TCPStore(spec["addr"], spec["port"], None, True, timedelta(seconds=spec["timeout_s"]),
+                                    wait_for_workers=False, master_listen_fd=fds[0]))
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4])
+    serve(int(sys.argv[1]))

@@ -16,6 +16,7 @@ import psutil
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = REPO_ROOT / "tests" / "supervisor" / "workers" / "scenario.py"
 ALLREDUCE = REPO_ROOT / "tests" / "supervisor" / "workers" / "allreduce.py"
+COLLECTIVE = REPO_ROOT / "tests" / "supervisor" / "workers" / "collective.py"
 
 
 def env() -> dict[str, str]:
@@ -53,9 +54,10 @@ def run_dir_of(cwd: Path) -> Path | None:
     return runs[-1] if runs else None
 
 
-def run(cwd: Path, *behaviours: str, args: tuple[str, ...] = (), timeout: float = 60) -> Result:
-    proc = subprocess.run(command(*args, behaviours=behaviours), cwd=cwd, env=env(), capture_output=True,
-                          text=True, timeout=timeout)
+def run(cwd: Path, *behaviours: str, args: tuple[str, ...] = (), timeout: float = 60,
+        script: Path = SCENARIO) -> Result:
+    proc = subprocess.run(command(*args, behaviours=behaviours, script=script), cwd=cwd, env=env(),
+                          capture_output=True, text=True, timeout=timeout)
     return Result(proc.returncode, proc.stdout, proc.stderr, run_dir_of(cwd))
 
 

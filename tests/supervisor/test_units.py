@@ -3,6 +3,12 @@ console filtering/collapsing, heartbeats, the CLI mapping and the worker environ
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+
+import psutil
 import pytest
 
 from gpuherd.config import SystemConfig, preset
@@ -10,10 +16,11 @@ from supervisor.cli import parse
 from supervisor.output.console import Collapser
 from supervisor.gpus import DeviceError, plan_devices
 from supervisor.gpus import release_claims
-from supervisor.health import Heartbeats, hang_timeouts
+from supervisor.health import HangPolicy, Heartbeats, LearnedTimeouts, hang_timeouts
 from supervisor.output.lines import LineSplitter, Severity
 from supervisor.processes.worker_env import RunEnv, worker_env
 from tests.fake_nvml import GIB, FakeProcess, installed, machine, no_nvml
+from tests.supervisor.helpers import wait_for
 
 
 @pytest.fixture
@@ -109,35 +116,48 @@ def test_collapser_merges_identical_lines_and_keeps_order():
     assert c.due(9.0) == [(2, b"GPU*:same [x2 ranks: GPU0,GPU1]\n"), (2, b"GPU0:same\n")]
 
 
+def _heartbeats(ranks: list[int], hang: float, startup: float, rendezvous: float, expect: bool) -> Heartbeats:
+    timeouts = LearnedTimeouts(HangPolicy(step_default=hang, startup=startup, factor=5, floor=10, override=hang))
+    return Heartbeats(ranks, now=0.0, timeouts=timeouts, rendezvous=rendezvous, expect_heartbeats=expect)
+
+
 def test_heartbeats_name_the_straggler_and_rendezvous_stragglers():
-    hb = Heartbeats([0, 1], now=0.0, hang=10, startup=100, rendezvous=30, expect_heartbeats=True)
+    hb = _heartbeats([0, 1], hang=10, startup=100, rendezvous=30, expect=True)
     assert hb.check(50.0, {0, 1}) is None  # startup allowance
     for r in (0, 1):
         hb.record(r, {"type": "step", "step": 1}, 60.0)
     hb.record(0, {"type": "step", "step": 2}, 75.0)
     v = hb.check(75.0, {0, 1})
     assert v.kind == "hang" and v.rank == 1 and "rank 0=2, rank 1=1" in v.message
-    hb = Heartbeats([0, 1], now=0.0, hang=10, startup=1000, rendezvous=30, expect_heartbeats=True)
+    hb = _heartbeats([0, 1], hang=10, startup=1000, rendezvous=30, expect=True)
     hb.record(0, {"type": "phase", "name": "rendezvous"}, 1.0)
     hb.record(0, {"type": "phase", "name": "init"}, 2.0)
     hb.record(1, {"type": "ready"}, 2.0)
     v = hb.check(40.0, {0, 1})
     assert v.kind == "rendezvous" and v.rank == 1 and "rank 1 (no step yet) never joined" in v.message
-    silent = Heartbeats([0], now=0.0, hang=1, startup=1, rendezvous=1, expect_heartbeats=False)
+    silent = _heartbeats([0], hang=1, startup=1, rendezvous=1, expect=False)
     assert silent.check(100.0, {0}) is None  # a script that never uses the channel is not judged by it
 
 
 def test_heartbeats_wait_for_a_saver_name_a_stopped_rank_and_say_who_is_unwatched():
-    hb = Heartbeats([0, 1], now=0.0, hang=10, startup=100, rendezvous=30, expect_heartbeats=False)
+    hb = _heartbeats([0, 1], hang=10, startup=100, rendezvous=30, expect=False)
     for r in (0, 1):
         hb.record(r, {"type": "step", "step": 1}, 1.0)
     hb.record(0, {"type": "phase", "name": "checkpoint"}, 2.0)
     assert hb.check(50.0, {0, 1}) is None  # rank 1 may be waiting for the saver: the long allowance
     hb.record(0, {"type": "phase", "name": "train"}, 60.0)
-    assert hb.check(75.0, {0, 1}).rank == 1  # silent longest
-    v = hb.check(75.0, {0, 1}, stopped=lambda: {0})
-    assert v.rank == 0 and "its process is stopped" in v.message  # evidence beats step counts
-    silent = Heartbeats([0, 1], now=0.0, hang=1, startup=5, rendezvous=1, expect_heartbeats=False)
+    assert hb.check(75.0, {0, 1}).rank == 1  # stuck longest
+    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(stopped.pid, signal.SIGSTOP)
+        hb.watch_pid(0, stopped.pid)
+        assert wait_for(lambda: psutil.Process(stopped.pid).status() == psutil.STATUS_STOPPED)
+        v = hb.check(76.0, {0, 1})  # the kernel's view is read now
+        assert v.rank == 0 and "process stopped (state T)" in v.message  # evidence beats step counts
+    finally:
+        stopped.kill()
+        stopped.wait()
+    silent = _heartbeats([0, 1], hang=1, startup=5, rendezvous=1, expect=False)
     silent.record(1, {"type": "step", "step": 1}, 1.0)
     assert silent.newly_unwatched(4.0, {0, 1}) == []
     assert silent.newly_unwatched(6.0, {0, 1}) == [0] and silent.newly_unwatched(9.0, {0, 1}) == []  # once

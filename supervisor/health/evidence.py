@@ -1,0 +1,109 @@
+"""Which rank hangs the job, by evidence rather than by who went quiet first.
+
+In synchronous training one stuck rank stops every rank: the others wait for it in
+the next collective. Silence cannot tell them apart; these rules can, strongest first:
+
+1. the kernel: a process stopped (T/t), in uninterruptible sleep (D), or gone (Z/X);
+2. a liveness thread that stopped reporting while the process runs (a wedged process:
+   the GIL held by native code, a deadlock in the interpreter);
+3. where the loops are: a rank that is *not* in a collective while others wait in one
+   is the one they wait for;
+4. progress: the rank(s) furthest behind in steps;
+5. otherwise (every rank in the same collective, or no liveness at all): the rank
+   silent longest, and the verdict says that the evidence does not single one out.
+
+Each rank gets one evidence line; the verdict lists the blamed ranks' lines first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from supervisor.health.proc_state import ProcState
+
+LIVENESS_SILENT_S = 5.0  # no `alive` record for this long (they come every second): the thread is frozen
+
+HARD, SILENT, ELSEWHERE, BEHIND, WAITING = 4, 3, 2, 1, 0  # evidence levels, strongest first
+
+
+@dataclass(frozen=True)
+class RankView:
+    """What the heartbeat monitor knows of one rank when the verdict is made."""
+
+    rank: int
+    step: int | None  # the furthest step any of its records reported
+    silent_s: float  # since its last record of any kind
+    live: dict | None  # its last `alive` record (None: it sends none)
+    live_age_s: float | None  # since that record
+    live_latest: bool  # that record is its newest record (its `where` is not stale)
+    proc: ProcState | None
+
+
+@dataclass(frozen=True)
+class Evidence:
+    rank: int
+    level: int
+    waiting: bool
+    step: int | None
+    line: str
+
+
+def _last_seen(v: RankView) -> str:
+    """Where its records last placed it: `step 27, forward/backward`."""
+    live = v.live or {}
+    at = f"step {v.step}" if v.step is not None else str(live.get("phase", "startup"))
+    if v.live_latest and live.get("where"):
+        return f"{at}, {'in ' if live.get('collective') else ''}{live['where']}"
+    return at
+
+
+def judge(v: RankView, now: float) -> Evidence:
+    """One rank's evidence line and level."""
+    proc = "" if v.proc is None else v.proc.describe(now)
+    if v.live is None:  # a script without liveness records: silence, steps and the kernel only
+        head = f"rank {v.rank} sent no heartbeat for {v.silent_s:.0f} s" if v.silent_s >= 1 else \
+            f"rank {v.rank}: last record {v.silent_s:.0f} s ago"
+        detail = f"step {v.step if v.step is not None else '-'}" + (f"; {proc}" if proc else "")
+        level = HARD if v.proc is not None and v.proc.hard else BEHIND
+        return Evidence(v.rank, level, False, v.step, f"{head} ({detail})")
+    live = v.live
+    step = live.get("step", v.step)
+    if v.proc is not None and v.proc.hard:
+        return Evidence(v.rank, HARD, False, step, f"rank {v.rank}: {proc}; last seen at {_last_seen(v)}")
+    if v.live_age_s is not None and v.live_age_s > LIVENESS_SILENT_S:
+        return Evidence(v.rank, SILENT, False, step,
+                        f"rank {v.rank}: no liveness record for {v.live_age_s:.0f} s although the process runs "
+                        f"({proc or 'state unknown'}): wedged; last seen at {_last_seen(v)}")
+    suffix = f" ({proc})" if proc else ""
+    there = f"{live.get('where_s', 0) + (v.live_age_s or 0):.0f} s"
+    at = f"at step {step}" if step is not None else f"in {live.get('phase')}"
+    if live.get("collective"):
+        return Evidence(v.rank, WAITING, True, step, f"rank {v.rank}: waiting in {live.get('where')} {at} for {there}"
+                                                     f"{suffix}")
+    return Evidence(v.rank, ELSEWHERE, False, step,
+                    f"rank {v.rank}: in {live.get('where')} {at} for {there}, not in a collective{suffix}")
+
+
+def blame(evidence: list[Evidence], stalled: dict[int, float]) -> tuple[list[int], str]:
+    """(blamed ranks, why) by the rules of the module docstring."""
+    for level, why in ((HARD, "the kernel shows it cannot run"), (SILENT, "its liveness thread went silent")):
+        hits = [e.rank for e in evidence if e.level == level]
+        if hits:
+            return hits, why
+    waiting = [e for e in evidence if e.waiting]
+    elsewhere = [e for e in evidence if not e.waiting]
+    if waiting and elsewhere:
+        return [e.rank for e in elsewhere], "not in the collective the others wait in"
+    steps = [e.step for e in evidence if isinstance(e.step, int)]
+    if steps and min(steps) < max(steps):
+        return [e.rank for e in evidence if e.step == min(steps)], "furthest behind in steps"
+    longest = max(stalled, key=stalled.get)
+    if waiting:
+        return [longest], ("every rank waits in a collective at the same step: mismatched collectives or "
+                           "the network/NCCL, no rank stands out; see the collective traces")
+    return [longest], "stuck the longest; the evidence does not single out a rank"
+
+
+def ordered_lines(evidence: list[Evidence], blamed: list[int]) -> list[str]:
+    first = [e.line for e in evidence if e.rank in blamed]
+    return first + [e.line for e in evidence if e.rank not in blamed]

@@ -1,0 +1,115 @@
+"""Stragglers: the rank the others wait for, named while the run goes on.
+
+In synchronous training every rank's step takes the same wall-clock time: the fast
+ranks wait for the slow one in the collectives. What tells them apart is *compute*
+time per step, step time minus time waiting in collectives, which gpuherd/liveness.py
+measures in each worker (the `alive` records carry the sums). Every `WINDOW_S` (longer
+when steps are slow: a window holds at least `MIN_STEPS` steps of every rank) each
+rank's mean compute per step is divided by the median of the other ranks'; a rank
+above `factor` for `windows` windows in a row gets one WARNING naming it, its slowdown
+and the likely reason from its latest GPU sample (thermal or power slowdown, clocks
+held back, another process on its GPU) or host sample (less CPU than the others); a
+`{"type": "straggler"}` record goes to metrics.jsonl and the summary lists it. A rank
+that recovers and slows down again is reported again.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from loguru import logger
+
+WINDOW_S = 5.0
+MIN_STEPS = 2  # a window closes only once every rank finished this many steps in it
+LESS_CPU = 0.7  # a rank's CPU share below this fraction of the others' is a likely reason
+THERMAL = {"sw_thermal", "hw_thermal"}
+POWER = {"sw_power_cap", "hw_power_brake"}
+
+
+def likely_reason(gpu: dict[str, Any] | None, host: dict[str, Any] | None, others_cpu: list[float]) -> str | None:
+    """What the monitor's latest samples say about a slow rank, or None."""
+    if gpu:
+        events = set(gpu.get("clock_events") or []) if isinstance(gpu.get("clock_events"), list) else set()
+        if events & THERMAL:
+            return f"thermal slowdown ({gpu.get('temp')} C, slowdown at {gpu.get('temp_slowdown')} C)"
+        if events & POWER:
+            return f"power capping ({gpu.get('power_w')} of {gpu.get('power_limit_w')} W)"
+        if "hw_slowdown" in events:
+            return "hardware slowdown: clocks held back"
+        if isinstance(gpu.get("foreign"), list) and gpu["foreign"]:
+            pids = ", ".join(str(p.get("pid")) for p in gpu["foreign"][:3])
+            return f"another process on its GPU (pid {pids})"
+    if host and others_cpu and isinstance(host.get("cpu_percent"), (int, float)):
+        median = statistics.median(others_cpu)
+        if median > 0 and host["cpu_percent"] < LESS_CPU * median:
+            return (f"its process got less CPU ({host['cpu_percent']:.0f}% vs {median:.0f}% for the others): "
+                    "CPU contention, or it keeps being stopped")
+    return None
+
+
+class Stragglers:
+    def __init__(self, factor: float, windows: int, write: Callable[[dict[str, Any]], None],
+                 window_s: float = WINDOW_S, warn: Callable[[str], None] = logger.warning) -> None:
+        self.factor, self.windows, self.window_s = factor, windows, window_s
+        self.write, self.warn = write, warn
+        self.found: list[dict[str, Any]] = []  # every warning given, for the summary
+        self._acc: dict[int, list[float]] = {}  # rank -> [steps, compute seconds] this window
+        self._streak: dict[int, int] = {}
+        self._warned: set[int] = set()
+        self._window_start: float | None = None
+        self._samples: dict[tuple[str, int], dict[str, Any]] = {}  # (gpu|host, rank) -> latest sample
+        self._lock = threading.Lock()
+
+    def add(self, rank: int, rec: dict[str, Any], now: float) -> None:
+        """An `alive` record's step timings (steps, compute_s)."""
+        if self._window_start is None:
+            self._window_start = now
+        acc = self._acc.setdefault(rank, [0, 0.0])
+        acc[0] += int(rec.get("steps") or 0)
+        acc[1] += float(rec.get("compute_s") or 0.0)
+
+    def sample(self, rec: dict[str, Any]) -> None:
+        """Thread-safe: a GPU or host sample from the monitor, kept for the reasons."""
+        if rec.get("type") in ("gpu", "host") and rec.get("rank") is not None:
+            with self._lock:
+                self._samples[(rec["type"], int(rec["rank"]))] = rec
+
+    def tick(self, now: float) -> None:
+        if self.factor <= 0 or self._window_start is None or now - self._window_start < self.window_s:
+            return
+        if len(self._acc) < 2 or min(steps for steps, _ in self._acc.values()) < MIN_STEPS:
+            return  # slow steps: the window grows until every rank finished a few
+        acc, self._acc, self._window_start = self._acc, {}, now
+        per_step = {rank: compute / steps for rank, (steps, compute) in acc.items()}
+        for rank, mine in per_step.items():
+            others = statistics.median(v for r, v in per_step.items() if r != rank)
+            slowdown = mine / others if others > 0 else 0.0
+            if slowdown <= self.factor:
+                self._streak[rank] = 0
+                self._warned.discard(rank)
+                continue
+            self._streak[rank] = self._streak.get(rank, 0) + 1
+            if self._streak[rank] >= self.windows and rank not in self._warned:
+                self._warned.add(rank)
+                self._report(rank, slowdown, mine, others)
+
+    def _report(self, rank: int, slowdown: float, mine: float, others: float) -> None:
+        with self._lock:
+            gpu, host = self._samples.get(("gpu", rank)), self._samples.get(("host", rank))
+            others_cpu = [s["cpu_percent"] for (kind, r), s in self._samples.items()
+                          if kind == "host" and r != rank and isinstance(s.get("cpu_percent"), (int, float))]
+        reason = likely_reason(gpu, host, others_cpu)
+        seconds = self.windows * self.window_s
+        self.warn(f"straggler: rank {rank} computes {slowdown:.2f}x slower than the median of the other ranks "
+                  f"({1000 * mine:.0f} ms vs {1000 * others:.0f} ms per step, for the last {seconds:.0f} s); "
+                  + (f"likely reason: {reason}" if reason else "no reason visible in the GPU/host samples")
+                  + "; the other ranks wait for it at every step")
+        record = {"type": "straggler", "time": time.time(), "rank": rank, "slowdown": round(slowdown, 3),
+                  "compute_ms": round(1000 * mine, 2), "others_ms": round(1000 * others, 2),
+                  "windows": self.windows, "reason": reason}
+        self.found.append(record)
+        self.write(record)
