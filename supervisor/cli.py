@@ -99,14 +99,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                    help="console shows these ranks, plus every rank's warnings and errors (files keep all)")
     g.add_argument("--collapse-logs", action="store_true",
                    help="print a line that all ranks print identically once, with a rank count")
-    r = parser.add_argument_group("restarts")
-    r.add_argument("--max-restarts", "--max_restarts", type=int, default=None, metavar="N",
-                   help="after a crash, hang or lost worker, restart every worker up to N times, resuming from "
-                        "the newest checkpoint this run wrote (default 0)")
-    r.add_argument("--restart-backoff", type=_seconds, default=None, metavar="S",
-                   help="seconds to wait between a failed attempt's teardown and the restart (default 5)")
-    r.add_argument("--restart-on-nan", action="store_true",
-                   help="restart after a NaN stop (exit 6) too; by default a NaN stop ends the run")
+    _add_restart_flags(parser)
     m = parser.add_argument_group("multi-node (one supervisor per node; see README 'Multi-node')")
     m.add_argument("--nnodes", type=_nnodes, default=None, metavar="N", help="nodes in the job (default 1)")
     m.add_argument("--node-rank", "--node_rank", type=int, default=None, metavar="R",
@@ -130,6 +123,20 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     return parser
 
 
+def _add_restart_flags(parser: argparse.ArgumentParser) -> None:
+    r = parser.add_argument_group("restarts")
+    r.add_argument("--max-restarts", "--max_restarts", type=int, default=None, metavar="N",
+                   help="after a crash, hang or lost worker, restart every worker up to N times, resuming from "
+                        "the newest checkpoint this run wrote (default 0)")
+    r.add_argument("--restart-backoff", type=_seconds, default=None, metavar="S",
+                   help="seconds to wait between a failed attempt's teardown and the restart (default 5)")
+    r.add_argument("--restart-on-nan", action="store_true",
+                   help="restart after a NaN stop (exit 6) too; by default a NaN stop ends the run")
+    r.add_argument("--exclude-suspect-gpus", action="store_true",
+                   help="after a suspect-device stop (exit 8), restart without the GPUs that had too many "
+                        "transient faults: one worker fewer each (CPU workers: nothing to exclude)")
+
+
 def _add_script_flags(parser: argparse.ArgumentParser) -> None:
     s = parser.add_argument_group("your script (torchrun-style; the built-in trainer without one)")
     s.add_argument("script", nargs="?", default=None, metavar="SCRIPT",
@@ -145,7 +152,8 @@ def _add_script_flags(parser: argparse.ArgumentParser) -> None:
 
 # flags whose value goes to `system.<same name>` (store_true flags only when given)
 _SYSTEM_FLAGS = ("nproc", "gpus", "isolate", "hang_timeout", "grace_period", "stop_timeout", "log_ranks",
-                 "collapse_logs", "max_restarts", "restart_backoff", "restart_on_nan", "preflight", "report")
+                 "collapse_logs", "max_restarts", "restart_backoff", "restart_on_nan", "exclude_suspect_gpus",
+                 "preflight", "report")
 
 
 def parse(argv: list[str], prog: str = PROG) -> Launch:
