@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,15 +25,15 @@ from gpuherd.config import Config
 from gpuherd.exit_codes import ExitCode
 from supervisor import run_dir as rundir
 from supervisor.cli import Launch
-from supervisor.gpus import DevicePlan
-from supervisor.health import Heartbeats, MetricsSink, NcclTransportWatch, RunContext, RunWatcher, gpu_watcher, \
-    hang_timeouts
+from supervisor.gpus import DeviceError, DevicePlan
+from supervisor.health import Heartbeats, MetricsSink, NcclTransportWatch, RunContext, RunWatcher, SuspectWatch, \
+    gpu_watcher, hang_timeouts
 from supervisor.output import STDERR, Console, LogRouter, WorkerLog
 from supervisor.processes import SAVE_AND_STOP, OrphanGuard, StopRules, Supervision, WorkerProcess, \
     become_subreaper, die_with_parent, error_file_for, python_env, RunEnv, script_env, spawn, stop_exit_code, \
     sweep_children, worker_env
 from supervisor.rendezvous import NodeLinkError, Rendezvous, Setup, SingleNode
-from supervisor.restarts import RunCheckpoints, pause, refusal
+from supervisor.restarts import RunCheckpoints, SuspectExclusion, pause, refusal
 from supervisor.summary import AttemptReport, RootCause, Summary, WorkerReport, how_it_ended, now_iso, shell_code
 
 
@@ -48,6 +49,7 @@ class Attempt:
     sup: Supervision
     run_env: RunEnv
     metrics: MetricsSink
+    suspects: SuspectWatch
     workers: list[WorkerProcess] = field(default_factory=list)
 
 
@@ -64,6 +66,7 @@ class Job:
         self.notes: list[str] = []
         self.rendezvous: Rendezvous = SingleNode()
         self.checkpoints = RunCheckpoints()
+        self.exclusion = SuspectExclusion(self.cfg.system.exclude_suspect_gpus, multi_node=launch.node.multi)
 
     @property
     def mode(self) -> str:
@@ -110,7 +113,8 @@ class Job:
                 final = report.root_cause
                 if final is None:
                     break
-                why_not = self._why_not_restart(final, report, last=attempt == system.max_restarts)
+                why_not = self._why_not_restart(final, report, last=attempt == system.max_restarts) \
+                    or self._exclude_suspects(final, report, attempt + 1)
                 if why_not:
                     if system.max_restarts:  # say why only where a restart was on the table
                         report.not_restarted = why_not
@@ -122,7 +126,8 @@ class Job:
                                + (f"resuming from {resume}" if resume else "starting as the first attempt did "
                                   "(no checkpoint written yet)"))
                 metrics.write({"type": "restart", "time": time.time(), "attempt": attempt + 1,
-                               "after": final.message, "exit_code": final.exit_code, "resume": resume})
+                               "after": final.message, "exit_code": final.exit_code, "resume": resume,
+                               "excluded_gpus": list(self.exclusion.excluded), "world_size": self.plan.world_size})
                 signum = pause(system.restart_backoff)
                 if signum is not None:
                     final = _stop_cause(signum, f"during the pause before attempt {attempt + 1}")
@@ -151,6 +156,15 @@ class Job:
             return f"the dataset cache cannot be rebuilt: {failure.message}"
         return None if rebuilt else why_not
 
+    def _exclude_suspects(self, cause: RootCause, report: AttemptReport, next_attempt: int) -> str | None:
+        """None: restart, without the suspect GPUs under --exclude-suspect-gpus; else why not
+        (none would be left: the run ends with the attempt's exit 8)."""
+        try:
+            self.plan = self.exclusion.next_plan(self.plan, cause, report.suspect_devices, next_attempt)
+        except DeviceError as exc:
+            return str(exc)
+        return None
+
     def run_attempt(self, attempt: int, resume: str | None, guard: OrphanGuard, metrics: MetricsSink) -> AttemptReport:
         """Start every worker once, supervise them to the end, clean up everything but the job's files."""
         started_at, t0 = now_iso(), time.monotonic()
@@ -163,7 +177,8 @@ class Job:
                 "rendezvous", exc.exit_code, str(exc), node=self.rendezvous.node_rank)
             return AttemptReport(attempt=attempt, started_at=started_at, duration_s=round(time.monotonic() - t0, 3),
                                  exit_code=cause.exit_code, outcome=cause.kind, root_cause=cause, resumed_from=resume,
-                                 log_dir=str(log_dir), teardown_s=None, workers=[])
+                                 log_dir=str(log_dir), teardown_s=None, workers=[],
+                                 excluded_gpus=list(self.exclusion.excluded))
         att = self._prepare_attempt(attempt, setup, log_dir, metrics)
         cause = self._supervise(att, guard)
         cause = self.rendezvous.settle(attempt, cause, att.sup.notes)
@@ -182,7 +197,8 @@ class Job:
             exit_code=int(cause.exit_code) if cause else 0, outcome="success" if cause is None else cause.kind,
             root_cause=cause, resumed_from=setup.resume, log_dir=str(log_dir), teardown_s=teardown,
             workers=[_report(w, cause, att.monitor, self.mode == "script") for w in att.workers],
-            stop_signal=signal.Signals(sup.stop_signal).name if sup.stop_signal else None, final_save=final_save)
+            stop_signal=signal.Signals(sup.stop_signal).name if sup.stop_signal else None, final_save=final_save,
+            suspect_devices=att.suspects.devices(self.exclusion.enabled), excluded_gpus=list(self.exclusion.excluded))
 
     def _prepare_attempt(self, attempt: int, setup: Setup, log_dir: Path, metrics: MetricsSink) -> Attempt:
         """Everything an attempt's supervision needs, before the first worker exists."""
@@ -194,10 +210,12 @@ class Job:
                            nccl_watch=_nccl_watch(plan))
         monitor = Heartbeats([s.rank for s in plan.slots], time.monotonic(), hang, startup,
                              cfg.system.rendezvous_timeout, expect_heartbeats=self.mode == "train")
+        suspects = SuspectWatch(plan, attempt)
         stop = StopRules(cfg.system.grace_period, self.stop_timeout,
                          save_signal=SAVE_AND_STOP if self.mode == "train" else None)
         sup = Supervision([], router, monitor, metrics, stop, finish_window=hang,
-                          on_cause=self.rendezvous.publisher(attempt), on_record=self.checkpoints.observe,
+                          on_cause=self.rendezvous.publisher(attempt),
+                          on_record=_fan_out(self.checkpoints.observe, suspects.observe),
                           script=self.mode == "script", unwatched_why=_unwatched_why(self.launch))
         run_env = RunEnv(run_id=self.run_id, run_dir=str(self.run_dir), master_addr=setup.master_addr,
                          master_port=setup.master_port, supervisor_pid=os.getpid(),
@@ -205,7 +223,7 @@ class Job:
                          restart_count=attempt, max_restarts=cfg.system.max_restarts, resume=setup.resume or "",
                          world_size=setup.world_size, node_rank=self.rendezvous.node_rank,
                          nnodes=self.rendezvous.nnodes)
-        return Attempt(attempt, setup, logs, router, monitor, sup, run_env, metrics)
+        return Attempt(attempt, setup, logs, router, monitor, sup, run_env, metrics, suspects)
 
     def _supervise(self, att: Attempt, guard: OrphanGuard) -> RootCause | None:
         """Spawn, watch until the end, and leave nothing of the attempt running."""
@@ -268,6 +286,7 @@ class Job:
             max_restarts=self.cfg.system.max_restarts, restarts=max(0, len(attempts) - 1), attempts=attempts,
             node_rank=self.rendezvous.node_rank, nnodes=self.rendezvous.nnodes, nodes=self.rendezvous.nodes,
             final_save=last.final_save if last else None,
+            suspect_devices=[d for a in attempts for d in a.suspect_devices],
         )
         summary.write(self.run_dir / "summary.json")
         block = summary.block()
@@ -280,6 +299,14 @@ class Job:
             if html is not None:
                 logger.info(f"report: {html} (figures beside it; `gpuherd report RUN RUN` compares runs)")
         return exit_code
+
+
+def _fan_out(*observers: Callable[[dict], None]) -> Callable[[dict], None]:
+    """One status-record callback for the supervision loop that hands each record to every observer."""
+    def observe(record: dict) -> None:
+        for fn in observers:
+            fn(record)
+    return observe
 
 
 def _nccl_watch(plan: DevicePlan) -> NcclTransportWatch | None:

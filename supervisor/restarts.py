@@ -7,6 +7,10 @@ saving (their `checkpoint` status records), still as it was when they reported i
 handed to the workers as `GPUHERD_RESUME`. A checkpoint another run wrote into a
 shared directory — before this run, or while it ran, even under the same name — is
 never picked up. With none written yet, the next attempt starts as the first one did.
+
+After an exit 8 (a device kept producing transient faults), `--exclude-suspect-gpus`
+runs the next attempt without the GPUs that went over the limit: one worker fewer
+each, never a stand-in GPU, so the job's shape changes only by what was left out.
 """
 
 from __future__ import annotations
@@ -15,9 +19,12 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from loguru import logger
+
 from gpuherd.checkpoint_layout import fingerprint
 from gpuherd.exit_codes import ExitCode
-from supervisor.summary import RootCause
+from supervisor.gpus import DevicePlan, exclude_gpus
+from supervisor.summary import RootCause, SuspectDevice
 
 # SIGUSR1/2 too: SLURM's warning before the time limit may come between two attempts
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -81,6 +88,46 @@ class RunCheckpoints:
             except OSError:  # pruned (training.keep_last) or removed
                 continue
         return None
+
+
+class SuspectExclusion:
+    """`--exclude-suspect-gpus` (`system.exclude_suspect_gpus`): the devices of the attempt
+    after an exit 8."""
+
+    def __init__(self, enabled: bool, multi_node: bool = False) -> None:
+        """`multi_node`: this node's workers shrink; the job's world size is agreed at the join."""
+        self.enabled, self.multi_node = enabled, multi_node
+        self.excluded: list[int] = []  # every GPU left out so far, in the order they were
+        self._cpu_told = False
+
+    def next_plan(self, plan: DevicePlan, cause: RootCause, suspects: list[SuspectDevice],
+                  next_attempt: int) -> DevicePlan:
+        """The plan for attempt `next_attempt`: `plan` without the suspect GPUs over the limit
+        (marked on `suspects`). Raises DeviceError (exit 8) when no GPU would be left."""
+        if not self.enabled or cause.exit_code != ExitCode.DEVICE_SUSPECT:
+            return plan
+        if plan.kind != "cuda":
+            if not self._cpu_told:
+                logger.warning("--exclude-suspect-gpus: CPU workers, nothing to exclude")
+                self._cpu_told = True
+            return plan
+        if cause.script_code and not suspects:  # a script's own exit 8, not a suspect device
+            return plan
+        blamed = [d for d in suspects if d.gpu is not None and d.over_limit]
+        if not blamed:  # no rank could be blamed, or (multi-node) the faults were on another node
+            logger.warning("--exclude-suspect-gpus: no GPU of this node went over the limit of transient "
+                           "faults: restarting on the same GPUs")
+            return plan
+        shrunk = exclude_gpus(plan, {d.gpu for d in blamed})
+        for d in blamed:
+            d.then = f"excluded from attempt {next_attempt} on"
+        self.excluded += sorted({d.gpu for d in blamed if d.gpu is not None})
+        left_out = ", ".join(f"GPU {d.gpu} ({d.transient_faults} transient faults, limit {d.limit})" for d in blamed)
+        size = "this node's workers" if self.multi_node else "world size"
+        kept = ", ".join(f"GPU {s.device_id}" for s in shrunk.slots)
+        logger.warning(f"--exclude-suspect-gpus: attempt {next_attempt} runs without {left_out}: "
+                       f"{size} {plan.world_size} -> {shrunk.world_size} ({kept})")
+        return shrunk
 
 
 def pause(seconds: float) -> int | None:
