@@ -124,6 +124,9 @@ def _add_restart_flags(parser: argparse.ArgumentParser) -> None:
                         "doubling for each further quick failure in a row, at most 60)")
     r.add_argument("--restart-on-nan", action="store_true",
                    help="restart after a NaN stop (exit 6) too; by default a NaN stop ends the run")
+    r.add_argument("--exclude-suspect-gpus", action="store_true",
+                   help="after a suspect-device stop (exit 8), restart without the GPUs that had too many "
+                        "transient faults: one worker fewer each (CPU workers: nothing to exclude)")
 
 
 def _add_node_flags(parser: argparse.ArgumentParser) -> None:
@@ -155,7 +158,8 @@ def _add_script_flags(parser: argparse.ArgumentParser) -> None:
 
 # flags whose value goes to `system.<same name>` (store_true flags only when given)
 _SYSTEM_FLAGS = ("nproc", "gpus", "isolate", "hang_timeout", "grace_period", "stop_timeout", "log_ranks",
-                 "collapse_logs", "max_restarts", "restart_backoff", "restart_on_nan", "preflight", "report")
+                 "collapse_logs", "max_restarts", "restart_backoff", "restart_on_nan", "exclude_suspect_gpus",
+                 "preflight", "report")
 
 
 def parse(argv: list[str], prog: str = PROG) -> Launch:

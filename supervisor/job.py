@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +25,7 @@ from gpuherd.config import Config
 from gpuherd.exit_codes import ExitCode
 from supervisor import run_dir as rundir
 from supervisor.cli import Launch
-from supervisor.gpus import DevicePlan
+from supervisor.gpus import DeviceError, DevicePlan
 from supervisor.health import (
     HangPolicy,
     Heartbeats,
@@ -34,6 +35,7 @@ from supervisor.health import (
     RunContext,
     RunWatcher,
     Stragglers,
+    SuspectWatch,
     gpu_watcher,
     hang_timeouts,
     previous_learned,
@@ -57,7 +59,7 @@ from supervisor.processes import (
     worker_env,
 )
 from supervisor.rendezvous import NodeLinkError, Rendezvous, Setup, SingleNode, StoreServer, training_fingerprint
-from supervisor.restarts import STREAK_RESET_S, RunCheckpoints, backoff, pause, refusal
+from supervisor.restarts import STREAK_RESET_S, RunCheckpoints, SuspectExclusion, backoff, pause, refusal
 from supervisor.summary import AttemptReport, RootCause, Summary, WorkerReport, how_it_ended, now_iso, shell_code
 
 
@@ -74,6 +76,7 @@ class Attempt:
     run_env: RunEnv
     metrics: MetricsSink
     stragglers: Stragglers
+    suspects: SuspectWatch
     workers: list[WorkerProcess] = field(default_factory=list)
 
 
@@ -94,6 +97,7 @@ class Job:
         self.timeouts = self._learned_timeouts()
         self.store_server = StoreServer(sys.executable, python_env(), die_with_parent())  # warm across attempts
         self._guarded: set[int] = set()  # helper processes the orphan guard already knows
+        self.exclusion = SuspectExclusion(self.cfg.system.exclude_suspect_gpus, multi_node=launch.node.multi)
 
     @property
     def mode(self) -> str:
@@ -159,7 +163,8 @@ class Job:
                 streak = 0 if report.duration_s >= STREAK_RESET_S else streak
                 if final is None:
                     break
-                why_not = self._why_not_restart(final, report, last=attempt == system.max_restarts)
+                why_not = self._why_not_restart(final, report, last=attempt == system.max_restarts) \
+                    or self._exclude_suspects(final, report, attempt + 1)
                 if why_not:
                     if system.max_restarts:  # say why only where a restart was on the table
                         report.not_restarted = why_not
@@ -173,7 +178,8 @@ class Job:
                                + (f"resuming from {resume}" if resume else "starting as the first attempt did "
                                   "(no checkpoint written yet)"))
                 metrics.write({"type": "restart", "time": time.time(), "attempt": attempt + 1,
-                               "after": final.message, "exit_code": final.exit_code, "resume": resume})
+                               "after": final.message, "exit_code": final.exit_code, "resume": resume,
+                               "excluded_gpus": list(self.exclusion.excluded), "world_size": self.plan.world_size})
                 signum = pause(delay)
                 if signum is not None:
                     final = _stop_cause(signum, f"during the pause before attempt {attempt + 1}")
@@ -203,6 +209,15 @@ class Job:
             return f"the dataset cache cannot be rebuilt: {failure.message}"
         return None if rebuilt else why_not
 
+    def _exclude_suspects(self, cause: RootCause, report: AttemptReport, next_attempt: int) -> str | None:
+        """None: restart, without the suspect GPUs under --exclude-suspect-gpus; else why not
+        (none would be left: the run ends with the attempt's exit 8)."""
+        try:
+            self.plan = self.exclusion.next_plan(self.plan, cause, report.suspect_devices, next_attempt)
+        except DeviceError as exc:
+            return str(exc)
+        return None
+
     def run_attempt(self, attempt: int, resume: str | None, guard: OrphanGuard, metrics: MetricsSink) -> AttemptReport:
         """Start every worker once, supervise them to the end, clean up everything but the job's files."""
         started_at, t0 = now_iso(), time.monotonic()
@@ -215,7 +230,8 @@ class Job:
                 "rendezvous", exc.exit_code, str(exc), node=self.rendezvous.node_rank)
             return AttemptReport(attempt=attempt, started_at=started_at, duration_s=round(time.monotonic() - t0, 3),
                                  exit_code=cause.exit_code, outcome=cause.kind, root_cause=cause, resumed_from=resume,
-                                 log_dir=str(log_dir), teardown_s=None, workers=[])
+                                 log_dir=str(log_dir), teardown_s=None, workers=[],
+                                 excluded_gpus=list(self.exclusion.excluded))
         att = self._prepare_attempt(attempt, setup, log_dir, metrics)
         cause = self._supervise(att, guard)
         cause = self.rendezvous.settle(attempt, cause, att.sup.notes)
@@ -236,7 +252,8 @@ class Job:
             exit_code=int(cause.exit_code) if cause else 0, outcome="success" if cause is None else cause.kind,
             root_cause=cause, resumed_from=setup.resume, log_dir=str(log_dir), teardown_s=teardown,
             workers=[_report(w, cause, att.monitor, self.mode == "script") for w in att.workers],
-            stop_signal=signal.Signals(sup.stop_signal).name if sup.stop_signal else None, final_save=final_save)
+            stop_signal=signal.Signals(sup.stop_signal).name if sup.stop_signal else None, final_save=final_save,
+            suspect_devices=att.suspects.devices(self.exclusion.enabled), excluded_gpus=list(self.exclusion.excluded))
 
     def _prepare_attempt(self, attempt: int, setup: Setup, log_dir: Path, metrics: MetricsSink) -> Attempt:
         """Everything an attempt's supervision needs, before the first worker exists."""
@@ -251,10 +268,12 @@ class Job:
         trace_dir = log_dir / "collective-traces"
         if plan.kind == "cuda":  # NCCL's own dump on a watchdog timeout lands here (worker_env.flight_recorder_env)
             (trace_dir / "nccl-timeout").mkdir(parents=True, exist_ok=True)
+        suspects = SuspectWatch(plan, attempt)
         stop = StopRules(cfg.system.grace_period, self.stop_timeout,
                          save_signal=SAVE_AND_STOP if self.mode == "train" else None)
         sup = Supervision([], router, monitor, metrics, stop, finish_window=self.timeouts.policy.step_default,
-                          on_cause=self.rendezvous.publisher(attempt), on_record=self.checkpoints.observe,
+                          on_cause=self.rendezvous.publisher(attempt),
+                          on_record=_fan_out(self.checkpoints.observe, suspects.observe),
                           script=self.mode == "script", unwatched_why=_unwatched_why(self.launch),
                           trace_dir=trace_dir)
         run_env = RunEnv(run_id=self.run_id, run_dir=str(self.run_dir), master_addr=setup.master_addr,
@@ -263,7 +282,7 @@ class Job:
                          restart_count=attempt, max_restarts=cfg.system.max_restarts, resume=setup.resume or "",
                          world_size=setup.world_size, node_rank=self.rendezvous.node_rank,
                          nnodes=self.rendezvous.nnodes, trace_dir=str(trace_dir))
-        return Attempt(attempt, setup, logs, router, monitor, sup, run_env, metrics, stragglers)
+        return Attempt(attempt, setup, logs, router, monitor, sup, run_env, metrics, stragglers, suspects)
 
     def _supervise(self, att: Attempt, guard: OrphanGuard) -> RootCause | None:
         """Spawn, watch until the end, and leave nothing of the attempt running."""
@@ -329,6 +348,7 @@ class Job:
             node_rank=self.rendezvous.node_rank, nnodes=self.rendezvous.nnodes, nodes=self.rendezvous.nodes,
             final_save=last.final_save if last else None,
             stragglers=self.stragglers, hang_timeouts=self.timeouts.learned(),
+            suspect_devices=[d for a in attempts for d in a.suspect_devices],
         )
         summary.write(self.run_dir / "summary.json")
         block = summary.block()
@@ -341,6 +361,14 @@ class Job:
             if html is not None:
                 logger.info(f"report: {html} (figures beside it; `gpuherd report RUN RUN` compares runs)")
         return exit_code
+
+
+def _fan_out(*observers: Callable[[dict], None]) -> Callable[[dict], None]:
+    """One status-record callback for the supervision loop that hands each record to every observer."""
+    def observe(record: dict) -> None:
+        for fn in observers:
+            fn(record)
+    return observe
 
 
 def _nccl_watch(plan: DevicePlan) -> NcclTransportWatch | None:

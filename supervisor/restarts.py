@@ -12,6 +12,10 @@ The pause is short (`system.restart_backoff`, 0.2 s by default: a restart is che
 store helper stays warm) and doubles for each further failure in a row, up to
 `MAX_BACKOFF_S`, so a job that fails at once every time does not spin; an attempt
 that ran for `STREAK_RESET_S` before failing starts the doubling over.
+
+After an exit 8 (a device kept producing transient faults), `--exclude-suspect-gpus`
+runs the next attempt without the GPUs that went over the limit: one worker fewer
+each, never a stand-in GPU, so the job's shape changes only by what was left out.
 """
 
 from __future__ import annotations
@@ -20,9 +24,12 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from loguru import logger
+
 from gpuherd.checkpoint_layout import fingerprint
 from gpuherd.exit_codes import ExitCode
-from supervisor.summary import RootCause
+from supervisor.gpus import DevicePlan, exclude_gpus
+from supervisor.summary import RootCause, SuspectDevice
 
 # SIGUSR1/2 too: SLURM's warning before the time limit may come between two attempts
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -93,6 +100,46 @@ class RunCheckpoints:
             except OSError:  # pruned (training.keep_last) or removed
                 continue
         return None
+
+
+class SuspectExclusion:
+    """`--exclude-suspect-gpus` (`system.exclude_suspect_gpus`): the devices of the attempt
+    after an exit 8."""
+
+    def __init__(self, enabled: bool, multi_node: bool = False) -> None:
+        """`multi_node`: this node's workers shrink; the job's world size is agreed at the join."""
+        self.enabled, self.multi_node = enabled, multi_node
+        self.excluded: list[int] = []  # every GPU left out so far, in the order they were
+        self._cpu_told = False
+
+    def next_plan(self, plan: DevicePlan, cause: RootCause, suspects: list[SuspectDevice],
+                  next_attempt: int) -> DevicePlan:
+        """The plan for attempt `next_attempt`: `plan` without the suspect GPUs over the limit
+        (marked on `suspects`). Raises DeviceError (exit 8) when no GPU would be left."""
+        if not self.enabled or cause.exit_code != ExitCode.DEVICE_SUSPECT:
+            return plan
+        if plan.kind != "cuda":
+            if not self._cpu_told:
+                logger.warning("--exclude-suspect-gpus: CPU workers, nothing to exclude")
+                self._cpu_told = True
+            return plan
+        if cause.script_code and not suspects:  # a script's own exit 8, not a suspect device
+            return plan
+        blamed = [d for d in suspects if d.gpu is not None and d.over_limit]
+        if not blamed:  # no rank could be blamed, or (multi-node) the faults were on another node
+            logger.warning("--exclude-suspect-gpus: no GPU of this node went over the limit of transient "
+                           "faults: restarting on the same GPUs")
+            return plan
+        shrunk = exclude_gpus(plan, {d.gpu for d in blamed})
+        for d in blamed:
+            d.then = f"excluded from attempt {next_attempt} on"
+        self.excluded += sorted({d.gpu for d in blamed if d.gpu is not None})
+        left_out = ", ".join(f"GPU {d.gpu} ({d.transient_faults} transient faults, limit {d.limit})" for d in blamed)
+        size = "this node's workers" if self.multi_node else "world size"
+        kept = ", ".join(f"GPU {s.device_id}" for s in shrunk.slots)
+        logger.warning(f"--exclude-suspect-gpus: attempt {next_attempt} runs without {left_out}: "
+                       f"{size} {plan.world_size} -> {shrunk.world_size} ({kept})")
+        return shrunk
 
 
 def pause(seconds: float) -> int | None:

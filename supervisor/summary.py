@@ -74,6 +74,34 @@ class WorkerReport:
 
 
 @dataclass
+class SuspectDevice:
+    """A device its rank blamed for transient faults (`suspect` status records; the latest one
+    of each rank in an attempt), mapped to the physical GPU through the attempt's device plan."""
+
+    attempt: int
+    rank: int  # global rank
+    device: str  # the label the rank sent: "cuda:0 (GPU 3)", "cpu"
+    gpu: int | None  # physical GPU id (nvidia-smi's), None for a CPU worker
+    host: str
+    transient_faults: int  # in this attempt
+    limit: int  # debug.max_transient_faults
+    step: int | None  # of the last transient fault
+    then: str = ""  # what came of it: "excluded from attempt 2", a hint, or nothing
+
+    @property
+    def over_limit(self) -> bool:
+        """More transient faults than allowed: the device that stopped the attempt with exit 8."""
+        return self.transient_faults > self.limit
+
+    def line(self, name_attempt: bool = False) -> str:
+        where = f"GPU {self.gpu}" if self.gpu is not None else self.device
+        attempt = f", attempt {self.attempt}" if name_attempt else ""
+        return (f"suspect device: {where} (host {self.host}, rank {self.rank}{attempt}): {self.transient_faults} "
+                f"transient fault(s), limit {self.limit}, last at step {self.step}"
+                + (f" — {self.then}" if self.then else ""))
+
+
+@dataclass
 class AttemptReport:
     """One start of every worker (`--max-restarts`: the first attempt is 0)."""
 
@@ -90,6 +118,8 @@ class AttemptReport:
     not_restarted: str | None = None  # why a failed attempt ended the run (restarts left or not)
     stop_signal: str | None = None  # the supervisor received this (SIGINT/SIGTERM/SIGHUP/...) during the attempt
     final_save: str | None = None  # a graceful stop's last checkpoint: "saved", "not saved", None: nothing said
+    suspect_devices: list[SuspectDevice] = field(default_factory=list)
+    excluded_gpus: list[int] = field(default_factory=list)  # suspect GPUs this attempt ran without
 
 
 @dataclass
@@ -115,6 +145,7 @@ class Summary:
     final_save: str | None = None  # the last attempt's (a graceful stop): "saved" | "not saved" | None
     stragglers: list[dict[str, Any]] = field(default_factory=list)  # every straggler warning (health/stragglers.py)
     hang_timeouts: dict[str, float] = field(default_factory=dict)  # learned allowance per phase, seconds
+    suspect_devices: list[SuspectDevice] = field(default_factory=list)  # every attempt's, oldest first
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2)
@@ -128,6 +159,7 @@ class Summary:
             after = f" after {self.restarts} restart(s)" if self.restarts else ""
             lines = [f"gpuherd: run {self.run_id} finished: {len(self.workers)} worker(s) exited 0 in "
                      f"{self.duration_s:.1f} s{after}; logs in {self.run_dir}"]
+            lines += [d.line(name_attempt=self.max_restarts > 0) for d in self.suspect_devices]
             return "\n".join(lines + self._attempt_lines() + self._straggler_lines()
                              + [f"note: {n}" for n in self.notes])
         rc = self.root_cause
@@ -136,6 +168,7 @@ class Summary:
         lines = [RULE, f"gpuherd: run {self.run_id} FAILED with exit code {self.exit_code}{label}",
                  f"root cause: {rc.message}"]
         lines += [f"    {line}" for line in rc.evidence]
+        lines += [d.line(name_attempt=self.max_restarts > 0) for d in self.suspect_devices]
         lines += self._attempt_lines()
         if rc.traceback:  # the rank's own account (torch's @record): the stderr tail would repeat it
             lines.append(f"traceback of {rc.device} (rank {rc.rank}), from its error file:")

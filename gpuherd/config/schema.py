@@ -44,6 +44,7 @@ class SystemConfig:
     max_restarts: int = limited(0, ge=0)  # restart every worker after a failure, resuming from the newest checkpoint
     restart_backoff: float = limited(0.2, ge=0)  # seconds before the first restart; doubles for each further quick failure
     restart_on_nan: bool = False  # a NaN stop (exit 6) is restarted too, not only crashes and hangs
+    exclude_suspect_gpus: bool = False  # after an exit 8, the restart runs without the suspect GPUs
     stop_timeout: float = limited(120.0, gt=0)  # a graceful stop (SIGTERM, Ctrl-C) with its final save, at most
     preflight: bool = True  # GPU and host checks (`gpuherd check`) before anything starts
     report: bool = True  # report.html + PNG figures in the run directory at the end

@@ -4,6 +4,7 @@ Everything outside this package imports from here, never from the modules below.
 
   plan_devices(system, cuda_visible_devices, nproc_explicit, force) -> DevicePlan   devices.py
   DevicePlan / DeviceSlot: the workers' devices in rank order                         devices.py
+  exclude_gpus(plan, gpu_ids) -> DevicePlan: a restart without suspect GPUs            devices.py
   plan_gpus(requested, allowed_env, force, first=) -> list[GpuInfo]                   plan.py
   DeviceError(message, exit_code): 2 usage (ExitCode.BUSY_GPU too) / 4 device         errors.py
   format_device_table(gpus, rank_of_gpu) -> str                                       table.py
@@ -19,7 +20,7 @@ Everything outside this package imports from here, never from the modules below.
 
 from supervisor.gpus.claim import CLAIM_FDS_ENV
 from supervisor.gpus.device_health import DeviceHealth, read_device_health
-from supervisor.gpus.devices import DevicePlan, DeviceSlot, plan_devices
+from supervisor.gpus.devices import DevicePlan, DeviceSlot, exclude_gpus, plan_devices
 from supervisor.gpus.errors import DeviceError
 from supervisor.gpus.inventory import GpuInfo, GpuProcess, read_inventory
 from supervisor.gpus.monitor import GpuMonitor
@@ -32,6 +33,7 @@ from supervisor.gpus.visible import allowed_gpus
 
 __all__ = [
     "CLAIM_FDS_ENV", "NA", "DeviceError", "DeviceHealth", "DevicePlan", "DeviceSlot", "GpuInfo", "GpuLost", "GpuMonitor", "GpuProcess",
-    "NvmlUnavailable", "Selection", "Topology", "allowed_gpus", "format_device_table", "plan_devices", "plan_gpus",
+    "NvmlUnavailable", "Selection", "Topology", "allowed_gpus", "exclude_gpus", "format_device_table", "plan_devices",
+    "plan_gpus",
     "read_device_health", "read_inventory", "read_topology", "release_claims", "select_least_used",
 ]

@@ -91,6 +91,22 @@ def plan_devices(
     return DevicePlan(slots=slots, isolate=system.isolate, gpus=tuple(gpus))
 
 
+def exclude_gpus(plan: DevicePlan, gpu_ids: set[int]) -> DevicePlan:
+    """The plan without these GPUs, one worker per GPU left, ranks renumbered in the order
+    kept (the next attempt's world size shrinks). Their claims stay held for the run: a
+    GPU left out as flaky should not be the free GPU another gpuherd run picks meanwhile.
+    Raises DeviceError (exit 8, the suspect-device code) when no GPU would be left."""
+    if plan.kind != "cuda":
+        return plan
+    kept = [s for s in plan.slots if s.device_id not in gpu_ids]
+    if not kept:
+        raise DeviceError(f"--exclude-suspect-gpus: no GPU left for another attempt: every GPU this attempt ran on "
+                          f"is suspect ({', '.join(f'GPU {s.device_id}' for s in plan.slots)}); check them "
+                          "(`gpuherd check`, nvidia-smi) before running again", ExitCode.DEVICE_SUSPECT)
+    slots = tuple(replace(s, rank=r, local_rank=None) for r, s in enumerate(kept))
+    return replace(plan, slots=slots, gpus=tuple(g for g in plan.gpus if g.index not in gpu_ids))
+
+
 def _cpu_plan(nproc: int, notice: str | None) -> DevicePlan:
     slots = tuple(DeviceSlot(rank=r, kind="cpu", device_id=r) for r in range(nproc))
     return DevicePlan(slots=slots, isolate=False, notice=notice)

@@ -1,7 +1,8 @@
 """Is the run healthy: progress and liveness per rank (hangs blamed by evidence, early
 exits, a group that never forms), hang timeouts learned per phase, stragglers, collective
 traces on a hang, run watchers that may end it (the GPU watch), NCCL transport warnings,
-the metrics.jsonl sink every record goes to, and the pre-flight checks before a run."""
+the devices blamed for transient faults (`suspect` records), the metrics.jsonl sink every
+record goes to, and the pre-flight checks before a run."""
 
 from supervisor.health import traces
 from supervisor.health.gpu_watch import announce_devices, gpu_watcher
@@ -11,11 +12,12 @@ from supervisor.health.metrics import MetricsSink
 from supervisor.health.nccl_transport import NcclTransportWatch
 from supervisor.health.preflight import CheckReport, run_checks
 from supervisor.health.stragglers import Stragglers
+from supervisor.health.suspects import SuspectWatch
 from supervisor.health.timeouts import HangPolicy, LearnedTimeouts, previous_learned
 from supervisor.health.watchers import FatalCause, RunContext, RunWatcher
 
 __all__ = [
     "FAIL", "PASS", "WARN", "CheckReport", "FatalCause", "HangPolicy", "Heartbeats", "LearnedTimeouts", "MetricsSink",
-    "NcclTransportWatch", "RunContext", "RunWatcher", "Stragglers", "Verdict", "announce_devices", "gpu_watcher",
-    "hang_timeouts", "previous_learned", "run_checks", "traces",
+    "NcclTransportWatch", "RunContext", "RunWatcher", "Stragglers", "SuspectWatch", "Verdict", "announce_devices",
+    "gpu_watcher", "hang_timeouts", "previous_learned", "run_checks", "traces",
 ]

@@ -39,8 +39,11 @@ def event_of(record: dict[str, Any]) -> Event | None:
     if kind == "error":
         return Event(when, "error", f"rank {rank}: {str(record.get('message', '')).splitlines()[0][:160]}", rank)
     if kind == "restart":
+        excluded = record.get("excluded_gpus") or []
+        without = (f"; without suspect GPU {', '.join(map(str, excluded))}, world size {record.get('world_size')}"
+                   if excluded else "")
         return Event(when, "restart", f"restart {record.get('attempt')} after exit code {record.get('exit_code')}: "
-                                      f"{record.get('after')}")
+                                      f"{record.get('after')}{without}")
     if kind == "gpu_event":
         name = "xid" if record.get("event") == "xid" else "ecc"
         what = f"XID {record.get('data')}" if name == "xid" else "double-bit ECC error"

@@ -108,6 +108,7 @@ def _numbers(runs: list[RunData]) -> list[list[str]]:
         row("final validation loss", lambda r: _f(r.evals[-1][2] if r.evals else None)),
         row("median tokens/s (all ranks)", lambda r: _f(_median([v for _, v in r.total_tokens_per_s()]), ",.0f")),
         row("restarts", lambda r: str((r.summary or {}).get("restarts", max(0, len(r.attempts) - 1)))),
+        row("suspect devices", _suspects),
         row("events", lambda r: ", ".join(f"{n} {k}" for k, n in _counts(r).items()) or "-"),
     ]
 
@@ -116,6 +117,15 @@ def _outcome(run: RunData) -> str:
     if run.summary is None:
         return "no summary.json (running, or the supervisor was killed)"
     return str(run.summary.get("outcome", "?"))
+
+
+def _suspects(run: RunData) -> str:
+    """The devices blamed for transient faults (summary.json), and whether a restart left them out."""
+    found = (run.summary or {}).get("suspect_devices") or []
+    return "; ".join(
+        f"{'GPU ' + str(d['gpu']) if d.get('gpu') is not None else d.get('device')} (rank {d.get('rank')}, "
+        f"attempt {d.get('attempt')}: {d.get('transient_faults')} transient faults, limit {d.get('limit')})"
+        + (f", {d['then']}" if d.get("then") else "") for d in found) or "-"
 
 
 def _causes(runs: list[RunData]) -> list[str]:

@@ -12,7 +12,10 @@ save-on:SIG:S (train until SIG (INT or TERM), then report phase checkpoint, take
 save:S (write .checkpoints/step_S.pt, report it, finish) | save-then-fail:S (attempt 0: save
 step S, then raise once a file `go` exists; later attempts: log GPUHERD_RESUME, finish) |
 flood-raise:N (N lines on stderr, then raise) | raise-after:R (train, wait until rank R's
-worker log holds its last step line, then raise: an order of events that no scheduler can swap).
+worker log holds its last step line, then raise: an order of events that no scheduler can swap) |
+suspect:N[:K] (on attempts < K, default all: train, then N transient faults on this rank's device,
+each with its `suspect` record as the built-in worker sends them under debug.nan_policy=rerun,
+limit N-1, and exit 8; later attempts train and finish).
 Every rank registers faulthandler on SIGUSR1 (as gpuherd's own worker does) unless
 the behaviour ends in "+nofh".
 """
@@ -111,7 +114,29 @@ def more_behaviours() -> int:
         train(3)
         wait_for_rank_log(int(ARG), "Step [2/3]")
         raise RuntimeError(f"boom from rank {RANK}")
+    if NAME == "suspect":
+        faults, _, until = ARG.partition(":")
+        if until and int(os.environ["TORCHELASTIC_RESTART_COUNT"]) >= int(until):
+            train(3)
+            status.send("done", step=3)
+            return 0
+        return suspect(int(faults))
     raise SystemExit(f"unknown behaviour {SPEC!r}")
+
+
+def suspect(faults: int) -> int:
+    import socket
+
+    from gpuherd.exit_codes import ExitCode
+
+    train(2)
+    device = "cpu" if os.environ.get("GPUHERD_DEVICE_KIND") == "cpu" else f"cuda:0 ({TAG.strip('[]')})"
+    for n in range(1, faults + 1):
+        log(f"Transient fault at step {n}; suspect device: {device}", "WARNING")
+        status.send("suspect", step=n, device=device, host=socket.gethostname(), transient_faults=n,
+                    limit=faults - 1, stopping=n == faults)
+    log(f"Stopping: rank {RANK} had more than {faults - 1} transient faults", "ERROR")
+    return int(ExitCode.DEVICE_SUSPECT)
 
 
 def wait_for_rank_log(rank: int, text: str, timeout: float = 30.0) -> None:
