@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpuherd.model_size import ffn_hidden
+from gpuherd.model_size import ModelShape
 
 GIB = 1024**3
 CONTEXT_OVERHEAD = 3 * GIB  # CUDA context, cuBLAS/NCCL workspaces, allocator fragmentation
@@ -41,38 +41,6 @@ def ce_chunk_tokens(vocab_size: int, dim: int) -> int:
     of the output weight's gradient ([vocab, dim], ~10 B per element) into an fp32
     accumulator: fewer, larger chunks keep that traffic below the logits' own."""
     return max(1, CE_CHUNK_BYTES // (4 * vocab_size), 2 * dim)
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    n_layers: int
-    dim: int
-    n_heads: int
-    n_kv_heads: int
-    ffn_hidden: int
-    vocab_size: int
-    tie_embeddings: bool
-
-    @classmethod
-    def of(cls, model, vocab_size: int) -> ModelShape:
-        """From a ModelConfig (or ModelArgs) and the resolved vocabulary size."""
-        hidden = ffn_hidden(model.dim, model.multiple_of, model.ffn_dim_multiplier)
-        return cls(model.n_layers, model.dim, model.n_heads, model.n_kv_heads or model.n_heads, hidden,
-                   vocab_size, model.tie_embeddings)
-
-    @property
-    def kv_dim(self) -> int:
-        return self.n_kv_heads * (self.dim // self.n_heads)
-
-    @property
-    def block_params(self) -> int:
-        attention = 2 * self.dim * self.dim + 2 * self.dim * self.kv_dim
-        return attention + 3 * self.dim * self.ffn_hidden + 2 * self.dim  # + the two norms
-
-    @property
-    def params(self) -> int:
-        embeddings = self.vocab_size * self.dim * (1 if self.tie_embeddings else 2)
-        return self.n_layers * self.block_params + embeddings + self.dim
 
 
 @dataclass(frozen=True)

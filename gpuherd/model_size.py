@@ -45,14 +45,44 @@ def ffn_hidden(dim: int, multiple_of: int, multiplier: float | None) -> int:
     return multiple_of * ((hidden + multiple_of - 1) // multiple_of)
 
 
+@dataclass(frozen=True)
+class ModelShape:
+    """The dimensions that decide the model's size, and the one parameter count both the
+    refusal floor here and the layout planner (memory_plan.py) use, so they cannot drift."""
+
+    n_layers: int
+    dim: int
+    n_heads: int
+    n_kv_heads: int
+    ffn_hidden: int
+    vocab_size: int
+    tie_embeddings: bool
+
+    @classmethod
+    def of(cls, model, vocab_size: int) -> ModelShape:
+        """From a ModelConfig (or ModelArgs) and the resolved vocabulary size."""
+        hidden = ffn_hidden(model.dim, model.multiple_of, model.ffn_dim_multiplier)
+        return cls(model.n_layers, model.dim, model.n_heads, model.n_kv_heads or model.n_heads, hidden,
+                   vocab_size, model.tie_embeddings)
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv_heads * (self.dim // self.n_heads)
+
+    @property
+    def block_params(self) -> int:
+        attention = 2 * self.dim * self.dim + 2 * self.dim * self.kv_dim
+        return attention + 3 * self.dim * self.ffn_hidden + 2 * self.dim  # + the two norms
+
+    @property
+    def params(self) -> int:
+        embeddings = self.vocab_size * self.dim * (1 if self.tie_embeddings else 2)
+        return self.n_layers * self.block_params + embeddings + self.dim
+
+
 def count_params(m: ModelConfig, vocab_size: int) -> int:
-    head_dim = m.dim // m.n_heads
-    kv_dim = (m.n_kv_heads or m.n_heads) * head_dim
-    attention = 2 * m.dim * m.dim + 2 * m.dim * kv_dim
-    feed_forward = 3 * m.dim * ffn_hidden(m.dim, m.multiple_of, m.ffn_dim_multiplier)
-    per_layer = attention + feed_forward + 2 * m.dim  # + two RMSNorm weights
-    embeddings = vocab_size * m.dim * (1 if m.tie_embeddings else 2)
-    return embeddings + m.n_layers * per_layer + m.dim
+    """Parameters of the model `m` describes with this vocabulary."""
+    return ModelShape.of(m, vocab_size).params
 
 
 def estimate_bytes(model_cfg: ModelConfig, training_cfg: TrainingConfig, world_size: int, *,

@@ -79,6 +79,7 @@ class RunState:
             self.restarts = max(self.restarts, int(r.get("attempt") or 0))
             for view in self.ranks.values():  # a new attempt: old errors and done flags are history
                 view.done, view.error = False, None
+                view.phase = None if view.phase == "done" else view.phase
             return
         if not isinstance(rank, int):
             return
@@ -102,7 +103,9 @@ class RunState:
                 view.loss, view.tokens_per_s, view.mfu = r.get("loss"), r.get("tokens_per_s"), r.get("mfu")
                 view.step_time = self._step_time(view.tokens_per_s)
         elif kind == "done":
-            view.done, view.step = True, r.get("step", view.step)
+            # A finished rank's last phase is often its final save's `checkpoint` (no phase
+            # record follows it): left standing, it reads as if the rank were still saving.
+            view.done, view.step, view.phase = True, r.get("step", view.step), "done"
         elif kind == "error":
             view.error = str(r.get("message", "error")).splitlines()[0]
 

@@ -149,3 +149,28 @@ def test_a_gpu_rank_row_shows_its_gpu_sample(tmp_path):
     row = next(line for line in console.export_text().splitlines() if "GPU4" in line)
     for cell in ("5/100", "4.5000", "1,024", "40.0%", "1.00s", "97%", "61.0/80G", "71C", "655W", "1755MHz", "ok"):
         assert cell in row, (cell, row)
+
+
+def test_a_finished_rank_shows_done_not_its_final_save_and_a_stopped_one_shutdown(tmp_path):
+    from rich.console import Console
+
+    from supervisor.views.top import frame
+
+    now = time.time()
+    saved = [{"type": "phase", "rank": r, "time": now - 2, "name": "checkpoint"} for r in (0, 1)]
+    records = _steps(0, 5, now - 3) + _steps(1, 5, now - 3) + saved
+    records += [{"type": "done", "rank": 0, "time": now - 1, "step": 6},  # the trainer's final save, then done
+                {"type": "phase", "rank": 1, "time": now - 1, "name": "shutdown"}]  # a graceful stop
+    state = _state(tmp_path, records)
+    console = Console(width=200, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    console.print(frame(state, now))
+    lines = console.export_text().splitlines()
+    cells = {gpu: [c.strip() for c in next(line for line in lines if gpu in line).split("│")[1:-1]]
+             for gpu in ("GPU4", "GPU5")}  # rank, device, phase, step, ...
+    assert cells["GPU4"][2:4] == ["done", "6/100"] and "checkpoint" not in cells["GPU4"], cells["GPU4"]
+    assert cells["GPU5"][2] == "shutdown", cells["GPU5"]
+
+    with (state.files.run_dir / "metrics.jsonl").open("ab") as metrics:
+        metrics.write(_line(type="restart", time=now, attempt=1))
+    state.refresh()
+    assert (state.ranks[0].done, state.ranks[0].phase, state.ranks[1].phase) == (False, None, "shutdown")
