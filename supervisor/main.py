@@ -205,7 +205,7 @@ def _preflight(launch: Launch, plan: DevicePlan, console: Console) -> CheckRepor
     try:
         report = run_checks(launch.config, [g.index for g in plan.gpus] if plan.kind == "cuda" else [],
                             master=(node.master_addr, node.master_port) if node.multi else None,
-                            node_rank=node.node_rank)
+                            node_rank=node.node_rank, script=launch.script is not None)
     except DeviceError as exc:
         _refuse(console, str(exc), exc.exit_code)
     failure = report.first_failure()

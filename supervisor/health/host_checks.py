@@ -23,32 +23,31 @@ import socket
 from pathlib import Path
 
 from gpuherd.config import Config
+from gpuherd.model_size import GPT2_PADDED_VOCAB, checkpoint_bytes, count_params
 from supervisor.health.items import FAIL, NA, PASS, WARN, CheckItem
 from supervisor.rendezvous import NodeLinkError, bind_master
 
 GIB = 1024**3
-BYTES_PER_PARAM = 12  # fp32 weights + AdamW's two moments: what one checkpoint holds per parameter
-GPT2_VOCAB = 50304  # data.tokenizer=gpt2, padded (model.vocab_size 0 means the tokenizer's)
 LOGS_FAIL, LOGS_WARN = 100 * 1024**2, GIB
 MIN_OPEN_FILES = 1024
 
 
-def host_items(cfg: Config, gpus_planned: int, master: tuple[str, int] | None, node_rank: int) -> list[CheckItem]:
-    items = [_checkpoint_disk(cfg), _logs_disk(cfg), _dataset_cache(cfg), _master(master, node_rank),
-             _open_files(), _software(gpus_planned)]
+def host_items(cfg: Config, gpus_planned: int, master: tuple[str, int] | None, node_rank: int,
+               script: bool = False) -> list[CheckItem]:
+    """`script`: a user's script runs, not the built-in trainer: the config's model, checkpoint
+    directory and dataset cache are not its own, so nothing is judged by them."""
+    if script:
+        own = [("checkpoint disk", NA, "a script saves its own checkpoints, of a size gpuherd cannot know"),
+               ("dataset cache", NA, "a script reads its own data")]
+    else:
+        own = [_checkpoint_disk(cfg), _dataset_cache(cfg)]
+    items = [*own, _logs_disk(cfg), _master(master, node_rank), _open_files(), _software(gpus_planned)]
     return [CheckItem("host", name, status, detail) for name, status, detail in items]
 
 
-def checkpoint_bytes(cfg: Config) -> int:
+def one_checkpoint_bytes(cfg: Config) -> int:
     """About what one checkpoint of this model takes (weights + optimizer state)."""
-    m = cfg.model
-    vocab = m.vocab_size or GPT2_VOCAB
-    kv_dim = m.dim // m.n_heads * (m.n_kv_heads or m.n_heads)
-    hidden = int(2 * 4 * m.dim / 3 * (m.ffn_dim_multiplier or 1))
-    hidden = m.multiple_of * -(-hidden // m.multiple_of)
-    per_layer = 2 * m.dim * m.dim + 2 * m.dim * kv_dim + 3 * m.dim * hidden
-    params = m.n_layers * per_layer + vocab * m.dim * (1 if m.tie_embeddings else 2)
-    return params * BYTES_PER_PARAM
+    return checkpoint_bytes(count_params(cfg.model, cfg.model.vocab_size or GPT2_PADDED_VOCAB))
 
 
 def _free(path: Path) -> tuple[Path, int]:
@@ -60,7 +59,7 @@ def _free(path: Path) -> tuple[Path, int]:
 
 def _checkpoint_disk(cfg: Config) -> tuple[str, str, str]:
     where, free = _free(Path(cfg.system.checkpoint_dir))
-    one, keep = checkpoint_bytes(cfg), cfg.training.keep_last + 1
+    one, keep = one_checkpoint_bytes(cfg), cfg.training.keep_last + 1
     detail = f"{free / GIB:.1f} GiB free at {where}; one checkpoint is about {one / GIB:.2f} GiB"
     if free < one:
         return "checkpoint disk", FAIL, detail + ": not even one fits (system.checkpoint_dir elsewhere?)"

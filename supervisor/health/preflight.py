@@ -62,17 +62,18 @@ class CheckReport:
 
 
 def run_checks(cfg: Config, gpu_ids: Sequence[int] | None, *, master: tuple[str, int] | None = None,
-               node_rank: int = 0, ours: Collection[int] = ()) -> CheckReport:
+               node_rank: int = 0, ours: Collection[int] = (), script: bool = False) -> CheckReport:
     """Every check for a run of `cfg` on `gpu_ids` (NVML indices; [] for a CPU run, None
     for every GPU NVML sees). `master`: (addr, port) of a multi-node job, None on one node;
-    `ours`: pids whose GPU memory is ours. Raises DeviceError (exit 2) for an unknown id."""
+    `ours`: pids whose GPU memory is ours; `script`: a user's script runs, not the built-in
+    trainer. Raises DeviceError (exit 2) for an unknown id."""
     started = time.monotonic()
     report = CheckReport()
     if gpu_ids is None or list(gpu_ids):
         items, planned = _gpus(cfg, gpu_ids, ours)
     else:
         items, planned = [CheckItem("host", "gpus", NA, "no GPU planned: the run uses CPU workers")], 0
-    report.items = items + host_items(cfg, planned, master, node_rank)
+    report.items = items + host_items(cfg, planned, master, node_rank, script)
     report.seconds = time.monotonic() - started
     return report
 

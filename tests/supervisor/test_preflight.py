@@ -129,3 +129,17 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
         result = subprocess.run([*CHECK, *args], cwd=tmp_path, env=subprocess_env(m, tmp_path, run_env()),
                                 capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and result.stderr.splitlines() == [f"gpuherd check: error: {message}"]
+
+
+def test_a_script_run_is_not_judged_by_the_trainers_model_or_dataset(tmp_path):
+    """The production preset's model (~68 GiB a checkpoint) is not what a script trains:
+    a script run gets no checkpoint-disk or dataset verdict, the built-in trainer does."""
+    cfg = resolve(preset_name="production", config_file=None, max_steps=None, cwd=tmp_path,
+                  overrides=[f"data.cache_dir={tmp_path / 'not-a-dir'}"])
+    (tmp_path / "not-a-dir").write_text("")
+    trainer = items_of(run_checks(cfg, []), "host")
+    script = items_of(run_checks(cfg, [], script=True), "host")
+    assert trainer["dataset cache"][0] == FAIL and script["dataset cache"][0] == NA
+    assert "one checkpoint is about" in trainer["checkpoint disk"][1]
+    assert script["checkpoint disk"] == (NA, "a script saves its own checkpoints, of a size gpuherd cannot know")
+    assert script["log disk"] == trainer["log disk"]  # the run's own logs are gpuherd's either way
