@@ -15,7 +15,9 @@ allowance), and so does the interpreter's teardown once the script returned (pha
 `shutdown`). Nothing is sent before the first optimizer step: a script that never steps one
 is not judged by heartbeat, and the supervisor says so. A script that writes its own status
 records (gpuherd.status_channel) takes over; the automatic ones stop. SIGUSR1 dumps every
-thread's Python stack (faulthandler), as for the built-in worker.
+thread's Python stack (faulthandler), as for the built-in worker. Last, before the
+interpreter finalizes, gloo's worker threads get the GIL they still need
+(gpuherd/native_threads.py: else a rank may die of SIGABRT after a finished run).
 """
 
 from __future__ import annotations
@@ -164,12 +166,23 @@ def _user_frames_only(exc: BaseException) -> types.TracebackType | None:
     return tb
 
 
+def _settle_native_threads(settle: Callable[[], bool], limit_s: float) -> None:
+    """gloo's worker threads release what needs the GIL while the interpreter can still give it."""
+    if not settle():
+        print(f"gpuherd: gloo's worker threads were still busy {limit_s:g} s after the script ended; "
+              "the interpreter finalizes anyway", file=sys.stderr)
+
+
 def bootstrap(argv: list[str]) -> None:
     if not argv or (argv[0] == "-m" and len(argv) < 2):
         raise SystemExit("usage: script_bootstrap.py SCRIPT ARGS... | -m MODULE ARGS...")
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # gpuherd's packages, briefly
+    from gpuherd.native_threads import LIMIT_S, settle
     from gpuherd.status_channel import StatusWriter
 
+    # Registered before the script runs, so it runs after every atexit callback of the script
+    # and of torch, right before the interpreter finalizes (gpuherd/native_threads.py: why).
+    atexit.register(_settle_native_threads, settle, LIMIT_S)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     heartbeat = Heartbeat(StatusWriter.from_env(int(os.environ.get("RANK", "0")), automatic=True))
     AfterImport("torch", heartbeat.attach).install()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -54,9 +53,24 @@ def launch(launcher: list[str], cwd: Path, *args: str, env: dict[str, str] | Non
 
 def losses(result: subprocess.CompletedProcess) -> list[tuple[int, str]]:
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    found = [(int(step), loss) for step, loss in LOSS.findall(result.stdout)]
-    assert found, result.stdout[-2000:]
+    return _losses_in(result.stdout)
+
+
+def _losses_in(stdout: str) -> list[tuple[int, str]]:
+    found = [(int(step), loss) for step, loss in LOSS.findall(stdout)]
+    assert found, stdout[-2000:]
     return found
+
+
+def reference_losses(result: subprocess.CompletedProcess) -> list[tuple[int, str]]:
+    """torchrun's losses, the reference. Its ranks keep torch's exit race that gpuherd's
+    bootstrap closes (gpuherd/native_threads.py): now and then a rank dies of SIGABRT after
+    its last step, "terminate called without an active exception". That death, and no other,
+    leaves the reference standing; the losses it printed must still be all of ours."""
+    if (result.returncode == 1 and "(SIGABRT)" in result.stderr
+            and "terminate called without an active exception" in result.stderr):
+        return _losses_in(result.stdout)
+    return losses(result)
 
 
 def _free_port() -> int:
@@ -72,20 +86,8 @@ def _same_run_under_both(tmp_path: Path, flags: list[str], script: str) -> tuple
     # torchrun first: a fixed --master-port is then free again for gpuherd, which binds it with SO_REUSEADDR
     theirs = launch(torchrun(), tmp_path / "b", *flags, str(SCRIPTS / script))
     ours = launch(gpuherd_run(), tmp_path / "a", *flags, str(SCRIPTS / script))
-    if _aborted_at_exit(ours):
-        # KNOWN BUG, open: now and then rank 0 of the accelerate script aborts in C++ teardown
-        # ("terminate called without an active exception", SIGABRT) after its last step, under
-        # gpuherd only. Until it is found, one such abort gets one more launch; any other
-        # failure, a second abort, or different losses still fail the test.
-        shutil.rmtree(tmp_path / "a")
-        (tmp_path / "a").mkdir()
-        ours = launch(gpuherd_run(), tmp_path / "a", *flags, str(SCRIPTS / script))
-    assert losses(ours) == losses(theirs)
+    assert losses(ours) == reference_losses(theirs)
     return ours, theirs
-
-
-def _aborted_at_exit(result: subprocess.CompletedProcess) -> bool:
-    return result.returncode == 134 and "terminate called without an active exception" in result.stderr
 
 
 @pytest.mark.slow

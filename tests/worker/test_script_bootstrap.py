@@ -97,6 +97,46 @@ def test_optimizer_steps_and_torch_save_become_status_records(tmp_path):
     assert (tmp_path / "model.pt").is_file()
 
 
+LAST_BACKWARD = """\
+import atexit, functools
+# Registered first, so it runs last: the interpreter's last act before it finalizes holds the
+# GIL in C (no bytecode runs, so it is never handed over) for longer than the collective runs.
+atexit.register(functools.partial(sum, range(30_000_000)))
+import os, tempfile
+import torch
+import torch.distributed as dist
+
+store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1)
+dist.init_process_group("gloo", rank=0, world_size=1, store=store)
+chunks = [torch.ones(1 << 20) for _ in range(8)]
+
+
+def reduce_in_backward(grad):
+    dist.group.WORLD.allreduce(chunks)  # as a DDP communication hook does; nobody waits for it
+    return grad
+
+
+weight = torch.ones(4, requires_grad=True)
+weight.register_hook(reduce_in_backward)
+(weight * 2).sum().backward()
+print("script done", flush=True)
+"""
+
+
+def test_gloos_worker_gets_the_gil_it_needs_before_the_interpreter_finalizes(tmp_path):
+    """gloo's worker thread must take the GIL to drop the collective it completed; here it can
+    only ask while the interpreter is about to finalize. Under plain `python` (and torchrun)
+    this script dies of SIGABRT at exit, "terminate called without an active exception"
+    (gpuherd/native_threads.py); through the bootstrap it exits 0."""
+    (tmp_path / "last_backward.py").write_text(LAST_BACKWARD)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.run([sys.executable, "-u", str(BOOTSTRAP_SELF), "last_backward.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout == "script done\n" and "terminate called" not in proc.stderr
+
+
 def test_a_script_without_torch_never_imports_it_and_sends_nothing(project):
     read, write = os.pipe()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
