@@ -178,7 +178,9 @@ def test_a_sigstopped_rank_of_a_script_without_gpuherd_code_is_named_within_the_
     run_dir = sh.run_dir_of(tmp_path)
     cause = orjson.loads((run_dir / "summary.json").read_bytes())["root_cause"]
     assert (cause["kind"], cause["rank"]) == ("hang", 1)
-    assert "rank 1 sent no heartbeat" in cause["message"] and "its process is stopped" in cause["message"]
+    assert cause["message"].startswith("hang: rank 1 (the kernel shows it cannot run): rank 1 sent no heartbeat")
+    assert cause["evidence"][0].startswith("rank 1 sent no heartbeat") and "process stopped (state T)" in \
+        cause["evidence"][0]
     assert "most recent call first" in next(run_dir.glob("worker-rank0-*.log")).read_text()  # SIGUSR1 stacks
 
 
