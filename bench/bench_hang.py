@@ -7,8 +7,9 @@ robin. gpuherd: no hang flag, so the learned allowance applies (max(10 s, 5 x p9
 the step times)). NVIDIA's ft_launcher 0.4.1: its defaults (45 min heartbeat timeout)
 plus the timeouts it learns in-run (the worker calls calculate_and_set_hb_timeouts at
 step 30: 5 x the longest heartbeat interval; checked every 5 s). torchrun has no
-heartbeat: it is stopped at the cap and reported as the cap (a lower bound). Writes
-bench/results/hang.md.
+heartbeat: it is stopped at the cap and reported as the cap (a lower bound). gpuherd runs
+with --no-report (the others write no report); what gpuherd's default end-of-run report
+adds to the exit is a row of its own. Writes bench/results/hang.md.
 
     python3 bench/bench_hang.py [--quick] [--cap S]
 """
@@ -32,13 +33,15 @@ from bench.compare import Comparison, Side, write_results  # noqa: E402
 from bench.launchers import Launchers, exit_after, worker_env  # noqa: E402
 
 WORKER = ROOT / "bench" / "blame_worker.py"
-KINDS = ("gpuherd", "ft_launcher", "torchrun", "gpuherd hang_floor=2")
+KINDS = ("gpuherd", "ft_launcher", "torchrun", "gpuherd hang_floor=2", "gpuherd with report")
 FLOOR_2 = ("--set", "system.hang_floor=2")  # the learned allowance's floor lowered from 10 s to 2 s
 
 
 def command(ln: Launchers, kind: str, out: Path) -> list[str]:
     if kind.startswith("gpuherd"):
-        return ln.gpuherd(2, str(out), "hang", flags=("--run-id", out.name, *(FLOOR_2 if "floor" in kind else ())))
+        flags = ("--run-id", out.name, *(FLOOR_2 if "floor" in kind else ()),
+                 *(() if "report" in kind else ("--no-report",)))
+        return ln.gpuherd(2, str(out), "hang", flags=flags)
     launch = ln.ft_launcher if kind == "ft_launcher" else ln.torchrun
     return launch(2, str(out), "hang", flags=("--standalone",))
 
@@ -57,7 +60,8 @@ def detect(ln: Launchers, kind: str, cap: float, named: list[int | None], verdic
     if kind.startswith("gpuherd"):
         summary = orjson.loads((ln.work / "logs" / out.name / "summary.json").read_bytes())
         named.append((summary.get("root_cause") or {}).get("rank"))
-        verdicts[kind].append(seconds - (summary.get("teardown_s") or 0.0))  # the stop -> the verdict
+        if kind in verdicts:
+            verdicts[kind].append(seconds - (summary.get("teardown_s") or 0.0))
     return seconds
 
 
@@ -71,7 +75,8 @@ def main() -> int:
     args.cap = args.cap or (30.0 if args.quick else 90.0)
     samples: dict[str, list[float]] = {k: [] for k in KINDS}
     named: list[int | None] = []
-    verdicts: dict[str, list[float]] = {k: [] for k in KINDS if k.startswith("gpuherd")}
+    # the stop -> the verdict: the exit minus the teardown, so only runs that end right after it
+    verdicts: dict[str, list[float]] = {k: [] for k in KINDS if k.startswith("gpuherd") and "report" not in k}
     with tempfile.TemporaryDirectory(prefix="bench-hang-") as tmp:
         ln = Launchers(Path(tmp), WORKER, grace_period=2)
         for i in range(rounds):
@@ -83,6 +88,8 @@ def main() -> int:
     comparisons.append(Comparison("rank 1 stops -> launcher exit, gpuherd with --set system.hang_floor=2: "
                                   "vs ft_launcher", "s", Side("gpuherd hang_floor=2", samples["gpuherd hang_floor=2"]),
                                   Side("ft_launcher", samples["ft_launcher"])))
+    comparisons.append(Comparison("rank 1 stops -> launcher exit, gpuherd's default end-of-run report vs --no-report",
+                                  "s", Side("gpuherd with report", samples["gpuherd with report"]), gpuherd))
     right = sum(rank == 1 for rank in named)
     write_results("hang", "Hang detection (default settings)", comparisons, notes=[
         f"{rounds} round-robin rounds; torchrun never notices (no heartbeat): stopped at the {args.cap:g} s cap, "
@@ -90,7 +97,9 @@ def main() -> int:
         "ft_launcher: its defaults (initial 60 min / heartbeat 45 min) plus the timeouts the worker has it learn "
         "in-run at step 30 (RankMonitorClient.calculate_and_set_hb_timeouts: 5 x the longest interval seen).",
         "gpuherd: no --hang-timeout, so the learned step allowance (max(10 s floor, 5 x p99)); its time includes "
-        "asking the live rank for its collective trace and every rank for its stacks before the teardown.",
+        "asking the live rank for its collective trace and every rank for its stacks before the teardown; "
+        "--no-report, except in the report row, whose ratio below 1 is what the report (matplotlib figures and "
+        "report.html, written after every worker is gone) adds to the exit.",
         f"gpuherd's verdict named the stopped rank 1 in {right} of {len(named)} runs "
         f"(named: {', '.join(str(r) for r in named)}); the verdict came " + "; ".join(
             f"{statistics.median(v):.1f} s ({kind}, median; {min(v):.1f}-{max(v):.1f})" for kind, v in verdicts.items())
