@@ -39,9 +39,8 @@ FLOOR_2 = ("--set", "system.hang_floor=2")  # the learned allowance's floor lowe
 
 def command(ln: Launchers, kind: str, out: Path) -> list[str]:
     if kind.startswith("gpuherd"):
-        flags = ("--run-id", out.name, *(FLOOR_2 if "floor" in kind else ()),
-                 *(() if "report" in kind else ("--no-report",)))
-        return ln.gpuherd(2, str(out), "hang", flags=flags)
+        flags = ("--run-id", out.name, *(FLOOR_2 if "floor" in kind else ()))
+        return ln.gpuherd(2, str(out), "hang", flags=flags, report="report" in kind)
     launch = ln.ft_launcher if kind == "ft_launcher" else ln.torchrun
     return launch(2, str(out), "hang", flags=("--standalone",))
 

@@ -37,10 +37,12 @@ class Launchers:
         self.script = script
         self.grace = grace_period
 
-    def gpuherd(self, n: int, *args: str, flags: tuple[str, ...] = ()) -> list[str]:
+    def gpuherd(self, n: int, *args: str, flags: tuple[str, ...] = (), report: bool = False) -> list[str]:
+        """`report`: gpuherd's default end-of-run report.html (matplotlib, ~1.5 s after the last
+        worker is gone); off unless asked, since the other launchers write none."""
         return [sys.executable, "-m", "supervisor", "--set", "system.device=cpu", "--set",
                 f"system.run_root={self.work / 'logs'}", "--nproc", str(n), "--grace-period", f"{self.grace:g}",
-                *flags, "--script", str(self.script), *args]
+                *(() if report else ("--no-report",)), *flags, "--script", str(self.script), *args]
 
     def torchrun(self, n: int, *args: str, flags: tuple[str, ...] = ()) -> list[str]:
         # --tee 3 --log-dir: prefixed lines on the console and one file per worker, like gpuherd
