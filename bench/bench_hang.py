@@ -107,8 +107,6 @@ def main() -> int:
         "quick, and also what a garbage-collection pause or a slow checkpoint trips; gpuherd's 10 s floor is "
         "the margin against that, `system.hang_floor` lowers it.",
     ])
-    for c in comparisons:
-        print(c.row())
     return 0
 
 

@@ -107,7 +107,6 @@ def main() -> int:
                 ("gpuherd", lambda mode=mode: seconds_to_other_node_exit("gpuherd", mode, cap, work)),
                 ("torchrun", lambda mode=mode: seconds_to_other_node_exit("torchrun", mode, cap, work)),
                 repeats=reps))
-            print(comparisons[-1].row(), flush=True)
     write_results("multinode", "Cross-node teardown (2 launchers on localhost, 1 worker each)", comparisons, notes=[
         f"{reps} interleaved repetitions; a launcher still running {cap:g} s after the death is stopped and "
         "counted as the cap (a lower bound: under NCCL it would wait for the 10-minute watchdog).",

@@ -81,7 +81,6 @@ def main() -> int:
         f"{reps} interleaved repetitions; fewer is better. The 'advantage' column is a ratio of "
         "medians and is infinite when gpuherd leaves none.",
     ])
-    print(comparison.row())
     return 0
 
 

@@ -83,8 +83,6 @@ def main() -> int:
         "gpuherd: default backoff (0.2 s), a fresh TCPStore for the new attempt served by the store helper that "
         "stayed up (no second torch import); torchrun/ft_launcher: their c10d rendezvous (--standalone).",
     ])
-    for c in comparisons:
-        print(c.row())
     return 0
 
 

@@ -121,7 +121,6 @@ def main() -> int:
         "figure above is the one to trust.",
         "the supervisor's straggler windows run in the supervisor, not in the workers.",
     ])
-    print(comparison.row())
     return 0
 
 

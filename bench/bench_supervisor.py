@@ -157,8 +157,6 @@ def main() -> int:
         "console; the bench reads each launcher's stdout through a pipe",
     ]
     write_results("supervisor", "Supervisor vs torchrun (tiny CPU workers, same script)", comparisons, notes)
-    for c in comparisons:
-        print(c.row())
     return 0
 
 

@@ -85,8 +85,6 @@ def main() -> int:
     ]
     write_results("teardown", "Teardown latency: a worker dies -> launcher exit (tiny CPU workers, same script)",
                   comparisons, notes)
-    for c in comparisons:
-        print(c.row())
     return 0
 
 

@@ -70,7 +70,8 @@ def interleaved(what: str, unit: str, ours: tuple[str, Callable[[], float]], the
 
 def write_results(name: str, title: str, comparisons: list[Comparison], notes: list[str] = (),
                   extra_rows: list[str] = ()) -> None:
-    """bench/results/<name>.md (+ .json), the format `python -m bench` collects."""
+    """bench/results/<name>.md (+ .json), the format `python -m bench` collects; each row is
+    printed too, so a run shows its results as they come."""
     out = Path(__file__).resolve().parent / "results"
     out.mkdir(parents=True, exist_ok=True)
     if comparisons:
@@ -88,3 +89,5 @@ def write_results(name: str, title: str, comparisons: list[Comparison], notes: l
     (out / f"{name}.json").write_bytes(orjson.dumps(
         {"title": title, "comparisons": [c.to_json() for c in comparisons], "notes": list(notes)},
         option=orjson.OPT_INDENT_2))
+    for c in comparisons:
+        print(c.row())
