@@ -30,10 +30,13 @@ SUPERVISOR_PID = "GPUHERD_SUPERVISOR_PID"  # for the parent-death check
 SUPERVISED = "GPUHERD_SUPERVISED"  # "1": the supervisor prefixes our lines
 RESUME = "GPUHERD_RESUME"  # set on a restarted attempt: the checkpoint to resume from (overrides training.resume)
 TRACE_DIR = "GPUHERD_TRACE_DIR"  # where a rank dumps its collective trace when the supervisor asks (gpuherd/liveness.py)
+LIVE_RECOVERY = "GPUHERD_LIVE_RECOVERY"  # "1": a warm spare stands by; a rank that loses a peer rejoins a rebuilt group
+SPARE = "GPUHERD_SPARE"  # "1": a warm spare: import, map the dataset, then wait on stdin for the rank it replaces
+JOIN_GENERATION = "GPUHERD_JOIN_GENERATION"  # in a spare's assignment: the rebuilt group it joins (1, 2, ...)
 
 GPUHERD_VARS = (
     GPU_RANK, DEVICE_KIND, DEVICE_ID, DEVICE_UUID, CONFIG_PATH, RUN_DIR, DATASET_CACHE,
-    STATUS_FD, SUPERVISOR_PID, SUPERVISED, RESUME, TRACE_DIR,
+    STATUS_FD, SUPERVISOR_PID, SUPERVISED, RESUME, TRACE_DIR, LIVE_RECOVERY, SPARE, JOIN_GENERATION,
 )
 
 

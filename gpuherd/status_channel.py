@@ -17,7 +17,8 @@ import orjson
 
 from gpuherd import contract
 
-RECORD_TYPES = ("ready", "step", "eval", "checkpoint", "phase", "nan", "spike", "suspect", "done", "error", "alive")
+RECORD_TYPES = ("ready", "step", "eval", "checkpoint", "phase", "nan", "spike", "suspect", "done", "error", "alive",
+                "live")
 PIPE_BUF = 4096
 
 

@@ -122,6 +122,10 @@ def _add_restart_flags(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--restart-backoff", type=_seconds, default=None, metavar="S",
                    help="seconds to wait between a failed attempt's teardown and the restart (default 0.2, "
                         "doubling for each further quick failure in a row, at most 60)")
+    r.add_argument("--spares", type=int, default=None, metavar="K",
+                   help="warm spare workers per node (default 1 with --max-restarts > 0, 0 turns live recovery "
+                        "off): a lost rank of the built-in DDP trainer is replaced by one while the others keep "
+                        "running, with no checkpoint read; otherwise every worker restarts")
     r.add_argument("--restart-on-nan", action="store_true",
                    help="restart after a NaN stop (exit 6) too; by default a NaN stop ends the run")
     r.add_argument("--exclude-suspect-gpus", action="store_true",
@@ -158,7 +162,7 @@ def _add_script_flags(parser: argparse.ArgumentParser) -> None:
 
 # flags whose value goes to `system.<same name>` (store_true flags only when given)
 _SYSTEM_FLAGS = ("nproc", "gpus", "isolate", "hang_timeout", "grace_period", "stop_timeout", "log_ranks",
-                 "collapse_logs", "max_restarts", "restart_backoff", "restart_on_nan", "exclude_suspect_gpus",
+                 "collapse_logs", "max_restarts", "spares", "restart_backoff", "restart_on_nan", "exclude_suspect_gpus",
                  "preflight", "report")
 
 

@@ -42,7 +42,10 @@ from supervisor.health import (
 )
 from supervisor.output import STDERR, Console, LogRouter, WorkerLog
 from supervisor.processes import (
+    LIVE_ENV,
     SAVE_AND_STOP,
+    AttemptLive,
+    LiveRecovery,
     OrphanGuard,
     RunEnv,
     StopRules,
@@ -50,7 +53,9 @@ from supervisor.processes import (
     WorkerProcess,
     become_subreaper,
     die_with_parent,
+    discard_spares,
     error_file_for,
+    live_for_attempt,
     python_env,
     script_env,
     spawn,
@@ -77,6 +82,7 @@ class Attempt:
     metrics: MetricsSink
     stragglers: Stragglers
     suspects: SuspectWatch
+    live: LiveRecovery | None = None  # warm spares and live recovery (None: off)
     workers: list[WorkerProcess] = field(default_factory=list)
 
 
@@ -98,6 +104,7 @@ class Job:
         self.store_server = StoreServer(sys.executable, python_env(), die_with_parent())  # warm across attempts
         self._guarded: set[int] = set()  # helper processes the orphan guard already knows
         self.exclusion = SuspectExclusion(self.cfg.system.exclude_suspect_gpus, multi_node=launch.node.multi)
+        self.recoveries: list[dict] = []  # every live recovery of every attempt (summary.json)
 
     @property
     def mode(self) -> str:
@@ -156,14 +163,16 @@ class Job:
         resume: str | None = None
         streak = 0  # quick failures in a row: each doubles the pause
         try:
-            for attempt in range(system.max_restarts + 1):
+            attempt = 0
+            while True:
                 report = self.run_attempt(attempt, resume, guard, metrics)
                 attempts.append(report)
                 final = report.root_cause
                 streak = 0 if report.duration_s >= STREAK_RESET_S else streak
                 if final is None:
                     break
-                why_not = self._why_not_restart(final, report, last=attempt == system.max_restarts) \
+                used = attempt + self._recovered()  # --max-restarts counts recoveries and restarts alike
+                why_not = self._why_not_restart(final, report, last=used >= system.max_restarts) \
                     or self._exclude_suspects(final, report, attempt + 1)
                 if why_not:
                     if system.max_restarts:  # say why only where a restart was on the table
@@ -173,7 +182,7 @@ class Job:
                 resume = str(newest) if newest is not None else None
                 delay = backoff(system.restart_backoff, streak)
                 streak += 1
-                logger.warning(f"attempt {attempt} failed ({final.message}); restart {attempt + 1} of "
+                logger.warning(f"attempt {attempt} failed ({final.message}); restart {used + 1} of "
                                f"{system.max_restarts} in {delay:g} s, "
                                + (f"resuming from {resume}" if resume else "starting as the first attempt did "
                                   "(no checkpoint written yet)"))
@@ -184,6 +193,7 @@ class Job:
                 if signum is not None:
                     final = _stop_cause(signum, f"during the pause before attempt {attempt + 1}")
                     break
+                attempt += 1
         except KeyboardInterrupt:  # Ctrl-C in the instant between an attempt's handlers and the pause
             final = _stop_cause(signal.SIGINT, "between attempts")
         finally:
@@ -192,6 +202,9 @@ class Job:
             sweep_children(exclude={guard.pid, self.rendezvous.helper_pid})
             guard.release()
         return self.finish(final, attempts)
+
+    def _recovered(self) -> int:
+        return sum(1 for r in self.recoveries if r["outcome"] == "recovered")
 
     def _why_not_restart(self, cause: RootCause, report: AttemptReport, last: bool) -> str | None:
         """None: restart. Before a restart of the built-in trainer the dataset cache is checked
@@ -232,7 +245,7 @@ class Job:
                                  exit_code=cause.exit_code, outcome=cause.kind, root_cause=cause, resumed_from=resume,
                                  log_dir=str(log_dir), teardown_s=None, workers=[],
                                  excluded_gpus=list(self.exclusion.excluded))
-        att = self._prepare_attempt(attempt, setup, log_dir, metrics)
+        att = self._prepare_attempt(attempt, setup, log_dir, metrics, guard)
         cause = self._supervise(att, guard)
         cause = self.rendezvous.settle(attempt, cause, att.sup.notes)
         self.stragglers += [{**found, "attempt": attempt} for found in att.stragglers.found]
@@ -244,6 +257,8 @@ class Job:
         elif final_save == "saved" and self.checkpoints.newest_of_this_run() is not None:
             sup.notes.append(f"the final checkpoint was saved: {self.checkpoints.newest_of_this_run()}")
         self.notes += sup.notes
+        recoveries = att.live.settle() if att.live is not None else []
+        self.recoveries += recoveries
         teardown = None
         if sup.first_failure_at is not None and sup.all_gone_at is not None:
             teardown = round(max(0.0, sup.all_gone_at - sup.first_failure_at), 4)
@@ -251,11 +266,13 @@ class Job:
             attempt=attempt, started_at=started_at, duration_s=round(time.monotonic() - t0, 3),
             exit_code=int(cause.exit_code) if cause else 0, outcome="success" if cause is None else cause.kind,
             root_cause=cause, resumed_from=setup.resume, log_dir=str(log_dir), teardown_s=teardown,
-            workers=[_report(w, cause, att.monitor, self.mode == "script") for w in att.workers],
+            workers=[_report(w, cause, att.monitor, self.mode == "script") for _, w in sorted(sup.workers.items())],
+            recoveries=recoveries,
             stop_signal=signal.Signals(sup.stop_signal).name if sup.stop_signal else None, final_save=final_save,
             suspect_devices=att.suspects.devices(self.exclusion.enabled), excluded_gpus=list(self.exclusion.excluded))
 
-    def _prepare_attempt(self, attempt: int, setup: Setup, log_dir: Path, metrics: MetricsSink) -> Attempt:
+    def _prepare_attempt(self, attempt: int, setup: Setup, log_dir: Path, metrics: MetricsSink,
+                         guard: OrphanGuard) -> Attempt:
         """Everything an attempt's supervision needs, before the first worker exists."""
         cfg, plan = self.cfg, setup.plan
         logs = {s.rank: WorkerLog(s.rank, s.tag, log_dir / f"worker-rank{s.rank}-{s.tag}.log") for s in plan.slots}
@@ -271,18 +288,23 @@ class Job:
         suspects = SuspectWatch(plan, attempt)
         stop = StopRules(cfg.system.grace_period, self.stop_timeout,
                          save_signal=SAVE_AND_STOP if self.mode == "train" else None)
-        sup = Supervision([], router, monitor, metrics, stop, finish_window=self.timeouts.policy.step_default,
-                          on_cause=self.rendezvous.publisher(attempt),
-                          on_record=_fan_out(self.checkpoints.observe, suspects.observe),
-                          script=self.mode == "script", unwatched_why=_unwatched_why(self.launch),
-                          trace_dir=trace_dir)
         run_env = RunEnv(run_id=self.run_id, run_dir=str(self.run_dir), master_addr=setup.master_addr,
                          master_port=setup.master_port, supervisor_pid=os.getpid(),
                          config_path=str(self.run_dir / "config.json"), dataset_cache=self.dataset_path,
                          restart_count=attempt, max_restarts=cfg.system.max_restarts, resume=setup.resume or "",
                          world_size=setup.world_size, node_rank=self.rendezvous.node_rank,
                          nnodes=self.rendezvous.nnodes, trace_dir=str(trace_dir))
-        return Attempt(attempt, setup, logs, router, monitor, sup, run_env, metrics, stragglers, suspects)
+        live = live_for_attempt(
+            AttemptLive(cfg, self.command, plan, run_env, python_env(), log_dir, guard.watch),
+            budget=cfg.system.max_restarts - attempt - self._recovered(), attempt=attempt,
+            numbered_from=len(self.recoveries), script=self.mode == "script", multi_node=self.launch.node.multi,
+            write_metric=metrics.write)
+        observers = [self.checkpoints.observe, suspects.observe] + ([live.observe] if live is not None else [])
+        sup = Supervision([], router, monitor, metrics, stop, finish_window=self.timeouts.policy.step_default,
+                          on_cause=self.rendezvous.publisher(attempt), on_record=_fan_out(*observers),
+                          script=self.mode == "script", unwatched_why=_unwatched_why(self.launch),
+                          trace_dir=trace_dir, live=live)
+        return Attempt(attempt, setup, logs, router, monitor, sup, run_env, metrics, stragglers, suspects, live)
 
     def _supervise(self, att: Attempt, guard: OrphanGuard) -> RootCause | None:
         """Spawn, watch until the end, and leave nothing of the attempt running."""
@@ -296,11 +318,14 @@ class Job:
             for slot in plan.slots:
                 error_file = error_file_for(att.logs[slot.rank].path)
                 error_file.unlink(missing_ok=True)  # only what this attempt's rank writes may be read back
-                w = spawn(self.command, lambda fd, slot=slot, ef=str(error_file): worker_env(
-                    base_env, plan, slot, att.run_env, fd, error_file=ef), slot, att.logs[slot.rank].path)
+                extra = LIVE_ENV if att.live is not None and not att.live.off else {}
+                w = spawn(self.command, lambda fd, slot=slot, ef=str(error_file), extra=extra: {**worker_env(
+                    base_env, plan, slot, att.run_env, fd, error_file=ef), **extra}, slot, att.logs[slot.rank].path)
                 sup.add_worker(w)
                 att.workers.append(w)
                 guard.watch(w.pgid)
+            if att.live is not None:
+                att.live.pool.fill()  # after the workers: a spare never delays the training start
             logger.debug(f"attempt {att.number}: spawned {len(att.workers)} worker(s); rendezvous store on "
                          f"{att.setup.master_addr}:{att.setup.master_port}")
             if store is not None:
@@ -328,8 +353,10 @@ class Job:
         if store is not None:
             store.stop()
             self.store_server.drop()  # the helper stays warm for the next attempt
+        if att.live is not None:
+            discard_spares(att.live.pool, guard.forget)
         sweep_children(exclude={guard.pid, self.rendezvous.helper_pid, self.store_server.pid})
-        for pgid in [w.pgid for w in att.workers]:
+        for pgid in {w.pgid for w in [*att.workers, *sup.workers.values()]}:
             guard.forget(pgid)
         sup.restore_signal_handlers()
 
@@ -349,6 +376,7 @@ class Job:
             final_save=last.final_save if last else None,
             stragglers=self.stragglers, hang_timeouts=self.timeouts.learned(),
             suspect_devices=[d for a in attempts for d in a.suspect_devices],
+            recoveries=self.recoveries,
         )
         summary.write(self.run_dir / "summary.json")
         block = summary.block()

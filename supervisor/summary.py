@@ -120,6 +120,7 @@ class AttemptReport:
     final_save: str | None = None  # a graceful stop's last checkpoint: "saved", "not saved", None: nothing said
     suspect_devices: list[SuspectDevice] = field(default_factory=list)
     excluded_gpus: list[int] = field(default_factory=list)  # suspect GPUs this attempt ran without
+    recoveries: list[dict[str, Any]] = field(default_factory=list)  # live recoveries (processes/live_recovery.py)
 
 
 @dataclass
@@ -146,6 +147,8 @@ class Summary:
     stragglers: list[dict[str, Any]] = field(default_factory=list)  # every straggler warning (health/stragglers.py)
     hang_timeouts: dict[str, float] = field(default_factory=dict)  # learned allowance per phase, seconds
     suspect_devices: list[SuspectDevice] = field(default_factory=list)  # every attempt's, oldest first
+    # every live recovery: a lost rank replaced by a warm spare, the others kept (each uses one of max_restarts)
+    recoveries: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2)
@@ -156,11 +159,13 @@ class Summary:
     def block(self) -> str:
         """The console's root-cause block (or the one-line success note)."""
         if self.root_cause is None:
-            after = f" after {self.restarts} restart(s)" if self.restarts else ""
+            done = [f"{n} {what}" for n, what in ((self.restarts, "restart(s)"), (self._recovered(), "live recovery(ies)"))
+                    if n]
+            after = f" after {' and '.join(done)}" if done else ""
             lines = [f"gpuherd: run {self.run_id} finished: {len(self.workers)} worker(s) exited 0 in "
                      f"{self.duration_s:.1f} s{after}; logs in {self.run_dir}"]
             lines += [d.line(name_attempt=self.max_restarts > 0) for d in self.suspect_devices]
-            return "\n".join(lines + self._attempt_lines() + self._straggler_lines()
+            return "\n".join(lines + self._recovery_lines() + self._attempt_lines() + self._straggler_lines()
                              + [f"note: {n}" for n in self.notes])
         rc = self.root_cause
         label = describe(self.exit_code, rc.script_code)
@@ -169,6 +174,7 @@ class Summary:
                  f"root cause: {rc.message}"]
         lines += [f"    {line}" for line in rc.evidence]
         lines += [d.line(name_attempt=self.max_restarts > 0) for d in self.suspect_devices]
+        lines += self._recovery_lines()
         lines += self._attempt_lines()
         if rc.traceback:  # the rank's own account (torch's @record): the stderr tail would repeat it
             lines.append(f"traceback of {rc.device} (rank {rc.rank}), from its error file:")
@@ -186,6 +192,20 @@ class Summary:
             lines.append(f"teardown: every worker gone {self.teardown_s * 1000:.0f} ms after the first failure")
         lines += [f"details: {self.run_dir}/summary.json, worker logs in {self.run_dir}", RULE]
         return "\n".join(lines)
+
+    def _recovered(self) -> int:
+        return sum(1 for r in self.recoveries if r.get("outcome") == "recovered")
+
+    def _recovery_lines(self) -> list[str]:
+        lines = []
+        for r in self.recoveries:
+            if r.get("outcome") == "recovered":
+                lines.append(f"live recovery {r['number']}: rank {r['rank']} ({r['device']}) {r['failed']} -> spare pid "
+                             f"{r['replaced_by_pid']}, {r['seconds']:.2f} s to the next completed step, "
+                             f"{r['steps_redone']} completed step(s) redone, no checkpoint read")
+            else:
+                lines.append(f"live recovery {r['number']} of rank {r['rank']} ({r['device']}) failed: {r['failed']}")
+        return lines
 
     def _straggler_lines(self) -> list[str]:
         return [f"straggler: rank {s['rank']} computed {s['slowdown']:.2f}x slower than the others"

@@ -20,6 +20,11 @@ from worker.main import guarded
 
 
 def main() -> int:
+    if os.environ.get(contract.SPARE) == "1":
+        from worker.spare import stand_by
+
+        if not stand_by():  # retired before it was needed
+            return 0
     identity = WorkerIdentity.from_env()
     setup_logging(identity, "INFO")
     status = StatusWriter.from_env(identity.rank)

@@ -119,15 +119,17 @@ def _widen_pipe(fd: int, size: int = 1 << 20) -> None:
 
 
 def spawn(cmd: Sequence[str], env_for: Callable[[int], Mapping[str, str]], slot: DeviceSlot, log_path: Path,
-          cwd: str | None = None) -> WorkerProcess:
+          cwd: str | None = None, stdin_pipe: bool = False) -> WorkerProcess:
     """Start `cmd`; `env_for(fd)` builds its environment once the status pipe's write
-    end is known (the worker inherits it under the same fd number, via pass_fds)."""
+    end is known (the worker inherits it under the same fd number, via pass_fds).
+    `stdin_pipe`: its stdin is a pipe the supervisor writes to (a warm spare's assignment)."""
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("workers must be spawned from the main thread (PR_SET_PDEATHSIG follows the thread)")
     status_r, status_w = os.pipe()
     try:
         popen = subprocess.Popen(
-            list(cmd), env=dict(env_for(status_w)), cwd=cwd, stdin=subprocess.DEVNULL,
+            list(cmd), env=dict(env_for(status_w)), cwd=cwd,
+            stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(status_w,),
             # A session, not just a group: with the kernel's autogroup scheduling (on by default) each
             # session shares the CPU as one, so workers in the supervisor's session would split one

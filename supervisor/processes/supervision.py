@@ -54,6 +54,7 @@ from gpuherd.status_channel import decode
 from supervisor.health import FatalCause, Heartbeats, MetricsSink, traces
 from supervisor.output import STDERR, STDOUT, LogRouter
 from supervisor.processes.error_file import error_file_for, read_error_file
+from supervisor.processes.live_recovery import LiveRecovery
 from supervisor.processes.spawn import WorkerProcess
 from supervisor.processes.stopping import STOP_REQUESTS, GracefulStop, StopRules, stop_exit_code
 from supervisor.summary import RootCause, how_it_ended, shell_code
@@ -89,13 +90,15 @@ class Supervision:
                  metrics: MetricsSink, stop: StopRules, finish_window: float,
                  on_cause: Callable[[RootCause], None] | None = None,
                  on_record: Callable[[dict], None] | None = None, script: bool = False,
-                 unwatched_why: str | None = None, trace_dir: Path | None = None) -> None:
+                 unwatched_why: str | None = None, trace_dir: Path | None = None,
+                 live: LiveRecovery | None = None) -> None:
         """`on_cause`: told this node's root cause the moment it is set (multi-node: the job's
         rendezvous offers it to the other nodes). `on_record`: every status record, as it comes.
         `finish_window`: how long the ranks left after a clean early exit may go without
         progress. `script`: the workers run a user's script, whose exit codes are its own.
         `unwatched_why`: said once for ranks that never send a heartbeat. `trace_dir`: where
-        workers dump their collective traces when asked (None: no traces asked for)."""
+        workers dump their collective traces when asked (None: no traces asked for). `live`: a lost
+        rank may be replaced by a warm spare instead of ending the attempt (live_recovery.py)."""
         self.workers = {w.slot.rank: w for w in workers}
         self.router = router
         self.monitor = monitor
@@ -136,6 +139,8 @@ class Supervision:
         self._stopped_meanwhile = False  # SIGCONT: the supervisor itself was stopped
         self.trace_dir = trace_dir
         self._trace_waiting: set[int] = set()  # DUMPING_TRACES: the ranks expected to answer
+        self.live = live
+        self._condemned: dict[int, RootCause] = {}  # hung ranks killed for a live recovery: their verdict
 
     # ------------------------------------------------------------------ setup
 
@@ -429,10 +434,12 @@ class Supervision:
         st_error = self.monitor.ranks[w.slot.rank].error
         if error is not None or st_error:
             message += f": {error.message if error is not None else st_error}"
-        cause = self._worker_cause("worker-exit", code, message, w)
+        cause = self._condemned.pop(w.slot.rank, None) or self._worker_cause("worker-exit", code, message, w)
         cause.script_code = self.script and w.returncode > 0  # a signal's death is nobody's own code
         if error is not None:
             cause.traceback = error.traceback
+        if self._replaced_live(w, cause, now):
+            return
         self._set_cause(cause, now)
         self._terminate_all(now)
 
@@ -485,7 +492,42 @@ class Supervision:
                         f"{now - self._early_exiter.ended:.0f} s before (waiting for it?)")
         cause = self._worker_cause(verdict.kind, code, message, self.workers[verdict.rank])
         cause.evidence = list(verdict.evidence)
+        if verdict.kind == "hang" and self._condemn(self.workers[verdict.rank], cause):
+            return
         self._diagnose(cause, now)
+
+    # ------------------------------------------------------------------ live recovery (live_recovery.py)
+
+    def _condemn(self, w: WorkerProcess, cause: RootCause) -> bool:
+        """A hung rank a spare can replace: killed now, and replaced when it is reaped."""
+        if w.slot.rank in self._condemned:
+            return True  # killed already, not reaped yet
+        if self.live is None or self.live.why_not(
+                w.slot.rank, [o.slot.rank for o in self._alive() if o is not w]) is not None:
+            return False
+        logger.error(f"{cause.message}; SIGKILL to {w.slot.tag} (rank {w.slot.rank}) for a live recovery")
+        self._condemned[w.slot.rank] = cause
+        w.signal_group(signal.SIGKILL)
+        self._reap_due = True
+        return True
+
+    def _replaced_live(self, w: WorkerProcess, cause: RootCause, now: float) -> bool:
+        """A warm spare takes the lost rank: its pipes are read as the rank's from now on."""
+        if self.live is None or self.cause is not None:
+            return False
+        new = self.live.replace(w, cause, [o for o in self._alive() if o is not w], now)
+        if new is None:
+            return False
+        rank = w.slot.rank
+        for key in list(self._sel.get_map().values()):  # the dead worker's pipes, drained already
+            if key.data is not None and key.data[0] == rank:
+                self._close_stream(key.fd, *key.data, now)
+        self.workers[rank] = new
+        self.monitor.rejoin(rank, new.pid, now)
+        self._sel.register(new.popen.stdout.fileno(), selectors.EVENT_READ, (rank, STDOUT))
+        self._sel.register(new.popen.stderr.fileno(), selectors.EVENT_READ, (rank, STDERR))
+        self._sel.register(new.status_fd, selectors.EVENT_READ, (rank, "status"))
+        return True
 
     # ------------------------------------------------------------------ the state machine
 
