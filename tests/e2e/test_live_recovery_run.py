@@ -14,6 +14,7 @@ import orjson
 import psutil
 import pytest
 
+from tests.e2e.helpers import records
 from tests.supervisor.helpers import finish, wait_for
 
 STEPS = 40
@@ -33,22 +34,9 @@ def _command(run_id: str, *extra: str) -> list[str]:
     return cmd
 
 
-def _records(run_dir, kind: str) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    out = []
-    for line in (path.read_bytes().splitlines() if path.exists() else []):
-        try:
-            record = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue  # a line being written right now
-        if record.get("type") == kind:
-            out.append(record)
-    return out
-
-
 def _losses(run_dir) -> dict[tuple[int, int], float]:
     """(rank, step) -> loss; a step done twice counts with its last value."""
-    return {(r["rank"], r["step"]): r["loss"] for r in _records(run_dir, "step") if "loss" in r}
+    return {(r["rank"], r["step"]): r["loss"] for r in records(run_dir, "step") if "loss" in r}
 
 
 def _same_losses(got: dict[tuple[int, int], float], expected: dict[tuple[int, int], float], lost_rank: int,
@@ -60,7 +48,7 @@ def _same_losses(got: dict[tuple[int, int], float], expected: dict[tuple[int, in
 
 
 def _pid(run_dir, rank: int) -> int:
-    return [r["pid"] for r in _records(run_dir, "ready") if r["rank"] == rank][0]
+    return [r["pid"] for r in records(run_dir, "ready") if r["rank"] == rank][0]
 
 
 def _spare(supervisor_pid: int) -> psutil.Process:
@@ -74,7 +62,7 @@ def _spare(supervisor_pid: int) -> psutil.Process:
 
 
 def _reached(run_dir, step: int) -> bool:
-    return any(r["step"] >= step for r in _records(run_dir, "step"))
+    return any(r["step"] >= step for r in records(run_dir, "step"))
 
 
 _PLAIN: dict[str, dict[tuple[int, int], float]] = {}  # one uninterrupted run for every test of this module
@@ -147,8 +135,8 @@ def test_a_second_failure_during_the_recovery_falls_back_to_a_restart_saying_why
         spare = _spare(proc.pid)
         spare.send_signal(signal.SIGSTOP)  # the recovery cannot finish before the survivor dies too
         psutil.Process(_pid(run_dir, 1)).send_signal(signal.SIGKILL)
-        assert wait_for(lambda: _records(run_dir, "live") and any(
-            r.get("event") == "lost_peer" for r in _records(run_dir, "live")), timeout=60, interval=0.02)
+        assert wait_for(lambda: records(run_dir, "live") and any(
+            r.get("event") == "lost_peer" for r in records(run_dir, "live")), timeout=60, interval=0.02)
         psutil.Process(_pid(run_dir, 0)).send_signal(signal.SIGKILL)
     finally:
         code, _out, err = finish(proc, timeout=300)
@@ -158,3 +146,18 @@ def test_a_second_failure_during_the_recovery_falls_back_to_a_restart_saying_why
     assert [r["outcome"] for r in summary["recoveries"]] == ["failed"]
     assert "live recovery not possible: a second failure during a recovery (rank 1 was being replaced)" in err
     assert _losses(run_dir) == uninterrupted  # the restart began afresh (no checkpoint yet): the same run
+
+
+def test_a_script_run_falls_back_to_a_restart_saying_why(tmp_path, python_env):
+    script = tmp_path / "train.py"
+    script.write_text("import os, sys\n"
+                      "sys.exit(3 if os.environ['RANK'] == '1' and os.environ['TORCHELASTIC_RESTART_COUNT'] == '0' "
+                      "else 0)\n")
+    run = subprocess.run([sys.executable, "-m", "supervisor", "--nproc", "2", "--set", "system.device=cpu",
+                          "--no-report", "--max-restarts", "1", "--run-id", "script", str(script)],
+                         cwd=tmp_path, env=python_env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert ("live recovery not possible: a --script run (live recovery hands over the built-in trainer's state; "
+            "a script's is its own)") in run.stderr
+    summary = orjson.loads((tmp_path / "logs" / "script" / "summary.json").read_bytes())
+    assert summary["restarts"] == 1 and summary["recoveries"] == []

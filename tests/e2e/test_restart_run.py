@@ -14,6 +14,7 @@ import orjson
 import psutil
 import pytest
 
+from tests.e2e.helpers import records
 from tests.supervisor.helpers import finish, wait_for
 
 STEPS = 240
@@ -32,23 +33,8 @@ def _command(*extra: str) -> list[str]:
     return cmd
 
 
-def _records(run_dir, kind: str) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_bytes().splitlines():
-        try:
-            record = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue  # a line being written right now
-        if record.get("type") == kind:
-            out.append(record)
-    return out
-
-
 def _final_losses(run_dir) -> dict[int, float]:
-    return {r["rank"]: r["loss"] for r in _records(run_dir, "step") if r["step"] == STEPS - 1 and "loss" in r}
+    return {r["rank"]: r["loss"] for r in records(run_dir, "step") if r["step"] == STEPS - 1 and "loss" in r}
 
 
 def _worker(supervisor_pid: int, rank: int) -> psutil.Process | None:
@@ -75,10 +61,10 @@ def test_killed_worker_is_restarted_and_the_final_loss_is_bit_identical(tmp_path
                             cwd=restart_dir, env=python_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_dir = restart_dir / "logs" / "r"
     try:
-        assert wait_for(lambda: any(r["step"] >= 40 for r in _records(run_dir, "checkpoint")), timeout=240, interval=0.02)
+        assert wait_for(lambda: any(r["step"] >= 40 for r in records(run_dir, "checkpoint")), timeout=240, interval=0.02)
         victim = _worker(proc.pid, 1)
         assert victim is not None
-        killed_after = max(r["step"] for r in _records(run_dir, "step"))
+        killed_after = max(r["step"] for r in records(run_dir, "step"))
         victim.send_signal(signal.SIGKILL)
     finally:
         code, _out, err = finish(proc, timeout=300)
@@ -112,7 +98,7 @@ def test_run_training_resume_flag_continues_from_the_latest_checkpoint(tmp_path,
     second = train(8, "--run-id", "second", "--resume", "auto")
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"resumed from {tmp_path / '.checkpoints' / 'step_0000006.pt'} at step 6" in second.stderr
-    steps = sorted({r["step"] for r in _records(tmp_path / "logs" / "second", "step") if "loss" in r})
+    steps = sorted({r["step"] for r in records(tmp_path / "logs" / "second", "step") if "loss" in r})
     assert steps == [6, 7]
 
 
@@ -125,7 +111,7 @@ def test_a_deleted_dataset_cache_is_rebuilt_before_the_restart(tmp_path, python_
                             cwd=tmp_path, env=python_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_dir = tmp_path / "logs" / "r"
     try:
-        assert wait_for(lambda: any(r["step"] >= 5 for r in _records(run_dir, "step")), timeout=240)
+        assert wait_for(lambda: any(r["step"] >= 5 for r in records(run_dir, "step")), timeout=240)
         caches = [p for p in (tmp_path / "cache" / "datasets").iterdir() if not p.name.startswith(".")]
         assert len(caches) == 1
         shutil.rmtree(caches[0])
