@@ -40,10 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=sorted(benches), help="run just this benchmark (repeatable)")
     parser.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
     parser.add_argument("--gpu", action="store_true",
-                        help="only the worker benchmark's GPU rows (needs a CUDA GPU)")
+                        help="only the GPU rows: the worker benchmark's, and live recovery over NCCL (needs CUDA GPUs)")
     args = parser.parse_args(argv)
 
-    chosen = ["worker"] if args.gpu else args.only or sorted(benches)
+    chosen = ["worker", "live_recovery"] if args.gpu else args.only or sorted(benches)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     machine = describe()
     outcomes: dict[str, dict] = {}
