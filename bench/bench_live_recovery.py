@@ -82,9 +82,11 @@ def trained(work: Path, n: int, device: str, live: bool, cap: float = 300) -> tu
             return None
         steps = [r for r in _records(metrics) if r.get("type") == "step"]
         before = max(r["step"] + 1 for r in steps if r["time"] < killed)
-        after = [r for r in steps if r["time"] > killed]
+        # rank 1's process is dead: a rank-1 step after the kill is its replacement's (a survivor's
+        # step in flight may still complete after the kill, which is no recovery)
+        after = [r for r in steps if r["time"] > killed and r["rank"] == 1]
         first = min(after, key=lambda r: r["time"])
-        return first["time"] - killed, max(0, before - min(r["step"] for r in after))
+        return first["time"] - killed, max(0, before - first["step"])
     except subprocess.TimeoutExpired:
         return None
     finally:

@@ -21,6 +21,7 @@ the others fall back to the supervisor's restart from a checkpoint.
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from dataclasses import dataclass
@@ -117,18 +118,18 @@ class LiveRecovery:
     def can_rejoin(self, exc: BaseException) -> bool:
         return self.enabled and self._mark is not None and is_peer_loss(exc)
 
-    def rejoin(self, exc: BaseException) -> None:
-        """A survivor's whole recovery; raises (the rank fails, the supervisor restarts
-        everyone) if the rebuilt group does not form or a peer is lost again meanwhile."""
+    def rejoin(self, lost: str) -> None:
+        """A survivor's whole recovery (`lost`: what the collective raised, one line); raises (the
+        rank fails, the supervisor restarts everyone) if the rebuilt group does not form or a
+        peer is lost again meanwhile."""
         t, started = self.t, time.perf_counter()
         self.generation += 1
-        first_line = " ".join(str(exc).split())[:200]
-        logger.warning(f"{t.identity.bracket} lost a peer at step {self._mark.step} ({first_line}); rejoining "
+        logger.warning(f"{t.identity.bracket} lost a peer at step {self._mark.step} ({lost}); rejoining "
                        f"rebuilt group {self.generation} with a spare in its place")
         t.status.send("live", event="lost_peer", generation=self.generation, step=self._mark.step)
         t.status.send("phase", name="rendezvous")
         t.live.at("rendezvous")
-        wdist.leave_broken_group()
+        self._leave()
         wdist.join_generation(t.cfg, t.identity, t.device, self.generation)
         infos = wdist.gather_objects({"step": self._mark.step, "layout": t.layout, "note": t.layout_note})
         t.vote = StopVote.create()
@@ -139,6 +140,18 @@ class LiveRecovery:
         behind = infos[t.identity.rank]["step"] < infos[source]["step"]
         self._take_state(source, behind)
         self._rejoined(started, source, "source" if t.identity.rank == source else "survivor")
+
+    def _leave(self) -> None:
+        """Destroy the broken group for real: a peer still waiting in a collective on this rank (a
+        gloo algorithm whose next message was to come from here) is freed only once this rank's
+        connections close, which happens when the last reference to the group goes."""
+        t = self.t
+        t.vote = StopVote(None)
+        t.engine.drop_group()
+        if t.guard is not None:
+            t.guard.model = t.engine.model
+        wdist.leave_broken_group()
+        gc.collect()
 
     def join(self, joining: Joining) -> None:
         """The newcomer, at the end of its trainer's construction: the survivors' state."""

@@ -205,14 +205,16 @@ class Trainer:
         stopped = False
         while self.step < t.max_steps:
             try:
-                stopped = self._iteration()
+                if self._iteration():
+                    stopped = True
+                    break
+                continue
             except Exception as exc:  # a peer lost mid-collective: rejoin the rebuilt group, or fail as before
                 if not self.recovery.can_rejoin(exc):
                     raise
-                self.recovery.rejoin(exc)
-                continue
-            if stopped:
-                break
+                lost = " ".join(str(exc).split())[:200]
+            # out of the handler: the exception's frames, which hold the broken group, are gone
+            self.recovery.rejoin(lost)
         if self.step != self.saved_step:  # a stop right after a save (or before any step) has nothing new to save
             self._paused("checkpoint", self.save, back_to=None)
         self.tb.close()

@@ -26,6 +26,8 @@ from supervisor.processes.spares import SparePool
 from supervisor.processes.spawn import WorkerProcess
 from supervisor.summary import RootCause, now_iso
 
+STUCK_S = 10.0  # after a loss, every survivor has left the broken group's collective by then, or never will
+
 
 @dataclass
 class Recovery:
@@ -50,6 +52,7 @@ class Recovery:
     checkpoint_reads: int = 0
     _died: float = field(default=0.0, repr=False)
     _reached: int = field(default=0, repr=False)  # the most completed steps any rank reported before
+    _generation: int = field(default=1, repr=False)  # the rebuilt group of this attempt it forms
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
@@ -75,6 +78,9 @@ class LiveRecovery:
         self.able: dict[int, str | None] = {}  # rank -> None (can be recovered live) or why not
         self.completed: dict[int, int] = {}  # rank -> completed steps it reported
         self.recoveries: list[Recovery] = []
+        # rebuilt group -> {survivor rank: completed steps}: its `lost_peer` records, which may come
+        # before the supervisor has even reaped the lost rank
+        self.left: dict[int, dict[int, int]] = {}
 
     @property
     def in_flight(self) -> Recovery | None:
@@ -109,16 +115,38 @@ class LiveRecovery:
             self._fail_in_flight(cause)
             logger.warning(f"live recovery not possible: {why}")
             return None
-        new = self.pool.promote(spare, lost.slot, lost.log_path, self.env_for(lost.slot, spare, len(self.recoveries) + 1))
+        generation = len(self.recoveries) + 1
+        new = self.pool.promote(spare, lost.slot, lost.log_path, self.env_for(lost.slot, spare, generation))
         self.budget -= 1
         rec = Recovery(number=self.numbered_from + len(self.recoveries) + 1, attempt=self.attempt, rank=lost.slot.rank,
                        device=lost.slot.tag, failed=cause.message, kind=cause.kind, lost_pid=lost.pid,
                        replaced_by_pid=new.pid, survivors=[{"rank": w.slot.rank, "pid": w.pid} for w in sorted(survivors, key=lambda w: w.slot.rank)],
-                       started_at=now_iso(), _died=now, _reached=max(self.completed.values(), default=0))
+                       started_at=now_iso(), _died=now, _reached=max(self.completed.values(), default=0),
+                       _generation=generation)
         self.recoveries.append(rec)
         logger.warning(f"{cause.message}: live recovery {rec.number}: warm spare pid {new.pid} takes rank "
                        f"{rec.rank}; the other {len(survivors)} worker(s) keep running and rebuild the group with it")
         return new
+
+    def stuck(self, now: float, step_allowance: float) -> tuple[str, int] | None:
+        """(why, a rank) when a survivor is still inside a collective of the broken group a step's
+        allowance (at least STUCK_S) after the loss: gloo gives a rank waiting on a live peer (one
+        that already left) no error, so it can never rejoin; the attempt must end (a restart)."""
+        rec = self.in_flight
+        wait = max(STUCK_S, step_allowance)
+        if rec is None or now - rec._died < wait:
+            return None
+        left = self.left.get(rec._generation, {})
+        missing = [s["rank"] for s in rec.survivors if s["rank"] not in left]
+        if not missing:
+            return None
+        return (f"live recovery {rec.number} not possible: rank(s) {', '.join(map(str, missing))} stayed in a "
+                f"collective of the broken group for {wait:.0f} s after rank {rec.rank} was lost (gloo raised no "
+                "error there); restarting every worker"), missing[0]
+
+    def give_up(self, cause: RootCause) -> None:
+        """The supervision ends the attempt over `cause` while a recovery is in flight."""
+        self._fail_in_flight(cause)
 
     def settle(self) -> list[dict[str, Any]]:
         """The attempt is over: its recoveries for summary.json (one still in flight failed)."""
@@ -148,8 +176,8 @@ class LiveRecovery:
         event = record.get("event")
         if event == "able":
             self.able[rank] = None if record.get("able") else str(record.get("why") or "cannot be recovered live")
-        elif event == "lost_peer" and isinstance(record.get("step"), int) and self.in_flight is not None:
-            self.in_flight._reached = max(self.in_flight._reached, record["step"])
+        elif event == "lost_peer" and isinstance(record.get("step"), int) and isinstance(record.get("generation"), int):
+            self.left.setdefault(record["generation"], {})[rank] = record["step"]
         elif event == "rejoined" and self.in_flight is not None and record.get("role") == "newcomer":
             rec = self.in_flight
             rec.resumed_step, rec.source_rank, rec.rejoin_s = record.get("step"), record.get("source"), \
@@ -162,6 +190,7 @@ class LiveRecovery:
         rec.outcome = "recovered"
         rec.seconds = round(now - rec._died, 3)
         resumed = rec.resumed_step or 0
-        rec.steps_redone = max(0, rec._reached - resumed)
+        reached = max([rec._reached, *self.left.get(rec._generation, {}).values()])
+        rec.steps_redone = max(0, reached - resumed)
         logger.warning(rec.line())
         self.write_metric({"type": "recovery", "time": time.time(), **rec.to_dict()})

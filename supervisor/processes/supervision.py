@@ -467,7 +467,9 @@ class Supervision:
     def _timers(self, now: float) -> None:
         if self.cause is None and now - self._last_check >= 0.25:
             self._last_check = now
-            self._judge_heartbeats(now)
+            self._judge_live_recovery(now)  # first: a survivor stuck in the broken group is no hang of its own
+            if self.cause is None:
+                self._judge_heartbeats(now)
         if self.phase is Phase.DUMPING_TRACES and traces.answered(self.trace_dir, self._trace_waiting) \
                 == self._trace_waiting:
             self._traces_in(now)
@@ -510,6 +512,18 @@ class Supervision:
         w.signal_group(signal.SIGKILL)
         self._reap_due = True
         return True
+
+    def _judge_live_recovery(self, now: float) -> None:
+        """A survivor that never left the broken group's collective ends the attempt (a restart)."""
+        stuck = self.live.stuck(now, self.monitor.timeouts.allowance("step")) if self.live is not None else None
+        if stuck is None:
+            return
+        message, rank = stuck
+        logger.error(message)
+        cause = self._worker_cause("hang", ExitCode.HANG, message, self.workers[rank])
+        self.live.give_up(cause)
+        self._set_cause(cause, now)
+        self._terminate_all(now)
 
     def _replaced_live(self, w: WorkerProcess, cause: RootCause, now: float) -> bool:
         """A warm spare takes the lost rank: its pipes are read as the rank's from now on."""

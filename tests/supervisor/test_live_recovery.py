@@ -143,3 +143,18 @@ def test_attempts_where_no_rank_can_be_replaced_live_say_why_up_front():
     assert why_off(cfg, script=False, multi_node=True, world_size=4).startswith("a multi-node job")
     assert why_off(cfg, script=False, multi_node=False, world_size=1).startswith("a single worker")
     assert why_off(cfg, script=False, multi_node=False, world_size=2) is None
+
+
+def test_a_survivor_that_never_leaves_the_broken_group_ends_the_recovery_after_a_step_allowance():
+    live, metrics = _live(pool=FakePool())
+    live.observe({"type": "live", "rank": 2, "event": "able", "able": True, "why": None})
+    # a survivor may notice the loss before the supervisor has reaped the lost rank
+    live.observe({"type": "live", "rank": 0, "event": "lost_peer", "generation": 1, "step": 5})
+    live.replace(FakeProc(pid=11, rank=1), _cause(), [FakeProc(pid=10, rank=0), FakeProc(pid=12, rank=2)], now=100.0)
+    assert live.stuck(105.0, step_allowance=2.0) is None  # at least STUCK_S
+    assert live.stuck(115.0, step_allowance=30.0) is None  # a step's allowance when longer
+    why, rank = live.stuck(111.0, step_allowance=2.0)
+    assert rank == 2 and why.startswith("live recovery 1 not possible: rank(s) 2 stayed in a collective")
+    live.give_up(_cause(2))
+    assert live.recoveries[0].outcome == "failed" and metrics[-1]["outcome"] == "failed"
+    assert live.stuck(200.0, step_allowance=2.0) is None  # nothing in flight any more

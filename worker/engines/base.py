@@ -79,6 +79,12 @@ class Engine(ABC):
         return torch.optim.AdamW(optimizer_groups(model, build.cfg.training.weight_decay),
                                  **adamw_kwargs(build.cfg, build.device))
 
+    def drop_group(self) -> None:
+        """Live recovery, before the broken group is destroyed: let go of everything that holds it,
+        so it really closes its connections (a peer still waiting in a collective on this rank
+        is freed only then). Only where live_recoverable."""
+        raise NotImplementedError(f"strategy {self.strategy} cannot rejoin a rebuilt process group")
+
     def regroup(self) -> None:
         """After the process group was rebuilt (live recovery): wrap the model again over the new
         group, without collectives (the state comes from a survivor next). Only where live_recoverable."""

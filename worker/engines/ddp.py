@@ -27,12 +27,17 @@ class DDPEngine(TorchEngine):
     def wrap(cls, model: Transformer, build: Build) -> nn.Module:
         return _ddp(model, build.device, init_sync=not build.joining)
 
-    def regroup(self) -> None:
-        old, self.model = self.model, None
-        # The old reducer's autograd hooks would all-reduce on the dead group: dropping it removes
-        # them (other holders of the old wrapper, the NaN guard's probes, keep only its modules).
-        del old.reducer
+    def drop_group(self) -> None:
+        old, self.model = self.model, self.inner
+        # The reducer's autograd hooks would all-reduce on the dead group, and it, its logger and the
+        # wrapper hold the group: cut all three (others may still hold the old wrapper, e.g. the
+        # NaN guard's probes, for its modules only).
+        for attr in ("reducer", "logger", "process_group"):
+            if hasattr(old, attr):
+                delattr(old, attr)
         self.optimizer.zero_grad(set_to_none=True)  # grads were views into the old reducer's buckets
+
+    def regroup(self) -> None:
         self.model = _ddp(self.inner, self.device, init_sync=False)
 
     def sync_context(self, is_last: bool) -> contextlib.AbstractContextManager:
