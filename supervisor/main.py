@@ -61,10 +61,12 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
     except LaunchError as exc:
         _refuse(console, str(exc), exc.exit_code)
     run_id, run_dir = _run_names(launch, console)  # a bad --run-id is refused before any slower check
-    checks = _preflight(launch, plan, console) if cfg.system.preflight else None
-    listen, bind_ip = _bind_store(launch, console)  # after the checks: they probe the master port themselves
-    if mode == "train":  # last: a wrong flag above is named as such, not as a model that does not fit
-        _model_checks(cfg, plan, console)
+    # the arguments before the machine: a wrong --master-addr is named as such, never as a full disk
+    listen, bind_ip = _bind_store(launch, console)
+    vocab = _vocab_checks(cfg, console) if mode == "train" else None
+    checks = _preflight(launch, plan, console, master_bound=listen is not None) if cfg.system.preflight else None
+    if vocab is not None:  # last: a wrong flag above is named as such, not as a model that does not fit
+        _memory_checks(cfg, plan, vocab, console)
     # ---- nothing was written before this line; everything below may write
     try:
         rundir.create(run_dir, exist_ok=launch.force)  # one mkdir: of two runs with one --run-id, one wins
@@ -106,10 +108,9 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
         job.rendezvous.close()
 
 
-def _model_checks(cfg: Config, plan: DevicePlan, console: Console) -> None:
-    """The built-in model against its tokenizer and, for CPU workers, this host's RAM: refused
-    here (exit 2) rather than by every worker after the spawn. On GPUs the worker's layout
-    planner picks a sharding that fits or refuses in one line itself."""
+def _vocab_checks(cfg: Config, console: Console) -> int:
+    """The built-in model against its tokenizer (an argument error, exit 2): the tokenizer's
+    vocabulary size."""
     from dataset_cache import DatasetError, load_tokenizer
 
     try:
@@ -117,9 +118,19 @@ def _model_checks(cfg: Config, plan: DevicePlan, console: Console) -> None:
     except DatasetError as exc:
         _refuse(console, str(exc), exc.exit_code)
     problem = check_vocab(cfg, vocab)
-    if problem is None and plan.kind == "cpu":
-        problem = check_fits(cfg, host_memory_bytes(plan.world_size), world_size=plan.world_size,
-                             tokenizer_vocab=vocab, where=f"this host (available RAM / {plan.world_size} workers)")
+    if problem is not None:
+        _refuse(console, problem)
+    return vocab
+
+
+def _memory_checks(cfg: Config, plan: DevicePlan, vocab: int, console: Console) -> None:
+    """For CPU workers, the model against this host's RAM: refused here (exit 2) rather than by
+    every worker after the spawn (also a pre-flight item; this holds under --skip-checks too).
+    On GPUs the worker's layout planner picks a sharding that fits or refuses in one line itself."""
+    if plan.kind != "cpu":
+        return
+    problem = check_fits(cfg, host_memory_bytes(plan.world_size), world_size=plan.world_size,
+                         tokenizer_vocab=vocab, where=f"this host (available RAM / {plan.world_size} workers)")
     if problem is not None:
         _refuse(console, problem)
 
@@ -198,14 +209,16 @@ def _plan(launch: Launch, console: Console) -> DevicePlan:
     return plan
 
 
-def _preflight(launch: Launch, plan: DevicePlan, console: Console) -> CheckReport:
-    """The `gpuherd check` items for this run, before anything is written or bound (the
-    master-port item would otherwise find node 0's own socket): a FAIL stops the run."""
+def _preflight(launch: Launch, plan: DevicePlan, console: Console, master_bound: bool) -> CheckReport:
+    """The `gpuherd check` items for this run, before anything is written: a FAIL stops the run.
+    `master_bound`: the store's port is ours already (the item says so instead of probing it)."""
     node = launch.node
     try:
         report = run_checks(launch.config, [g.index for g in plan.gpus] if plan.kind == "cuda" else [],
                             master=(node.master_addr, node.master_port) if node.multi else None,
-                            node_rank=node.node_rank, script=launch.script is not None)
+                            node_rank=node.node_rank, script=launch.script is not None,
+                            cpu_workers=plan.world_size if plan.kind == "cpu" else 0,
+                            master_bound=master_bound)
     except DeviceError as exc:
         _refuse(console, str(exc), exc.exit_code)
     failure = report.first_failure()

@@ -295,6 +295,8 @@ def test_collapse_logs_prints_identical_lines_once(tmp_path):
     (("--nnodes", "1:4"), "elastic node ranges are not supported"),
     (("--standalone", "--nnodes", "2"), "--standalone runs one node"),
     (("--master-addr", "10.255.255.1", "--set", "system.nproc=1"), "is not an address of this machine"),
+    # an argument error is named before the machine is judged: here no disk holds one checkpoint
+    (("--master-addr", "10.255.255.1", "--set", "system.nproc=1", *sh.HUGE_MODEL), "is not an address of this machine"),
 ])
 def test_bad_supervisor_options_exit_2_before_anything_is_written(tmp_path, args, fragment):
     cmd = sh.command(*args, script=None)
