@@ -95,7 +95,7 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
         hang, _ = hang_timeouts(cfg.preset, cfg.system.hang_timeout, cfg.system.startup_timeout,
                                 script=mode == "script")
         job.rendezvous = MultiNode(node, cfg, mode, run_id, run_dir, bind_ip, listen, python_env(),
-                                   die_with_parent(), finish_wait=max(60.0, hang))
+                                   die_with_parent(), finish_wait=max(60.0, hang), run_id_given=bool(launch.run_id))
         if listen is not None:
             listen.close()  # the agent holds it now
     try:
