@@ -138,6 +138,11 @@ class Job:
             return RootCause("dataset", ExitCode.DATA, f"dataset: {exc}"), False
         except KeyboardInterrupt:
             return RootCause("interrupted", ExitCode.SIGINT, "interrupted by Ctrl-C while preparing the dataset"), False
+        except Exception as exc:  # noqa: BLE001 - a defect in the build still ends with a named cause and a summary
+            logger.opt(exception=exc).bind(file_only=True).error("dataset: the build failed unexpectedly")
+            message = f"dataset: the cache could not be built: {type(exc).__name__}: {exc}"
+            logger.error(message)
+            return RootCause("dataset", ExitCode.DATA, message), False
         rebuilt = info.built and bool(self.dataset_path)
         self.dataset_path = str(info.path)
         logger.info(f"dataset cache {'rebuilt' if rebuilt else 'built' if info.built else 'reused'}: {info.path} "
