@@ -46,6 +46,7 @@ from supervisor.processes import (
     OrphanGuard,
     RunEnv,
     StopRules,
+    StopSignal,
     Supervision,
     WorkerProcess,
     become_subreaper,
@@ -55,6 +56,7 @@ from supervisor.processes import (
     script_env,
     spawn,
     stop_exit_code,
+    stops_raise,
     sweep_children,
     worker_env,
 )
@@ -98,6 +100,7 @@ class Job:
         self.store_server = StoreServer(sys.executable, python_env(), die_with_parent())  # warm across attempts
         self._guarded: set[int] = set()  # helper processes the orphan guard already knows
         self.exclusion = SuspectExclusion(self.cfg.system.exclude_suspect_gpus, multi_node=launch.node.multi)
+        self.guard: OrphanGuard | None = None  # started before the dataset build (start_guard)
 
     @property
     def mode(self) -> str:
@@ -132,7 +135,10 @@ class Job:
         except ImportError as exc:
             return RootCause("dataset", ExitCode.DATA, f"the dataset_cache package is unusable: {exc}"), False
         try:
-            info = prepare_cache(self.cfg.data)
+            with stops_raise():  # a stop signal during the build ends the run with a summary, the pool cleaned up
+                info = prepare_cache(self.cfg.data)
+        except StopSignal as stop:
+            return _stop_cause(stop.signum, "while preparing the dataset"), False
         except DatasetError as exc:
             logger.error(f"dataset: {exc}")
             return RootCause("dataset", ExitCode.DATA, f"dataset: {exc}"), False
@@ -152,9 +158,8 @@ class Job:
     def run(self) -> int:
         """Every attempt until one succeeds, a failure is not worth restarting, or
         `system.max_restarts` restarts are used up."""
-        become_subreaper()
         system = self.cfg.system
-        guard = OrphanGuard(f"{contract.SUPERVISOR_PID}={os.getpid()}", sys.executable, python_env())
+        guard = self.start_guard()
         metrics = MetricsSink(self.run_dir / "metrics.jsonl")
         attempts: list[AttemptReport] = []
         final: RootCause | None = None
@@ -194,9 +199,26 @@ class Job:
         finally:
             metrics.close()
             self.store_server.close()
-            sweep_children(exclude={guard.pid, self.rendezvous.helper_pid})
-            guard.release()
+            self.release_guard()
         return self.finish(final, attempts)
+
+    def start_guard(self) -> OrphanGuard:
+        """From here to the end nothing the supervisor starts can outlive it: every process
+        (the dataset build's tokenizer pool and its forkserver, helpers, workers and what they
+        fork) carries the guard's marker in its environment, is reparented to us if it escapes
+        its parent, and is killed by the guard if the supervisor dies, even by SIGKILL."""
+        if self.guard is None:
+            become_subreaper()
+            os.environ[contract.SUPERVISOR_PID] = str(os.getpid())  # inherited by every process started from now
+            self.guard = OrphanGuard(f"{contract.SUPERVISOR_PID}={os.getpid()}", sys.executable, python_env())
+        return self.guard
+
+    def release_guard(self) -> None:
+        """Whatever is still below us is killed; then the guard exits without touching anything."""
+        if self.guard is not None:
+            sweep_children(exclude={self.guard.pid, self.rendezvous.helper_pid})
+            self.guard.release()
+            self.guard = None
 
     def _why_not_restart(self, cause: RootCause, report: AttemptReport, last: bool) -> str | None:
         """None: restart. Before a restart of the built-in trainer the dataset cache is checked

@@ -30,7 +30,7 @@ from supervisor.gpus import DeviceError, DevicePlan, plan_devices
 from supervisor.health import WARN, CheckReport, announce_devices, hang_timeouts, run_checks
 from supervisor.job import Job
 from supervisor.output import STDERR, Console
-from supervisor.processes import die_with_parent, python_env, within_kill_wait
+from supervisor.processes import die_with_parent, ignored_notice, inherited_ignored, python_env, within_kill_wait
 from supervisor.rendezvous import MultiNode, NodeLinkError, SingleNode, bind_master, kill_wait
 from supervisor.summary import now_iso
 from supervisor.validation import LaunchError, validate_launch
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
 
 
 def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
+    inherited_ignored()  # read before any handler of ours exists: what the caller left ignored stays so
     _console_logging(launch.verbose, console)
     cfg, node = launch.config, launch.node
     mode = "script" if launch.script else "train"
@@ -68,19 +69,10 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
     if vocab is not None:  # last: a wrong flag above is named as such, not as a model that does not fit
         _memory_checks(cfg, plan, vocab, console)
     # ---- nothing was written before this line; everything below may write
-    try:
-        rundir.create(run_dir, exist_ok=launch.force)  # one mkdir: of two runs with one --run-id, one wins
-    except rundir.RunDirError as exc:
-        _refuse(console, str(exc), exc.exit_code)
-    write_bytes_atomic(run_dir / "config.json", cfg.to_json() + b"\n")
-    if checks is not None:
-        write_bytes_atomic(run_dir / "preflight.json", orjson.dumps(checks.to_dict(), option=orjson.OPT_INDENT_2))
-        for item in checks.of(WARN):
-            logger.warning(f"pre-flight: {item.line()}")
-    logger.add(run_dir / "supervisor.log", level="DEBUG", enqueue=False,
-               format="{time:YYYY-MM-DD HH:mm:ss.SSS} {level} | {message}")
-    for notice in launch.notices:
-        logger.info(notice)
+    _open_run_dir(launch, run_dir, checks, console)
+    for notice in [*launch.notices, ignored_notice()]:
+        if notice:
+            logger.info(notice)
     command = launch.script.command() if launch.script else [sys.executable, "-m", "worker"]
     logger.debug(f"run {run_id}: {mode} mode, {plan.world_size} worker(s) on "
                  f"{', '.join(s.tag for s in plan.slots)}; isolate={plan.isolate}; command: {' '.join(command)}")
@@ -89,6 +81,7 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
     announce_devices(plan)
 
     job = Job(launch, plan, run_id, run_dir, command, started_at, t0, console, _stop_timeout(cfg.system.stop_timeout))
+    job.start_guard()  # before any helper or the dataset build starts a process: none outlives us, ever
     if not node.multi and listen is not None:
         job.rendezvous = SingleNode(launch.store, listen)  # held for the job; every attempt serves from it
     if node.multi:  # the agent imports torch while the dataset is prepared
@@ -102,10 +95,27 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
         if mode == "train":
             failure = job.prepare_dataset()
             if failure is not None:
+                job.release_guard()
                 return job.finish(job.rendezvous.fail_before_start(failure), [])
         return job.run()
     finally:
         job.rendezvous.close()
+        job.release_guard()  # a no-op unless the run ended before its attempts
+
+
+def _open_run_dir(launch: Launch, run_dir: Path, checks: CheckReport | None, console: Console) -> None:
+    """logs/<run-id>/ with config.json, preflight.json and supervisor.log (exit 2 if it cannot be had)."""
+    try:
+        rundir.create(run_dir, exist_ok=launch.force)  # one mkdir: of two runs with one --run-id, one wins
+    except rundir.RunDirError as exc:
+        _refuse(console, str(exc), exc.exit_code)
+    write_bytes_atomic(run_dir / "config.json", launch.config.to_json() + b"\n")
+    if checks is not None:
+        write_bytes_atomic(run_dir / "preflight.json", orjson.dumps(checks.to_dict(), option=orjson.OPT_INDENT_2))
+        for item in checks.of(WARN):
+            logger.warning(f"pre-flight: {item.line()}")
+    logger.add(run_dir / "supervisor.log", level="DEBUG", enqueue=False,
+               format="{time:YYYY-MM-DD HH:mm:ss.SSS} {level} | {message}")
 
 
 def _vocab_checks(cfg: Config, console: Console) -> int:
