@@ -20,7 +20,7 @@ from loguru import logger
 
 from gpuherd.cli import die
 from gpuherd.exit_codes import ExitCode
-from gpuherd.files import write_bytes_atomic
+from gpuherd.files import open_log, write_bytes_atomic
 from gpuherd.config import Config
 from gpuherd.model_checks import check_fits, check_vocab, host_memory_bytes
 from gpuherd.torch_floor import TorchTooOld, check_torch_version, installed_torch_version
@@ -114,8 +114,8 @@ def _open_run_dir(launch: Launch, run_dir: Path, checks: CheckReport | None, con
         write_bytes_atomic(run_dir / "preflight.json", orjson.dumps(checks.to_dict(), option=orjson.OPT_INDENT_2))
         for item in checks.of(WARN):
             logger.warning(f"pre-flight: {item.line()}")
-    logger.add(run_dir / "supervisor.log", level="DEBUG", enqueue=False,
-               format="{time:YYYY-MM-DD HH:mm:ss.SSS} {level} | {message}")
+    log = os.fdopen(open_log(run_dir / "supervisor.log"), "a", encoding="utf-8", errors="backslashreplace")
+    logger.add(log, level="DEBUG", enqueue=False, format="{time:YYYY-MM-DD HH:mm:ss.SSS} {level} | {message}")
 
 
 def _vocab_checks(cfg: Config, console: Console) -> int:

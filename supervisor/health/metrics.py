@@ -9,6 +9,8 @@ from typing import Any
 
 import orjson
 
+from gpuherd.files import open_log
+
 
 class MetricsSink:
     """`metrics.jsonl`, appended from the loop and from watcher threads alike: each record
@@ -16,7 +18,7 @@ class MetricsSink:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd = open_log(path)  # never through a planted symlink
 
     def write_lines(self, data: bytes) -> None:
         if data:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from loguru import logger
 
+from gpuherd.files import open_log
 from supervisor.output.console import STDERR, STDOUT, Collapser, Console
 from supervisor.health import NcclTransportWatch
 from supervisor.output.lines import LineSplitter, Severity
@@ -34,7 +35,7 @@ class WorkerLog:
         self.tag = tag
         self.prefix = f"{tag}:".encode()
         self.path = path
-        self._file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._file = open_log(path)  # never through a planted symlink
         self.streams = {STDOUT: _Stream(STDOUT), STDERR: _Stream(STDERR)}
         self.stderr_tail: deque[bytes] = deque(maxlen=TAIL_LINES)
         self.lines = 0
