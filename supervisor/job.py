@@ -23,6 +23,7 @@ from loguru import logger
 from gpuherd import contract
 from gpuherd.config import Config
 from gpuherd.exit_codes import ExitCode
+from gpuherd.log_writes import LOG_WRITES
 from supervisor import run_dir as rundir
 from supervisor.cli import Launch
 from supervisor.gpus import DeviceError, DevicePlan
@@ -248,7 +249,7 @@ class Job:
     def run_attempt(self, attempt: int, resume: str | None, guard: OrphanGuard, metrics: MetricsSink) -> AttemptReport:
         """Start every worker once, supervise them to the end, clean up everything but the job's files."""
         started_at, t0 = now_iso(), time.monotonic()
-        log_dir = self.run_dir if attempt == 0 else rundir.create(self.run_dir / f"attempt-{attempt}")
+        log_dir = self.run_dir if attempt == 0 else self._attempt_dir(attempt)
         try:
             setup = self.rendezvous.begin(attempt, self.plan, resume)
         except NodeLinkError as exc:
@@ -263,7 +264,11 @@ class Job:
         cause = self._supervise(att, guard)
         cause = self.rendezvous.settle(attempt, cause, att.sup.notes)
         self.stragglers += [{**found, "attempt": attempt} for found in att.stragglers.found]
-        self.timeouts.save(self.run_dir)
+        try:
+            self.timeouts.save(self.run_dir)
+        except OSError as exc:  # a full log disk: the allowances were learned all the same
+            logger.warning(f"hang allowances not saved to {self.run_dir} ({exc.strerror}); the next --resume "
+                           "learns them again")
         sup = att.sup
         final_save = sup.final_save()
         if final_save == "not saved" and cause is not None:
@@ -281,6 +286,14 @@ class Job:
             workers=[_report(w, cause, att.monitor, self.mode == "script") for w in att.workers],
             stop_signal=signal.Signals(sup.stop_signal).name if sup.stop_signal else None, final_save=final_save,
             suspect_devices=att.suspects.devices(self.exclusion.enabled), excluded_gpus=list(self.exclusion.excluded))
+
+    def _attempt_dir(self, attempt: int) -> Path:
+        """attempt-N/ for a restart's logs; the run directory itself when its disk refuses a new one."""
+        try:
+            return rundir.create(self.run_dir / f"attempt-{attempt}")
+        except rundir.RunDirError as exc:
+            logger.warning(f"{exc}: attempt {attempt} logs into {self.run_dir}")
+            return self.run_dir
 
     def _prepare_attempt(self, attempt: int, setup: Setup, log_dir: Path, metrics: MetricsSink) -> Attempt:
         """Everything an attempt's supervision needs, before the first worker exists."""
@@ -363,6 +376,8 @@ class Job:
     def finish(self, cause: RootCause | None, attempts: list[AttemptReport]) -> int:
         exit_code = int(cause.exit_code) if cause is not None else 0
         last = attempts[-1] if attempts else None
+        if LOG_WRITES.note():
+            self.notes.append(LOG_WRITES.note())
         if self.console.left_out:
             self.notes.append(f"the console fell behind: {self.console.left_out} line(s) were not shown there "
                               "(a terminal that stopped reading); every line is in the log files")
@@ -377,8 +392,12 @@ class Job:
             stragglers=self.stragglers, hang_timeouts=self.timeouts.learned(),
             suspect_devices=[d for a in attempts for d in a.suspect_devices],
         )
-        summary.write(self.run_dir / "summary.json")
         block = summary.block()
+        try:
+            summary.write(self.run_dir / "summary.json")
+        except OSError as exc:  # the log disk failed: the summary goes to the console instead, whole
+            logger.warning(f"summary.json could not be written to {self.run_dir} ({exc.strerror}): here it is")
+            self.console.write(STDERR, summary.to_json() + b"\n")
         logger.bind(file_only=True).info(block)  # the console gets it below, unprefixed
         self.console.write(STDERR, block.encode() + b"\n")
         if self.cfg.system.report:

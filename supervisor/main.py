@@ -20,7 +20,9 @@ from loguru import logger
 
 from gpuherd.cli import die
 from gpuherd.exit_codes import ExitCode
-from gpuherd.files import open_log, write_bytes_atomic
+from gpuherd.files import write_bytes_atomic
+from gpuherd.log_writes import LOG_WRITES
+from gpuherd.storage import storage_errno, storage_message
 from gpuherd.config import Config
 from gpuherd.model_checks import check_fits, check_vocab, host_memory_bytes
 from gpuherd.torch_floor import TorchTooOld, check_torch_version, installed_torch_version
@@ -107,15 +109,24 @@ def _open_run_dir(launch: Launch, run_dir: Path, checks: CheckReport | None, con
     """logs/<run-id>/ with config.json, preflight.json and supervisor.log (exit 2 if it cannot be had)."""
     try:
         rundir.create(run_dir, exist_ok=launch.force)  # one mkdir: of two runs with one --run-id, one wins
+        write_bytes_atomic(run_dir / "config.json", launch.config.to_json() + b"\n")
+        if checks is not None:
+            write_bytes_atomic(run_dir / "preflight.json", orjson.dumps(checks.to_dict(), option=orjson.OPT_INDENT_2))
     except rundir.RunDirError as exc:
         _refuse(console, str(exc), exc.exit_code)
-    write_bytes_atomic(run_dir / "config.json", launch.config.to_json() + b"\n")
-    if checks is not None:
-        write_bytes_atomic(run_dir / "preflight.json", orjson.dumps(checks.to_dict(), option=orjson.OPT_INDENT_2))
-        for item in checks.of(WARN):
-            logger.warning(f"pre-flight: {item.line()}")
-    log = os.fdopen(open_log(run_dir / "supervisor.log"), "a", encoding="utf-8", errors="backslashreplace")
-    logger.add(log, level="DEBUG", enqueue=False, format="{time:YYYY-MM-DD HH:mm:ss.SSS} {level} | {message}")
+    except OSError as exc:  # nothing trained yet: a full or read-only log disk is one line, exit 7
+        code = storage_errno(exc)
+        if code is None:
+            raise
+        _refuse(console, storage_message("the run's config", run_dir, code, None), ExitCode.STORAGE)
+    for item in checks.of(WARN) if checks is not None else []:
+        logger.warning(f"pre-flight: {item.line()}")
+    # from here a failing log disk drops log lines (counted, said once on the console), never the run
+    LOG_WRITES.on_first_failure(lambda message: console.write(STDERR, f"supervisor:WARNING | {message}\n".encode()))
+    path = run_dir / "supervisor.log"
+    fd = LOG_WRITES.open(path)
+    logger.add(lambda message: LOG_WRITES.write(fd, str(message).encode(errors="backslashreplace"), path),
+               level="DEBUG", enqueue=False, format="{time:YYYY-MM-DD HH:mm:ss.SSS} {level} | {message}")
 
 
 def _vocab_checks(cfg: Config, console: Console) -> int:
