@@ -281,7 +281,9 @@ class Job:
                          config_path=str(self.run_dir / "config.json"), dataset_cache=self.dataset_path,
                          restart_count=attempt, max_restarts=cfg.system.max_restarts, resume=setup.resume or "",
                          world_size=setup.world_size, node_rank=self.rendezvous.node_rank,
-                         nnodes=self.rendezvous.nnodes, trace_dir=str(trace_dir))
+                         nnodes=self.rendezvous.nnodes, trace_dir=str(trace_dir), role=self.launch.torchrun.role,
+                         signals_to_handle=self.launch.torchrun.signals_to_handle,
+                         virtual_local_rank=self.launch.torchrun.virtual_local_rank)
         return Attempt(attempt, setup, logs, router, monitor, sup, run_env, metrics, stragglers, suspects)
 
     def _supervise(self, att: Attempt, guard: OrphanGuard) -> RootCause | None:
@@ -296,7 +298,7 @@ class Job:
             for slot in plan.slots:
                 error_file = error_file_for(att.logs[slot.rank].path)
                 error_file.unlink(missing_ok=True)  # only what this attempt's rank writes may be read back
-                w = spawn(self.command, lambda fd, slot=slot, ef=str(error_file): worker_env(
+                w = spawn(self._command_of(slot.local), lambda fd, slot=slot, ef=str(error_file): worker_env(
                     base_env, plan, slot, att.run_env, fd, error_file=ef), slot, att.logs[slot.rank].path)
                 sup.add_worker(w)
                 att.workers.append(w)
@@ -317,6 +319,11 @@ class Job:
         finally:
             self._end_attempt(att, guard, watchers)
         return cause
+
+    def _command_of(self, local_rank: int) -> list[str]:
+        """A script's command line with `${local_rank}` filled in (torchrun's macros); the built-in
+        worker's is the same for every rank."""
+        return self.launch.script.command(local_rank) if self.launch.script else self.command
 
     def _end_attempt(self, att: Attempt, guard: OrphanGuard, watchers: list[RunWatcher]) -> None:
         store, sup = att.setup.store, att.sup

@@ -1,11 +1,23 @@
 """What a torchrun user brings: torchrun's flags, and a script in place of the built-in trainer.
 
   add_torchrun_flags, translate, TorchrunLaunch (flags.py): torchrun's flags -> gpuherd's settings
+  apply_pet_defaults (pet.py): torchrun's PET_<FLAG> variables as the flags' defaults
+  parse_rdzv_conf (rdzv_conf.py): --rdzv-conf key=value,...
   Script, ScriptError (script.py): the user's program and the command line each rank runs
     (through worker/script_bootstrap.py: heartbeats from optimizer steps, no code in the script)
 """
 
-from supervisor.torchrun.flags import TorchrunLaunch, add_torchrun_flags, translate
+from supervisor.torchrun.flags import (
+    DEFAULT_SIGNALS,
+    NO_EFFECT,
+    PET,
+    TORCHRUN_FLAGS,
+    TorchrunLaunch,
+    add_torchrun_flags,
+    translate,
+)
+from supervisor.torchrun.pet import apply_pet_defaults
 from supervisor.torchrun.script import BOOTSTRAP, Script, ScriptError
 
-__all__ = ["BOOTSTRAP", "Script", "ScriptError", "TorchrunLaunch", "add_torchrun_flags", "translate"]
+__all__ = ["BOOTSTRAP", "DEFAULT_SIGNALS", "NO_EFFECT", "PET", "TORCHRUN_FLAGS", "Script", "ScriptError",
+           "TorchrunLaunch", "add_torchrun_flags", "apply_pet_defaults", "translate"]
