@@ -61,6 +61,7 @@ from supervisor.processes import (
 from supervisor.rendezvous import NodeLinkError, Rendezvous, Setup, SingleNode, StoreServer, training_fingerprint
 from supervisor.restarts import STREAK_RESET_S, RunCheckpoints, SuspectExclusion, backoff, pause, refusal
 from supervisor.summary import AttemptReport, RootCause, Summary, WorkerReport, how_it_ended, now_iso, shell_code
+from supervisor.torchrun import write_launcher_error_file
 
 
 @dataclass
@@ -258,7 +259,8 @@ class Job:
     def _prepare_attempt(self, attempt: int, setup: Setup, log_dir: Path, metrics: MetricsSink) -> Attempt:
         """Everything an attempt's supervision needs, before the first worker exists."""
         cfg, plan = self.cfg, setup.plan
-        logs = {s.rank: WorkerLog(s.rank, s.tag, log_dir / f"worker-rank{s.rank}-{s.tag}.log") for s in plan.slots}
+        logs = {s.rank: WorkerLog(s.rank, s.tag, log_dir / f"worker-rank{s.rank}-{s.tag}.log",
+                                  self.launch.torchrun.line_prefix(s.rank, s.local)) for s in plan.slots}
         router = LogRouter(list(logs.values()), self.console, cfg.system.log_ranks, cfg.system.collapse_logs,
                            nccl_watch=_nccl_watch(plan))
         stragglers = Stragglers(cfg.system.straggler_factor, cfg.system.straggler_windows, metrics.write)
@@ -358,6 +360,7 @@ class Job:
             suspect_devices=[d for a in attempts for d in a.suspect_devices],
         )
         summary.write(self.run_dir / "summary.json")
+        write_launcher_error_file(dict(os.environ), cause, summary.workers)
         block = summary.block()
         logger.bind(file_only=True).info(block)  # the console gets it below, unprefixed
         self.console.write(STDERR, block.encode() + b"\n")

@@ -10,7 +10,7 @@ watched by one event loop, and torn down together.
   OrphanGuard, sweep_children (orphan_guard.py -> orphan_guard_main.py, a helper process)
 """
 
-from supervisor.processes.error_file import RankError, error_file_for, read_error_file
+from supervisor.processes.error_file import ERROR_FILE_VAR, RankError, error_file_for, read_error_file
 from supervisor.processes.orphan_guard import OrphanGuard, sweep_children
 from supervisor.processes.spawn import WorkerProcess, become_subreaper, die_with_parent, spawn
 from supervisor.processes.stopping import SAVE_AND_STOP, GracefulStop, StopRules, stop_exit_code, within_kill_wait
@@ -18,6 +18,7 @@ from supervisor.processes.supervision import Phase, Supervision
 from supervisor.processes.worker_env import RunEnv, python_env, script_env, worker_env
 
 __all__ = [
+    "ERROR_FILE_VAR",
     "SAVE_AND_STOP", "GracefulStop", "OrphanGuard", "Phase", "RankError", "RunEnv", "StopRules", "Supervision",
     "WorkerProcess", "become_subreaper", "die_with_parent", "error_file_for", "python_env", "read_error_file",
     "script_env", "spawn", "stop_exit_code", "sweep_children", "within_kill_wait",

@@ -18,6 +18,7 @@ import argparse
 import os
 import signal
 from dataclasses import dataclass, field
+from string import Template
 
 from gpuherd.cli import die
 from supervisor.rendezvous import SingleStore
@@ -70,6 +71,14 @@ class TorchrunLaunch:
     signals_to_handle: str = DEFAULT_SIGNALS  # TORCHELASTIC_SIGNALS_TO_HANDLE
     virtual_local_rank: bool = False  # LOCAL_RANK=0, each worker sees only its GPU
     numa_binding: str | None = None  # one of NUMA_MODES
+    prefix_template: str | None = None  # TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, read when the launch is parsed
+
+    def line_prefix(self, rank: int, local_rank: int) -> str | None:
+        """A worker's line prefix from torchrun's template (string.Template: ${rank}, ${local_rank},
+        ${role_name}), None for gpuherd's own `GPU3:`/`CPU0:`."""
+        if not self.prefix_template:
+            return None
+        return Template(self.prefix_template).safe_substitute(role_name=self.role, rank=rank, local_rank=local_rank)
 
 
 def add_torchrun_flags(parser: argparse.ArgumentParser) -> None:
@@ -120,7 +129,8 @@ def translate(args: argparse.Namespace) -> TorchrunLaunch:
     """The torchrun flags in `args` -> gpuherd's settings; exit 2 with one line on a bad one.
     Fills args.master_addr/master_port from --rdzv-endpoint for the multi-node checks."""
     out = TorchrunLaunch(role=args.role or "default", virtual_local_rank=bool(args.virtual_local_rank),
-                         numa_binding=args.numa_binding)
+                         numa_binding=args.numa_binding,
+                         prefix_template=os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"))
     multi = args.nnodes not in (None, 1)
     if args.standalone and multi:
         die(f"--standalone runs one node, but --nnodes is {args.nnodes}")
