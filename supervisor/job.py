@@ -61,7 +61,7 @@ from supervisor.processes import (
 from supervisor.rendezvous import NodeLinkError, Rendezvous, Setup, SingleNode, StoreServer, training_fingerprint
 from supervisor.restarts import STREAK_RESET_S, RunCheckpoints, SuspectExclusion, backoff, pause, refusal
 from supervisor.summary import AttemptReport, RootCause, Summary, WorkerReport, how_it_ended, now_iso, shell_code
-from supervisor.torchrun import write_launcher_error_file
+from supervisor.torchrun import FileTimer, file_timer_wanted, timer_fifo, write_launcher_error_file
 
 
 @dataclass
@@ -79,6 +79,7 @@ class Attempt:
     stragglers: Stragglers
     suspects: SuspectWatch
     workers: list[WorkerProcess] = field(default_factory=list)
+    timer: FileTimer | None = None  # TORCHELASTIC_ENABLE_FILE_TIMER=1: torch's file timer server
 
 
 class Job:
@@ -234,7 +235,7 @@ class Job:
                                  log_dir=str(log_dir), teardown_s=None, workers=[],
                                  excluded_gpus=list(self.exclusion.excluded))
         att = self._prepare_attempt(attempt, setup, log_dir, metrics)
-        cause = self._supervise(att, guard)
+        cause = _timer_cause(self._supervise(att, guard), att)
         cause = self.rendezvous.settle(attempt, cause, att.sup.notes)
         self.stragglers += [{**found, "attempt": attempt} for found in att.stragglers.found]
         self.timeouts.save(self.run_dir)
@@ -285,8 +286,10 @@ class Job:
                          world_size=setup.world_size, node_rank=self.rendezvous.node_rank,
                          nnodes=self.rendezvous.nnodes, trace_dir=str(trace_dir), role=self.launch.torchrun.role,
                          signals_to_handle=self.launch.torchrun.signals_to_handle,
-                         virtual_local_rank=self.launch.torchrun.virtual_local_rank)
-        return Attempt(attempt, setup, logs, router, monitor, sup, run_env, metrics, stragglers, suspects)
+                         virtual_local_rank=self.launch.torchrun.virtual_local_rank,
+                         timer_file=str(timer_fifo(os.environ, log_dir)) if file_timer_wanted(os.environ) else "")
+        timer = FileTimer(Path(run_env.timer_file), log_dir / "file-timer.log") if run_env.timer_file else None
+        return Attempt(attempt, setup, logs, router, monitor, sup, run_env, metrics, stragglers, suspects, timer=timer)
 
     def _supervise(self, att: Attempt, guard: OrphanGuard) -> RootCause | None:
         """Spawn, watch until the end, and leave nothing of the attempt running."""
@@ -297,6 +300,8 @@ class Job:
         sup.install_signal_handlers()
         self.rendezvous.watch(att.number, on_remote=sup.report_remote)
         try:
+            if att.timer is not None:  # before any rank: a rank's first timer needs the server's FIFO
+                guard.watch(att.timer.start(sys.executable, python_env(), self.run_id, die_with_parent()))
             for slot in plan.slots:
                 error_file = error_file_for(att.logs[slot.rank].path)
                 error_file.unlink(missing_ok=True)  # only what this attempt's rank writes may be read back
@@ -331,6 +336,9 @@ class Job:
         store, sup = att.setup.store, att.sup
         self.rendezvous.unwatch()
         sup.force_kill_everything()
+        if att.timer is not None and att.timer.proc is not None:
+            guard.forget(att.timer.proc.pid)
+            att.timer.stop()
         for watcher in watchers:
             _stop_watcher(watcher)
         att.router.close()
@@ -398,6 +406,18 @@ def _unwatched_why(launch: Launch) -> str | None:
                 "until it steps one")
     return ("no status record from the script (--no-auto-heartbeat or --no-python): not watched for hangs; "
             "send records with gpuherd.status_channel for that")
+
+
+def _timer_cause(cause: RootCause | None, att: Attempt) -> RootCause | None:
+    """A rank killed by the file timer server: the message says which timer expired."""
+    if cause is None or att.timer is None or cause.rank is None:
+        return cause
+    worker = next((w for w in att.workers if w.slot.rank == cause.rank), None)
+    scope = att.timer.expired(worker.pid) if worker is not None else None
+    if scope is None:
+        return cause
+    return dataclasses.replace(cause, message=f"{cause.message}: its torch.distributed.elastic.timer "
+                                              f"{scope!r} expired (TORCHELASTIC_ENABLE_FILE_TIMER=1)")
 
 
 def _save_cut(cause: RootCause, unfinished: list[str]) -> RootCause:

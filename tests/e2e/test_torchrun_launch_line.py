@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import orjson
+import psutil
 import pytest
 
 from tests.e2e.test_torchrun_dropin import SCRIPTS, _env, _free_port, gpuherd_run, torchrun
@@ -150,3 +153,27 @@ def test_flags_outside_the_old_list_launch_as_under_torchrun(tmp_path):
     mine, reference = seen(ok(ours)), seen(ok(theirs))
     assert sorted(mine) == sorted(reference) == [0, 1]
     assert "no effect here" in ours.stderr and "--event-log-handler, --duplicate-stdout-filters" in ours.stderr
+
+
+@pytest.mark.slow  # torch imported by 2 ranks and each launcher's timer server
+def test_an_expired_file_timer_kills_the_stuck_rank(tmp_path):
+    """TORCHELASTIC_ENABLE_FILE_TIMER=1: torch's FileTimerServer kills the rank whose timer expired.
+    Under torchrun the server then kills torchrun itself (SIGKILL: the shell sees 137, as gpuherd's
+    exit code says) and leaves its other rank behind; gpuherd names the timer and leaves nothing."""
+    script = tmp_path / "stuck_timer.py"  # a copy: its path finds torchrun's orphans below
+    script.write_bytes((SCRIPTS / "stuck_timer.py").read_bytes())
+    try:
+        ours, theirs = both(tmp_path, "--nproc-per-node", "2", str(script),
+                            env={"TORCHELASTIC_ENABLE_FILE_TIMER": "1"})
+    finally:
+        for proc in psutil.process_iter(["cmdline"]):
+            if str(script) in (proc.info["cmdline"] or []) and proc.pid != os.getpid():
+                proc.kill()
+    assert theirs.returncode == -signal.SIGKILL and "rank 0 done" in theirs.stdout, theirs.stderr[-2000:]
+    assert ours.returncode == 128 + signal.SIGKILL, ours.stderr[-2000:]
+    run_dir = next((tmp_path / "ours" / "logs").iterdir())
+    cause = orjson.loads((run_dir / "summary.json").read_bytes())["root_cause"]
+    assert cause["rank"] == 1 and "'stuck step' expired" in cause["message"]
+    timer_files = [re.search(r"rank 0 done, timers on (\S+)", r.stdout)[1] for r in (ours, theirs)]
+    assert timer_files[0] == str(run_dir / "file-timer.fifo")
+    assert timer_files[1].startswith(tempfile.gettempdir())  # torchrun: a fresh name in the temp directory
