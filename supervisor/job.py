@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import signal
 import sys
 import time
@@ -61,7 +62,14 @@ from supervisor.processes import (
 from supervisor.rendezvous import NodeLinkError, Rendezvous, Setup, SingleNode, StoreServer, training_fingerprint
 from supervisor.restarts import STREAK_RESET_S, RunCheckpoints, SuspectExclusion, backoff, pause, refusal
 from supervisor.summary import AttemptReport, RootCause, Summary, WorkerReport, how_it_ended, now_iso, shell_code
-from supervisor.torchrun import FileTimer, file_timer_wanted, timer_fifo, write_launcher_error_file
+from supervisor.torchrun import (
+    FileTimer,
+    bound,
+    file_timer_wanted,
+    numa_plan,
+    timer_fifo,
+    write_launcher_error_file,
+)
 
 
 @dataclass
@@ -302,11 +310,16 @@ class Job:
         try:
             if att.timer is not None:  # before any rank: a rank's first timer needs the server's FIFO
                 guard.watch(att.timer.start(sys.executable, python_env(), self.run_id, die_with_parent()))
-            for slot in plan.slots:
+            bindings = numa_plan(self.launch.torchrun.numa_binding, plan, first=att.number == 0)
+            for i, slot in enumerate(plan.slots):
                 error_file = error_file_for(att.logs[slot.rank].path)
                 error_file.unlink(missing_ok=True)  # only what this attempt's rank writes may be read back
-                w = spawn(self._command_of(slot.local), lambda fd, slot=slot, ef=str(error_file): worker_env(
-                    base_env, plan, slot, att.run_env, fd, error_file=ef), slot, att.logs[slot.rank].path)
+                binding = bindings[i] if bindings else None
+                w = spawn(bound(binding, self._command_of(slot.local)), lambda fd, slot=slot, ef=str(error_file):
+                          worker_env(base_env, plan, slot, att.run_env, fd, error_file=ef), slot,
+                          att.logs[slot.rank].path)
+                if binding is not None and not shutil.which("numactl"):
+                    os.sched_setaffinity(w.pid, binding.cpus)  # before it starts a thread: they inherit it
                 sup.add_worker(w)
                 att.workers.append(w)
                 guard.watch(w.pgid)
