@@ -206,6 +206,9 @@ def _single_store(args: argparse.Namespace, out: TorchrunLaunch) -> SingleStore 
     --master-addr/--master-port -> the store exactly there; --local-addr -> this node's address;
     none -> a free port on localhost (torchrun's MASTER_ADDR without an address flag)."""
     if args.nnodes not in (None, 1) or args.slurm:
+        if args.local_addr:
+            out.notices.append("--local-addr: no effect with several nodes (every node reaches node 0's store "
+                               "at --master-addr)")
         return None  # several nodes: node 0's agent hosts the store (supervisor/rendezvous/multi.py)
     if args.standalone:
         if args.master_addr or args.master_port is not None:

@@ -30,5 +30,13 @@ def apply_pet_defaults(parser: argparse.ArgumentParser, environ: Mapping[str, st
             except ValueError:
                 die(f"{name}={raw!r}: expected 0 or 1 (torchrun reads it as an integer)")
         elif raw.strip():
+            choices = _choices(parser, TORCHRUN_FLAGS[torchrun_dest])  # argparse checks typed values only
+            if choices and raw not in choices:
+                die(f"{name}={raw!r}: expected one of {', '.join(map(str, choices))}")
             defaults[TORCHRUN_FLAGS[torchrun_dest]] = raw
     parser.set_defaults(**defaults)
+
+
+def _choices(parser: argparse.ArgumentParser, dest: str) -> tuple | None:
+    action = next((a for a in parser._actions if a.dest == dest), None)
+    return tuple(action.choices) if action is not None and action.choices else None

@@ -107,6 +107,18 @@ def test_flags_with_torchruns_meaning(cwd):
     assert parse(["--run-path", "train.py"]).script.run_path
 
 
+def test_a_bad_pet_variable_is_one_line_naming_it(cwd, monkeypatch, capsys):
+    for name, value, fragment in (("PET_NO_PYTHON", "yes", "PET_NO_PYTHON='yes': expected 0 or 1"),
+                                  ("PET_RDZV_BACKEND", "etcd", "PET_RDZV_BACKEND='etcd': expected one of static, c10d"),
+                                  ("PET_NNODES", "1:3", "elastic node ranges are not supported")):
+        monkeypatch.setenv(name, value)
+        with pytest.raises(SystemExit) as stop:
+            parse(["train.py"])
+        monkeypatch.delenv(name)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert stop.value.code == 2 and len(err) == 1 and fragment in err[0], err
+
+
 @pytest.mark.parametrize("pet, argv, check", [
     ({"PET_NPROC_PER_NODE": "4", "PET_NO_PYTHON": "1"}, ["echo", "x"],
      lambda l: l.config.system.nproc == 4 and l.script.no_python),
