@@ -103,18 +103,12 @@ def test_nanogpt_style_script_trains_as_under_torchrun_and_heartbeats_without_co
 
 
 @pytest.mark.slow
-def test_lightning_script_runs_unchanged_under_torchelastic_detection(tmp_path):
-    pytest.importorskip("pytorch_lightning", reason="a dev dependency: pip install -r requirements-dev.txt")
-    ours, theirs = _same_run_under_both(tmp_path, [], "lightning_train.py")
+@pytest.mark.parametrize("package, script", [("pytorch_lightning", "lightning_train.py"),
+                                             ("lightning_fabric", "fabric_train.py")])
+def test_lightning_and_fabric_scripts_run_unchanged_under_torchelastic_detection(tmp_path, package, script):
+    pytest.importorskip(package, reason="a dev dependency (pytorch-lightning): pip install -r requirements-dev.txt")
+    ours, theirs = _same_run_under_both(tmp_path, [], script)
     for result in (ours, theirs):  # Lightning saw a torchelastic launch and started no processes of its own
-        assert "environment TorchElasticEnvironment creates_processes_externally=True" in result.stdout
-
-
-@pytest.mark.slow
-def test_fabric_script_runs_unchanged_under_torchelastic_detection(tmp_path):
-    pytest.importorskip("lightning_fabric", reason="installed with pytorch-lightning (requirements-dev.txt)")
-    ours, theirs = _same_run_under_both(tmp_path, [], "fabric_train.py")
-    for result in (ours, theirs):  # Fabric saw a torchelastic launch and started no processes of its own
         assert "environment TorchElasticEnvironment creates_processes_externally=True" in result.stdout
 
 
