@@ -9,6 +9,7 @@ damaged) again first. The end: summary.json and the root-cause block.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -319,7 +320,8 @@ class Job:
                           worker_env(base_env, plan, slot, att.run_env, fd, error_file=ef), slot,
                           att.logs[slot.rank].path)
                 if binding is not None and not shutil.which("numactl"):
-                    os.sched_setaffinity(w.pid, binding.cpus)  # before it starts a thread: they inherit it
+                    with contextlib.suppress(ProcessLookupError):  # already gone: its exit tells the rest
+                        os.sched_setaffinity(w.pid, binding.cpus)  # before it starts a thread: they inherit it
                 sup.add_worker(w)
                 att.workers.append(w)
                 guard.watch(w.pgid)
