@@ -55,23 +55,27 @@ def test_the_environment_a_rank_sees_is_torchruns(tmp_path):
     ours, theirs = both(tmp_path, "--nproc-per-node", "2", "--role", "trainer", "--signals-to-handle",
                         "SIGTERM,SIGUSR1", SHOW, "--lr", "1", unset=("OMP_NUM_THREADS",),
                         env={"TORCHELASTIC_ERROR_FILE": "{cwd}/error.json"})
-    mine, reference = seen(ok(ours)), seen(ok(theirs))
-    assert sorted(mine) == sorted(reference) == [0, 1]
-    for rank in (0, 1):
-        # documented differences: NCCL's async error handling (gpuherd keeps torch's 3, see the
-        # environment table) and CPU workers' threads (cores / workers, not 1)
-        assert reference[rank].pop("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "1"
-        assert mine[rank].pop("TORCH_NCCL_ASYNC_ERROR_HANDLING") is None
-        assert reference[rank].pop("OMP_NUM_THREADS") == "1"
-        assert mine[rank].pop("OMP_NUM_THREADS") == str(max(1, CORES // 2))
-        # each rank its own error file (a path of the launcher's choosing), never the launcher's
-        for env in (mine, reference):
-            assert env[rank].pop("TORCHELASTIC_ERROR_FILE").endswith(".json")
-        assert mine[rank] == reference[rank]
+    mine, reference = same_but_documented(seen(ok(ours)), seen(ok(theirs)), omp=str(max(1, CORES // 2)))
     assert mine[1]["ROLE_NAME"] == "trainer" and mine[1]["TORCHELASTIC_SIGNALS_TO_HANDLE"] == "SIGTERM,SIGUSR1"
     assert mine[0]["MASTER_ADDR"] == "localhost" and mine[0]["argv"] == ["--lr", "1"]
     # a run that succeeded writes nothing into the launcher's error file
     assert _error_file(tmp_path / "ours") is None and _error_file(tmp_path / "theirs") is None
+
+
+def same_but_documented(mine: dict[int, dict], reference: dict[int, dict], omp: str = "1") -> tuple[dict, dict]:
+    """Each rank's environment under both, equal but for README's documented differences:
+    NCCL's async error handling (gpuherd keeps torch's 3), CPU workers' threads (cores / workers
+    where the user set none), and where each rank's own error file lies."""
+    assert sorted(mine) == sorted(reference) == [0, 1]
+    for rank in (0, 1):
+        assert reference[rank].pop("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "1"
+        assert mine[rank].pop("TORCH_NCCL_ASYNC_ERROR_HANDLING") is None
+        assert reference[rank].pop("OMP_NUM_THREADS") == "1"
+        assert mine[rank].pop("OMP_NUM_THREADS") == omp
+        for env in (mine, reference):  # each rank its own, never the launcher's
+            assert env[rank].pop("TORCHELASTIC_ERROR_FILE").endswith(".json")
+        assert mine[rank] == reference[rank]
+    return mine, reference
 
 
 def test_a_lone_worker_gets_no_omp_num_threads_as_under_torchrun(tmp_path):
@@ -149,9 +153,10 @@ def test_python_exec_without_gpuherds_dependencies_trains_with_heartbeats(tmp_pa
 def test_flags_outside_the_old_list_launch_as_under_torchrun(tmp_path):
     ours, theirs = both(tmp_path, "--nproc-per-node", "2", "--rdzv-conf", "join_timeout=60,read_timeout=30",
                         "--shutdown-timeout", "5", "--event-log-handler", "null", "--local-addr", "127.0.0.1",
-                        "--run-path", "--duplicate-stdout-filters", "ENV", SHOW)
-    mine, reference = seen(ok(ours)), seen(ok(theirs))
-    assert sorted(mine) == sorted(reference) == [0, 1]
+                        "--master-port", str(_free_port()), "--run-path", "--duplicate-stdout-filters", "ENV",
+                        "--virtual-local-rank", SHOW)
+    mine, _ = same_but_documented(seen(ok(ours)), seen(ok(theirs)))
+    assert [(e["LOCAL_RANK"], e["CUDA_VISIBLE_DEVICES"]) for e in mine.values()] == [("0", "0"), ("0", "1")]
     assert "no effect here" in ours.stderr and "--event-log-handler, --duplicate-stdout-filters" in ours.stderr
 
 
