@@ -7,9 +7,13 @@ they forked, which does not inherit it.
 
 from __future__ import annotations
 
+import os
 import subprocess
+from pathlib import Path
 
 import psutil
+
+GUARD_MAIN = Path(__file__).with_name("orphan_guard_main.py")  # imports os, signal and sys only
 
 
 class OrphanGuard:
@@ -17,7 +21,9 @@ class OrphanGuard:
 
     def __init__(self, marker: str, python: str, env: dict[str, str]) -> None:
         self._proc = subprocess.Popen(
-            [python, "-m", "supervisor.processes.orphan_guard_main", marker], stdin=subprocess.PIPE, env=env,
+            # by path, not -m: `-m` imports the supervisor package first (NVML, psutil, ldconfig: seconds
+            # of CPU on a busy node), which the launcher then waited out on every exit
+            [python, str(GUARD_MAIN), marker], stdin=subprocess.PIPE, env=env,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
         )
 
@@ -52,10 +58,41 @@ class OrphanGuard:
 def sweep_children(exclude: set[int]) -> None:
     """Anything still below us now (a grandchild that escaped its process group and was
     reparented to us as subreaper) is killed and reaped."""
-    procs = [p for p in psutil.Process().children(recursive=True) if p.pid not in exclude]
+    procs = []
+    for pid in _descendants(os.getpid()):
+        if pid not in exclude:
+            try:
+                procs.append(psutil.Process(pid))
+            except psutil.Error:
+                continue
     for p in procs:
         try:
             p.kill()
         except psutil.Error:
             pass
     psutil.wait_procs(procs, timeout=2)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid`, from the kernel's per-thread child lists: a walk of the
+    tree itself, where psutil's `children()` reads the stat file of every process on the
+    machine (hundreds of milliseconds on a busy node, twice on every exit)."""
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = list(Path(f"/proc/{parent}/task").iterdir())
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except FileNotFoundError:
+                if parent == pid:  # a kernel without CONFIG_PROC_CHILDREN: ask psutil
+                    return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+                continue
+            except OSError:
+                continue
+            found += children
+            todo += children
+    return found
