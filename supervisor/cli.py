@@ -108,8 +108,11 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     g.add_argument("-v", "--verbose", action="store_true", help="the supervisor's own debug messages on the console")
     g.add_argument("--skip-checks", dest="preflight", action="store_false", default=None,
                    help="skip the pre-flight GPU and host checks (`gpuherd check`) before the run")
+    g.add_argument("--report", dest="report", action="store_true", default=None,
+                   help="render report.html and its figures into the run directory before exiting (default: "
+                        "not on the exit path; the summary names `gpuherd report RUN`)")
     g.add_argument("--no-report", dest="report", action="store_false", default=None,
-                   help="do not write report.html and its figures into the run directory at the end")
+                   help="no report at the end (the default; kept for scripts that pass it)")
     _add_script_flags(parser)
     add_torchrun_flags(parser)
     return parser

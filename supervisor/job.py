@@ -439,6 +439,9 @@ class Job:
             html = report_after_run(self.run_dir)
             if html is not None:
                 logger.info(f"report: {html} (figures beside it; `gpuherd report RUN RUN` compares runs)")
+        else:  # not on the exit path: a scheduler, a restart or a Ctrl-C never waits for matplotlib
+            logger.info(f"report: gpuherd report {self.run_dir} (HTML + figures from the run's files, "
+                        "whenever you want them)")
         return exit_code
 
 
