@@ -17,7 +17,8 @@ import orjson
 
 from gpuherd import contract
 
-RECORD_TYPES = ("ready", "step", "eval", "checkpoint", "checkpoint_write", "phase", "nan", "spike", "suspect", "done", "error", "alive")
+RECORD_TYPES = ("ready", "step", "eval", "checkpoint", "checkpoint_write", "phase", "nan", "spike", "suspect", "done",
+                "error", "alive")
 PIPE_BUF = 4096
 
 

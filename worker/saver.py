@@ -159,9 +159,10 @@ class Saver:
             return
         logger.warning(f"{self.bracket} {why}: waiting up to {self.exit_wait_s:g} s for the checkpoint of step "
                        f"{write.step} being written in the background ({write.path.name})")
-        if not write.wait(self.exit_wait_s):
-            logger.error(f"{self.bracket} the checkpoint of step {write.step} was NOT completed: {write.path.name} "
-                         "stays invisible to --resume, which takes the newest complete one")
+        if not write.wait(self.exit_wait_s) or write.error is not None:
+            why = f" ({write.error})" if write.error is not None else ""
+            logger.error(f"{self.bracket} the checkpoint of step {write.step} was NOT completed{why}: "
+                         f"{write.path.name} stays invisible to --resume, which takes the newest complete one")
 
     def step_note(self) -> str | None:
         """For the next step line: the saves since the previous one."""
@@ -183,9 +184,8 @@ class Saver:
             self._published(write.step, write.published, stall_s=stall_s, wait_s=wait_s, write_s=write.write_s,
                             mode="async")
             return
+        # said once, by the loop that raises it at its next step (or by the exit that waited for it)
         self.status.send("checkpoint_write", state="failed", step=write.step, path=str(write.path))
-        logger.error(f"{self.bracket} the checkpoint of step {write.step} could not be written in the background: "
-                     f"{write.error}")
 
     def _published(self, step: int, path: Path, *, stall_s: float, wait_s: float, write_s: float,
                    mode: str) -> None:
