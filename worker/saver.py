@@ -144,9 +144,10 @@ class Saver:
             raise write.error
 
     def close(self) -> None:
-        """Leaving the loop, whichever way: the write in flight gets to finish (bounded)."""
-        wsignals.forget_before_exit(self._before_exit)
+        """Leaving the loop, whichever way: the write in flight gets to finish (bounded). The
+        SIGTERM hook stays until then: a teardown during this wait must not cut it short."""
         self._wait_in_flight("the run ends")
+        wsignals.forget_before_exit(self._before_exit)
         if self.stager is not None:
             self.stager.close()
 
