@@ -162,3 +162,27 @@ def test_a_run_killed_at_any_phase_of_an_async_save_resumes_bit_exactly(tmp_path
     assert f"step_000000{start}.pt at step {start}" in done.stderr
     assert "WARNING" not in done.stderr  # nothing damaged was even looked at
     assert h.step_losses(tmp_path / "resumed-rank0.jsonl") == reference[start:]
+
+
+def test_staging_larger_than_half_the_available_memory_is_refused_in_words():
+    from worker.staging import memory_problem
+
+    assert memory_problem(0) is None
+    problem = memory_problem(10**15)
+    assert problem is not None and problem.startswith("a host copy of this rank's checkpoint state takes ~1000.0 TB")
+
+
+def test_save_stats_say_what_the_saves_cost_since_the_last_step_line():
+    from worker.save_stats import SaveStats
+
+    stats = SaveStats()
+    assert stats.step_note() is None and stats.summary() is None
+    stats.staged(0.05, 0.0)
+    assert stats.step_note() == "Ckpt: stall 0.05s"
+    stats.published(0.05, 0.0, 2.5, background=True)
+    stats.staged(1.25, 1.0)  # waited 1 s for the previous write
+    assert stats.step_note() == "Ckpt: stall 1.25s, waited 1.00s, write 2.50s"
+    stats.published(0.5, 0.0, 0.5, background=False)  # the final, blocking save
+    assert stats.summary() == ("checkpoints: 3 saved, the loop blocked 1.80 s in all (0.600 s per save, at most "
+                               "1.250 s); 2 written by this rank (1 in the background), 1.50 s per write; 1 waited "
+                               "1.00 s in all for the previous write")
