@@ -25,7 +25,8 @@ try:
 except ImportError:  # a script's own interpreter (PYTHON_EXEC): json writes the same records
     orjson = None  # type: ignore[assignment]
 
-RECORD_TYPES = ("ready", "step", "eval", "checkpoint", "phase", "nan", "spike", "suspect", "done", "error", "alive")
+RECORD_TYPES = ("ready", "step", "eval", "checkpoint", "checkpoint_write", "phase", "nan", "spike", "suspect", "done",
+                "error", "alive")
 PIPE_BUF = 4096
 
 
