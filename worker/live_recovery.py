@@ -71,6 +71,7 @@ class Joining:
     source: int  # the survivor whose state it takes
     layout: Layout
     note: str | None
+    saves_blocking: str | None  # why checkpoints are written while the loop waits (None: in the background)
 
 
 def join_as_newcomer(cfg: Any, identity: Any, device: torch.device, generation: int) -> Joining:
@@ -79,7 +80,8 @@ def join_as_newcomer(cfg: Any, identity: Any, device: torch.device, generation: 
     wdist.join_generation(cfg, identity, device, generation)
     infos = wdist.gather_objects(None)
     source = _source(infos)
-    return Joining(generation, source, infos[source]["layout"], infos[source]["note"])
+    info = infos[source]
+    return Joining(generation, source, info["layout"], info["note"], info["saves_blocking"])
 
 
 def _source(infos: list[dict[str, Any] | None]) -> int:
@@ -131,7 +133,8 @@ class LiveRecovery:
         t.live.at("rendezvous")
         self._leave()
         wdist.join_generation(t.cfg, t.identity, t.device, self.generation)
-        infos = wdist.gather_objects({"step": self._mark.step, "layout": t.layout, "note": t.layout_note})
+        infos = wdist.gather_objects({"step": self._mark.step, "layout": t.layout, "note": t.layout_note,
+                                      "saves_blocking": t.saver.why_blocking})
         t.vote = StopVote.create()
         t.engine.regroup()
         if t.guard is not None:

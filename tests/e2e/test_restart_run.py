@@ -46,7 +46,7 @@ def test_killed_worker_is_restarted_and_the_final_loss_is_bit_identical(tmp_path
     expected = _final_losses(plain_dir / "logs" / "plain")
     assert set(expected) == {0, 1}
 
-    proc = subprocess.Popen(_command("--run-id", "r", "--max-restarts", "2", "--restart-backoff", "0.5"),
+    proc = subprocess.Popen(_command("--run-id", "r", "--max-restarts", "2", "--restart-backoff", "0.5", "--spares", "0"),
                             cwd=restart_dir, env=python_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_dir = restart_dir / "logs" / "r"
     try:
@@ -96,7 +96,7 @@ def test_a_deleted_dataset_cache_is_rebuilt_before_the_restart(tmp_path, python_
     """The cache vanishes while the run trains (a cleanup job, a full disk's victim), then a
     worker dies: the restart would fail on the missing cache (exit 3), so the supervisor
     rebuilds it first, under the same lock, and the run completes."""
-    proc = subprocess.Popen(_command("--run-id", "r", "--max-restarts", "1", "--restart-backoff", "0.2"),
+    proc = subprocess.Popen(_command("--run-id", "r", "--max-restarts", "1", "--restart-backoff", "0.2", "--spares", "0"),
                             cwd=tmp_path, env=python_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_dir = tmp_path / "logs" / "r"
     try:
