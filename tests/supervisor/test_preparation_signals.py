@@ -44,12 +44,22 @@ def _start(cwd: Path, corpus: Path, *extra: str, ignore_sigint: bool = False) ->
 def _building(cwd: Path, proc: subprocess.Popen) -> list[psutil.Process]:
     """Once the tokenizer pool runs: every process below the supervisor."""
     def pool_running() -> bool:
-        if BUILDING not in (cwd / "stderr.txt").read_text():
-            return False
-        return len(psutil.Process(proc.pid).children(recursive=True)) >= 5  # guard, tracker, forkserver, 2 workers
+        return BUILDING in (cwd / "stderr.txt").read_text() and len(_pool(proc)) == 2
 
     assert sh.wait_for(pool_running, timeout=120), (cwd / "stderr.txt").read_text()
     return psutil.Process(proc.pid).children(recursive=True)
+
+
+def _pool(proc: subprocess.Popen) -> list[psutil.Process]:
+    """The tokenizer processes: children of the forkserver, itself a child of the supervisor."""
+    found = []
+    for p in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            if "multiprocessing.forkserver" in " ".join(p.cmdline()) and p.ppid() != proc.pid:
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
 
 
 def _all_gone(procs: list[psutil.Process], timeout: float = 60) -> list[str]:
@@ -61,8 +71,13 @@ def _all_gone(procs: list[psutil.Process], timeout: float = 60) -> list[str]:
 
 
 def test_sigkill_during_the_build_leaves_no_process_behind(tmp_path, corpus):
+    """The supervisor stopped (Ctrl-Z) and then killed mid-build: its tokenizer processes, blocked
+    on the pool's pipes once their batches are done, would wait forever under the forkserver."""
     proc = _start(tmp_path, corpus)
     below = _building(tmp_path, proc)
+    pool = _pool(proc)
+    proc.send_signal(signal.SIGSTOP)
+    assert sh.wait_for(lambda: all(p.status() == psutil.STATUS_SLEEPING for p in pool), timeout=120)
     proc.kill()
     proc.wait()
     left = _all_gone(below)
