@@ -101,7 +101,9 @@ def test_sigkill_during_the_build_leaves_no_process_behind(tmp_path, corpus):
 def test_sigterm_during_the_build_ends_with_143_and_a_summary(tmp_path, corpus):
     proc = _start(tmp_path, corpus)
     below = _building(tmp_path, proc)
+    proc.send_signal(signal.SIGSTOP)  # held mid-build: the SIGTERM is there when it goes on, whatever the load
     proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGCONT)
     assert proc.wait(timeout=120) == 143
     err = (tmp_path / "stderr.txt").read_text()
     assert "root cause: the supervisor received SIGTERM while preparing the dataset" in err, err
