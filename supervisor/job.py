@@ -9,8 +9,10 @@ damaged) again first. The end: summary.json and the root-cause block.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import shutil
 import signal
 import sys
 import time
@@ -64,6 +66,14 @@ from supervisor.processes import (
 from supervisor.rendezvous import NodeLinkError, Rendezvous, Setup, SingleNode, StoreServer, training_fingerprint
 from supervisor.restarts import STREAK_RESET_S, RunCheckpoints, SuspectExclusion, backoff, pause, refusal
 from supervisor.summary import AttemptReport, RootCause, Summary, WorkerReport, how_it_ended, now_iso, shell_code
+from supervisor.torchrun import (
+    FileTimer,
+    bound,
+    file_timer_wanted,
+    numa_plan,
+    timer_fifo,
+    write_launcher_error_file,
+)
 
 
 @dataclass
@@ -81,6 +91,7 @@ class Attempt:
     stragglers: Stragglers
     suspects: SuspectWatch
     workers: list[WorkerProcess] = field(default_factory=list)
+    timer: FileTimer | None = None  # TORCHELASTIC_ENABLE_FILE_TIMER=1: torch's file timer server
 
 
 class Job:
@@ -261,7 +272,7 @@ class Job:
                                  log_dir=str(log_dir), teardown_s=None, workers=[],
                                  excluded_gpus=list(self.exclusion.excluded))
         att = self._prepare_attempt(attempt, setup, log_dir, metrics)
-        cause = self._supervise(att, guard)
+        cause = _timer_cause(self._supervise(att, guard), att)
         cause = self.rendezvous.settle(attempt, cause, att.sup.notes)
         self.stragglers += [{**found, "attempt": attempt} for found in att.stragglers.found]
         try:
@@ -298,7 +309,8 @@ class Job:
     def _prepare_attempt(self, attempt: int, setup: Setup, log_dir: Path, metrics: MetricsSink) -> Attempt:
         """Everything an attempt's supervision needs, before the first worker exists."""
         cfg, plan = self.cfg, setup.plan
-        logs = {s.rank: WorkerLog(s.rank, s.tag, log_dir / f"worker-rank{s.rank}-{s.tag}.log") for s in plan.slots}
+        logs = {s.rank: WorkerLog(s.rank, s.tag, log_dir / f"worker-rank{s.rank}-{s.tag}.log",
+                                  self.launch.torchrun.line_prefix(s.rank, s.local)) for s in plan.slots}
         router = LogRouter(list(logs.values()), self.console, cfg.system.log_ranks, cfg.system.collapse_logs,
                            nccl_watch=_nccl_watch(plan))
         stragglers = Stragglers(cfg.system.straggler_factor, cfg.system.straggler_windows, metrics.write)
@@ -321,8 +333,12 @@ class Job:
                          config_path=str(self.run_dir / "config.json"), dataset_cache=self.dataset_path,
                          restart_count=attempt, max_restarts=cfg.system.max_restarts, resume=setup.resume or "",
                          world_size=setup.world_size, node_rank=self.rendezvous.node_rank,
-                         nnodes=self.rendezvous.nnodes, trace_dir=str(trace_dir))
-        return Attempt(attempt, setup, logs, router, monitor, sup, run_env, metrics, stragglers, suspects)
+                         nnodes=self.rendezvous.nnodes, trace_dir=str(trace_dir), role=self.launch.torchrun.role,
+                         signals_to_handle=self.launch.torchrun.signals_to_handle,
+                         virtual_local_rank=self.launch.torchrun.virtual_local_rank,
+                         timer_file=str(timer_fifo(os.environ, log_dir)) if file_timer_wanted(os.environ) else "")
+        timer = FileTimer(Path(run_env.timer_file), log_dir / "file-timer.log") if run_env.timer_file else None
+        return Attempt(attempt, setup, logs, router, monitor, sup, run_env, metrics, stragglers, suspects, timer=timer)
 
     def _supervise(self, att: Attempt, guard: OrphanGuard) -> RootCause | None:
         """Spawn, watch until the end, and leave nothing of the attempt running."""
@@ -333,11 +349,19 @@ class Job:
         sup.install_signal_handlers()
         self.rendezvous.watch(att.number, on_remote=sup.report_remote)
         try:
-            for slot in plan.slots:
+            if att.timer is not None:  # before any rank: a rank's first timer needs the server's FIFO
+                guard.watch(att.timer.start(sys.executable, python_env(), self.run_id, die_with_parent()))
+            bindings = numa_plan(self.launch.torchrun.numa_binding, plan, first=att.number == 0)
+            for i, slot in enumerate(plan.slots):
                 error_file = error_file_for(att.logs[slot.rank].path)
                 error_file.unlink(missing_ok=True)  # only what this attempt's rank writes may be read back
-                w = spawn(self.command, lambda fd, slot=slot, ef=str(error_file): worker_env(
-                    base_env, plan, slot, att.run_env, fd, error_file=ef), slot, att.logs[slot.rank].path)
+                binding = bindings[i] if bindings else None
+                w = spawn(bound(binding, self._command_of(slot.local)), lambda fd, slot=slot, ef=str(error_file):
+                          worker_env(base_env, plan, slot, att.run_env, fd, error_file=ef), slot,
+                          att.logs[slot.rank].path)
+                if binding is not None and not shutil.which("numactl"):
+                    with contextlib.suppress(ProcessLookupError):  # already gone: its exit tells the rest
+                        os.sched_setaffinity(w.pid, binding.cpus)  # before it starts a thread: they inherit it
                 sup.add_worker(w)
                 att.workers.append(w)
                 guard.watch(w.pgid)
@@ -358,10 +382,18 @@ class Job:
             self._end_attempt(att, guard, watchers)
         return cause
 
+    def _command_of(self, local_rank: int) -> list[str]:
+        """A script's command line with `${local_rank}` filled in (torchrun's macros); the built-in
+        worker's is the same for every rank."""
+        return self.launch.script.command(local_rank) if self.launch.script else self.command
+
     def _end_attempt(self, att: Attempt, guard: OrphanGuard, watchers: list[RunWatcher]) -> None:
         store, sup = att.setup.store, att.sup
         self.rendezvous.unwatch()
         sup.force_kill_everything()
+        if att.timer is not None and att.timer.proc is not None:
+            guard.forget(att.timer.proc.pid)
+            att.timer.stop()
         for watcher in watchers:
             _stop_watcher(watcher)
         att.router.close()
@@ -398,6 +430,7 @@ class Job:
         except OSError as exc:  # the log disk failed: the summary goes to the console instead, whole
             logger.warning(f"summary.json could not be written to {self.run_dir} ({exc.strerror}): here it is")
             self.console.write(STDERR, summary.to_json() + b"\n")
+        write_launcher_error_file(dict(os.environ), cause, summary.workers)
         logger.bind(file_only=True).info(block)  # the console gets it below, unprefixed
         self.console.write(STDERR, block.encode() + b"\n")
         if self.cfg.system.report:
@@ -406,6 +439,9 @@ class Job:
             html = report_after_run(self.run_dir)
             if html is not None:
                 logger.info(f"report: {html} (figures beside it; `gpuherd report RUN RUN` compares runs)")
+        else:  # not on the exit path: a scheduler, a restart or a Ctrl-C never waits for matplotlib
+            logger.info(f"report: gpuherd report {self.run_dir} (HTML + figures from the run's files, "
+                        "whenever you want them)")
         return exit_code
 
 
@@ -434,6 +470,18 @@ def _unwatched_why(launch: Launch) -> str | None:
                 "until it steps one")
     return ("no status record from the script (--no-auto-heartbeat or --no-python): not watched for hangs; "
             "send records with gpuherd.status_channel for that")
+
+
+def _timer_cause(cause: RootCause | None, att: Attempt) -> RootCause | None:
+    """A rank killed by the file timer server: the message says which timer expired."""
+    if cause is None or att.timer is None or cause.rank is None:
+        return cause
+    worker = next((w for w in att.workers if w.slot.rank == cause.rank), None)
+    scope = att.timer.expired(worker.pid) if worker is not None else None
+    if scope is None:
+        return cause
+    return dataclasses.replace(cause, message=f"{cause.message}: its torch.distributed.elastic.timer "
+                                              f"{scope!r} expired (TORCHELASTIC_ENABLE_FILE_TIMER=1)")
 
 
 def _save_cut(cause: RootCause, unfinished: list[str]) -> RootCause:

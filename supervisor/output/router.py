@@ -30,10 +30,12 @@ class _Stream:
 
 
 class WorkerLog:
-    def __init__(self, rank: int, tag: str, path: Path) -> None:
+    def __init__(self, rank: int, tag: str, path: Path, prefix: str | None = None) -> None:
+        """`prefix`: what precedes each line (default `{tag}:`, e.g. `GPU3:`; torchrun's
+        TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE gives another)."""
         self.rank = rank
         self.tag = tag
-        self.prefix = f"{tag}:".encode()
+        self.prefix = (f"{tag}:" if prefix is None else prefix).encode()
         self.path = path
         self._file = LOG_WRITES.open(path)  # never through a planted symlink; None: its disk refused it
         self.streams = {STDOUT: _Stream(STDOUT), STDERR: _Stream(STDERR)}

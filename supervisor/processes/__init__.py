@@ -12,7 +12,7 @@ watched by one event loop, and torn down together.
     one rule per signal for the whole run (inherited-ignored stays ignored; the build stops too)
 """
 
-from supervisor.processes.error_file import RankError, error_file_for, read_error_file
+from supervisor.processes.error_file import ERROR_FILE_VAR, RankError, error_file_for, read_error_file
 from supervisor.processes.orphan_guard import OrphanGuard, sweep_children
 from supervisor.processes.signal_rules import (
     STOP_SIGNALS,
@@ -28,6 +28,7 @@ from supervisor.processes.supervision import Phase, Supervision
 from supervisor.processes.worker_env import RunEnv, python_env, script_env, worker_env
 
 __all__ = [
+    "ERROR_FILE_VAR",
     "SAVE_AND_STOP", "STOP_SIGNALS", "GracefulStop", "StopSignal", "honoured", "ignored_notice",
     "inherited_ignored", "stops_raise", "OrphanGuard", "Phase", "RankError", "RunEnv", "StopRules", "Supervision",
     "WorkerProcess", "become_subreaper", "die_with_parent", "error_file_for", "python_env", "read_error_file",

@@ -27,7 +27,9 @@ saving a checkpoint, and the ranks waiting for it, get the long allowance); a ra
 never sent one makes it a hang when the hang timeout after the clean exit is over.
 
 Teardown: SIGTERM (+ SIGCONT, so a stopped worker can act on it) to every worker's
-process group at once, then SIGKILL what is left after the grace period. A graceful
+process group at once, then SIGKILL what is left after the grace period (or later, up to
+the stop timeout, while a rank still writes a checkpoint in the background: it finishes
+that write before it exits, and a restart can resume from it). A graceful
 stop (stopping.py) never SIGKILLs a worker while it reports phase `checkpoint`, up to
 the stop timeout; a save it did have to cut is named in `graceful.unfinished`. The
 exit code is the root cause's: the first failing worker's own code, 124 for a hang or
@@ -137,6 +139,7 @@ class Supervision:
         self._stopped_meanwhile = False  # SIGCONT: the supervisor itself was stopped
         self.trace_dir = trace_dir
         self._trace_waiting: set[int] = set()  # DUMPING_TRACES: the ranks expected to answer
+        self._writes_told = False  # a teardown waits for a background checkpoint write (said once)
 
     # ------------------------------------------------------------------ setup
 
@@ -505,12 +508,15 @@ class Supervision:
             self._terminate_all(now)
         elif self.phase is Phase.STOPPING and self._extend_for_saves(now):
             pass
+        elif self.phase is Phase.TERMINATING and self._wait_for_writes(now):
+            pass
         elif self.phase in (Phase.STOPPING, Phase.TERMINATING):
             left = self._alive()
             if left:
                 over = "stop timeout" if self.graceful and now >= self.graceful.limit else "grace period"
                 logger.warning(f"{over} over: SIGKILL to {', '.join(w.slot.tag for w in left)}")
                 self._note_cut_saves(left)
+                self._note_cut_writes(left)
             self._kill_all(now)
         elif self.phase is Phase.KILLING:
             self.notes.append(f"some worker did not die within {KILL_WAIT:g} s of SIGKILL (uninterruptible sleep?)")
@@ -524,7 +530,7 @@ class Supervision:
         if self.graceful is None:
             return False
         alive = [self.monitor.ranks[w.slot.rank] for w in self._alive()]
-        saving = [st for st in alive if st.saving]
+        saving = [st for st in alive if st.saving or st.writing]
         ends = [st.save_ended for st in alive if st.save_ended is not None]
         deadline = self.graceful.next_deadline(now, self.grace, bool(saving), max(ends, default=None))
         if deadline is None:
@@ -535,6 +541,27 @@ class Supervision:
                         f"it (at most {self.graceful.limit - now:.0f} s more, the stop timeout)")
         self.deadline = deadline
         return True
+
+    def _wait_for_writes(self, now: float) -> bool:
+        """A teardown's grace is over: a rank still writing a checkpoint in the background
+        (worker/saver.py: it finishes that write before it exits) gets the time, up to the
+        stop timeout after the failure, so a restart can resume from it."""
+        writing = [w for w in self._alive() if self.monitor.ranks[w.slot.rank].writing]
+        limit = (self.first_failure_at or now) + self.stop.stop_timeout
+        if not writing or now >= limit:
+            return False
+        if not self._writes_told:
+            self._writes_told = True
+            logger.info(f"{', '.join(w.slot.tag for w in writing)} still writing a checkpoint in the background: "
+                        f"waiting for it (at most {limit - now:.0f} s more, the stop timeout)")
+        self.deadline = min(limit, now + self.grace)
+        return True
+
+    def _note_cut_writes(self, left: list[WorkerProcess]) -> None:
+        for w in left:
+            if (path := self.monitor.ranks[w.slot.rank].writing) is not None:
+                self.notes.append(f"{w.slot.tag} (rank {w.slot.rank}) was killed while writing {Path(path).name} "
+                                  "in the background: it never became a checkpoint (--resume takes an older one)")
 
     def _note_cut_saves(self, left: list[WorkerProcess]) -> None:
         """Workers about to be killed in a graceful stop: whose final save does that cut?

@@ -98,6 +98,17 @@ def descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
+def worker_of(supervisor_pid: int, rank: int) -> psutil.Process | None:
+    """The built-in worker (`python -m worker`) of `rank` among the supervisor's children."""
+    for p in psutil.Process(supervisor_pid).children():
+        try:
+            if "worker" in p.cmdline() and p.environ().get("RANK") == str(rank):
+                return p
+        except psutil.Error:
+            continue
+    return None
+
+
 def marked_processes(supervisor_pid: int) -> list[int]:
     """Every process whose environment says it belongs to this supervisor (escapees included)."""
     found = []

@@ -259,7 +259,7 @@ def test_worker_environment_is_torchrun_compatible(tmp_path):
     assert sorted(envs) == [0, 1]
     for rank, e in envs.items():
         assert e["LOCAL_RANK"] == str(rank) and e["WORLD_SIZE"] == e["LOCAL_WORLD_SIZE"] == "2"
-        assert e["MASTER_ADDR"] == "127.0.0.1" and e["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+        assert e["MASTER_ADDR"] == "localhost" and e["TORCHELASTIC_USE_AGENT_STORE"] == "True"  # as torchrun
         assert e["GPUHERD_DEVICE_KIND"] == "cpu" and e["GPU_RANK"] == str(rank) and e["GPUHERD_SUPERVISED"] == "1"
         assert e["TORCHELASTIC_RUN_ID"] == r.run_dir.name and e["GPUHERD_RUN_DIR"] == str(r.run_dir)
         assert e["OMP_NUM_THREADS"].isdigit() and "CUDA_VISIBLE_DEVICES" not in e
