@@ -17,7 +17,7 @@ import orjson
 
 from gpuherd import contract
 
-RECORD_TYPES = ("ready", "step", "eval", "checkpoint", "phase", "nan", "spike", "suspect", "done", "error", "alive")
+RECORD_TYPES = ("ready", "step", "eval", "checkpoint", "phase", "nan", "spike", "suspect", "done", "error", "alive", "stop")
 PIPE_BUF = 4096
 
 

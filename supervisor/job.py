@@ -23,6 +23,7 @@ from loguru import logger
 from gpuherd import contract
 from gpuherd.config import Config
 from gpuherd.exit_codes import ExitCode
+from supervisor import requeue as requeues
 from supervisor import run_dir as rundir
 from supervisor.cli import Launch
 from supervisor.gpus import DeviceError, DevicePlan
@@ -49,7 +50,7 @@ from supervisor.processes import (
     Supervision,
     WorkerProcess,
     become_subreaper,
-    die_with_parent,
+    helper_preexec,
     error_file_for,
     python_env,
     script_env,
@@ -58,9 +59,20 @@ from supervisor.processes import (
     sweep_children,
     worker_env,
 )
-from supervisor.rendezvous import NodeLinkError, Rendezvous, Setup, SingleNode, StoreServer, training_fingerprint
+from supervisor.rendezvous import (
+    NodeLinkError,
+    Rendezvous,
+    Setup,
+    SingleNode,
+    StoreServer,
+    job_info,
+    stop_reason,
+    training_fingerprint,
+)
 from supervisor.restarts import STREAK_RESET_S, RunCheckpoints, SuspectExclusion, backoff, pause, refusal
 from supervisor.summary import AttemptReport, RootCause, Summary, WorkerReport, how_it_ended, now_iso, shell_code
+
+TEARDOWN_NAME = signal.Signals(contract.TEARDOWN_SIGNAL).name
 
 
 @dataclass
@@ -95,9 +107,12 @@ class Job:
         self.checkpoints = RunCheckpoints()
         self.stragglers: list[dict] = []  # every attempt's straggler warnings
         self.timeouts = self._learned_timeouts()
-        self.store_server = StoreServer(sys.executable, python_env(), die_with_parent())  # warm across attempts
+        self.store_server = StoreServer(sys.executable, python_env(), helper_preexec())  # warm across attempts
         self._guarded: set[int] = set()  # helper processes the orphan guard already knows
         self.exclusion = SuspectExclusion(self.cfg.system.exclude_suspect_gpus, multi_node=launch.node.multi)
+        self.requeue = launch.requeue  # SLURM requeued the job this many times: its run goes on here
+        self.log_base = requeues.log_dir(run_dir, self.requeue)
+        self.earlier_starts = requeues.earlier_starts(run_dir, self.requeue) if self.requeue else []
 
     @property
     def mode(self) -> str:
@@ -153,7 +168,7 @@ class Job:
         metrics = MetricsSink(self.run_dir / "metrics.jsonl")
         attempts: list[AttemptReport] = []
         final: RootCause | None = None
-        resume: str | None = None
+        resume = self._requeue_resume(metrics)
         streak = 0  # quick failures in a row: each doubles the pause
         try:
             for attempt in range(system.max_restarts + 1):
@@ -193,6 +208,19 @@ class Job:
             guard.release()
         return self.finish(final, attempts)
 
+    def _requeue_resume(self, metrics: MetricsSink) -> str | None:
+        """A requeued job's first attempt resumes from the newest checkpoint its run saved so far."""
+        if not self.requeue:
+            return None
+        newest = requeues.replay_checkpoints(self.run_dir, self.checkpoints)
+        resume = str(newest) if newest is not None else None
+        logger.warning(f"SLURM requeued this job (SLURM_RESTART_COUNT={self.requeue}): run {self.run_id} goes on "
+                       f"in {self.run_dir}, this start's logs in {self.log_base.name}/, "
+                       + (f"resuming from {resume}" if resume else "no checkpoint of this run to resume from"))
+        metrics.write({"type": "requeue", "time": time.time(), "restart_count": self.requeue, "resume": resume,
+                       "log_dir": str(self.log_base)})
+        return resume
+
     def _why_not_restart(self, cause: RootCause, report: AttemptReport, last: bool) -> str | None:
         """None: restart. Before a restart of the built-in trainer the dataset cache is checked
         again and rebuilt if it went missing or was damaged, so a worker that failed on a
@@ -221,7 +249,8 @@ class Job:
     def run_attempt(self, attempt: int, resume: str | None, guard: OrphanGuard, metrics: MetricsSink) -> AttemptReport:
         """Start every worker once, supervise them to the end, clean up everything but the job's files."""
         started_at, t0 = now_iso(), time.monotonic()
-        log_dir = self.run_dir if attempt == 0 else rundir.create(self.run_dir / f"attempt-{attempt}")
+        log_dir = rundir.create(self.log_base, exist_ok=True) if attempt == 0 \
+            else rundir.create(self.log_base / f"attempt-{attempt}")
         try:
             setup = self.rendezvous.begin(attempt, self.plan, resume)
         except NodeLinkError as exc:
@@ -241,8 +270,11 @@ class Job:
         final_save = sup.final_save()
         if final_save == "not saved" and cause is not None:
             cause = _save_cut(cause, sup.graceful.unfinished)
-        elif final_save == "saved" and self.checkpoints.newest_of_this_run() is not None:
-            sup.notes.append(f"the final checkpoint was saved: {self.checkpoints.newest_of_this_run()}")
+        elif final_save == "saved" and self.checkpoints.newest_of_this_run() is not None and cause is not None:
+            newest = self.checkpoints.newest_of_this_run()
+            # in the outcome itself: every node names the same checkpoint (rank 0 wrote it; each rank reported it)
+            cause = dataclasses.replace(cause, message=f"{cause.message}; checkpoint step "
+                                                       f"{self.checkpoints.step_of(newest)} saved: {newest}")
         self.notes += sup.notes
         teardown = None
         if sup.first_failure_at is not None and sup.all_gone_at is not None:
@@ -269,10 +301,10 @@ class Job:
         if plan.kind == "cuda":  # NCCL's own dump on a watchdog timeout lands here (worker_env.flight_recorder_env)
             (trace_dir / "nccl-timeout").mkdir(parents=True, exist_ok=True)
         suspects = SuspectWatch(plan, attempt)
-        stop = StopRules(cfg.system.grace_period, self.stop_timeout,
-                         save_signal=SAVE_AND_STOP if self.mode == "train" else None)
+        stop = StopRules(cfg.system.grace_period, self.stop_timeout) if self.mode == "train" \
+            else StopRules.for_script(cfg.system.grace_period, self.stop_timeout)
         sup = Supervision([], router, monitor, metrics, stop, finish_window=self.timeouts.policy.step_default,
-                          on_cause=self.rendezvous.publisher(attempt),
+                          on_cause=self._announcer(attempt),
                           on_record=_fan_out(self.checkpoints.observe, suspects.observe),
                           script=self.mode == "script", unwatched_why=_unwatched_why(self.launch),
                           trace_dir=trace_dir)
@@ -283,6 +315,24 @@ class Job:
                          world_size=setup.world_size, node_rank=self.rendezvous.node_rank,
                          nnodes=self.rendezvous.nnodes, trace_dir=str(trace_dir))
         return Attempt(attempt, setup, logs, router, monitor, sup, run_env, metrics, stragglers, suspects)
+
+    def _announcer(self, attempt: int) -> Callable[[RootCause], None]:
+        """What the supervision calls with this node's root cause the moment it has one: a stop
+        SLURM sent (scancel, the time limit, a preemption, a requeue) is named as that, in words
+        every node reports alike; then the other nodes are told."""
+        publish = self.rendezvous.publisher(attempt)
+
+        def announce(cause: RootCause) -> None:
+            signame = cause.message.rsplit(" ", 1)[-1]  # the supervision says "... received SIGTERM"
+            job_id = os.environ.get("SLURM_JOB_ID")
+            if cause.kind == "terminated" and signame.startswith("SIG") and job_id:
+                job = job_info(job_id) if signame not in ("SIGUSR1", "SIGUSR2") else {}
+                logger.debug(f"{signame} under SLURM: job {job_id}: " + " ".join(
+                    f"{k}={job.get(k)}" for k in ("JobState", "Reason", "PreemptTime", "Restarts")))
+                cause.message = stop_reason(signame, job) or cause.message
+            if publish is not None:
+                publish(cause)
+        return announce
 
     def _supervise(self, att: Attempt, guard: OrphanGuard) -> RootCause | None:
         """Spawn, watch until the end, and leave nothing of the attempt running."""
@@ -349,6 +399,7 @@ class Job:
             final_save=last.final_save if last else None,
             stragglers=self.stragglers, hang_timeouts=self.timeouts.learned(),
             suspect_devices=[d for a in attempts for d in a.suspect_devices],
+            slurm_restart_count=self.requeue, requeues=self.earlier_starts,
         )
         summary.write(self.run_dir / "summary.json")
         block = summary.block()
@@ -439,7 +490,7 @@ def _report(w: WorkerProcess, cause: RootCause | None, monitor: Heartbeats | Non
         role = "interrupted"
     elif cause.kind == "terminated" and SAVE_AND_STOP.name in w.signalled and code == ExitCode.SIGTERM:
         role = "stopped"  # asked to save and stop, and did
-    elif w.signalled and any(s in ("SIGTERM", "SIGKILL") for s in w.signalled):
+    elif w.signalled and any(s in ("SIGTERM", "SIGKILL", TEARDOWN_NAME) for s in w.signalled):
         role = "victim"
     else:
         role = "ok" if code == 0 else "failed"

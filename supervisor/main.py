@@ -30,7 +30,7 @@ from supervisor.gpus import DeviceError, DevicePlan, plan_devices
 from supervisor.health import WARN, CheckReport, announce_devices, hang_timeouts, run_checks
 from supervisor.job import Job
 from supervisor.output import STDERR, Console
-from supervisor.processes import die_with_parent, python_env, within_kill_wait
+from supervisor.processes import helper_preexec, python_env, within_kill_wait
 from supervisor.rendezvous import MultiNode, NodeLinkError, SingleNode, bind_master, kill_wait
 from supervisor.summary import now_iso
 from supervisor.validation import LaunchError, validate_launch
@@ -67,7 +67,8 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
         _model_checks(cfg, plan, console)
     # ---- nothing was written before this line; everything below may write
     try:
-        rundir.create(run_dir, exist_ok=launch.force)  # one mkdir: of two runs with one --run-id, one wins
+        # one mkdir: of two runs with one --run-id, one wins; a requeued SLURM job continues its own run
+        rundir.create(run_dir, exist_ok=launch.force or launch.requeue > 0)
     except rundir.RunDirError as exc:
         _refuse(console, str(exc), exc.exit_code)
     write_bytes_atomic(run_dir / "config.json", cfg.to_json() + b"\n")
@@ -93,7 +94,7 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
         hang, _ = hang_timeouts(cfg.preset, cfg.system.hang_timeout, cfg.system.startup_timeout,
                                 script=mode == "script")
         job.rendezvous = MultiNode(node, cfg, mode, run_id, run_dir, bind_ip, listen, python_env(),
-                                   die_with_parent(), finish_wait=max(60.0, hang))
+                                   helper_preexec(), finish_wait=max(60.0, hang))
         if listen is not None:
             listen.close()  # the agent holds it now
     try:
@@ -132,7 +133,7 @@ def _run_names(launch: Launch, console: Console) -> tuple[str, Path]:
         run_id = rundir.check_run_id(launch.run_id) if launch.run_id else rundir.new_run_id()
         # one directory per node: nodes sharing a filesystem (and a --run-id) never mix their files
         run_dir = rundir.run_dir_path(cfg.system.run_root, run_id if not node.multi else f"{run_id}-node{node.node_rank}")
-        rundir.ensure_free(run_dir, launch.force)
+        rundir.ensure_free(run_dir, launch.force or launch.requeue > 0)
     except rundir.RunDirError as exc:
         _refuse(console, str(exc), exc.exit_code)
     return run_id, run_dir

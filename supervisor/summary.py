@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from gpuherd.exit_codes import describe
+from gpuherd.exit_codes import ExitCode, describe
 from gpuherd.files import write_bytes_atomic
 
 RULE = "=" * 80
@@ -146,6 +146,8 @@ class Summary:
     stragglers: list[dict[str, Any]] = field(default_factory=list)  # every straggler warning (health/stragglers.py)
     hang_timeouts: dict[str, float] = field(default_factory=dict)  # learned allowance per phase, seconds
     suspect_devices: list[SuspectDevice] = field(default_factory=list)  # every attempt's, oldest first
+    slurm_restart_count: int = 0  # SLURM requeued the job this often before this start (supervisor/requeue.py)
+    requeues: list[dict[str, Any]] = field(default_factory=list)  # the earlier starts of a requeued job, oldest first
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2)
@@ -163,6 +165,8 @@ class Summary:
             return "\n".join(lines + self._attempt_lines() + self._straggler_lines()
                              + [f"note: {n}" for n in self.notes])
         rc = self.root_cause
+        if rc.kind in ("terminated", "interrupted") and self.exit_code != ExitCode.FAILURE:
+            return self._stopped_block()
         label = describe(self.exit_code, rc.script_code)
         label = "" if label == f"exit code {self.exit_code}" else f" ({label})"  # a script's code: no label
         lines = [RULE, f"gpuherd: run {self.run_id} FAILED with exit code {self.exit_code}{label}",
@@ -185,6 +189,14 @@ class Summary:
         if self.teardown_s is not None:
             lines.append(f"teardown: every worker gone {self.teardown_s * 1000:.0f} ms after the first failure")
         lines += [f"details: {self.run_dir}/summary.json, worker logs in {self.run_dir}", RULE]
+        return "\n".join(lines)
+
+    def _stopped_block(self) -> str:
+        """A stop someone asked for (Ctrl-C, scancel, a time limit, a preemption) whose final
+        save completed, or had nothing to save: not a failure, so no failure block."""
+        lines = [f"gpuherd: run {self.run_id} stopped (exit {self.exit_code}): {self.root_cause.message}"]
+        lines += self._attempt_lines() + self._straggler_lines() + [f"note: {n}" for n in self.notes]
+        lines.append(f"details: {self.run_dir}/summary.json, worker logs in {self.run_dir}")
         return "\n".join(lines)
 
     def _straggler_lines(self) -> list[str]:

@@ -48,6 +48,7 @@ def run(cfg: Config, identity: WorkerIdentity, *, cache_dir: Path | None = None,
     uuid = wdist.check_device_uuid(device, os.environ.get(contract.DEVICE_UUID))
     status = status or StatusWriter.from_env(identity.rank)
     status.send("ready", device=str(device), uuid=uuid, pid=os.getpid())
+    wsignals.report_stops(sig, lambda name: status.send("stop", signal=name))
     trace_dir = os.environ.get(contract.TRACE_DIR)
     live = Liveness(status, trace_dir=Path(trace_dir) if trace_dir else None, dump=dump_collective_trace).start()
     try:
@@ -179,10 +180,10 @@ class Trainer:
         stopped = False
         while self.step < t.max_steps:
             self.live.step(self.step)
-            with self.live.collective("all_reduce (stop vote)"):
-                stop = self.vote.any(self.sig.stop_requested)
-            if stop:
-                stopped = True
+            with self.live.collective("all_reduce (stop vote)"):  # 143 wins over 130: a stop request is a stop request
+                stop_code = self.vote.highest(int(self.sig.stop_code) if self.sig.stop_requested else 0)
+            if stop_code:
+                self.sig.stop_code, stopped = stop_code, True
                 break
             self._train_step()
             self.step += 1
