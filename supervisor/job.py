@@ -329,7 +329,7 @@ class Job:
                 job = job_info(job_id) if signame not in ("SIGUSR1", "SIGUSR2") else {}
                 logger.debug(f"{signame} under SLURM: job {job_id}: " + " ".join(
                     f"{k}={job.get(k)}" for k in ("JobState", "Reason", "PreemptTime", "Restarts")))
-                cause.message = stop_reason(signame, job) or cause.message
+                cause.message = stop_reason(signame, job, self.requeue) or cause.message
             if publish is not None:
                 publish(cause)
         return announce

@@ -195,7 +195,7 @@ class Trainer:
             self._paused("checkpoint", self.save, back_to=None)
         self.tb.close()
         if stopped:
-            logger.warning(f"{self.identity.bracket} stopped after {self.step} steps, as asked "
+            logger.info(f"{self.identity.bracket} stopped after {self.step} steps, as asked "
                            f"(exit {int(self.sig.stop_code)})")
             self.status.send("phase", name="shutdown")
             return int(self.sig.stop_code)

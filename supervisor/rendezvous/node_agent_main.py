@@ -39,6 +39,7 @@ from __future__ import annotations
 import os
 import selectors
 import sys
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -48,6 +49,27 @@ import orjson
 POLL_S = 0.05  # abort latency is at most this plus one store round trip
 BEAT_S = 1.0  # each agent bumps its node's counter this often while an attempt runs
 SILENT_S = 10.0  # a node whose counter stood still this long is gone (machine, or its supervisor, died)
+
+
+class TimedStore:
+    """A client's store whose calls say when the one in flight began: a call node 0 never
+    answers (a network partition sends no RST, so the TCP connection just waits) is seen
+    by the watchdog thread while the call still blocks."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.waiting_since: float | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._store, name)
+
+        def timed(*args: Any) -> Any:
+            self.waiting_since = time.monotonic()
+            try:
+                return method(*args)
+            finally:
+                self.waiting_since = None
+        return timed
 
 
 class Agent:
@@ -63,10 +85,26 @@ class Agent:
         self.gone: set[int] = set()  # nodes found silent: nobody waits for them to leave
         self._next_beat = 0.0
         self._beats: dict[int, tuple[int, float]] = {}  # node -> (last counter seen, when it last changed)
+        self._emitting = threading.Lock()
 
     def emit(self, event: str, **fields: Any) -> None:
-        sys.stdout.buffer.write(orjson.dumps({"event": event, **fields}) + b"\n")
-        sys.stdout.buffer.flush()
+        with self._emitting:  # the loop and the store watchdog
+            sys.stdout.buffer.write(orjson.dumps({"event": event, **fields}) + b"\n")
+            sys.stdout.buffer.flush()
+
+    def watch_store(self) -> None:
+        """A node other than 0: a store call unanswered for SILENT_S means node 0 (its machine,
+        or the network to it) is gone; this node names it within ~SILENT_S, as node 0 names a
+        node whose heartbeat stopped, instead of waiting out the join timeout. The blocked call
+        keeps the loop, so the verdict ends the agent too."""
+        while True:
+            time.sleep(BEAT_S)
+            since = self.store.waiting_since
+            if since is not None and time.monotonic() - since > SILENT_S and not self.lost:
+                self.lost = True
+                self.emit("lost", message=f"lost the job store at {self.where} (node 0 gone?): no answer for "
+                                          f"{SILENT_S:.0f} s (node 0's machine, or the network to it)")
+                os._exit(1)
 
     def _missing(self, keys: list[str]) -> list[int]:
         return [i for i, key in enumerate(keys) if not self.store.check([key])]
@@ -229,7 +267,7 @@ def main(argv: list[str]) -> int:
             store = TCPStore(host, port, None, True, timedelta(seconds=join_timeout), wait_for_workers=False,
                              master_listen_fd=listen_fd)
         else:
-            store = TCPStore(host, port, None, False, timedelta(seconds=join_timeout))
+            store = TimedStore(TCPStore(host, port, None, False, timedelta(seconds=join_timeout)))
     except RuntimeError as exc:
         detail = " ".join(str(exc).split("Exception raised from")[0].split())[:200]
         sys.stdout.buffer.write(orjson.dumps({"event": "join-timeout", "attempt": 0, "missing": [0],
@@ -237,7 +275,10 @@ def main(argv: list[str]) -> int:
                                               "detail": detail}) + b"\n")
         sys.stdout.buffer.flush()
         return 5
-    Agent(store, node_rank, nnodes, join_timeout, where).serve()
+    agent = Agent(store, node_rank, nnodes, join_timeout, where)
+    if isinstance(store, TimedStore):
+        threading.Thread(target=agent.watch_store, name="store-watchdog", daemon=True).start()
+    agent.serve()
     return 0
 
 

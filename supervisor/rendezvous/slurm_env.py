@@ -97,11 +97,12 @@ def kill_wait() -> float | None:
 SLURM_STOP = "stopped by SLURM"  # a job-wide stop: the same words on every node, no node named
 
 
-def stop_reason(signame: str, job: dict[str, str]) -> str | None:
+def stop_reason(signame: str, job: dict[str, str], restart_count: int = 0) -> str | None:
     """Why SLURM stopped the job, for the outcome every node reports the same way:
     "stopped by SLURM: scancel (SIGTERM)"; None when SLURM does not say (a SIGTERM while the
     job still runs: someone's `kill`). `job`: `job_info(job id)`. While the job's processes
-    are being signalled its state reads COMPLETING; the cause is in its other fields."""
+    are being signalled its state reads COMPLETING; the cause is in its other fields (a requeue
+    has already counted itself in Restarts, past this start's `restart_count`)."""
     if signame in ("SIGUSR1", "SIGUSR2"):
         return f"{SLURM_STOP}: the time limit is near ({signame}, the job's --signal warning)"
     state, reason = job.get("JobState", ""), job.get("Reason", "")
@@ -111,13 +112,18 @@ def stop_reason(signame: str, job: dict[str, str]) -> str | None:
         event = "preemption"
     elif state == "NODE_FAIL" or reason.startswith("Node"):
         event = "a node failure"
-    elif state.startswith("REQUEUE") or state == "PENDING":
+    elif state.startswith("REQUEUE") or state == "PENDING" or _restarts(job) > restart_count:
         event = "requeue"
     elif state in ("CANCELLED", "COMPLETING"):
         event = "scancel"
     else:
         return None
     return f"{SLURM_STOP}: {event} ({signame})"
+
+
+def _restarts(job: dict[str, str]) -> int:
+    value = job.get("Restarts", "")
+    return int(value) if value.isdigit() else 0
 
 
 def job_info(job_id: str) -> dict[str, str]:
