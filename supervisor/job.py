@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -290,8 +291,15 @@ class Job:
     def _prepare_attempt(self, attempt: int, setup: Setup, log_dir: Path, metrics: MetricsSink) -> Attempt:
         """Everything an attempt's supervision needs, before the first worker exists."""
         cfg, plan = self.cfg, setup.plan
-        logs = {s.rank: WorkerLog(s.rank, s.tag, log_dir / f"worker-rank{s.rank}-{s.tag}.log") for s in plan.slots}
-        router = LogRouter(list(logs.values()), self.console, cfg.system.log_ranks, cfg.system.collapse_logs,
+        multi, node = self.rendezvous.nnodes > 1, self.rendezvous.node_rank
+        # Multi-node: every node's first worker is CPU0/GPU0, so lines name the node too (n1/GPU0:),
+        # and the built-in trainer's console carries rank 0's training lines plus every rank's
+        # warnings and errors unless --log-ranks says otherwise (a --script's ranks print what
+        # they like, as under torchrun); every line of every rank is in its log file either way.
+        logs = {s.rank: WorkerLog(s.rank, f"n{node}/{s.tag}" if multi else s.tag,
+                                  log_dir / f"worker-rank{s.rank}-{s.tag}.log") for s in plan.slots}
+        log_ranks = [0] if multi and self.mode == "train" and cfg.system.log_ranks is None else cfg.system.log_ranks
+        router = LogRouter(list(logs.values()), self.console, log_ranks, cfg.system.collapse_logs,
                            nccl_watch=_nccl_watch(plan))
         stragglers = Stragglers(cfg.system.straggler_factor, cfg.system.straggler_windows, metrics.write)
         monitor = Heartbeats([s.rank for s in plan.slots], time.monotonic(), self.timeouts,
@@ -401,9 +409,14 @@ class Job:
             suspect_devices=[d for a in attempts for d in a.suspect_devices],
             slurm_restart_count=self.requeue, requeues=self.earlier_starts,
         )
+        nodes = self._gather_outcomes(summary)
+        summary.node_outcomes = nodes or []
         summary.write(self.run_dir / "summary.json")
         block = summary.block()
         logger.bind(file_only=True).info(block)  # the console gets it below, unprefixed
+        if nodes is None:  # node 0 prints the job's one summary, this node's outcome in it
+            block = (f"gpuherd: node {summary.node_rank} ended with exit {exit_code}; the job's summary is "
+                     f"printed by node 0; this node's: {self.run_dir}/summary.json")
         self.console.write(STDERR, block.encode() + b"\n")
         if self.cfg.system.report:
             from supervisor.views import report_after_run  # matplotlib: only when a report is wanted
@@ -412,6 +425,15 @@ class Job:
             if html is not None:
                 logger.info(f"report: {html} (figures beside it; `gpuherd report RUN RUN` compares runs)")
         return exit_code
+
+
+    def _gather_outcomes(self, summary: Summary) -> list[dict] | None:
+        """Multi-node: every node's outcome on node 0, None on the others; [] on one node."""
+        if self.rendezvous.nnodes < 2:
+            return []
+        mine = {"node": summary.node_rank, "host": socket.gethostname(), "exit_code": summary.exit_code,
+                "outcome": summary.outcome, "final_save": summary.final_save, "run_dir": summary.run_dir}
+        return self.rendezvous.gather_outcomes(mine)
 
 
 def _fan_out(*observers: Callable[[dict], None]) -> Callable[[dict], None]:

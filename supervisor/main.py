@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
 
 
 def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
-    _console_logging(launch.verbose, console)
+    _console_logging(launch.verbose, console, f"n{launch.node.node_rank}/" if launch.node.multi else "")
     cfg, node = launch.config, launch.node
     mode = "script" if launch.script else "train"
     if launch.script is None:  # the built-in trainer: a too-old torch is exit 2 here, not a crash in every worker
@@ -161,12 +161,13 @@ def _refuse(console: Console, message: str, code: int = ExitCode.USAGE) -> NoRet
     die(message, code)
 
 
-def _console_logging(verbose: bool, console: Console) -> None:
+def _console_logging(verbose: bool, console: Console, node: str = "") -> None:
     """The supervisor's own lines take the workers' way to the terminal: a terminal that
-    stops reading never blocks the loop that judges heartbeats and sends SIGKILL on time."""
+    stops reading never blocks the loop that judges heartbeats and sends SIGKILL on time.
+    `node`: "n1/" on a multi-node job, whose nodes' output often ends up in one file."""
     logger.remove()
     logger.add(lambda message: console.write(STDERR, str(message).encode(errors="replace")),
-               level="DEBUG" if verbose else "INFO", format="supervisor:{level} | {message}", colorize=False,
+               level="DEBUG" if verbose else "INFO", format=node + "supervisor:{level} | {message}", colorize=False,
                filter=lambda record: not record["extra"].get("file_only"))
 
 

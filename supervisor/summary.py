@@ -148,6 +148,7 @@ class Summary:
     suspect_devices: list[SuspectDevice] = field(default_factory=list)  # every attempt's, oldest first
     slurm_restart_count: int = 0  # SLURM requeued the job this often before this start (supervisor/requeue.py)
     requeues: list[dict[str, Any]] = field(default_factory=list)  # the earlier starts of a requeued job, oldest first
+    node_outcomes: list[dict[str, Any]] = field(default_factory=list)  # node 0 of a multi-node job: every node's end
 
     def to_json(self) -> bytes:
         return orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2)
@@ -163,7 +164,7 @@ class Summary:
                      f"{self.duration_s:.1f} s{after}; logs in {self.run_dir}"]
             lines += [d.line(name_attempt=self.max_restarts > 0) for d in self.suspect_devices]
             return "\n".join(lines + self._attempt_lines() + self._straggler_lines()
-                             + [f"note: {n}" for n in self.notes])
+                             + [f"note: {n}" for n in self.notes] + self._node_lines())
         rc = self.root_cause
         if rc.kind in ("terminated", "interrupted") and self.exit_code != ExitCode.FAILURE:
             return self._stopped_block()
@@ -188,6 +189,7 @@ class Summary:
         lines += [f"note: {n}" for n in self.notes]
         if self.teardown_s is not None:
             lines.append(f"teardown: every worker gone {self.teardown_s * 1000:.0f} ms after the first failure")
+        lines += self._node_lines()
         lines += [f"details: {self.run_dir}/summary.json, worker logs in {self.run_dir}", RULE]
         return "\n".join(lines)
 
@@ -196,8 +198,23 @@ class Summary:
         save completed, or had nothing to save: not a failure, so no failure block."""
         lines = [f"gpuherd: run {self.run_id} stopped (exit {self.exit_code}): {self.root_cause.message}"]
         lines += self._attempt_lines() + self._straggler_lines() + [f"note: {n}" for n in self.notes]
+        lines += self._node_lines()
         lines.append(f"details: {self.run_dir}/summary.json, worker logs in {self.run_dir}")
         return "\n".join(lines)
+
+    def _node_lines(self) -> list[str]:
+        """Node 0 of a multi-node job prints the job's one summary: how every node ended."""
+        if len(self.node_outcomes) < 2:
+            return []
+        lines = []
+        for n in self.node_outcomes:
+            if "exit_code" not in n:
+                lines.append(f"node {n.get('node')}: {n.get('outcome')}")
+                continue
+            save = f", final checkpoint {n['final_save']}" if n.get("final_save") else ""
+            lines.append(f"node {n['node']} ({n.get('host')}): exit {n['exit_code']} ({n.get('outcome')}){save}; "
+                         f"{n.get('run_dir')}")
+        return lines
 
     def _straggler_lines(self) -> list[str]:
         return [f"straggler: rank {s['rank']} computed {s['slowdown']:.2f}x slower than the others"

@@ -22,6 +22,8 @@ from supervisor.rendezvous.slurm_env import SLURM_STOP
 from supervisor.rendezvous.store import HostedStore
 from supervisor.summary import RootCause
 
+OUTCOME_WAIT_S = 10.0  # node 0's wait for the other nodes' outcomes (each sends it as it ends)
+
 
 class MultiNode:
     def __init__(self, spec: NodeSpec, cfg: Config, mode: str, run_id: str, run_dir: Path, bind_ip: str | None,
@@ -108,6 +110,17 @@ class MultiNode:
             return cause
         notes.append(f"a consequence of that, not the cause: {cause.message}")
         return RootCause.from_dict(silent[0])
+
+    def gather_outcomes(self, mine: dict) -> list[dict] | None:
+        """Node 0 prints the job's summary with every node's outcome; the others hand theirs
+        over (a node cut off from the store prints its own)."""
+        if self.link.lost is not None:
+            return [mine]
+        if self.node_rank != 0:
+            self.link.share_outcome(mine)
+            return None
+        others = self.link.outcomes(OUTCOME_WAIT_S)
+        return [mine, *[o or {"node": r, "outcome": "unknown: it never said"} for r, o in enumerate(others, 1)]]
 
     def close(self) -> None:
         self.link.close()

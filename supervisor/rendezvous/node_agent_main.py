@@ -13,6 +13,8 @@ a client. Keys, per attempt k:
                    attempt k+1); one that stands still for SILENT_S (and is not done) makes
                    the watching agent publish "node r stopped responding" as the abort
     left{r}        node r is done with the store (node 0 keeps it up until then)
+    outcome{r}     node r's outcome at the end of the job (exit code, final save, run dir), for
+                   the one summary node 0 prints
 
 Protocol with the supervisor: one JSON object per line; commands on stdin,
 events on stdout (stderr is torch's own chatter, kept in the run's agent log).
@@ -27,6 +29,8 @@ events on stdout (stderr is torch's own chatter, kept in the run's agent log).
                                                         after a failure, the nodes that stopped beating (a
                                                         worker's "connection closed by peer" is then their
                                                         consequence, not the job's cause)
+    {"cmd": "outcome", "outcome": {...}}             (a node other than 0: how it ended)
+    {"cmd": "outcomes", "timeout": s}                -> outcomes {nodes: [outcome or null for nodes 1..]}
     {"cmd": "leave"}                                 (a node other than 0 is done with the store)
     {"cmd": "linger", "timeout": s}                  -> lingered {missing}: node 0 waited for every leave
     (always possible)                                -> lost {message}: the store is gone
@@ -156,6 +160,13 @@ class Agent:
             if isinstance(result, str):
                 self.emit("abort", attempt=k, cause=orjson.loads(result))
             self.emit("finished", attempt=k, missing=[] if isinstance(result, str) else result)
+        elif cmd == "outcome":
+            self.store.set(f"outcome{self.node_rank}", orjson.dumps(msg["outcome"]))
+        elif cmd == "outcomes":  # node 0: the others' (a node found silent is not waited for)
+            keys = [f"outcome{i}" for i in range(1, self.nnodes) if i not in self.gone]
+            self._wait_keys(keys, float(msg["timeout"]))
+            self.emit("outcomes", nodes=[orjson.loads(self.store.get(f"outcome{i}"))
+                                         if self.store.check([f"outcome{i}"]) else None for i in range(1, self.nnodes)])
         elif cmd == "leave":
             self.beating = None
             self.store.set(f"left{self.node_rank}", b"1")

@@ -506,3 +506,39 @@ def test_the_stop_timeout_ends_before_slurms_kill_wait(tmp_path, python_env):
     assert "SIGKILL after 8 s (the stop timeout)" in err
     assert code == 1, err[-3000:]  # the 60 s save was cut: said, not a normal 143
     assert "was killed while saving it" in err
+
+
+# ---- why SLURM stopped the job: the same words on every node
+
+@pytest.mark.parametrize(("job", "restart_count", "said"), [
+    ({"JobState": "COMPLETING", "Reason": "None", "PreemptTime": "None", "Restarts": "0"}, 0, "scancel (SIGTERM)"),
+    ({"JobState": "CANCELLED", "Reason": "None"}, 0, "scancel (SIGTERM)"),
+    ({"JobState": "COMPLETING", "Reason": "TimeLimit", "Restarts": "0"}, 0, "the time limit (SIGTERM)"),
+    ({"JobState": "TIMEOUT"}, 0, "the time limit (SIGTERM)"),
+    ({"JobState": "COMPLETING", "PreemptTime": "2026-11-25T16:00:00"}, 0, "preemption (SIGTERM)"),
+    ({"JobState": "COMPLETING", "Reason": "None", "Restarts": "2"}, 1, "requeue (SIGTERM)"),  # counted already
+    ({"JobState": "PENDING", "Reason": "BeginTime"}, 0, "requeue (SIGTERM)"),
+    ({"JobState": "NODE_FAIL", "Reason": "NodeDown"}, 0, "a node failure (SIGTERM)"),
+])
+def test_stop_reason_reads_the_jobs_state(job, restart_count, said):
+    assert slurm_env.stop_reason("SIGTERM", job, restart_count) == f"stopped by SLURM: {said}"
+
+
+def test_stop_reason_says_nothing_for_a_running_job_or_without_slurm():
+    """A SIGTERM while the job still runs is someone's kill, not SLURM's stop."""
+    assert slurm_env.stop_reason("SIGTERM", {"JobState": "RUNNING", "Restarts": "0"}) is None
+    assert slurm_env.stop_reason("SIGTERM", {}) is None
+    assert slurm_env.stop_reason("SIGUSR1", {}).startswith("stopped by SLURM: the time limit is near (SIGUSR1")
+
+
+def test_job_info_parses_scontrol(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho 'JobId=7 JobName=x JobState=COMPLETING Reason=None "
+                                      "Restarts=1 PreemptTime=None'\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    info = slurm_env.job_info("7")
+    assert (info["JobState"], info["Restarts"], info["PreemptTime"]) == ("COMPLETING", "1", "None")
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert slurm_env.job_info("7") == {}
