@@ -1,6 +1,7 @@
 """The `slurm` tier: gpuherd under real SLURM daemons (tests/slurm/cluster.py).
 
-Opt-in, because it is minutes, not seconds: `GPUHERD_SLURM_TESTS=1 pytest -m slurm -n 0`.
+Opt-in, because it is minutes, not seconds: `GPUHERD_SLURM_TESTS=1 pytest -m slurm -n 0`
+(`GPUHERD_SLURM_PROCTRACK=pgid` for a cluster whose job signals reach each task's process group only).
 It needs root (network namespaces, daemons) on Linux. Missing Debian packages (slurmctld
 slurmd slurm-client munge) are installed with apt-get when it is there (CI runs as root on
 Debian); elsewhere, or without root, every test here is skipped with the reason. The cluster
@@ -19,6 +20,7 @@ import pytest
 from tests.slurm.cluster import Cluster, ClusterError, install_packages, missing_packages
 
 OPT_IN = "GPUHERD_SLURM_TESTS"
+PROCTRACK = "GPUHERD_SLURM_PROCTRACK"  # linuxproc (default: signals every process of a step, like cgroup) or pgid
 
 
 def _why_not() -> str | None:
@@ -52,7 +54,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Cluster:
     root = tmp_path_factory.mktemp("slurm-cluster")
-    c = Cluster(root, nodes=2)
+    c = Cluster(root, nodes=2, proctrack=os.environ.get(PROCTRACK, "linuxproc"))
     try:
         c.up()
     except ClusterError as exc:

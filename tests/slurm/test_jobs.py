@@ -240,3 +240,4 @@ def test_worker_failure_is_restarted_across_nodes(cluster: Cluster, workdir: Pat
     assert info["JobState"] == "COMPLETED", job.output()[-3000:]
     for node in (0, 1):
         assert job.summary(node)["restarts"] == 1 and job.summary(node)["exit_code"] == 0
+    assert job.steps()[STEPS - 1] == uninterrupted.steps()[STEPS - 1]  # the restart lost nothing
