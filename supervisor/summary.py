@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 
+from gpuherd.text import printable_tree
 from gpuherd.exit_codes import ExitCode, describe
 from gpuherd.files import write_bytes_atomic
 
@@ -151,7 +152,8 @@ class Summary:
     node_outcomes: list[dict[str, Any]] = field(default_factory=list)  # node 0 of a multi-node job: every node's end
 
     def to_json(self) -> bytes:
-        return orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2)
+        # printable_tree: a message may quote a file name with non-UTF-8 bytes; the summary is written anyway
+        return orjson.dumps(printable_tree(asdict(self)), option=orjson.OPT_INDENT_2)
 
     def write(self, path: Path) -> None:
         write_bytes_atomic(path, self.to_json() + b"\n")

@@ -1,7 +1,8 @@
 """Signal behaviour of a worker (docs/architecture.md, "Signals").
 
 From its supervisor (gpuherd/contract.py):
-- TEARDOWN_SIGNAL (SIGRTMIN): the run is being torn down; exit 143 now, no collectives.
+- TEARDOWN_SIGNAL (SIGRTMIN): the run is being torn down; exit 143 now, no collectives (a
+  checkpoint being written in the background is waited for first).
 - STACKS_SIGNAL (SIGRTMAX): faulthandler dumps every thread's stack to stderr (a hang
   verdict); training goes on.
 - SIGINT (Ctrl-C) / SIGUSR2 (save and stop): a graceful stop, below.
@@ -54,9 +55,29 @@ class SignalState:
     _thread: threading.Thread | None = field(default=None, repr=False)
 
 
-def _exit_now(code: int, message: str) -> None:
+# Run before a teardown (or, standalone, a SIGTERM) exits the process: a checkpoint being
+# written in the background gets to finish (worker/saver.py). Not after a second SIGINT:
+# that one means "now".
+_before_exit: list[Callable[[], None]] = []
+
+
+def before_exit_now(hook: Callable[[], None]) -> None:
+    _before_exit.append(hook)
+
+
+def forget_before_exit(hook: Callable[[], None]) -> None:
+    if hook in _before_exit:
+        _before_exit.remove(hook)
+
+
+def _exit_now(code: int, message: str, hooks: bool = False) -> None:
     try:
         logger.warning(message)
+        for hook in list(_before_exit) if hooks else []:
+            try:
+                hook()
+            except Exception as exc:  # noqa: BLE001 - exiting anyway; say why the hook could not finish
+                logger.error(f"before exiting: {type(exc).__name__}: {exc}")
         sys.stderr.flush()
     finally:
         os._exit(code)
@@ -77,13 +98,13 @@ def _watch(state: SignalState) -> None:
 def handle(state: SignalState, signum: int) -> None:
     """What one signal does (the watcher thread calls this; tests call it directly)."""
     if signum == contract.TEARDOWN_SIGNAL:
-        _exit_now(ExitCode.SIGTERM, "the supervisor is tearing the run down: exiting now (143)")
+        _exit_now(ExitCode.SIGTERM, "the supervisor is tearing the run down: exiting now (143)", hooks=True)
     if signum not in STOP_SIGNALS:
         return
     name = signal.Signals(signum).name
     if not state.supervised and (signum == signal.SIGTERM or (signum == signal.SIGINT and state.stop_requested)):
         _exit_now(128 + signum, f"{'second ' if state.stop_requested else ''}{name} without a supervisor: "
-                                f"exiting now ({128 + signum})")
+                                f"exiting now ({128 + signum})", hooks=signum == signal.SIGTERM)
     if state.stop_requested:
         logger.debug(f"received {name} while already stopping: the supervisor decides whether to kill")
         return

@@ -47,7 +47,9 @@ class SystemConfig:
     exclude_suspect_gpus: bool = False  # after an exit 8, the restart runs without the suspect GPUs
     stop_timeout: float = limited(120.0, gt=0)  # a graceful stop (SIGTERM, Ctrl-C) with its final save, at most
     preflight: bool = True  # GPU and host checks (`gpuherd check`) before anything starts
-    report: bool = True  # report.html + PNG figures in the run directory at the end
+    # report.html + PNG figures rendered at the end, before the exit (matplotlib: about a second);
+    # off, the summary names `gpuherd report RUN`, which renders the same page from the run's files
+    report: bool = False
     # hang verdicts and stragglers (supervisor/health/): learned timeouts and slow-rank warnings
     hang_factor: float = limited(5.0, ge=1)  # learned allowance of a phase = max(hang_floor, hang_factor x its p99)
     hang_floor: float = limited(10.0, gt=0)  # seconds: a learned allowance is never shorter
@@ -94,6 +96,9 @@ class TrainingConfig:
     eval_steps: int = limited(20, gt=0)
     save_every: int = limited(1000, ge=0)  # 0 = only at the end
     keep_last: int = limited(3, gt=0)
+    # Periodic saves copy the state to host memory and write it in a background thread
+    # while training goes on (worker/saver.py); off = the loop waits for every write.
+    async_save: bool = True
     strategy: str = limited("auto", choices=("auto", "single", "ddp", "fsdp", "zero1", "deepspeed"))
     deepspeed_config: str | None = None  # a DeepSpeed JSON file; required by strategy=deepspeed
     fsdp_reshard_after_forward: bool = True  # True ~ ZeRO-3, False ~ ZeRO-2

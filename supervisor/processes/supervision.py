@@ -28,7 +28,9 @@ never sent one makes it a hang when the hang timeout after the clean exit is ove
 
 Teardown: the teardown signal (gpuherd's worker: TEARDOWN_SIGNAL, which only the supervisor
 sends; a --script: SIGTERM) (+ SIGCONT, so a stopped worker can act on it) to every worker's
-process group at once, then SIGKILL what is left after the grace period. A graceful
+process group at once, then SIGKILL what is left after the grace period (or later, up to
+the stop timeout, while a rank still writes a checkpoint in the background: it finishes
+that write before it exits, and a restart can resume from it). A graceful
 stop (stopping.py) never SIGKILLs a worker while it reports phase `checkpoint`, up to
 the stop timeout; a save it did have to cut is named in `graceful.unfinished`. The
 exit code is the root cause's: the first failing worker's own code, 124 for a hang or
@@ -55,6 +57,7 @@ from gpuherd.status_channel import decode
 from supervisor.health import FatalCause, Heartbeats, MetricsSink, traces
 from supervisor.output import STDERR, STDOUT, LogRouter
 from supervisor.processes.error_file import error_file_for, read_error_file
+from supervisor.processes.signal_rules import inherited_ignored
 from supervisor.processes.spawn import WorkerProcess
 from supervisor.processes.stopping import STOP_REQUESTS, GracefulStop, StopRules, stop_exit_code
 from supervisor.summary import RootCause, how_it_ended, shell_code
@@ -137,6 +140,7 @@ class Supervision:
         self._stopped_meanwhile = False  # SIGCONT: the supervisor itself was stopped
         self.trace_dir = trace_dir
         self._trace_waiting: set[int] = set()  # DUMPING_TRACES: the ranks expected to answer
+        self._writes_told = False  # a teardown waits for a background checkpoint write (said once)
 
     # ------------------------------------------------------------------ setup
 
@@ -155,7 +159,8 @@ class Supervision:
             self._signals.append(signum)
 
         for sig in HANDLED_SIGNALS:
-            self._old_handlers[sig] = signal.signal(sig, on_signal)
+            if sig not in inherited_ignored():  # ignored when gpuherd started: ignored for the whole run
+                self._old_handlers[sig] = signal.signal(sig, on_signal)
         self._old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
 
     def restore_signal_handlers(self) -> None:
@@ -524,12 +529,15 @@ class Supervision:
             self._terminate_all(now)
         elif self.phase is Phase.STOPPING and self._extend_for_saves(now):
             pass
+        elif self.phase is Phase.TERMINATING and self._wait_for_writes(now):
+            pass
         elif self.phase in (Phase.STOPPING, Phase.TERMINATING):
             left = self._alive()
             if left:
                 over = "stop timeout" if self.graceful and now >= self.graceful.limit else "grace period"
                 logger.warning(f"{over} over: SIGKILL to {', '.join(w.slot.tag for w in left)}")
                 self._note_cut_saves(left)
+                self._note_cut_writes(left)
             self._kill_all(now)
         elif self.phase is Phase.KILLING:
             self.notes.append(f"some worker did not die within {KILL_WAIT:g} s of SIGKILL (uninterruptible sleep?)")
@@ -543,7 +551,7 @@ class Supervision:
         if self.graceful is None:
             return False
         alive = [self.monitor.ranks[w.slot.rank] for w in self._alive()]
-        saving = [st for st in alive if st.saving]
+        saving = [st for st in alive if st.saving or st.writing]
         ends = [st.save_ended for st in alive if st.save_ended is not None]
         deadline = self.graceful.next_deadline(now, self.grace, bool(saving), max(ends, default=None))
         if deadline is None:
@@ -554,6 +562,27 @@ class Supervision:
                         f"it (at most {self.graceful.limit - now:.0f} s more, the stop timeout)")
         self.deadline = deadline
         return True
+
+    def _wait_for_writes(self, now: float) -> bool:
+        """A teardown's grace is over: a rank still writing a checkpoint in the background
+        (worker/saver.py: it finishes that write before it exits) gets the time, up to the
+        stop timeout after the failure, so a restart can resume from it."""
+        writing = [w for w in self._alive() if self.monitor.ranks[w.slot.rank].writing]
+        limit = (self.first_failure_at or now) + self.stop.stop_timeout
+        if not writing or now >= limit:
+            return False
+        if not self._writes_told:
+            self._writes_told = True
+            logger.info(f"{', '.join(w.slot.tag for w in writing)} still writing a checkpoint in the background: "
+                        f"waiting for it (at most {limit - now:.0f} s more, the stop timeout)")
+        self.deadline = min(limit, now + self.grace)
+        return True
+
+    def _note_cut_writes(self, left: list[WorkerProcess]) -> None:
+        for w in left:
+            if (path := self.monitor.ranks[w.slot.rank].writing) is not None:
+                self.notes.append(f"{w.slot.tag} (rank {w.slot.rank}) was killed while writing {Path(path).name} "
+                                  "in the background: it never became a checkpoint (--resume takes an older one)")
 
     def _note_cut_saves(self, left: list[WorkerProcess]) -> None:
         """Workers about to be killed in a graceful stop: whose final save does that cut?
