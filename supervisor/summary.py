@@ -198,7 +198,7 @@ class Summary:
     def _stopped_block(self) -> str:
         """A stop someone asked for (Ctrl-C, scancel, a time limit, a preemption) whose final
         save completed, or had nothing to save: not a failure, so no failure block."""
-        lines = [f"gpuherd: run {self.run_id} stopped (exit {self.exit_code}): {self.root_cause.message}"]
+        lines = [f"gpuherd: run {self.run_id} stopped (exit {self.exit_code})", f"root cause: {self.root_cause.message}"]
         lines += self._attempt_lines() + self._straggler_lines() + [f"note: {n}" for n in self.notes]
         lines += self._node_lines()
         lines.append(f"details: {self.run_dir}/summary.json, worker logs in {self.run_dir}")

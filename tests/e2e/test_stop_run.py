@@ -78,7 +78,7 @@ def test_a_stop_request_saves_a_checkpoint_and_exits_143(tmp_path, python_env, s
     assert last == 1 + max(r["step"] for r in _records(run_dir) if r.get("type") == "step")  # every step done is in it
     assert f"checkpoint step {last} saved: {tmp_path / '.checkpoints' / f'step_{last:07d}.pt'}" in err
     assert "FAILED" not in err and "most recent call first" not in err  # a planned stop: no failure, no stacks
-    assert f"gpuherd: run r stopped (exit 143): the supervisor received {signal.Signals(signum).name}" in err
+    assert f"gpuherd: run r stopped (exit 143)\nroot cause: the supervisor received {signal.Signals(signum).name}" in err
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ NODES = [
 
 def test_a_planned_stop_is_one_line_with_the_checkpoint():
     block = _summary(STOPPED, 143).block()
-    assert block.splitlines()[0] == f"gpuherd: run slurm-7 stopped (exit 143): {STOPPED.message}"
+    assert block.splitlines()[:2] == ["gpuherd: run slurm-7 stopped (exit 143)", f"root cause: {STOPPED.message}"]
     assert "FAILED" not in block and "====" not in block
 
 
