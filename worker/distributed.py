@@ -207,9 +207,11 @@ class StopVote:
             return cls(dist.group.WORLD)
         return cls(dist.new_group(backend="gloo"))
 
-    def any(self, local: bool) -> bool:
+    def highest(self, local: int) -> int:
+        """The largest of every rank's `local` (a stop's exit code, 0 for none): every rank
+        stops at the same step with the same code."""
         if self.group is None:
             return local
-        flag = torch.tensor([1 if local else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-        return bool(flag.item())
+        value = torch.tensor([local], dtype=torch.int32)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.group)
+        return int(value.item())

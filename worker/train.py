@@ -50,6 +50,7 @@ def run(cfg: Config, identity: WorkerIdentity, *, cache_dir: Path | None = None,
     uuid = wdist.check_device_uuid(device, os.environ.get(contract.DEVICE_UUID))
     status = status or StatusWriter.from_env(identity.rank)
     status.send("ready", device=str(device), uuid=uuid, pid=os.getpid())
+    wsignals.report_stops(sig, lambda name: status.send("stop", signal=name))
     trace_dir = os.environ.get(contract.TRACE_DIR)
     live = Liveness(status, trace_dir=Path(trace_dir) if trace_dir else None, dump=dump_collective_trace).start()
     try:
@@ -228,7 +229,7 @@ class Trainer:
             logger.info(f"{self.identity.bracket} {saves}")
         self.tb.close()
         if stopped:
-            logger.warning(f"{self.identity.bracket} stopped after {self.step} steps, as asked "
+            logger.info(f"{self.identity.bracket} stopped after {self.step} steps, as asked "
                            f"(exit {int(self.sig.stop_code)})")
             self.status.send("phase", name="shutdown")
             return int(self.sig.stop_code)
@@ -243,9 +244,11 @@ class Trainer:
         """One step and what follows it (eval, save); True when the ranks agreed to stop."""
         t = self.cfg.training
         self.live.step(self.step)
-        with self.live.collective("all_reduce (stop vote)"):
-            if self.vote.any(self.sig.stop_requested):
-                return True
+        with self.live.collective("all_reduce (stop vote)"):  # 143 wins over 130: a stop request is a stop request
+            stop_code = self.vote.highest(int(self.sig.stop_code) if self.sig.stop_requested else 0)
+        if stop_code:
+            self.sig.stop_code = stop_code
+            return True
         self.saver.poll()  # a background write that failed (a full disk) ends the run here
         self._train_step()
         self.step += 1

@@ -2,7 +2,8 @@
 watched by one event loop, and torn down together.
 
   Supervision, Phase (supervision.py): the event loop and its teardown state machine
-  spawn, WorkerProcess (spawn.py): one worker in its own process group, death signal set
+  spawn, WorkerProcess (spawn.py): one worker in its own process group, death signal set;
+    helper_preexec: a helper's death signal, and stop signals ignored
   worker_env, RunEnv, python_env, script_env (worker_env.py): the environment contract
   error_file_for, read_error_file (error_file.py): TORCHELASTIC_ERROR_FILE per rank, read back
   StopRules, GracefulStop, SAVE_AND_STOP, stop_exit_code, within_kill_wait (stopping.py): a graceful
@@ -28,7 +29,7 @@ from supervisor.processes.signal_rules import (
     stops_raise,
 )
 from supervisor.processes.spares import SparePool
-from supervisor.processes.spawn import WorkerProcess, become_subreaper, die_with_parent, spawn
+from supervisor.processes.spawn import WorkerProcess, become_subreaper, die_with_parent, helper_preexec, spawn
 from supervisor.processes.stopping import SAVE_AND_STOP, GracefulStop, StopRules, stop_exit_code, within_kill_wait
 from supervisor.processes.supervision import Phase, Supervision
 from supervisor.processes.worker_env import RunEnv, python_env, script_env, worker_env
@@ -38,7 +39,8 @@ __all__ = [
     "SAVE_AND_STOP", "STOP_SIGNALS", "GracefulStop", "StopSignal", "honoured", "ignored_notice",
     "inherited_ignored", "stops_raise", "OrphanGuard", "Phase", "RankError", "RunEnv", "StopRules", "Supervision",
     "LIVE_ENV", "AttemptLive", "LiveRecovery", "Recovery", "SparePool", "discard_spares", "live_for_attempt",
-    "WorkerProcess", "become_subreaper", "die_with_parent", "error_file_for", "python_env", "read_error_file",
+    "WorkerProcess", "become_subreaper", "die_with_parent", "error_file_for", "helper_preexec", "python_env",
+    "read_error_file",
     "script_env", "spawn", "stop_exit_code", "sweep_children", "within_kill_wait",
     "worker_env",
 ]

@@ -34,6 +34,13 @@ _prctl = _libc.prctl  # resolved now: the forked child must not load or look up 
 _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 
 
+_signal = _libc.signal  # resolved now, like prctl
+_signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+_signal.restype = ctypes.c_void_p
+SIG_IGN = 1
+HELPER_IGNORES = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
 def become_subreaper() -> bool:
     """Orphaned grandchildren (double-forked, setsid) are reparented to us, not to
     init, so the end-of-run sweep still finds and kills them."""
@@ -48,6 +55,21 @@ def die_with_parent(parent_pid: int | None = None):
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent_pid:  # the parent died before prctl took effect
             os._exit(128 + signal.SIGKILL)
+    return preexec
+
+
+def helper_preexec(parent_pid: int | None = None):
+    """preexec_fn for the supervisor's helpers (the job's node agent, the rendezvous store):
+    `die_with_parent`, and deaf to stop signals (ignored dispositions survive exec). SLURM
+    signals every process of a job step on scancel, a preemption or the time limit, and its
+    `--signal` warning is SIGUSR1, whose default action is death: a helper that died of it
+    would cut the node off from the job while its workers save. The supervisor ends them."""
+    dies = die_with_parent(parent_pid)
+
+    def preexec() -> None:
+        for signum in HELPER_IGNORES:
+            _signal(signum, SIG_IGN)
+        dies()
     return preexec
 
 

@@ -26,7 +26,8 @@ may end at their own pace. Ranks with heartbeats are judged by them as before (a
 saving a checkpoint, and the ranks waiting for it, get the long allowance); a rank that
 never sent one makes it a hang when the hang timeout after the clean exit is over.
 
-Teardown: SIGTERM (+ SIGCONT, so a stopped worker can act on it) to every worker's
+Teardown: the teardown signal (gpuherd's worker: TEARDOWN_SIGNAL, which only the supervisor
+sends; a --script: SIGTERM) (+ SIGCONT, so a stopped worker can act on it) to every worker's
 process group at once, then SIGKILL what is left after the grace period (or later, up to
 the stop timeout, while a rank still writes a checkpoint in the background: it finishes
 that write before it exits, and a restart can resume from it). A graceful
@@ -63,7 +64,7 @@ from supervisor.processes.stopping import STOP_REQUESTS, GracefulStop, StopRules
 from supervisor.summary import RootCause, how_it_ended, shell_code
 
 READ_CHUNK = 1 << 16
-STACK_DUMP_WAIT = 2.0  # after SIGUSR1, time for faulthandler's stacks to reach the logs
+STACK_DUMP_WAIT = 2.0  # after the stacks signal, time for faulthandler's stacks to reach the logs
 KILL_WAIT = 10.0  # after SIGKILL: a process in uninterruptible sleep (a wedged driver) may linger
 DRAIN_WAIT = 2.0  # after the last worker: pipes a setsid'd grandchild still holds are given up
 EARLY_EXIT_NOTICE = 2.0  # a rank exited 0 and the others still run this much later: say so (INFO)
@@ -77,8 +78,8 @@ class Phase(enum.Enum):
     FINISHING = "finishing"  # a rank exited 0 early: the others end at their pace while they progress
     DUMPING_TRACES = "dumping traces"  # hang verdict: collective traces requested; stacks at the deadline
     STOPPING = "stopping"  # graceful stop (Ctrl-C, SIGTERM): workers save and exit; SIGKILL at the deadline
-    DUMPING_STACKS = "dumping stacks"  # hang verdict: SIGUSR1 sent; SIGTERM at the deadline
-    TERMINATING = "terminating"  # SIGTERM sent to every group; SIGKILL at the deadline
+    DUMPING_STACKS = "dumping stacks"  # hang verdict: the stacks signal sent; teardown at the deadline
+    TERMINATING = "terminating"  # the teardown signal sent to every group; SIGKILL at the deadline
     KILLING = "killing"  # SIGKILL sent; given up at the deadline (a process in uninterruptible sleep)
     DRAINING = "draining"  # no worker left; reading what is still in the pipes
     DONE = "done"
@@ -297,6 +298,8 @@ class Supervision:
             if record is None:
                 continue
             self.monitor.record(rank, record, now)
+            if record.get("type") == "stop":
+                self._worker_stop(rank, str(record.get("signal")), now)
             if self._on_record is not None:
                 self._on_record(record)
             good.append(line)
@@ -343,12 +346,30 @@ class Supervision:
         repeated = signum in (signal.SIGTERM, signal.SIGHUP) and self._terminations > 0
         if signum in (signal.SIGTERM, signal.SIGHUP):
             self._terminations += 1
-        if self.cause is None:
-            self._set_cause(RootCause("terminated", stop_exit_code(signum), f"the supervisor received {name}"), now)
+        if self.cause is None:  # the workers first: naming the cause may ask SLURM (a second or so)
             self._save_and_stop(now, f"supervisor received {name}")
+            self._set_cause(RootCause("terminated", stop_exit_code(signum), f"the supervisor received {name}"), now)
         elif repeated:
             logger.warning(f"{name} again: killing every worker now")
             self._kill_all(now)
+
+    def _worker_stop(self, rank: int, name: str, now: float) -> None:
+        """A stop signal reached a worker itself (SLURM signals every process of a step; or a
+        `kill` aimed at one worker): the same save and stop as the supervisor's own, for every
+        worker, every node. Never a kill: only the supervisor's own signals count as repeated."""
+        if self.cause is not None:
+            return
+        w = self.workers.get(rank)
+        who = f"{w.slot.tag} (rank {rank})" if w is not None else f"rank {rank}"
+        code = ExitCode.SIGINT if name == "SIGINT" else ExitCode.SIGTERM
+        if name in signal.Signals.__members__:
+            self.stop_signal = self.stop_signal or signal.Signals[name]
+        if code == ExitCode.SIGINT:
+            self._stop_all(now)
+        else:
+            self._save_and_stop(now, f"{who} received {name}")
+        self._set_cause(RootCause("interrupted" if code == ExitCode.SIGINT else "terminated", code,
+                                  f"{who} received {name}"), now)
 
     def _forward(self, signum: int) -> None:
         """Pass SIGUSR1/SIGUSR2 on to every worker that handles it (to one that does not, its
@@ -680,17 +701,19 @@ class Supervision:
 
     def _dump_stacks(self, now: float) -> None:
         asked, cannot = [], []
+        stacks = self.stop.stacks_signal
+        name = signal.Signals(stacks).name
         for w in self._alive():
-            if w.catches(signal.SIGUSR1):
-                w.signal_leader(signal.SIGUSR1)
+            if w.catches(stacks):
+                w.signal_leader(stacks)
                 asked.append(w.slot.tag)
             else:
                 cannot.append(w.slot.tag)
         if asked:
-            logger.info(f"asked {', '.join(asked)} for their Python stacks (SIGUSR1); they go to the worker logs")
+            logger.info(f"asked {', '.join(asked)} for their Python stacks ({name}); they go to the worker logs")
         if cannot:
-            self.notes.append(f"{', '.join(cannot)} installed no SIGUSR1 handler, so no stack dump; add "
-                              "`faulthandler.register(signal.SIGUSR1)` to the script to get one")
+            self.notes.append(f"{', '.join(cannot)} installed no {name} handler, so no stack dump; add "
+                              f"`faulthandler.register(signal.{name})` to the script to get one")
         self._escalate(Phase.DUMPING_STACKS, now, min(STACK_DUMP_WAIT, self.grace) if asked else 0.0)
 
     def _stop_all(self, now: float, signum: int = signal.SIGINT, wait: float | None = None) -> None:
@@ -701,7 +724,7 @@ class Supervision:
             if signum == signal.SIGINT or w.catches(signum):
                 w.signal_leader(signum)
             else:
-                w.signal_group(signal.SIGTERM)
+                w.signal_group(self.stop.teardown_signal)
         self._begin_graceful(now)
         self._escalate(Phase.STOPPING, now, self.grace if wait is None else wait)
 
@@ -731,7 +754,7 @@ class Supervision:
 
     def _terminate_all(self, now: float, wait: float | None = None) -> None:
         for w in self._alive():  # signals only: no waiting between workers
-            w.signal_group(signal.SIGTERM)
+            w.signal_group(self.stop.teardown_signal)
             w.signal_group(signal.SIGCONT)
         self._escalate(Phase.TERMINATING, now, self.grace if wait is None else wait)
 
