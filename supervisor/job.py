@@ -240,19 +240,20 @@ class Job:
         sup = att.sup
         final_save = sup.final_save()
         if final_save == "not saved" and cause is not None:
-            cause = _save_cut(cause, sup.graceful.unfinished)
+            cause = _save_cut(cause, sup.state.graceful.unfinished)
         elif final_save == "saved" and self.checkpoints.newest_of_this_run() is not None:
             sup.notes.append(f"the final checkpoint was saved: {self.checkpoints.newest_of_this_run()}")
         self.notes += sup.notes
         teardown = None
-        if sup.first_failure_at is not None and sup.all_gone_at is not None:
-            teardown = round(max(0.0, sup.all_gone_at - sup.first_failure_at), 4)
+        if sup.state.failed_at is not None and sup.all_gone_at is not None:
+            teardown = round(max(0.0, sup.all_gone_at - sup.state.failed_at), 4)
         return AttemptReport(
             attempt=attempt, started_at=started_at, duration_s=round(time.monotonic() - t0, 3),
             exit_code=int(cause.exit_code) if cause else 0, outcome="success" if cause is None else cause.kind,
             root_cause=cause, resumed_from=setup.resume, log_dir=str(log_dir), teardown_s=teardown,
             workers=[_report(w, cause, att.monitor, self.mode == "script") for w in att.workers],
-            stop_signal=signal.Signals(sup.stop_signal).name if sup.stop_signal else None, final_save=final_save,
+            stop_signal=signal.Signals(sup.state.stop_signal).name if sup.state.stop_signal else None,
+            final_save=final_save,
             suspect_devices=att.suspects.devices(self.exclusion.enabled), excluded_gpus=list(self.exclusion.excluded))
 
     def _prepare_attempt(self, attempt: int, setup: Setup, log_dir: Path, metrics: MetricsSink) -> Attempt:
@@ -393,7 +394,7 @@ def _unwatched_why(launch: Launch) -> str | None:
             "send records with gpuherd.status_channel for that")
 
 
-def _save_cut(cause: RootCause, unfinished: list[str]) -> RootCause:
+def _save_cut(cause: RootCause, unfinished: tuple[str, ...]) -> RootCause:
     """A stop whose final checkpoint was not written is no normal 130/143: the work since the
     last complete checkpoint is lost, and the user must know before relying on it."""
     return dataclasses.replace(cause, exit_code=int(ExitCode.FAILURE),

@@ -32,7 +32,7 @@ from supervisor.gpus import DevicePlan, exclude_gpus
 from supervisor.summary import RootCause, SuspectDevice
 
 # SIGUSR1/2 too: SLURM's warning before the time limit may come between two attempts
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 MAX_BACKOFF_S = 60.0
 STREAK_RESET_S = 600.0
 
@@ -143,7 +143,7 @@ class SuspectExclusion:
 
 
 def pause(seconds: float) -> int | None:
-    """Sleep between attempts; a Ctrl-C / SIGTERM / SIGHUP / SIGUSR1 / SIGUSR2 meanwhile ends
+    """Sleep between attempts; a Ctrl-C / SIGTERM / SIGHUP / SIGQUIT / SIGUSR1 / SIGUSR2 meanwhile ends
     the wait and is returned (the run then stops with that signal's cause)."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:

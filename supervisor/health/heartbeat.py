@@ -128,6 +128,8 @@ class Heartbeats:
         self._rendezvous_started: float | None = None
         self._last_sample = float("-inf")
         self._clock_floor = now  # no silence counts from before this (restart_clocks)
+        self.notices: list[str] = []  # INFO lines for the supervisor to say (taken by it)
+        self._told_working: set[tuple[int, float]] = set()
 
     def watch_pid(self, rank: int, pid: int) -> None:
         self.procs.watch(rank, pid)
@@ -204,6 +206,10 @@ class Heartbeats:
         if rec.get("type") == "checkpoint":
             st.saved_at = now
 
+    def longest_step(self) -> float | None:
+        """The longest step seen so far (a graceful stop waits for the step in flight)."""
+        return self.timeouts.longest("step")
+
     def restart_clocks(self, now: float) -> None:
         """The supervisor was not running until `now`: start every silence from here."""
         self._clock_floor = max(self._clock_floor, now)
@@ -244,7 +250,25 @@ class Heartbeats:
         stale = [st for st in watched if now - self._since(st) > self.allowance(st, saving)]
         if not stale:
             return None
-        return self._hang(stale, [st for st in self.ranks.values() if st.rank in alive and not st.done], now)
+        running = [st for st in self.ranks.values() if st.rank in alive and not st.done]
+        views = self._views(running, now)
+        working = ev.progressing(views)
+        self._tell_working([st for st in stale if st.rank in working], working, now)
+        stale = [st for st in stale if st.rank not in working]
+        if not stale:
+            return None  # past the allowance but computing: slow, not hung (a verdict needs evidence)
+        return self._hang(stale, views, now)
+
+    def _tell_working(self, stale: list[RankState], working: dict[int, str], now: float) -> None:
+        """Once per stretch without progress: a rank past its allowance is let be, and why."""
+        for st in stale:
+            key = (st.rank, self._since(st))
+            if key in self._told_working:
+                continue
+            self._told_working.add(key)
+            self.notices.append(
+                f"rank {st.rank}: no new step for {now - self._since(st):.0f} s, past its allowance "
+                f"({self.timeouts.explain(st.timed)}), but it is working, not hung: {working[st.rank]}; waiting on")
 
     def newly_unwatched(self, now: float, alive: set[int]) -> list[int]:
         """Ranks still running past the startup allowance without a single record, each
@@ -258,11 +282,13 @@ class Heartbeats:
             st.unwatched_told = True
         return [st.rank for st in due]
 
-    def _hang(self, stale: list[RankState], running: list[RankState], now: float) -> Verdict:
-        views = [ev.RankView(st.rank, st.step, now - (st.last_record or st.spawned), st.live,
-                             None if st.live_at is None else now - st.live_at, st.live_at == st.last_record,
-                             self.procs.state(st.rank))
-                 for st in running]
+    def _views(self, running: list[RankState], now: float) -> list[ev.RankView]:
+        return [ev.RankView(st.rank, st.step, now - (st.last_record or st.spawned), st.live,
+                            None if st.live_at is None else now - st.live_at, st.live_at == st.last_record,
+                            self.procs.state(st.rank))
+                for st in running]
+
+    def _hang(self, stale: list[RankState], views: list[ev.RankView], now: float) -> Verdict:
         found = [ev.judge(v, now) for v in views]
         stalled = {st.rank: now - self._since(st) for st in stale}
         blamed, why = ev.blame(found, stalled)

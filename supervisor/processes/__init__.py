@@ -1,7 +1,8 @@
 """The worker processes of an attempt: started so they can never outlive the supervisor,
 watched by one event loop, and torn down together.
 
-  Supervision, Phase (supervision.py): the event loop and its teardown state machine
+  Supervision (supervision.py): the event loop: pipes, reaping, events for the policy, its actions done
+  Phase, decide (policy.py): the supervision policy, a pure function of events and time
   spawn, WorkerProcess (spawn.py): one worker in its own process group, death signal set
   worker_env, RunEnv, python_env, script_env (worker_env.py): the environment contract
   error_file_for, read_error_file (error_file.py): TORCHELASTIC_ERROR_FILE per rank, read back
@@ -14,7 +15,8 @@ from supervisor.processes.error_file import RankError, error_file_for, read_erro
 from supervisor.processes.orphan_guard import OrphanGuard, sweep_children
 from supervisor.processes.spawn import WorkerProcess, become_subreaper, die_with_parent, spawn
 from supervisor.processes.stopping import SAVE_AND_STOP, GracefulStop, StopRules, stop_exit_code, within_kill_wait
-from supervisor.processes.supervision import Phase, Supervision
+from supervisor.processes.policy import Phase
+from supervisor.processes.supervision import Supervision
 from supervisor.processes.worker_env import RunEnv, python_env, script_env, worker_env
 
 __all__ = [

@@ -99,15 +99,16 @@ class WorkerProcess:
             except ProcessLookupError:
                 pass
 
-    def catches(self, signum: int) -> bool:
-        """Whether the worker installed a handler for `signum` (SigCgt in /proc)."""
+    def handles(self, signums: tuple[int, ...]) -> frozenset[int]:
+        """Which of `signums` the worker installed a handler for (SigCgt in /proc, read once)."""
         try:
             for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
                 if line.startswith("SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+                    mask = int(line.split()[1], 16)
+                    return frozenset(s for s in signums if mask >> (s - 1) & 1)
         except (OSError, ValueError):
             pass
-        return False
+        return frozenset()
 
 
 def _widen_pipe(fd: int, size: int = 1 << 20) -> None:

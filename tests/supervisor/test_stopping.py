@@ -54,6 +54,37 @@ def test_ctrl_c_grace_is_extended_while_a_worker_saves(tmp_path):
     assert all("checkpoint saved" in sh.Result(0, "", "", sh.run_dir_of(tmp_path)).log(r) for r in (0, 1))
 
 
+def test_ctrl_c_waits_for_a_step_longer_than_the_grace_period_and_saves(tmp_path):
+    """Issue 24: steps longer than the grace period (a large model's) lost the save to a SIGKILL.
+    Now the wait covers the step in flight and the console says how long it is."""
+    proc = sh.start(tmp_path, "slow-steps:3", "slow-steps:3", args=("--grace-period", "0.5"))
+    run_dir = lambda: sh.run_dir_of(tmp_path)  # noqa: E731
+    assert sh.wait_for(lambda: run_dir() is not None and all(
+        "Step [1/1000]" in p.read_text() for p in run_dir().glob("worker-rank*.log")) and
+        len(list(run_dir().glob("worker-rank*.log"))) == 2, timeout=60), "no step finished"
+    proc.send_signal(signal.SIGINT)  # early in step 2: about 3 s of it left, six times the grace period
+    code, _, err = sh.finish(proc, timeout=60)
+    assert code == 130, err[-3000:]
+    summary = _summary(tmp_path)
+    assert summary["final_save"] == "saved" and [w["exit_code"] for w in summary["workers"]] == [130, 130]
+    assert all(w["signals_sent"] == ["SIGINT"] for w in summary["workers"])
+    assert "for the step in flight (about " in err and "grace period over" not in err
+
+
+def test_sigquit_stops_the_workers_writes_the_summary_and_exits_131(tmp_path):
+    """Issue 24: SIGQUIT used to kill the supervisor itself (no summary, workers left to the guard)."""
+    proc = sh.start(tmp_path, "forever", "forever", args=("--grace-period", "2"))
+    _started(proc, tmp_path)
+    proc.send_signal(signal.SIGQUIT)
+    code, _, err = sh.finish(proc)
+    assert code == 131, err[-3000:]
+    summary = _summary(tmp_path)
+    assert summary["root_cause"]["kind"] == "terminated" and summary["root_cause"]["message"] == \
+        "the supervisor received SIGQUIT"
+    assert {w["ended"] for w in summary["workers"]} == {"killed by SIGTERM"}
+    assert "supervisor received SIGQUIT: SIGTERM to every worker (no save)" in err
+
+
 def test_a_save_cut_by_the_stop_timeout_fails_the_run_and_says_so(tmp_path):
     proc = sh.start(tmp_path, "save-on:INT:60", "save-on:INT:60",
                     args=("--grace-period", "0.3", "--stop-timeout", "1.5"))
