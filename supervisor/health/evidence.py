@@ -19,8 +19,9 @@ its allowance whose liveness thread reports it computing (forward/backward, the 
 step, data loading, compile), not in a collective, with the kernel saying it runs (state
 R or its CPU busy) is slow, not hung: the first step of a large or compiled model takes
 minutes. Ranks waiting in a collective for such a rank (at its step or later) are excused
-with it. A stopped rank, a wedged one (its liveness thread silent), one idle in state S
-with no CPU, or one blocked in a collective the computing ranks already left still hang.
+with it (heartbeat.py: up to the startup allowance, never forever). A stopped rank, a
+wedged one (its liveness thread silent), one idle in state S with no CPU, or one blocked in
+a collective the computing ranks already left still hang.
 """
 
 from __future__ import annotations

@@ -252,14 +252,18 @@ class Heartbeats:
             return None
         running = [st for st in self.ranks.values() if st.rank in alive and not st.done]
         views = self._views(running, now)
-        working = ev.progressing(views)
-        self._tell_working([st for st in stale if st.rank in working], working, now)
+        # working ranks are let be up to the startup allowance (a compile, a first step): a rank
+        # spinning in a collective nothing marks (a GPU syncing) looks busy too, so never forever
+        limit = max(self.timeouts.allowance("startup"), max(self.allowance(st, saving) for st in stale))
+        working = {r: why for r, why in ev.progressing(views).items()
+                   if now - self._since(self.ranks[r]) <= limit}
+        self._tell_working([st for st in stale if st.rank in working], working, now, limit)
         stale = [st for st in stale if st.rank not in working]
         if not stale:
             return None  # past the allowance but computing: slow, not hung (a verdict needs evidence)
         return self._hang(stale, views, now)
 
-    def _tell_working(self, stale: list[RankState], working: dict[int, str], now: float) -> None:
+    def _tell_working(self, stale: list[RankState], working: dict[int, str], now: float, limit: float) -> None:
         """Once per stretch without progress: a rank past its allowance is let be, and why."""
         for st in stale:
             key = (st.rank, self._since(st))
@@ -268,7 +272,8 @@ class Heartbeats:
             self._told_working.add(key)
             self.notices.append(
                 f"rank {st.rank}: no new step for {now - self._since(st):.0f} s, past its allowance "
-                f"({self.timeouts.explain(st.timed)}), but it is working, not hung: {working[st.rank]}; waiting on")
+                f"({self.timeouts.explain(st.timed)}), but it is working, not hung: {working[st.rank]}; waiting on, "
+                f"up to {limit:.0f} s without a new step (the startup allowance)")
 
     def newly_unwatched(self, now: float, alive: set[int]) -> list[int]:
         """Ranks still running past the startup allowance without a single record, each

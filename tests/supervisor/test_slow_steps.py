@@ -75,6 +75,18 @@ def test_a_first_step_longer_than_the_initial_allowance_is_waited_for_and_said_o
                                     "(initial; warming up)), but it is working, not hung: rank 0: forward/backward")
 
 
+def test_working_is_no_excuse_past_the_startup_allowance():
+    """A rank spinning in a collective nothing marks (a GPU syncing) looks busy too: never forever."""
+    hb = _monitor({0: RUNNING, 1: RUNNING})
+    _first_step(hb, 5.0, "forward/backward", "forward/backward")
+    _first_step(hb, 300.0, "forward/backward", "forward/backward")
+    assert hb.check(300.0, {0, 1}) is None
+    assert hb.notices[0].endswith("waiting on, up to 300 s without a new step (the startup allowance)")
+    _first_step(hb, 302.0, "forward/backward", "forward/backward")
+    verdict = hb.check(302.0, {0, 1})
+    assert verdict is not None and "no progress for 301 s" in verdict.message
+
+
 def test_a_rank_idle_in_state_s_is_still_a_hang_at_the_allowance():
     hb = _monitor({0: IDLE, 1: RUNNING})
     _first_step(hb, 5.0, "forward/backward", "all_reduce (gradients)", collective1=True)
