@@ -59,7 +59,7 @@ from supervisor.processes import (
     worker_env,
 )
 from supervisor.rendezvous import NodeLinkError, Rendezvous, Setup, SingleNode, StoreServer, training_fingerprint
-from supervisor.restarts import STREAK_RESET_S, RunCheckpoints, SuspectExclusion, backoff, pause, refusal
+from supervisor.restarts import RestartPlan, RunCheckpoints, SuspectExclusion, pause, plan_restart
 from supervisor.summary import AttemptReport, RootCause, Summary, WorkerReport, how_it_ended, now_iso, shell_code
 
 
@@ -160,19 +160,20 @@ class Job:
                 report = self.run_attempt(attempt, resume, guard, metrics)
                 attempts.append(report)
                 final = report.root_cause
-                streak = 0 if report.duration_s >= STREAK_RESET_S else streak
                 if final is None:
                     break
-                why_not = self._why_not_restart(final, report, last=attempt == system.max_restarts) \
-                    or self._exclude_suspects(final, report, attempt + 1)
+                plan = plan_restart(final, stop_signal=report.stop_signal, attempt=attempt,
+                                    max_restarts=system.max_restarts, train=self.mode == "train",
+                                    restart_on_nan=system.restart_on_nan, base_backoff=system.restart_backoff,
+                                    streak=streak, ran_s=report.duration_s)
+                why_not = self._after_dataset_check(plan) or self._exclude_suspects(final, report, attempt + 1)
                 if why_not:
                     if system.max_restarts:  # say why only where a restart was on the table
                         report.not_restarted = why_not
                     break
                 newest = self.checkpoints.newest_of_this_run()
                 resume = str(newest) if newest is not None else None
-                delay = backoff(system.restart_backoff, streak)
-                streak += 1
+                delay, streak = plan.delay, plan.streak
                 logger.warning(f"attempt {attempt} failed ({final.message}); restart {attempt + 1} of "
                                f"{system.max_restarts} in {delay:g} s, "
                                + (f"resuming from {resume}" if resume else "starting as the first attempt did "
@@ -193,21 +194,15 @@ class Job:
             guard.release()
         return self.finish(final, attempts)
 
-    def _why_not_restart(self, cause: RootCause, report: AttemptReport, last: bool) -> str | None:
-        """None: restart. Before a restart of the built-in trainer the dataset cache is checked
-        again and rebuilt if it went missing or was damaged, so a worker that failed on a
-        broken cache (exit 3) gets another attempt once it is repaired."""
-        why_not = refusal(cause, self.cfg.system.restart_on_nan)
-        if report.stop_signal:  # e.g. scancel's SIGTERM reached a worker before the supervisor
-            why_not = f"the supervisor received {report.stop_signal}"
-        if last:
-            return why_not or f"all {self.cfg.system.max_restarts} restart(s) used"
-        if self.mode != "train" or (why_not and cause.exit_code != ExitCode.DATA) or report.stop_signal:
-            return why_not
+    def _after_dataset_check(self, plan: RestartPlan) -> str | None:
+        """The restart policy's answer, once the dataset cache it asked to check was checked
+        (and rebuilt if it went missing or was damaged). None: restart."""
+        if not plan.check_dataset:
+            return plan.why_not
         failure, rebuilt = self.recheck_dataset()
         if failure is not None:
             return f"the dataset cache cannot be rebuilt: {failure.message}"
-        return None if rebuilt else why_not
+        return None if rebuilt else plan.why_not
 
     def _exclude_suspects(self, cause: RootCause, report: AttemptReport, next_attempt: int) -> str | None:
         """None: restart, without the suspect GPUs under --exclude-suspect-gpus; else why not
