@@ -8,7 +8,8 @@ dated section to `bench/RESULTS.md` and writes `bench/RESULTS.json`.
 
     python -m bench --quick            # the whole suite in a few minutes on 2 cores
     python -m bench --only supervisor  # one benchmark
-    python -m bench --gpu              # tokens/s, MFU, peak memory: 124M and 1B, sdpa/flash_attn, eager/compile
+    python -m bench --gpu              # tokens/s, MFU, peak memory: 124M and 1B, sdpa/flash_attn, eager/compile;
+                                       # blocking vs async checkpoints of the 1B model
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=sorted(benches), help="run just this benchmark (repeatable)")
     parser.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
     parser.add_argument("--gpu", action="store_true",
-                        help="only the worker benchmark's GPU rows (needs a CUDA GPU)")
+                        help="only the GPU rows of the worker and checkpoint benchmarks (needs a CUDA GPU)")
     args = parser.parse_args(argv)
 
-    chosen = ["worker"] if args.gpu else args.only or sorted(benches)
+    chosen = ["worker", "checkpoint"] if args.gpu else args.only or sorted(benches)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     machine = describe()
     outcomes: dict[str, dict] = {}

@@ -19,7 +19,7 @@ import fcntl
 import os
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -34,12 +34,13 @@ def fsync_dir(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def atomic_file(path: Path, label: str = "") -> Iterator[BinaryIO]:
+def atomic_file(path: Path, label: str = "", before_publish: Callable[[], None] | None = None) -> Iterator[BinaryIO]:
     """Write `path` through the yielded binary handle; it appears only complete.
 
     The temp file `.<name>.[<label>.]<pid>.<random>.tmp` is unique, so concurrent
     writers never share one, and says who left it; on any error it is removed and
-    the old `path` is untouched.
+    the old `path` is untouched. `before_publish` runs once the bytes are durable and
+    before the rename (a checkpoint's manifest: the file never shows without it).
     """
     fd, tmp = _create_temp(path, label)
     try:
@@ -48,6 +49,8 @@ def atomic_file(path: Path, label: str = "") -> Iterator[BinaryIO]:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
+            if before_publish is not None:
+                before_publish()
             os.replace(tmp, path)  # still locked: the name never shows an unheld temp file
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -95,6 +98,12 @@ def locked_temp_dir(path: Path, label: str = "") -> Iterator[Path]:
         raise
     finally:
         os.close(fd)
+
+
+def open_log(path: Path) -> int:
+    """A log file's fd for appending, never through a symbolic link (O_NOFOLLOW: a link planted
+    at `path` is an OSError, ELOOP, instead of a write into whatever it points at)."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:

@@ -54,6 +54,17 @@ def run_id_from_env() -> str:
 
 
 @dataclass
+class Capture:
+    """One save between its collective capture and its write: where, which step, the meta
+    block and this rank's part of the state (None where this rank writes nothing)."""
+
+    path: Path
+    step: int
+    meta: dict[str, Any]
+    states: dict[str, Any] | None
+
+
+@dataclass
 class Restored:
     path: Path
     step: int
@@ -80,27 +91,45 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ save
     def save(self, step: int, sampler_state: dict[str, Any], path: Path | None = None) -> Path:
-        """Write the state after `step` optimizer steps to `path` (default: the step's name)."""
+        """Write the state after `step` optimizer steps to `path` (default: the step's name),
+        the loop waiting for it."""
+        return self.write(self.capture(step, sampler_state, path, to_host=True))
+
+    def capture(self, step: int, sampler_state: dict[str, Any], path: Path | None = None,
+                to_host: bool = True) -> Capture:
+        """What a save of the state after `step` writes (a collective: all ranks call), before
+        anything is written. `to_host` False: the tensors may be the live ones (see Engine)."""
         path = path or self.directory / checkpoint_name(step, self.engine.sharded)
         meta = dict(self.meta_base, step=step, run_id=self.run_id, world_size=self.world_size,
                     strategy=self.engine.strategy, sampler=wdist.gather_objects(sampler_state),
                     rng=wdist.gather_objects(rng.capture(self.engine.device)))
+        return Capture(path=path, step=step, meta=meta, states=self.engine.capture_states(self.rank, to_host))
+
+    def write(self, capture: Capture, group: Any = None, collective: bool = True) -> Path:
+        """Write a capture, then drop checkpoints past `keep_last`. A collective over `group`
+        (from a writer thread: its own process group); `collective` False: rank 0 writes a
+        one-file checkpoint alone, in the background, the other ranks training on."""
+        path = capture.path
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self.engine.save_states(path, meta, self.rank)
+            self.engine.write_states(capture.states, path, capture.meta, self.rank, group)
         except Exception as exc:
             code = storage_errno(exc) or probe_errno(path.parent)
             if code is None:
                 raise
             needed = checkpoint_bytes(self.engine.n_params)
             raise WorkerError(storage_message("checkpoint", path.parent, code, needed), ExitCode.STORAGE) from None
-        wdist.barrier()  # nobody runs ahead (or prunes) before the checkpoint is complete
+        if collective:
+            wdist.barrier(group)  # nobody runs ahead (or prunes) before the checkpoint is complete
         if self.rank == 0 and path.parent == self.directory:
-            self._prune()
+            self._prune(keep=path)
         return path
 
-    def _prune(self) -> None:
-        for _, old in list_checkpoints(self.directory)[:-self.keep_last]:
+    def _prune(self, keep: Path) -> None:
+        """The oldest checkpoints past `keep_last`, never `keep` (the one just written, even
+        where the directory holds newer steps of an earlier timeline)."""
+        others = [old for _, old in list_checkpoints(self.directory) if old != keep]
+        for old in others[:max(0, len(others) - (self.keep_last - 1))]:
             remove_checkpoint(old)
 
     # ------------------------------------------------------------------ load

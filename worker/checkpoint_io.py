@@ -27,6 +27,7 @@ from gpuherd.exit_codes import ExitCode
 from gpuherd.files import atomic_file, fsync_dir, locked_temp_dir
 from gpuherd.storage import probe_errno, storage_errno
 from worker import distributed as wdist
+from worker import save_phases
 from worker.distributed import WorkerError
 
 FORMAT_FILE = "gpuherd/full-v1"
@@ -45,23 +46,34 @@ def manifest_of(meta: dict[str, Any], files: dict[str, FileDigest]) -> Manifest:
     return Manifest(run_id=run_label(meta), step=int(meta["step"]), files=files)
 
 
-def atomic_torch_save(obj: Any, path: Path, label: str = "") -> FileDigest:
+def atomic_torch_save(obj: Any, path: Path, label: str = "",
+                      before_publish: Callable[[FileDigest], None] | None = None) -> FileDigest:
     """torch.save into a locked temp file renamed into place; the sha256 is taken from
-    the bytes on their way to disk."""
-    with atomic_file(path, label) as handle:
+    the bytes on their way to disk. `before_publish(digest)` runs between the fsync and
+    the rename."""
+    with atomic_file(path, label, None if before_publish is None else lambda: before_publish(writer.digest())) \
+            as handle:
         writer = HashingWriter(handle)
         torch.save(obj, writer)
     return writer.digest()
 
 
 def save_checkpoint_file(obj: dict[str, Any], path: Path) -> None:
-    """A one-file checkpoint and its manifest. The old manifest goes first: an interrupted
-    overwrite leaves a file without a manifest (loaded unverified), never a manifest that
-    vouches for other bytes."""
+    """A one-file checkpoint and its manifest. The old manifest goes first, and the new one
+    is written before the file is renamed into place: a checkpoint name never shows
+    without the manifest that vouches for its bytes (an interrupted overwrite leaves the
+    old bytes under a manifest that refuses them: skipped, never mistaken)."""
     meta = obj["meta"]
+    step = int(meta["step"])
     remove_manifest(path)
-    digest = atomic_torch_save(obj, path, run_label(meta))
-    write_manifest(path, manifest_of(meta, {path.name: digest}))
+
+    def manifest(digest: FileDigest) -> None:
+        save_phases.reached("written", step)
+        write_manifest(path, manifest_of(meta, {path.name: digest}))
+        save_phases.reached("manifest", step)
+
+    atomic_torch_save(obj, path, run_label(meta), before_publish=manifest)
+    save_phases.reached("published", step)
 
 
 def load_file(path: Path) -> dict[str, Any]:
@@ -112,25 +124,29 @@ def checkpoint_format(path: Path, meta: dict[str, Any]) -> str:
     return meta.get("format", FORMAT_FILE) if path.is_dir() else FORMAT_FILE
 
 
-def publish_dir(path: Path, meta: dict[str, Any], rank: int, write_shards: Callable[[Path], None]) -> None:
-    """A collective: every rank writes its shards into one temp directory (rank 0 creates
-    and locks it), the ranks checksum its files between them, then rank 0 adds `meta.pt`
-    and the manifest and renames it to `path`, so a crash never leaves a complete-looking
-    directory."""
+def publish_dir(path: Path, meta: dict[str, Any], rank: int, write_shards: Callable[[Path], None],
+                group: Any = None) -> None:
+    """A collective (over `group`, default the world): every rank writes its shards into one
+    temp directory (rank 0 creates and locks it), the ranks checksum its files between them,
+    then rank 0 adds `meta.pt` and the manifest and renames it to `path`, so a crash never
+    leaves a complete-looking directory."""
+    step = int(meta["step"])
     if rank != 0:
-        tmp = Path(wdist.gather_objects(None)[0])
+        tmp = Path(wdist.gather_objects(None, group)[0])
         write_shards(tmp)
-        wdist.barrier()
-        _checksums(tmp, rank)
+        wdist.barrier(group)
+        _checksums(tmp, rank, group)
         return
     with locked_temp_dir(path, run_label(meta)) as tmp:
         try:
-            wdist.gather_objects(str(tmp))
+            wdist.gather_objects(str(tmp), group)
             write_shards(tmp)
-            wdist.barrier()  # every shard is on disk
-            files = _checksums(tmp, rank)
+            wdist.barrier(group)  # every shard is on disk
+            files = _checksums(tmp, rank, group)
             files[META] = atomic_torch_save(meta, tmp / META)
+            save_phases.reached("written", step)
             write_manifest(tmp, manifest_of(meta, files))
+            save_phases.reached("manifest", step)
         except Exception as exc:
             # DeepSpeed writes through torch's C++ writer, whose errors carry no errno:
             # ask the disk now, while the partial shards still fill it.
@@ -142,15 +158,16 @@ def publish_dir(path: Path, meta: dict[str, Any], rank: int, write_shards: Calla
             shutil.rmtree(path)
         os.replace(tmp, path)
     fsync_dir(path.parent)
+    save_phases.reached("published", step)
 
 
-def _checksums(tmp: Path, rank: int) -> dict[str, FileDigest]:
+def _checksums(tmp: Path, rank: int, group: Any = None) -> dict[str, FileDigest]:
     """A collective: rank 0 lists the directory, each rank hashes its share of the files."""
-    listed = wdist.gather_objects(_files_under(tmp) if rank == 0 else None)
+    listed = wdist.gather_objects(_files_under(tmp) if rank == 0 else None, group)
     names = listed[0]
     mine = {name: file_digest(tmp / name) for name in names[rank::len(listed)]}
     merged: dict[str, FileDigest] = {}
-    for part in wdist.gather_objects(mine):
+    for part in wdist.gather_objects(mine, group):
         merged.update(part)
     return merged
 

@@ -112,17 +112,18 @@ def active() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def barrier() -> None:
+def barrier(group: Any = None) -> None:
+    """`group`: another process group than the default (a checkpoint writer thread's own)."""
     if active():
-        dist.barrier()
+        dist.barrier(group=group)
 
 
-def gather_objects(obj: Any) -> list[Any]:
+def gather_objects(obj: Any, group: Any = None) -> list[Any]:
     """Every rank's `obj`, in rank order, on every rank."""
     if not active():
         return [obj]
     out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=group)
     return out
 
 

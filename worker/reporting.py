@@ -8,6 +8,7 @@ since the previous logged step.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,8 +87,10 @@ class ScalarSinks:
 class StepReporter:
     def __init__(self, identity: WorkerIdentity, max_steps: int, log_every: int, tokens_per_step: int,
                  flops: FlopsModel, status: StatusWriter, tensorboard: TensorBoard | ScalarSinks, device: torch.device,
-                 start_step: int) -> None:
+                 start_step: int, note: Callable[[], str | None] | None = None) -> None:
+        """`note`: asked at each logged step for a field to append (the checkpoints' cost)."""
         self.identity, self.max_steps, self.log_every = identity, max_steps, log_every
+        self.note = note
         self.tokens_per_step, self.flops, self.status = tokens_per_step, flops, status
         self.tb, self.device = tensorboard, device
         now = time.perf_counter()
@@ -115,8 +118,9 @@ class StepReporter:
         tokens_per_s = steps * self.tokens_per_step / elapsed
         per_step = (now - self.run_start) / max(1, step + 1 - self.run_start_step)
         eta = per_step * (self.max_steps - step - 1)
-        logger.info(step_line(self.identity.bracket, step, self.max_steps, loss_v, lr, norm_v, eta,
-                              tokens_per_s, self.flops))
+        line = step_line(self.identity.bracket, step, self.max_steps, loss_v, lr, norm_v, eta, tokens_per_s, self.flops)
+        note = self.note() if self.note is not None else None
+        logger.info(f"{line} | {note}" if note else line)
         mfu = self.flops.mfu(tokens_per_s)
         self.status.send("step", step=step, max_steps=self.max_steps, loss=loss_v, lr=lr, grad_norm=norm_v,
                          tokens_per_s=tokens_per_s, mfu=mfu, mem_bytes=memory_bytes(self.device))

@@ -1,6 +1,7 @@
 """Signal behaviour of a worker (docs/architecture.md, "Signals").
 
-- SIGTERM: the supervisor is tearing the run down; exit 143 now, no collectives.
+- SIGTERM: the supervisor is tearing the run down; exit 143 now, no collectives (a
+  checkpoint being written in the background is waited for first).
 - SIGINT: graceful stop; the loop stops at the next step boundary (all ranks
   agree through a vote), saves a checkpoint and exits 130. A second SIGINT exits 130 at once.
 - SIGUSR2: save and stop (the supervisor got SIGTERM: a preemption, scancel, a time
@@ -19,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from loguru import logger
@@ -36,9 +38,28 @@ class SignalState:
     _thread: threading.Thread | None = field(default=None, repr=False)
 
 
-def _exit_now(code: int, message: str) -> None:
+# Run before a SIGTERM exits the process: a checkpoint being written in the background
+# gets to finish (worker/saver.py). Not after a second SIGINT: that one means "now".
+_before_exit: list[Callable[[], None]] = []
+
+
+def before_exit_now(hook: Callable[[], None]) -> None:
+    _before_exit.append(hook)
+
+
+def forget_before_exit(hook: Callable[[], None]) -> None:
+    if hook in _before_exit:
+        _before_exit.remove(hook)
+
+
+def _exit_now(code: int, message: str, hooks: bool = False) -> None:
     try:
         logger.warning(message)
+        for hook in list(_before_exit) if hooks else []:
+            try:
+                hook()
+            except Exception as exc:  # noqa: BLE001 - exiting anyway; say why the hook could not finish
+                logger.error(f"before exiting: {type(exc).__name__}: {exc}")
         sys.stderr.flush()
     finally:
         os._exit(code)
@@ -54,7 +75,7 @@ def _watch(state: SignalState) -> None:
             return
         for signum in data:
             if signum == signal.SIGTERM:
-                _exit_now(ExitCode.SIGTERM, "received SIGTERM: exiting now (143)")
+                _exit_now(ExitCode.SIGTERM, "received SIGTERM: exiting now (143)", hooks=True)
             elif signum == signal.SIGINT:
                 if state.stop_requested:
                     _exit_now(ExitCode.SIGINT, "second SIGINT: exiting now without a checkpoint (130)")

@@ -31,6 +31,7 @@ from worker.logs import setup_logging
 from worker.mfu import FlopsModel
 from worker.model import ModelArgs
 from worker.reporting import ScalarSinks, StepReporter, TensorBoard
+from worker.saver import Saver
 from worker.schedule import WarmupCosine
 from worker.wandb_log import WandbLog
 from worker.whereabouts import GradientSync, dump_collective_trace
@@ -113,6 +114,7 @@ class Trainer:
             self.engine, Path(cfg.system.checkpoint_dir), t.keep_last, identity.rank, identity.world_size,
             meta_base(self.args, cfg.to_dict(), self.schedule.state_dict(), data.tokenizer), run_id)
         self.start_step = self._resume()
+        self.saver = Saver(self.checkpointer, status, live, identity.bracket, t.async_save, cfg.system.stop_timeout)
         self.step = self.saved_step = self.start_step
         if t.num_workers:  # after the resume: the sampler is at its restored position
             data.train = Prefetched(data.train, t.num_workers, pin=device.type == "cuda")
@@ -122,7 +124,7 @@ class Trainer:
                               WandbLog(cfg.logging.wandb, run_dir, identity.rank, cfg.to_dict()))
         tokens_per_step = t.batch_size * t.grad_accum_nums * cfg.data.context_length
         self.reporter = StepReporter(identity, t.max_steps, t.log_every, tokens_per_step, self.flops, status,
-                                     self.tb, device, self.start_step)
+                                     self.tb, device, self.start_step, note=self.saver.step_note)
         if data.describe is not None:  # what this run reads: sources, shares, epochs over max_steps
             self._log_rank0(f"{identity.bracket} {data.describe(tokens_per_step * identity.world_size * t.max_steps)}")
         self.skipped_steps = 0
@@ -162,6 +164,7 @@ class Trainer:
     def _save_for_guard(self, path: Path) -> None:
         # inside a step, but as long as any save: the step's learned allowance must not cover it
         with self.live.phase("checkpoint"):
+            self.saver.drain_or_raise()  # the stop that follows must not cut a periodic save short
             self.checkpointer.save(self.step, self.data.train.state_dict(), path=Path(path))
 
     # ------------------------------------------------------------------ the loop
@@ -169,6 +172,7 @@ class Trainer:
         try:
             return self._train()
         finally:
+            self.saver.close()  # a write still in flight (an exception left the loop) may finish
             if isinstance(self.data.train, Prefetched):
                 self.data.train.close()
 
@@ -184,6 +188,7 @@ class Trainer:
             if stop:
                 stopped = True
                 break
+            self.saver.poll()  # a background write that failed (a full disk) ends the run here
             self._train_step()
             self.step += 1
             if t.eval_every and self.step % t.eval_every == 0 and self.data.make_val is not None:
@@ -191,7 +196,11 @@ class Trainer:
             if t.save_every and self.step % t.save_every == 0 and self.step < t.max_steps:
                 self._paused("checkpoint", self.save)
         if self.step != self.saved_step:  # a stop right after a save (or before any step) has nothing new to save
-            self._paused("checkpoint", self.save, back_to=None)
+            self._paused("checkpoint", lambda: self.save(final=True), back_to=None)
+        else:  # that save may still be on its way to disk: the run is not over before it is
+            self._paused("checkpoint", self._finish_write, back_to=None)
+        if (saves := self.saver.summary()) is not None:
+            logger.info(f"{self.identity.bracket} {saves}")
         self.tb.close()
         if stopped:
             logger.warning(f"{self.identity.bracket} stopped after {self.step} steps, as asked "
@@ -276,10 +285,13 @@ class Trainer:
         self.reporter.eval_result(self.step, val_loss)
         return val_loss
 
-    def save(self) -> Path:
+    def _finish_write(self) -> None:
         self.status.send("phase", name="checkpoint")
-        path = self.checkpointer.save(self.step, self.data.train.state_dict())
+        self.saver.drain_or_raise()
+
+    def save(self, final: bool = False) -> None:
+        """A checkpoint of the state after this step: copied, then written in the background,
+        or written now (`final`, or async off; worker/saver.py)."""
+        self.status.send("phase", name="checkpoint")
+        self.saver.save(self.step, self.data.train.state_dict(), final=final)
         self.saved_step = self.step
-        self._log_rank0(f"{self.identity.bracket} checkpoint saved: {path}")
-        self.status.send("checkpoint", step=self.step, path=str(path))
-        return path

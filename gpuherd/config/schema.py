@@ -96,6 +96,9 @@ class TrainingConfig:
     eval_steps: int = limited(20, gt=0)
     save_every: int = limited(1000, ge=0)  # 0 = only at the end
     keep_last: int = limited(3, gt=0)
+    # Periodic saves copy the state to host memory and write it in a background thread
+    # while training goes on (worker/saver.py); off = the loop waits for every write.
+    async_save: bool = True
     strategy: str = limited("auto", choices=("auto", "single", "ddp", "fsdp", "zero1", "deepspeed"))
     deepspeed_config: str | None = None  # a DeepSpeed JSON file; required by strategy=deepspeed
     fsdp_reshard_after_forward: bool = True  # True ~ ZeRO-3, False ~ ZeRO-2

@@ -99,6 +99,7 @@ class RankState:
     saving: bool = False  # in phase checkpoint, its `checkpoint` record not sent yet
     save_ended: float | None = None  # when its last save ended (record or next phase)
     saved_at: float | None = None  # when its last `checkpoint` record came
+    writing: str | None = None  # the checkpoint its writer thread is writing in the background
 
     def describe(self) -> str:
         if self.records == 0:
@@ -142,7 +143,7 @@ class Heartbeats:
         if rec.get("type") == "alive":
             self._alive(st, rec, now)
             return
-        if rec.get("type") in ("phase", "checkpoint"):
+        if rec.get("type") in ("phase", "checkpoint", "checkpoint_write"):
             self._track_save(st, rec, now)
         self._status(st, rec, now)
         st.progress_at = now
@@ -198,6 +199,11 @@ class Heartbeats:
 
     @staticmethod
     def _track_save(st: RankState, rec: dict[str, Any], now: float) -> None:
+        if rec.get("type") == "checkpoint_write":  # a background write started, or failed
+            st.writing = str(rec.get("path")) if rec.get("state") == "started" else None
+            return
+        if rec.get("type") == "checkpoint":
+            st.writing = None
         starts = rec.get("type") == "phase" and rec.get("name") == "checkpoint"
         if st.saving and not starts:
             st.saving, st.save_ended = False, now

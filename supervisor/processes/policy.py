@@ -82,6 +82,7 @@ class Rank:
     tag: str  # CPU0 / GPU3
     handles: frozenset[int] = frozenset()  # of SIGUSR1 (a stack dump) and SIGUSR2 (a save), those it caught
     saving: bool = False  # phase checkpoint
+    writing: str | None = None  # a checkpoint its writer thread still writes in the background (its path)
     in_step: bool = False  # inside a training step (a graceful stop waits for its boundary)
     leaving: bool = False  # said `shutdown`: on its way out after its save
     save_ended: float | None = None  # its last save's end
@@ -234,6 +235,7 @@ class State:
     graceful: GracefulStop | None = None
     early: EarlyExit | None = None
     trace_ranks: frozenset[int] = field(default_factory=frozenset)  # DUMPING_TRACES: who is to answer
+    writes_told: bool = False  # a teardown waits for a background checkpoint write (said once)
 
 
 Result = tuple[State, list[Action]]
@@ -260,16 +262,18 @@ def _deadline_passed(s: State, v: View, r: Rules) -> Result:
         return _dump_stacks(s, v, r, [AnalyseTraces()])
     if s.phase is Phase.DUMPING_STACKS:
         return _terminate(s, v, r)
-    if s.phase is Phase.STOPPING:
-        extended = _extend_stop(s, v, r)
+    if s.phase in (Phase.STOPPING, Phase.TERMINATING):
+        extended = _extend_stop(s, v, r) if s.phase is Phase.STOPPING else _wait_for_writes(s, v, r)
         if extended is not None:
             return extended
-    if s.phase in (Phase.STOPPING, Phase.TERMINATING):
         actions: list[Action] = []
         if v.alive:
             over = "stop timeout" if s.graceful and v.now >= s.graceful.limit else "grace period"
             actions.append(Log("warning", f"{over} over: SIGKILL to {', '.join(w.tag for w in v.alive)}"))
             s = _cut_saves(s, v, r)
+            actions += [Note(f"{w.tag} (rank {w.rank}) was killed while writing {w.writing.rsplit('/', 1)[-1]} in "
+                             "the background: it never became a checkpoint (--resume takes an older one)")
+                        for w in v.alive if w.writing is not None]
         return _kill(s, v, actions)
     if s.phase is Phase.KILLING:
         return replace(s, phase=Phase.DONE, deadline=None), [
@@ -536,8 +540,8 @@ def _extend_stop(s: State, v: View, r: Rules) -> Result | None:
     timeout. None: nothing to wait for."""
     if s.graceful is None:
         return None
-    saving = [w for w in v.alive if w.saving]
-    stepping = [w for w in v.alive if w.in_step and not w.saving]
+    saving = [w for w in v.alive if w.saving or w.writing is not None]
+    stepping = [w for w in v.alive if w.in_step and w not in saving]
     ends = [w.save_ended for w in v.alive if w.save_ended is not None]
     deadline = s.graceful.next_deadline(v.now, r.grace, bool(saving or stepping), max(ends, default=None))
     if deadline is None:
@@ -550,6 +554,22 @@ def _extend_stop(s: State, v: View, r: Rules) -> Result | None:
                                    f"{s.graceful.limit - v.now:.0f} s more, the stop timeout)"))
         s = replace(s, graceful=replace(s.graceful, extended=True))
     return replace(s, deadline=deadline), actions
+
+
+def _wait_for_writes(s: State, v: View, r: Rules) -> Result | None:
+    """A teardown's grace is over: a rank still writing a checkpoint in the background
+    (worker/saver.py: it finishes that write before it exits) gets the time, up to the stop
+    timeout after the failure, so a restart can resume from it. None: nothing to wait for."""
+    writing = [w for w in v.alive if w.writing is not None]
+    limit = (s.failed_at if s.failed_at is not None else v.now) + r.stop_timeout
+    if not writing or v.now >= limit:
+        return None
+    actions: list[Action] = []
+    if not s.writes_told:
+        s = replace(s, writes_told=True)
+        actions.append(Log("info", f"{', '.join(w.tag for w in writing)} still writing a checkpoint in the "
+                                   f"background: waiting for it (at most {limit - v.now:.0f} s more, the stop timeout)"))
+    return replace(s, deadline=min(limit, v.now + r.grace)), actions
 
 
 def _cut_saves(s: State, v: View, r: Rules) -> State:

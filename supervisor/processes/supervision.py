@@ -15,7 +15,9 @@ log, the root cause to publish), which `_apply` carries out. Every decision, and
 phase transition, lives in policy.py.
 
 Teardown: SIGTERM (+ SIGCONT, so a stopped worker can act on it) to every worker's
-process group at once, then SIGKILL what is left after the grace period. A graceful
+process group at once, then SIGKILL what is left after the grace period (or later, up to
+the stop timeout, while a rank still writes a checkpoint in the background: it finishes
+that write before it exits, and a restart can resume from it). A graceful
 stop (stopping.py) never SIGKILLs a worker while it reports phase `checkpoint`, up to
 the stop timeout; a save it did have to cut is named in `graceful.unfinished`. The
 exit code is the root cause's: the first failing worker's own code (or, when a rank
@@ -43,6 +45,7 @@ from supervisor.output import LogRouter, WorkerPipes
 from supervisor.processes import policy as pol
 from supervisor.processes.error_file import error_file_for, read_error_file
 from supervisor.processes.policy import Phase
+from supervisor.processes.signal_rules import inherited_ignored
 from supervisor.processes.spawn import WorkerProcess
 from supervisor.processes.stopping import QUIT, STOP_REQUESTS, StopRules
 from supervisor.summary import RootCause, how_it_ended, shell_code
@@ -121,7 +124,8 @@ class Supervision:
             self._signals.append(signum)
 
         for sig in HANDLED_SIGNALS:
-            self._old_handlers[sig] = signal.signal(sig, on_signal)
+            if sig not in inherited_ignored():  # ignored when gpuherd started: ignored for the whole run
+                self._old_handlers[sig] = signal.signal(sig, on_signal)
         self._old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
 
     def restore_signal_handlers(self) -> None:

@@ -108,6 +108,7 @@ def _numbers(runs: list[RunData]) -> list[list[str]]:
         row("final validation loss", lambda r: _f(r.evals[-1][2] if r.evals else None)),
         row("median tokens/s (all ranks)", lambda r: _f(_median([v for _, v in r.total_tokens_per_s()]), ",.0f")),
         row("restarts", lambda r: str((r.summary or {}).get("restarts", max(0, len(r.attempts) - 1)))),
+        row("checkpoint cost (median per save)", _save_costs),
         row("suspect devices", _suspects),
         row("events", lambda r: ", ".join(f"{n} {k}" for k, n in _counts(r).items()) or "-"),
     ]
@@ -117,6 +118,17 @@ def _outcome(run: RunData) -> str:
     if run.summary is None:
         return "no summary.json (running, or the supervisor was killed)"
     return str(run.summary.get("outcome", "?"))
+
+
+def _save_costs(run: RunData) -> str:
+    """The loop's stall and the write per save, from the writing ranks' `checkpoint` records."""
+    if not run.saves:
+        return "-"
+    background = [r for r in run.saves if r.get("mode") == "async"]
+    waits = [r for r in run.saves if r.get("wait_s")]
+    return (f"{len(run.saves)} saves: loop blocked {_median([r['stall_s'] for r in run.saves]):.3f} s, "
+            f"write {_median([r.get('write_s', 0.0) for r in run.saves]):.2f} s; {len(background)} in the background"
+            + (f", {len(waits)} waited for the previous write" if waits else ""))
 
 
 def _suspects(run: RunData) -> str:

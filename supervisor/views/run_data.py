@@ -49,6 +49,7 @@ class RunData:
     gpus: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # GPU index -> samples
     hosts: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # rank -> host samples
     events: list[Event] = field(default_factory=list)
+    saves: list[dict[str, Any]] = field(default_factory=list)  # `checkpoint` records with their costs
     attempts: list[Span] = field(default_factory=list)
     devices: dict[int, str] = field(default_factory=dict)  # rank -> GPU3 / CPU0
     malformed: int = 0
@@ -108,6 +109,8 @@ def _add(data: RunData, r: dict[str, Any], per_step: int | None, seen_evals: set
     elif kind == "eval" and isinstance(r.get("val_loss"), (int, float)) and r.get("step") not in seen_evals:
         seen_evals.add(r.get("step"))
         data.evals.append((when, int(r.get("step", 0)), float(r["val_loss"])))
+    elif kind == "checkpoint" and isinstance(r.get("stall_s"), (int, float)):
+        data.saves.append(r)
     elif kind == "gpu" and isinstance(r.get("gpu"), int):
         data.gpus.setdefault(r["gpu"], []).append(r)
     elif kind == "host" and isinstance(rank, int):

@@ -11,10 +11,9 @@ import subprocess
 import sys
 
 import orjson
-import psutil
 import pytest
 
-from tests.supervisor.helpers import finish, wait_for
+from tests.supervisor.helpers import finish, wait_for, worker_of
 
 STEPS = 240
 TINY = [
@@ -51,16 +50,6 @@ def _final_losses(run_dir) -> dict[int, float]:
     return {r["rank"]: r["loss"] for r in _records(run_dir, "step") if r["step"] == STEPS - 1 and "loss" in r}
 
 
-def _worker(supervisor_pid: int, rank: int) -> psutil.Process | None:
-    for p in psutil.Process(supervisor_pid).children():
-        try:
-            if "worker" in p.cmdline() and p.environ().get("RANK") == str(rank):
-                return p
-        except psutil.Error:
-            continue
-    return None
-
-
 def test_killed_worker_is_restarted_and_the_final_loss_is_bit_identical(tmp_path, python_env):
     plain_dir, restart_dir = tmp_path / "plain", tmp_path / "restarted"
     plain_dir.mkdir()
@@ -76,7 +65,7 @@ def test_killed_worker_is_restarted_and_the_final_loss_is_bit_identical(tmp_path
     run_dir = restart_dir / "logs" / "r"
     try:
         assert wait_for(lambda: any(r["step"] >= 40 for r in _records(run_dir, "checkpoint")), timeout=240, interval=0.02)
-        victim = _worker(proc.pid, 1)
+        victim = worker_of(proc.pid, 1)
         assert victim is not None
         killed_after = max(r["step"] for r in _records(run_dir, "step"))
         victim.send_signal(signal.SIGKILL)
@@ -129,7 +118,7 @@ def test_a_deleted_dataset_cache_is_rebuilt_before_the_restart(tmp_path, python_
         caches = [p for p in (tmp_path / "cache" / "datasets").iterdir() if not p.name.startswith(".")]
         assert len(caches) == 1
         shutil.rmtree(caches[0])
-        victim = _worker(proc.pid, 1)
+        victim = worker_of(proc.pid, 1)
         assert victim is not None
         victim.send_signal(signal.SIGKILL)
     finally:

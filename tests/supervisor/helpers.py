@@ -17,6 +17,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = REPO_ROOT / "tests" / "supervisor" / "workers" / "scenario.py"
 ALLREDUCE = REPO_ROOT / "tests" / "supervisor" / "workers" / "allreduce.py"
 COLLECTIVE = REPO_ROOT / "tests" / "supervisor" / "workers" / "collective.py"
+# ~53T parameters (600 TB a checkpoint): no disk or RAM anywhere holds it, so a test that
+# needs the machine checks to fail does not depend on this machine's free disk or memory
+HUGE_MODEL = ("--set", "model.n_layers=1024", "--set", "model.dim=65536", "--set", "model.n_heads=512",
+              "--set", "model.n_kv_heads=512")
 
 
 def env() -> dict[str, str]:
@@ -92,6 +96,17 @@ def descendants(pid: int) -> list[psutil.Process]:
         return psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
+
+
+def worker_of(supervisor_pid: int, rank: int) -> psutil.Process | None:
+    """The built-in worker (`python -m worker`) of `rank` among the supervisor's children."""
+    for p in psutil.Process(supervisor_pid).children():
+        try:
+            if "worker" in p.cmdline() and p.environ().get("RANK") == str(rank):
+                return p
+        except psutil.Error:
+            continue
+    return None
 
 
 def marked_processes(supervisor_pid: int) -> list[int]:

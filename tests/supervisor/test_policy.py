@@ -227,6 +227,29 @@ def test_ctrl_c_during_a_teardown_kills_at_once_and_keeps_the_root_cause():
     assert logs(actions) == ["Ctrl-C during the teardown: killing every worker now"]
 
 
+def test_a_teardown_waits_for_a_background_checkpoint_write_up_to_the_stop_timeout():
+    run = Run()
+    writer = rank(0, writing="/ck/.checkpoints/step_0000040.pt")
+    run(crash(10.0, 1, writer))
+    actions = run.tick(15.0, writer)  # grace over: the write still goes on
+    assert run.phase is Phase.TERMINATING and run.state.deadline == 20.0 and not sends(actions)
+    assert logs(actions, "info") == ["CPU0 still writing a checkpoint in the background: waiting for it "
+                                     "(at most 115 s more, the stop timeout)"]
+    assert logs(run.tick(20.0, writer)) == []  # said once
+    actions = run.tick(130.0, writer)  # the stop timeout after the failure: killed, and said
+    assert run.phase is Phase.KILLING and sends(actions, signal.SIGKILL)
+    assert [a.message for a in actions if isinstance(a, pol.Note)] == [
+        "CPU0 (rank 0) was killed while writing step_0000040.pt in the background: it never became a checkpoint "
+        "(--resume takes an older one)"]
+
+
+def test_a_graceful_stop_waits_for_a_background_write_like_a_save():
+    run = Run()
+    run(pol.SignalReceived(view(0.0, *TWO), signal.SIGINT))
+    run.tick(5.0, rank(0, writing="/ck/step_0000008.pt"), rank(1))
+    assert run.phase is Phase.STOPPING and run.state.deadline == 10.0
+
+
 def test_a_worker_that_fails_its_final_save_makes_the_save_not_saved():
     run = Run()
     run(pol.SignalReceived(view(0.0, *TWO), signal.SIGINT))

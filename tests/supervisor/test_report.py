@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -44,6 +45,9 @@ def test_report_of_one_debug_run(finished_debug_run):
     assert page.count("src='data:image/png;base64,") == len(FIGURES)
     assert "<td>success</td>" in page and "CPU0 (rank 0), CPU1 (rank 1)" in page
     assert "checkpoint saved at step 10" in page and "<h2>Key settings</h2>" in page
+    # the debug preset saves only at the end: that save blocks, and each rank reports it
+    assert re.search(r"<td>checkpoint cost \(median per save\)</td><td>2 saves: loop blocked \d+\.\d{3} s, "
+                     r"write \d+\.\d\d s; 0 in the background</td>", page), page
 
 
 @pytest.mark.slow

@@ -135,6 +135,23 @@ def test_events_collapse_what_every_rank_reports_alike(tmp_path):
         ("xid", "GPU 2: XID 79")]
 
 
+def test_checkpoint_events_say_what_each_save_cost_the_loop(tmp_path):
+    now = time.time()
+    records = [{"type": "checkpoint", "rank": 0, "time": now, "step": 3, "path": "/c/step_0000003.pt",
+                "stall_s": 0.05, "wait_s": 0.0, "write_s": 2.314, "mode": "async"},
+               {"type": "checkpoint_write", "rank": 0, "time": now + 1, "state": "started", "step": 6,
+                "path": "/c/step_0000006.pt"},
+               {"type": "checkpoint_write", "rank": 0, "time": now + 2, "state": "failed", "step": 6,
+                "path": "/c/step_0000006.pt"},
+               {"type": "checkpoint", "rank": 0, "time": now + 3, "step": 9, "path": "/c/step_0000009.pt",
+                "stall_s": 1.5, "wait_s": 1.2, "write_s": 0.3, "mode": "blocking"}]
+    assert [(e.kind, e.text) for e in collect(records, [])] == [
+        ("checkpoint", "checkpoint saved at step 3: step_0000003.pt (async: loop blocked 0.05 s, written in 2.31 s)"),
+        ("error", "rank 0: the background write of step_0000006.pt failed"),
+        ("checkpoint", "checkpoint saved at step 9: step_0000009.pt (loop blocked 1.50 s, 1.20 s of it waiting for "
+                       "the previous write)")]
+
+
 def test_a_gpu_rank_row_shows_its_gpu_sample(tmp_path):
     from rich.console import Console
 

@@ -81,6 +81,21 @@ def test_resume_mid_run_is_bit_identical(runs: Path, name: str):
         assert resumed_records[-1] == {**resumed_records[-1], "type": "done", "step": 6}
 
 
+def test_periodic_saves_are_async_where_the_engine_allows(runs: Path):
+    """Step 3's save: rank 0 writes DDP's and ZeRO-1's file alone in the background; every FSDP
+    rank writes its shards in the background (over the writers' own gloo group); DeepSpeed's
+    engine saves itself, so its saves block on every rank."""
+    expected = {"ddp": [["async"], []], "zero1": [["async"], []], "fsdp": [["async"], ["async"]],
+                "deepspeed": [["blocking"], ["blocking"]]}
+    for name, per_rank in expected.items():
+        for rank in (0, 1):
+            records = h.read_status(runs / f"{name}-rank{rank}.jsonl")
+            periodic = [r["mode"] for r in records if r["type"] == "checkpoint" and r["step"] == 3]
+            assert periodic == per_rank[rank], (name, rank)
+            final = [r["mode"] for r in records if r["type"] == "checkpoint" and r["step"] == 6]
+            assert final == ["blocking"], (name, rank)  # the last save is written while the loop waits
+
+
 def test_checkpoint_layouts(runs: Path):
     from gpuherd.checkpoint_manifest import read_manifest
 

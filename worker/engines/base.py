@@ -97,9 +97,25 @@ class Engine(ABC):
         let `check` veto it, step or drop the gradients. Returns (total grad norm, applied)."""
 
     # ------------------------------------------------------------------ checkpoints
+    # Its state can be captured, copied to host memory and written by another thread while
+    # training goes on (worker/saver.py); False: every save blocks the loop (DeepSpeed).
+    async_capable: ClassVar[bool] = True
+
     @abstractmethod
+    def capture_states(self, rank: int, to_host: bool) -> dict[str, Any] | None:
+        """What this rank writes of model + optimizer state (a collective: all ranks call), or
+        None where it writes nothing. `to_host` False: tensors may still be the live ones on
+        the device (the caller copies them to host memory before training goes on)."""
+
+    @abstractmethod
+    def write_states(self, states: dict[str, Any] | None, path: Path, meta: dict[str, Any], rank: int,
+                     group: Any = None) -> None:
+        """Write what `capture_states` returned, and `meta`, to `path` (a collective over
+        `group`, default the world, where every rank writes a part)."""
+
     def save_states(self, path: Path, meta: dict[str, Any], rank: int) -> None:
-        """Write model + optimizer state and `meta` to `path` (a collective: all ranks call)."""
+        """Capture and write in one go (a collective: all ranks call)."""
+        self.write_states(self.capture_states(rank, to_host=True), path, meta, rank)
 
     @abstractmethod
     def load_states(self, path: Path, fmt: str) -> None:

@@ -55,7 +55,7 @@ class Zero1Engine(DDPEngine):
         optimizer.add_param_group(groups[1])
         return optimizer
 
-    def full_optimizer_state(self, rank: int) -> dict[str, Any] | None:
+    def full_optimizer_state(self, rank: int, to_host: bool = True) -> dict[str, Any] | None:
         self.optimizer.consolidate_state_dict(to=0)  # collective
         return self.optimizer.state_dict() if rank == 0 else None
 

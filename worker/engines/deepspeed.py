@@ -114,7 +114,15 @@ class DeepSpeedEngine(Engine):
             check(norm, None)  # after the optimizer step: nothing left to replay
         return norm, True
 
-    def save_states(self, path: Path, meta: dict[str, Any], rank: int) -> None:
+    # DeepSpeed's engine gathers and writes its state in one collective call of its own:
+    # nothing can be copied out for another thread to write, so its saves block.
+    async_capable: ClassVar[bool] = False
+
+    def capture_states(self, rank: int, to_host: bool) -> dict[str, Any] | None:
+        return None  # the engine's save_checkpoint reads its live state itself
+
+    def write_states(self, states: dict[str, Any] | None, path: Path, meta: dict[str, Any], rank: int,
+                     group: Any = None) -> None:
         publish_dir(path, dict(meta, format=FORMAT_DEEPSPEED), rank,
                     lambda tmp: self.model.save_checkpoint(str(tmp), tag="ds", save_latest=False))
 

@@ -66,12 +66,16 @@ class FSDPEngine(TorchEngine):
         # the norm of local shards is a partial DTensor (a plain tensor when no shard has a gradient)
         return total.full_tensor() if hasattr(total, "full_tensor") else total
 
-    def save_states(self, path: Path, meta: dict[str, Any], rank: int) -> None:
-        import torch.distributed.checkpoint as dcp
+    def capture_states(self, rank: int, to_host: bool) -> dict[str, Any] | None:
+        """This rank's shards (DTensors of the live parameters and optimizer state)."""
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        def write_shards(tmp: Path) -> None:
-            model_sd, optim_sd = get_state_dict(self.inner, self.optimizer)
-            dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=tmp)
+        model_sd, optim_sd = get_state_dict(self.inner, self.optimizer)
+        return {"model": model_sd, "optimizer": optim_sd}
 
-        publish_dir(path, dict(meta, format=FORMAT_DCP), rank, write_shards)
+    def write_states(self, states: dict[str, Any] | None, path: Path, meta: dict[str, Any], rank: int,
+                     group: Any = None) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        publish_dir(path, dict(meta, format=FORMAT_DCP), rank,
+                    lambda tmp: dcp.save(states, checkpoint_id=tmp, process_group=group), group)

@@ -93,27 +93,33 @@ class TorchEngine(Engine):
         self.optimizer.zero_grad(set_to_none=True)
 
     # ------------------------------------------------------------------ checkpoints
-    def save_states(self, path: Path, meta: dict[str, Any], rank: int) -> None:
-        """One full-state file and its manifest, written by rank 0."""
-        model_sd = self.full_model_state()
-        optim_sd = self.full_optimizer_state(rank)
+    def capture_states(self, rank: int, to_host: bool) -> dict[str, Any] | None:
+        """The full state, on rank 0 only (the one that writes the file)."""
+        model_sd = self.full_model_state(to_host)
+        optim_sd = self.full_optimizer_state(rank, to_host)
+        return {"model": model_sd, "optimizer": optim_sd} if rank == 0 else None
+
+    def write_states(self, states: dict[str, Any] | None, path: Path, meta: dict[str, Any], rank: int,
+                     group: Any = None) -> None:
+        """One full-state file and its manifest, written by rank 0 (no collective)."""
         if rank == 0:
-            save_checkpoint_file({"format": FORMAT_FILE, "model": model_sd, "optimizer": optim_sd,
+            save_checkpoint_file({"format": FORMAT_FILE, "model": states["model"], "optimizer": states["optimizer"],
                                   "optimizer_format": self.optimizer_format, "meta": meta}, path)
 
-    def full_model_state(self) -> dict[str, Any]:
-        """The whole model on the CPU of rank 0 only (a collective; other ranks get {}): eight
-        ranks each copying a 1B model to host memory would hold eight copies for one file."""
+    def full_model_state(self, to_host: bool = True) -> dict[str, Any]:
+        """The whole model (a collective). `to_host`: on the CPU of rank 0 only (other ranks get
+        {}): eight ranks each copying a 1B model to host memory would hold eight copies for one
+        file. Else the live tensors, which the async saver copies into its staging buffers."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(self.inner, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return get_model_state_dict(self.inner, options=StateDictOptions(full_state_dict=True, cpu_offload=to_host))
 
-    def full_optimizer_state(self, rank: int) -> dict[str, Any] | None:
+    def full_optimizer_state(self, rank: int, to_host: bool = True) -> dict[str, Any] | None:
         """The whole optimizer state keyed by parameter name (a collective); rank 0 writes it."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         return get_optimizer_state_dict(self.inner, self.optimizer,
-                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+                                        options=StateDictOptions(full_state_dict=True, cpu_offload=to_host))
 
     def load_states(self, path: Path, fmt: str) -> None:
         if fmt == FORMAT_DEEPSPEED:

@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""Checkpoint benchmark: what periodic saves cost the training loop, blocking vs async.
+
+The same model, data and machine, in one process, interleaved (A B A B): the training
+loop of `worker.train.run` (strategy single) with a checkpoint every SAVE_EVERY steps,
+`training.async_save=false` (every save blocks the loop for the whole write) against
+`true` (the loop copies the state to host memory and a writer thread writes it), and the
+same loop without periodic saves. The measure is the loop's total extra time for the
+saves: its wall time from the first to the last step, minus that of the loop without
+saves. Goal: async <= 0.1x blocking (CPU, a 75M-parameter model saved every 3 steps).
+
+GPU (only with CUDA; skipped and said so otherwise): the same row for a 1B model
+(bench_worker's 1B shape, bf16), `python -m bench --gpu`.
+
+    PYTHONPATH=. python bench/bench_checkpoint.py [--quick] [--gpu-only]
+Writes bench/results/checkpoint.md and bench/results/checkpoint.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from bench.bench_worker import GPU_MODELS, GPU_VOCAB  # noqa: E402
+from bench.compare import Comparison, Side, write_results  # noqa: E402
+from gpuherd.config import resolve  # noqa: E402
+from gpuherd.contract import WorkerIdentity  # noqa: E402
+from gpuherd.model_size import count_params  # noqa: E402
+from gpuherd.status_channel import StatusWriter  # noqa: E402
+from worker.data import in_memory_bundle  # noqa: E402
+from worker.train import run  # noqa: E402
+
+CPU_MODEL = ["model.n_layers=10", "model.dim=768", "model.n_heads=12", "model.n_kv_heads=4", "model.multiple_of=64",
+             "data.context_length=128", "training.batch_size=1", "training.use_amp=false"]
+CPU_VOCAB = 8192
+SAVE_EVERY = 3
+MODES = {"none": ["training.save_every=0"],
+         "blocking": [f"training.save_every={SAVE_EVERY}", "training.async_save=false"],
+         "async": [f"training.save_every={SAVE_EVERY}", "training.async_save=true"]}
+
+
+def loop_seconds(tmp: Path, device: str, model: list[str], vocab: int, steps: int, mode: str) -> tuple[float, list]:
+    """Wall time of the loop from its first step record to its last (saves in between), and its
+    checkpoint records."""
+    ckpt = tmp / f"ckpt-{mode}-{time.monotonic_ns()}"
+    cfg = resolve("debug", overrides=[*model, *MODES[mode], f"training.max_steps={steps}", "training.log_every=1",
+                                      "training.warmup_steps=2", "training.eval_every=0", "training.keep_last=2",
+                                      "debug.nan_detection=false", "debug.nan_hooks=false", "debug.log_level=WARNING",
+                                      "training.grad_accum_nums=1", f"system.checkpoint_dir={ckpt}"], cwd=tmp)
+    status_path = tmp / f"status-{time.monotonic_ns()}.jsonl"
+    fd = os.open(status_path, os.O_WRONLY | os.O_CREAT)
+    data = in_memory_bundle(np.random.default_rng(0).integers(0, vocab, 2_000_000), None, vocab,
+                            cfg.training.batch_size, cfg.data.context_length, 0, 1, 1)
+    identity = WorkerIdentity(0, 0, 1, 1, device, 0, False)
+    assert run(cfg, identity, data=data, status=StatusWriter(fd, 0), install_signals=False) == 0
+    os.close(fd)
+    records = [orjson.loads(line) for line in status_path.read_bytes().splitlines()]
+    times = [r["time"] for r in records if r["type"] == "step" and "loss" in r]
+    saves = [r for r in records if r["type"] == "checkpoint" and r["step"] < steps]
+    for path in ckpt.glob("*"):  # keep the disk as free for the next run as for the first
+        path.unlink()
+    return times[-1] - times[0], saves
+
+
+def compare(device: str, model: list[str], vocab: int, steps: int, repeats: int, what: str) -> tuple[Comparison, dict]:
+    """Interleaved repeats of the three loops; each repeat's extra time = mode - none."""
+    samples: dict[str, list[float]] = {m: [] for m in MODES}
+    saves: dict[str, list] = {m: [] for m in MODES}
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        for i in range(repeats):
+            order = list(MODES) if i % 2 == 0 else list(reversed(MODES))
+            for mode in order:
+                seconds, records = loop_seconds(tmp, device, model, vocab, steps, mode)
+                samples[mode].append(seconds)
+                saves[mode] += records
+    extra = {m: [max(s - n, 0.0) for s, n in zip(samples[m], samples["none"], strict=True)]
+             for m in ("blocking", "async")}
+    comparison = Comparison(what, "s", Side("async", extra["async"]), Side("blocking", extra["blocking"]))
+    detail = {"loop_s": samples, "extra_s": extra,
+              "stall_s": {m: [r["stall_s"] for r in saves[m]] for m in ("blocking", "async")},
+              "write_s": {m: [r["write_s"] for r in saves[m]] for m in ("blocking", "async")},
+              "waits": sum(1 for r in saves["async"] if r["wait_s"] > 0)}
+    return comparison, detail
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1 repeat instead of 3")
+    parser.add_argument("--gpu-only", action="store_true", help="only the GPU row")
+    args = parser.parse_args()
+    repeats = 1 if args.quick else 3
+    comparisons, notes, details = [], [], {}
+    steps = 2 * SAVE_EVERY + 1  # periodic saves after steps 3 and 6, both inside the timed loop; the final one
+    # (after step 7, blocking in every loop) is outside it
+    rows = [] if args.gpu_only else [("cpu", "CPU", CPU_MODEL, CPU_VOCAB)]
+    if torch.cuda.is_available():
+        rows.append(("cuda", torch.cuda.get_device_name(0),
+                     [*GPU_MODELS["1B"], "training.use_amp=true", "training.compile=false"], GPU_VOCAB))
+    else:
+        notes.append("GPU row skipped: no CUDA device on this machine (`python -m bench --gpu` on one fills it).")
+    for device, name, model, vocab in rows:
+        n = count_params(resolve("debug", overrides=model).model, vocab)
+        c, details[device] = compare(device, model, vocab, steps, repeats,
+                                     f"{name}, {n / 1e6:,.0f}M parameters, saved every {SAVE_EVERY} steps: the "
+                                     f"loop's extra time for {steps // SAVE_EVERY} saves")
+        comparisons.append(c)
+        notes.append(_detail_note(name, details[device]))
+    notes.append("extra time = the loop's wall time from its first to its last step minus that of the same loop "
+                 "without periodic saves, per interleaved repeat; the advantage column is blocking / async.")
+    write_results("checkpoint", "Checkpoints: blocking vs async save (training.async_save)", comparisons, notes)
+    out = Path(__file__).resolve().parent / "results" / "checkpoint.json"
+    out.write_bytes(orjson.dumps({**orjson.loads(out.read_bytes()), "details": details}, option=orjson.OPT_INDENT_2))
+    return 0
+
+
+def _detail_note(where: str, d: dict) -> str:
+    med = {k: {m: statistics.median(v) if v else 0.0 for m, v in d[k].items()} for k in ("stall_s", "write_s")}
+    return (f"{where}: per save, the loop blocked {med['stall_s']['blocking']:.2f} s (blocking) vs "
+            f"{med['stall_s']['async']:.3f} s (async: capture + copy to host memory); the background write took "
+            f"{med['write_s']['async']:.2f} s (blocking write {med['write_s']['blocking']:.2f} s); "
+            f"{d['waits']} async save(s) had to wait for the previous write (medians)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""One checkpoint being written by a thread of its own while the loop trains on
+(worker/saver.py starts at most one at a time).
+
+The thread runs at a lower CPU priority (nice +WRITER_NICE for this thread only): where
+the cores are busy with training, the loop keeps them and the write takes the rest; on
+an idle CPU (a GPU run) it changes nothing. Its outcome, the published path or the
+exception, is kept for the loop to collect at its next step.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+WRITER_NICE = 5
+
+
+class BackgroundWrite:
+    def __init__(self, step: int, path: Path, write: Callable[[], Path],
+                 on_done: Callable[[BackgroundWrite], None]) -> None:
+        self.step, self.path = step, path
+        self.published: Path | None = None
+        self.error: BaseException | None = None
+        self.write_s: float | None = None  # set once it ended, either way
+        self._write, self._on_done = write, on_done
+        self._done = threading.Event()
+        self._started = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, name=f"gpuherd-checkpoint-writer-{step}", daemon=True)
+        self._thread.start()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once the write ended (published or failed); False if `timeout` ran out first."""
+        return self._done.wait(timeout)
+
+    def _run(self) -> None:
+        _lower_priority()
+        try:
+            self.published = self._write()
+        except BaseException as exc:  # noqa: BLE001 - handed to the loop, which raises it there
+            self.error = exc
+        finally:
+            self.write_s = time.perf_counter() - self._started
+            try:
+                self._on_done(self)
+            finally:
+                self._done.set()
+
+
+def _lower_priority() -> None:
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + WRITER_NICE))
+    except (OSError, AttributeError):  # not Linux, or not allowed: write at the loop's priority
+        pass

@@ -1,0 +1,41 @@
+"""Named points of a checkpoint save, where a test (or someone reproducing a crash) can
+freeze the save to kill the run exactly there.
+
+`GPUHERD_PAUSE_SAVE_AT=<phase>[:<step>[:<seconds>]]` makes the process that reaches
+`<phase>` (of the save of `<step>`, or of any save) print `checkpoint save paused at <phase>
+(step N)` on stderr and sleep until it is killed (or for `<seconds>`, then go on: a slow
+disk). Phases, in order:
+
+- `staging`: the loop is copying the state to host memory (the loop is blocked);
+- `staged`: the writer has the copy, nothing is written yet;
+- `written`: the temp file (or directory) is complete and fsynced, no manifest yet;
+- `manifest`: the manifest is written, the checkpoint not yet renamed into place;
+- `published`: renamed into place, not yet reported to the supervisor nor pruned.
+
+Unset (always, outside tests) every call is one dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+PAUSE_VAR = "GPUHERD_PAUSE_SAVE_AT"
+PHASES = ("staging", "staged", "written", "manifest", "published")
+
+
+def reached(phase: str, step: int | None) -> None:
+    want = os.environ.get(PAUSE_VAR)
+    if not want:
+        return
+    name, at_step, seconds = (want.split(":") + ["", ""])[:3]
+    if name != phase or (at_step and str(step) != at_step):
+        return
+    sys.stderr.write(f"checkpoint save paused at {phase} (step {step}) [{PAUSE_VAR}]\n")
+    sys.stderr.flush()
+    if seconds:
+        time.sleep(float(seconds))
+        return
+    while True:
+        time.sleep(3600)

@@ -1,0 +1,199 @@
+"""The training loop's one door to checkpoints (docs/architecture.md, "Asynchronous saves").
+
+`training.async_save` (on by default): a periodic save blocks the loop only while the
+state is captured (the collectives that gather it) and copied to host memory
+(worker/staging.py); a writer thread (worker/checkpoint_writer.py) then writes, fsyncs,
+checksums and publishes it with its manifest while training goes on. One-file layouts
+(single, ddp, zero1) are written by rank 0 alone; sharded ones (fsdp) by every rank,
+whose writer threads agree through a gloo process group of their own, so the loop's
+collectives and theirs never share a connection.
+
+- At most one write is in flight: the next save first waits for it (counted, said, and
+  in its `checkpoint` record as `wait_s`).
+- A write that failed is raised at the loop's next step (`poll`): a full disk is exit 7
+  there, not lost in the thread.
+- The final save (end of training, a graceful stop) is written while the loop waits, after
+  the write in flight; so is every save where async is off or unsafe: DeepSpeed (its engine
+  saves itself), a torch without DefaultStager, or staging buffers larger than half the
+  host's available memory (all ranks agree on the mode).
+- Leaving for any other reason (an exception, SIGTERM from a teardown) first waits up to
+  `system.stop_timeout` for the write in flight and says whether it completed.
+
+The checkpoint becomes visible to `--resume` only once published (manifest included); the
+`checkpoint` status record, sent then, carries `stall_s` (the loop blocked), `wait_s`
+(the part of it spent waiting for the previous write), `write_s` (the write itself) and
+`mode` (`async` | `blocking`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from loguru import logger
+
+from gpuherd.liveness import Liveness
+from gpuherd.model_size import checkpoint_bytes
+from gpuherd.status_channel import StatusWriter
+from worker import distributed as wdist
+from worker import save_phases
+from worker import signals as wsignals
+from worker.checkpoint import Capture, Checkpointer
+from worker.checkpoint_writer import BackgroundWrite
+from worker.save_stats import SaveStats
+from worker.staging import HostStager, memory_problem, stager_missing
+
+
+class Saver:
+    def __init__(self, checkpointer: Checkpointer, status: StatusWriter, live: Liveness, bracket: str,
+                 want_async: bool, exit_wait_s: float) -> None:
+        self.ckpt, self.status, self.live, self.bracket = checkpointer, status, live, bracket
+        self.exit_wait_s = exit_wait_s
+        self.stats = SaveStats()
+        self.inflight: BackgroundWrite | None = None
+        self._lock = threading.Lock()  # the writer thread's reports vs the loop's reads of stats
+        why_not = self._why_blocking(want_async)
+        self.background = why_not is None
+        if why_not and want_async:
+            self._log0(f"{bracket} checkpoints are written while the loop waits: {why_not}")
+        engine = checkpointer.engine
+        self.stager = HostStager(engine.device) if self.background else None
+        # DCP's collectives from a writer thread need a group of their own (gloo: DCP
+        # coordinates on the CPU), created now, at the same point on every rank.
+        self.group = dist.new_group(backend="gloo") if self.background and engine.sharded and wdist.active() else None
+        wsignals.before_exit_now(self._before_exit)
+
+    def _why_blocking(self, want_async: bool) -> str | None:
+        """Why saves must block on this run (every rank agrees), None: they need not."""
+        engine = self.ckpt.engine
+        mine = None
+        if not want_async:
+            mine = "training.async_save is off"
+        elif not engine.async_capable:
+            mine = f"strategy {engine.strategy} saves through its own engine"
+        elif missing := stager_missing():
+            mine = missing
+        else:
+            share = checkpoint_bytes(engine.n_params) // (self.ckpt.world_size if engine.sharded else 1)
+            mine = memory_problem(share if engine.sharded or self.ckpt.rank == 0 else 0)
+        reasons = [r for r in wdist.gather_objects(mine) if r]
+        return reasons[0] if reasons else None
+
+    def _log0(self, message: str) -> None:
+        if self.ckpt.rank == 0:
+            logger.info(message)
+
+    # ------------------------------------------------------------------ the loop's calls
+    def save(self, step: int, sampler_state: dict[str, Any], final: bool = False) -> None:
+        """Save the state after `step` (a collective: all ranks call). `final`: the last save
+        of this run, written before returning."""
+        started = time.perf_counter()
+        wait_s = self.drain_or_raise()
+        if not self.background or final:
+            path = self.ckpt.write(self.ckpt.capture(step, sampler_state))
+            stall = time.perf_counter() - started
+            self._published(step, path, stall_s=stall, wait_s=wait_s, write_s=stall - wait_s, mode="blocking")
+            return
+        save_phases.reached("staging", step)
+        self.live.doing("copying the state to host memory")
+        capture = self.ckpt.capture(step, sampler_state, to_host=False)
+        if capture.states is None and not self.ckpt.engine.sharded:
+            self._staged(time.perf_counter() - started, wait_s)  # rank 0 writes this one alone
+            return
+        capture = dataclasses.replace(capture, meta=self.stager.copy(capture.meta),
+                                      states=self.stager.copy(capture.states))
+        stall = time.perf_counter() - started
+        self._staged(stall, wait_s)
+        self.status.send("checkpoint_write", state="started", step=step, path=str(capture.path))
+        self.inflight = BackgroundWrite(step, capture.path, lambda: self._write(capture),
+                                        lambda write: self._written(write, stall, wait_s))
+
+    def _write(self, capture: Capture) -> Path:
+        save_phases.reached("staged", capture.step)
+        return self.ckpt.write(capture, self.group, collective=self.ckpt.engine.sharded)
+
+    def poll(self) -> None:
+        """At a step boundary: a finished write is collected, a failed one raised here."""
+        if self.inflight is not None and self.inflight.done:
+            self._collect()
+
+    def drain_or_raise(self) -> float:
+        """Wait for the write in flight (the loop is blocked meanwhile); its failure is raised.
+        Returns the seconds waited."""
+        write = self.inflight
+        if write is None:
+            return 0.0
+        waited = 0.0
+        if not write.done:
+            started = time.perf_counter()
+            self.live.doing("waiting for the previous checkpoint write")
+            write.wait()
+            waited = time.perf_counter() - started
+            self._log0(f"{self.bracket} waited {waited:.2f} s for the checkpoint of step {write.step} to be "
+                       "written before going on (saves come faster than the disk takes them)")
+        self._collect()
+        return waited
+
+    def _collect(self) -> None:
+        write, self.inflight = self.inflight, None
+        if write is not None and write.error is not None:
+            raise write.error
+
+    def close(self) -> None:
+        """Leaving the loop, whichever way: the write in flight gets to finish (bounded). The
+        SIGTERM hook stays until then: a teardown during this wait must not cut it short."""
+        self._wait_in_flight("the run ends")
+        wsignals.forget_before_exit(self._before_exit)
+        if self.stager is not None:
+            self.stager.close()
+
+    def _before_exit(self) -> None:
+        self._wait_in_flight("SIGTERM (a teardown)")
+
+    def _wait_in_flight(self, why: str) -> None:
+        write = self.inflight
+        if write is None or write.done:
+            return
+        logger.warning(f"{self.bracket} {why}: waiting up to {self.exit_wait_s:g} s for the checkpoint of step "
+                       f"{write.step} being written in the background ({write.path.name})")
+        if not write.wait(self.exit_wait_s) or write.error is not None:
+            why = f" ({write.error})" if write.error is not None else ""
+            logger.error(f"{self.bracket} the checkpoint of step {write.step} was NOT completed{why}: "
+                         f"{write.path.name} stays invisible to --resume, which takes the newest complete one")
+
+    def step_note(self) -> str | None:
+        """For the next step line: the saves since the previous one."""
+        with self._lock:
+            return self.stats.step_note()
+
+    def summary(self) -> str | None:
+        with self._lock:
+            return self.stats.summary()
+
+    # ------------------------------------------------------------------ outcomes
+    def _staged(self, stall_s: float, wait_s: float) -> None:
+        with self._lock:
+            self.stats.staged(stall_s, wait_s)
+
+    def _written(self, write: BackgroundWrite, stall_s: float, wait_s: float) -> None:
+        """In the writer thread, once its write ended."""
+        if write.error is None:
+            self._published(write.step, write.published, stall_s=stall_s, wait_s=wait_s, write_s=write.write_s,
+                            mode="async")
+            return
+        # said once, by the loop that raises it at its next step (or by the exit that waited for it)
+        self.status.send("checkpoint_write", state="failed", step=write.step, path=str(write.path))
+
+    def _published(self, step: int, path: Path, *, stall_s: float, wait_s: float, write_s: float,
+                   mode: str) -> None:
+        with self._lock:
+            self.stats.published(stall_s, wait_s, write_s, background=mode == "async")
+        how = (f"written in the background in {write_s:.2f} s, the loop blocked {stall_s:.2f} s" if mode == "async"
+               else f"the loop blocked {stall_s:.2f} s")
+        self._log0(f"{self.bracket} checkpoint saved: {path} ({how})")
+        self.status.send("checkpoint", step=step, path=str(path), stall_s=round(stall_s, 4),
+                         wait_s=round(wait_s, 4), write_s=round(write_s, 4), mode=mode)

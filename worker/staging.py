@@ -1,0 +1,58 @@
+"""A copy of a checkpoint's state in host memory, taken while the loop waits, so that
+training can go on changing the live tensors while a writer thread saves the copy.
+
+On CUDA the copy lands in pinned memory (the GPU writes into it at full PCIe speed,
+non-blocking, then one synchronize); on CPU it is a plain memory copy. The buffers are
+kept between saves (torch's DefaultStager caches one per source storage), so only the
+first save allocates. torch.distributed.checkpoint's `async_save` stages the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psutil
+import torch
+
+from gpuherd.storage import format_bytes
+
+# Staging buffers may take at most this share of the host memory available when training
+# starts: past it the copy would push the machine into swap or the OOM killer, and a save
+# that blocks is the safer choice.
+MAX_SHARE_OF_AVAILABLE = 0.5
+
+
+def stager_missing() -> str | None:
+    """Why this torch cannot stage (None: it can)."""
+    try:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # noqa: F401
+    except ImportError:
+        return f"torch {torch.__version__} has no torch.distributed.checkpoint.staging.DefaultStager (torch >= 2.8)"
+    return None
+
+
+def memory_problem(nbytes: int) -> str | None:
+    """Why `nbytes` of staging buffers would not fit this host comfortably (None: they fit)."""
+    available = psutil.virtual_memory().available
+    if nbytes <= MAX_SHARE_OF_AVAILABLE * available:
+        return None
+    return (f"a host copy of this rank's checkpoint state takes ~{format_bytes(nbytes)}, more than half of the "
+            f"{format_bytes(available)} of memory available")
+
+
+class HostStager:
+    """Copies any nested state (dicts, lists, tensors, DTensors, plain values) into its buffers."""
+
+    def __init__(self, device: torch.device) -> None:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        cuda = device.type == "cuda"
+        self._stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                                                    use_async_staging=False, use_non_blocking_copy=cuda))
+
+    def copy(self, state: Any) -> Any:
+        """A deep copy whose tensors live in host memory; returns once the copy is complete."""
+        return self._stager.stage(state)
+
+    def close(self) -> None:
+        self._stager.close()
