@@ -37,7 +37,7 @@ HARD, SILENT, ELSEWHERE, BEHIND, WAITING = 4, 3, 2, 1, 0  # evidence levels, str
 
 
 @dataclass(frozen=True)
-class RankView:
+class RankSnapshot:
     """What the heartbeat monitor knows of one rank when the verdict is made."""
 
     rank: int
@@ -58,7 +58,7 @@ class Evidence:
     line: str
 
 
-def _last_seen(v: RankView) -> str:
+def _last_seen(v: RankSnapshot) -> str:
     """Where its records last placed it: `step 27, forward/backward`."""
     live = v.live or {}
     at = f"step {v.step}" if v.step is not None else str(live.get("phase", "startup"))
@@ -67,7 +67,7 @@ def _last_seen(v: RankView) -> str:
     return at
 
 
-def judge(v: RankView, now: float) -> Evidence:
+def judge(v: RankSnapshot, now: float) -> Evidence:
     """One rank's evidence line and level."""
     proc = "" if v.proc is None else v.proc.describe(now)
     if v.live is None:  # a script without liveness records: silence, steps and the kernel only
@@ -94,7 +94,7 @@ def judge(v: RankView, now: float) -> Evidence:
                     f"rank {v.rank}: in {live.get('where')} {at} for {there}, not in a collective{suffix}")
 
 
-def computing(v: RankView) -> str | None:
+def computing(v: RankSnapshot) -> str | None:
     """How `v` shows it is working (one line), or None when nothing says so."""
     live, proc = v.live, v.proc
     if live is None or proc is None or proc.hard or v.live_age_s is None or v.live_age_s > LIVENESS_SILENT_S:
@@ -108,7 +108,7 @@ def computing(v: RankView) -> str | None:
     return f"rank {v.rank}: {doing} at {at} for {live.get('where_s', 0) + v.live_age_s:.0f} s, {proc.describe(0.0)}"
 
 
-def progressing(views: list[RankView]) -> dict[int, str]:
+def progressing(views: list[RankSnapshot]) -> dict[int, str]:
     """The ranks that are not hung although past their allowance: those computing, and those
     waiting in a collective for them (at the computing ranks' step or later). rank -> why."""
     busy = {v.rank: line for v in views if (line := computing(v)) is not None}
@@ -121,7 +121,7 @@ def progressing(views: list[RankView]) -> dict[int, str]:
     return busy | waiting
 
 
-def _step(v: RankView) -> int:
+def _step(v: RankSnapshot) -> int:
     step = (v.live or {}).get("step", v.step)
     return step if isinstance(step, int) else -1
 

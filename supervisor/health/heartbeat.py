@@ -111,7 +111,7 @@ class RankState:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class HangVerdict:
     kind: str  # "hang" | "rendezvous"
     rank: int  # the rank blamed first
     message: str
@@ -236,7 +236,7 @@ class Heartbeats:
         own = self.timeouts.allowance(st.timed)
         return max(own, self.timeouts.allowance("checkpoint")) if saving else own
 
-    def check(self, now: float, alive: set[int]) -> Verdict | None:
+    def check(self, now: float, alive: set[int]) -> HangVerdict | None:
         """A hang or a failed rendezvous among the ranks still running, or None."""
         if now - self._last_sample >= PROC_SAMPLE_S:
             self._last_sample = now
@@ -250,7 +250,7 @@ class Heartbeats:
             missing = [st for st in self.ranks.values() if st.rank in alive and not st.joined]
             if missing:
                 names = ", ".join(f"rank {st.rank} ({st.describe()})" for st in missing)
-                return Verdict("rendezvous", missing[0].rank,
+                return HangVerdict("rendezvous", missing[0].rank,
                                f"process group not formed after {self.rendezvous:.0f} s: {names} never joined")
         saving = any(st.phase == "checkpoint" for st in watched)
         stale = [st for st in watched if now - self._since(st) > self.allowance(st, saving)]
@@ -293,13 +293,13 @@ class Heartbeats:
             st.unwatched_told = True
         return [st.rank for st in due]
 
-    def _views(self, running: list[RankState], now: float) -> list[ev.RankView]:
-        return [ev.RankView(st.rank, st.step, now - (st.last_record or st.spawned), st.live,
+    def _views(self, running: list[RankState], now: float) -> list[ev.RankSnapshot]:
+        return [ev.RankSnapshot(st.rank, st.step, now - (st.last_record or st.spawned), st.live,
                             None if st.live_at is None else now - st.live_at, st.live_at == st.last_record,
                             self.procs.state(st.rank))
                 for st in running]
 
-    def _hang(self, stale: list[RankState], views: list[ev.RankView], now: float) -> Verdict:
+    def _hang(self, stale: list[RankState], views: list[ev.RankSnapshot], now: float) -> HangVerdict:
         found = [ev.judge(v, now) for v in views]
         stalled = {st.rank: now - self._since(st) for st in stale}
         blamed, why = ev.blame(found, stalled)
@@ -309,7 +309,7 @@ class Heartbeats:
                    + "; ".join(lines[:len(blamed)])
                    + f"; no progress for {now - self._since(first):.0f} s, "
                    f"{self.timeouts.explain(first.timed)}; steps reached: {self.steps_reached()}")
-        return Verdict("hang", blamed[0], message, tuple(lines))
+        return HangVerdict("hang", blamed[0], message, tuple(lines))
 
     def steps_reached(self) -> str:
         return ", ".join(f"rank {st.rank}={st.step if st.step is not None else '-'}" for st in self.ranks.values())

@@ -6,7 +6,7 @@ state S, one blocked in a collective the computing ranks already left."""
 from __future__ import annotations
 
 from supervisor.health import HangPolicy, Heartbeats, LearnedTimeouts
-from supervisor.health.evidence import RankView, progressing
+from supervisor.health.evidence import RankSnapshot, progressing
 from supervisor.health.proc_state import ProcState
 
 POLICY = HangPolicy(step_default=60, startup=300, factor=5, floor=10)
@@ -19,7 +19,7 @@ def alive(step, where, collective=False, phase="step", where_s=1.0):
 
 
 def view(rank, live, proc, age=0.5):
-    return RankView(rank, live.get("step"), silent_s=age, live=live, live_age_s=age, live_latest=True, proc=proc)
+    return RankSnapshot(rank, live.get("step"), silent_s=age, live=live, live_age_s=age, live_latest=True, proc=proc)
 
 
 def test_ranks_computing_their_first_step_are_working():
