@@ -84,7 +84,7 @@ class Attempt:
     setup: Setup
     logs: dict[int, WorkerLog]
     router: LogRouter
-    monitor: Heartbeats
+    heartbeats: Heartbeats
     sup: Supervision
     run_env: RunEnv
     metrics: MetricsSink
@@ -289,7 +289,7 @@ class Job:
             attempt=attempt, started_at=started_at, duration_s=round(time.monotonic() - t0, 3),
             exit_code=int(cause.exit_code) if cause else 0, outcome="success" if cause is None else cause.kind,
             root_cause=cause, resumed_from=setup.resume, log_dir=str(log_dir), teardown_s=teardown,
-            workers=[_report(w, cause, att.monitor, self.mode == "script") for w in att.workers],
+            workers=[_report(w, cause, att.heartbeats, self.mode == "script") for w in att.workers],
             stop_signal=signal.Signals(sup.state.stop_signal).name if sup.state.stop_signal else None,
             final_save=final_save,
             suspect_devices=att.suspects.devices(self.exclusion.enabled), excluded_gpus=list(self.exclusion.excluded))
@@ -310,7 +310,7 @@ class Job:
         router = LogRouter(list(logs.values()), self.console, cfg.system.log_ranks, cfg.system.collapse_logs,
                            nccl_watch=_nccl_watch(plan))
         stragglers = Stragglers(cfg.system.straggler_factor, cfg.system.straggler_windows, metrics.write)
-        monitor = Heartbeats([s.rank for s in plan.slots], time.monotonic(), self.timeouts,
+        heartbeats = Heartbeats([s.rank for s in plan.slots], time.monotonic(), self.timeouts,
                              cfg.system.rendezvous_timeout, expect_heartbeats=self.mode == "train",
                              stragglers=stragglers)
         trace_dir = log_dir / "collective-traces"
@@ -319,7 +319,7 @@ class Job:
         suspects = SuspectWatch(plan, attempt)
         stop = StopRules(cfg.system.grace_period, self.stop_timeout,
                          save_signal=SAVE_AND_STOP if self.mode == "train" else None)
-        sup = Supervision([], router, monitor, metrics, stop, finish_window=self.timeouts.policy.step_default,
+        sup = Supervision([], router, heartbeats, metrics, stop, finish_window=self.timeouts.policy.step_default,
                           on_cause=self.rendezvous.publisher(attempt),
                           on_record=_fan_out(self.checkpoints.observe, suspects.observe),
                           script=self.mode == "script", unwatched_why=_unwatched_why(self.launch),
@@ -334,7 +334,7 @@ class Job:
                          virtual_local_rank=self.launch.torchrun.virtual_local_rank,
                          timer_file=str(timer_fifo(os.environ, log_dir)) if file_timer_wanted(os.environ) else "")
         timer = FileTimer(Path(run_env.timer_file), log_dir / "file-timer.log") if run_env.timer_file else None
-        return Attempt(attempt, setup, logs, router, monitor, sup, run_env, metrics, stragglers, suspects, timer=timer)
+        return Attempt(attempt, setup, logs, router, heartbeats, sup, run_env, metrics, stragglers, suspects, timer=timer)
 
     def _supervise(self, att: Attempt, guard: OrphanGuard) -> RootCause | None:
         """Spawn, watch until the end, and leave nothing of the attempt running."""
@@ -518,8 +518,8 @@ def _stop_watcher(watcher: RunWatcher) -> None:
         logger.warning(f"watcher {getattr(watcher, 'name', watcher)} failed to stop: {exc}")
 
 
-def _report(w: WorkerProcess, cause: RootCause | None, monitor: Heartbeats | None, script: bool) -> WorkerReport:
-    st = monitor.ranks[w.slot.rank] if monitor is not None else None
+def _report(w: WorkerProcess, cause: RootCause | None, heartbeats: Heartbeats | None, script: bool) -> WorkerReport:
+    st = heartbeats.ranks[w.slot.rank] if heartbeats is not None else None
     code = None if w.returncode is None else shell_code(w.returncode)
     if cause is None:
         role = "ok"

@@ -57,7 +57,7 @@ HANDLED_SIGNALS = (signal.SIGINT, signal.SIGCHLD, signal.SIGCONT, QUIT, *STOP_RE
 
 
 class Supervision:
-    def __init__(self, workers: list[WorkerProcess], router: LogRouter, monitor: Heartbeats,
+    def __init__(self, workers: list[WorkerProcess], router: LogRouter, heartbeats: Heartbeats,
                  metrics: MetricsSink, stop: StopRules, finish_window: float,
                  on_cause: Callable[[RootCause], None] | None = None,
                  on_record: Callable[[dict], None] | None = None, script: bool = False,
@@ -70,7 +70,7 @@ class Supervision:
         workers dump their collective traces when asked (None: no traces asked for)."""
         self.workers = {w.slot.rank: w for w in workers}
         self.router = router
-        self.monitor = monitor
+        self.heartbeats = heartbeats
         self.metrics = metrics
         self.stop = stop
         self.rules = pol.Rules(grace=stop.grace, stop_timeout=stop.stop_timeout, save_signal=stop.save_signal,
@@ -115,8 +115,8 @@ class Supervision:
 
     def add_worker(self, w: WorkerProcess) -> None:
         self.workers[w.slot.rank] = w
-        self.monitor.ranks[w.slot.rank].spawned = w.started
-        self.monitor.watch_pid(w.slot.rank, w.pid)
+        self.heartbeats.ranks[w.slot.rank].spawned = w.started
+        self.heartbeats.watch_pid(w.slot.rank, w.pid)
 
     def install_signal_handlers(self) -> None:
         """Before the first spawn: a SIGCHLD or Ctrl-C from then on is never missed."""
@@ -187,7 +187,7 @@ class Supervision:
         meanwhile is still in the pipes. Read it all, then count silence from now only."""
         self._resumed = False
         self.pipes.read_all(CATCH_UP_CHUNKS)
-        self.monitor.restart_clocks(time.monotonic())
+        self.heartbeats.restart_clocks(time.monotonic())
 
     def _timeout(self, now: float) -> float:
         deadlines = [now + 0.5]
@@ -205,7 +205,7 @@ class Supervision:
 
     def _record(self, rank: int, record: dict, now: float) -> None:
         """A status record from `rank`: the heartbeat judge's, then whoever else listens."""
-        self.monitor.record(rank, record, now)
+        self.heartbeats.record(rank, record, now)
         if self._on_record is not None:
             self._on_record(record)
 
@@ -215,13 +215,13 @@ class Supervision:
         """What the policy knows of the live ranks (from their records, their signal handlers)."""
         ranks = []
         for w in self._alive():
-            st = self.monitor.ranks[w.slot.rank]
+            st = self.heartbeats.ranks[w.slot.rank]
             live = st.live if st.live_at is not None and now - st.live_at <= LIVE_STEP_S else None
             ranks.append(pol.Rank(
                 w.slot.rank, w.slot.tag, handles=w.handles((signal.SIGUSR1, signal.SIGUSR2)), saving=st.saving, in_step=live is not None and live.get("phase") == "step",
                 leaving=st.phase == "shutdown", save_ended=st.save_ended,
-                heard=bool(st.records or self.monitor.expect)))
-        return pol.View(now, tuple(ranks), step_s=self.monitor.longest_step())
+                heard=bool(st.records or self.heartbeats.expect)))
+        return pol.View(now, tuple(ranks), step_s=self.heartbeats.longest_step())
 
     def _decide(self, event: pol.Event) -> None:
         self.state, actions = pol.decide(self.state, event, self.rules)
@@ -298,7 +298,7 @@ class Supervision:
         how = how_it_ended(w.returncode, self.script)
         logger.debug(f"{w.slot.tag} (rank {w.slot.rank}, pid {w.pid}) {how}")
         code = shell_code(w.returncode)
-        st = self.monitor.ranks[w.slot.rank]
+        st = self.heartbeats.ranks[w.slot.rank]
         failure = self._failure(w, code, now) if code != 0 and self.cause is None else None
         self._decide(pol.Exited(self._view(now), w.slot.rank, w.slot.tag, code, how_it_ended(w.returncode),
                                 done=st.done, killed_by_us="SIGKILL" in w.signalled, failure=failure,
@@ -310,7 +310,7 @@ class Supervision:
         message = (f"{w.slot.tag} (rank {w.slot.rank}) {how_it_ended(w.returncode, self.script)} "
                    f"after {now - w.started:.1f} s")
         error = read_error_file(error_file_for(w.log_path))
-        st_error = self.monitor.ranks[w.slot.rank].error
+        st_error = self.heartbeats.ranks[w.slot.rank].error
         if error is not None or st_error:
             message += f": {error.message if error is not None else st_error}"
         cause = self._worker_cause("worker-exit", code, message, w)
@@ -333,19 +333,19 @@ class Supervision:
 
     def _judge_heartbeats(self, now: float) -> None:
         alive = {w.slot.rank for w in self._alive()}
-        unwatched = self.monitor.newly_unwatched(now, alive)
+        unwatched = self.heartbeats.newly_unwatched(now, alive)
         if unwatched and self.unwatched_why:
             logger.info(f"rank(s) {', '.join(map(str, unwatched))} sent no heartbeat in their first "
-                        f"{self.monitor.timeouts.allowance('startup'):g} s: {self.unwatched_why}")
-        verdict = self.monitor.check(now, alive)
-        while self.monitor.notices:
-            logger.info(self.monitor.notices.pop(0))
+                        f"{self.heartbeats.timeouts.allowance('startup'):g} s: {self.unwatched_why}")
+        verdict = self.heartbeats.check(now, alive)
+        while self.heartbeats.notices:
+            logger.info(self.heartbeats.notices.pop(0))
         if verdict is None:
             return
         code = ExitCode.RENDEZVOUS if verdict.kind == "rendezvous" else ExitCode.HANG
         cause = self._worker_cause(verdict.kind, code, verdict.message, self.workers[verdict.rank])
         cause.evidence = list(verdict.evidence)
-        self._decide(pol.HangFound(self._view(now), cause, frozenset(self.monitor.responsive(now, alive))))
+        self._decide(pol.HangFound(self._view(now), cause, frozenset(self.heartbeats.responsive(now, alive))))
 
     # ------------------------------------------------------------------ helpers
 
@@ -370,7 +370,7 @@ class Supervision:
         stop = self.state.graceful
         if stop is None:
             return None
-        saved = any(st.saved_at is not None and st.saved_at >= stop.started for st in self.monitor.ranks.values())
+        saved = any(st.saved_at is not None and st.saved_at >= stop.started for st in self.heartbeats.ranks.values())
         return stop.outcome(saved)
 
     def force_kill_everything(self) -> None:
