@@ -218,7 +218,8 @@ class Supervision:
             st = self.heartbeats.ranks[w.slot.rank]
             live = st.live if st.live_at is not None and now - st.live_at <= LIVE_STEP_S else None
             ranks.append(pol.Rank(
-                w.slot.rank, w.slot.tag, handles=w.handles((signal.SIGUSR1, signal.SIGUSR2)), saving=st.saving, in_step=live is not None and live.get("phase") == "step",
+                w.slot.rank, w.slot.tag, handles=w.handles((signal.SIGUSR1, signal.SIGUSR2)), saving=st.saving,
+                writing=st.writing, in_step=live is not None and live.get("phase") == "step",
                 leaving=st.phase == "shutdown", save_ended=st.save_ended,
                 heard=bool(st.records or self.heartbeats.expect)))
         return pol.View(now, tuple(ranks), step_s=self.heartbeats.longest_step())
