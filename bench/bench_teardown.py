@@ -7,6 +7,8 @@ launcher has to escalate to SIGKILL. Both get the same grace period (gpuherd
 `--grace-period G`, torchrun `--shutdown-timeout G`). Measured: the time rank 1 wrote
 right before dying -> the launcher's exit. A launcher still running --cap seconds
 after the death is killed with its workers and counted as the cap (a lower bound).
+Ctrl-C rows: every rank up and sleeping (nothing to save), SIGINT to the launcher ->
+its exit. Both launchers run with their default settings otherwise.
 
     python bench/bench_teardown.py [--quick] [--grace 2] [--cap S]
 """
@@ -14,6 +16,7 @@ after the death is killed with its workers and counted as the cap (a lower bound
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
 import tempfile
@@ -49,6 +52,23 @@ def teardown_ms(cmd_for, n: int, how: str, cap: float, work: Path) -> float:
     return exit_after(proc, float(died.read_text()), cap) * 1000
 
 
+def ctrl_c_ms(cmd_for, n: int, work: Path) -> float:
+    """SIGINT to the launcher once every rank is up -> the launcher's exit."""
+    out = Path(tempfile.mkdtemp(dir=work))
+    proc = subprocess.Popen(cmd_for(n, "ctrl-c", str(out)), env=worker_env(), cwd=work, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + SANE_CAP
+    while len(list(out.glob("up*"))) < n:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            kill_tree(proc)
+            raise RuntimeError(f"{cmd_for.__name__}: the ranks never came up (launcher exit code {proc.returncode})")
+        time.sleep(0.005)
+    time.sleep(0.2)  # past the `up` marker: every rank sleeps
+    sent = time.time()
+    proc.send_signal(signal.SIGINT)
+    return exit_after(proc, sent, SANE_CAP) * 1000
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (the suite in a few minutes)")
@@ -71,10 +91,17 @@ def main() -> int:
                     ("gpuherd", lambda n=n, how=how, cap=cap: teardown_ms(ln.gpuherd, n, how, cap, work)),
                     ("torchrun", lambda n=n, how=how, cap=cap: teardown_ms(ln.torchrun, n, how, cap, work)),
                     repeats=escalation_reps if how == "ignore-sigterm" else reps))
+        for n in (2, 8):
+            comparisons.append(interleaved(
+                f"{n} workers, Ctrl-C (SIGINT to the launcher, nothing to save)", "ms",
+                ("gpuherd", lambda n=n: ctrl_c_ms(ln.gpuherd, n, work)),
+                ("torchrun", lambda n=n: ctrl_c_ms(ln.torchrun, n, work)), repeats=reps))
     notes = [
         f"{reps} interleaved repetitions per row ({escalation_reps} where the others ignore SIGTERM; "
         f"{'quick' if args.quick else 'full'} mode); ratios >1 mean gpuherd exits sooner",
         "measured from the time rank 1 wrote right before dying to the launcher's exit; the other ranks sleep",
+        "default settings on both sides (gpuherd renders no report on the exit path: the summary names "
+        "`gpuherd report RUN`); Ctrl-C rows: from the SIGINT to the launcher to its exit",
         f"grace period {args.grace} s on both sides: gpuherd `--grace-period {args.grace}`, "
         f"torchrun `--shutdown-timeout {args.grace}`",
         "torchrun ignores `--shutdown-timeout` (and TORCH_ELASTIC_SHUTDOWN_TIMEOUT) when a worker fails: its agent "

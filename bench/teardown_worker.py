@@ -4,7 +4,9 @@ Every rank marks itself up; once all are, rank 1 writes the time of its death to
 OUT/died and dies as argv[1] says: `exception` (an uncaught RuntimeError), `exit`
 (os._exit(1)), `sigkill` (SIGKILL to itself), or `ignore-sigterm` (os._exit(1)
 while every other rank ignores SIGTERM, so the launcher has to escalate to SIGKILL).
-The other ranks sleep until the launcher ends them.
+The other ranks sleep until the launcher ends them. `ctrl-c`: nobody dies, every rank
+sleeps (Python's default SIGINT handler, nothing to save) until the bench sends the
+launcher SIGINT.
 
     teardown_worker.py HOW OUT
 """
@@ -20,7 +22,7 @@ rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 if how == "ignore-sigterm" and rank != 1:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 (out / f"up{rank}").touch()
-if rank != 1:
+if rank != 1 or how == "ctrl-c":
     time.sleep(600)
     sys.exit(0)
 while len(list(out.glob("up*"))) < world:

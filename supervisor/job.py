@@ -81,7 +81,7 @@ from supervisor.rendezvous import (
     stop_reason,
     training_fingerprint,
 )
-from supervisor.restarts import STREAK_RESET_S, RunCheckpoints, SuspectExclusion, backoff, pause, refusal
+from supervisor.restarts import RestartPlan, RunCheckpoints, SuspectExclusion, pause, plan_restart
 from supervisor.summary import AttemptReport, RootCause, Summary, WorkerReport, how_it_ended, now_iso, shell_code
 from supervisor.torchrun import (
     FileTimer,
@@ -103,7 +103,7 @@ class Attempt:
     setup: Setup
     logs: dict[int, WorkerLog]
     router: LogRouter
-    monitor: Heartbeats
+    heartbeats: Heartbeats
     sup: Supervision
     run_env: RunEnv
     metrics: MetricsSink
@@ -207,20 +207,21 @@ class Job:
                 report = self.run_attempt(attempt, resume, guard, metrics)
                 attempts.append(report)
                 final = report.root_cause
-                streak = 0 if report.duration_s >= STREAK_RESET_S else streak
                 if final is None:
                     break
                 used = attempt + self._recovered()  # --max-restarts counts recoveries and restarts alike
-                why_not = self._why_not_restart(final, report, last=used >= system.max_restarts) \
-                    or self._exclude_suspects(final, report, attempt + 1)
+                plan = plan_restart(final, stop_signal=report.stop_signal, attempt=used,
+                                    max_restarts=system.max_restarts, train=self.mode == "train",
+                                    restart_on_nan=system.restart_on_nan, base_backoff=system.restart_backoff,
+                                    streak=streak, ran_s=report.duration_s)
+                why_not = self._after_dataset_check(plan) or self._exclude_suspects(final, report, attempt + 1)
                 if why_not:
                     if system.max_restarts:  # say why only where a restart was on the table
                         report.not_restarted = why_not
                     break
                 newest = self.checkpoints.newest_of_this_run()
                 resume = str(newest) if newest is not None else None
-                delay = backoff(system.restart_backoff, streak)
-                streak += 1
+                delay, streak = plan.delay, plan.streak
                 logger.warning(f"attempt {attempt} failed ({final.message}); restart {used + 1} of "
                                f"{system.max_restarts} in {delay:g} s, "
                                + (f"resuming from {resume}" if resume else "starting as the first attempt did "
@@ -274,21 +275,15 @@ class Job:
             self.guard.release()
             self.guard = None
 
-    def _why_not_restart(self, cause: RootCause, report: AttemptReport, last: bool) -> str | None:
-        """None: restart. Before a restart of the built-in trainer the dataset cache is checked
-        again and rebuilt if it went missing or was damaged, so a worker that failed on a
-        broken cache (exit 3) gets another attempt once it is repaired."""
-        why_not = refusal(cause, self.cfg.system.restart_on_nan)
-        if report.stop_signal:  # e.g. scancel's SIGTERM reached a worker before the supervisor
-            why_not = f"the supervisor received {report.stop_signal}"
-        if last:
-            return why_not or f"all {self.cfg.system.max_restarts} restart(s) used"
-        if self.mode != "train" or (why_not and cause.exit_code != ExitCode.DATA) or report.stop_signal:
-            return why_not
+    def _after_dataset_check(self, plan: RestartPlan) -> str | None:
+        """The restart policy's answer, once the dataset cache it asked to check was checked
+        (and rebuilt if it went missing or was damaged). None: restart."""
+        if not plan.check_dataset:
+            return plan.why_not
         failure, rebuilt = self.recheck_dataset()
         if failure is not None:
             return f"the dataset cache cannot be rebuilt: {failure.message}"
-        return None if rebuilt else why_not
+        return None if rebuilt else plan.why_not
 
     def _exclude_suspects(self, cause: RootCause, report: AttemptReport, next_attempt: int) -> str | None:
         """None: restart, without the suspect GPUs under --exclude-suspect-gpus; else why not
@@ -325,7 +320,7 @@ class Job:
         sup = att.sup
         final_save = sup.final_save()
         if final_save == "not saved" and cause is not None:
-            cause = _save_cut(cause, sup.graceful.unfinished)
+            cause = _save_cut(cause, sup.state.graceful.unfinished)
         elif final_save == "saved" and self.checkpoints.newest_of_this_run() is not None and cause is not None:
             newest = self.checkpoints.newest_of_this_run()
             # in the outcome itself: every node names the same checkpoint (rank 0 wrote it; each rank reported it)
@@ -335,15 +330,16 @@ class Job:
         recoveries = att.live.settle() if att.live is not None else []
         self.recoveries += recoveries
         teardown = None
-        if sup.first_failure_at is not None and sup.all_gone_at is not None:
-            teardown = round(max(0.0, sup.all_gone_at - sup.first_failure_at), 4)
+        if sup.state.failed_at is not None and sup.all_gone_at is not None:
+            teardown = round(max(0.0, sup.all_gone_at - sup.state.failed_at), 4)
         return AttemptReport(
             attempt=attempt, started_at=started_at, duration_s=round(time.monotonic() - t0, 3),
             exit_code=int(cause.exit_code) if cause else 0, outcome="success" if cause is None else cause.kind,
             root_cause=cause, resumed_from=setup.resume, log_dir=str(log_dir), teardown_s=teardown,
-            workers=[_report(w, cause, att.monitor, self.mode == "script") for _, w in sorted(sup.workers.items())],
+            workers=[_report(w, cause, att.heartbeats, self.mode == "script") for _, w in sorted(sup.workers.items())],
             recoveries=recoveries,
-            stop_signal=signal.Signals(sup.stop_signal).name if sup.stop_signal else None, final_save=final_save,
+            stop_signal=signal.Signals(sup.state.stop_signal).name if sup.state.stop_signal else None,
+            final_save=final_save,
             suspect_devices=att.suspects.devices(self.exclusion.enabled), excluded_gpus=list(self.exclusion.excluded))
 
     def _log_dir(self, attempt: int) -> Path:
@@ -381,7 +377,7 @@ class Job:
         router = LogRouter(list(logs.values()), self.console, log_ranks, cfg.system.collapse_logs,
                            nccl_watch=_nccl_watch(plan))
         stragglers = Stragglers(cfg.system.straggler_factor, cfg.system.straggler_windows, metrics.write)
-        monitor = Heartbeats([s.rank for s in plan.slots], time.monotonic(), self.timeouts,
+        heartbeats = Heartbeats([s.rank for s in plan.slots], time.monotonic(), self.timeouts,
                              cfg.system.rendezvous_timeout, expect_heartbeats=self.mode == "train",
                              stragglers=stragglers)
         trace_dir = log_dir / "collective-traces"
@@ -406,11 +402,11 @@ class Job:
             numbered_from=len(self.recoveries), script=self.mode == "script", multi_node=self.launch.node.multi,
             write_metric=metrics.write)
         observers = [self.checkpoints.observe, suspects.observe] + ([live.observe] if live is not None else [])
-        sup = Supervision([], router, monitor, metrics, stop, finish_window=self.timeouts.policy.step_default,
+        sup = Supervision([], router, heartbeats, metrics, stop, finish_window=self.timeouts.policy.step_default,
                           on_cause=self._announcer(attempt), on_record=_fan_out(*observers),
                           script=self.mode == "script", unwatched_why=_unwatched_why(self.launch),
                           trace_dir=trace_dir, live=live)
-        return Attempt(attempt, setup, logs, router, monitor, sup, run_env, metrics, stragglers, suspects, timer=timer,
+        return Attempt(attempt, setup, logs, router, heartbeats, sup, run_env, metrics, stragglers, suspects, timer=timer,
                        live=live)
 
     def _announcer(self, attempt: int) -> Callable[[RootCause], None]:
@@ -596,7 +592,7 @@ def _timer_cause(cause: RootCause | None, att: Attempt) -> RootCause | None:
                                               f"{scope!r} expired (TORCHELASTIC_ENABLE_FILE_TIMER=1)")
 
 
-def _save_cut(cause: RootCause, unfinished: list[str]) -> RootCause:
+def _save_cut(cause: RootCause, unfinished: tuple[str, ...]) -> RootCause:
     """A stop whose final checkpoint was not written is no normal 130/143: the work since the
     last complete checkpoint is lost, and the user must know before relying on it."""
     return dataclasses.replace(cause, exit_code=int(ExitCode.FAILURE),
@@ -634,8 +630,8 @@ def _stop_watcher(watcher: RunWatcher) -> None:
         logger.warning(f"watcher {getattr(watcher, 'name', watcher)} failed to stop: {exc}")
 
 
-def _report(w: WorkerProcess, cause: RootCause | None, monitor: Heartbeats | None, script: bool) -> WorkerReport:
-    st = monitor.ranks[w.slot.rank] if monitor is not None else None
+def _report(w: WorkerProcess, cause: RootCause | None, heartbeats: Heartbeats | None, script: bool) -> WorkerReport:
+    st = heartbeats.ranks[w.slot.rank] if heartbeats is not None else None
     code = None if w.returncode is None else shell_code(w.returncode)
     if cause is None:
         role = "ok"

@@ -21,6 +21,7 @@ each, never a stand-in GPU, so the job's shape changes only by what was left out
 from __future__ import annotations
 
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,37 @@ def refusal(cause: RootCause, restart_on_nan: bool) -> str | None:
     if cause.exit_code == ExitCode.DATA_MODEL:
         return "the suspicious step reproduced on replay: the batch or the model fails every attempt the same way"
     return None
+
+
+@dataclass(frozen=True)
+class RestartPlan:
+    """What follows a failed attempt (`plan_restart`)."""
+
+    why_not: str | None  # None: restart; else why the run ends here
+    check_dataset: bool = False  # first rebuild a missing or damaged cache; restart only if that worked,
+    # or, where `why_not` is set (a dataset error), only if the cache was rebuilt
+    delay: float = 0.0  # the pause before the next attempt
+    streak: int = 0  # quick failures in a row, this one included
+
+
+def plan_restart(cause: RootCause, *, stop_signal: str | None, attempt: int, max_restarts: int, train: bool,
+                 restart_on_nan: bool, base_backoff: float, streak: int, ran_s: float) -> RestartPlan:
+    """The restart policy, pure: a failed attempt (`cause`, after `ran_s` seconds, `streak`
+    quick failures before it) -> restart or not, why, and after how long. `stop_signal`: the
+    supervisor was asked to stop during the attempt (a scancel's SIGTERM may reach a worker
+    first: its code alone would look like a crash). The built-in trainer's cache is checked
+    again before a restart (`check_dataset`), so an exit 3 gets another attempt once repaired."""
+    streak = 0 if ran_s >= STREAK_RESET_S else streak
+    why_not = refusal(cause, restart_on_nan)
+    if stop_signal:
+        why_not = f"the supervisor received {stop_signal}"
+    if attempt >= max_restarts:
+        return RestartPlan(why_not or f"all {max_restarts} restart(s) used", streak=streak)
+    if not train or (why_not and cause.exit_code != ExitCode.DATA) or stop_signal:
+        if why_not:
+            return RestartPlan(why_not, streak=streak)
+        return RestartPlan(None, delay=backoff(base_backoff, streak), streak=streak + 1)
+    return RestartPlan(why_not, check_dataset=True, delay=backoff(base_backoff, streak), streak=streak + 1)
 
 
 class RunCheckpoints:
@@ -148,7 +180,7 @@ class SuspectExclusion:
 
 
 def pause(seconds: float) -> int | None:
-    """Sleep between attempts; a Ctrl-C / SIGTERM / SIGHUP / SIGUSR1 / SIGUSR2 meanwhile ends
+    """Sleep between attempts; a Ctrl-C / SIGTERM / SIGHUP / SIGQUIT / SIGUSR1 / SIGUSR2 meanwhile ends
     the wait and is returned (the run then stops with that signal's cause)."""
     stops = honoured(STOP_SIGNALS)  # one inherited as ignored stays ignored here too
     old = signal.pthread_sigmask(signal.SIG_BLOCK, stops)

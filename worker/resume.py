@@ -30,7 +30,7 @@ from worker.distributed import WorkerError
 
 
 @dataclass(frozen=True)
-class Verdict:
+class CheckedCheckpoint:
     path: Path
     problem: str | None  # None: whole, and its meta is readable
     run_id: str | None  # the run that wrote it; None when it does not say
@@ -44,7 +44,7 @@ class Picker:
     rank: int
     world_size: int
 
-    def pick(self, want: str | None, handed: str | None) -> Verdict | None:
+    def pick(self, want: str | None, handed: str | None) -> CheckedCheckpoint | None:
         """The checkpoint to resume (see the module doc), or None to start at step 0."""
         if handed:
             return self._restart_point(Path(handed))
@@ -64,14 +64,14 @@ class Picker:
                               f"the newest: {first_problem}", ExitCode.USAGE)
         return found
 
-    def check(self, path: Path) -> Verdict:
+    def check(self, path: Path) -> CheckedCheckpoint:
         """Verify `path` against its manifest and read its meta (a collective)."""
         problem, manifest, meta = self._local_check(path)
         problems = [p for p in wdist.gather_objects(problem) if p]
         run_id = manifest.run_id if manifest is not None else (meta or {}).get("run_id")
         if problems:
-            return Verdict(path, problems[0], run_id, None)
-        return Verdict(path, None, run_id, meta)
+            return CheckedCheckpoint(path, problems[0], run_id, None)
+        return CheckedCheckpoint(path, None, run_id, meta)
 
     def _local_check(self, path: Path) -> tuple[str | None, Manifest | None, dict[str, Any] | None]:
         if not path.exists():
@@ -94,7 +94,7 @@ class Picker:
                        "before its manifest): it cannot be verified")
         return None, manifest, meta
 
-    def _first_valid(self, candidates: list[Path]) -> tuple[Verdict | None, str | None]:
+    def _first_valid(self, candidates: list[Path]) -> tuple[CheckedCheckpoint | None, str | None]:
         first_problem = None
         for path in candidates:
             verdict = self.check(path)
@@ -104,7 +104,7 @@ class Picker:
             self._warn(f"{verdict.problem}: skipped")
         return None, first_problem
 
-    def _restart_point(self, handed: Path) -> Verdict:
+    def _restart_point(self, handed: Path) -> CheckedCheckpoint:
         verdict = self.check(handed)
         if not self.run_id:
             if verdict.problem:

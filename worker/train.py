@@ -35,7 +35,7 @@ from worker.reporting import ScalarSinks, StepReporter, TensorBoard
 from worker.saver import Saver
 from worker.schedule import WarmupCosine
 from worker.wandb_log import WandbLog
-from worker.whereabouts import GradientSync, dump_collective_trace
+from worker.collectives import GradientSync, dump_collective_trace
 
 
 def run(cfg: Config, identity: WorkerIdentity, *, cache_dir: Path | None = None, data: DataBundle | None = None,

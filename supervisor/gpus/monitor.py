@@ -12,7 +12,7 @@ metrics.jsonl): {"type": "gpu", ...} per GPU and {"type": "host", ...} per
 worker. Trouble is named by GPU and rank: `warn` for throttling (thermal, hardware
 slowdown, power brake; not the power cap a GPU at full load sits at), corrected ECC
 errors, application XIDs, a foreign process on a worker's GPU (each once per
-episode); memory use is recorded, not judged (health.py says why);
+episode); memory use is recorded, not judged (nvml_meaning.py says why);
 `fatal(message, ExitCode.DEVICE)` once for a lost
 GPU, a hardware XID or an uncorrectable ECC error, after which the monitor
 stops sampling and the supervisor tears the run down.
@@ -29,7 +29,7 @@ import psutil
 from loguru import logger
 
 from gpuherd.exit_codes import ExitCode
-from supervisor.gpus import health, nvml, pids
+from supervisor.gpus import nvml, nvml_meaning, pids
 from supervisor.gpus.inventory import GpuInfo, process_info
 
 EVENT_WAIT_MS = 200  # stop() joins within about this
@@ -218,7 +218,7 @@ class GpuMonitor:
             "sm_clock_mhz": read(i, "SM clock", lambda: p.nvmlDeviceGetClockInfo(h, p.NVML_CLOCK_SM)),
             "power_w": power if power == nvml.NA else round(power / 1000, 1),
             "power_limit_w": limit if limit == nvml.NA else round(limit / 1000, 1),
-            "clock_events": events if events == nvml.NA else health.clock_event_names(events),
+            "clock_events": events if events == nvml.NA else nvml_meaning.clock_event_names(events),
             "ecc_corrected": read(i, "ECC counters", lambda: p.nvmlDeviceGetTotalEccErrors(
                 h, p.NVML_MEMORY_ERROR_TYPE_CORRECTED, p.NVML_VOLATILE_ECC)),
             "ecc_uncorrected": read(i, "ECC counters", lambda: p.nvmlDeviceGetTotalEccErrors(
@@ -272,7 +272,7 @@ class GpuMonitor:
     def _judge(self, r: dict, events: Any) -> None:
         i, who = r["gpu"], self._who(r["gpu"])
         if events != nvml.NA:
-            kind = health.slowdown_kind(events)
+            kind = nvml_meaning.slowdown_kind(events)
             temp = "" if r["temp"] == nvml.NA else f" at {r['temp']}C"
             if r["temp_slowdown"] != nvml.NA and temp:
                 temp += f" (slowdown at {r['temp_slowdown']}C)"
@@ -371,10 +371,10 @@ class GpuMonitor:
         self.sink(record)
         if event_type & p.nvmlEventTypeDoubleBitEccError:
             self._fail(f"{who}: double-bit ECC error reported by the driver; results on this GPU cannot be trusted")
-        elif health.xid_is_fatal(data):
+        elif nvml_meaning.xid_is_fatal(data):
             self._fail(f"{who}: hardware XID {data} reported by the driver; see "
                        "https://docs.nvidia.com/deploy/xid-errors/ and `dmesg | grep -i xid`")
-        elif data in health.APPLICATION_XIDS:
+        elif data in nvml_meaning.APPLICATION_XIDS:
             self.warn(f"{who}: application XID {data} (a program on this GPU faulted, the GPU itself is fine)")
         else:
             self.warn(f"{who}: XID {data} recorded by the driver (informational; takes effect at the next GPU reset)")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuherd.exit_codes import ExitCode
-from supervisor.gpus import claim, health, nvml
+from supervisor.gpus import claim, nvml, nvml_meaning
 from supervisor.gpus.errors import DeviceError
 from supervisor.gpus.inventory import GpuInfo, describe_all
 from supervisor.gpus.table import format_device_table
@@ -128,5 +128,5 @@ def _measure(pynvml, handles: dict, gpus: list[GpuInfo], window_s: float) -> lis
                               lambda h=h: pynvml.nvmlDeviceGetCurrentClocksThrottleReasons(h))
         total = sums[g.index]
         out.append(Candidate(g, None if total is None else total / count,
-                             None if reasons == nvml.NA else health.slowdown_kind(reasons)))
+                             None if reasons == nvml.NA else nvml_meaning.slowdown_kind(reasons)))
     return out

@@ -6,7 +6,7 @@ record goes to, and the pre-flight checks before a run."""
 
 from supervisor.health import traces
 from supervisor.health.gpu_watch import announce_devices, gpu_watcher
-from supervisor.health.heartbeat import Heartbeats, Verdict, hang_timeouts
+from supervisor.health.heartbeat import HangVerdict, Heartbeats, hang_timeouts
 from supervisor.health.items import FAIL, PASS, WARN
 from supervisor.health.metrics import MetricsSink
 from supervisor.health.nccl_transport import NcclTransportWatch
@@ -17,7 +17,7 @@ from supervisor.health.timeouts import HangPolicy, LearnedTimeouts, previous_lea
 from supervisor.health.watchers import FatalCause, RunContext, RunWatcher
 
 __all__ = [
-    "FAIL", "PASS", "WARN", "CheckReport", "FatalCause", "HangPolicy", "Heartbeats", "LearnedTimeouts", "MetricsSink",
-    "NcclTransportWatch", "RunContext", "RunWatcher", "Stragglers", "SuspectWatch", "Verdict", "announce_devices",
+    "FAIL", "PASS", "WARN", "CheckReport", "FatalCause", "HangPolicy", "HangVerdict", "Heartbeats", "LearnedTimeouts",
+    "MetricsSink", "NcclTransportWatch", "RunContext", "RunWatcher", "Stragglers", "SuspectWatch", "announce_devices",
     "gpu_watcher", "hang_timeouts", "previous_learned", "run_checks", "traces",
 ]

@@ -13,21 +13,31 @@ the next collective. Silence cannot tell them apart; these rules can, strongest 
    silent longest, and the verdict says that the evidence does not single one out.
 
 Each rank gets one evidence line; the verdict lists the blamed ranks' lines first.
+
+Before any of that, a verdict needs evidence of *no* progress (`progressing`): a rank past
+its allowance whose liveness thread reports it computing (forward/backward, the optimizer
+step, data loading, compile), not in a collective, with the kernel saying it runs (state
+R or its CPU busy) is slow, not hung: the first step of a large or compiled model takes
+minutes. Ranks waiting in a collective for such a rank (at its step or later) are excused
+with it (heartbeat.py: up to the startup allowance, never forever). A stopped rank, a
+wedged one (its liveness thread silent), one idle in state S with no CPU, or one blocked in
+a collective the computing ranks already left still hang.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from supervisor.health.proc_state import ProcState
+from supervisor.health.proc_state import BUSY_FRACTION, ProcState
 
+COMPUTING = ("forward/backward", "optimizer step", "data loading")  # `where` values that are work
 LIVENESS_SILENT_S = 5.0  # no `alive` record for this long (they come every second): the thread is frozen
 
 HARD, SILENT, ELSEWHERE, BEHIND, WAITING = 4, 3, 2, 1, 0  # evidence levels, strongest first
 
 
 @dataclass(frozen=True)
-class RankView:
+class RankSnapshot:
     """What the heartbeat monitor knows of one rank when the verdict is made."""
 
     rank: int
@@ -48,7 +58,7 @@ class Evidence:
     line: str
 
 
-def _last_seen(v: RankView) -> str:
+def _last_seen(v: RankSnapshot) -> str:
     """Where its records last placed it: `step 27, forward/backward`."""
     live = v.live or {}
     at = f"step {v.step}" if v.step is not None else str(live.get("phase", "startup"))
@@ -57,7 +67,7 @@ def _last_seen(v: RankView) -> str:
     return at
 
 
-def judge(v: RankView, now: float) -> Evidence:
+def judge(v: RankSnapshot, now: float) -> Evidence:
     """One rank's evidence line and level."""
     proc = "" if v.proc is None else v.proc.describe(now)
     if v.live is None:  # a script without liveness records: silence, steps and the kernel only
@@ -82,6 +92,38 @@ def judge(v: RankView, now: float) -> Evidence:
                                                      f"{suffix}")
     return Evidence(v.rank, ELSEWHERE, False, step,
                     f"rank {v.rank}: in {live.get('where')} {at} for {there}, not in a collective{suffix}")
+
+
+def computing(v: RankSnapshot) -> str | None:
+    """How `v` shows it is working (one line), or None when nothing says so."""
+    live, proc = v.live, v.proc
+    if live is None or proc is None or proc.hard or v.live_age_s is None or v.live_age_s > LIVENESS_SILENT_S:
+        return None
+    if live.get("collective") or not (live.get("where") in COMPUTING or live.get("phase") == "compile"):
+        return None
+    if proc.letter != "R" and (proc.cpu_busy is None or proc.cpu_busy < BUSY_FRACTION):
+        return None
+    doing = live.get("where") or live.get("phase")
+    at = f"step {live.get('step')}" if live.get("step") is not None else str(live.get("phase"))
+    return f"rank {v.rank}: {doing} at {at} for {live.get('where_s', 0) + v.live_age_s:.0f} s, {proc.describe(0.0)}"
+
+
+def progressing(views: list[RankSnapshot]) -> dict[int, str]:
+    """The ranks that are not hung although past their allowance: those computing, and those
+    waiting in a collective for them (at the computing ranks' step or later). rank -> why."""
+    busy = {v.rank: line for v in views if (line := computing(v)) is not None}
+    if not busy:
+        return {}
+    slowest = min((_step(v) for v in views if v.rank in busy), default=0)
+    waiting = {v.rank: f"rank {v.rank}: waiting in {v.live.get('where')} for the computing rank(s)"
+               for v in views if v.rank not in busy and v.live is not None and v.live.get("collective")
+               and v.live_age_s is not None and v.live_age_s <= LIVENESS_SILENT_S and _step(v) >= slowest}
+    return busy | waiting
+
+
+def _step(v: RankSnapshot) -> int:
+    step = (v.live or {}).get("step", v.step)
+    return step if isinstance(step, int) else -1
 
 
 def blame(evidence: list[Evidence], stalled: dict[int, float]) -> tuple[list[int], str]:

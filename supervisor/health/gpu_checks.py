@@ -17,7 +17,7 @@ from typing import Any
 
 from supervisor.gpus import NA as UNKNOWN
 from supervisor.gpus import DeviceHealth
-from supervisor.gpus import health as meaning
+from supervisor.gpus import nvml_meaning
 from supervisor.health.items import FAIL, NA, PASS, WARN, CheckItem
 
 GIB = 1024**3
@@ -75,7 +75,7 @@ def _row_remap(rows: tuple[int, int, bool, bool]) -> tuple[str, str]:
 
 
 def _xids(xids: list[int]) -> tuple[str, str]:
-    fatal = [x for x in xids if meaning.xid_is_fatal(x)]
+    fatal = [x for x in xids if nvml_meaning.xid_is_fatal(x)]
     if fatal:
         return FAIL, (f"hardware XID {', '.join(map(str, fatal))} during the check; see "
                       "https://docs.nvidia.com/deploy/xid-errors/ and `dmesg | grep -i xid`")
@@ -85,7 +85,7 @@ def _xids(xids: list[int]) -> tuple[str, str]:
 
 
 def _throttle(mask: int) -> tuple[str, str]:
-    names = ", ".join(meaning.clock_event_names(mask)) or "none"
+    names = ", ".join(nvml_meaning.clock_event_names(mask)) or "none"
     if mask & HARDWARE_SLOWDOWN:
         return FAIL, (f"clocks held back by the hardware now ({names}): check cooling, power "
                       "supply and `nvidia-smi -q -d PERFORMANCE`")

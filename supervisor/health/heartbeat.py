@@ -111,7 +111,7 @@ class RankState:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class HangVerdict:
     kind: str  # "hang" | "rendezvous"
     rank: int  # the rank blamed first
     message: str
@@ -129,6 +129,8 @@ class Heartbeats:
         self._rendezvous_started: float | None = None
         self._last_sample = float("-inf")
         self._clock_floor = now  # no silence counts from before this (restart_clocks)
+        self.notices: list[str] = []  # INFO lines for the supervisor to say (taken by it)
+        self._told_working: set[tuple[int, float]] = set()
 
     def watch_pid(self, rank: int, pid: int) -> None:
         self.procs.watch(rank, pid)
@@ -217,6 +219,10 @@ class Heartbeats:
         if rec.get("type") == "checkpoint":
             st.saved_at = now
 
+    def longest_step(self) -> float | None:
+        """The longest step seen so far (a graceful stop waits for the step in flight)."""
+        return self.timeouts.longest("step")
+
     def restart_clocks(self, now: float) -> None:
         """The supervisor was not running until `now`: start every silence from here."""
         self._clock_floor = max(self._clock_floor, now)
@@ -237,7 +243,7 @@ class Heartbeats:
         own = self.timeouts.allowance(st.timed)
         return max(own, self.timeouts.allowance("checkpoint")) if saving else own
 
-    def check(self, now: float, alive: set[int]) -> Verdict | None:
+    def check(self, now: float, alive: set[int]) -> HangVerdict | None:
         """A hang or a failed rendezvous among the ranks still running, or None."""
         if now - self._last_sample >= PROC_SAMPLE_S:
             self._last_sample = now
@@ -251,13 +257,36 @@ class Heartbeats:
             missing = [st for st in self.ranks.values() if st.rank in alive and not st.joined]
             if missing:
                 names = ", ".join(f"rank {st.rank} ({st.describe()})" for st in missing)
-                return Verdict("rendezvous", missing[0].rank,
+                return HangVerdict("rendezvous", missing[0].rank,
                                f"process group not formed after {self.rendezvous:.0f} s: {names} never joined")
         saving = any(st.phase == "checkpoint" for st in watched)
         stale = [st for st in watched if now - self._since(st) > self.allowance(st, saving)]
         if not stale:
             return None
-        return self._hang(stale, [st for st in self.ranks.values() if st.rank in alive and not st.done], now)
+        running = [st for st in self.ranks.values() if st.rank in alive and not st.done]
+        views = self._views(running, now)
+        # working ranks are let be up to the startup allowance (a compile, a first step): a rank
+        # spinning in a collective nothing marks (a GPU syncing) looks busy too, so never forever
+        limit = max(self.timeouts.allowance("startup"), max(self.allowance(st, saving) for st in stale))
+        working = {r: why for r, why in ev.progressing(views).items()
+                   if now - self._since(self.ranks[r]) <= limit}
+        self._tell_working([st for st in stale if st.rank in working], working, now, limit)
+        stale = [st for st in stale if st.rank not in working]
+        if not stale:
+            return None  # past the allowance but computing: slow, not hung (a verdict needs evidence)
+        return self._hang(stale, views, now)
+
+    def _tell_working(self, stale: list[RankState], working: dict[int, str], now: float, limit: float) -> None:
+        """Once per stretch without progress: a rank past its allowance is let be, and why."""
+        for st in stale:
+            key = (st.rank, self._since(st))
+            if key in self._told_working:
+                continue
+            self._told_working.add(key)
+            self.notices.append(
+                f"rank {st.rank}: no new step for {now - self._since(st):.0f} s, past its allowance "
+                f"({self.timeouts.explain(st.timed)}), but it is working, not hung: {working[st.rank]}; waiting on, "
+                f"up to {limit:.0f} s without a new step (the startup allowance)")
 
     def newly_unwatched(self, now: float, alive: set[int]) -> list[int]:
         """Ranks still running past the startup allowance without a single record, each
@@ -271,11 +300,13 @@ class Heartbeats:
             st.unwatched_told = True
         return [st.rank for st in due]
 
-    def _hang(self, stale: list[RankState], running: list[RankState], now: float) -> Verdict:
-        views = [ev.RankView(st.rank, st.step, now - (st.last_record or st.spawned), st.live,
-                             None if st.live_at is None else now - st.live_at, st.live_at == st.last_record,
-                             self.procs.state(st.rank))
-                 for st in running]
+    def _views(self, running: list[RankState], now: float) -> list[ev.RankSnapshot]:
+        return [ev.RankSnapshot(st.rank, st.step, now - (st.last_record or st.spawned), st.live,
+                            None if st.live_at is None else now - st.live_at, st.live_at == st.last_record,
+                            self.procs.state(st.rank))
+                for st in running]
+
+    def _hang(self, stale: list[RankState], views: list[ev.RankSnapshot], now: float) -> HangVerdict:
         found = [ev.judge(v, now) for v in views]
         stalled = {st.rank: now - self._since(st) for st in stale}
         blamed, why = ev.blame(found, stalled)
@@ -285,7 +316,7 @@ class Heartbeats:
                    + "; ".join(lines[:len(blamed)])
                    + f"; no progress for {now - self._since(first):.0f} s, "
                    f"{self.timeouts.explain(first.timed)}; steps reached: {self.steps_reached()}")
-        return Verdict("hang", blamed[0], message, tuple(lines))
+        return HangVerdict("hang", blamed[0], message, tuple(lines))
 
     def steps_reached(self) -> str:
         return ", ".join(f"rank {st.rank}={st.step if st.step is not None else '-'}" for st in self.ranks.values())

@@ -79,6 +79,11 @@ class LearnedTimeouts:
         if phase in self._phases and seconds >= 0 and count > 0:
             self._phases[phase].observe(seconds, count)
 
+    def longest(self, phase: str) -> float | None:
+        """The longest recent instance of `phase` seen (None: none timed yet)."""
+        samples = self._phases[phase].samples if phase in self._phases else ()
+        return max(samples, default=None)
+
     def warmed_up(self, phase: str) -> bool:
         return self._phases[phase].seen >= WARMUP[phase]
 

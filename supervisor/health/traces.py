@@ -2,7 +2,7 @@
 
 On a hang verdict the supervision creates `<trace_dir>/request`; each worker's liveness
 thread (gpuherd/liveness.py) dumps its flight recorder within about a second
-(worker/whereabouts.py): the full dump as `fr/rank<r>`, for torch's own analyser
+(worker/collectives.py): the full dump as `fr/rank<r>`, for torch's own analyser
 (`python -m torch.distributed.flight_recorder.fr_trace --prefix rank <trace_dir>/fr`),
 and a compact `rank<r>.json`, read here. A stopped or wedged rank cannot answer; its
 missing trace is evidence too.

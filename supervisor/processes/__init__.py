@@ -1,7 +1,8 @@
 """The worker processes of an attempt: started so they can never outlive the supervisor,
 watched by one event loop, and torn down together.
 
-  Supervision, Phase (supervision.py): the event loop and its teardown state machine
+  Supervision (supervision.py): the event loop: pipes, reaping, events for the policy, its actions done
+  Phase, decide (policy.py): the supervision policy, a pure function of events and time
   spawn, WorkerProcess (spawn.py): one worker in its own process group, death signal set;
     helper_preexec: a helper's death signal, and stop signals ignored
   worker_env, RunEnv, python_env, script_env (worker_env.py): the environment contract
@@ -31,7 +32,8 @@ from supervisor.processes.signal_rules import (
 from supervisor.processes.spares import SparePool
 from supervisor.processes.spawn import WorkerProcess, become_subreaper, die_with_parent, helper_preexec, spawn
 from supervisor.processes.stopping import SAVE_AND_STOP, GracefulStop, StopRules, stop_exit_code, within_kill_wait
-from supervisor.processes.supervision import Phase, Supervision
+from supervisor.processes.policy import Phase
+from supervisor.processes.supervision import Supervision
 from supervisor.processes.worker_env import RunEnv, python_env, script_env, worker_env
 
 __all__ = [

@@ -29,7 +29,18 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def _load_libc() -> ctypes.CDLL:
+    """glibc by its soname; find_library (which runs `ldconfig -p`, a process, on every import)
+    only where that name is not there (musl)."""
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+
+
+_libc = _load_libc()
 _prctl = _libc.prctl  # resolved now: the forked child must not load or look up anything
 _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 
@@ -121,15 +132,16 @@ class WorkerProcess:
             except ProcessLookupError:
                 pass
 
-    def catches(self, signum: int) -> bool:
-        """Whether the worker installed a handler for `signum` (SigCgt in /proc)."""
+    def handles(self, signums: tuple[int, ...]) -> frozenset[int]:
+        """Which of `signums` the worker installed a handler for (SigCgt in /proc, read once)."""
         try:
             for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
                 if line.startswith("SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+                    mask = int(line.split()[1], 16)
+                    return frozenset(s for s in signums if mask >> (s - 1) & 1)
         except (OSError, ValueError):
             pass
-        return False
+        return frozenset()
 
 
 def _widen_pipe(fd: int, size: int = 1 << 20) -> None:

@@ -15,19 +15,21 @@ else sends. A --script gets SIGTERM, as under torchrun, and the stop timeout to 
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 from gpuherd import contract
 from gpuherd.exit_codes import ExitCode
 
 SAVE_AND_STOP = signal.SIGUSR2  # to gpuherd's worker: finish the step, save a checkpoint, exit 143
 STOP_REQUESTS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+QUIT = signal.SIGQUIT  # Ctrl-\: a teardown without a save, as under torchrun (policy.py)
 
 
 def stop_exit_code(signum: int) -> int:
-    """What a run the supervisor was asked to stop exits with: 128+N for SIGTERM and SIGHUP,
-    as a shell says; 143 for SIGUSR1/2, stop requests like SIGTERM (138 would read as a crash)."""
-    return 128 + signum if signum in (signal.SIGTERM, signal.SIGHUP) else int(ExitCode.SIGTERM)
+    """What a run the supervisor was asked to stop exits with: 128+N for SIGTERM, SIGHUP and
+    SIGQUIT, as a shell says; 143 for SIGUSR1/2, stop requests like SIGTERM (138 would read as
+    a crash)."""
+    return 128 + signum if signum in (signal.SIGTERM, signal.SIGHUP, QUIT) else int(ExitCode.SIGTERM)
 
 
 @dataclass(frozen=True)
@@ -51,22 +53,23 @@ def within_kill_wait(stop_timeout: float, kill_wait: float) -> float:
     return min(stop_timeout, max(1.0, kill_wait - margin))
 
 
-@dataclass
+@dataclass(frozen=True)
 class GracefulStop:
     """One graceful stop in progress: when it began, its hard limit, and what became of
-    the final save."""
+    the final save. Immutable: each change is a new record (the policy's state holds it)."""
 
     started: float
     limit: float  # started + the stop timeout
-    unfinished: list[str] = field(default_factory=list)  # "CPU0 (rank 0) was killed while saving ..."
-    extended: bool = False  # the grace period was extended for a save (said once)
+    unfinished: tuple[str, ...] = ()  # "CPU0 (rank 0) was killed while saving ..."
+    extended: bool = False  # the grace period was extended for a save or a step (said once)
 
-    def next_deadline(self, now: float, grace: float, saving: bool, last_save_end: float | None) -> float | None:
-        """Where the grace period ends now that it is over once: later while a worker saves
-        (a fresh grace period after its save), never past the limit; None: kill now."""
+    def next_deadline(self, now: float, grace: float, busy: bool, last_save_end: float | None) -> float | None:
+        """Where the grace period ends now that it is over once: later while a worker is busy
+        (saving, or still in the step it stops after: a fresh grace period from now) or just
+        saved (a grace period after its save), never past the limit; None: kill now."""
         if now >= self.limit:
             return None
-        if saving:
+        if busy:
             deadline = now + grace
         elif last_save_end is not None and last_save_end >= self.started and last_save_end + grace > now:
             deadline = last_save_end + grace
@@ -74,18 +77,20 @@ class GracefulStop:
             return None
         return min(self.limit, deadline)
 
-    def killed(self, who: str, saving: bool, on_its_way_out: bool, saves_always: bool) -> None:
+    def killed(self, who: str, saving: bool, on_its_way_out: bool, saves_always: bool) -> GracefulStop:
         """`who` is SIGKILLed at the end of the stop: does that cut its final save?"""
         if saving:
-            self.unfinished.append(f"{who} was killed while saving it")
-        elif saves_always and not on_its_way_out:
-            self.unfinished.append(f"{who} was killed before saving it")
+            return replace(self, unfinished=(*self.unfinished, f"{who} was killed while saving it"))
+        if saves_always and not on_its_way_out:
+            return replace(self, unfinished=(*self.unfinished, f"{who} was killed before saving it"))
+        return self
 
-    def ended(self, who: str, code: int, how: str) -> None:
+    def ended(self, who: str, code: int, how: str) -> GracefulStop:
         """`who` exited on its own during the stop: a failure (a save that hit a full disk)
         leaves its checkpoint unwritten."""
         if code not in (0, int(ExitCode.SIGINT), int(ExitCode.SIGTERM)):
-            self.unfinished.append(f"{who} {how} while stopping")
+            return replace(self, unfinished=(*self.unfinished, f"{who} {how} while stopping"))
+        return self
 
     def outcome(self, saved: bool) -> str | None:
         """For the summary: "not saved" (some worker did not finish its save), "saved", or

@@ -47,7 +47,7 @@ class RankView:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class RankVerdict:
     level: str  # ok | done | ended | slow | silent | stopped | failed
     reason: str = ""
 
@@ -123,26 +123,26 @@ class RunState:
     def finished(self) -> bool:
         return self.files.summary is not None
 
-    def verdicts(self, now: float | None = None) -> dict[int, Verdict]:
+    def verdicts(self, now: float | None = None) -> dict[int, RankVerdict]:
         now = time.time() if now is None else now
         return {rank: self._verdict(view, now) for rank, view in sorted(self.ranks.items())}
 
-    def _verdict(self, view: RankView, now: float) -> Verdict:
+    def _verdict(self, view: RankView, now: float) -> RankVerdict:
         ended = self._ended(view)
         if ended is not None:
             return ended
         if view.error:
-            return Verdict("failed", view.error)
+            return RankVerdict("failed", view.error)
         if view.done:
-            return Verdict("done")
+            return RankVerdict("done")
         if not self.finished and _stopped(view.pid, view.last_record):
-            return Verdict("stopped", f"pid {view.pid} stopped (SIGSTOP or a debugger)")
+            return RankVerdict("stopped", f"pid {view.pid} stopped (SIGSTOP or a debugger)")
         age = None if view.last_record is None else now - view.last_record
         if not self.finished and age is not None and age >= SILENT_AFTER_S and view.phase not in BUSY_PHASES:
-            return Verdict("silent", f"no heartbeat for {age:.0f} s (last: step {view.step}, phase {view.phase})")
-        return self._straggler(view) or Verdict("ok")
+            return RankVerdict("silent", f"no heartbeat for {age:.0f} s (last: step {view.step}, phase {view.phase})")
+        return self._straggler(view) or RankVerdict("ok")
 
-    def _ended(self, view: RankView) -> Verdict | None:
+    def _ended(self, view: RankView) -> RankVerdict | None:
         """How summary.json says this rank ended: the root cause's rank failed, the
         supervisor stopped the others; None while the run goes on."""
         summary = self.files.summary
@@ -150,23 +150,23 @@ class RunState:
             return None
         cause = summary.get("root_cause") or {}
         if cause.get("rank") == view.rank:
-            return Verdict("failed", str(cause.get("message", "failed")))
+            return RankVerdict("failed", str(cause.get("message", "failed")))
         for worker in summary.get("workers", []):
             if worker.get("rank") == view.rank:
                 if worker.get("role") == "first-failure":
-                    return Verdict("failed", str(worker.get("ended")))
+                    return RankVerdict("failed", str(worker.get("ended")))
                 if worker.get("role") in ("victim", "interrupted"):
-                    return Verdict("ended", f"stopped by the supervisor ({worker.get('ended')})")
+                    return RankVerdict("ended", f"stopped by the supervisor ({worker.get('ended')})")
         return None
 
-    def _straggler(self, view: RankView) -> Verdict | None:
+    def _straggler(self, view: RankView) -> RankVerdict | None:
         others = [v for v in self.ranks.values() if v.rank != view.rank]
         steps = [v.step for v in others if v.step is not None]
         if view.step is not None and steps and max(steps) - view.step >= BEHIND_STEPS:
-            return Verdict("slow", f"{max(steps) - view.step} steps behind the leading rank")
+            return RankVerdict("slow", f"{max(steps) - view.step} steps behind the leading rank")
         times = [v.step_time for v in others if v.step_time]
         if view.step_time and times and view.step_time >= SLOW_FACTOR * statistics.median(times):
-            return Verdict("slow", f"step time {view.step_time:.2f} s vs {statistics.median(times):.2f} s "
+            return RankVerdict("slow", f"step time {view.step_time:.2f} s vs {statistics.median(times):.2f} s "
                                    "on the other ranks")
         return None
 

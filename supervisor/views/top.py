@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from supervisor.views.run_state import RankView, RunState, Verdict
+from supervisor.views.run_state import RankView, RunState, RankVerdict
 
 GIB = 1024**3
 FOOTER_EVENTS = 6
@@ -61,7 +61,7 @@ def _header(state: RunState, now: float) -> Text:
     return text
 
 
-def _cells(view: RankView, verdict: Verdict, now: float) -> list[str]:
+def _cells(view: RankView, verdict: RankVerdict, now: float) -> list[str]:
     step = "-" if view.step is None else f"{view.step}/{view.max_steps if view.max_steps is not None else '?'}"
     quiet = view.last_record is None or view.done or state_over(verdict)
     beat = "-" if quiet else f"{max(0.0, now - view.last_record):.0f}s"
@@ -98,7 +98,7 @@ def _footer(state: RunState) -> Text:
     return text
 
 
-def state_over(verdict: Verdict) -> bool:
+def state_over(verdict: RankVerdict) -> bool:
     """A rank that has ended: its heartbeat age means nothing any more."""
     return verdict.level in ("done", "ended", "failed")
 

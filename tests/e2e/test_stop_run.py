@@ -101,7 +101,9 @@ def test_ctrl_c_during_the_save_of_a_50m_model_waits_for_the_save(tmp_path, pyth
     summary = orjson.loads((run_dir / "summary.json").read_bytes())
     # saved, then on its way out (a grace period after the save, it may be killed exiting: nothing is lost then)
     assert summary["final_save"] == "saved" and summary["workers"][0]["phase"] == "shutdown"
-    assert "still saving a checkpoint: waiting for it" in err
+    # the wait said covers the step in flight (the longest step seen) and the save; a save that outlasts
+    # it is waited for on top ("still saving a checkpoint: waiting for it")
+    assert "Ctrl-C: asking every worker to stop at a step boundary and save a checkpoint: waiting up to" in err
     last = max(r["step"] for r in _records(run_dir) if r.get("type") == "checkpoint")
     checkpoint = _load(tmp_path / ".checkpoints" / f"step_{last:07d}.pt")
     n_params = sum(t.numel() for t in checkpoint["model"].values())

@@ -129,3 +129,12 @@ def test_debug_preset_defaults_blame_a_stopped_worker_within_15_s(tmp_path):
     assert cause["evidence"][1].startswith("rank 0: waiting in all_reduce")  # the gradients' or the stop vote's
     assert "step allowance 10 s (learned: max(10 s, 5 x p99" in cause["message"]  # defaults: no --hang-timeout
     assert int(re.search(r"no progress for (\d+) s", cause["message"])[1]) <= 15
+
+
+def test_a_first_step_longer_than_the_allowance_is_waited_for_while_the_ranks_compute(tmp_path):
+    """Issue 24: a slow first step (a large or compiled model) was killed as a hang (124) while
+    the evidence showed both ranks computing. The allowance here is 2 s, the first step 8 s."""
+    r = sh.run(tmp_path, "slow-first-step:8", "slow-first-step:8", args=("--hang-timeout", "2"), timeout=120)
+    assert r.code == 0, r.err[-3000:]
+    assert re.search(r"rank [01]: no new step for \d+ s, past its allowance \(step allowance 2 s \(--hang-timeout\)\), "
+                     r"but it is working, not hung: rank [01]: forward/backward at step 0", r.err), r.err[-3000:]

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from supervisor.health import HangPolicy, Heartbeats, LearnedTimeouts, Stragglers, previous_learned, traces
-from supervisor.health.evidence import RankView, blame, judge
+from supervisor.health.evidence import RankSnapshot, blame, judge
 from supervisor.health.proc_state import ProcState, ProcWatch
 from supervisor.health.timeouts import FILE_NAME, read_learned
 from supervisor.processes import die_with_parent, python_env
@@ -33,7 +33,7 @@ def _alive(step, where, collective=False, **extra):
 
 
 def _view(rank, step=40, live=None, proc=None, age=0.5):
-    return RankView(rank, step, silent_s=age, live=live, live_age_s=age if live else None, live_latest=True,
+    return RankSnapshot(rank, step, silent_s=age, live=live, live_age_s=age if live else None, live_latest=True,
                     proc=proc)
 
 

@@ -196,6 +196,18 @@ def test_sigkilled_supervisor_leaves_no_descendant_within_a_second(tmp_path):
         proc.communicate()
 
 
+def test_the_rank_that_left_first_is_the_root_cause_not_the_survivor_that_failed_on_its_absence(tmp_path):
+    """Issue 24: rank 1 exited 0 early; rank 0 then died on gloo's 'Connection closed by peer'."""
+    r = sh.run(tmp_path, "peer-gone:1", "leave", args=FAST)
+    assert r.code == 1, r.err[-3000:]
+    cause = r.summary["root_cause"]
+    assert (cause["kind"], cause["rank"], cause["device"]) == ("early-exit", 1, "CPU1"), cause
+    assert cause["message"].startswith("CPU1 (rank 1) left first: it exited 0 (step 2, phase train) while the "
+                                       "others still ran; then CPU0 (rank 0) exit code 1"), cause["message"]
+    assert "Connection closed by peer" in cause["message"] and cause["message"].endswith("a consequence of its absence")
+    assert any("Connection closed by peer" in line for line in cause["stderr_tail"])  # the survivor's words
+
+
 def test_one_ctrl_c_asks_workers_to_stop_gracefully(tmp_path):
     proc = sh.start(tmp_path, "graceful", "graceful", args=("--grace-period", "10"))
     assert sh.wait_for(lambda: sh.workers_started(proc, 2, tmp_path, lines=3))

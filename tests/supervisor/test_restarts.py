@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from gpuherd.exit_codes import ExitCode
-from supervisor.restarts import RunCheckpoints, pause, refusal
+from supervisor.restarts import STREAK_RESET_S, RestartPlan, RunCheckpoints, pause, plan_restart, refusal
 from supervisor.summary import RootCause
 from tests.supervisor.helpers import finish, run, start, wait_for
 
@@ -113,6 +113,43 @@ def test_refusal_policy():
     assert "disk" in refusal(RootCause("worker-exit", ExitCode.STORAGE, "x"), True)
     assert "reproduced" in refusal(RootCause("worker-exit", ExitCode.DATA_MODEL, "x"), True)
     assert refusal(RootCause("worker-exit", ExitCode.DEVICE_SUSPECT, "x"), False) is None  # another attempt may do
+
+
+def _plan(cause: RootCause, *, attempt: int = 0, max_restarts: int = 3, train: bool = True, stop: str | None = None,
+          streak: int = 0, ran_s: float = 5.0) -> RestartPlan:
+    return plan_restart(cause, stop_signal=stop, attempt=attempt, max_restarts=max_restarts, train=train,
+                        restart_on_nan=False, base_backoff=0.2, streak=streak, ran_s=ran_s)
+
+
+CRASH = RootCause("worker-exit", 1, "CPU1 (rank 1) exit code 1")
+
+
+def test_the_restart_policy_restarts_a_crash_after_a_doubling_pause():
+    first = _plan(CRASH)
+    assert first == RestartPlan(None, check_dataset=True, delay=0.2, streak=1)  # the built-in trainer: cache first
+    assert _plan(CRASH, streak=first.streak) == RestartPlan(None, check_dataset=True, delay=0.4, streak=2)
+    assert _plan(CRASH, streak=3, ran_s=STREAK_RESET_S) == RestartPlan(None, check_dataset=True, delay=0.2, streak=1)
+    assert _plan(CRASH, streak=20).delay == 60.0  # capped
+    assert _plan(CRASH, train=False) == RestartPlan(None, delay=0.2, streak=1)  # a script: no cache to check
+
+
+def test_the_restart_policy_ends_the_run_when_restarts_are_used_up_or_the_cause_would_repeat():
+    assert _plan(CRASH, attempt=3).why_not == "all 3 restart(s) used"
+    assert _plan(RootCause("worker-exit", 2, "x"), attempt=3).why_not.startswith("a usage or config error")
+    assert _plan(RootCause("worker-exit", 2, "x")) == RestartPlan(
+        "a usage or config error fails every attempt the same way", streak=0)
+    assert _plan(RootCause("interrupted", 130, "x")).why_not == "the run was asked to stop"
+
+
+def test_a_stop_signal_during_the_attempt_is_never_restarted_whatever_the_workers_codes():
+    plan = _plan(RootCause("worker-exit", 143, "CPU0 (rank 0) killed by SIGTERM"), stop="SIGTERM")
+    assert plan == RestartPlan("the supervisor received SIGTERM", streak=0)
+
+
+def test_a_dataset_error_is_restarted_only_once_the_cache_is_rebuilt():
+    plan = _plan(RootCause("worker-exit", 3, "x"))
+    assert plan.check_dataset and plan.why_not == "a dataset error fails every attempt the same way"
+    assert _plan(RootCause("worker-exit", 3, "x"), train=False).check_dataset is False
 
 
 def _saved(path, step: int, rank: int = 0) -> dict:

@@ -24,16 +24,21 @@ def _summary(tmp_path) -> dict:
     return sh.Result(0, "", "", sh.run_dir_of(tmp_path)).summary
 
 
+def _signalled(tmp_path, signum: int, *behaviours: str, args: tuple[str, ...] = ()) -> tuple[int, str, dict]:
+    """Start a supervisor, send it `signum` once every worker is up: (exit code, stderr, summary)."""
+    proc = sh.start(tmp_path, *behaviours, args=args)
+    _started(proc, tmp_path)
+    proc.send_signal(signum)
+    code, _, err = sh.finish(proc)
+    return code, err, _summary(tmp_path)
+
+
 def test_sigterm_gives_a_script_the_stop_timeout_to_save(tmp_path):
     """A --script gets SIGTERM, as under torchrun, and the whole stop timeout (not the
     grace period) to save before SIGKILL."""
-    proc = sh.start(tmp_path, "save-on:TERM:2", "save-on:TERM:2",
-                    args=("--grace-period", "0.5", "--stop-timeout", "60"))
-    _started(proc, tmp_path)
-    proc.send_signal(signal.SIGTERM)
-    code, _, err = sh.finish(proc)
+    code, err, summary = _signalled(tmp_path, signal.SIGTERM, "save-on:TERM:2", "save-on:TERM:2",
+                                    args=("--grace-period", "0.5", "--stop-timeout", "60"))
     assert code == 143, err[-3000:]
-    summary = _summary(tmp_path)
     assert summary["root_cause"]["kind"] == "terminated" and summary["final_save"] == "saved"
     for w in summary["workers"]:
         assert w["exit_code"] == 143 and "SIGKILL" not in w["signals_sent"], w
@@ -41,17 +46,41 @@ def test_sigterm_gives_a_script_the_stop_timeout_to_save(tmp_path):
 
 
 def test_ctrl_c_grace_is_extended_while_a_worker_saves(tmp_path):
-    proc = sh.start(tmp_path, "save-on:INT:2", "save-on:INT:2", args=("--grace-period", "0.5"))
-    _started(proc, tmp_path)
-    proc.send_signal(signal.SIGINT)
-    code, _, err = sh.finish(proc)
+    code, err, summary = _signalled(tmp_path, signal.SIGINT, "save-on:INT:2", "save-on:INT:2",
+                                    args=("--grace-period", "0.5"))
     assert code == 130, err[-3000:]
-    summary = _summary(tmp_path)
     assert summary["final_save"] == "saved"
     assert [w["exit_code"] for w in summary["workers"]] == [130, 130]
     assert all(w["signals_sent"] == ["SIGINT"] for w in summary["workers"])
     assert "still saving a checkpoint: waiting for it" in err
     assert all("checkpoint saved" in sh.Result(0, "", "", sh.run_dir_of(tmp_path)).log(r) for r in (0, 1))
+
+
+def test_ctrl_c_waits_for_a_step_longer_than_the_grace_period_and_saves(tmp_path):
+    """Issue 24: steps longer than the grace period (a large model's) lost the save to a SIGKILL.
+    Now the wait covers the step in flight and the console says how long it is."""
+    proc = sh.start(tmp_path, "slow-steps:3", "slow-steps:3", args=("--grace-period", "0.5"))
+    run_dir = lambda: sh.run_dir_of(tmp_path)  # noqa: E731
+    assert sh.wait_for(lambda: run_dir() is not None and all(
+        "Step [1/1000]" in p.read_text() for p in run_dir().glob("worker-rank*.log")) and
+        len(list(run_dir().glob("worker-rank*.log"))) == 2, timeout=60), "no step finished"
+    proc.send_signal(signal.SIGINT)  # early in step 2: about 3 s of it left, six times the grace period
+    code, _, err = sh.finish(proc, timeout=60)
+    assert code == 130, err[-3000:]
+    summary = _summary(tmp_path)
+    assert summary["final_save"] == "saved" and [w["exit_code"] for w in summary["workers"]] == [130, 130]
+    assert all(w["signals_sent"] == ["SIGINT"] for w in summary["workers"])
+    assert "for the step in flight (about " in err and "grace period over" not in err
+
+
+def test_sigquit_stops_the_workers_writes_the_summary_and_exits_131(tmp_path):
+    """Issue 24: SIGQUIT used to kill the supervisor itself (no summary, workers left to the guard)."""
+    code, err, summary = _signalled(tmp_path, signal.SIGQUIT, "forever", "forever", args=("--grace-period", "2"))
+    assert code == 131, err[-3000:]
+    assert summary["root_cause"]["kind"] == "terminated" and summary["root_cause"]["message"] == \
+        "the supervisor received SIGQUIT"
+    assert {w["ended"] for w in summary["workers"]} == {"killed by SIGTERM"}
+    assert "supervisor received SIGQUIT: SIGTERM to every worker (no save)" in err
 
 
 def test_a_save_cut_by_the_stop_timeout_fails_the_run_and_says_so(tmp_path):

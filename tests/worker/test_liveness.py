@@ -1,6 +1,6 @@
 """gpuherd/liveness.py: the whereabouts record, step/compute/wait accounting, the thread
 that reports while the loop is stuck, the trace request; and the worker's flight-recorder
-dump it calls (worker/whereabouts.py) on a real gloo process group."""
+dump it calls (worker/collectives.py) on a real gloo process group."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def test_flight_recorder_dump_of_a_real_gloo_group(tmp_path, monkeypatch):
     torch = pytest.importorskip("torch")
     import torch.distributed as dist
 
-    from worker.whereabouts import dump_collective_trace
+    from worker.collectives import dump_collective_trace
 
     monkeypatch.setenv("RANK", "0")
     store = dist.FileStore(str(tmp_path / "store"), 1)

@@ -30,7 +30,7 @@ def distributed() -> bool:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class StepVerdict:
     """What every rank agreed this step is (each flag set when it holds on ANY rank)."""
 
     nonfinite: bool  # a non-finite loss, or gradient norm (unless fp16's scaler owns overflow)
@@ -55,13 +55,13 @@ def local_flags(nonfinite: torch.Tensor, loss_spike: torch.Tensor, grad_norm_spi
     return torch.stack([nonfinite, loss_spike, grad_norm_spike, grad_norm_nonfinite]).to(torch.float32)
 
 
-def agree(local: torch.Tensor) -> Verdict:
+def agree(local: torch.Tensor) -> StepVerdict:
     """`local`: `local_flags(...)`; left untouched (the bad path reads it for attribution)."""
     flags = local.detach().reshape(-1).clone()
     if distributed():
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     nonfinite, loss_spike, norm_spike, norm_bad = flags.tolist()  # the step's one host sync: the decision
-    return Verdict(nonfinite > 0, loss_spike > 0, norm_spike > 0, grad_norm_finite=norm_bad == 0)
+    return StepVerdict(nonfinite > 0, loss_spike > 0, norm_spike > 0, grad_norm_finite=norm_bad == 0)
 
 
 def device_label(device: torch.device, bracket: str) -> str:

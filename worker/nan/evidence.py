@@ -19,7 +19,7 @@ from loguru import logger
 from gpuherd.contract import WorkerIdentity
 from worker.nan import dump
 from worker.nan.banner import NanReport, render
-from worker.nan.consensus import Verdict, device_label, gather_dicts, gather_records, hostname
+from worker.nan.consensus import StepVerdict, device_label, gather_dicts, gather_records, hostname
 from worker.nan.inspect_model import inspect_model
 from worker.nan.names import local_tensor, named_parameters
 from worker.nan.probes import ForwardProbe, GradProbe
@@ -118,7 +118,7 @@ def _reporters(records: list[RankRecord]) -> list[int]:
     return [flagged[0].rank]
 
 
-def spike_evidence(model: torch.nn.Module, identity: WorkerIdentity, detector: SpikeDetector, verdict: Verdict,
+def spike_evidence(model: torch.nn.Module, identity: WorkerIdentity, detector: SpikeDetector, verdict: StepVerdict,
                    local: list[float], step: int, loss: float, grad_norm: float, lr: float) -> Evidence:
     """`local`: this rank's own flags [non-finite, loss spike, grad-norm spike, norm non-finite]."""
     device = device_label(_device(model), identity.bracket)

@@ -36,7 +36,7 @@ from gpuherd.exit_codes import ExitCode
 from gpuherd.status_channel import StatusWriter
 from worker import rng
 from worker.nan import dump
-from worker.nan.consensus import Verdict, agree, device_label, distributed, gather_dicts, hostname, local_flags
+from worker.nan.consensus import StepVerdict, agree, device_label, distributed, gather_dicts, hostname, local_flags
 from worker.nan.evidence import Evidence, nonfinite_evidence, number_or_text, spike_evidence
 from worker.nan.names import is_dtensor, local_tensor
 from worker.nan.probes import ForwardProbe, GradProbe, MicroBatchCounter
@@ -81,7 +81,7 @@ class _Step:
     loss: torch.Tensor
     grad_norm: torch.Tensor
     local: torch.Tensor  # this rank's flags (consensus.local_flags)
-    verdict: Verdict
+    verdict: StepVerdict
     batches: list[Any]
     lr: float
     replay: Callable[[], tuple[Any, Any]] | None
@@ -204,7 +204,7 @@ class NanGuard:
         # An Inf norm is not a spike: it is non-finite, or under fp16 the scaler's overflow signal.
         return local_flags(nonfinite, loss_spike, norm_spike.to(loss.device) & ~norm_bad, norm_bad)
 
-    def _healthy(self, loss: torch.Tensor, grad_norm: torch.Tensor, verdict: Verdict) -> None:
+    def _healthy(self, loss: torch.Tensor, grad_norm: torch.Tensor, verdict: StepVerdict) -> None:
         self.consecutive_skips = 0
         if self.spikes is not None:
             self.spikes.observe(loss, grad_norm if verdict.grad_norm_finite else None)

@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from gpuherd.liveness import Liveness
 from gpuherd.status_channel import StatusWriter
-from worker.whereabouts import dump_collective_trace
+from worker.collectives import dump_collective_trace
 
 RANK = int(os.environ["RANK"])
 STEPS = int(sys.argv[1])

@@ -15,7 +15,11 @@ flood-raise:N (N lines on stderr, then raise) | raise-after:R (train, wait until
 worker log holds its last step line, then raise: an order of events that no scheduler can swap) |
 suspect:N[:K] (on attempts < K, default all: train, then N transient faults on this rank's device,
 each with its `suspect` record as the built-in worker sends them under debug.nan_policy=rerun,
-limit N-1, and exit 8; later attempts train and finish).
+limit N-1, and exit 8; later attempts train and finish) |
+leave (train, note its pid in `left<RANK>`, exit 0 without 'done') | peer-gone:R (train, wait until rank
+R left and is reaped, then fail as gloo does: "Connection closed by peer") |
+slow-steps:S (liveness records; steps of S seconds computing; Ctrl-C: finish the step, save, exit 130) |
+slow-first-step:S (liveness records; the first step computes S seconds, then 3 quick steps, done).
 Every rank registers faulthandler on SIGUSR1 (as gpuherd's own worker does) unless
 the behaviour ends in "+nofh".
 """
@@ -114,6 +118,10 @@ def more_behaviours() -> int:
         train(3)
         wait_for_rank_log(int(ARG), "Step [2/3]")
         raise RuntimeError(f"boom from rank {RANK}")
+    if NAME in ("leave", "peer-gone"):
+        return leave_or_peer_gone()
+    if NAME in ("slow-steps", "slow-first-step"):
+        return slow_steps(float(ARG))
     if NAME == "suspect":
         faults, _, until = ARG.partition(":")
         if until and int(os.environ["TORCHELASTIC_RESTART_COUNT"]) >= int(until):
@@ -122,6 +130,54 @@ def more_behaviours() -> int:
             return 0
         return suspect(int(faults))
     raise SystemExit(f"unknown behaviour {SPEC!r}")
+
+
+def leave_or_peer_gone() -> int:
+    """Issue 24's early exit: one rank leaves with exit 0, the other then fails on its absence."""
+    train(3)
+    if NAME == "leave":
+        with open(f"left{RANK}.tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(f"left{RANK}.tmp", f"left{RANK}")
+        return 0
+    while not os.path.exists(f"left{ARG}"):
+        time.sleep(0.02)
+    pid = int(open(f"left{ARG}").read())
+    while os.path.exists(f"/proc/{pid}"):  # exited and reaped: the supervisor has seen it leave
+        time.sleep(0.02)
+    raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer")
+
+
+def slow_steps(seconds: float) -> int:
+    """Steps that compute for `seconds` (a big model's step), with the liveness thread gpuherd's
+    worker runs: a Ctrl-C is honoured at the end of the step in flight, then a save."""
+    from gpuherd.liveness import Liveness
+
+    live = Liveness(status).start()
+    stop = []
+    signal.signal(signal.SIGINT, lambda *_: stop.append(True))
+    status.send("phase", name="train")
+    for i in range(10**6):
+        live.step(i)
+        live.doing("forward/backward")
+        end = time.monotonic() + (seconds if NAME == "slow-steps" or i == 0 else 0.05)
+        while time.monotonic() < end:  # busy: state R, CPU busy, as a real forward/backward
+            sum(range(2000))
+        log(f"Step [{i}/1000] | Loss: {10 - i * 0.01:.4f}")
+        status.send("step", step=i, max_steps=1000, loss=10 - i * 0.01)
+        if stop:
+            with live.phase("checkpoint"):
+                status.send("phase", name="checkpoint")
+                time.sleep(0.3)
+                status.send("checkpoint", step=i, path="ckpt")
+            status.send("phase", name="shutdown")
+            live.stop()
+            return 130
+        if NAME == "slow-first-step" and i == 3:
+            live.stop()
+            status.send("done", step=i)
+            return 0
+    return 0
 
 
 def suspect(faults: int) -> int:

@@ -1,4 +1,4 @@
-"""The training loop's whereabouts for gpuherd.liveness, where only torch can tell them.
+"""Collectives as the loop cannot see them: the gradient all-reduce inside backward, and the trace dump.
 
 Two pieces the loop itself cannot set with a plain `liveness.doing(...)`:
 

@@ -1,0 +1,646 @@
+"""The supervision policy: what an attempt does next, as a pure function of events and time.
+
+`decide(state, event, rules) -> (state, actions)`. The state is one immutable record
+(`State`: the phase, its deadline, the root cause, the signals counted so far, the graceful
+stop and the early exit under way); an event brings the moment and what the loop knows of
+the live ranks (`View`); actions say what to do (`Send` signals, `Log`, `Note`, `Publish`
+the root cause, ask for collective traces). No pipe, pid or clock here: supervision.py
+reads the pipes, reaps, turns what it saw into events and carries the actions out, and
+tests/supervisor/test_policy.py drives every transition with synthetic events in
+milliseconds. The phases (docs/architecture.md, "Supervision phases"):
+
+    RUNNING --a rank exits 0 early--> FINISHING --the others stop progressing--> DUMPING_TRACES
+    RUNNING/FINISHING --hang verdict--> DUMPING_TRACES --every responsive rank dumped its
+        collective trace, or TRACES_WAIT--> DUMPING_STACKS --stacks written--> TERMINATING
+    any live phase --failure, watcher, node lost, SIGQUIT--> TERMINATING --grace over--> KILLING
+    RUNNING --Ctrl-C--> STOPPING (workers save, exit 130) --grace over, no rank still in its
+        step or saving--> KILLING
+    RUNNING --SIGTERM/SIGHUP/SIGUSR1/SIGUSR2--> STOPPING (save, exit 143) --stop timeout--> KILLING
+        (a --script: TERMINATING with the stop timeout; SIGUSR1/2 are forwarded to it instead)
+    RUNNING --a stop signal that reached a worker itself (its `stop` record)--> STOPPING, as if
+        the supervisor had received it (SLURM signals every process of a step)
+    any --Ctrl-C again / SIGTERM again / SIGQUIT again--> KILLING --KILL_WAIT--> DONE
+    any --no worker left--> DRAINING --pipes closed or DRAIN_WAIT--> DONE
+
+A teardown only ever moves to a harsher phase (`_escalate`). The event vocabulary is open:
+a new cause of teardown (a node lost, a planned stop by the scheduler, a spare ready) is
+one more event class and one more entry in `_HANDLERS`.
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+from dataclasses import dataclass, field, replace
+
+from gpuherd.exit_codes import ExitCode
+from supervisor.processes.stopping import GracefulStop, stop_exit_code
+from supervisor.summary import RootCause
+
+STACK_DUMP_WAIT = 2.0  # after the stacks signal, time for faulthandler's stacks to reach the logs
+KILL_WAIT = 10.0  # after SIGKILL: a process in uninterruptible sleep (a wedged driver) may linger
+DRAIN_WAIT = 2.0  # after the last worker: pipes a setsid'd grandchild still holds are given up
+EARLY_EXIT_NOTICE = 2.0  # a rank exited 0 and the others still run this much later: say so (INFO)
+TRACES_WAIT = 3.0  # a hang: how long the responsive ranks get to dump their collective traces
+STEP_MARGIN = 1.5  # Ctrl-C: the step in flight may take this much longer than the longest seen
+
+
+class Phase(enum.Enum):
+    RUNNING = "running"  # judging heartbeats; no deadline
+    FINISHING = "finishing"  # a rank exited 0 early: the others end at their pace while they progress
+    DUMPING_TRACES = "dumping traces"  # hang verdict: collective traces requested; stacks at the deadline
+    STOPPING = "stopping"  # graceful stop (Ctrl-C, SIGTERM): workers save and exit; SIGKILL at the deadline
+    DUMPING_STACKS = "dumping stacks"  # hang verdict: the stacks signal sent; teardown at the deadline
+    TERMINATING = "terminating"  # the teardown signal sent to every group; SIGKILL at the deadline
+    KILLING = "killing"  # SIGKILL sent; given up at the deadline (a process in uninterruptible sleep)
+    DRAINING = "draining"  # no worker left; reading what is still in the pipes
+    DONE = "done"
+
+
+# Phases from which the policy only moves on (a teardown never goes back to a gentler signal).
+_TEARDOWN_ORDER = [Phase.DUMPING_TRACES, Phase.DUMPING_STACKS, Phase.STOPPING, Phase.TERMINATING, Phase.KILLING,
+                   Phase.DRAINING, Phase.DONE]
+
+
+# ---------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True)
+class Rules:
+    """Fixed for an attempt."""
+
+    grace: float  # teardown: SIGTERM -> SIGKILL; Ctrl-C: the time to reach a save (plus the step in flight)
+    stop_timeout: float  # a graceful stop, saves included, never takes longer
+    save_signal: int | None  # gpuherd's worker: SIGUSR2 = save and stop; None: a --script
+    finish_window: float  # after a clean early exit: how long the others may go without progress
+    traces: bool = True  # hang verdicts ask for collective traces first
+    teardown_signal: int = signal.SIGTERM  # "exit now" (gpuherd's worker: contract.TEARDOWN_SIGNAL)
+    stacks_signal: int = signal.SIGUSR1  # "dump your stacks" (gpuherd's worker: contract.STACKS_SIGNAL)
+
+
+@dataclass(frozen=True)
+class Rank:
+    """What the loop knows of one live worker."""
+
+    rank: int
+    tag: str  # CPU0 / GPU3
+    handles: frozenset[int] = frozenset()  # of the stacks signal, SIGUSR1 and SIGUSR2 (a save): those it caught
+    saving: bool = False  # phase checkpoint
+    writing: str | None = None  # a checkpoint its writer thread still writes in the background (its path)
+    in_step: bool = False  # inside a training step (a graceful stop waits for its boundary)
+    leaving: bool = False  # said `shutdown`: on its way out after its save
+    save_ended: float | None = None  # its last save's end
+    heard: bool = True  # sent a record, or none are expected of it
+
+
+@dataclass(frozen=True)
+class View:
+    now: float
+    alive: tuple[Rank, ...] = ()
+    step_s: float | None = None  # the longest step seen (None: not timed yet)
+
+
+@dataclass(frozen=True)
+class Moment:
+    """An event that brings nothing but the moment and the view."""
+
+    view: View
+
+
+class Tick(Moment):
+    """Time passed: a deadline may be over."""
+
+
+@dataclass(frozen=True)
+class Exited:
+    """A worker ended (already reaped: it is not in view.alive)."""
+
+    view: View
+    rank: int
+    tag: str
+    code: int  # the shell's code: 128+N for signal N
+    how: str  # "exit code 1", "killed by SIGKILL"
+    done: bool = False  # it sent `done`
+    killed_by_us: bool = False  # we SIGKILLed it
+    failure: RootCause | None = None  # code != 0: its root cause, as the loop read it (error file, tail)
+    where: str = ""  # where it was (for an early exit's notice)
+
+
+@dataclass(frozen=True)
+class SignalReceived(Moment):
+    """A signal to the supervisor itself (SIGCHLD and SIGCONT stay with the loop: I/O)."""
+
+    signum: int
+
+
+@dataclass(frozen=True)
+class HangFound:
+    """The heartbeat judge's verdict (or a rendezvous that never formed)."""
+
+    view: View
+    cause: RootCause
+    responsive: frozenset[int] = frozenset()  # ranks whose liveness thread still answers
+
+
+@dataclass(frozen=True)
+class Fatal:
+    """A watcher (the GPU watch), a helper process's death, or a node lost: tear down.
+    `remote`: the job failed, or was stopped, on another node (its cause, not published back)."""
+
+    view: View
+    cause: RootCause
+    remote: bool = False
+
+
+class WorkerStop:
+    """A stop signal reached a worker itself (SLURM signals every process of a step; or a
+    `kill` aimed at one worker), which said so in a `stop` record."""
+
+    view: View
+    rank: int
+    tag: str
+    signame: str  # SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2
+
+
+@dataclass(frozen=True)
+class TracesIn(Moment):
+    """Every responsive rank dumped its collective trace."""
+
+
+class AllGone(Moment):
+    """No worker is left."""
+
+
+class PipesClosed(Moment):
+    """DRAINING: every pipe reached its end."""
+
+
+Event = Tick | Exited | SignalReceived | WorkerStop | HangFound | Fatal | TracesIn | AllGone | PipesClosed
+
+
+# ---------------------------------------------------------------------------- outputs
+
+
+@dataclass(frozen=True)
+class Send:
+    ranks: tuple[int, ...]
+    signum: int
+    group: bool = True  # the whole process group; False: the leader only
+
+
+@dataclass(frozen=True)
+class Log:
+    level: str  # "info" | "warning" | "error"
+    message: str
+
+
+@dataclass(frozen=True)
+class Note:
+    message: str  # for the summary's notes
+
+
+@dataclass(frozen=True)
+class Publish:
+    """The root cause was set: tell whoever listens (multi-node: the other nodes)."""
+
+    cause: RootCause
+
+
+@dataclass(frozen=True)
+class RequestTraces:
+    pass
+
+
+@dataclass(frozen=True)
+class AnalyseTraces:
+    """Read the traces the ranks dumped: one evidence line each, added to the root cause."""
+
+
+@dataclass(frozen=True)
+class Forward:
+    ranks: tuple[int, ...]
+    skipped: tuple[str, ...]
+    signum: int
+
+
+Action = Send | Log | Note | Publish | RequestTraces | AnalyseTraces | Forward
+
+
+# ---------------------------------------------------------------------------- state
+
+
+@dataclass(frozen=True)
+class EarlyExit:
+    rank: int
+    tag: str
+    ended: float
+    where: str
+    told: bool = False  # its INFO line was said
+
+
+@dataclass(frozen=True)
+class State:
+    phase: Phase = Phase.RUNNING
+    deadline: float | None = None  # when the phase's wait is over
+    cause: RootCause | None = None
+    failed_at: float | None = None
+    stop_signal: int | None = None  # the supervisor itself was asked to stop (never restart then)
+    interrupts: int = 0
+    terminations: int = 0  # SIGTERM, SIGHUP, SIGQUIT
+    graceful: GracefulStop | None = None
+    early: EarlyExit | None = None
+    trace_ranks: frozenset[int] = field(default_factory=frozenset)  # DUMPING_TRACES: who is to answer
+    writes_told: bool = False  # a teardown waits for a background checkpoint write (said once)
+
+
+Result = tuple[State, list[Action]]
+
+
+def decide(state: State, event: Event, rules: Rules) -> Result:
+    return _HANDLERS[type(event)](state, event, rules)
+
+
+# ---------------------------------------------------------------------------- handlers
+
+
+def _tick(s: State, e: Tick, r: Rules) -> Result:
+    if s.deadline is None or e.view.now < s.deadline:
+        return s, []
+    return _deadline_passed(s, e.view, r)
+
+
+def _deadline_passed(s: State, v: View, r: Rules) -> Result:
+    """What each phase does when its wait is over."""
+    if s.phase is Phase.FINISHING:
+        return _finish_check(s, v, r)
+    if s.phase is Phase.DUMPING_TRACES:
+        return _dump_stacks(s, v, r, [AnalyseTraces()])
+    if s.phase is Phase.DUMPING_STACKS:
+        return _terminate(s, v, r)
+    if s.phase in (Phase.STOPPING, Phase.TERMINATING):
+        extended = _extend_stop(s, v, r) if s.phase is Phase.STOPPING else _wait_for_writes(s, v, r)
+        if extended is not None:
+            return extended
+        actions: list[Action] = []
+        if v.alive:
+            over = "stop timeout" if s.graceful and v.now >= s.graceful.limit else "grace period"
+            actions.append(Log("warning", f"{over} over: SIGKILL to {', '.join(w.tag for w in v.alive)}"))
+            s = _cut_saves(s, v, r)
+            actions += [Note(f"{w.tag} (rank {w.rank}) was killed while writing {w.writing.rsplit('/', 1)[-1]} in "
+                             "the background: it never became a checkpoint (--resume takes an older one)")
+                        for w in v.alive if w.writing is not None]
+        return _kill(s, v, actions)
+    if s.phase is Phase.KILLING:
+        return replace(s, phase=Phase.DONE, deadline=None), [
+            Note(f"some worker did not die within {KILL_WAIT:g} s of SIGKILL (uninterruptible sleep?)")]
+    if s.phase is Phase.DRAINING:
+        return replace(s, phase=Phase.DONE, deadline=None), []
+    return s, []
+
+
+def _finish_check(s: State, v: View, r: Rules) -> Result:
+    """FINISHING's deadline. Ranks with heartbeats are judged by them (the heartbeat judge);
+    ranks that never sent one make it a hang once the finish window after the clean exit is over."""
+    early, actions = s.early, []
+    if not early.told:
+        early = replace(early, told=True)
+        actions.append(Log("info", f"{early.tag} (rank {early.rank}) exited 0 first ({early.where}); rank(s) "
+                                   f"{', '.join(str(w.rank) for w in v.alive)} may finish at their own pace: "
+                                   f"a hang only after {r.finish_window:g} s without progress"))
+    s = replace(s, early=early)
+    silent = [str(w.rank) for w in v.alive if not w.heard]
+    if not silent or v.now - early.ended < r.finish_window:
+        return replace(s, deadline=early.ended + r.finish_window if silent else None), actions
+    cause = RootCause("early-exit", int(ExitCode.HANG),
+                      f"{early.tag} (rank {early.rank}) exited 0, then rank(s) {', '.join(silent)} made no progress "
+                      f"for {r.finish_window:g} s (stuck waiting for it?)", rank=early.rank, device=early.tag)
+    s, more = _diagnose(s, v, r, cause, frozenset())
+    return s, actions + more
+
+
+def _exited(s: State, e: Exited, r: Rules) -> Result:
+    v = e.view
+    if s.cause is not None:
+        return _ended_during_stop(s, e, r), []
+    if e.code != 0:
+        cause = e.failure or RootCause("worker-exit", e.code, f"{e.tag} (rank {e.rank}) {e.how}", rank=e.rank,
+                                       device=e.tag)
+        if s.early is not None:
+            cause = _first_to_leave(s.early, cause)
+        s, actions = _set_cause(s, cause, v.now)
+        s, more = _terminate(s, v, r)
+        return s, actions + more
+    if not v.alive or e.done or s.phase is not Phase.RUNNING:
+        return s, []
+    early = EarlyExit(e.rank, e.tag, v.now, e.where)
+    return replace(s, early=early, phase=Phase.FINISHING,
+                   deadline=v.now + min(EARLY_EXIT_NOTICE, r.finish_window)), []
+
+
+def _first_to_leave(early: EarlyExit, failure: RootCause) -> RootCause:
+    """A rank left (exit 0, no `done`) while others ran, and then one of those failed: in a
+    collective job that failure is most likely its absence (a closed connection, a peer
+    gone), so the first rank to leave is the root cause and the failure its consequence
+    (its last stderr line said, its stderr tail kept for the root-cause block)."""
+    said = next((line.strip() for line in reversed(failure.stderr_tail) if line.strip()), "")
+    consequence = failure.message + (f" ({said})" if said and said not in failure.message else "")
+    return replace(failure, kind="early-exit", rank=early.rank, device=early.tag,
+                   message=f"{early.tag} (rank {early.rank}) left first: it exited 0 ({early.where}) while the "
+                           f"others still ran; then {consequence}: a consequence of its absence")
+
+
+def _ended_during_stop(s: State, e: Exited, r: Rules) -> State:
+    if s.graceful is not None and r.save_signal is not None and not e.killed_by_us:
+        return replace(s, graceful=s.graceful.ended(f"{e.tag} (rank {e.rank})", e.code, e.how))
+    return s
+
+
+def _signal(s: State, e: SignalReceived, r: Rules) -> Result:
+    if e.signum == signal.SIGINT:
+        return _interrupt(s, e.view, r)
+    if e.signum == signal.SIGQUIT:
+        return _quit(s, e.view, r)
+    if e.signum in (signal.SIGUSR1, signal.SIGUSR2) and r.save_signal is None:
+        return s, [_forward(e.view, e.signum)]  # a --script's own business (Lightning's SLURM requeue, say)
+    return _stop_request(s, e.view, r, e.signum)
+
+
+def ctrl_c_wait(v: View, r: Rules) -> float:
+    """Ctrl-C: the grace period plus the step in flight (the longest step seen, with a margin),
+    never past the stop timeout. A rank still in its step, or saving, when it is over gets more
+    (`_extend_stop`)."""
+    return min(r.stop_timeout, r.grace + STEP_MARGIN * (v.step_s or 0.0))
+
+
+def _interrupt(s: State, v: View, r: Rules) -> Result:
+    s = replace(s, interrupts=s.interrupts + 1, stop_signal=s.stop_signal or signal.SIGINT)
+    cause = RootCause("interrupted", int(ExitCode.SIGINT), "interrupted by Ctrl-C (SIGINT)")
+    if s.interrupts == 1 and s.cause is None:
+        wait = ctrl_c_wait(v, r)
+        step = f"the step in flight (about {v.step_s:.0f} s) and " if v.step_s and v.step_s >= 1 else ""
+        s, actions = _set_cause(s, cause, v.now)
+        actions.append(Log("warning", f"Ctrl-C: asking every worker to stop at a step boundary and save a checkpoint: "
+                                      f"waiting up to {wait:.0f} s for {step}the save (longer while a rank is still "
+                                      f"in its step or saving, at most {r.stop_timeout:g} s); press Ctrl-C again "
+                                      "to kill them now"))
+        s, more = _stop_all(s, v, r, signal.SIGINT, wait)
+        return s, actions + more
+    actions = [Log("warning", f"Ctrl-C {'again' if s.interrupts > 1 else 'during the teardown'}: "
+                              "killing every worker now")]
+    if s.cause is None:
+        s, more = _set_cause(s, cause, v.now)
+        actions += more
+    return _kill(s, v, actions)
+
+
+def _quit(s: State, v: View, r: Rules) -> Result:
+    """SIGQUIT (Ctrl-\\): quit, as torchrun does: the workers are torn down (no save), the
+    summary is written, exit 131. During a teardown or a stop already under way: SIGKILL now."""
+    s = replace(s, terminations=s.terminations + 1, stop_signal=s.stop_signal or signal.SIGQUIT)
+    if s.cause is not None:
+        return _kill(s, v, [Log("warning", "SIGQUIT during the teardown: killing every worker now")])
+    s, actions = _set_cause(s, RootCause("terminated", stop_exit_code(signal.SIGQUIT), "the supervisor received SIGQUIT"), v.now)
+    actions.append(Log("warning", f"supervisor received SIGQUIT: {signal.Signals(r.teardown_signal).name} to every "
+                                  f"worker (no save), SIGKILL after "
+                                  f"{r.grace:g} s; SIGQUIT again to kill them now"))
+    s, more = _terminate(s, v, r)
+    return s, actions + more
+
+
+def _stop_request(s: State, v: View, r: Rules, signum: int) -> Result:
+    """SIGTERM/SIGHUP (scancel, a preemption, a closed terminal) or, for gpuherd's worker,
+    SIGUSR1/SIGUSR2 (SLURM's warning before the time limit): save and stop. A second
+    SIGTERM/SIGHUP kills; a later SIGUSR1/2 changes nothing."""
+    name = signal.Signals(signum).name
+    terminating = signum in (signal.SIGTERM, signal.SIGHUP)
+    repeated = terminating and s.terminations > 0
+    s = replace(s, stop_signal=s.stop_signal or signum, terminations=s.terminations + int(terminating))
+    if s.cause is None:  # the workers first: publishing the cause may ask SLURM what it was (a second or so)
+        s, actions = _save_and_stop(s, v, r, f"supervisor received {name}")
+        s, more = _set_cause(s, RootCause("terminated", stop_exit_code(signum), f"the supervisor received {name}"),
+                             v.now)
+        return s, actions + more
+    if repeated:
+        return _kill(s, v, [Log("warning", f"{name} again: killing every worker now")])
+    return s, []
+
+
+def _worker_stop(s: State, e: WorkerStop, r: Rules) -> Result:
+    """The same save and stop as the supervisor's own, for every worker (and, through the
+    published cause, every node). Never a kill: only the supervisor's own signals repeat."""
+    if s.cause is not None:
+        return s, []
+    v, who = e.view, f"{e.tag} (rank {e.rank})"
+    interrupted = e.signame == "SIGINT"
+    if e.signame in signal.Signals.__members__:
+        s = replace(s, stop_signal=s.stop_signal or signal.Signals[e.signame])
+    if interrupted:
+        s, actions = _stop_all(s, v, r, signal.SIGINT, ctrl_c_wait(v, r))
+    else:
+        s, actions = _save_and_stop(s, v, r, f"{who} received {e.signame}")
+    cause = RootCause("interrupted" if interrupted else "terminated",
+                      int(ExitCode.SIGINT if interrupted else ExitCode.SIGTERM), f"{who} received {e.signame}")
+    s, more = _set_cause(s, cause, v.now)
+    return s, actions + more
+
+
+def _forward(v: View, signum: int) -> Forward:
+    """Pass SIGUSR1/SIGUSR2 on to every worker that handles it (to one that does not, its
+    default action would be death)."""
+    return Forward(tuple(w.rank for w in v.alive if signum in w.handles),
+                   tuple(w.tag for w in v.alive if signum not in w.handles), signum)
+
+
+def _hang(s: State, e: HangFound, r: Rules) -> Result:
+    if s.cause is not None:
+        return s, []
+    cause = e.cause
+    if s.early is not None:
+        cause = replace(cause, message=cause.message + f"; {s.early.tag} (rank {s.early.rank}) had exited 0 "
+                                                       f"{e.view.now - s.early.ended:.0f} s before (waiting for it?)")
+    return _diagnose(s, e.view, r, cause, e.responsive)
+
+
+def _fatal(s: State, e: Fatal, r: Rules) -> Result:
+    if e.remote:
+        return _remote(s, e, r)
+    if s.cause is not None:
+        return s, [Note(f"also reported after the root cause: {e.cause.message}")]
+    s, actions = _set_cause(s, e.cause, e.view.now)
+    s, more = _terminate(s, e.view, r)
+    return s, [Log("error", e.cause.message), *actions, *more]
+
+
+def _remote(s: State, e: Fatal, r: Rules) -> Result:
+    if s.cause is not None:
+        return s, []
+    s = replace(s, cause=e.cause, failed_at=e.view.now)  # not published back: it came from the store
+    if e.cause.kind == "interrupted":  # Ctrl-C on another node: stop gracefully here too, so the
+        # ranks agree on a last step and save the checkpoint together
+        s, actions = _stop_all(s, e.view, r, signal.SIGINT, ctrl_c_wait(e.view, r))
+        return s, [Log("warning", f"{e.cause.message}: asking this node's workers to stop at a step boundary"),
+                   *actions]
+    if e.cause.kind == "terminated":  # the same for a stop request (a preemption) there
+        return _save_and_stop(s, e.view, r, e.cause.message)
+    s, actions = _terminate(s, e.view, r)
+    return s, [Log("error", f"the job failed on another node: {e.cause.message}; stopping this node's workers"),
+               *actions]
+
+
+def _traces_in(s: State, e: TracesIn, r: Rules) -> Result:
+    if s.phase is not Phase.DUMPING_TRACES:
+        return s, []
+    return _dump_stacks(s, e.view, r, [AnalyseTraces()])
+
+
+def _all_gone(s: State, e: AllGone, r: Rules) -> Result:
+    return replace(s, phase=Phase.DRAINING, deadline=e.view.now + DRAIN_WAIT), []
+
+
+def _pipes_closed(s: State, e: PipesClosed, r: Rules) -> Result:
+    if s.phase is Phase.DRAINING:
+        return replace(s, phase=Phase.DONE, deadline=None), []
+    return s, []
+
+
+_HANDLERS = {Tick: _tick, Exited: _exited, SignalReceived: _signal, WorkerStop: _worker_stop, HangFound: _hang,
+             Fatal: _fatal,
+             TracesIn: _traces_in, AllGone: _all_gone, PipesClosed: _pipes_closed}
+
+
+# ---------------------------------------------------------------------------- steps
+
+
+def _set_cause(s: State, cause: RootCause, now: float) -> Result:
+    return replace(s, cause=cause, failed_at=now), [Publish(cause)]
+
+
+def _escalate(s: State, phase: Phase, now: float, wait: float | None) -> State:
+    """Move on to a harsher teardown phase; never back to a gentler one."""
+    if s.phase in _TEARDOWN_ORDER and _TEARDOWN_ORDER.index(s.phase) >= _TEARDOWN_ORDER.index(phase):
+        return s
+    return replace(s, phase=phase, deadline=None if wait is None else now + wait)
+
+
+def _ranks(v: View) -> tuple[int, ...]:
+    return tuple(w.rank for w in v.alive)
+
+
+def _terminate(s: State, v: View, r: Rules, wait: float | None = None) -> Result:
+    """The teardown signal (+ SIGCONT, so a stopped worker can act on it) to every group at once."""
+    actions: list[Action] = [Send(_ranks(v), r.teardown_signal), Send(_ranks(v), signal.SIGCONT)] if v.alive else []
+    return _escalate(s, Phase.TERMINATING, v.now, r.grace if wait is None else wait), actions
+
+
+def _kill(s: State, v: View, actions: list[Action]) -> Result:
+    if v.alive:
+        actions = [*actions, Send(_ranks(v), signal.SIGKILL)]
+    return _escalate(s, Phase.KILLING, v.now, KILL_WAIT), actions
+
+
+def _begin_graceful(s: State, v: View, r: Rules) -> State:
+    if s.graceful is not None:
+        return s
+    return replace(s, graceful=GracefulStop(started=v.now, limit=v.now + r.stop_timeout))
+
+
+def _stop_all(s: State, v: View, r: Rules, signum: int, wait: float) -> Result:
+    """Graceful: `signum` to each worker's leader (SIGINT: Ctrl-C; the save signal: a stop
+    request); they stop at a step boundary and save. A worker still starting, with no
+    handler for the save signal yet, has nothing to save: it gets the teardown signal."""
+    leaders = tuple(w.rank for w in v.alive if signum == signal.SIGINT or signum in w.handles)
+    starting = tuple(w.rank for w in v.alive if w.rank not in leaders)
+    actions: list[Action] = []
+    if leaders:
+        actions.append(Send(leaders, signum, group=False))
+    if starting:
+        actions.append(Send(starting, r.teardown_signal))
+    s = _begin_graceful(s, v, r)
+    return _escalate(s, Phase.STOPPING, v.now, wait), actions
+
+
+def _save_and_stop(s: State, v: View, r: Rules, why: str) -> Result:
+    """A stop request: every worker finishes its step, saves and exits 143, within the stop timeout."""
+    if r.save_signal is None:  # a --script: SIGTERM, as torchrun sends it, and the time to act on it
+        s, actions = _terminate(_begin_graceful(s, v, r), v, r, wait=r.stop_timeout)
+        return s, [Log("warning", f"{why}: SIGTERM to every worker, SIGKILL after {r.stop_timeout:g} s "
+                                  "(the stop timeout)"), *actions]
+    s, actions = _stop_all(s, v, r, r.save_signal, r.stop_timeout)
+    return s, [Log("warning", f"{why}: every worker finishes its step, saves a checkpoint and stops (exit 143) "
+                              f"within {r.stop_timeout:g} s (the stop timeout)"), *actions]
+
+
+def _extend_stop(s: State, v: View, r: Rules) -> Result | None:
+    """A graceful stop's wait is over: while a worker still writes its checkpoint, or is still
+    in the step it stops after (and for a grace period after a save), wait on, up to the stop
+    timeout. None: nothing to wait for."""
+    if s.graceful is None:
+        return None
+    saving = [w for w in v.alive if w.saving or w.writing is not None]
+    stepping = [w for w in v.alive if w.in_step and w not in saving]
+    ends = [w.save_ended for w in v.alive if w.save_ended is not None]
+    deadline = s.graceful.next_deadline(v.now, r.grace, bool(saving or stepping), max(ends, default=None))
+    if deadline is None:
+        return None
+    actions: list[Action] = []
+    if (saving or stepping) and not s.graceful.extended:
+        busy = saving or stepping
+        what = "still saving a checkpoint" if saving else "still in the step it stops after"
+        actions.append(Log("info", f"rank(s) {', '.join(str(w.rank) for w in busy)} {what}: waiting for it (at most "
+                                   f"{s.graceful.limit - v.now:.0f} s more, the stop timeout)"))
+        s = replace(s, graceful=replace(s.graceful, extended=True))
+    return replace(s, deadline=deadline), actions
+
+
+def _wait_for_writes(s: State, v: View, r: Rules) -> Result | None:
+    """A teardown's grace is over: a rank still writing a checkpoint in the background
+    (worker/saver.py: it finishes that write before it exits) gets the time, up to the stop
+    timeout after the failure, so a restart can resume from it. None: nothing to wait for."""
+    writing = [w for w in v.alive if w.writing is not None]
+    limit = (s.failed_at if s.failed_at is not None else v.now) + r.stop_timeout
+    if not writing or v.now >= limit:
+        return None
+    actions: list[Action] = []
+    if not s.writes_told:
+        s = replace(s, writes_told=True)
+        actions.append(Log("info", f"{', '.join(w.tag for w in writing)} still writing a checkpoint in the "
+                                   f"background: waiting for it (at most {limit - v.now:.0f} s more, the stop timeout)"))
+    return replace(s, deadline=min(limit, v.now + r.grace)), actions
+
+
+def _cut_saves(s: State, v: View, r: Rules) -> State:
+    """Workers about to be killed in a graceful stop: whose final save does that cut?
+    (gpuherd's worker saves at every graceful stop, then says `shutdown` on its way out.)"""
+    if s.graceful is None:
+        return s
+    stop = s.graceful
+    for w in v.alive:
+        stop = stop.killed(f"{w.tag} (rank {w.rank})", w.saving, w.leaving, saves_always=r.save_signal is not None)
+    return replace(s, graceful=stop)
+
+
+def _diagnose(s: State, v: View, r: Rules, cause: RootCause, responsive: frozenset[int]) -> Result:
+    """A hang: ask every live worker for its collective trace and its Python stacks, then tear down."""
+    s, actions = _set_cause(s, cause, v.now)
+    actions.insert(0, Log("error", cause.message))
+    responsive = responsive & frozenset(_ranks(v))
+    if r.traces and responsive:
+        return replace(_escalate(s, Phase.DUMPING_TRACES, v.now, TRACES_WAIT), trace_ranks=responsive), \
+            [*actions, RequestTraces()]
+    return _dump_stacks(s, v, r, actions)
+
+
+def _dump_stacks(s: State, v: View, r: Rules, actions: list[Action]) -> Result:
+    stacks = r.stacks_signal
+    name = signal.Signals(stacks).name
+    asked = [w for w in v.alive if stacks in w.handles]
+    cannot = [w.tag for w in v.alive if stacks not in w.handles]
+    actions = list(actions)
+    if asked:
+        actions += [Send(tuple(w.rank for w in asked), stacks, group=False),
+                    Log("info", f"asked {', '.join(w.tag for w in asked)} for their Python stacks ({name}); they go "
+                                "to the worker logs")]
+    if cannot:
+        actions.append(Note(f"{', '.join(cannot)} installed no {name} handler, so no stack dump; add "
+                            f"`faulthandler.register(signal.{name})` to the script to get one"))
+    return _escalate(s, Phase.DUMPING_STACKS, v.now, min(STACK_DUMP_WAIT, r.grace) if asked else 0.0), actions

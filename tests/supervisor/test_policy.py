@@ -1,0 +1,416 @@
+"""The supervision policy, driven with synthetic events and a fake clock: every row of the
+phase table in docs/architecture.md, every escalation, double signals, early exits, a save
+in progress, node loss. No process, no pipe: each test runs in microseconds. The end-to-end
+tests (test_processes.py, test_stopping.py, test_blame.py) still run the real thing."""
+
+from __future__ import annotations
+
+import signal
+
+from supervisor.processes import policy as pol
+from supervisor.processes.policy import Phase
+from supervisor.summary import RootCause
+
+RULES = pol.Rules(grace=5.0, stop_timeout=120.0, save_signal=signal.SIGUSR2, finish_window=60.0)
+SCRIPT = pol.Rules(grace=5.0, stop_timeout=120.0, save_signal=None, finish_window=60.0)
+
+
+def rank(r: int, **kw) -> pol.Rank:
+    return pol.Rank(r, f"CPU{r}", **{"handles": frozenset({signal.SIGUSR1, signal.SIGUSR2}), **kw})
+
+
+def view(now: float, *ranks: pol.Rank, step_s: float | None = None) -> pol.View:
+    return pol.View(now, tuple(ranks), step_s)
+
+
+TWO = (rank(0), rank(1))
+
+
+class Run:
+    """A policy run: feed events, keep the state, collect every action."""
+
+    def __init__(self, rules: pol.Rules = RULES, state: pol.State | None = None) -> None:
+        self.rules, self.state, self.actions = rules, state or pol.State(), []
+
+    def __call__(self, event) -> list:
+        self.state, actions = pol.decide(self.state, event, self.rules)
+        self.actions += actions
+        return actions
+
+    def tick(self, now: float, *ranks: pol.Rank, step_s: float | None = None) -> list:
+        return self(pol.Tick(view(now, *ranks, step_s=step_s)))
+
+    @property
+    def phase(self) -> Phase:
+        return self.state.phase
+
+
+def sends(actions, signum=None) -> list[tuple[tuple[int, ...], int, bool]]:
+    return [(a.ranks, a.signum, a.group) for a in actions if isinstance(a, pol.Send)
+            and (signum is None or a.signum == signum)]
+
+
+def logs(actions, level=None) -> list[str]:
+    return [a.message for a in actions if isinstance(a, pol.Log) and (level is None or a.level == level)]
+
+
+def failure(r: int, code: int = 1, message: str | None = None) -> RootCause:
+    return RootCause("worker-exit", code, message or f"CPU{r} (rank {r}) exit code {code} after 3.0 s", rank=r,
+                     device=f"CPU{r}")
+
+
+def crash(now: float, r: int, *alive: pol.Rank, code: int = 1, message: str | None = None) -> pol.Exited:
+    return pol.Exited(view(now, *alive), r, f"CPU{r}", code, f"exit code {code}", failure=failure(r, code, message))
+
+
+# ---- running: nothing happens without an event; a tick with no deadline changes nothing
+
+
+def test_running_has_no_deadline_and_a_tick_does_nothing():
+    run = Run()
+    assert run.tick(1000.0, *TWO) == [] and run.phase is Phase.RUNNING and run.state.deadline is None
+
+
+# ---- a failure: TERMINATING (SIGTERM + SIGCONT to every group), KILLING at the grace, DONE
+
+
+def test_a_crash_terminates_every_other_group_then_kills_at_the_grace_period():
+    run = Run()
+    actions = run(crash(10.0, 1, rank(0), rank(2)))
+    assert run.phase is Phase.TERMINATING and run.state.deadline == 15.0
+    assert sends(actions) == [((0, 2), signal.SIGTERM, True), ((0, 2), signal.SIGCONT, True)]
+    assert run.state.cause.rank == 1 and run.state.failed_at == 10.0
+    assert [a.cause for a in actions if isinstance(a, pol.Publish)] == [run.state.cause]
+    assert run.tick(14.9, rank(0)) == []  # not yet
+    actions = run.tick(15.0, rank(0))
+    assert run.phase is Phase.KILLING and sends(actions) == [((0,), signal.SIGKILL, True)]
+    assert logs(actions, "warning") == ["grace period over: SIGKILL to CPU0"]
+    assert run.state.deadline == 15.0 + pol.KILL_WAIT
+
+
+def test_the_victims_of_a_teardown_do_not_change_the_root_cause():
+    run = Run()
+    run(crash(10.0, 1, rank(0)))
+    cause = run.state.cause
+    assert run(pol.Exited(view(10.1), 0, "CPU0", 143, "killed by SIGTERM")) == []
+    assert run.state.cause is cause
+
+
+def test_killing_gives_up_after_kill_wait_with_a_note():
+    run = Run()
+    run(crash(10.0, 1, rank(0)))
+    run.tick(15.0, rank(0))
+    actions = run.tick(15.0 + pol.KILL_WAIT, rank(0))
+    assert run.phase is Phase.DONE
+    assert [a.message for a in actions if isinstance(a, pol.Note)] == [
+        "some worker did not die within 10 s of SIGKILL (uninterruptible sleep?)"]
+
+
+def test_no_worker_left_drains_then_done_when_the_pipes_close_or_at_drain_wait():
+    run = Run()
+    run(crash(10.0, 1, rank(0)))
+    run(pol.AllGone(view(10.2)))
+    assert run.phase is Phase.DRAINING and run.state.deadline == 10.2 + pol.DRAIN_WAIT
+    run(pol.PipesClosed(view(10.3)))
+    assert run.phase is Phase.DONE
+    other = Run()
+    other(pol.AllGone(view(5.0)))  # every rank finished: from RUNNING too
+    other.tick(5.0 + pol.DRAIN_WAIT)
+    assert other.phase is Phase.DONE and other.state.cause is None
+
+
+def test_a_teardown_never_goes_back_to_a_gentler_phase():
+    run = Run()
+    run(crash(10.0, 1, rank(0)))
+    run.tick(15.0, rank(0))  # KILLING
+    run(pol.Fatal(view(16.0, rank(0)), RootCause("watcher", 4, "GPU lost: GPU 0")))  # after the cause: a note
+    assert run.phase is Phase.KILLING
+    assert run.actions[-1] == pol.Note("also reported after the root cause: GPU lost: GPU 0")
+
+
+# ---- watchers, helpers, another node: TERMINATING
+
+
+def test_a_watchers_fatal_cause_terminates_with_its_code():
+    run = Run()
+    actions = run(pol.Fatal(view(3.0, *TWO), RootCause("watcher", 4, "GPU lost: GPU 1", rank=1)))
+    assert run.phase is Phase.TERMINATING and run.state.cause.exit_code == 4
+    assert logs(actions, "error") == ["GPU lost: GPU 1"]
+
+
+def test_a_node_lost_elsewhere_terminates_this_node_without_publishing_it_back():
+    run = Run()
+    lost = RootCause("node", 1, "node 1 (h1) stopped responding", node=1)
+    actions = run(pol.Fatal(view(3.0, *TWO), lost, remote=True))
+    assert run.phase is Phase.TERMINATING and run.state.cause is lost
+    assert not [a for a in actions if isinstance(a, pol.Publish)]
+    assert sends(actions, signal.SIGTERM) == [((0, 1), signal.SIGTERM, True)]
+
+
+def test_ctrl_c_on_another_node_stops_this_one_gracefully():
+    run = Run()
+    actions = run(pol.Fatal(view(3.0, *TWO), RootCause("interrupted", 130, "node 1 (h1): interrupted by Ctrl-C"), remote=True))
+    assert run.phase is Phase.STOPPING and sends(actions) == [((0, 1), signal.SIGINT, False)]
+
+
+def test_a_stop_request_on_another_node_saves_and_stops_here():
+    run = Run()
+    stopped = RootCause("terminated", 143, "node 1 (h1): the supervisor received SIGTERM")
+    actions = run(pol.Fatal(view(3.0, *TWO), stopped, remote=True))
+    assert run.phase is Phase.STOPPING and sends(actions) == [((0, 1), signal.SIGUSR2, False)]
+    assert run.state.deadline == 3.0 + RULES.stop_timeout
+
+
+# ---- Ctrl-C: STOPPING (SIGINT to each leader); the grace covers the step in flight and saves
+
+
+def test_ctrl_c_asks_each_leader_to_stop_and_kills_after_the_grace_period():
+    run = Run()
+    actions = run(pol.SignalReceived(view(100.0, *TWO), signal.SIGINT))
+    assert run.phase is Phase.STOPPING and run.state.deadline == 105.0
+    assert sends(actions) == [((0, 1), signal.SIGINT, False)]
+    assert run.state.cause.exit_code == 130 and run.state.stop_signal == signal.SIGINT
+    assert "waiting up to 5 s" in logs(actions, "warning")[0]
+    actions = run.tick(105.0, *TWO)
+    assert run.phase is Phase.KILLING and sends(actions, signal.SIGKILL) == [((0, 1), signal.SIGKILL, True)]
+    assert run.state.graceful.unfinished == ("CPU0 (rank 0) was killed before saving it",
+                                             "CPU1 (rank 1) was killed before saving it")
+
+
+def test_ctrl_c_waits_for_the_step_in_flight_as_long_as_the_longest_step_seen():
+    run = Run()
+    actions = run(pol.SignalReceived(view(100.0, *TWO, step_s=30.0), signal.SIGINT))
+    assert run.state.deadline == 100.0 + 5.0 + pol.STEP_MARGIN * 30.0
+    assert "waiting up to 50 s for the step in flight (about 30 s) and the save" in logs(actions, "warning")[0]
+
+
+def test_ctrl_c_waits_on_while_a_rank_is_still_in_its_step_and_while_it_saves():
+    run = Run()
+    run(pol.SignalReceived(view(100.0, *TWO), signal.SIGINT))
+    stepping = (rank(0, in_step=True), rank(1, in_step=True))
+    actions = run.tick(105.0, *stepping)
+    assert run.phase is Phase.STOPPING and run.state.deadline == 110.0 and not sends(actions)
+    assert logs(actions, "info") == ["rank(s) 0, 1 still in the step it stops after: waiting for it "
+                                     "(at most 115 s more, the stop timeout)"]
+    run.tick(110.0, rank(0, saving=True), rank(1, saving=True))  # the save began: wait on, said once
+    assert run.state.deadline == 115.0 and len(logs(run.actions, "info")) == 1
+    run.tick(115.0, rank(0, leaving=True, save_ended=114.0), rank(1, leaving=True, save_ended=114.0))
+    assert run.state.deadline == 119.0  # a grace period after the save
+    actions = run.tick(119.0, rank(0, leaving=True, save_ended=114.0))
+    assert run.phase is Phase.KILLING and run.state.graceful.unfinished == ()  # it was on its way out
+
+
+def test_a_graceful_stop_never_waits_past_the_stop_timeout():
+    run = Run()
+    run(pol.SignalReceived(view(0.0, *TWO), signal.SIGINT))
+    for now in (5.0, 10.0, 50.0, 100.0, 115.0):
+        run.tick(now, rank(0, saving=True), rank(1))
+    actions = run.tick(120.0, rank(0, saving=True), rank(1))
+    assert run.phase is Phase.KILLING
+    assert logs(actions, "warning") == ["stop timeout over: SIGKILL to CPU0, CPU1"]
+    assert run.state.graceful.unfinished[0] == "CPU0 (rank 0) was killed while saving it"
+
+
+def test_a_second_ctrl_c_kills_at_once():
+    run = Run()
+    run(pol.SignalReceived(view(0.0, *TWO), signal.SIGINT))
+    actions = run(pol.SignalReceived(view(1.0, *TWO), signal.SIGINT))
+    assert run.phase is Phase.KILLING and sends(actions) == [((0, 1), signal.SIGKILL, True)]
+    assert logs(actions) == ["Ctrl-C again: killing every worker now"]
+
+
+def test_ctrl_c_during_a_teardown_kills_at_once_and_keeps_the_root_cause():
+    run = Run()
+    run(crash(0.0, 1, rank(0)))
+    actions = run(pol.SignalReceived(view(1.0, rank(0)), signal.SIGINT))
+    assert run.phase is Phase.KILLING and run.state.cause.rank == 1
+    assert logs(actions) == ["Ctrl-C during the teardown: killing every worker now"]
+
+
+def test_a_teardown_waits_for_a_background_checkpoint_write_up_to_the_stop_timeout():
+    run = Run()
+    writer = rank(0, writing="/ck/.checkpoints/step_0000040.pt")
+    run(crash(10.0, 1, writer))
+    actions = run.tick(15.0, writer)  # grace over: the write still goes on
+    assert run.phase is Phase.TERMINATING and run.state.deadline == 20.0 and not sends(actions)
+    assert logs(actions, "info") == ["CPU0 still writing a checkpoint in the background: waiting for it "
+                                     "(at most 115 s more, the stop timeout)"]
+    assert logs(run.tick(20.0, writer)) == []  # said once
+    actions = run.tick(130.0, writer)  # the stop timeout after the failure: killed, and said
+    assert run.phase is Phase.KILLING and sends(actions, signal.SIGKILL)
+    assert [a.message for a in actions if isinstance(a, pol.Note)] == [
+        "CPU0 (rank 0) was killed while writing step_0000040.pt in the background: it never became a checkpoint "
+        "(--resume takes an older one)"]
+
+
+def test_a_graceful_stop_waits_for_a_background_write_like_a_save():
+    run = Run()
+    run(pol.SignalReceived(view(0.0, *TWO), signal.SIGINT))
+    run.tick(5.0, rank(0, writing="/ck/step_0000008.pt"), rank(1))
+    assert run.phase is Phase.STOPPING and run.state.deadline == 10.0
+
+
+def test_a_worker_that_fails_its_final_save_makes_the_save_not_saved():
+    run = Run()
+    run(pol.SignalReceived(view(0.0, *TWO), signal.SIGINT))
+    run(pol.Exited(view(3.0, rank(1)), 0, "CPU0", 7, "exit code 7 (cannot write)"))
+    run(pol.Exited(view(3.5), 1, "CPU1", 130, "exit code 130"))
+    assert run.state.graceful.unfinished == ("CPU0 (rank 0) exit code 7 (cannot write) while stopping",)
+    assert run.state.graceful.outcome(saved=True) == "not saved"
+
+
+# ---- stop requests: SIGTERM / SIGHUP / SIGUSR1 / SIGUSR2; SIGQUIT
+
+
+def test_sigterm_saves_and_stops_within_the_stop_timeout_and_a_second_one_kills():
+    run = Run()
+    starting = rank(1, handles=frozenset({signal.SIGUSR1}))  # no handler yet: nothing to save, SIGTERM
+    actions = run(pol.SignalReceived(view(0.0, rank(0), starting), signal.SIGTERM))
+    assert run.phase is Phase.STOPPING and run.state.deadline == 120.0 and run.state.cause.exit_code == 143
+    assert sends(actions) == [((0,), signal.SIGUSR2, False), ((1,), signal.SIGTERM, True)]
+    assert run(pol.SignalReceived(view(1.0, rank(0)), signal.SIGUSR1)) == []  # a later USR1 changes nothing
+    actions = run(pol.SignalReceived(view(2.0, rank(0)), signal.SIGHUP))
+    assert run.phase is Phase.KILLING and logs(actions) == ["SIGHUP again: killing every worker now"]
+
+
+def test_sigusr1_to_a_built_in_run_is_a_stop_request_with_exit_143():
+    run = Run()
+    run(pol.SignalReceived(view(0.0, *TWO), signal.SIGUSR1))
+    assert run.phase is Phase.STOPPING and run.state.cause.exit_code == 143
+
+
+def test_a_script_gets_sigterm_and_the_stop_timeout_and_its_usr_signals_forwarded():
+    run = Run(SCRIPT)
+    actions = run(pol.SignalReceived(view(0.0, rank(0), rank(1, handles=frozenset({signal.SIGUSR2}))), signal.SIGUSR1))
+    assert actions == [pol.Forward((0,), ("CPU1",), signal.SIGUSR1)] and run.state.cause is None
+    actions = run(pol.SignalReceived(view(1.0, *TWO), signal.SIGTERM))
+    assert run.phase is Phase.TERMINATING and run.state.deadline == 121.0
+    assert sends(actions, signal.SIGTERM) == [((0, 1), signal.SIGTERM, True)]
+
+
+def test_sigquit_tears_down_without_a_save_exits_131_and_again_kills():
+    run = Run()
+    actions = run(pol.SignalReceived(view(0.0, *TWO), signal.SIGQUIT))
+    assert run.phase is Phase.TERMINATING and run.state.cause.exit_code == 131
+    assert run.state.stop_signal == signal.SIGQUIT and run.state.graceful is None
+    assert sends(actions, signal.SIGTERM) == [((0, 1), signal.SIGTERM, True)]
+    actions = run(pol.SignalReceived(view(1.0, *TWO), signal.SIGQUIT))
+    assert run.phase is Phase.KILLING and sends(actions, signal.SIGKILL)
+
+
+# ---- an early clean exit: FINISHING; the first rank to leave is the root cause
+
+
+def test_an_early_clean_exit_waits_for_the_others_and_says_so_once():
+    run = Run()
+    run(pol.Exited(view(10.0, rank(0)), 1, "CPU1", 0, "exit code 0", where="step 40, phase train"))
+    assert run.phase is Phase.FINISHING and run.state.deadline == 10.0 + pol.EARLY_EXIT_NOTICE
+    actions = run.tick(12.0, rank(0))
+    assert logs(actions, "info") == ["CPU1 (rank 1) exited 0 first (step 40, phase train); rank(s) 0 may finish at "
+                                     "their own pace: a hang only after 60 s without progress"]
+    assert run.state.deadline is None  # rank 0 sends heartbeats: the heartbeat judge decides
+    run(pol.Exited(view(20.0), 0, "CPU0", 0, "exit code 0", done=True))
+    run(pol.AllGone(view(20.0)))
+    assert run.state.cause is None and run.phase is Phase.DRAINING
+
+
+def test_a_rank_that_finished_with_done_is_not_an_early_exit():
+    run = Run()
+    run(pol.Exited(view(10.0, rank(0)), 1, "CPU1", 0, "exit code 0", done=True))
+    assert run.phase is Phase.RUNNING
+
+
+def test_silent_ranks_after_an_early_exit_are_a_hang_once_the_finish_window_is_over():
+    run = Run()
+    silent = rank(0, heard=False)
+    run(pol.Exited(view(10.0, silent), 1, "CPU1", 0, "exit code 0", where="no step yet"))
+    run.tick(12.0, silent)
+    assert run.state.deadline == 70.0
+    actions = run.tick(70.0, silent)
+    assert run.phase is Phase.DUMPING_STACKS and run.state.cause.kind == "early-exit"
+    assert run.state.cause.exit_code == 124 and run.state.cause.rank == 1
+    assert sends(actions) == [((0,), signal.SIGUSR1, False)]
+
+
+def test_the_first_rank_to_leave_is_the_root_cause_when_another_then_fails():
+    """Issue 24: rank 1 exited 0 early; rank 0 then died on 'Connection closed by peer'."""
+    run = Run()
+    run(pol.Exited(view(10.0, rank(0)), 1, "CPU1", 0, "exit code 0", where="step 3, phase train"))
+    run(crash(10.4, 0, message="CPU0 (rank 0) exit code 1 after 9.0 s: RuntimeError: Connection closed by peer"))
+    cause = run.state.cause
+    assert (cause.kind, cause.rank, cause.device, cause.exit_code) == ("early-exit", 1, "CPU1", 1)
+    assert cause.message.startswith("CPU1 (rank 1) left first: it exited 0 (step 3, phase train) while the others "
+                                    "still ran; then CPU0 (rank 0) exit code 1")
+    assert cause.message.endswith("Connection closed by peer: a consequence of its absence")
+    assert run.phase is Phase.TERMINATING
+
+
+def test_a_failure_without_an_early_exit_names_the_failing_rank():
+    run = Run()
+    run(crash(10.0, 0, rank(1)))
+    assert run.state.cause.kind == "worker-exit" and run.state.cause.rank == 0
+
+
+# ---- a hang: DUMPING_TRACES -> DUMPING_STACKS -> TERMINATING -> KILLING
+
+
+def hang_cause(r: int = 1) -> RootCause:
+    return RootCause("hang", 124, f"hang: rank {r} (stopped)", rank=r, device=f"CPU{r}")
+
+
+def test_a_hang_asks_for_traces_then_stacks_then_terminates():
+    run = Run()
+    actions = run(pol.HangFound(view(50.0, *TWO), hang_cause(), responsive=frozenset({0})))
+    assert run.phase is Phase.DUMPING_TRACES and run.state.trace_ranks == {0}
+    assert run.state.deadline == 50.0 + pol.TRACES_WAIT and pol.RequestTraces() in actions
+    assert logs(actions, "error") == ["hang: rank 1 (stopped)"]
+    actions = run(pol.TracesIn(view(51.0, *TWO)))
+    assert actions[0] == pol.AnalyseTraces() and run.phase is Phase.DUMPING_STACKS
+    assert sends(actions) == [((0, 1), signal.SIGUSR1, False)] and run.state.deadline == 51.0 + pol.STACK_DUMP_WAIT
+    actions = run.tick(53.0, *TWO)
+    assert run.phase is Phase.TERMINATING and sends(actions, signal.SIGTERM)
+    run.tick(58.0, *TWO)
+    assert run.phase is Phase.KILLING
+
+
+def test_trace_wait_over_reads_what_came_and_goes_on():
+    run = Run()
+    run(pol.HangFound(view(50.0, *TWO), hang_cause(), responsive=frozenset({0, 1})))
+    actions = run.tick(50.0 + pol.TRACES_WAIT, *TWO)
+    assert actions[0] == pol.AnalyseTraces() and run.phase is Phase.DUMPING_STACKS
+
+
+def test_no_responsive_rank_skips_the_traces_and_no_handler_skips_the_stacks():
+    run = Run()
+    mute = (rank(0, handles=frozenset()), rank(1, handles=frozenset()))
+    actions = run(pol.HangFound(view(50.0, *mute), hang_cause(), responsive=frozenset()))
+    assert run.phase is Phase.DUMPING_STACKS and run.state.deadline == 50.0 and not sends(actions)
+    assert "CPU0, CPU1 installed no SIGUSR1 handler" in [a for a in actions if isinstance(a, pol.Note)][0].message
+    run.tick(50.0, *mute)
+    assert run.phase is Phase.TERMINATING
+
+
+def test_a_hang_after_an_early_exit_says_how_long_ago_it_left():
+    run = Run()
+    run(pol.Exited(view(10.0, rank(0)), 1, "CPU1", 0, "exit code 0"))
+    run(pol.HangFound(view(75.0, rank(0)), hang_cause(0)))
+    assert run.state.cause.message.endswith("; CPU1 (rank 1) had exited 0 65 s before (waiting for it?)")
+
+
+def test_without_trace_dir_a_hang_goes_straight_to_the_stacks():
+    run = Run(pol.Rules(grace=5.0, stop_timeout=120.0, save_signal=signal.SIGUSR2, finish_window=60.0, traces=False))
+    run(pol.HangFound(view(50.0, *TWO), hang_cause(), responsive=frozenset({0, 1})))
+    assert run.phase is Phase.DUMPING_STACKS
+
+
+def test_a_hang_verdict_after_the_root_cause_changes_nothing():
+    run = Run()
+    run(crash(1.0, 0, rank(1)))
+    assert run(pol.HangFound(view(2.0, rank(1)), hang_cause())) == [] and run.state.cause.rank == 0
+
+
+def test_the_state_is_immutable_and_decide_is_pure():
+    state = pol.State()
+    event = pol.SignalReceived(view(0.0, *TWO), signal.SIGINT)
+    first = pol.decide(state, event, RULES)
+    assert pol.decide(state, event, RULES) == first and state == pol.State()
