@@ -8,8 +8,8 @@ the step times)). NVIDIA's ft_launcher 0.4.1: its defaults (45 min heartbeat tim
 plus the timeouts it learns in-run (the worker calls calculate_and_set_hb_timeouts at
 step 30: 5 x the longest heartbeat interval; checked every 5 s). torchrun has no
 heartbeat: it is stopped at the cap and reported as the cap (a lower bound). gpuherd runs
-with --no-report (the others write no report); what gpuherd's default end-of-run report
-adds to the exit is a row of its own. Writes bench/results/hang.md.
+with its default settings (no report on the exit path, like the others); what `--report`
+(report.html rendered before the exit) adds is a row of its own. Writes bench/results/hang.md.
 
     python3 bench/bench_hang.py [--quick] [--cap S]
 """
@@ -87,7 +87,7 @@ def main() -> int:
     comparisons.append(Comparison("rank 1 stops -> launcher exit, gpuherd with --set system.hang_floor=2: "
                                   "vs ft_launcher", "s", Side("gpuherd hang_floor=2", samples["gpuherd hang_floor=2"]),
                                   Side("ft_launcher", samples["ft_launcher"])))
-    comparisons.append(Comparison("rank 1 stops -> launcher exit, gpuherd's default end-of-run report vs --no-report",
+    comparisons.append(Comparison("rank 1 stops -> launcher exit, gpuherd --report (rendered before the exit) vs the default",
                                   "s", Side("gpuherd with report", samples["gpuherd with report"]), gpuherd))
     right = sum(rank == 1 for rank in named)
     write_results("hang", "Hang detection (default settings)", comparisons, notes=[
@@ -97,8 +97,8 @@ def main() -> int:
         "in-run at step 30 (RankMonitorClient.calculate_and_set_hb_timeouts: 5 x the longest interval seen).",
         "gpuherd: no --hang-timeout, so the learned step allowance (max(10 s floor, 5 x p99)); its time includes "
         "asking the live rank for its collective trace and every rank for its stacks before the teardown; "
-        "--no-report, except in the report row, whose ratio below 1 is what the report (matplotlib figures and "
-        "report.html, written after every worker is gone) adds to the exit.",
+        "default settings (the report is not on the exit path), except in the report row, whose ratio below 1 is "
+        "what `--report` (matplotlib figures and report.html, rendered after every worker is gone) adds to the exit.",
         f"gpuherd's verdict named the stopped rank 1 in {right} of {len(named)} runs "
         f"(named: {', '.join(str(r) for r in named)}); the verdict came " + "; ".join(
             f"{statistics.median(v):.1f} s ({kind}, median; {min(v):.1f}-{max(v):.1f})" for kind, v in verdicts.items())

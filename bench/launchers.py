@@ -38,11 +38,12 @@ class Launchers:
         self.grace = grace_period
 
     def gpuherd(self, n: int, *args: str, flags: tuple[str, ...] = (), report: bool = False) -> list[str]:
-        """`report`: gpuherd's default end-of-run report.html (matplotlib, ~1.5 s after the last
-        worker is gone); off unless asked, since the other launchers write none."""
+        """gpuherd's default settings; `report`: `--report`, the report.html rendered before the
+        exit (matplotlib, about a second after the last worker is gone; by default it is not on
+        the exit path: `gpuherd report RUN` renders it later)."""
         return [sys.executable, "-m", "supervisor", "--set", "system.device=cpu", "--set",
                 f"system.run_root={self.work / 'logs'}", "--nproc", str(n), "--grace-period", f"{self.grace:g}",
-                *(() if report else ("--no-report",)), *flags, "--script", str(self.script), *args]
+                *(("--report",) if report else ()), *flags, "--script", str(self.script), *args]
 
     def torchrun(self, n: int, *args: str, flags: tuple[str, ...] = ()) -> list[str]:
         # --tee 3 --log-dir: prefixed lines on the console and one file per worker, like gpuherd

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dataset_cache.errors import DatasetError
+from gpuherd.text import printable
 
 SKIP_RECORD = "data.on_bad_record=skip skips such records"
 SKIP_TAIL = "data.on_bad_record=skip skips the rest of such a file"
@@ -37,7 +38,7 @@ class BadRecords:
         self.lost_tails += 1
 
     def _report(self, where: str, reason: str, hint: str) -> None:
-        message = f"{where}: {reason}"
+        message = f"{printable(where)}: {reason}"  # a file name may hold non-UTF-8 bytes
         if self.policy != "skip":
             raise DatasetError(f"{message}; {hint}")
         self.first = self.first or message

@@ -2,9 +2,11 @@
 
 Sizes are checked on every open (a stat per file: microseconds); the full sha256
 of every file only when asked (`verify=True`: `--verify-cache`,
-`data.verify_cache`, and the first open after a build). Anything that does not
+`data.verify_cache`, and the first open after a build); every batch's token ids
+against the vocabulary as it is read (`check_tokens`). Anything that does not
 match raises CacheCorruptError, which `prepare_cache` answers with a rebuild
-and a worker with exit code 3 -- a damaged cache is never trained on.
+and a worker with exit code 3. What this leaves out: bytes changed after the
+build into other in-vocabulary ids, with checksums off.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from dataset_cache.build import METADATA_FILE, OFFSETS_DTYPE, OFFSETS_FILE, TOKE
 from dataset_cache.errors import CacheCorruptError, DatasetError
 from dataset_cache.hashing import sha256_file
 from dataset_cache.key import FORMAT_VERSION
+from gpuherd.files import write_bytes_atomic
 
 SPLITS = ("train", "val")
+DAMAGED_FILE = "damaged.txt"  # written by a reader that found bad tokens: the cache is refused from then on
 ALL = "all"
 
 
@@ -62,6 +66,25 @@ class TokenCache:
             self._all = np.memmap(self.path / TOKENS_FILE, dtype=self.dtype, mode="r", shape=(self.total_tokens,))
         return self._all
 
+    def check_tokens(self, rows: np.ndarray) -> np.ndarray:
+        """`rows` (read from this cache) when every id is in the tokenizer's vocabulary; else the
+        cache is damaged: marked so (the next prepare rebuilds it) and CacheCorruptError (exit 3),
+        before such a batch reaches the model (an embedding lookup would fail with a bare IndexError)."""
+        if rows.size and int(rows.max()) >= self.vocab_size:
+            reason = (f"token id {int(rows.max())} is outside the vocabulary of tokenizer {self.tokenizer} "
+                      f"({self.vocab_size} ids)")
+            self.mark_damaged(reason)
+            raise CacheCorruptError(f"dataset cache {self.path} is damaged: {reason}; it is not trained on, and the "
+                                    "next run (or restart) rebuilds it")
+        return rows
+
+    def mark_damaged(self, reason: str) -> None:
+        """Leave a note that makes every later open refuse this cache (and prepare rebuild it)."""
+        try:
+            write_bytes_atomic(self.path / DAMAGED_FILE, reason.encode() + b"\n")
+        except OSError:  # a read-only cache: this run still stops; the sizes/checksums decide next time
+            pass
+
     def __repr__(self) -> str:
         return f"TokenCache({self.path}, tokens={self.total_tokens:,}, tokenizer={self.tokenizer!r})"
 
@@ -73,6 +96,9 @@ def open_cache(path: Path, verify: bool = False) -> TokenCache:
         raise DatasetError(f"dataset cache not found: {path} (build it with prepare_dataset.py)")
     meta = read_metadata(path)
     _check_layout(path, meta)
+    if (path / DAMAGED_FILE).exists():
+        reason = (path / DAMAGED_FILE).read_text(errors="replace").strip()
+        raise CacheCorruptError(f"dataset cache {path} was found damaged while training ({reason})")
     for name, record in meta["files"].items():
         file = path / name
         try:

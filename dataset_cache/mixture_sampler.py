@@ -122,6 +122,7 @@ class MixtureSampler:
         self.batch_size, self.context_length, self.rank, self.world_size = batch_size, context_length, rank, world_size
         parts = mixture.parts(split)
         self.streams = []
+        self._caches = [source.cache for source in parts]  # each stream's, for its token check
         for source in parts:
             which = source.train_range if split == "train" else source.val_range
             entropy = [seed, RANGE_CODES[which], int(source.cache.key, 16)]
@@ -148,7 +149,8 @@ class MixtureSampler:
         rows = np.empty((self.batch_size, self.context_length + 1), dtype=np.int64)
         for index in np.unique(sources[mine]):
             where = np.flatnonzero(sources[mine] == index)
-            rows[where] = read_windows(self.streams[index].data, starts[mine][where], self._ramp)
+            rows[where] = self._caches[index].check_tokens(
+                read_windows(self.streams[index].data, starts[mine][where], self._ramp))
         return rows[:, :-1], rows[:, 1:]
 
     def state_dict(self) -> dict[str, Any]:

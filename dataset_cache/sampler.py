@@ -67,7 +67,7 @@ class BatchSampler:
         first = self.consumed + self.rank * self.batch_size
         windows = order[first:first + self.batch_size]
         self.consumed += self.per_step
-        rows = read_windows(self.data, offset + windows * self.context_length, self._ramp)
+        rows = self.cache.check_tokens(read_windows(self.data, offset + windows * self.context_length, self._ramp))
         return rows[:, :-1], rows[:, 1:]
 
     def state_dict(self) -> dict[str, Any]:

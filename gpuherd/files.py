@@ -100,6 +100,12 @@ def locked_temp_dir(path: Path, label: str = "") -> Iterator[Path]:
         os.close(fd)
 
 
+def open_log(path: Path) -> int:
+    """A log file's fd for appending, never through a symbolic link (O_NOFOLLOW: a link planted
+    at `path` is an OSError, ELOOP, instead of a write into whatever it points at)."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+
+
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     with atomic_file(path) as handle:
         handle.write(data)

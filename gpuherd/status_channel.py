@@ -5,17 +5,25 @@ supervisor passed as fd `GPUHERD_STATUS_FD`. Each record is one `os.write` of
 less than PIPE_BUF bytes, so records from one worker never tear. Every record
 carries `type`, `rank` and `time`; the types and their fields are listed in
 docs/architecture.md ("Status channel").
+
+The writer needs only the standard library: a user's script may run in another interpreter
+(torchrun's PYTHON_EXEC) that has torch but none of gpuherd's dependencies, and the script
+bootstrap sends its heartbeats from there. orjson is used where it is installed.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
 
-import orjson
-
 from gpuherd import contract
+
+try:
+    import orjson
+except ImportError:  # a script's own interpreter (PYTHON_EXEC): json writes the same records
+    orjson = None  # type: ignore[assignment]
 
 RECORD_TYPES = ("ready", "step", "eval", "checkpoint", "checkpoint_write", "phase", "nan", "spike", "suspect", "done",
                 "error", "alive")
@@ -56,10 +64,9 @@ class StatusWriter:
         if not self._automatic:
             StatusWriter.explicit_records = True
         record = {"type": type_, "rank": self._rank, "time": time.time(), **fields}
-        line = orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+        line = encode(record)
         if len(line) > PIPE_BUF:  # keep writes atomic: drop bulky fields, never tear
-            line = orjson.dumps({"type": type_, "rank": self._rank, "time": record["time"],
-                                 "truncated": True}) + b"\n"
+            line = encode({"type": type_, "rank": self._rank, "time": record["time"], "truncated": True})
         try:
             os.write(self._fd, line)
         except (BrokenPipeError, OSError):
@@ -67,11 +74,26 @@ class StatusWriter:
             self._fd = None
 
 
+def encode(record: dict[str, Any]) -> bytes:
+    """One record as one line; numpy scalars and arrays as plain numbers and lists."""
+    if orjson is not None:
+        return orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+    return json.dumps(record, separators=(",", ":"), default=_plain).encode() + b"\n"
+
+
+def _plain(value: Any) -> Any:
+    """json's fallback for what orjson's OPT_SERIALIZE_NUMPY writes (numpy, torch scalars)."""
+    for convert in ("tolist", "item"):
+        if hasattr(value, convert):
+            return getattr(value, convert)()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
 def decode(line: bytes) -> dict[str, Any] | None:
     """Supervisor side: one line -> record, or None for a malformed line."""
     try:
-        record = orjson.loads(line)
-    except orjson.JSONDecodeError:
+        record = orjson.loads(line) if orjson is not None else json.loads(line)
+    except ValueError:  # orjson.JSONDecodeError and json's are both ValueErrors
         return None
     if not isinstance(record, dict) or record.get("type") not in RECORD_TYPES:
         return None

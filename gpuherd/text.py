@@ -1,6 +1,9 @@
-"""Small text conversions every package shares: comma-separated ids in, durations out."""
+"""Small text conversions every package shares: comma-separated ids in, durations out, and
+strings that hold undecodable bytes made printable."""
 
 from __future__ import annotations
+
+from typing import Any
 
 
 def int_list(text: str) -> list[int]:
@@ -15,3 +18,36 @@ def format_duration(seconds: float) -> str:
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def has_undecodable(text: str) -> bool:
+    """True when `text` carries bytes that were not UTF-8 (Python keeps them as lone
+    surrogates: a file name in another encoding, or any non-ASCII one under a non-UTF-8
+    locale); JSON writers refuse such strings."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def printable(text: str) -> str:
+    """`text` with each undecodable byte shown as `\\xNN` (the bytes a file name really has)."""
+    if not has_undecodable(text):
+        return text
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a surrogate that never was a byte (e.g. from a JSON escape)
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def printable_tree(value: Any) -> Any:
+    """Every string in nested dicts/lists made `printable`: a record that must be written
+    (summary.json, metadata.json) whatever file names it quotes."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {printable_tree(k): printable_tree(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [printable_tree(v) for v in value]
+    return value

@@ -1,5 +1,5 @@
 """`python -m supervisor` (what run_training.sh execs)."""
 
-from supervisor.main import main
+from supervisor.main import cli
 
-raise SystemExit(main())
+cli()

@@ -21,7 +21,7 @@ from gpuherd.cli import add_resume_flag, base_parser, config_from_args, die, res
 from gpuherd.config import Config
 from gpuherd.text import int_list
 from supervisor.rendezvous import DEFAULT_PORT, NodeSpec, SingleStore
-from supervisor.torchrun import Script, ScriptError, add_torchrun_flags, translate
+from supervisor.torchrun import Script, ScriptError, TorchrunLaunch, add_torchrun_flags, apply_pet_defaults, translate
 
 PROG = "gpuherd run"
 
@@ -37,6 +37,7 @@ class Launch:
     node: NodeSpec = field(default_factory=NodeSpec)  # multi-node: which node this supervisor is
     store: SingleStore | None = None  # one node: where torchrun's flags put the workers' store
     notices: list[str] = field(default_factory=list)  # said at INFO once logging is set up
+    torchrun: TorchrunLaunch = field(default_factory=TorchrunLaunch)  # role, signals, NUMA, virtual local rank
 
 
 def _id_list(text: str) -> list[int]:
@@ -89,7 +90,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     g.add_argument("--hang-timeout", type=_seconds, default=None, metavar="S",
                    help="fixed step allowance: seconds without progress before a rank counts as hung "
                         "(default: learned, max(system.hang_floor, system.hang_factor x p99 step time))")
-    g.add_argument("--grace-period", type=_seconds, default=None, metavar="S",
+    g.add_argument("--grace-period", "--shutdown-timeout", "--shutdown_timeout", type=_seconds, default=None, metavar="S",
                    help="teardown: seconds between SIGTERM and SIGKILL; Ctrl-C: seconds to reach a save "
                         "(default: per preset)")
     g.add_argument("--stop-timeout", type=_seconds, default=None, metavar="S",
@@ -107,8 +108,11 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     g.add_argument("-v", "--verbose", action="store_true", help="the supervisor's own debug messages on the console")
     g.add_argument("--skip-checks", dest="preflight", action="store_false", default=None,
                    help="skip the pre-flight GPU and host checks (`gpuherd check`) before the run")
+    g.add_argument("--report", dest="report", action="store_true", default=None,
+                   help="render report.html and its figures into the run directory before exiting (default: "
+                        "not on the exit path; the summary names `gpuherd report RUN`)")
     g.add_argument("--no-report", dest="report", action="store_false", default=None,
-                   help="do not write report.html and its figures into the run directory at the end")
+                   help="no report at the end (the default; kept for scripts that pass it)")
     _add_script_flags(parser)
     add_torchrun_flags(parser)
     return parser
@@ -165,9 +169,12 @@ _SYSTEM_FLAGS = ("nproc", "gpus", "isolate", "hang_timeout", "grace_period", "st
 def parse(argv: list[str], prog: str = PROG) -> Launch:
     """Arguments -> a validated Launch; exits 2 with one line on any problem."""
     parser = build_parser(prog)
+    apply_pet_defaults(parser, os.environ)  # torchrun's PET_<FLAG>: a flag's default, the command line wins
     args = parser.parse_args(argv)
+    if args.nproc is not None and args.nproc_per_node == os.environ.get("PET_NPROC_PER_NODE"):
+        args.nproc_per_node = None  # --nproc typed wins over PET_NPROC_PER_NODE, as a typed flag would
     script = _script(args, prog)
-    if script is not None and args.isolate is None:
+    if script is not None and args.isolate is None and not args.virtual_local_rank:
         args.isolate = False  # a torchrun-style script expects every GPU visible
     torchrun = translate(args)
     if torchrun.nproc is not None:
@@ -183,7 +190,7 @@ def parse(argv: list[str], prog: str = PROG) -> Launch:
     cfg = config_from_args(args, extra + torchrun.overrides)
     return Launch(config=cfg, script=script, nproc_explicit=args.nproc is not None, force=args.force,
                   run_id=args.run_id, verbose=args.verbose, node=node, store=torchrun.store,
-                  notices=torchrun.notices)
+                  notices=torchrun.notices, torchrun=torchrun)
 
 
 def _script(args: argparse.Namespace, prog: str) -> Script | None:
@@ -195,13 +202,13 @@ def _script(args: argparse.Namespace, prog: str) -> Script | None:
             die(f"--script needs a path (see {prog} --help)")
         args.script, args.script_args = args.script_flag[0], args.script_flag[1:]
     if args.script is None:
-        for flag, given in (("-m", args.module), ("--no-python", args.no_python),
+        for flag, given in (("-m", args.module), ("--no-python", args.no_python), ("--run-path", args.run_path),
                             ("--no-auto-heartbeat", not args.auto_heartbeat)):
             if given:
                 die(f"{flag} needs a script or module to run (see {prog} --help)")
         return None
     script = Script(args.script, list(args.script_args), module=args.module, no_python=args.no_python,
-                    auto_heartbeat=args.auto_heartbeat)
+                    auto_heartbeat=args.auto_heartbeat, run_path=args.run_path)
     try:
         script.check()
     except ScriptError as exc:

@@ -9,8 +9,10 @@ damaged) again first. The end: summary.json and the root-cause block.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import shutil
 import signal
 import sys
 import time
@@ -23,6 +25,7 @@ from loguru import logger
 from gpuherd import contract
 from gpuherd.config import Config
 from gpuherd.exit_codes import ExitCode
+from gpuherd.log_writes import LOG_WRITES
 from supervisor import run_dir as rundir
 from supervisor.cli import Launch
 from supervisor.gpus import DeviceError, DevicePlan
@@ -46,6 +49,7 @@ from supervisor.processes import (
     OrphanGuard,
     RunEnv,
     StopRules,
+    StopSignal,
     Supervision,
     WorkerProcess,
     become_subreaper,
@@ -55,12 +59,21 @@ from supervisor.processes import (
     script_env,
     spawn,
     stop_exit_code,
+    stops_raise,
     sweep_children,
     worker_env,
 )
 from supervisor.rendezvous import NodeLinkError, Rendezvous, Setup, SingleNode, StoreServer, training_fingerprint
 from supervisor.restarts import STREAK_RESET_S, RunCheckpoints, SuspectExclusion, backoff, pause, refusal
 from supervisor.summary import AttemptReport, RootCause, Summary, WorkerReport, how_it_ended, now_iso, shell_code
+from supervisor.torchrun import (
+    FileTimer,
+    bound,
+    file_timer_wanted,
+    numa_plan,
+    timer_fifo,
+    write_launcher_error_file,
+)
 
 
 @dataclass
@@ -78,6 +91,7 @@ class Attempt:
     stragglers: Stragglers
     suspects: SuspectWatch
     workers: list[WorkerProcess] = field(default_factory=list)
+    timer: FileTimer | None = None  # TORCHELASTIC_ENABLE_FILE_TIMER=1: torch's file timer server
 
 
 class Job:
@@ -98,6 +112,7 @@ class Job:
         self.store_server = StoreServer(sys.executable, python_env(), die_with_parent())  # warm across attempts
         self._guarded: set[int] = set()  # helper processes the orphan guard already knows
         self.exclusion = SuspectExclusion(self.cfg.system.exclude_suspect_gpus, multi_node=launch.node.multi)
+        self.guard: OrphanGuard | None = None  # started before the dataset build (start_guard)
 
     @property
     def mode(self) -> str:
@@ -132,12 +147,20 @@ class Job:
         except ImportError as exc:
             return RootCause("dataset", ExitCode.DATA, f"the dataset_cache package is unusable: {exc}"), False
         try:
-            info = prepare_cache(self.cfg.data)
+            with stops_raise():  # a stop signal during the build ends the run with a summary, the pool cleaned up
+                info = prepare_cache(self.cfg.data)
+        except StopSignal as stop:
+            return _stop_cause(stop.signum, "while preparing the dataset"), False
         except DatasetError as exc:
             logger.error(f"dataset: {exc}")
             return RootCause("dataset", ExitCode.DATA, f"dataset: {exc}"), False
         except KeyboardInterrupt:
             return RootCause("interrupted", ExitCode.SIGINT, "interrupted by Ctrl-C while preparing the dataset"), False
+        except Exception as exc:  # noqa: BLE001 - a defect in the build still ends with a named cause and a summary
+            logger.opt(exception=exc).bind(file_only=True).error("dataset: the build failed unexpectedly")
+            message = f"dataset: the cache could not be built: {type(exc).__name__}: {exc}"
+            logger.error(message)
+            return RootCause("dataset", ExitCode.DATA, message), False
         rebuilt = info.built and bool(self.dataset_path)
         self.dataset_path = str(info.path)
         logger.info(f"dataset cache {'rebuilt' if rebuilt else 'built' if info.built else 'reused'}: {info.path} "
@@ -147,9 +170,8 @@ class Job:
     def run(self) -> int:
         """Every attempt until one succeeds, a failure is not worth restarting, or
         `system.max_restarts` restarts are used up."""
-        become_subreaper()
         system = self.cfg.system
-        guard = OrphanGuard(f"{contract.SUPERVISOR_PID}={os.getpid()}", sys.executable, python_env())
+        guard = self.start_guard()
         metrics = MetricsSink(self.run_dir / "metrics.jsonl")
         attempts: list[AttemptReport] = []
         final: RootCause | None = None
@@ -189,9 +211,26 @@ class Job:
         finally:
             metrics.close()
             self.store_server.close()
-            sweep_children(exclude={guard.pid, self.rendezvous.helper_pid})
-            guard.release()
+            self.release_guard()
         return self.finish(final, attempts)
+
+    def start_guard(self) -> OrphanGuard:
+        """From here to the end nothing the supervisor starts can outlive it: every process
+        (the dataset build's tokenizer pool and its forkserver, helpers, workers and what they
+        fork) carries the guard's marker in its environment, is reparented to us if it escapes
+        its parent, and is killed by the guard if the supervisor dies, even by SIGKILL."""
+        if self.guard is None:
+            become_subreaper()
+            os.environ[contract.SUPERVISOR_PID] = str(os.getpid())  # inherited by every process started from now
+            self.guard = OrphanGuard(f"{contract.SUPERVISOR_PID}={os.getpid()}", sys.executable, python_env())
+        return self.guard
+
+    def release_guard(self) -> None:
+        """Whatever is still below us is killed; then the guard exits without touching anything."""
+        if self.guard is not None:
+            sweep_children(exclude={self.guard.pid, self.rendezvous.helper_pid})
+            self.guard.release()
+            self.guard = None
 
     def _why_not_restart(self, cause: RootCause, report: AttemptReport, last: bool) -> str | None:
         """None: restart. Before a restart of the built-in trainer the dataset cache is checked
@@ -221,7 +260,7 @@ class Job:
     def run_attempt(self, attempt: int, resume: str | None, guard: OrphanGuard, metrics: MetricsSink) -> AttemptReport:
         """Start every worker once, supervise them to the end, clean up everything but the job's files."""
         started_at, t0 = now_iso(), time.monotonic()
-        log_dir = self.run_dir if attempt == 0 else rundir.create(self.run_dir / f"attempt-{attempt}")
+        log_dir = self.run_dir if attempt == 0 else self._attempt_dir(attempt)
         try:
             setup = self.rendezvous.begin(attempt, self.plan, resume)
         except NodeLinkError as exc:
@@ -233,10 +272,14 @@ class Job:
                                  log_dir=str(log_dir), teardown_s=None, workers=[],
                                  excluded_gpus=list(self.exclusion.excluded))
         att = self._prepare_attempt(attempt, setup, log_dir, metrics)
-        cause = self._supervise(att, guard)
+        cause = _timer_cause(self._supervise(att, guard), att)
         cause = self.rendezvous.settle(attempt, cause, att.sup.notes)
         self.stragglers += [{**found, "attempt": attempt} for found in att.stragglers.found]
-        self.timeouts.save(self.run_dir)
+        try:
+            self.timeouts.save(self.run_dir)
+        except OSError as exc:  # a full log disk: the allowances were learned all the same
+            logger.warning(f"hang allowances not saved to {self.run_dir} ({exc.strerror}); the next --resume "
+                           "learns them again")
         sup = att.sup
         final_save = sup.final_save()
         if final_save == "not saved" and cause is not None:
@@ -255,10 +298,19 @@ class Job:
             stop_signal=signal.Signals(sup.stop_signal).name if sup.stop_signal else None, final_save=final_save,
             suspect_devices=att.suspects.devices(self.exclusion.enabled), excluded_gpus=list(self.exclusion.excluded))
 
+    def _attempt_dir(self, attempt: int) -> Path:
+        """attempt-N/ for a restart's logs; the run directory itself when its disk refuses a new one."""
+        try:
+            return rundir.create(self.run_dir / f"attempt-{attempt}")
+        except rundir.RunDirError as exc:
+            logger.warning(f"{exc}: attempt {attempt} logs into {self.run_dir}")
+            return self.run_dir
+
     def _prepare_attempt(self, attempt: int, setup: Setup, log_dir: Path, metrics: MetricsSink) -> Attempt:
         """Everything an attempt's supervision needs, before the first worker exists."""
         cfg, plan = self.cfg, setup.plan
-        logs = {s.rank: WorkerLog(s.rank, s.tag, log_dir / f"worker-rank{s.rank}-{s.tag}.log") for s in plan.slots}
+        logs = {s.rank: WorkerLog(s.rank, s.tag, log_dir / f"worker-rank{s.rank}-{s.tag}.log",
+                                  self.launch.torchrun.line_prefix(s.rank, s.local)) for s in plan.slots}
         router = LogRouter(list(logs.values()), self.console, cfg.system.log_ranks, cfg.system.collapse_logs,
                            nccl_watch=_nccl_watch(plan))
         stragglers = Stragglers(cfg.system.straggler_factor, cfg.system.straggler_windows, metrics.write)
@@ -281,8 +333,12 @@ class Job:
                          config_path=str(self.run_dir / "config.json"), dataset_cache=self.dataset_path,
                          restart_count=attempt, max_restarts=cfg.system.max_restarts, resume=setup.resume or "",
                          world_size=setup.world_size, node_rank=self.rendezvous.node_rank,
-                         nnodes=self.rendezvous.nnodes, trace_dir=str(trace_dir))
-        return Attempt(attempt, setup, logs, router, monitor, sup, run_env, metrics, stragglers, suspects)
+                         nnodes=self.rendezvous.nnodes, trace_dir=str(trace_dir), role=self.launch.torchrun.role,
+                         signals_to_handle=self.launch.torchrun.signals_to_handle,
+                         virtual_local_rank=self.launch.torchrun.virtual_local_rank,
+                         timer_file=str(timer_fifo(os.environ, log_dir)) if file_timer_wanted(os.environ) else "")
+        timer = FileTimer(Path(run_env.timer_file), log_dir / "file-timer.log") if run_env.timer_file else None
+        return Attempt(attempt, setup, logs, router, monitor, sup, run_env, metrics, stragglers, suspects, timer=timer)
 
     def _supervise(self, att: Attempt, guard: OrphanGuard) -> RootCause | None:
         """Spawn, watch until the end, and leave nothing of the attempt running."""
@@ -293,11 +349,19 @@ class Job:
         sup.install_signal_handlers()
         self.rendezvous.watch(att.number, on_remote=sup.report_remote)
         try:
-            for slot in plan.slots:
+            if att.timer is not None:  # before any rank: a rank's first timer needs the server's FIFO
+                guard.watch(att.timer.start(sys.executable, python_env(), self.run_id, die_with_parent()))
+            bindings = numa_plan(self.launch.torchrun.numa_binding, plan, first=att.number == 0)
+            for i, slot in enumerate(plan.slots):
                 error_file = error_file_for(att.logs[slot.rank].path)
                 error_file.unlink(missing_ok=True)  # only what this attempt's rank writes may be read back
-                w = spawn(self.command, lambda fd, slot=slot, ef=str(error_file): worker_env(
-                    base_env, plan, slot, att.run_env, fd, error_file=ef), slot, att.logs[slot.rank].path)
+                binding = bindings[i] if bindings else None
+                w = spawn(bound(binding, self._command_of(slot.local)), lambda fd, slot=slot, ef=str(error_file):
+                          worker_env(base_env, plan, slot, att.run_env, fd, error_file=ef), slot,
+                          att.logs[slot.rank].path)
+                if binding is not None and not shutil.which("numactl"):
+                    with contextlib.suppress(ProcessLookupError):  # already gone: its exit tells the rest
+                        os.sched_setaffinity(w.pid, binding.cpus)  # before it starts a thread: they inherit it
                 sup.add_worker(w)
                 att.workers.append(w)
                 guard.watch(w.pgid)
@@ -318,10 +382,18 @@ class Job:
             self._end_attempt(att, guard, watchers)
         return cause
 
+    def _command_of(self, local_rank: int) -> list[str]:
+        """A script's command line with `${local_rank}` filled in (torchrun's macros); the built-in
+        worker's is the same for every rank."""
+        return self.launch.script.command(local_rank) if self.launch.script else self.command
+
     def _end_attempt(self, att: Attempt, guard: OrphanGuard, watchers: list[RunWatcher]) -> None:
         store, sup = att.setup.store, att.sup
         self.rendezvous.unwatch()
         sup.force_kill_everything()
+        if att.timer is not None and att.timer.proc is not None:
+            guard.forget(att.timer.proc.pid)
+            att.timer.stop()
         for watcher in watchers:
             _stop_watcher(watcher)
         att.router.close()
@@ -336,6 +408,8 @@ class Job:
     def finish(self, cause: RootCause | None, attempts: list[AttemptReport]) -> int:
         exit_code = int(cause.exit_code) if cause is not None else 0
         last = attempts[-1] if attempts else None
+        if LOG_WRITES.note():
+            self.notes.append(LOG_WRITES.note())
         if self.console.left_out:
             self.notes.append(f"the console fell behind: {self.console.left_out} line(s) were not shown there "
                               "(a terminal that stopped reading); every line is in the log files")
@@ -350,8 +424,13 @@ class Job:
             stragglers=self.stragglers, hang_timeouts=self.timeouts.learned(),
             suspect_devices=[d for a in attempts for d in a.suspect_devices],
         )
-        summary.write(self.run_dir / "summary.json")
         block = summary.block()
+        try:
+            summary.write(self.run_dir / "summary.json")
+        except OSError as exc:  # the log disk failed: the summary goes to the console instead, whole
+            logger.warning(f"summary.json could not be written to {self.run_dir} ({exc.strerror}): here it is")
+            self.console.write(STDERR, summary.to_json() + b"\n")
+        write_launcher_error_file(dict(os.environ), cause, summary.workers)
         logger.bind(file_only=True).info(block)  # the console gets it below, unprefixed
         self.console.write(STDERR, block.encode() + b"\n")
         if self.cfg.system.report:
@@ -360,6 +439,9 @@ class Job:
             html = report_after_run(self.run_dir)
             if html is not None:
                 logger.info(f"report: {html} (figures beside it; `gpuherd report RUN RUN` compares runs)")
+        else:  # not on the exit path: a scheduler, a restart or a Ctrl-C never waits for matplotlib
+            logger.info(f"report: gpuherd report {self.run_dir} (HTML + figures from the run's files, "
+                        "whenever you want them)")
         return exit_code
 
 
@@ -388,6 +470,18 @@ def _unwatched_why(launch: Launch) -> str | None:
                 "until it steps one")
     return ("no status record from the script (--no-auto-heartbeat or --no-python): not watched for hangs; "
             "send records with gpuherd.status_channel for that")
+
+
+def _timer_cause(cause: RootCause | None, att: Attempt) -> RootCause | None:
+    """A rank killed by the file timer server: the message says which timer expired."""
+    if cause is None or att.timer is None or cause.rank is None:
+        return cause
+    worker = next((w for w in att.workers if w.slot.rank == cause.rank), None)
+    scope = att.timer.expired(worker.pid) if worker is not None else None
+    if scope is None:
+        return cause
+    return dataclasses.replace(cause, message=f"{cause.message}: its torch.distributed.elastic.timer "
+                                              f"{scope!r} expired (TORCHELASTIC_ENABLE_FILE_TIMER=1)")
 
 
 def _save_cut(cause: RootCause, unfinished: list[str]) -> RootCause:

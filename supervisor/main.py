@@ -21,6 +21,8 @@ from loguru import logger
 from gpuherd.cli import die
 from gpuherd.exit_codes import ExitCode
 from gpuherd.files import write_bytes_atomic
+from gpuherd.log_writes import LOG_WRITES
+from gpuherd.storage import storage_errno, storage_message
 from gpuherd.config import Config
 from gpuherd.model_checks import check_fits, check_vocab, host_memory_bytes
 from gpuherd.torch_floor import TorchTooOld, check_torch_version, installed_torch_version
@@ -30,10 +32,31 @@ from supervisor.gpus import DeviceError, DevicePlan, plan_devices
 from supervisor.health import WARN, CheckReport, announce_devices, hang_timeouts, run_checks
 from supervisor.job import Job
 from supervisor.output import STDERR, Console
-from supervisor.processes import die_with_parent, python_env, within_kill_wait
+from supervisor.processes import die_with_parent, ignored_notice, inherited_ignored, python_env, within_kill_wait
 from supervisor.rendezvous import MultiNode, NodeLinkError, SingleNode, bind_master, kill_wait
 from supervisor.summary import now_iso
 from supervisor.validation import LaunchError, validate_launch
+
+
+def cli(argv: list[str] | None = None) -> NoReturn:
+    """The `gpuherd run` / `python -m supervisor` process: main(), then exit_now()."""
+    exit_now(main(argv))
+
+
+def exit_now(code: int) -> NoReturn:
+    """The launcher's last act once everything is written: flush, then leave without the
+    interpreter's teardown. That teardown (a full garbage collection of the supervisor's
+    heap, then every module's) did nothing anyone needs and took 50-150 ms on each exit,
+    which a scheduler waiting for the exit code, a restart and a Ctrl-C all waited for.
+    Nothing is lost: the workers and helpers are gone, summary.json was fsynced, the
+    console's writer threads were joined, and removing the log sinks flushes them."""
+    logger.remove()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
@@ -47,6 +70,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
 
 
 def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
+    inherited_ignored()  # read before any handler of ours exists: what the caller left ignored stays so
     _console_logging(launch.verbose, console)
     cfg, node = launch.config, launch.node
     mode = "script" if launch.script else "train"
@@ -61,24 +85,17 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
     except LaunchError as exc:
         _refuse(console, str(exc), exc.exit_code)
     run_id, run_dir = _run_names(launch, console)  # a bad --run-id is refused before any slower check
-    checks = _preflight(launch, plan, console) if cfg.system.preflight else None
-    listen, bind_ip = _bind_store(launch, console)  # after the checks: they probe the master port themselves
-    if mode == "train":  # last: a wrong flag above is named as such, not as a model that does not fit
-        _model_checks(cfg, plan, console)
+    # the arguments before the machine: a wrong --master-addr is named as such, never as a full disk
+    listen, bind_ip = _bind_store(launch, console)
+    vocab = _vocab_checks(cfg, console) if mode == "train" else None
+    checks = _preflight(launch, plan, console, master_bound=listen is not None) if cfg.system.preflight else None
+    if vocab is not None:  # last: a wrong flag above is named as such, not as a model that does not fit
+        _memory_checks(cfg, plan, vocab, console)
     # ---- nothing was written before this line; everything below may write
-    try:
-        rundir.create(run_dir, exist_ok=launch.force)  # one mkdir: of two runs with one --run-id, one wins
-    except rundir.RunDirError as exc:
-        _refuse(console, str(exc), exc.exit_code)
-    write_bytes_atomic(run_dir / "config.json", cfg.to_json() + b"\n")
-    if checks is not None:
-        write_bytes_atomic(run_dir / "preflight.json", orjson.dumps(checks.to_dict(), option=orjson.OPT_INDENT_2))
-        for item in checks.of(WARN):
-            logger.warning(f"pre-flight: {item.line()}")
-    logger.add(run_dir / "supervisor.log", level="DEBUG", enqueue=False,
-               format="{time:YYYY-MM-DD HH:mm:ss.SSS} {level} | {message}")
-    for notice in launch.notices:
-        logger.info(notice)
+    _open_run_dir(launch, run_dir, checks, console)
+    for notice in [*launch.notices, ignored_notice()]:
+        if notice:
+            logger.info(notice)
     command = launch.script.command() if launch.script else [sys.executable, "-m", "worker"]
     logger.debug(f"run {run_id}: {mode} mode, {plan.world_size} worker(s) on "
                  f"{', '.join(s.tag for s in plan.slots)}; isolate={plan.isolate}; command: {' '.join(command)}")
@@ -87,29 +104,55 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
     announce_devices(plan)
 
     job = Job(launch, plan, run_id, run_dir, command, started_at, t0, console, _stop_timeout(cfg.system.stop_timeout))
+    job.start_guard()  # before any helper or the dataset build starts a process: none outlives us, ever
     if not node.multi and listen is not None:
         job.rendezvous = SingleNode(launch.store, listen)  # held for the job; every attempt serves from it
     if node.multi:  # the agent imports torch while the dataset is prepared
         hang, _ = hang_timeouts(cfg.preset, cfg.system.hang_timeout, cfg.system.startup_timeout,
                                 script=mode == "script")
         job.rendezvous = MultiNode(node, cfg, mode, run_id, run_dir, bind_ip, listen, python_env(),
-                                   die_with_parent(), finish_wait=max(60.0, hang))
+                                   die_with_parent(), finish_wait=max(60.0, hang), run_id_given=bool(launch.run_id))
         if listen is not None:
             listen.close()  # the agent holds it now
     try:
         if mode == "train":
             failure = job.prepare_dataset()
             if failure is not None:
+                job.release_guard()
                 return job.finish(job.rendezvous.fail_before_start(failure), [])
         return job.run()
     finally:
         job.rendezvous.close()
+        job.release_guard()  # a no-op unless the run ended before its attempts
 
 
-def _model_checks(cfg: Config, plan: DevicePlan, console: Console) -> None:
-    """The built-in model against its tokenizer and, for CPU workers, this host's RAM: refused
-    here (exit 2) rather than by every worker after the spawn. On GPUs the worker's layout
-    planner picks a sharding that fits or refuses in one line itself."""
+def _open_run_dir(launch: Launch, run_dir: Path, checks: CheckReport | None, console: Console) -> None:
+    """logs/<run-id>/ with config.json, preflight.json and supervisor.log (exit 2 if it cannot be had)."""
+    try:
+        rundir.create(run_dir, exist_ok=launch.force)  # one mkdir: of two runs with one --run-id, one wins
+        write_bytes_atomic(run_dir / "config.json", launch.config.to_json() + b"\n")
+        if checks is not None:
+            write_bytes_atomic(run_dir / "preflight.json", orjson.dumps(checks.to_dict(), option=orjson.OPT_INDENT_2))
+    except rundir.RunDirError as exc:
+        _refuse(console, str(exc), exc.exit_code)
+    except OSError as exc:  # nothing trained yet: a full or read-only log disk is one line, exit 7
+        code = storage_errno(exc)
+        if code is None:
+            raise
+        _refuse(console, storage_message("the run's config", run_dir, code, None), ExitCode.STORAGE)
+    for item in checks.of(WARN) if checks is not None else []:
+        logger.warning(f"pre-flight: {item.line()}")
+    # from here a failing log disk drops log lines (counted, said once on the console), never the run
+    LOG_WRITES.on_first_failure(lambda message: console.write(STDERR, f"supervisor:WARNING | {message}\n".encode()))
+    path = run_dir / "supervisor.log"
+    fd = LOG_WRITES.open(path)
+    logger.add(lambda message: LOG_WRITES.write(fd, str(message).encode(errors="backslashreplace"), path),
+               level="DEBUG", enqueue=False, format="{time:YYYY-MM-DD HH:mm:ss.SSS} {level} | {message}")
+
+
+def _vocab_checks(cfg: Config, console: Console) -> int:
+    """The built-in model against its tokenizer (an argument error, exit 2): the tokenizer's
+    vocabulary size."""
     from dataset_cache import DatasetError, load_tokenizer
 
     try:
@@ -117,9 +160,19 @@ def _model_checks(cfg: Config, plan: DevicePlan, console: Console) -> None:
     except DatasetError as exc:
         _refuse(console, str(exc), exc.exit_code)
     problem = check_vocab(cfg, vocab)
-    if problem is None and plan.kind == "cpu":
-        problem = check_fits(cfg, host_memory_bytes(plan.world_size), world_size=plan.world_size,
-                             tokenizer_vocab=vocab, where=f"this host (available RAM / {plan.world_size} workers)")
+    if problem is not None:
+        _refuse(console, problem)
+    return vocab
+
+
+def _memory_checks(cfg: Config, plan: DevicePlan, vocab: int, console: Console) -> None:
+    """For CPU workers, the model against this host's RAM: refused here (exit 2) rather than by
+    every worker after the spawn (also a pre-flight item; this holds under --skip-checks too).
+    On GPUs the worker's layout planner picks a sharding that fits or refuses in one line itself."""
+    if plan.kind != "cpu":
+        return
+    problem = check_fits(cfg, host_memory_bytes(plan.world_size), world_size=plan.world_size,
+                         tokenizer_vocab=vocab, where=f"this host (available RAM / {plan.world_size} workers)")
     if problem is not None:
         _refuse(console, problem)
 
@@ -198,14 +251,16 @@ def _plan(launch: Launch, console: Console) -> DevicePlan:
     return plan
 
 
-def _preflight(launch: Launch, plan: DevicePlan, console: Console) -> CheckReport:
-    """The `gpuherd check` items for this run, before anything is written or bound (the
-    master-port item would otherwise find node 0's own socket): a FAIL stops the run."""
+def _preflight(launch: Launch, plan: DevicePlan, console: Console, master_bound: bool) -> CheckReport:
+    """The `gpuherd check` items for this run, before anything is written: a FAIL stops the run.
+    `master_bound`: the store's port is ours already (the item says so instead of probing it)."""
     node = launch.node
     try:
         report = run_checks(launch.config, [g.index for g in plan.gpus] if plan.kind == "cuda" else [],
                             master=(node.master_addr, node.master_port) if node.multi else None,
-                            node_rank=node.node_rank, script=launch.script is not None)
+                            node_rank=node.node_rank, script=launch.script is not None,
+                            cpu_workers=plan.world_size if plan.kind == "cpu" else 0,
+                            master_bound=master_bound)
     except DeviceError as exc:
         _refuse(console, str(exc), exc.exit_code)
     failure = report.first_failure()

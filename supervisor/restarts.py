@@ -29,10 +29,10 @@ from loguru import logger
 from gpuherd.checkpoint_layout import fingerprint
 from gpuherd.exit_codes import ExitCode
 from supervisor.gpus import DevicePlan, exclude_gpus
+from supervisor.processes import STOP_SIGNALS, honoured
 from supervisor.summary import RootCause, SuspectDevice
 
 # SIGUSR1/2 too: SLURM's warning before the time limit may come between two attempts
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 MAX_BACKOFF_S = 60.0
 STREAK_RESET_S = 600.0
 
@@ -145,9 +145,10 @@ class SuspectExclusion:
 def pause(seconds: float) -> int | None:
     """Sleep between attempts; a Ctrl-C / SIGTERM / SIGHUP / SIGUSR1 / SIGUSR2 meanwhile ends
     the wait and is returned (the run then stops with that signal's cause)."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    stops = honoured(STOP_SIGNALS)  # one inherited as ignored stays ignored here too
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     try:
-        info = signal.sigtimedwait(STOP_SIGNALS, max(0.0, seconds))  # consumes the signal it reports
+        info = signal.sigtimedwait(stops, max(0.0, seconds))  # consumes the signal it reports
         return None if info is None else info.si_signo
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)

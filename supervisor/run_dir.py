@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import re
 import secrets
 from pathlib import Path
@@ -36,9 +37,27 @@ def run_dir_path(run_root: str | Path, run_id: str) -> Path:
 
 
 def ensure_free(run_dir: Path, force: bool) -> None:
-    """Refuse to mix two runs' logs unless asked to (checked before anything is written)."""
+    """Refuse to mix two runs' logs unless asked to, and any symbolic link where the run writes
+    (checked before anything is written)."""
+    refuse_links(run_dir)
     if run_dir.exists() and not force:
         raise RunDirError(f"run directory {run_dir} already exists (choose another --run-id or add --force)")
+
+
+def refuse_links(run_dir: Path) -> None:
+    """Nothing is ever written outside the run directory: a run directory that is a symbolic
+    link, or (reused with --force) holds one anywhere inside, is refused, never followed."""
+    if run_dir.is_symlink():
+        raise RunDirError(f"run directory {run_dir} is a symbolic link (to {os.readlink(run_dir)}): gpuherd never "
+                          "writes through one; remove it or choose another --run-id")
+    if not run_dir.is_dir():
+        return
+    for parent, dirs, files in os.walk(run_dir):  # followlinks=False: a linked directory is listed, not entered
+        for name in sorted(dirs + files):
+            entry = Path(parent) / name
+            if entry.is_symlink():
+                raise RunDirError(f"run directory {run_dir} holds a symbolic link, {entry} (to {os.readlink(entry)}): "
+                                  "gpuherd never writes through one; remove it or choose another --run-id")
 
 
 def create(run_dir: Path, exist_ok: bool = False) -> Path:
@@ -48,6 +67,7 @@ def create(run_dir: Path, exist_ok: bool = False) -> Path:
     try:
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         run_dir.mkdir(exist_ok=exist_ok)
+        refuse_links(run_dir)  # planted since ensure_free: Path.mkdir(exist_ok=True) accepts a link to a directory
     except FileExistsError:
         raise RunDirError(f"run directory {run_dir} already exists: another run with this --run-id started "
                           "at the same moment (choose another --run-id)") from None

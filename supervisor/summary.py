@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 
+from gpuherd.text import printable_tree
 from gpuherd.exit_codes import describe
 from gpuherd.files import write_bytes_atomic
 
@@ -148,7 +149,8 @@ class Summary:
     suspect_devices: list[SuspectDevice] = field(default_factory=list)  # every attempt's, oldest first
 
     def to_json(self) -> bytes:
-        return orjson.dumps(asdict(self), option=orjson.OPT_INDENT_2)
+        # printable_tree: a message may quote a file name with non-UTF-8 bytes; the summary is written anyway
+        return orjson.dumps(printable_tree(asdict(self)), option=orjson.OPT_INDENT_2)
 
     def write(self, path: Path) -> None:
         write_bytes_atomic(path, self.to_json() + b"\n")

@@ -1,4 +1,6 @@
-"""Suite-wide rules: GPU tests skip cleanly without CUDA, and no test may leave a
+"""Suite-wide rules: GPU tests skip cleanly without CUDA, every test that starts a
+process is marked `integration` (`pytest -m "not integration"` is the fast tier; see
+tests/process_starters.py for how it is decided and checked), and no test may leave a
 process behind (the product's promise is 'no orphans'; the suite keeps it too)."""
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.process_starters import Reach, Watch, starts_processes
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,6 +27,10 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reach = Reach()
+    for item in items:
+        if "integration" not in item.keywords and starts_processes(item, reach):
+            item.add_marker(pytest.mark.integration)
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if gpu_items and not _cuda_available():
         skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this machine)")
@@ -53,6 +61,20 @@ def python_env() -> dict[str, str]:
 # Python's own per-process singletons: started once by multiprocessing in the test
 # process itself and ended with it, so they are not leaks of the code under test.
 _MP_SINGLETONS = ("from multiprocessing.forkserver import main", "from multiprocessing.resource_tracker import main")
+
+
+@pytest.fixture(autouse=True)
+def unmarked_tests_start_no_process(request):
+    """The fast tier's promise, checked: a test not marked `integration` that starts a
+    process anyway fails, naming it (mark it, or teach tests/process_starters.py)."""
+    if "integration" in request.node.keywords:
+        yield
+        return
+    with Watch() as watch:
+        yield
+    assert not watch.started, (
+        "this test starts processes but is not marked integration (tests/process_starters.py did not see "
+        "it coming): " + "; ".join(dict.fromkeys(watch.started)))
 
 
 @pytest.fixture(autouse=True)

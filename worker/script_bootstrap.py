@@ -18,6 +18,11 @@ records (gpuherd.status_channel) takes over; the automatic ones stop. SIGUSR1 du
 thread's Python stack (faulthandler), as for the built-in worker. Last, before the
 interpreter finalizes, gloo's worker threads get the GIL they still need
 (gpuherd/native_threads.py: else a rank may die of SIGABRT after a finished run).
+
+It runs in the script's interpreter (torchrun's PYTHON_EXEC), which may have torch and
+nothing of gpuherd's dependencies: what it imports needs only the standard library, and
+where the heartbeat cannot work there (gpuherd's modules do not import, a torch without the
+optimizer-step hook) the script runs all the same, after one WARNING line on stderr.
 """
 
 from __future__ import annotations
@@ -88,8 +93,12 @@ class Heartbeat:
 
     def attach(self, torch: types.ModuleType) -> None:
         """Right after `import torch` completed in the script."""
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
+        try:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+        except ImportError:  # torch < 2.0 has no global optimizer hook
+            _warn(f"torch {getattr(torch, '__version__', '?')} has no optimizer-step hook: no automatic "
+                  "heartbeats from this rank (hang detection needs torch >= 2.0 or status records)")
+            return
         register_optimizer_step_post_hook(self.on_step)
         torch.save = self.saving(torch.save)
         atexit.register(self.at_exit)
@@ -173,19 +182,32 @@ def _settle_native_threads(settle: Callable[[], bool], limit_s: float) -> None:
               "the interpreter finalizes anyway", file=sys.stderr)
 
 
-def bootstrap(argv: list[str]) -> None:
-    if not argv or (argv[0] == "-m" and len(argv) < 2):
-        raise SystemExit("usage: script_bootstrap.py SCRIPT ARGS... | -m MODULE ARGS...")
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # gpuherd's packages, briefly
-    from gpuherd.native_threads import LIMIT_S, settle
-    from gpuherd.status_channel import StatusWriter
+def _warn(message: str) -> None:
+    print(f"WARNING | gpuherd: {message}", file=sys.stderr, flush=True)
 
+
+def _watch(rank: int) -> None:
+    """Heartbeats and the gloo exit fix, where this interpreter can import gpuherd's modules."""
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # gpuherd's packages, briefly
+    try:
+        from gpuherd.native_threads import LIMIT_S, settle
+        from gpuherd.status_channel import StatusWriter
+    except Exception as exc:  # noqa: BLE001 - an old Python, a broken install: the script runs regardless
+        _warn(f"{sys.executable} cannot run gpuherd's heartbeat ({type(exc).__name__}: {exc}): "
+              "this rank is not watched for hangs")
+        return
     # Registered before the script runs, so it runs after every atexit callback of the script
     # and of torch, right before the interpreter finalizes (gpuherd/native_threads.py: why).
     atexit.register(_settle_native_threads, settle, LIMIT_S)
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
-    heartbeat = Heartbeat(StatusWriter.from_env(int(os.environ.get("RANK", "0")), automatic=True))
+    heartbeat = Heartbeat(StatusWriter.from_env(rank, automatic=True))
     AfterImport("torch", heartbeat.attach).install()
+
+
+def bootstrap(argv: list[str]) -> None:
+    if not argv or (argv[0] == "-m" and len(argv) < 2):
+        raise SystemExit("usage: script_bootstrap.py SCRIPT ARGS... | -m MODULE ARGS...")
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    _watch(int(os.environ.get("RANK", "0")))
     try:
         if argv[0] == "-m":
             run_module(argv[1], argv[2:])

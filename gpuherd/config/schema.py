@@ -47,7 +47,9 @@ class SystemConfig:
     exclude_suspect_gpus: bool = False  # after an exit 8, the restart runs without the suspect GPUs
     stop_timeout: float = limited(120.0, gt=0)  # a graceful stop (SIGTERM, Ctrl-C) with its final save, at most
     preflight: bool = True  # GPU and host checks (`gpuherd check`) before anything starts
-    report: bool = True  # report.html + PNG figures in the run directory at the end
+    # report.html + PNG figures rendered at the end, before the exit (matplotlib: about a second);
+    # off, the summary names `gpuherd report RUN`, which renders the same page from the run's files
+    report: bool = False
     # hang verdicts and stragglers (supervisor/health/): learned timeouts and slow-rank warnings
     hang_factor: float = limited(5.0, ge=1)  # learned allowance of a phase = max(hang_floor, hang_factor x its p99)
     hang_floor: float = limited(10.0, gt=0)  # seconds: a learned allowance is never shorter

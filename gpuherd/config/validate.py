@@ -10,6 +10,7 @@ from gpuherd.config.errors import ConfigError
 from gpuherd.config.limits import field_limits
 from gpuherd.config.data_sources import validate_data_sources
 from gpuherd.config.schema import BUILTIN_TOKENIZERS, SECTIONS, Config
+from gpuherd.text import has_undecodable, printable
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
@@ -21,6 +22,7 @@ def validate(cfg: Config) -> None:
         for f in dataclasses.fields(section):
             dotted, value = f"{section_name}.{f.name}", getattr(section, f.name)
             _check_int64(dotted, value)
+            _check_text(dotted, value)
             limits = field_limits(f)
             if limits is not None:
                 limits.check(dotted, value)
@@ -36,6 +38,21 @@ def _check_int64(dotted: str, value: object) -> None:
         if isinstance(item, int) and not isinstance(item, bool) and not INT64_MIN <= item <= INT64_MAX:
             shown = str(item) if item.bit_length() <= 256 else f"a {item.bit_length()}-bit number"
             raise ConfigError(f"{dotted} must fit in a signed 64-bit integer (at most {INT64_MAX}), got {shown}")
+
+
+def _check_text(dotted: str, value: object) -> None:
+    """Every string is UTF-8: config.json, the cache's metadata and summary.json are JSON, which
+    holds no undecodable bytes (a path in another encoding, or typed under a non-UTF-8 locale)."""
+    if isinstance(value, dict):
+        for item in value.values():
+            _check_text(dotted, item)
+    elif isinstance(value, list):
+        for item in value:
+            _check_text(dotted, item)
+    elif isinstance(value, str) and has_undecodable(value):
+        raise ConfigError(f"{dotted} '{printable(value)}' holds bytes that are not UTF-8 (a name in another "
+                          "encoding, or typed under a non-UTF-8 locale such as LC_ALL=C with PYTHONUTF8=0): "
+                          "rename it, or run under a UTF-8 locale (LC_ALL=C.UTF-8)")
 
 
 def _check_model_shape(cfg: Config) -> None:

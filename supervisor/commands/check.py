@@ -3,7 +3,9 @@
 Checks the GPUs a run would use (--gpus, else system.gpus / system.device_id, else
 every GPU CUDA_VISIBLE_DEVICES allows; none with system.device=cpu) and this host.
 Takes the run's configuration options (--debug, --config, --set ...), since disk
-space and the cache depend on them, and for a multi-node job the master address.
+space, memory and the cache depend on them, and for a multi-node job the master
+address; it judges the run `gpuherd run` with the same options would start, and its
+first line says which (preset, model, workers).
 Exit codes: 0 no FAIL (WARN lines are printed); 4 a GPU failed; 2 the host failed,
 or bad input (one line on stderr naming the culprit).
 """
@@ -39,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
         report = run_checks(cfg, _gpu_ids(cfg, args.gpus), master=master, node_rank=args.node_rank)
     except DeviceError as exc:
         die(str(exc), exc.exit_code, PROG)
+    if not args.json:
+        print(f"judged: {report.judged}")  # what `gpuherd run` with these options would train
     print(orjson.dumps(report.to_dict(), option=orjson.OPT_INDENT_2).decode() if args.json else report.table())
     print(f"{PROG}: {report.counts()}", file=sys.stderr)
     failure = report.first_failure()

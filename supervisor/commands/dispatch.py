@@ -27,7 +27,7 @@ class Command:
 
 
 COMMANDS: dict[str, Command] = {
-    "run": Command("supervisor.main:main", "train: the built-in model (--debug), or your script as torchrun would "
+    "run": Command("supervisor.main:cli", "train: the built-in model (--debug), or your script as torchrun would "
                                            "(gpuherd run [flags] train.py [args])"),
     "gpu": Command("supervisor.commands.gpu:gpu", "one supervised worker on GPU N (= train_gpu.sh N)"),
     "auto": Command("supervisor.commands.gpu:auto", "claim the least-used GPU and train on it (= train_auto_gpu.sh)"),

@@ -15,6 +15,7 @@ Everything outside this package imports from here, never from the modules below.
   CLAIM_FDS_ENV: the variable that hands a GPU claim through exec                     claim.py
   read_device_health(index) -> DeviceHealth: pre-flight readings (ECC, XID, links)    device_health.py
   NA: what a reading is when the board or driver cannot answer                        nvml.py
+  numa_bindings(mode, [(index, pci bus id)]) -> [Binding]: --numa-binding's CPUs/nodes numa.py
   whose process an NVML pid is (host pids seen from a container)                     pids.py
 """
 
@@ -24,6 +25,7 @@ from supervisor.gpus.devices import DevicePlan, DeviceSlot, exclude_gpus, plan_d
 from supervisor.gpus.errors import DeviceError
 from supervisor.gpus.inventory import GpuInfo, GpuProcess, read_inventory
 from supervisor.gpus.monitor import GpuMonitor
+from supervisor.gpus.numa import Binding, numa_bindings
 from supervisor.gpus.nvml import NA, GpuLost, NvmlUnavailable
 from supervisor.gpus.plan import plan_gpus, release_claims
 from supervisor.gpus.selection import Selection, select_least_used
@@ -32,8 +34,9 @@ from supervisor.gpus.topology import Topology, read_topology
 from supervisor.gpus.visible import allowed_gpus
 
 __all__ = [
-    "CLAIM_FDS_ENV", "NA", "DeviceError", "DeviceHealth", "DevicePlan", "DeviceSlot", "GpuInfo", "GpuLost", "GpuMonitor", "GpuProcess",
-    "NvmlUnavailable", "Selection", "Topology", "allowed_gpus", "exclude_gpus", "format_device_table", "plan_devices",
+    "CLAIM_FDS_ENV", "NA", "Binding", "DeviceError", "DeviceHealth", "DevicePlan", "DeviceSlot", "GpuInfo", "GpuLost", "GpuMonitor", "GpuProcess",
+    "NvmlUnavailable", "Selection", "Topology", "allowed_gpus", "exclude_gpus", "format_device_table", "numa_bindings",
+    "plan_devices",
     "plan_gpus",
     "read_device_health", "read_inventory", "read_topology", "release_claims", "select_least_used",
 ]

@@ -2,7 +2,7 @@
 master port, the open-file limit, the torch / CUDA / NCCL builds.
 
 FAIL (exit 2, nothing is spawned): less free disk than one checkpoint (or 100 MiB for
-logs); a dataset cache directory that cannot be read or created; node 0's master
+logs); a model CPU workers cannot hold in this host's RAM; a dataset cache directory that cannot be read or created; node 0's master
 port busy or not an address of this machine, another node's master address that
 does not resolve; no torch, or a CPU-only torch where GPUs are planned.
 WARN: room for fewer checkpoints than `training.keep_last` + 1, or under 1 GiB for
@@ -23,7 +23,9 @@ import socket
 from pathlib import Path
 
 from gpuherd.config import Config
+from gpuherd.model_checks import check_fits, host_memory_bytes
 from gpuherd.model_size import GPT2_PADDED_VOCAB, checkpoint_bytes, count_params
+from gpuherd.storage import format_bytes
 from supervisor.health.items import FAIL, NA, PASS, WARN, CheckItem
 from supervisor.rendezvous import NodeLinkError, bind_master
 
@@ -33,16 +35,35 @@ MIN_OPEN_FILES = 1024
 
 
 def host_items(cfg: Config, gpus_planned: int, master: tuple[str, int] | None, node_rank: int,
-               script: bool = False) -> list[CheckItem]:
+               script: bool = False, cpu_workers: int = 0, master_bound: bool = False) -> list[CheckItem]:
     """`script`: a user's script runs, not the built-in trainer: the config's model, checkpoint
-    directory and dataset cache are not its own, so nothing is judged by them."""
+    directory and dataset cache are not its own, so nothing is judged by them. `cpu_workers`:
+    the CPU workers the run would start (0 on GPUs), each holding the whole model in this
+    host's RAM. `master_bound`: this run already holds node 0's port (probing it would find
+    our own socket)."""
     if script:
         own = [("checkpoint disk", NA, "a script saves its own checkpoints, of a size gpuherd cannot know"),
-               ("dataset cache", NA, "a script reads its own data")]
+               ("dataset cache", NA, "a script reads its own data"),
+               ("model memory", NA, "a script's model is its own")]
     else:
-        own = [_checkpoint_disk(cfg), _dataset_cache(cfg)]
-    items = [*own, _logs_disk(cfg), _master(master, node_rank), _open_files(), _software(gpus_planned)]
+        own = [_checkpoint_disk(cfg), _dataset_cache(cfg), _model_memory(cfg, cpu_workers)]
+    master_item = ("master port", PASS, f"{master[0]}:{master[1]} bound by this run") if master and master_bound \
+        else _master(master, node_rank)
+    items = [*own, _logs_disk(cfg), master_item, _open_files(), _software(gpus_planned)]
     return [CheckItem("host", name, status, detail) for name, status, detail in items]
+
+
+def judged(cfg: Config, gpus_planned: int, cpu_workers: int, script: bool = False) -> str:
+    """What a check judged, in words: the model of the preset (and overrides) on these workers."""
+    workers = f"{gpus_planned} GPU worker(s)" if gpus_planned else f"{cpu_workers} CPU worker(s)"
+    if script:
+        return f"a user's script on {workers}"
+    m = cfg.model
+    params = count_params(m, m.vocab_size or GPT2_PADDED_VOCAB)
+    scale, unit = next((scale, unit) for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1, ""))
+                       if params >= scale or unit == "")
+    return (f"preset {cfg.preset}: {params / scale:.3g}{unit} parameters ({m.n_layers} layers, dim {m.dim}), "
+            f"{cfg.training.max_steps} steps, on {workers}")
 
 
 def one_checkpoint_bytes(cfg: Config) -> int:
@@ -66,6 +87,18 @@ def _checkpoint_disk(cfg: Config) -> tuple[str, str, str]:
     if free < keep * one:
         return "checkpoint disk", WARN, detail + f": fewer than the {keep} kept while saving (training.keep_last + 1)"
     return "checkpoint disk", PASS, detail
+
+
+def _model_memory(cfg: Config, cpu_workers: int) -> tuple[str, str, str]:
+    """What the run refuses before its spawn (CPU workers, the host's RAM); on GPUs each worker's
+    layout planner picks a sharding that fits its GPU, or refuses in one line itself."""
+    if not cpu_workers:
+        return "model memory", NA, "each GPU worker fits the model to its GPU (training.strategy)"
+    where = f"this host (available RAM / {cpu_workers} workers)"
+    problem = check_fits(cfg, host_memory_bytes(cpu_workers), world_size=cpu_workers, where=where)
+    if problem is not None:
+        return "model memory", FAIL, problem + "; --debug or --preset gpt2-small train a smaller one"
+    return "model memory", PASS, f"fits in {where}: {format_bytes(host_memory_bytes(cpu_workers))} each"
 
 
 def _logs_disk(cfg: Config) -> tuple[str, str, str]:

@@ -21,7 +21,7 @@ from gpuherd.config import Config
 from gpuherd.exit_codes import ExitCode
 from supervisor.gpus import NvmlUnavailable, read_device_health
 from supervisor.health.gpu_checks import gpu_items
-from supervisor.health.host_checks import host_items
+from supervisor.health.host_checks import host_items, judged
 from supervisor.health.items import FAIL, NA, PASS, WARN, CheckItem
 
 
@@ -29,6 +29,7 @@ from supervisor.health.items import FAIL, NA, PASS, WARN, CheckItem
 class CheckReport:
     items: list[CheckItem] = field(default_factory=list)
     seconds: float = 0.0
+    judged: str = ""  # the run the items are about: preset, model, workers
 
     def of(self, status: str) -> list[CheckItem]:
         return [item for item in self.items if item.status == status]
@@ -57,23 +58,28 @@ class CheckReport:
                          for r in [header, *rows])
 
     def to_dict(self) -> dict:
-        return {"items": [asdict(i) for i in self.items], "seconds": self.seconds,
+        return {"judged": self.judged, "items": [asdict(i) for i in self.items], "seconds": self.seconds,
                 "failed_exit_code": self.failed_exit_code}
 
 
 def run_checks(cfg: Config, gpu_ids: Sequence[int] | None, *, master: tuple[str, int] | None = None,
-               node_rank: int = 0, ours: Collection[int] = (), script: bool = False) -> CheckReport:
+               node_rank: int = 0, ours: Collection[int] = (), script: bool = False,
+               cpu_workers: int | None = None, master_bound: bool = False) -> CheckReport:
     """Every check for a run of `cfg` on `gpu_ids` (NVML indices; [] for a CPU run, None
     for every GPU NVML sees). `master`: (addr, port) of a multi-node job, None on one node;
     `ours`: pids whose GPU memory is ours; `script`: a user's script runs, not the built-in
-    trainer. Raises DeviceError (exit 2) for an unknown id."""
+    trainer; `cpu_workers`: the CPU workers of a run without GPUs (default system.nproc);
+    `master_bound`: the caller holds the master port already. Raises DeviceError (exit 2)
+    for an unknown id."""
     started = time.monotonic()
     report = CheckReport()
     if gpu_ids is None or list(gpu_ids):
         items, planned = _gpus(cfg, gpu_ids, ours)
     else:
         items, planned = [CheckItem("host", "gpus", NA, "no GPU planned: the run uses CPU workers")], 0
-    report.items = items + host_items(cfg, planned, master, node_rank, script)
+    workers = 0 if planned else (cfg.system.nproc if cpu_workers is None else cpu_workers)
+    report.items = items + host_items(cfg, planned, master, node_rank, script, workers, master_bound)
+    report.judged = judged(cfg, planned, workers, script)
     report.seconds = time.monotonic() - started
     return report
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from loguru import logger
 
+from gpuherd.log_writes import LOG_WRITES
 from supervisor.output.console import STDERR, STDOUT, Collapser, Console
 from supervisor.health import NcclTransportWatch
 from supervisor.output.lines import LineSplitter, Severity
@@ -29,23 +30,24 @@ class _Stream:
 
 
 class WorkerLog:
-    def __init__(self, rank: int, tag: str, path: Path) -> None:
+    def __init__(self, rank: int, tag: str, path: Path, prefix: str | None = None) -> None:
+        """`prefix`: what precedes each line (default `{tag}:`, e.g. `GPU3:`; torchrun's
+        TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE gives another)."""
         self.rank = rank
         self.tag = tag
-        self.prefix = f"{tag}:".encode()
+        self.prefix = (f"{tag}:" if prefix is None else prefix).encode()
         self.path = path
-        self._file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._file = LOG_WRITES.open(path)  # never through a planted symlink; None: its disk refused it
         self.streams = {STDOUT: _Stream(STDOUT), STDERR: _Stream(STDERR)}
         self.stderr_tail: deque[bytes] = deque(maxlen=TAIL_LINES)
         self.lines = 0
 
     def write_file(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self._file, view):]
+        LOG_WRITES.write(self._file, data, self.path)  # a full log disk drops the line (counted), never the run
 
     def close(self) -> None:
-        os.close(self._file)
+        if self._file is not None:
+            os.close(self._file)
 
 
 class LogRouter:

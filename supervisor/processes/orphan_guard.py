@@ -7,17 +7,25 @@ they forked, which does not inherit it.
 
 from __future__ import annotations
 
+import os
 import subprocess
+from pathlib import Path
 
 import psutil
+
+GUARD_MAIN = Path(__file__).with_name("orphan_guard_main.py")  # imports os, signal and sys only
 
 
 class OrphanGuard:
     """Supervisor side: start the guard, tell it each worker's group, release it at the end."""
 
     def __init__(self, marker: str, python: str, env: dict[str, str]) -> None:
+        # by path, isolated, without site: the guard needs only the standard library, and a guard
+        # still importing gpuherd's packages (a second on a loaded machine) would sweep that much later
         self._proc = subprocess.Popen(
-            [python, "-m", "supervisor.processes.orphan_guard_main", marker], stdin=subprocess.PIPE, env=env,
+            # by path, not -m (`-m` imports the supervisor package first: NVML, psutil, ldconfig, seconds
+            # of CPU on a busy node, which the launcher then waited out on every exit)
+            [python, "-I", "-S", str(GUARD_MAIN), marker], stdin=subprocess.PIPE, env=env,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
         )
 
@@ -49,13 +57,73 @@ class OrphanGuard:
             pass
 
 
+# CONFIG_PROC_CHILDREN: without it the tree is walked by psutil instead
+_KERNEL_CHILD_LISTS = Path(f"/proc/self/task/{os.getpid()}/children").exists()
+
+# multiprocessing's own helpers, started by the dataset build's tokenizer pool
+_MULTIPROCESSING_HELPERS = ("from multiprocessing.resource_tracker import main",
+                            "from multiprocessing.forkserver import main")
+
+
 def sweep_children(exclude: set[int]) -> None:
     """Anything still below us now (a grandchild that escaped its process group and was
-    reparented to us as subreaper) is killed and reaped."""
-    procs = [p for p in psutil.Process().children(recursive=True) if p.pid not in exclude]
+    reparented to us as subreaper) is killed and reaped; multiprocessing's resource tracker
+    and forkserver are left to end with us (EOF on their pipe; the guard kills them if we
+    die): killed earlier, multiprocessing relaunches the tracker and prints tracebacks the
+    next time it releases a semaphore."""
+    skip = exclude | _multiprocessing_helpers()
+    procs = []
+    for pid in _descendants(os.getpid()):
+        if pid not in skip:
+            try:
+                procs.append(psutil.Process(pid))
+            except psutil.Error:
+                continue
     for p in procs:
         try:
             p.kill()
         except psutil.Error:
             pass
     psutil.wait_procs(procs, timeout=2)
+
+
+def _multiprocessing_helpers() -> set[int]:
+    found = set()
+    children = _children(os.getpid()) if _KERNEL_CHILD_LISTS else [p.pid for p in psutil.Process().children()]
+    for pid in children:
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if any(marker in cmdline for marker in _MULTIPROCESSING_HELPERS):
+            found.add(pid)
+    return found
+
+
+def _children(pid: int) -> list[int]:
+    """`pid`'s children from the kernel's per-thread child lists (a vanished task has none)."""
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return []
+    children = []
+    for task in tasks:
+        try:
+            children += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return children
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid`, walking the tree itself, where psutil's `children()`
+    reads the stat file of every process on the machine (hundreds of milliseconds on a
+    busy node, twice on every exit)."""
+    if not _KERNEL_CHILD_LISTS:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    found, todo = [], [pid]
+    while todo:
+        children = _children(todo.pop())
+        found += children
+        todo += children
+    return found

@@ -8,7 +8,7 @@ whose only writer is the supervisor, and when that pipe hits EOF without the
 supervisor's "done" (it died), SIGKILLs those groups and every process still
 carrying this run's marker in its environment.
 
-    python -m supervisor.processes.orphan_guard_main MARKER   (stdin: "pgid N" / "forget N" lines, then "done")
+    python -I -S supervisor/processes/orphan_guard_main.py MARKER   (stdin: "pgid N" / "forget N" lines, then "done")
 """
 
 from __future__ import annotations

@@ -56,6 +56,7 @@ from gpuherd.status_channel import decode
 from supervisor.health import FatalCause, Heartbeats, MetricsSink, traces
 from supervisor.output import STDERR, STDOUT, LogRouter
 from supervisor.processes.error_file import error_file_for, read_error_file
+from supervisor.processes.signal_rules import inherited_ignored
 from supervisor.processes.spawn import WorkerProcess
 from supervisor.processes.stopping import STOP_REQUESTS, GracefulStop, StopRules, stop_exit_code
 from supervisor.summary import RootCause, how_it_ended, shell_code
@@ -157,7 +158,8 @@ class Supervision:
             self._signals.append(signum)
 
         for sig in HANDLED_SIGNALS:
-            self._old_handlers[sig] = signal.signal(sig, on_signal)
+            if sig not in inherited_ignored():  # ignored when gpuherd started: ignored for the whole run
+                self._old_handlers[sig] = signal.signal(sig, on_signal)
         self._old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
 
     def restore_signal_handlers(self) -> None:

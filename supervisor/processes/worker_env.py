@@ -48,6 +48,10 @@ class RunEnv:
     node_rank: int = 0
     nnodes: int = 1
     trace_dir: str = ""  # this attempt's collective-trace directory (GPUHERD_TRACE_DIR)
+    role: str = "default"  # ROLE_NAME (torchrun's --role)
+    signals_to_handle: str = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"  # TORCHELASTIC_SIGNALS_TO_HANDLE, torchrun's default
+    virtual_local_rank: bool = False  # torchrun's --virtual-local-rank: LOCAL_RANK=0, one GPU visible
+    timer_file: str = ""  # TORCHELASTIC_TIMER_FILE: the file timer server's pipe (TORCHELASTIC_ENABLE_FILE_TIMER=1)
 
 
 def worker_env(base: Mapping[str, str], plan: DevicePlan, slot: DeviceSlot, run: RunEnv,
@@ -57,13 +61,13 @@ def worker_env(base: Mapping[str, str], plan: DevicePlan, slot: DeviceSlot, run:
     world = str(run.world_size or plan.world_size)
     env.update({
         "RANK": str(slot.rank),
-        "LOCAL_RANK": str(slot.local),
+        "LOCAL_RANK": "0" if run.virtual_local_rank else str(slot.local),
         "WORLD_SIZE": world,
         "LOCAL_WORLD_SIZE": str(plan.world_size),
         "GROUP_RANK": str(run.node_rank),
         "GROUP_WORLD_SIZE": str(run.nnodes),
         "ROLE_RANK": str(slot.rank),
-        "ROLE_NAME": "default",
+        "ROLE_NAME": run.role,
         "ROLE_WORLD_SIZE": world,
         "MASTER_ADDR": run.master_addr,
         "MASTER_PORT": str(run.master_port),
@@ -71,6 +75,7 @@ def worker_env(base: Mapping[str, str], plan: DevicePlan, slot: DeviceSlot, run:
         "TORCHELASTIC_RESTART_COUNT": str(run.restart_count),
         "TORCHELASTIC_MAX_RESTARTS": str(run.max_restarts),
         "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": run.signals_to_handle,
         contract.GPU_RANK: str(slot.device_id),
         contract.DEVICE_KIND: slot.kind,
         contract.DEVICE_ID: str(slot.device_id),
@@ -92,21 +97,43 @@ def worker_env(base: Mapping[str, str], plan: DevicePlan, slot: DeviceSlot, run:
     else:
         env.pop(ERROR_FILE_VAR, None)  # never a file of whoever started the supervisor
     env.update(flight_recorder_env(base, run.trace_dir))
+    if run.timer_file:
+        env["TORCHELASTIC_TIMER_FILE"] = run.timer_file
     if run.resume:
         env[contract.RESUME] = run.resume
     else:
         env.pop(contract.RESUME, None)  # never inherited from whoever started the supervisor
+    env.update(_device_env(base, plan, slot, run.virtual_local_rank))
+    threads = omp_threads(base, slot.kind, plan.world_size)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = threads
+    return env
+
+
+def _device_env(base: Mapping[str, str], plan: DevicePlan, slot: DeviceSlot, virtual_local_rank: bool) -> dict:
+    """The GPUs a worker sees: its own (isolated), or the plan's; with torchrun's
+    --virtual-local-rank on CPU workers, the CUDA_VISIBLE_DEVICES torchrun would set."""
     visible = plan.visible_devices(slot)
     if visible is not None:
-        env.update(contract.cuda_defaults(base))
-        # forced, not a default: the ids in CUDA_VISIBLE_DEVICES are NVML's (PCI bus order)
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        env["CUDA_VISIBLE_DEVICES"] = visible
-    if "OMP_NUM_THREADS" not in base:
-        # torchrun sets 1; CPU workers share the cores instead of oversubscribing them N-fold.
+        # CUDA_DEVICE_ORDER forced, not a default: the ids in CUDA_VISIBLE_DEVICES are NVML's (PCI bus order)
+        return {**contract.cuda_defaults(base), "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": visible}
+    if virtual_local_rank:
+        listed = base.get("CUDA_VISIBLE_DEVICES")
+        return {"CUDA_VISIBLE_DEVICES": listed.split(",")[slot.local].strip() if listed else str(slot.local)}
+    return {}
+
+
+def omp_threads(base: Mapping[str, str], kind: str, local_workers: int) -> str | None:
+    """OMP_NUM_THREADS for a worker, None to leave it unset. The user's value always wins. As
+    torchrun: 1 with several workers, unset for a lone one (it may use every core). Unlike
+    torchrun, several CPU workers get cores / workers each: they share the cores instead of
+    each running on one while the others idle (README, "Coming from torchrun")."""
+    if "OMP_NUM_THREADS" in base or local_workers <= 1:
+        return None
+    if kind == "cpu":
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        env["OMP_NUM_THREADS"] = str(max(1, cores // plan.world_size) if slot.kind == "cpu" else 1)
-    return env
+        return str(max(1, cores // local_workers))
+    return "1"
 
 
 def flight_recorder_env(base: Mapping[str, str], trace_dir: str) -> dict[str, str]:

@@ -19,6 +19,7 @@ consequence.
 
 from __future__ import annotations
 
+import os
 import queue
 import socket
 import subprocess
@@ -30,6 +31,7 @@ from typing import Any
 import orjson
 
 from gpuherd.exit_codes import ExitCode
+from gpuherd.files import open_log
 from supervisor.rendezvous.nodes import NodeLinkError, NodeSpec
 
 SILENT_CHECK_S = 30.0  # the agent answers an "alive" check within its SILENT_S + 2 s
@@ -49,7 +51,7 @@ class JobLink:
         self.lost: str | None = None
         self._on_lost: Callable[[str], None] | None = None
         self._callbacks = threading.Lock()  # unwatch() waits for a callback in progress
-        self._log = open(log_path, "ab")  # noqa: SIM115 - the agent writes to it for the whole job
+        self._log = os.fdopen(open_log(log_path), "ab")  # the agent writes to it for the whole job
         argv = [python, "-m", "supervisor.rendezvous.node_agent_main", str(spec.node_rank), str(spec.nnodes), spec.master_addr,
                 str(spec.master_port), str(join_timeout)]
         fds: tuple[int, ...] = ()

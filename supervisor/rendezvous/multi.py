@@ -25,14 +25,15 @@ from supervisor.summary import RootCause
 class MultiNode:
     def __init__(self, spec: NodeSpec, cfg: Config, mode: str, run_id: str, run_dir: Path, bind_ip: str | None,
                  listen: socket.socket | None, env: dict[str, str], preexec: Callable[[], None],
-                 finish_wait: float) -> None:
+                 finish_wait: float, run_id_given: bool = True) -> None:
+        """`run_id_given`: the id was typed (--run-id, or SLURM's job id), not generated on this node."""
         self.spec, self.cfg, self.mode = spec, cfg, mode
         self.node_rank, self.nnodes = spec.node_rank, spec.nnodes
         self.host = socket.gethostname()
         self.bind_ip = bind_ip
         self.finish_wait = finish_wait  # node 0: how long it keeps the store up for nodes still finishing
         self.record = {"host": self.host, "fingerprint": training_fingerprint(cfg), "mode": mode,
-                       "run_id": run_id, "run_dir": str(run_dir)}
+                       "run_id": run_id, "run_id_given": run_id_given, "run_dir": str(run_dir)}
         self.nodes: list[dict] = []
         self.link = JobLink(spec, cfg.system.rendezvous_timeout, sys.executable, env, preexec,
                             run_dir / "node-agent.log", listen)
@@ -96,7 +97,7 @@ class MultiNode:
     def _blame_dead_node(self, attempt: int, cause: RootCause, notes: list[str]) -> RootCause:
         """A worker failure in the moment another node died (its workers' connections closed)
         is that death's consequence: the dead node is the job's cause on every survivor."""
-        if cause.kind in ("node", "interrupted", "terminated"):
+        if cause.kind in ("node", "store", "interrupted", "terminated"):
             return cause
         silent = [d for d in self.link.silent_nodes(attempt) if d.get("node") != cause.node]
         if not silent:

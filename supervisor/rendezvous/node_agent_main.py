@@ -9,10 +9,13 @@ a client. Keys, per attempt k:
     a{k}/abort     the job's root cause: the first failure any node publishes
                    (compare_set: first writer wins, everyone reads the same one)
     a{k}/done{r}   node r's workers all finished
-    a{k}/beat{r}   node r's heartbeat counter from attempt k on (until it leaves or joins
+    a{k}/beat{r}   node r's heartbeat counter (set by node r, compared as bytes by the others) from attempt k on (until it leaves or joins
                    attempt k+1); one that stands still for SILENT_S (and is not done) makes
                    the watching agent publish "node r stopped responding" as the abort
     left{r}        node r is done with the store (node 0 keeps it up until then)
+
+Every value read back is checked: one that no node of this job writes (the store has no
+authentication, as under torchrun) becomes a root cause naming the key, never a crash.
 
 Protocol with the supervisor: one JSON object per line; commands on stdin,
 events on stdout (stderr is torch's own chatter, kept in the run's agent log).
@@ -62,7 +65,8 @@ class Agent:
         self.hosts: dict[int, str] = {}
         self.gone: set[int] = set()  # nodes found silent: nobody waits for them to leave
         self._next_beat = 0.0
-        self._beats: dict[int, tuple[int, float]] = {}  # node -> (last counter seen, when it last changed)
+        self._beats: dict[int, tuple[bytes | None, float]] = {}  # node -> (last counter seen, when it changed)
+        self._beat_count = 0
 
     def emit(self, event: str, **fields: Any) -> None:
         sys.stdout.buffer.write(orjson.dumps({"event": event, **fields}) + b"\n")
@@ -71,16 +75,49 @@ class Agent:
     def _missing(self, keys: list[str]) -> list[int]:
         return [i for i, key in enumerate(keys) if not self.store.check([key])]
 
-    def _wait_keys(self, keys: list[str], timeout: float, abort_key: str | None = None) -> list[int] | str:
-        """[] when every key exists, the abort cause (a str) if one appears first, else the missing indexes."""
+    def _wait_keys(self, keys: list[str], timeout: float, abort_key: str | None = None) -> list[int] | dict:
+        """[] when every key exists, the abort cause (a dict) if one appears first, else the missing indexes."""
         deadline = time.monotonic() + timeout
         while True:
             if abort_key is not None and self.store.check([abort_key]):
-                return self.store.get(abort_key).decode()
+                return self._cause(abort_key, self.store.get(abort_key))
             missing = self._missing(keys)
             if not missing or time.monotonic() >= deadline:
                 return missing
             time.sleep(POLL_S)
+
+    def _joined(self, k: int, keys: list[str]) -> None:
+        """Every node's join record, each checked: a value no gpuherd node writes is named (key, and
+        the node whose key it is) as the job's cause instead of crashing this agent."""
+        nodes = []
+        for i, key in enumerate(keys):
+            raw = self.store.get(key)
+            record = _json_or_none(raw)
+            if not (isinstance(record, dict) and isinstance(record.get("nproc"), int) and record["nproc"] > 0):
+                cause = self._malformed(key, raw, f"node {i}'s join record (host, nproc, settings)")
+                winner = self.store.compare_set(f"a{k}/abort", "", orjson.dumps(cause))
+                self.emit("abort", attempt=k, cause=self._cause(f"a{k}/abort", winner))
+                self.emit("join-aborted", attempt=k)
+                return
+            nodes.append(record)
+        self.hosts = {i: str(n.get("host", "?")) for i, n in enumerate(nodes)}
+        self.emit("joined", attempt=k, nodes=nodes)
+
+    def _cause(self, key: str, raw: bytes) -> dict[str, Any]:
+        """A root cause read from the store; a value that is not one becomes a cause naming it."""
+        cause = _json_or_none(raw)
+        if isinstance(cause, dict) and isinstance(cause.get("message"), str) and isinstance(cause.get("kind"), str) \
+                and isinstance(cause.get("exit_code"), int):
+            return cause
+        return self._malformed(key, raw, "a root cause, written by the node that failed first")
+
+    def _malformed(self, key: str, raw: bytes, expected: str) -> dict[str, Any]:
+        shown = raw[:80].decode("utf-8", "backslashreplace") + ("..." if len(raw) > 80 else "")
+        return {"kind": "store", "exit_code": 1, "node": None, "host": None, "rank": None, "device": None,
+                "stderr_tail": [],
+                "message": f"malformed data on the job store at {self.where}: key {key} holds {shown!r}, not "
+                           f"{expected}; no gpuherd node of this job wrote it (another program reached the store: "
+                           "it has no authentication, as under torchrun)"}
 
     def handle(self, msg: dict[str, Any]) -> None:
         k, cmd = int(msg.get("attempt", -1)), msg["cmd"]
@@ -89,15 +126,13 @@ class Agent:
             self.store.set(f"a{k}/node{self.node_rank}", orjson.dumps(msg["record"]))
             keys = [f"a{k}/node{i}" for i in range(self.nnodes)]
             missing = self._wait_keys(keys, self.join_timeout, abort_key=f"a{k}/abort")
-            if isinstance(missing, str):  # a node failed before it could join (its dataset, say)
-                self.emit("abort", attempt=k, cause=orjson.loads(missing))
+            if isinstance(missing, dict):  # a node failed before it could join (its dataset, say)
+                self.emit("abort", attempt=k, cause=missing)
                 self.emit("join-aborted", attempt=k)
             elif missing:
                 self.emit("join-timeout", attempt=k, missing=missing, timeout=self.join_timeout)
             else:
-                nodes = [orjson.loads(self.store.get(key)) for key in keys]
-                self.hosts = {i: str(n.get("host", "?")) for i, n in enumerate(nodes)}
-                self.emit("joined", attempt=k, nodes=nodes)
+                self._joined(k, keys)
         elif cmd == "watch":
             self.watching = self.beating = k
             self._beats = {}
@@ -108,16 +143,16 @@ class Agent:
         elif cmd == "abort":
             payload = orjson.dumps(msg["cause"])
             winner = self.store.compare_set(f"a{k}/abort", "", payload)  # first writer wins
-            self.emit("abort", attempt=k, cause=orjson.loads(winner))
+            self.emit("abort", attempt=k, cause=self._cause(f"a{k}/abort", winner))
             self.watching = None  # reported
         elif cmd == "done":
             self.store.set(f"a{k}/done{self.node_rank}", b"1")
         elif cmd == "wait-done":
             result = self._wait_keys([f"a{k}/done{i}" for i in range(self.nnodes)], float(msg["timeout"]),
                                      abort_key=f"a{k}/abort")
-            if isinstance(result, str):
-                self.emit("abort", attempt=k, cause=orjson.loads(result))
-            self.emit("finished", attempt=k, missing=[] if isinstance(result, str) else result)
+            if isinstance(result, dict):
+                self.emit("abort", attempt=k, cause=result)
+            self.emit("finished", attempt=k, missing=[] if isinstance(result, dict) else result)
         elif cmd == "leave":
             self.beating = None
             self.store.set(f"left{self.node_rank}", b"1")
@@ -130,17 +165,18 @@ class Agent:
     def poll(self) -> None:
         if self.watching is not None and self.store.check([f"a{self.watching}/abort"]):
             k, self.watching = self.watching, None
-            cause = orjson.loads(self.store.get(f"a{k}/abort"))
-            if cause.get("kind") == "node" and cause.get("node") is not None:
-                self.gone.add(int(cause["node"]))  # another agent found it silent
+            cause = self._cause(f"a{k}/abort", self.store.get(f"a{k}/abort"))
+            if cause.get("kind") == "node" and isinstance(cause.get("node"), int):
+                self.gone.add(cause["node"])  # another agent found it silent
             self.emit("abort", attempt=k, cause=cause)
             return
         now = time.monotonic()
         if now < self._next_beat or (self.beating is None and self.verifying is None):
             return
         self._next_beat = now + BEAT_S
-        if self.beating is not None:
-            self.store.add(f"a{self.beating}/beat{self.node_rank}", 1)
+        if self.beating is not None:  # set, not add: a foreign value in the key cannot break our connection
+            self._beat_count += 1
+            self.store.set(f"a{self.beating}/beat{self.node_rank}", str(self._beat_count).encode())
         if self.watching is not None:
             self._check_beats(self.watching, now)
         elif self.verifying is not None:
@@ -155,8 +191,9 @@ class Agent:
                 continue
             if any(self.store.check([key]) for key in (f"a{k}/done{r}", f"left{r}", f"a{k + 1}/node{r}")):
                 continue
-            count = self.store.add(f"a{k}/beat{r}", 0)
-            last, since = self._beats.get(r, (-1, now))
+            key = f"a{k}/beat{r}"
+            count = self.store.get(key) if self.store.check([key]) else None  # bytes: compared, never parsed
+            last, since = self._beats.get(r, (None, now))
             if count != last:
                 self._beats[r] = (count, now)
                 since = now
@@ -216,6 +253,13 @@ class Agent:
             self.lost = True
             detail = " ".join(str(exc).split())[:200]
             self.emit("lost", message=f"lost the job store at {self.where} (node 0 gone?): {detail}")
+
+
+def _json_or_none(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
 
 
 def main(argv: list[str]) -> int:

@@ -93,6 +93,10 @@ def layout(nodes: list[dict[str, Any]], node_rank: int) -> Layout:
     """Check the join records agree, and lay ranks out node by node."""
     first = nodes[0]
     for r, rec in enumerate(nodes[1:], start=1):
+        if rec.get("run_id_given") and first.get("run_id_given") and rec.get("run_id") != first.get("run_id"):
+            raise NodeLinkError(f"node {r} ({rec.get('host')}) was started with --run-id {rec.get('run_id')} and "
+                                f"node 0 ({first.get('host')}) with --run-id {first.get('run_id')}: one job, one "
+                                "--run-id (start every node with the same one)", ExitCode.USAGE)
         for key, what in (("fingerprint", "model/training/data settings"), ("mode", "mode (--script or not)")):
             if rec.get(key) != first.get(key):
                 raise NodeLinkError(f"node {r} ({rec.get('host')}) runs other {what} than node 0 "

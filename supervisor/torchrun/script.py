@@ -4,10 +4,14 @@
     gpuherd run -m pkg.train ARGS  python -u BOOTSTRAP -m pkg.train ARGS  (torchrun: python -u -m pkg.train ARGS)
     gpuherd run --no-python prog   prog ARGS, as torchrun runs it
 
+`${local_rank}` in the script's path and arguments becomes each rank's local rank (`$$` is
+a `$`), as torchrun's `macros.substitute` does (string.Template.safe_substitute).
+
 BOOTSTRAP (worker/script_bootstrap.py, started by path) runs the script exactly as Python
 would and adds heartbeats from torch's optimizer steps; `--no-auto-heartbeat` leaves it out
 and starts the script the way torchrun does. The interpreter is torchrun's choice too:
-`PYTHON_EXEC` if set, else the one running gpuherd.
+`PYTHON_EXEC` if set, else the one running gpuherd (`--run-path`: always that one, as
+torchrun runs the script inside its own interpreter then).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from string import Template
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,11 +43,15 @@ class Script:
     module: bool = False
     no_python: bool = False
     auto_heartbeat: bool = True
+    run_path: bool = False  # torchrun --run-path: the launcher's own interpreter, never PYTHON_EXEC
 
     def check(self) -> None:
         """Before anything is written: a script that is not there, or flags that contradict."""
         if self.module and self.no_python:
             raise ScriptError("-m and --no-python cannot be combined (a module needs python)")
+        if self.run_path and (self.module or self.no_python):
+            raise ScriptError(f"--run-path runs a script file: it cannot be combined with "
+                              f"{'-m' if self.module else '--no-python'}")
         if self.no_python:
             if shutil.which(self.target) is None:
                 raise ScriptError(f"--no-python: {self.target} is not an executable program")
@@ -55,11 +64,20 @@ class Script:
     def bootstrapped(self) -> bool:
         return self.auto_heartbeat and not self.no_python
 
-    def command(self) -> list[str]:
+    def command(self, local_rank: int | None = None) -> list[str]:
+        """The command line of the rank with `local_rank` (None: as typed, for the logs)."""
         if self.no_python:
-            return [self.target, *self.args]
-        python = os.environ.get("PYTHON_EXEC", sys.executable)
+            return [self.target, *_substitute(self.args, local_rank)]
+        python = sys.executable if self.run_path else os.environ.get("PYTHON_EXEC", sys.executable)
         target = ["-m", self.target] if self.module else [self.target]
+        rest = _substitute([*target, *self.args], local_rank)
         if self.bootstrapped:
-            return [python, "-u", str(BOOTSTRAP), *target, *self.args]
-        return [python, "-u", *target, *self.args]
+            return [python, "-u", str(BOOTSTRAP), *rest]
+        return [python, "-u", *rest]
+
+
+def _substitute(args: list[str], local_rank: int | None) -> list[str]:
+    """torchrun's macros.substitute: `${local_rank}` -> the rank's local rank, `$$` -> `$`."""
+    if local_rank is None:
+        return list(args)
+    return [Template(arg).safe_substitute(local_rank=str(local_rank)) for arg in args]

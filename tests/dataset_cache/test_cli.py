@@ -63,3 +63,37 @@ def test_dataset_errors_exit_3_in_one_line(tmp_path):
         f"prepare_dataset.py: error: {bad}: not UTF-8 text (byte 0xff at offset 0); "
         "data.on_bad_record=skip skips the rest of such a file"
     )
+
+
+def test_file_names_that_are_not_utf8_are_built_and_keyed_by_their_bytes(tmp_path):
+    """A corpus directory holding `caf\\xe9.txt` (Latin-1 bytes): built, keyed by the name's exact
+    bytes (a differently named copy gets another key), and a UTF-8 name keeps the key it always had."""
+    from dataset_cache.hashing import canonical_json, sha256_bytes, sha256_of_parts
+
+    def corpus(name: bytes) -> str:
+        root = tmp_path / name.hex()
+        root.mkdir()
+        with open(os.path.join(os.fsencode(root), name), "wb") as handle:
+            handle.write(b"the same text in both corpora " * 400)
+        return str(root)
+
+    keys = []
+    for name in (b"caf\xe9.txt", b"cafe.txt"):
+        done = run_prepare_cli("--debug", "--set", f"data.dataset={corpus(name)}", "--set", "data.tokenizer=byte",
+                               cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        assert field(done.stdout, "status").startswith("built, checksums verified")
+        keys.append(field(done.stdout, "key"))
+    assert keys[0] != keys[1]
+    assert sha256_of_parts([("a/b.txt", "00")]) == sha256_bytes(canonical_json([["a/b.txt", "00"]]))
+
+
+def test_a_dataset_path_that_is_not_utf8_is_one_line_exit_2(tmp_path):
+    latin1 = os.path.join(os.fsencode(tmp_path), b"donn\xe9es")
+    os.mkdir(latin1)
+    done = run_prepare_cli("--set", f"data.dataset={os.fsdecode(latin1)}", "--set", "data.tokenizer=byte",
+                           cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "donn\\xe9es' holds bytes that are not UTF-8" in lines[0], done.stderr
+    assert not (tmp_path / "cache").exists()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from tests.dataset_cache.helpers import capture_loguru, data_config
+from tests.dataset_cache.helpers import capture_loguru, data_config, run_prepare_cli
 
 from dataset_cache import CacheCorruptError, DatasetError, open_cache, prepare_cache
 
@@ -91,3 +91,38 @@ def test_another_caches_files_under_this_key_are_replaced(tmp_path):
         (a.path / name).write_bytes((b.path / name).read_bytes())
     again = prepare_cache(data_config(tmp_path, num_samples=50))
     assert again.built and (a.path / "tokens.bin").read_bytes() == original
+
+
+def test_out_of_vocabulary_tokens_are_named_exit_3_and_rebuilt_next_run(tmp_path):
+    """A cache whose tokens.bin was overwritten with ids past the vocabulary (sizes intact, so the
+    cheap check passes): the run names the damaged cache and exits 3 instead of an IndexError
+    in the embedding; the next run rebuilds it."""
+    import subprocess
+    import sys
+
+    import numpy as np
+    import orjson
+
+    from tests.supervisor import helpers as sh
+
+    (tmp_path / "corpus.txt").write_text("to be or not to be, that is the question. " * 400)
+    flags = ["--debug", "--set", f"data.dataset={tmp_path / 'corpus.txt'}", "--set", "data.tokenizer=byte",
+             "--set", f"data.cache_dir={tmp_path / 'cache'}"]
+    first = run_prepare_cli(*flags, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    (cache,) = [p for p in (tmp_path / "cache").iterdir() if (p / "tokens.bin").is_file()]
+    tokens = np.memmap(cache / "tokens.bin", dtype=np.uint16, mode="r+")
+    tokens[:] = 65535  # every id past the byte tokenizer's 256
+    tokens.flush()
+    del tokens
+    run = subprocess.run([sys.executable, "-m", "supervisor", *flags, "--nproc", "1", "--max-steps", "3",
+                          "--no-report", "--skip-checks", "--run-id", "oov"], cwd=tmp_path, env=sh.env(),
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 3, run.stderr[-3000:]
+    assert f"dataset cache {cache} is damaged: token id 65535 is outside the vocabulary of tokenizer byte" in run.stderr
+    assert "IndexError" not in run.stderr
+    summary = orjson.loads((tmp_path / "logs" / "oov" / "summary.json").read_bytes())
+    assert summary["exit_code"] == 3 and "is damaged: token id 65535" in summary["root_cause"]["message"]
+    again = run_prepare_cli(*flags, cwd=tmp_path)
+    assert again.returncode == 0 and "found damaged while training" in again.stderr, again.stderr
+    assert [line for line in again.stdout.splitlines() if line.startswith("status:")][0].split()[1] == "built,"

@@ -1,7 +1,8 @@
 """`torchrun` -> `gpuherd run` and nothing else: real scripts, unchanged, under both launchers.
 
 The scripts in tests/e2e/dropin/ carry no gpuherd code: a nanoGPT-style DDP script,
-PyTorch Lightning and HuggingFace accelerate (both from PyPI, requirements-dev.txt).
+PyTorch Lightning, Lightning Fabric, DeepSpeed ZeRO-2 on CPU and HuggingFace accelerate
+(from PyPI, requirements-dev.txt; each test skips itself where its package is missing).
 Each comparison runs the same script under torchrun and under gpuherd in the same test
 and asserts identical losses; the others show what gpuherd adds without code in the
 script (a stopped rank named, a slow final save left alone).
@@ -102,11 +103,21 @@ def test_nanogpt_style_script_trains_as_under_torchrun_and_heartbeats_without_co
 
 
 @pytest.mark.slow
-def test_lightning_script_runs_unchanged_under_torchelastic_detection(tmp_path):
-    pytest.importorskip("pytorch_lightning", reason="a dev dependency: pip install -r requirements-dev.txt")
-    ours, theirs = _same_run_under_both(tmp_path, [], "lightning_train.py")
+@pytest.mark.parametrize("package, script", [("pytorch_lightning", "lightning_train.py"),
+                                             ("lightning_fabric", "fabric_train.py")])
+def test_lightning_and_fabric_scripts_run_unchanged_under_torchelastic_detection(tmp_path, package, script):
+    pytest.importorskip(package, reason="a dev dependency (pytorch-lightning): pip install -r requirements-dev.txt")
+    ours, theirs = _same_run_under_both(tmp_path, [], script)
     for result in (ours, theirs):  # Lightning saw a torchelastic launch and started no processes of its own
         assert "environment TorchElasticEnvironment creates_processes_externally=True" in result.stdout
+
+
+@pytest.mark.slow
+def test_deepspeed_zero2_script_runs_unchanged_on_cpu(tmp_path):
+    pytest.importorskip("deepspeed", reason="a dev dependency: pip install -r requirements-dev.txt")
+    ours, theirs = _same_run_under_both(tmp_path, ["--standalone"], "deepspeed_train.py")
+    for result in (ours, theirs):
+        assert "zero stage 2" in result.stdout
 
 
 @pytest.mark.slow

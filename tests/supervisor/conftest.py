@@ -17,7 +17,7 @@ from tests.supervisor.helpers import env as run_env
 def debug_run(cwd: Path, env: dict[str, str], *args: str) -> Path:
     cwd.mkdir(parents=True, exist_ok=True)
     result = subprocess.run(["bash", str(REPO_ROOT / "run_training.sh"), "--debug", "--set", "data.dataset=dummy",
-                             "--set", f"data.cache_dir={cwd.parent / 'cache'}", *args],
+                             "--set", f"data.cache_dir={cwd.parent / 'cache'}", "--report", *args],
                             cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     (run_dir,) = (cwd / "logs").iterdir()

@@ -17,6 +17,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = REPO_ROOT / "tests" / "supervisor" / "workers" / "scenario.py"
 ALLREDUCE = REPO_ROOT / "tests" / "supervisor" / "workers" / "allreduce.py"
 COLLECTIVE = REPO_ROOT / "tests" / "supervisor" / "workers" / "collective.py"
+# ~53T parameters (600 TB a checkpoint): no disk or RAM anywhere holds it, so a test that
+# needs the machine checks to fail does not depend on this machine's free disk or memory
+HUGE_MODEL = ("--set", "model.n_layers=1024", "--set", "model.dim=65536", "--set", "model.n_heads=512",
+              "--set", "model.n_kv_heads=512")
 
 
 def env() -> dict[str, str]:

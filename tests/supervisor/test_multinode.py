@@ -138,6 +138,8 @@ def test_restart_after_a_failure_on_one_node_restarts_every_node(tmp_path):
     (("--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", "70000"), "--master-port 70000 is not a TCP port"),
     (("--nnodes", "2", "--master-addr", "192.0.2.1"), "is not an address of this machine"),
     (("--nnodes", "2", "--master-addr", "no-such-host.invalid"), "--master-addr no-such-host.invalid: cannot resolve"),
+    # named before the machine is judged: no disk holds one checkpoint of this model
+    (("--nnodes", "2", "--master-addr", "192.0.2.1", *sh.HUGE_MODEL), "is not an address of this machine"),
 ])
 def test_bad_multinode_options_exit_2_before_anything_is_written(tmp_path, args, fragment):
     proc = subprocess.run([sys.executable, "-m", "supervisor", "--set", "system.device=cpu", "--no-report", *args],
@@ -300,3 +302,42 @@ def test_ctrl_c_on_one_node_stops_every_node_gracefully(tmp_path):
     assert s0["root_cause"] == s1["root_cause"] and s1["root_cause"]["kind"] == "interrupted"
     assert s1["workers"][0]["signals_sent"] == ["SIGINT"] and s1["workers"][0]["exit_code"] == 130
     assert "saving checkpoint" in (tmp_path / "logs" / "job-node1" / "worker-rank1-CPU0.log").read_text()
+
+
+def test_nodes_started_with_different_run_ids_refuse_to_train_together(tmp_path):
+    port = _port()
+    procs = [_node(tmp_path, 0, port, "train:3", args=("--run-id", "exp1")),
+             _node(tmp_path, 1, port, "train:3", args=("--run-id", "exp2"))]
+    for proc in procs:
+        code, _, err = sh.finish(proc, timeout=180)
+        assert code == 2, err[-3000:]
+        assert ("node 1 (" in err and "was started with --run-id exp2 and node 0 (" in err
+                and "with --run-id exp1: one job, one --run-id" in err), err[-3000:]
+    assert not list(tmp_path.glob("logs/*/worker-rank*.log"))  # no worker ever started
+
+
+def test_garbage_on_the_abort_key_is_named_and_crashes_no_node_agent(tmp_path):
+    """Another program writes a non-JSON value to the job's abort key (the store has no
+    authentication, as under torchrun): every node ends with that key named as the cause,
+    each writes its summary, and no agent dies on it."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    port = _port()
+    procs = [_node(tmp_path, r, port, "forever") for r in (0, 1)]
+    try:
+        store = TCPStore("127.0.0.1", port, None, False, timedelta(seconds=120))
+        store.wait(["a0/beat0", "a0/beat1"], timedelta(seconds=120))  # both nodes' workers are running
+        store.set("a0/abort", b"\xffnot json{")
+        results = [sh.finish(p, timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    for r, (code, _, err) in enumerate(results):
+        assert code == 1, err[-3000:]
+        assert "malformed data on the job store at 127.0.0.1:" in err and "key a0/abort holds" in err, err[-3000:]
+        assert "the node agent" not in err and "exited" not in _summary(tmp_path, r)["root_cause"]["message"]
+        assert "no gpuherd node of this job wrote it" in _summary(tmp_path, r)["root_cause"]["message"]

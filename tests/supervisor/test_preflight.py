@@ -143,3 +143,23 @@ def test_a_script_run_is_not_judged_by_the_trainers_model_or_dataset(tmp_path):
     assert "one checkpoint is about" in trainer["checkpoint disk"][1]
     assert script["checkpoint disk"] == (NA, "a script saves its own checkpoints, of a size gpuherd cannot know")
     assert script["log disk"] == trainer["log disk"]  # the run's own logs are gpuherd's either way
+
+
+def test_check_judges_the_run_the_same_options_would_start(tmp_path):
+    """Its first line names the preset, the model and the workers; a model no host can hold fails
+    both the checkpoint disk and the memory item, whatever this machine's disk and RAM are."""
+    from tests.supervisor.helpers import HUGE_MODEL
+
+    small = subprocess.run([*CHECK, "--debug", "--set", "data.dataset=dummy", "--set", "system.nproc=3"],
+                           cwd=tmp_path, env=run_env(), capture_output=True, text=True, timeout=60)
+    assert small.returncode == 0, small.stderr
+    assert small.stdout.splitlines()[0] == ("judged: preset debug: 13.2M parameters (2 layers, dim 128), 10 steps, "
+                                            "on 3 CPU worker(s)")
+    assert " model memory " in small.stdout and "fits in this host (available RAM / 3 workers)" in small.stdout
+    huge = subprocess.run([*CHECK, "--debug", "--set", "data.dataset=dummy", *HUGE_MODEL], cwd=tmp_path,
+                          env=run_env(), capture_output=True, text=True, timeout=60)
+    assert huge.returncode == 2, huge.stderr
+    assert huge.stdout.splitlines()[0].startswith("judged: preset debug: 52.8T parameters (1024 layers")
+    failed = {line.split("  ")[1].strip() for line in huge.stdout.splitlines() if " FAIL " in line}
+    assert failed == {"checkpoint disk", "model memory"}, huge.stdout
+    assert not (tmp_path / "logs").exists()

@@ -259,7 +259,7 @@ def test_worker_environment_is_torchrun_compatible(tmp_path):
     assert sorted(envs) == [0, 1]
     for rank, e in envs.items():
         assert e["LOCAL_RANK"] == str(rank) and e["WORLD_SIZE"] == e["LOCAL_WORLD_SIZE"] == "2"
-        assert e["MASTER_ADDR"] == "127.0.0.1" and e["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+        assert e["MASTER_ADDR"] == "localhost" and e["TORCHELASTIC_USE_AGENT_STORE"] == "True"  # as torchrun
         assert e["GPUHERD_DEVICE_KIND"] == "cpu" and e["GPU_RANK"] == str(rank) and e["GPUHERD_SUPERVISED"] == "1"
         assert e["TORCHELASTIC_RUN_ID"] == r.run_dir.name and e["GPUHERD_RUN_DIR"] == str(r.run_dir)
         assert e["OMP_NUM_THREADS"].isdigit() and "CUDA_VISIBLE_DEVICES" not in e
@@ -295,6 +295,8 @@ def test_collapse_logs_prints_identical_lines_once(tmp_path):
     (("--nnodes", "1:4"), "elastic node ranges are not supported"),
     (("--standalone", "--nnodes", "2"), "--standalone runs one node"),
     (("--master-addr", "10.255.255.1", "--set", "system.nproc=1"), "is not an address of this machine"),
+    # an argument error is named before the machine is judged: here no disk holds one checkpoint
+    (("--master-addr", "10.255.255.1", "--set", "system.nproc=1", *sh.HUGE_MODEL), "is not an address of this machine"),
 ])
 def test_bad_supervisor_options_exit_2_before_anything_is_written(tmp_path, args, fragment):
     cmd = sh.command(*args, script=None)

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from supervisor.cli import parse
+from supervisor.cli import build_parser, parse
 from supervisor.processes.worker_env import WRAPPER_PYTHONPATH, script_env
 from supervisor.rendezvous import SingleStore
-from supervisor.torchrun import BOOTSTRAP, Script
+from supervisor.torchrun import BOOTSTRAP, PET, TORCHRUN_FLAGS, Script
 
 CORES = len(os.sched_getaffinity(0))
 
@@ -45,7 +45,9 @@ def test_shared_flags_in_torchruns_spellings(cwd):
 
 
 def test_where_the_store_listens_on_one_node(cwd):
-    assert parse(["train.py"]).store is None  # a free loopback port the supervisor binds itself
+    # no address flag: a free loopback port, MASTER_ADDR=localhost (torchrun's value then)
+    assert parse(["train.py"]).store == SingleStore("127.0.0.1", 0, "localhost")
+    assert parse(["--local-addr", "127.0.0.2", "train.py"]).store == SingleStore("127.0.0.2", 0, "127.0.0.2")
     assert parse(["--standalone", "train.py"]).store == SingleStore("127.0.0.1", 0, "localhost")
     assert parse(["--master-addr", "localhost", "--master-port", "29511", "train.py"]).store == \
         SingleStore("localhost", 29511, "localhost")
@@ -64,15 +66,88 @@ def test_multi_node_flags_reach_the_node_spec(cwd):
 
 
 def test_flags_gpuherd_does_anyway_are_accepted_and_named_once(cwd):
-    launch = parse(["--tee", "3", "-r", "3", "--start-method", "spawn", "--log-dir", "runs", "train.py"])
-    assert len(launch.notices) == 1 and "--tee, --redirects, --start-method" in launch.notices[0]
+    launch = parse(["--tee", "3", "-r", "3", "--start-method", "spawn", "--log-dir", "runs",
+                    "--duplicate-stdout-filters", "loss", "--logs-specs", "x", "train.py"])
+    assert len(launch.notices) == 1 and "no effect here" in launch.notices[0]
+    assert "--tee, --redirects, --start-method, --logs-specs, --duplicate-stdout-filters" in launch.notices[0]
     assert launch.config.system.run_root == str(cwd / "runs")
+
+
+def test_every_flag_of_the_installed_torchruns_parser_is_mapped_or_named_as_no_op(cwd):
+    """A torch release that adds a launch flag fails here until gpuherd gives it a meaning."""
+    run = pytest.importorskip("torch.distributed.run")
+    from torch.distributed.argparse_util import check_env, env
+
+    theirs = [a for a in run.get_args_parser()._actions
+              if a.option_strings and a.dest != "help"]
+    assert {a.dest for a in theirs} == set(TORCHRUN_FLAGS), "torchrun's flags and gpuherd's table differ"
+    assert {a.dest for a in theirs if isinstance(a, (env, check_env))} == PET  # which ones PET_* sets
+    ours = build_parser()
+    for action in theirs:
+        dest = TORCHRUN_FLAGS[action.dest]
+        for spelling in action.option_strings:
+            found = ours._option_string_actions.get(spelling)
+            assert found is not None and found.dest == dest, f"torchrun's {spelling} is not gpuherd's --{dest}"
+            assert (found.nargs == 0) == (action.nargs == 0), f"{spelling}: a switch on one side only"
+    for action in theirs:
+        if action.choices:  # gpuherd accepts every value torchrun accepts (rdzv backends: static, c10d)
+            found = ours._option_string_actions[action.option_strings[0]]
+            assert found.choices is None or set(action.choices) <= set(found.choices) or \
+                action.dest == "rdzv_backend", action.dest
+
+
+def test_flags_with_torchruns_meaning(cwd):
+    launch = parse(["--rdzv-conf", "join_timeout=30,read_timeout=5", "--role", "trainer", "--shutdown-timeout", "7",
+                    "--signals-to-handle", "SIGTERM, SIGUSR1", "--virtual-local-rank", "train.py"])
+    system, torchrun = launch.config.system, launch.torchrun
+    assert (system.rendezvous_timeout, system.grace_period, system.isolate) == (30.0, 7.0, True)
+    assert (torchrun.role, torchrun.signals_to_handle, torchrun.virtual_local_rank) == \
+        ("trainer", "SIGTERM,SIGUSR1", True)
+    assert "read_timeout: no effect here" in launch.notices[0]
+    assert parse(["--run-path", "train.py"]).script.run_path
+
+
+def test_a_bad_pet_variable_is_one_line_naming_it(cwd, monkeypatch, capsys):
+    for name, value, fragment in (("PET_NO_PYTHON", "yes", "PET_NO_PYTHON='yes': expected 0 or 1"),
+                                  ("PET_RDZV_BACKEND", "etcd", "PET_RDZV_BACKEND='etcd': expected one of static, c10d"),
+                                  ("PET_NNODES", "1:3", "elastic node ranges are not supported")):
+        monkeypatch.setenv(name, value)
+        with pytest.raises(SystemExit) as stop:
+            parse(["train.py"])
+        monkeypatch.delenv(name)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert stop.value.code == 2 and len(err) == 1 and fragment in err[0], err
+
+
+@pytest.mark.parametrize("pet, argv, check", [
+    ({"PET_NPROC_PER_NODE": "4", "PET_NO_PYTHON": "1"}, ["echo", "x"],
+     lambda l: l.config.system.nproc == 4 and l.script.no_python),
+    ({"PET_NPROC_PER_NODE": "4"}, ["--nproc-per-node", "3", "train.py"], lambda l: l.config.system.nproc == 3),
+    ({"PET_NPROC_PER_NODE": "4"}, ["--nproc", "3", "train.py"], lambda l: l.config.system.nproc == 3),
+    ({"PET_NO_PYTHON": "0", "PET_MAX_RESTARTS": "2", "PET_RDZV_ID": "j1", "PET_LOCAL_RANKS_FILTER": "0"},
+     ["train.py"], lambda l: (l.script.no_python, l.config.system.max_restarts, l.run_id,
+                               l.config.system.log_ranks) == (False, 2, "j1", [0])),
+    ({"PET_STANDALONE": "1", "PET_ROLE": "r", "PET_SHUTDOWN_TIMEOUT": "3"}, ["train.py"],
+     lambda l: l.store.advertise == "localhost" and l.torchrun.role == "r" and l.config.system.grace_period == 3),
+    ({"PET_NUMA_BINDING": "node", "PET_LOGS_SPECS": "x"}, ["train.py"],  # torchrun reads these from flags only
+     lambda l: l.torchrun.numa_binding is None and not l.notices),
+])
+def test_pet_variables_are_the_flags_defaults(cwd, monkeypatch, pet, argv, check):
+    for name, value in pet.items():
+        monkeypatch.setenv(name, value)
+    assert check(parse(argv))
 
 
 @pytest.mark.parametrize("argv, fragment", [
     (["--nproc-per-node", "0", "train.py"], "--nproc-per-node '0'"),
     (["--nproc", "2", "--nproc-per-node", "2", "train.py"], "give one"),
     (["--nnodes", "1:2", "train.py"], "elastic node ranges are not supported"),
+    (["--rdzv-conf", "join_timeout", "train.py"], "expected key=value"),
+    (["--rdzv-conf", "join_timeout=soon", "train.py"], "expected seconds"),
+    (["--signals-to-handle", "SIGTERM,SIGNOPE", "train.py"], "'SIGNOPE' is not a signal name"),
+    (["--numa-binding", "everywhere", "train.py"], "invalid choice"),
+    (["--virtual-local-rank", "--no-isolate", "train.py"], "give one"),
+    (["--run-path", "-m", "pkg.train"], "--run-path runs a script file"),
     (["--nnodes", "2", "--rdzv-backend", "c10d", "--master-addr", "h", "train.py"], "--node-rank"),
     (["-m", "--no-python", "pkg.train"], "-m and --no-python cannot be combined"),
     (["--no-python", "no-such-program-here"], "not an executable program"),
@@ -98,8 +173,13 @@ def test_each_rank_runs_the_script_as_torchrun_would_through_the_bootstrap(monke
     assert Script("pkg.t", ["a"], module=True).command() == [py, "-u", str(BOOTSTRAP), "-m", "pkg.t", "a"]
     assert Script("t.py", ["--x"], auto_heartbeat=False).command() == [py, "-u", "t.py", "--x"]  # = torchrun
     assert Script("./run.sh", ["a"], no_python=True).command() == ["./run.sh", "a"]
+    # torchrun's macros: ${local_rank} per rank, $$ a dollar; the program itself stays as typed
+    assert Script("echo", ["lr=${local_rank}", "$$HOME", "${other}"], no_python=True).command(3) == \
+        ["echo", "lr=3", "$HOME", "${other}"]
+    assert Script("t_${local_rank}.py", ["--r=${local_rank}"]).command(1)[-2:] == ["t_1.py", "--r=1"]
     monkeypatch.setenv("PYTHON_EXEC", "/opt/py")  # torchrun's override of the interpreter
     assert Script("t.py").command()[0] == "/opt/py"
+    assert Script("t.py", run_path=True).command()[0] == py  # torchrun --run-path: its own interpreter
 
 
 @pytest.mark.parametrize("before, after", [

@@ -132,6 +132,7 @@ def test_residual_stream_is_bf16_under_autocast():
 
 
 @pytest.mark.slow  # inductor's C++ code generation: minutes on a busy 2-core machine
+@pytest.mark.integration  # nn.Module.compile (a method, unseen by the collection walk) runs g++ in processes
 def test_compiled_blocks_match_eager_on_cpu():
     """The compile path (fullgraph: any graph break fails) for the tiny model."""
     torch._dynamo.reset()

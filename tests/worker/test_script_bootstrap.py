@@ -72,8 +72,10 @@ def test_a_failing_script_prints_pythons_traceback_and_exit_code(project):
     assert _python([str(BOOTSTRAP_SELF), "src/exit3.py"], project).returncode == 3
 
 
-def test_optimizer_steps_and_torch_save_become_status_records(tmp_path):
-    """A real torch script with nothing of gpuherd in it, through the bootstrap with a status pipe."""
+@pytest.mark.parametrize("without_orjson", [False, True])
+def test_optimizer_steps_and_torch_save_become_status_records(tmp_path, without_orjson):
+    """A real torch script with nothing of gpuherd in it, through the bootstrap with a status pipe;
+    also in an interpreter that has torch but not orjson (torchrun's PYTHON_EXEC, say)."""
     script = tmp_path / "train.py"
     script.write_text(
         "import torch\n"
@@ -85,6 +87,10 @@ def test_optimizer_steps_and_torch_save_become_status_records(tmp_path):
     read, write = os.pipe()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(GPUHERD_STATUS_FD=str(write), RANK="0")
+    if without_orjson:  # an import of orjson fails there as in an interpreter that lacks it
+        (tmp_path / "blocked").mkdir()
+        (tmp_path / "blocked" / "orjson.py").write_text("raise ModuleNotFoundError(\"No module named 'orjson'\")\n")
+        env["PYTHONPATH"] = str(tmp_path / "blocked")
     proc = subprocess.run([sys.executable, "-u", str(BOOTSTRAP_SELF), str(script)], cwd=tmp_path, env=env,
                           pass_fds=(write,), capture_output=True, text=True, timeout=120)
     os.close(write)
@@ -94,7 +100,24 @@ def test_optimizer_steps_and_torch_save_become_status_records(tmp_path):
     seen = [(r["type"], r.get("step", r.get("name"))) for r in records]
     # the first step at once, the save as phase checkpoint, the real last step and the teardown at exit
     assert seen == [("step", 1), ("phase", "checkpoint"), ("phase", "train"), ("step", 5), ("phase", "shutdown")]
-    assert (tmp_path / "model.pt").is_file()
+    assert (tmp_path / "model.pt").is_file() and "WARNING" not in proc.stderr
+
+
+def test_a_torch_without_the_optimizer_hook_runs_the_script_after_one_warning(tmp_path):
+    """torch < 2.0 (no global optimizer-step hook): the script runs, unwatched, and says so once."""
+    fake = tmp_path / "fake" / "torch"
+    (fake / "optim").mkdir(parents=True)
+    (fake / "__init__.py").write_text("__version__ = '1.13.1'\nsave = None\n")
+    (fake / "optim" / "__init__.py").write_text("")
+    (fake / "optim" / "optimizer.py").write_text("")  # no register_optimizer_step_post_hook
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nprint('ran with torch', torch.__version__)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(tmp_path / "fake")
+    proc = _python([str(BOOTSTRAP_SELF), str(script)], tmp_path, env)
+    assert proc.returncode == 0 and proc.stdout == "ran with torch 1.13.1\n", proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("WARNING")]
+    assert len(warnings) == 1 and "no automatic heartbeats" in warnings[0], proc.stderr
 
 
 LAST_BACKWARD = """\

@@ -18,6 +18,7 @@ import torch
 
 from gpuherd.files import atomic_file
 from worker.nan.names import local_tensor, named_parameters
+from worker.nan.trusted_pickle import load_plain
 
 FORMAT = "gpuherd.nan_debug/1"
 FLOAT_BYTES = 4  # tensors are dumped as float32 whatever their training dtype
@@ -86,8 +87,8 @@ def target_ids(batches: list[Any]) -> list[np.ndarray] | None:
 
 
 def load(path: Path) -> dict[str, Any]:
-    with Path(path).open("rb") as handle:
-        data = pickle.load(handle)
+    """A dump for gpuherd's own readers: plain data only (trusted_pickle), never code the file names."""
+    data = load_plain(path)
     if not isinstance(data, dict) or "parameters" not in data or "gradients" not in data:
         raise ValueError(f"{path} is not a NaN debug dump (no 'parameters'/'gradients' dict)")
     return data

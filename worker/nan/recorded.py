@@ -22,9 +22,11 @@ from worker.checkpoint_io import FORMAT_DEEPSPEED, read_meta
 from worker.distributed import WorkerError
 from worker.inference import model_from_checkpoint
 from worker.nan.dump import load as load_dump
+from worker.nan.trusted_pickle import UntrustedPickle
 
 _CHECKPOINT = re.compile(r"^nan_grad_step_(\d+)\.pt$")
 _RANK = re.compile(r"_rank(\d+)\.pkl$")
+_DUMP = re.compile(r"^nan_debug_step_(\d+)(?:_rank\d+)?\.pkl$")
 
 
 class ReplayError(GpuherdError):
@@ -35,15 +37,22 @@ class ReplayError(GpuherdError):
 class Recorded:
     step: int
     checkpoint: Path
-    dumps: list[tuple[Path, dict[str, Any]]]  # every rank's pickle of the step, in rank order
+    dump_paths: list[Path]  # every rank's pickle of the step, in rank order
+
+    def dumps(self) -> list[tuple[Path, dict[str, Any]]]:
+        """Each rank's pickle, read as plain data only (an untrusted file is refused by name)."""
+        return [(path, _read(path)) for path in self.dump_paths]
 
 
 def locate(path: Path) -> Recorded:
-    """The checkpoint and every rank's pickle of the step `path` (either of them) belongs to."""
+    """The checkpoint and every rank's pickle of the step `path` (either of them) belongs to.
+    Nothing is unpickled here when the file name says the step: the checkpoint is checked
+    first, and a dump is only read once there is something to replay it on."""
     if not path.exists():
         raise ReplayError(f"{path} does not exist")
     if path.suffix == ".pkl":
-        step = int(_read(path).get("step", -1))
+        named = _DUMP.match(path.name)
+        step = int(named.group(1)) if named else int(_read(path).get("step", -1))
         debug_dir, checkpoint = path.parent, path.parent.parent / f"nan_grad_step_{step}.pt"
     else:
         match = _CHECKPOINT.match(path.name)
@@ -57,12 +66,14 @@ def locate(path: Path) -> Recorded:
     files += sorted(debug_dir.glob(f"nan_debug_step_{step}_rank*.pkl"), key=lambda p: int(_RANK.search(p.name)[1]))
     if not files:
         raise ReplayError(f"no debug pickle for step {step} in {debug_dir}: it holds the batch to replay")
-    return Recorded(step, checkpoint, [(f, _read(f)) for f in files])
+    return Recorded(step, checkpoint, files)
 
 
 def _read(path: Path) -> dict[str, Any]:
     try:
         return load_dump(path)
+    except UntrustedPickle as exc:
+        raise ReplayError(str(exc)) from None
     except Exception as exc:  # noqa: BLE001 - unpickling fails in many types; all mean "not a dump"
         raise ReplayError(f"cannot read {path}: {type(exc).__name__}: {exc}") from None
 

@@ -199,9 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         device = _device(args.device)
         recorded = locate(args.path)
-        model, meta = load_model(recorded.checkpoint, device)
-        replayer = Replayer(model, meta, device, str(recorded.dumps[0][1].get("device", "cpu")))
-        replays = [replayer.rank(path, data, recorded.step) for path, data in recorded.dumps]
+        model, meta = load_model(recorded.checkpoint, device)  # refused checkpoint: no pickle was read
+        dumps = recorded.dumps()
+        replayer = Replayer(model, meta, device, str(dumps[0][1].get("device", "cpu")))
+        replays = [replayer.rank(path, data, recorded.step) for path, data in dumps]
     except GpuherdError as exc:
         print(f"worker.nan.replay: error: {exc}", file=sys.stderr)
         return int(exc.exit_code)

@@ -21,6 +21,7 @@ from worker.nan.dump import load
 from worker.nan.findings import finding_from_array, finding_from_dict
 from worker.nan.samples import SampleName
 from worker.nan.spike_report import SpikeReport, render_spike
+from worker.nan.trusted_pickle import UntrustedPickle
 
 SAMPLES_SHOWN = 8
 
@@ -86,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data = load(args.dump)
         lines = banner(data, bullets=None if args.all else 30)
+    except UntrustedPickle as exc:
+        print(f"worker.nan.report: error: {exc}", file=sys.stderr)
+        return int(exc.exit_code)
     except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:
         print(f"worker.nan.report: error: cannot read {args.dump}: {exc}", file=sys.stderr)
         return int(ExitCode.USAGE)

@@ -69,6 +69,20 @@ class _Positions:
         return np.asarray(index, dtype=np.int64)
 
 
+class _PositionsCache:
+    """The probe's cache: its rows are positions, not token ids, so the vocabulary check
+    (which marks a cache damaged) must not judge them."""
+
+    def __init__(self, cache: Any) -> None:
+        self._cache = cache
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cache, name)
+
+    def check_tokens(self, rows: np.ndarray) -> np.ndarray:
+        return rows
+
+
 def input_rows(batch: Any) -> np.ndarray:
     """A kept micro-batch's token ids [B, T]: the inputs of an (inputs, targets) pair, or the ids."""
     ids = batch[0] if isinstance(batch, (tuple, list)) else batch
@@ -112,6 +126,7 @@ def _locate(source: Any, state: dict[str, Any], micro_batches: int
 def _locate_cache(sampler: Any, state: dict[str, Any], micro_batches: int) -> tuple[list, _Stream]:
     probe = copy.copy(sampler)
     probe.data = _Positions(int(sampler.data.size))
+    probe.cache = _PositionsCache(sampler.cache)
     probe.load_state_dict(state)
     located = []
     for _ in range(micro_batches):

@@ -84,7 +84,7 @@ def _supervise(tmp_path, n_gpus: int, *args: str) -> tuple[subprocess.CompletedP
 
 
 def test_a_real_run_restarts_on_the_gpus_left(tmp_path):
-    proc, s = _supervise(tmp_path, 3, "--exclude-suspect-gpus", "--max-restarts", "1",  # with its report
+    proc, s = _supervise(tmp_path, 3, "--report", "--exclude-suspect-gpus", "--max-restarts", "1",
                          "--script", str(SCENARIO), "train:3", "suspect:3:1", "train:3")
     assert proc.returncode == 0, proc.stderr[-3000:]
     first, second = s["attempts"]

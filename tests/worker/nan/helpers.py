@@ -205,6 +205,25 @@ def make_guard(model: nn.Module, cfg: Config, save_checkpoint=None, status_fd: i
     return guard
 
 
+class _MakesADirectory:
+    """Unpickling this calls os.mkdir(path): a stand-in for any code a crafted pickle runs."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def __reduce__(self):
+        return os.mkdir, (self.path,)
+
+
+def planted_dump(path: Path, marker: Path) -> Path:
+    """A file shaped like a NaN dump whose loading runs code: it creates `marker` when unpickled."""
+    import pickle
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps({"step": 3, "parameters": {}, "gradients": {}, "x": _MakesADirectory(marker)}))
+    return path
+
+
 def param_checksum(model: nn.Module) -> str:
     """Digest of every weight's (local) bytes: changes whenever an optimizer step is applied."""
     from worker.nan.names import local_tensor

@@ -115,3 +115,34 @@ def test_a_spike_reproduces_when_the_replay_crosses_the_recorded_threshold():
 
     assert replayed(6.0).reproduces and not replayed(4.0).reproduces
     assert replayed(6.0).threshold() == 5.0
+
+
+def _replay_cli(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "supervisor.commands.dispatch", "nan", "replay", str(path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_a_planted_pickle_never_runs_whether_or_not_the_checkpoint_is_accepted(recorded, tmp_path):
+    """`gpuherd nan replay` on a crafted dump: refused in one line (exit 2) before its code could run,
+    beside a checkpoint it refuses (nothing unpickled at all) and beside a real one (refused by name)."""
+    from tests.worker.nan.helpers import planted_dump
+
+    marker = tmp_path / "the-payload-ran"
+    bogus = tmp_path / "bogus"
+    (bogus / "nan_grad_step_3.pt").parent.mkdir()
+    (bogus / "nan_grad_step_3.pt").write_bytes(b"not a checkpoint")
+    refused = _replay_cli(planted_dump(bogus / "debug" / "nan_debug_step_3.pkl", marker))
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "posix.mkdir" not in refused.stderr  # the checkpoint was judged first
+    assert not marker.exists()
+
+    real = tmp_path / "real"
+    shutil.copytree(recorded, real)
+    (dump,) = (real / "debug").glob("nan_debug_step_*.pkl")
+    planted_dump(dump, marker)
+    for path in (dump, real / dump.name.replace("nan_debug_step_", "nan_grad_step_").replace(".pkl", ".pt")):
+        proc = _replay_cli(path)
+        assert proc.returncode == 2, proc.stderr
+        err = proc.stderr.strip().splitlines()
+        assert len(err) == 1 and "is not a plain NaN dump: it asks to load posix.mkdir" in err[0], proc.stderr
+        assert not marker.exists()

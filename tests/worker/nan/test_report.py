@@ -108,3 +108,18 @@ def test_max_dump_mb_keeps_the_affected_layer_first_and_lists_the_rest(tmp_path)
     assert not omitted & {(n, "parameters") for n in data["parameters"]}
     assert any(note.startswith("debug.max_dump_mb=1: left out ") for note in data["notes"])
     assert data["shapes"]["tok_embed.weight"] == [4096, 64]  # the shape survives even when the array does not
+
+
+def test_a_planted_pickle_is_refused_by_name_and_never_runs(tmp_path):
+    """A crafted file in .checkpoints/debug/: `gpuherd nan report` names what it asked for, exit 2,
+    and the code it carries never runs; a real dump still reads with a plain pickle.load."""
+    from tests.worker.nan.helpers import planted_dump
+
+    marker = tmp_path / "the-payload-ran"
+    evil = planted_dump(tmp_path / "debug" / "nan_debug_step_3.pkl", marker)
+    proc = subprocess.run([sys.executable, "-m", "supervisor.commands.dispatch", "nan", "report", str(evil)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and "is not a plain NaN dump: it asks to load posix.mkdir" in err[0], proc.stderr
+    assert not marker.exists()

@@ -13,6 +13,7 @@ import orjson
 import pytest
 import torch
 
+from dataset_cache import open_cache
 from gpuherd.config import DataConfig
 from gpuherd.exit_codes import ExitCode
 from tests.worker.nan.helpers import LogCapture, TinyLM, clean_batch, make_guard, param_checksum
@@ -148,6 +149,7 @@ def test_a_poisoned_sample_reproduces_is_named_down_to_its_document_and_stops_wi
         assert name["document_offset"] == start - documents[name["document"]]
         assert name["text_head"] == bytes(t for t in name["token_head"] if t).decode()
     assert any(n["document"] == POISON_DOC and n["text_head"].startswith("~~~") for n in poisoned)
+    open_cache(cache.path)  # locating the samples never marks the good cache damaged
     assert any(line.startswith("  • rank 0 micro-batch ") and ", document " in line for line in lines)
     (nan,) = [r for r in records(tmp_path / "status.jsonl") if r["type"] == "nan"]
     assert (nan["classification"], nan["action"], nan["step"]) == ("reproducible", "stop", step)

@@ -1,0 +1,54 @@
+"""A full or failing log disk: the workers keep training, log lines are dropped with a count, one
+WARNING names the disk, and the run ends with its usual summary and exit code."""
+
+from __future__ import annotations
+
+import os
+import resource
+import subprocess
+from pathlib import Path
+
+import orjson
+
+from gpuherd.log_writes import LogWrites
+from tests.supervisor import helpers as sh
+
+FILE_LIMIT = 64 * 1024  # RLIMIT_FSIZE: past it every write fails with EFBIG, as on a full disk
+
+
+def test_a_full_disk_drops_lines_counts_them_and_warns_once():
+    warnings: list[str] = []
+    writes = LogWrites()
+    writes.on_first_failure(warnings.append)
+    fd = os.open("/dev/full", os.O_WRONLY)  # every write: ENOSPC
+    try:
+        assert not writes.write(fd, b"one\ntwo\n", Path("/dev/full"))
+        assert not writes.write(fd, b"three\n", Path("/dev/full"))
+    finally:
+        os.close(fd)
+    assert writes.dropped == 3
+    assert warnings == ["cannot write logs to /dev: no space left on device" + warnings[0].split("device", 1)[1]]
+    assert "log lines are dropped (counted) from now on; the workers keep training" in warnings[0]
+    assert writes.note().startswith("3 log line(s) could not be written (/dev: no space left on device")
+
+
+def _limit_file_size() -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT, FILE_LIMIT))
+
+
+def test_a_log_file_that_cannot_grow_never_stops_the_run(tmp_path):
+    """The case as found, with a file-size limit standing in for the full disk: a worker floods
+    its log past what the disk takes; the run still ends 0 with summary.json naming the loss."""
+    cmd = sh.command("--nproc", "1", "--run-id", "full", behaviours=("flood:5000",))
+    done = subprocess.run(cmd, cwd=tmp_path, env=sh.env(), capture_output=True, text=True, timeout=180,
+                          preexec_fn=_limit_file_size)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "cannot start worker" not in done.stderr
+    warning = [line for line in done.stderr.splitlines() if "cannot write logs to" in line]
+    assert len(warning) == 1 and f"cannot write logs to {tmp_path / 'logs' / 'full'}: file too large" in warning[0]
+    assert "flood line 004999 from rank 0" in done.stdout  # the console still shows everything
+    log = tmp_path / "logs" / "full" / "worker-rank0-CPU0.log"
+    assert log.stat().st_size <= FILE_LIMIT
+    summary = orjson.loads((tmp_path / "logs" / "full" / "summary.json").read_bytes())
+    assert summary["exit_code"] == 0
+    assert any("log line(s) could not be written" in note for note in summary["notes"]), summary["notes"]
