@@ -414,3 +414,41 @@ def test_the_state_is_immutable_and_decide_is_pure():
     event = pol.SignalReceived(view(0.0, *TWO), signal.SIGINT)
     first = pol.decide(state, event, RULES)
     assert pol.decide(state, event, RULES) == first and state == pol.State()
+
+
+# ---- gpuherd's worker: teardown and stacks by signals nobody else sends; a worker's own stop signal
+
+BUILT_IN = pol.Rules(grace=5.0, stop_timeout=120.0, save_signal=signal.SIGUSR2, finish_window=60.0,
+                     teardown_signal=signal.SIGRTMIN, stacks_signal=signal.SIGRTMAX)
+
+
+def test_the_built_in_worker_is_torn_down_and_asked_for_stacks_with_the_rules_signals():
+    run = Run(BUILT_IN)
+    run(crash(10.0, 1, rank(0)))
+    assert sends(run.actions, signal.SIGRTMIN) == [((0,), signal.SIGRTMIN, True)]
+    assert not sends(run.actions, signal.SIGTERM)
+    hung = Run(BUILT_IN)
+    handles = frozenset({signal.SIGRTMAX, signal.SIGUSR2})
+    hung(pol.HangFound(view(10.0, rank(0, handles=handles)), failure(0, 124), frozenset()))
+    assert sends(hung.actions, signal.SIGRTMAX) == [((0,), signal.SIGRTMAX, False)]
+    assert any("(SIGRTMAX)" in line for line in logs(hung.actions))
+
+
+def test_a_stop_signal_that_reached_a_worker_stops_every_worker_as_the_supervisors_own_would():
+    run = Run(BUILT_IN)
+    actions = run(pol.WorkerStop(view(10.0, *TWO), 1, "CPU1", "SIGTERM"))
+    assert run.phase is Phase.STOPPING and run.state.cause.exit_code == 143
+    assert run.state.cause.message == "CPU1 (rank 1) received SIGTERM" and run.state.stop_signal == signal.SIGTERM
+    assert sends(actions) == [((0, 1), signal.SIGUSR2, False)]
+    # the workers are signalled before the cause is published (naming it may ask SLURM)
+    kinds = [type(a) for a in actions]
+    assert kinds.index(pol.Send) < kinds.index(pol.Publish)
+    # a second worker's record, or the same signal again, is never a kill
+    assert run(pol.WorkerStop(view(11.0, *TWO), 0, "CPU0", "SIGTERM")) == [] and run.phase is Phase.STOPPING
+
+
+def test_a_worker_that_got_sigint_itself_stops_like_ctrl_c():
+    run = Run(BUILT_IN)
+    run(pol.WorkerStop(view(10.0, *TWO), 0, "CPU0", "SIGINT"))
+    assert run.phase is Phase.STOPPING and run.state.cause.exit_code == 130
+    assert sends(run.actions) == [((0, 1), signal.SIGINT, False)]
