@@ -152,6 +152,7 @@ class Fatal:
     remote: bool = False
 
 
+@dataclass(frozen=True)
 class WorkerStop:
     """A stop signal reached a worker itself (SLURM signals every process of a step; or a
     `kill` aimed at one worker), which said so in a `stop` record."""
@@ -162,7 +163,6 @@ class WorkerStop:
     signame: str  # SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2
 
 
-@dataclass(frozen=True)
 class TracesIn(Moment):
     """Every responsive rank dumped its collective trace."""
 
