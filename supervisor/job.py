@@ -113,6 +113,7 @@ class Job:
         self._guarded: set[int] = set()  # helper processes the orphan guard already knows
         self.exclusion = SuspectExclusion(self.cfg.system.exclude_suspect_gpus, multi_node=launch.node.multi)
         self.guard: OrphanGuard | None = None  # started before the dataset build (start_guard)
+        self.restarts_used = 0  # failures restarted (--max-restarts); an elastic membership change is not one
 
     @property
     def mode(self) -> str:
@@ -177,34 +178,42 @@ class Job:
         final: RootCause | None = None
         resume: str | None = None
         streak = 0  # quick failures in a row: each doubles the pause
+        attempt = 0
         try:
-            for attempt in range(system.max_restarts + 1):
+            while True:
                 report = self.run_attempt(attempt, resume, guard, metrics)
                 attempts.append(report)
                 final = report.root_cause
                 streak = 0 if report.duration_s >= STREAK_RESET_S else streak
                 if final is None:
                     break
-                why_not = self._why_not_restart(final, report, last=attempt == system.max_restarts) \
-                    or self._exclude_suspects(final, report, attempt + 1)
+                membership = final.kind == "membership"  # elastic: a node joins; torchrun does not count it
+                why_not = None if membership else (
+                    self._why_not_restart(final, report, last=self.restarts_used == system.max_restarts)
+                    or self._exclude_suspects(final, report, attempt + 1))
                 if why_not:
                     if system.max_restarts:  # say why only where a restart was on the table
                         report.not_restarted = why_not
                     break
                 newest = self.checkpoints.newest_of_this_run()
                 resume = str(newest) if newest is not None else None
-                delay = backoff(system.restart_backoff, streak)
-                streak += 1
-                logger.warning(f"attempt {attempt} failed ({final.message}); restart {attempt + 1} of "
-                               f"{system.max_restarts} in {delay:g} s, "
+                delay = 0.0 if membership else backoff(system.restart_backoff, streak)
+                if not membership:
+                    streak += 1
+                    self.restarts_used += 1
+                logger.warning(f"attempt {attempt} " + ("ended" if membership else "failed") + f" ({final.message}); "
+                               + ("restarting" if membership else
+                                  f"restart {self.restarts_used} of {system.max_restarts}") + f" in {delay:g} s, "
                                + (f"resuming from {resume}" if resume else "starting as the first attempt did "
                                   "(no checkpoint written yet)"))
                 metrics.write({"type": "restart", "time": time.time(), "attempt": attempt + 1,
                                "after": final.message, "exit_code": final.exit_code, "resume": resume,
+                               "membership": membership, "restarts_used": self.restarts_used,
                                "excluded_gpus": list(self.exclusion.excluded), "world_size": self.plan.world_size})
+                attempt += 1
                 signum = pause(delay)
                 if signum is not None:
-                    final = _stop_cause(signum, f"during the pause before attempt {attempt + 1}")
+                    final = _stop_cause(signum, f"during the pause before attempt {attempt}")
                     break
         except KeyboardInterrupt:  # Ctrl-C in the instant between an attempt's handlers and the pause
             final = _stop_cause(signal.SIGINT, "between attempts")
@@ -331,8 +340,9 @@ class Job:
         run_env = RunEnv(run_id=self.run_id, run_dir=str(self.run_dir), master_addr=setup.master_addr,
                          master_port=setup.master_port, supervisor_pid=os.getpid(),
                          config_path=str(self.run_dir / "config.json"), dataset_cache=self.dataset_path,
-                         restart_count=attempt, max_restarts=cfg.system.max_restarts, resume=setup.resume or "",
-                         world_size=setup.world_size, node_rank=self.rendezvous.node_rank,
+                         restart_count=self.restarts_used, max_restarts=cfg.system.max_restarts,
+                         resume=setup.resume or "",
+                         world_size=setup.world_size, node_rank=self.rendezvous.group_rank,
                          nnodes=self.rendezvous.nnodes, trace_dir=str(trace_dir), role=self.launch.torchrun.role,
                          signals_to_handle=self.launch.torchrun.signals_to_handle,
                          virtual_local_rank=self.launch.torchrun.virtual_local_rank,
@@ -418,7 +428,7 @@ class Job:
             exit_code=exit_code, outcome="success" if cause is None else cause.kind, started_at=self.started_at,
             duration_s=round(time.monotonic() - self.t0, 3), root_cause=cause,
             workers=last.workers if last else [], teardown_s=last.teardown_s if last else None, notes=self.notes,
-            max_restarts=self.cfg.system.max_restarts, restarts=max(0, len(attempts) - 1), attempts=attempts,
+            max_restarts=self.cfg.system.max_restarts, restarts=self.restarts_used, attempts=attempts,
             node_rank=self.rendezvous.node_rank, nnodes=self.rendezvous.nnodes, nodes=self.rendezvous.nodes,
             final_save=last.final_save if last else None,
             stragglers=self.stragglers, hang_timeouts=self.timeouts.learned(),

@@ -138,7 +138,7 @@ class Summary:
     teardown_s: float | None = None  # first failure -> last worker gone
     notes: list[str] = field(default_factory=list)
     max_restarts: int = 0
-    restarts: int = 0  # attempts after the first
+    restarts: int = 0  # failures restarted (an elastic job's membership restarts are attempts, not these)
     attempts: list[AttemptReport] = field(default_factory=list)  # every start, oldest first
     node_rank: int = 0  # multi-node: this node
     nnodes: int = 1

@@ -368,8 +368,8 @@ class Supervision:
                     # ranks agree on a last step and save the checkpoint together
                     logger.warning(f"{remote.message}: asking this node's workers to stop at a step boundary")
                     self._stop_all(now)
-                elif remote.kind == "terminated":  # the same for a stop request (a preemption) there
-                    self._save_and_stop(now, remote.message)
+                elif remote.kind in ("terminated", "membership"):  # the same for a stop request (a preemption)
+                    self._save_and_stop(now, remote.message)  # there, and for a node asking to join (elastic)
                 else:
                     logger.error(f"the job failed on another node: {remote.message}; stopping this node's workers")
                     self._terminate_all(now)
