@@ -5,11 +5,11 @@ SIGINT inherited as ignored stays ignored for the whole run."""
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import orjson
@@ -37,19 +37,34 @@ def _start(cwd: Path, corpus: Path, *extra: str, ignore_sigint: bool = False) ->
            "--set", f"data.dataset={corpus}", "--set", f"data.cache_dir={cwd / 'cache'}", *extra]
     if ignore_sigint:  # as a shell's background job or a CI runner leaves it
         cmd = ["bash", "-c", 'trap "" INT; exec "$@"', "bash", *cmd]
-    return subprocess.Popen(cmd, cwd=cwd, env=sh.env(), stdout=subprocess.PIPE,
+    return subprocess.Popen(cmd, cwd=cwd, env=sh.env(), stdout=subprocess.PIPE, preexec_fn=_two_cpus,
                             stderr=open(cwd / "stderr.txt", "w"), text=True)  # noqa: SIM115 - closed with the process
+
+
+def _two_cpus() -> None:
+    """The build starts one tokenizer process per CPU it may use: two, whatever this machine has."""
+    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
 
 
 def _building(cwd: Path, proc: subprocess.Popen) -> list[psutil.Process]:
     """Once the tokenizer pool runs: every process below the supervisor."""
     def pool_running() -> bool:
-        if BUILDING not in (cwd / "stderr.txt").read_text():
-            return False
-        return len(psutil.Process(proc.pid).children(recursive=True)) >= 5  # guard, tracker, forkserver, 2 workers
+        return BUILDING in (cwd / "stderr.txt").read_text() and len(_pool(proc)) == 2
 
     assert sh.wait_for(pool_running, timeout=120), (cwd / "stderr.txt").read_text()
     return psutil.Process(proc.pid).children(recursive=True)
+
+
+def _pool(proc: subprocess.Popen) -> list[psutil.Process]:
+    """The tokenizer processes: children of the forkserver, itself a child of the supervisor."""
+    found = []
+    for p in psutil.Process(proc.pid).children(recursive=True):
+        try:
+            if "multiprocessing.forkserver" in " ".join(p.cmdline()) and p.ppid() != proc.pid:
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
 
 
 def _all_gone(procs: list[psutil.Process], timeout: float = 60) -> list[str]:
@@ -60,9 +75,19 @@ def _all_gone(procs: list[psutil.Process], timeout: float = 60) -> list[str]:
     return [f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in alive()]
 
 
+needs_a_pool = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
+                                  reason="with one CPU the build tokenizes in-process: there is no pool")
+
+
+@needs_a_pool
 def test_sigkill_during_the_build_leaves_no_process_behind(tmp_path, corpus):
+    """The supervisor stopped (Ctrl-Z) and then killed mid-build: its tokenizer processes, blocked
+    on the pool's pipes once their batches are done, would wait forever under the forkserver."""
     proc = _start(tmp_path, corpus)
     below = _building(tmp_path, proc)
+    pool = _pool(proc)
+    proc.send_signal(signal.SIGSTOP)
+    assert sh.wait_for(lambda: all(p.status() == psutil.STATUS_SLEEPING for p in pool), timeout=120)
     proc.kill()
     proc.wait()
     left = _all_gone(below)
@@ -72,10 +97,13 @@ def test_sigkill_during_the_build_leaves_no_process_behind(tmp_path, corpus):
     assert not left, left
 
 
+@needs_a_pool
 def test_sigterm_during_the_build_ends_with_143_and_a_summary(tmp_path, corpus):
     proc = _start(tmp_path, corpus)
     below = _building(tmp_path, proc)
+    proc.send_signal(signal.SIGSTOP)  # held mid-build: the SIGTERM is there when it goes on, whatever the load
     proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGCONT)
     assert proc.wait(timeout=120) == 143
     err = (tmp_path / "stderr.txt").read_text()
     assert "root cause: the supervisor received SIGTERM while preparing the dataset" in err, err
@@ -86,6 +114,7 @@ def test_sigterm_during_the_build_ends_with_143_and_a_summary(tmp_path, corpus):
     assert not list((tmp_path / "cache").glob("*/metadata.json"))  # the cut build published nothing
 
 
+@needs_a_pool
 def test_sigint_inherited_as_ignored_is_ignored_for_the_whole_run(tmp_path, corpus):
     """During the build (it completes) and while workers train (they keep training); SIGTERM stops it."""
     proc = _start(tmp_path, corpus, "--max-steps", "3", ignore_sigint=True)
