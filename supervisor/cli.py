@@ -58,7 +58,7 @@ def _nnodes(text: str) -> tuple[int, int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of nodes like 2 or a range like 1:4, got '{text}'") \
             from None
-    if not 1 <= lo <= hi:
+    if high and not 1 <= lo <= hi:  # a plain number is judged with the other node options (_node_spec)
         raise argparse.ArgumentTypeError(f"'{text}': expected 1 <= MIN <= MAX") from None
     return lo, hi
 
