@@ -213,6 +213,8 @@ class Agent:
         """A node other than 0: the round to join once node 0 opened one (None: not within the join timeout)."""
         deadline = time.monotonic() + self.join_timeout
         while (target := self.rounds.target()) is None:
+            if self.store.check(["a0/abort"]):  # node 0 failed before it could open a round (its dataset)
+                return 0, False
             if time.monotonic() >= deadline:
                 return None
             time.sleep(POLL_S)

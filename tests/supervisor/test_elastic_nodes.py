@@ -134,3 +134,16 @@ def test_a_late_node_agent_says_which_round_runs_without_it_then_waits():
     agent.handle({"cmd": "join", "attempt": 0, "record": {"host": "h2", "nproc": 1}})
     assert events[0] == {"event": "waiting", "attempt": 0, "round": 0, "members": [0]}
     assert events[1]["event"] == "join-closed" and "a1/node2" in store.values  # it waited for round 1
+
+
+def test_a_node_waiting_for_node_0_reports_node_0s_failure_before_any_round():
+    from supervisor.rendezvous.node_agent_main import Agent
+
+    cause = {"kind": "dataset", "exit_code": 3, "node": 0, "host": "h0", "rank": None, "device": None,
+             "stderr_tail": [], "message": "node 0 (h0): dataset: no such file"}
+    store = DictStore({"a0/abort": orjson.dumps(cause)})
+    agent = Agent(store, node_rank=1, nnodes=3, join_timeout=5.0, where="127.0.0.1:29500", rounds=_rounds(store, 1))
+    events: list[dict] = []
+    agent.emit = lambda event, **fields: events.append({"event": event, **fields})
+    agent.handle({"cmd": "join", "attempt": 0, "record": {"host": "h1", "nproc": 1}})
+    assert [e["event"] for e in events] == ["abort", "join-aborted"] and events[0]["cause"] == cause
