@@ -201,8 +201,9 @@ class Summary:
         for a in self.attempts[:-1]:
             resumed = f"; attempt {a.attempt + 1} resumed from {self.attempts[a.attempt + 1].resumed_from}" \
                 if self.attempts[a.attempt + 1].resumed_from else f"; attempt {a.attempt + 1} started afresh"
-            lines.append(f"attempt {a.attempt} failed with exit code {a.exit_code}: "
-                         f"{a.root_cause.message if a.root_cause else a.outcome}{resumed}")
+            ended = "was restarted for a membership change" if a.outcome == "membership" \
+                else f"failed with exit code {a.exit_code}"  # elastic: a node asked to join
+            lines.append(f"attempt {a.attempt} {ended}: {a.root_cause.message if a.root_cause else a.outcome}{resumed}")
         last = self.attempts[-1]
         if last.not_restarted:
             lines.append(f"not restarted: {last.not_restarted}")

@@ -98,6 +98,8 @@ class MultiNode:
             except NodeLinkError as exc:
                 return RootCause("node", exc.exit_code, str(exc), node=self.node_rank, host=self.host)
             return RootCause.from_dict(remote) if remote is not None else None
+        if cause.kind == "membership":  # node 0's agent published it for every node: nobody's failure
+            return cause
         ours = self._as_job_cause(cause) if cause.node is None else dataclasses.asdict(cause)
         winner = self.link.winner(attempt) or ours
         if winner["message"] != ours["message"]:

@@ -115,6 +115,7 @@ def test_min_starts_the_job_and_a_late_node_joins_at_the_next_restart(tmp_path):
     assert code0 == 0, err0[-3000:]
     assert code2 == 0, err2[-3000:]
     assert "this node waits to join at its next restart" in err2
+    assert "attempt 0 was restarted for a membership change: node 2 (" in err0 and "also on this node" not in err0
     assert "rank 0/2 sum=2 group 0/2 restart_count 0" in out0
     assert "rank 1/2 sum=2 group 1/2 restart_count 0" in out2  # GROUP_RANK: its place among the nodes admitted
     s0, s2 = _summary(tmp_path, 0), _summary(tmp_path, 2)
