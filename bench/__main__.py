@@ -41,10 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=sorted(benches), help="run just this benchmark (repeatable)")
     parser.add_argument("--no-record", action="store_true", help="do not append to bench/RESULTS.md")
     parser.add_argument("--gpu", action="store_true",
-                        help="only the GPU rows of the worker and checkpoint benchmarks (needs a CUDA GPU)")
+                        help="only the GPU rows of the worker and checkpoint benchmarks, and live recovery over "
+                             "NCCL (needs CUDA GPUs)")
     args = parser.parse_args(argv)
 
-    chosen = ["worker", "checkpoint"] if args.gpu else args.only or sorted(benches)
+    chosen = ["worker", "checkpoint", "live_recovery"] if args.gpu else args.only or sorted(benches)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     machine = describe()
     outcomes: dict[str, dict] = {}

@@ -8,6 +8,7 @@ Both sides import the names from here; tests/gpuherd/test_contract.py pins them.
 from __future__ import annotations
 
 import os
+import signal
 from dataclasses import dataclass
 
 # torchrun's variables (torch/distributed/elastic/agent/server/local_elastic_agent.py)
@@ -30,10 +31,20 @@ SUPERVISOR_PID = "GPUHERD_SUPERVISOR_PID"  # for the parent-death check
 SUPERVISED = "GPUHERD_SUPERVISED"  # "1": the supervisor prefixes our lines
 RESUME = "GPUHERD_RESUME"  # set on a restarted attempt: the checkpoint to resume from (overrides training.resume)
 TRACE_DIR = "GPUHERD_TRACE_DIR"  # where a rank dumps its collective trace when the supervisor asks (gpuherd/liveness.py)
+LIVE_RECOVERY = "GPUHERD_LIVE_RECOVERY"  # "1": a warm spare stands by; a rank that loses a peer rejoins a rebuilt group
+SPARE = "GPUHERD_SPARE"  # "1": a warm spare: import, map the dataset, then wait on stdin for the rank it replaces
+JOIN_GENERATION = "GPUHERD_JOIN_GENERATION"  # in a spare's assignment: the rebuilt group it joins (1, 2, ...)
+
+# What the supervisor sends gpuherd's own worker (worker/signals.py). Real-time signals, which no
+# shell, terminal or SLURM ever sends: SLURM signals every process of a job step on scancel, a
+# preemption or the time limit, so a worker's own SIGTERM/SIGINT/SIGHUP/SIGUSR1/SIGUSR2 can only be
+# a stop request, never the supervisor's "exit now". A --script keeps torchrun's SIGTERM/SIGUSR1.
+TEARDOWN_SIGNAL = signal.SIGRTMIN  # the run is being torn down: exit now, no collectives, no save
+STACKS_SIGNAL = signal.SIGRTMAX  # a hang verdict: dump every thread's Python stack, training goes on
 
 GPUHERD_VARS = (
     GPU_RANK, DEVICE_KIND, DEVICE_ID, DEVICE_UUID, CONFIG_PATH, RUN_DIR, DATASET_CACHE,
-    STATUS_FD, SUPERVISOR_PID, SUPERVISED, RESUME, TRACE_DIR,
+    STATUS_FD, SUPERVISOR_PID, SUPERVISED, RESUME, TRACE_DIR, LIVE_RECOVERY, SPARE, JOIN_GENERATION,
 )
 
 

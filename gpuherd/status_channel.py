@@ -26,7 +26,7 @@ except ImportError:  # a script's own interpreter (PYTHON_EXEC): json writes the
     orjson = None  # type: ignore[assignment]
 
 RECORD_TYPES = ("ready", "step", "eval", "checkpoint", "checkpoint_write", "phase", "nan", "spike", "suspect", "done",
-                "error", "alive")
+                "error", "alive", "stop", "live")
 PIPE_BUF = 4096
 
 

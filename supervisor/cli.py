@@ -36,6 +36,7 @@ class Launch:
     verbose: bool = False
     node: NodeSpec = field(default_factory=NodeSpec)  # multi-node: which node this supervisor is
     store: SingleStore | None = None  # one node: where torchrun's flags put the workers' store
+    requeue: int = 0  # --slurm: SLURM_RESTART_COUNT; >= 1 continues the requeued job's run (supervisor/requeue.py)
     notices: list[str] = field(default_factory=list)  # said at INFO once logging is set up
     torchrun: TorchrunLaunch = field(default_factory=TorchrunLaunch)  # role, signals, NUMA, virtual local rank
 
@@ -127,6 +128,10 @@ def _add_restart_flags(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--restart-backoff", type=_seconds, default=None, metavar="S",
                    help="seconds to wait between a failed attempt's teardown and the restart (default 0.2, "
                         "doubling for each further quick failure in a row, at most 60)")
+    r.add_argument("--spares", type=int, default=None, metavar="K",
+                   help="warm spare workers per node (default 1 with --max-restarts > 0, 0 turns live recovery "
+                        "off): a lost rank of the built-in DDP trainer is replaced by one while the others keep "
+                        "running, with no checkpoint read; otherwise every worker restarts")
     r.add_argument("--restart-on-nan", action="store_true",
                    help="restart after a NaN stop (exit 6) too; by default a NaN stop ends the run")
     r.add_argument("--exclude-suspect-gpus", action="store_true",
@@ -165,7 +170,7 @@ def _add_script_flags(parser: argparse.ArgumentParser) -> None:
 
 # flags whose value goes to `system.<same name>` (store_true flags only when given)
 _SYSTEM_FLAGS = ("nproc", "gpus", "isolate", "hang_timeout", "grace_period", "stop_timeout", "log_ranks",
-                 "collapse_logs", "max_restarts", "restart_backoff", "restart_on_nan", "exclude_suspect_gpus",
+                 "collapse_logs", "max_restarts", "spares", "restart_backoff", "restart_on_nan", "exclude_suspect_gpus",
                  "preflight", "report")
 
 
@@ -194,7 +199,7 @@ def parse(argv: list[str], prog: str = PROG) -> Launch:
     cfg = config_from_args(args, extra + torchrun.overrides)
     return Launch(config=cfg, script=script, nproc_explicit=args.nproc is not None, force=args.force,
                   run_id=args.run_id, verbose=args.verbose, node=node, store=torchrun.store,
-                  notices=torchrun.notices, torchrun=torchrun)
+                  notices=torchrun.notices, torchrun=torchrun, requeue=args.requeue)
 
 
 def _script(args: argparse.Namespace, prog: str) -> Script | None:
@@ -223,6 +228,7 @@ def _script(args: argparse.Namespace, prog: str) -> Script | None:
 def _node_spec(args: argparse.Namespace) -> NodeSpec:
     """--nnodes/--node-rank/--master-addr/--master-port (or SLURM's environment), checked."""
     nnodes, node_rank, addr, port = args.nnodes, args.node_rank, args.master_addr, args.master_port
+    args.requeue = 0
     if args.slurm:
         slurm = _read_slurm(addr)
         nnodes = slurm.nnodes if nnodes is None else nnodes
@@ -231,6 +237,7 @@ def _node_spec(args: argparse.Namespace) -> NodeSpec:
         port = slurm.master_port if port is None else port
         if args.run_id is None:
             args.run_id = f"slurm-{slurm.job_id}"
+        args.requeue = slurm.restart_count
         if args.nproc is None and args.gpus is None and slurm.gpus_on_node and slurm.cuda_visible_devices is None:
             args.nproc = slurm.gpus_on_node  # SLURM said how many GPUs but did not hide the others
     nnodes = 1 if nnodes is None else nnodes

@@ -14,6 +14,7 @@ import dataclasses
 import os
 import shutil
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from gpuherd import contract
 from gpuherd.config import Config
 from gpuherd.exit_codes import ExitCode
 from gpuherd.log_writes import LOG_WRITES
+from supervisor import requeue as requeues
 from supervisor import run_dir as rundir
 from supervisor.cli import Launch
 from supervisor.gpus import DeviceError, DevicePlan
@@ -45,7 +47,10 @@ from supervisor.health import (
 )
 from supervisor.output import STDERR, Console, LogRouter, WorkerLog
 from supervisor.processes import (
+    LIVE_ENV,
     SAVE_AND_STOP,
+    AttemptLive,
+    LiveRecovery,
     OrphanGuard,
     RunEnv,
     StopRules,
@@ -54,7 +59,10 @@ from supervisor.processes import (
     WorkerProcess,
     become_subreaper,
     die_with_parent,
+    discard_spares,
+    helper_preexec,
     error_file_for,
+    live_for_attempt,
     python_env,
     script_env,
     spawn,
@@ -63,7 +71,16 @@ from supervisor.processes import (
     sweep_children,
     worker_env,
 )
-from supervisor.rendezvous import NodeLinkError, Rendezvous, Setup, SingleNode, StoreServer, training_fingerprint
+from supervisor.rendezvous import (
+    NodeLinkError,
+    Rendezvous,
+    Setup,
+    SingleNode,
+    StoreServer,
+    job_info,
+    stop_reason,
+    training_fingerprint,
+)
 from supervisor.restarts import STREAK_RESET_S, RunCheckpoints, SuspectExclusion, backoff, pause, refusal
 from supervisor.summary import AttemptReport, RootCause, Summary, WorkerReport, how_it_ended, now_iso, shell_code
 from supervisor.torchrun import (
@@ -74,6 +91,8 @@ from supervisor.torchrun import (
     timer_fifo,
     write_launcher_error_file,
 )
+
+TEARDOWN_NAME = signal.Signals(contract.TEARDOWN_SIGNAL).name
 
 
 @dataclass
@@ -90,6 +109,7 @@ class Attempt:
     metrics: MetricsSink
     stragglers: Stragglers
     suspects: SuspectWatch
+    live: LiveRecovery | None = None  # warm spares and live recovery (None: off)
     workers: list[WorkerProcess] = field(default_factory=list)
     timer: FileTimer | None = None  # TORCHELASTIC_ENABLE_FILE_TIMER=1: torch's file timer server
 
@@ -109,9 +129,13 @@ class Job:
         self.checkpoints = RunCheckpoints()
         self.stragglers: list[dict] = []  # every attempt's straggler warnings
         self.timeouts = self._learned_timeouts()
-        self.store_server = StoreServer(sys.executable, python_env(), die_with_parent())  # warm across attempts
+        self.store_server = StoreServer(sys.executable, python_env(), helper_preexec())  # warm across attempts
         self._guarded: set[int] = set()  # helper processes the orphan guard already knows
         self.exclusion = SuspectExclusion(self.cfg.system.exclude_suspect_gpus, multi_node=launch.node.multi)
+        self.recoveries: list[dict] = []  # every live recovery of every attempt (summary.json)
+        self.requeue = launch.requeue  # SLURM requeued the job this many times: its run goes on here
+        self.log_base = requeues.log_dir(run_dir, self.requeue)
+        self.earlier_starts = requeues.earlier_starts(run_dir, self.requeue) if self.requeue else []
         self.guard: OrphanGuard | None = None  # started before the dataset build (start_guard)
         self.restarts_used = 0  # failures restarted (--max-restarts); an elastic membership change is not one
 
@@ -176,10 +200,10 @@ class Job:
         metrics = MetricsSink(self.run_dir / "metrics.jsonl")
         attempts: list[AttemptReport] = []
         final: RootCause | None = None
-        resume: str | None = None
+        resume = self._requeue_resume(metrics)
         streak = 0  # quick failures in a row: each doubles the pause
-        attempt = 0
         try:
+            attempt = 0
             while True:
                 report = self.run_attempt(attempt, resume, guard, metrics)
                 attempts.append(report)
@@ -188,8 +212,9 @@ class Job:
                 if final is None:
                     break
                 membership = final.kind == "membership"  # elastic: a node joins; torchrun does not count it
+                used = self.restarts_used + self._recovered()  # --max-restarts counts recoveries and restarts alike
                 why_not = None if membership else (
-                    self._why_not_restart(final, report, last=self.restarts_used == system.max_restarts)
+                    self._why_not_restart(final, report, last=used >= system.max_restarts)
                     or self._exclude_suspects(final, report, attempt + 1))
                 if why_not:
                     if system.max_restarts:  # say why only where a restart was on the table
@@ -202,19 +227,19 @@ class Job:
                     streak += 1
                     self.restarts_used += 1
                 logger.warning(f"attempt {attempt} " + ("ended" if membership else "failed") + f" ({final.message}); "
-                               + ("restarting" if membership else
-                                  f"restart {self.restarts_used} of {system.max_restarts}") + f" in {delay:g} s, "
+                               + ("restarting" if membership else f"restart {used + 1} of {system.max_restarts}")
+                               + f" in {delay:g} s, "
                                + (f"resuming from {resume}" if resume else "starting as the first attempt did "
                                   "(no checkpoint written yet)"))
                 metrics.write({"type": "restart", "time": time.time(), "attempt": attempt + 1,
                                "after": final.message, "exit_code": final.exit_code, "resume": resume,
                                "membership": membership, "restarts_used": self.restarts_used,
                                "excluded_gpus": list(self.exclusion.excluded), "world_size": self.plan.world_size})
-                attempt += 1
                 signum = pause(delay)
                 if signum is not None:
-                    final = _stop_cause(signum, f"during the pause before attempt {attempt}")
+                    final = _stop_cause(signum, f"during the pause before attempt {attempt + 1}")
                     break
+                attempt += 1
         except KeyboardInterrupt:  # Ctrl-C in the instant between an attempt's handlers and the pause
             final = _stop_cause(signal.SIGINT, "between attempts")
         finally:
@@ -223,6 +248,21 @@ class Job:
             self.release_guard()
         return self.finish(final, attempts)
 
+    def _recovered(self) -> int:
+        return sum(1 for r in self.recoveries if r["outcome"] == "recovered")
+
+    def _requeue_resume(self, metrics: MetricsSink) -> str | None:
+        """A requeued job's first attempt resumes from the newest checkpoint its run saved so far."""
+        if not self.requeue:
+            return None
+        newest = requeues.replay_checkpoints(self.run_dir, self.checkpoints)
+        resume = str(newest) if newest is not None else None
+        logger.warning(f"SLURM requeued this job (SLURM_RESTART_COUNT={self.requeue}): run {self.run_id} goes on "
+                       f"in {self.run_dir}, this start's logs in {self.log_base.name}/, "
+                       + (f"resuming from {resume}" if resume else "no checkpoint of this run to resume from"))
+        metrics.write({"type": "requeue", "time": time.time(), "restart_count": self.requeue, "resume": resume,
+                       "log_dir": str(self.log_base)})
+        return resume
     def start_guard(self) -> OrphanGuard:
         """From here to the end nothing the supervisor starts can outlive it: every process
         (the dataset build's tokenizer pool and its forkserver, helpers, workers and what they
@@ -269,7 +309,7 @@ class Job:
     def run_attempt(self, attempt: int, resume: str | None, guard: OrphanGuard, metrics: MetricsSink) -> AttemptReport:
         """Start every worker once, supervise them to the end, clean up everything but the job's files."""
         started_at, t0 = now_iso(), time.monotonic()
-        log_dir = self.run_dir if attempt == 0 else self._attempt_dir(attempt)
+        log_dir = self._log_dir(attempt)
         try:
             setup = self.rendezvous.begin(attempt, self.plan, resume)
         except NodeLinkError as exc:
@@ -280,7 +320,7 @@ class Job:
                                  exit_code=cause.exit_code, outcome=cause.kind, root_cause=cause, resumed_from=resume,
                                  log_dir=str(log_dir), teardown_s=None, workers=[],
                                  excluded_gpus=list(self.exclusion.excluded))
-        att = self._prepare_attempt(attempt, setup, log_dir, metrics)
+        att = self._prepare_attempt(attempt, setup, log_dir, metrics, guard)
         cause = _timer_cause(self._supervise(att, guard), att)
         cause = self.rendezvous.settle(attempt, cause, att.sup.notes)
         self.stragglers += [{**found, "attempt": attempt} for found in att.stragglers.found]
@@ -293,9 +333,14 @@ class Job:
         final_save = sup.final_save()
         if final_save == "not saved" and cause is not None:
             cause = _save_cut(cause, sup.graceful.unfinished)
-        elif final_save == "saved" and self.checkpoints.newest_of_this_run() is not None:
-            sup.notes.append(f"the final checkpoint was saved: {self.checkpoints.newest_of_this_run()}")
+        elif final_save == "saved" and self.checkpoints.newest_of_this_run() is not None and cause is not None:
+            newest = self.checkpoints.newest_of_this_run()
+            # in the outcome itself: every node names the same checkpoint (rank 0 wrote it; each rank reported it)
+            cause = dataclasses.replace(cause, message=f"{cause.message}; checkpoint step "
+                                                       f"{self.checkpoints.step_of(newest)} saved: {newest}")
         self.notes += sup.notes
+        recoveries = att.live.settle() if att.live is not None else []
+        self.recoveries += recoveries
         teardown = None
         if sup.first_failure_at is not None and sup.all_gone_at is not None:
             teardown = round(max(0.0, sup.all_gone_at - sup.first_failure_at), 4)
@@ -303,24 +348,44 @@ class Job:
             attempt=attempt, started_at=started_at, duration_s=round(time.monotonic() - t0, 3),
             exit_code=int(cause.exit_code) if cause else 0, outcome="success" if cause is None else cause.kind,
             root_cause=cause, resumed_from=setup.resume, log_dir=str(log_dir), teardown_s=teardown,
-            workers=[_report(w, cause, att.monitor, self.mode == "script") for w in att.workers],
+            workers=[_report(w, cause, att.monitor, self.mode == "script") for _, w in sorted(sup.workers.items())],
+            recoveries=recoveries,
             stop_signal=signal.Signals(sup.stop_signal).name if sup.stop_signal else None, final_save=final_save,
             suspect_devices=att.suspects.devices(self.exclusion.enabled), excluded_gpus=list(self.exclusion.excluded))
 
-    def _attempt_dir(self, attempt: int) -> Path:
-        """attempt-N/ for a restart's logs; the run directory itself when its disk refuses a new one."""
+    def _log_dir(self, attempt: int) -> Path:
+        """Where an attempt's worker logs go: the run directory (requeue-N/ for a requeued SLURM
+        job's start), attempt-N/ below it for a restart; the directory above when its disk
+        refuses a new one."""
+        base = self.log_base
+        if base != self.run_dir:
+            try:
+                rundir.create(base, exist_ok=True)
+            except rundir.RunDirError as exc:
+                logger.warning(f"{exc}: this start logs into {self.run_dir}")
+                base = self.run_dir
+        if attempt == 0:
+            return base
         try:
-            return rundir.create(self.run_dir / f"attempt-{attempt}")
+            return rundir.create(base / f"attempt-{attempt}")
         except rundir.RunDirError as exc:
-            logger.warning(f"{exc}: attempt {attempt} logs into {self.run_dir}")
-            return self.run_dir
+            logger.warning(f"{exc}: attempt {attempt} logs into {base}")
+            return base
 
-    def _prepare_attempt(self, attempt: int, setup: Setup, log_dir: Path, metrics: MetricsSink) -> Attempt:
+    def _prepare_attempt(self, attempt: int, setup: Setup, log_dir: Path, metrics: MetricsSink,
+                         guard: OrphanGuard) -> Attempt:
         """Everything an attempt's supervision needs, before the first worker exists."""
         cfg, plan = self.cfg, setup.plan
+        multi, node = self.rendezvous.nnodes > 1, self.rendezvous.node_rank
+        # Multi-node: every node's first worker is CPU0/GPU0, so lines name the node too (n1/GPU0:),
+        # and the built-in trainer's console carries rank 0's training lines plus every rank's
+        # warnings and errors unless --log-ranks says otherwise (a --script's ranks print what
+        # they like, as under torchrun); every line of every rank is in its log file either way.
         logs = {s.rank: WorkerLog(s.rank, s.tag, log_dir / f"worker-rank{s.rank}-{s.tag}.log",
-                                  self.launch.torchrun.line_prefix(s.rank, s.local)) for s in plan.slots}
-        router = LogRouter(list(logs.values()), self.console, cfg.system.log_ranks, cfg.system.collapse_logs,
+                                  self.launch.torchrun.line_prefix(s.rank, s.local)
+                                  or (f"n{node}/{s.tag}:" if multi else None)) for s in plan.slots}
+        log_ranks = [0] if multi and self.mode == "train" and cfg.system.log_ranks is None else cfg.system.log_ranks
+        router = LogRouter(list(logs.values()), self.console, log_ranks, cfg.system.collapse_logs,
                            nccl_watch=_nccl_watch(plan))
         stragglers = Stragglers(cfg.system.straggler_factor, cfg.system.straggler_windows, metrics.write)
         monitor = Heartbeats([s.rank for s in plan.slots], time.monotonic(), self.timeouts,
@@ -330,13 +395,8 @@ class Job:
         if plan.kind == "cuda":  # NCCL's own dump on a watchdog timeout lands here (worker_env.flight_recorder_env)
             (trace_dir / "nccl-timeout").mkdir(parents=True, exist_ok=True)
         suspects = SuspectWatch(plan, attempt)
-        stop = StopRules(cfg.system.grace_period, self.stop_timeout,
-                         save_signal=SAVE_AND_STOP if self.mode == "train" else None)
-        sup = Supervision([], router, monitor, metrics, stop, finish_window=self.timeouts.policy.step_default,
-                          on_cause=self.rendezvous.publisher(attempt),
-                          on_record=_fan_out(self.checkpoints.observe, suspects.observe),
-                          script=self.mode == "script", unwatched_why=_unwatched_why(self.launch),
-                          trace_dir=trace_dir)
+        stop = StopRules(cfg.system.grace_period, self.stop_timeout) if self.mode == "train" \
+            else StopRules.for_script(cfg.system.grace_period, self.stop_timeout)
         run_env = RunEnv(run_id=self.run_id, run_dir=str(self.run_dir), master_addr=setup.master_addr,
                          master_port=setup.master_port, supervisor_pid=os.getpid(),
                          config_path=str(self.run_dir / "config.json"), dataset_cache=self.dataset_path,
@@ -348,7 +408,36 @@ class Job:
                          virtual_local_rank=self.launch.torchrun.virtual_local_rank,
                          timer_file=str(timer_fifo(os.environ, log_dir)) if file_timer_wanted(os.environ) else "")
         timer = FileTimer(Path(run_env.timer_file), log_dir / "file-timer.log") if run_env.timer_file else None
-        return Attempt(attempt, setup, logs, router, monitor, sup, run_env, metrics, stragglers, suspects, timer=timer)
+        live = live_for_attempt(
+            AttemptLive(cfg, self.command, plan, run_env, python_env(), log_dir, guard.watch),
+            budget=cfg.system.max_restarts - self.restarts_used - self._recovered(), attempt=attempt,
+            numbered_from=len(self.recoveries), script=self.mode == "script", multi_node=self.launch.node.multi,
+            write_metric=metrics.write)
+        observers = [self.checkpoints.observe, suspects.observe] + ([live.observe] if live is not None else [])
+        sup = Supervision([], router, monitor, metrics, stop, finish_window=self.timeouts.policy.step_default,
+                          on_cause=self._announcer(attempt), on_record=_fan_out(*observers),
+                          script=self.mode == "script", unwatched_why=_unwatched_why(self.launch),
+                          trace_dir=trace_dir, live=live)
+        return Attempt(attempt, setup, logs, router, monitor, sup, run_env, metrics, stragglers, suspects, timer=timer,
+                       live=live)
+
+    def _announcer(self, attempt: int) -> Callable[[RootCause], None]:
+        """What the supervision calls with this node's root cause the moment it has one: a stop
+        SLURM sent (scancel, the time limit, a preemption, a requeue) is named as that, in words
+        every node reports alike; then the other nodes are told."""
+        publish = self.rendezvous.publisher(attempt)
+
+        def announce(cause: RootCause) -> None:
+            signame = cause.message.rsplit(" ", 1)[-1]  # the supervision says "... received SIGTERM"
+            job_id = os.environ.get("SLURM_JOB_ID")
+            if cause.kind == "terminated" and signame.startswith("SIG") and job_id:
+                job = job_info(job_id) if signame not in ("SIGUSR1", "SIGUSR2") else {}
+                logger.debug(f"{signame} under SLURM: job {job_id}: " + " ".join(
+                    f"{k}={job.get(k)}" for k in ("JobState", "Reason", "PreemptTime", "Restarts")))
+                cause.message = stop_reason(signame, job, self.requeue) or cause.message
+            if publish is not None:
+                publish(cause)
+        return announce
 
     def _supervise(self, att: Attempt, guard: OrphanGuard) -> RootCause | None:
         """Spawn, watch until the end, and leave nothing of the attempt running."""
@@ -366,15 +455,18 @@ class Job:
                 error_file = error_file_for(att.logs[slot.rank].path)
                 error_file.unlink(missing_ok=True)  # only what this attempt's rank writes may be read back
                 binding = bindings[i] if bindings else None
-                w = spawn(bound(binding, self._command_of(slot.local)), lambda fd, slot=slot, ef=str(error_file):
-                          worker_env(base_env, plan, slot, att.run_env, fd, error_file=ef), slot,
-                          att.logs[slot.rank].path)
+                extra = LIVE_ENV if att.live is not None and not att.live.off else {}
+                w = spawn(bound(binding, self._command_of(slot.local)), lambda fd, slot=slot, ef=str(error_file),
+                          extra=extra: {**worker_env(base_env, plan, slot, att.run_env, fd, error_file=ef), **extra},
+                          slot, att.logs[slot.rank].path)
                 if binding is not None and not shutil.which("numactl"):
                     with contextlib.suppress(ProcessLookupError):  # already gone: its exit tells the rest
                         os.sched_setaffinity(w.pid, binding.cpus)  # before it starts a thread: they inherit it
                 sup.add_worker(w)
                 att.workers.append(w)
                 guard.watch(w.pgid)
+            if att.live is not None:
+                att.live.pool.fill()  # after the workers: a spare never delays the training start
             logger.debug(f"attempt {att.number}: spawned {len(att.workers)} worker(s); rendezvous store on "
                          f"{att.setup.master_addr}:{att.setup.master_port}")
             if store is not None:
@@ -410,8 +502,10 @@ class Job:
         if store is not None:
             store.stop()
             self.store_server.drop()  # the helper stays warm for the next attempt
+        if att.live is not None:
+            discard_spares(att.live.pool, guard.forget)
         sweep_children(exclude={guard.pid, self.rendezvous.helper_pid, self.store_server.pid})
-        for pgid in [w.pgid for w in att.workers]:
+        for pgid in {w.pgid for w in [*att.workers, *sup.workers.values()]}:
             guard.forget(pgid)
         sup.restore_signal_handlers()
 
@@ -433,7 +527,11 @@ class Job:
             final_save=last.final_save if last else None,
             stragglers=self.stragglers, hang_timeouts=self.timeouts.learned(),
             suspect_devices=[d for a in attempts for d in a.suspect_devices],
+            recoveries=self.recoveries,
+            slurm_restart_count=self.requeue, requeues=self.earlier_starts,
         )
+        nodes = self._gather_outcomes(summary)
+        summary.node_outcomes = nodes or []
         block = summary.block()
         try:
             summary.write(self.run_dir / "summary.json")
@@ -442,6 +540,9 @@ class Job:
             self.console.write(STDERR, summary.to_json() + b"\n")
         write_launcher_error_file(dict(os.environ), cause, summary.workers)
         logger.bind(file_only=True).info(block)  # the console gets it below, unprefixed
+        if nodes is None:  # node 0 prints the job's one summary, this node's outcome in it
+            block = (f"gpuherd: node {summary.node_rank} ended with exit {exit_code}; the job's summary is "
+                     f"printed by node 0; this node's: {self.run_dir}/summary.json")
         self.console.write(STDERR, block.encode() + b"\n")
         if self.cfg.system.report:
             from supervisor.views import report_after_run  # matplotlib: only when a report is wanted
@@ -453,6 +554,15 @@ class Job:
             logger.info(f"report: gpuherd report {self.run_dir} (HTML + figures from the run's files, "
                         "whenever you want them)")
         return exit_code
+
+
+    def _gather_outcomes(self, summary: Summary) -> list[dict] | None:
+        """Multi-node: every node's outcome on node 0, None on the others; [] on one node."""
+        if self.rendezvous.nnodes < 2:
+            return []
+        mine = {"node": summary.node_rank, "host": socket.gethostname(), "exit_code": summary.exit_code,
+                "outcome": summary.outcome, "final_save": summary.final_save, "run_dir": summary.run_dir}
+        return self.rendezvous.gather_outcomes(mine)
 
 
 def _fan_out(*observers: Callable[[dict], None]) -> Callable[[dict], None]:
@@ -543,7 +653,7 @@ def _report(w: WorkerProcess, cause: RootCause | None, monitor: Heartbeats | Non
         role = "interrupted"
     elif cause.kind == "terminated" and SAVE_AND_STOP.name in w.signalled and code == ExitCode.SIGTERM:
         role = "stopped"  # asked to save and stop, and did
-    elif w.signalled and any(s in ("SIGTERM", "SIGKILL") for s in w.signalled):
+    elif w.signalled and any(s in ("SIGTERM", "SIGKILL", TEARDOWN_NAME) for s in w.signalled):
         role = "victim"
     else:
         role = "ok" if code == 0 else "failed"

@@ -32,7 +32,7 @@ from supervisor.gpus import DeviceError, DevicePlan, plan_devices
 from supervisor.health import WARN, CheckReport, announce_devices, hang_timeouts, run_checks
 from supervisor.job import Job
 from supervisor.output import STDERR, Console
-from supervisor.processes import die_with_parent, ignored_notice, inherited_ignored, python_env, within_kill_wait
+from supervisor.processes import helper_preexec, ignored_notice, inherited_ignored, python_env, within_kill_wait
 from supervisor.rendezvous import MultiNode, NodeLinkError, SingleNode, bind_master, kill_wait
 from supervisor.summary import now_iso
 from supervisor.validation import LaunchError, validate_launch
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
 
 def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
     inherited_ignored()  # read before any handler of ours exists: what the caller left ignored stays so
-    _console_logging(launch.verbose, console)
+    _console_logging(launch.verbose, console, f"n{launch.node.node_rank}/" if launch.node.multi else "")
     cfg, node = launch.config, launch.node
     mode = "script" if launch.script else "train"
     if launch.script is None:  # the built-in trainer: a too-old torch is exit 2 here, not a crash in every worker
@@ -111,7 +111,7 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
         hang, _ = hang_timeouts(cfg.preset, cfg.system.hang_timeout, cfg.system.startup_timeout,
                                 script=mode == "script")
         job.rendezvous = MultiNode(node, cfg, mode, run_id, run_dir, bind_ip, listen, python_env(),
-                                   die_with_parent(), finish_wait=max(60.0, hang), run_id_given=bool(launch.run_id))
+                                   helper_preexec(), finish_wait=max(60.0, hang), run_id_given=bool(launch.run_id))
         if listen is not None:
             listen.close()  # the agent holds it now
     try:
@@ -129,7 +129,8 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
 def _open_run_dir(launch: Launch, run_dir: Path, checks: CheckReport | None, console: Console) -> None:
     """logs/<run-id>/ with config.json, preflight.json and supervisor.log (exit 2 if it cannot be had)."""
     try:
-        rundir.create(run_dir, exist_ok=launch.force)  # one mkdir: of two runs with one --run-id, one wins
+        # one mkdir: of two runs with one --run-id, one wins; a requeued SLURM job continues its own run
+        rundir.create(run_dir, exist_ok=launch.force or launch.requeue > 0)
         write_bytes_atomic(run_dir / "config.json", launch.config.to_json() + b"\n")
         if checks is not None:
             write_bytes_atomic(run_dir / "preflight.json", orjson.dumps(checks.to_dict(), option=orjson.OPT_INDENT_2))
@@ -185,7 +186,7 @@ def _run_names(launch: Launch, console: Console) -> tuple[str, Path]:
         run_id = rundir.check_run_id(launch.run_id) if launch.run_id else rundir.new_run_id()
         # one directory per node: nodes sharing a filesystem (and a --run-id) never mix their files
         run_dir = rundir.run_dir_path(cfg.system.run_root, run_id if not node.multi else f"{run_id}-node{node.node_rank}")
-        rundir.ensure_free(run_dir, launch.force)
+        rundir.ensure_free(run_dir, launch.force or launch.requeue > 0)
     except rundir.RunDirError as exc:
         _refuse(console, str(exc), exc.exit_code)
     return run_id, run_dir
@@ -213,12 +214,13 @@ def _refuse(console: Console, message: str, code: int = ExitCode.USAGE) -> NoRet
     die(message, code)
 
 
-def _console_logging(verbose: bool, console: Console) -> None:
+def _console_logging(verbose: bool, console: Console, node: str = "") -> None:
     """The supervisor's own lines take the workers' way to the terminal: a terminal that
-    stops reading never blocks the loop that judges heartbeats and sends SIGKILL on time."""
+    stops reading never blocks the loop that judges heartbeats and sends SIGKILL on time.
+    `node`: "n1/" on a multi-node job, whose nodes' output often ends up in one file."""
     logger.remove()
     logger.add(lambda message: console.write(STDERR, str(message).encode(errors="replace")),
-               level="DEBUG" if verbose else "INFO", format="supervisor:{level} | {message}", colorize=False,
+               level="DEBUG" if verbose else "INFO", format=node + "supervisor:{level} | {message}", colorize=False,
                filter=lambda record: not record["extra"].get("file_only"))
 
 

@@ -92,6 +92,11 @@ class RunCheckpoints:
         self._saved[path] = (step, stamp)
         self._reporters[path] = {rank}
 
+    def step_of(self, path: Path) -> int | None:
+        """The step a reported checkpoint holds."""
+        saved = self._saved.get(path)
+        return saved[0] if saved is not None else None
+
     def newest_of_this_run(self) -> Path | None:
         for path, (_, stamp) in sorted(self._saved.items(), key=lambda item: item[1][0], reverse=True):
             try:

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from gpuherd.text import printable_tree
-from gpuherd.exit_codes import describe
+from gpuherd.exit_codes import ExitCode, describe
 from gpuherd.files import write_bytes_atomic
 
 RULE = "=" * 80
@@ -121,6 +121,7 @@ class AttemptReport:
     final_save: str | None = None  # a graceful stop's last checkpoint: "saved", "not saved", None: nothing said
     suspect_devices: list[SuspectDevice] = field(default_factory=list)
     excluded_gpus: list[int] = field(default_factory=list)  # suspect GPUs this attempt ran without
+    recoveries: list[dict[str, Any]] = field(default_factory=list)  # live recoveries (processes/live_recovery.py)
 
 
 @dataclass
@@ -147,6 +148,11 @@ class Summary:
     stragglers: list[dict[str, Any]] = field(default_factory=list)  # every straggler warning (health/stragglers.py)
     hang_timeouts: dict[str, float] = field(default_factory=dict)  # learned allowance per phase, seconds
     suspect_devices: list[SuspectDevice] = field(default_factory=list)  # every attempt's, oldest first
+    slurm_restart_count: int = 0  # SLURM requeued the job this often before this start (supervisor/requeue.py)
+    requeues: list[dict[str, Any]] = field(default_factory=list)  # the earlier starts of a requeued job, oldest first
+    node_outcomes: list[dict[str, Any]] = field(default_factory=list)  # node 0 of a multi-node job: every node's end
+    # every live recovery: a lost rank replaced by a warm spare, the others kept (each uses one of max_restarts)
+    recoveries: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> bytes:
         # printable_tree: a message may quote a file name with non-UTF-8 bytes; the summary is written anyway
@@ -158,19 +164,24 @@ class Summary:
     def block(self) -> str:
         """The console's root-cause block (or the one-line success note)."""
         if self.root_cause is None:
-            after = f" after {self.restarts} restart(s)" if self.restarts else ""
+            done = [f"{n} {what}" for n, what in ((self.restarts, "restart(s)"), (self._recovered(), "live recovery(ies)"))
+                    if n]
+            after = f" after {' and '.join(done)}" if done else ""
             lines = [f"gpuherd: run {self.run_id} finished: {len(self.workers)} worker(s) exited 0 in "
                      f"{self.duration_s:.1f} s{after}; logs in {self.run_dir}"]
             lines += [d.line(name_attempt=self.max_restarts > 0) for d in self.suspect_devices]
-            return "\n".join(lines + self._attempt_lines() + self._straggler_lines()
-                             + [f"note: {n}" for n in self.notes])
+            return "\n".join(lines + self._recovery_lines() + self._attempt_lines() + self._straggler_lines()
+                             + [f"note: {n}" for n in self.notes] + self._node_lines())
         rc = self.root_cause
+        if rc.kind in ("terminated", "interrupted") and self.exit_code != ExitCode.FAILURE:
+            return self._stopped_block()
         label = describe(self.exit_code, rc.script_code)
         label = "" if label == f"exit code {self.exit_code}" else f" ({label})"  # a script's code: no label
         lines = [RULE, f"gpuherd: run {self.run_id} FAILED with exit code {self.exit_code}{label}",
                  f"root cause: {rc.message}"]
         lines += [f"    {line}" for line in rc.evidence]
         lines += [d.line(name_attempt=self.max_restarts > 0) for d in self.suspect_devices]
+        lines += self._recovery_lines()
         lines += self._attempt_lines()
         if rc.traceback:  # the rank's own account (torch's @record): the stderr tail would repeat it
             lines.append(f"traceback of {rc.device} (rank {rc.rank}), from its error file:")
@@ -186,8 +197,46 @@ class Summary:
         lines += [f"note: {n}" for n in self.notes]
         if self.teardown_s is not None:
             lines.append(f"teardown: every worker gone {self.teardown_s * 1000:.0f} ms after the first failure")
+        lines += self._node_lines()
         lines += [f"details: {self.run_dir}/summary.json, worker logs in {self.run_dir}", RULE]
         return "\n".join(lines)
+
+    def _recovered(self) -> int:
+        return sum(1 for r in self.recoveries if r.get("outcome") == "recovered")
+
+    def _recovery_lines(self) -> list[str]:
+        lines = []
+        for r in self.recoveries:
+            if r.get("outcome") == "recovered":
+                lines.append(f"live recovery {r['number']}: rank {r['rank']} ({r['device']}) {r['failed']} -> spare pid "
+                             f"{r['replaced_by_pid']}, {r['seconds']:.2f} s to the next completed step, "
+                             f"{r['steps_redone']} completed step(s) redone, no checkpoint read")
+            else:
+                lines.append(f"live recovery {r['number']} of rank {r['rank']} ({r['device']}) failed: {r['failed']}")
+        return lines
+
+    def _stopped_block(self) -> str:
+        """A stop someone asked for (Ctrl-C, scancel, a time limit, a preemption) whose final
+        save completed, or had nothing to save: not a failure, so no failure block."""
+        lines = [f"gpuherd: run {self.run_id} stopped (exit {self.exit_code})", f"root cause: {self.root_cause.message}"]
+        lines += self._attempt_lines() + self._straggler_lines() + [f"note: {n}" for n in self.notes]
+        lines += self._node_lines()
+        lines.append(f"details: {self.run_dir}/summary.json, worker logs in {self.run_dir}")
+        return "\n".join(lines)
+
+    def _node_lines(self) -> list[str]:
+        """Node 0 of a multi-node job prints the job's one summary: how every node ended."""
+        if len(self.node_outcomes) < 2:
+            return []
+        lines = []
+        for n in self.node_outcomes:
+            if "exit_code" not in n:
+                lines.append(f"node {n.get('node')}: {n.get('outcome')}")
+                continue
+            save = f", final checkpoint {n['final_save']}" if n.get("final_save") else ""
+            lines.append(f"node {n['node']} ({n.get('host')}): exit {n['exit_code']} ({n.get('outcome')}){save}; "
+                         f"{n.get('run_dir')}")
+        return lines
 
     def _straggler_lines(self) -> list[str]:
         return [f"straggler: rank {s['rank']} computed {s['slowdown']:.2f}x slower than the others"

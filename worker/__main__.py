@@ -14,18 +14,23 @@ from pathlib import Path
 from gpuherd import contract
 from gpuherd.config import Config
 from gpuherd.contract import WorkerIdentity
+from gpuherd.exit_codes import ExitCode
 from gpuherd.status_channel import StatusWriter
 from worker.logs import setup_logging
 from worker.main import guarded
 
 
 def main() -> int:
+    if os.environ.get(contract.SPARE) == "1":
+        from worker.spare import stand_by
+
+        if not stand_by():  # retired before it was needed
+            return 0
     identity = WorkerIdentity.from_env()
     setup_logging(identity, "INFO")
     status = StatusWriter.from_env(identity.rank)
 
     def body() -> int:
-        from gpuherd.exit_codes import ExitCode
         from worker.distributed import WorkerError
 
         parent = os.environ.get(contract.SUPERVISOR_PID)
@@ -55,5 +60,17 @@ def main() -> int:
     return guarded(body, status)
 
 
+def _exit(code: int) -> None:
+    """A graceful stop has saved its checkpoint and reported everything: leave without the
+    interpreter's teardown, which can block in the garbage collection of torch's distributed
+    objects (seen on a two-node gloo job stopped by scancel: the worker sat in it until the
+    stop timeout SIGKILLed it, and SLURM's KillWait would have ended the job next)."""
+    if code not in (ExitCode.SIGINT, ExitCode.SIGTERM):
+        sys.exit(code)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit(main())

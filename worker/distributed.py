@@ -108,6 +108,57 @@ def init_process_group(cfg: Config, identity: WorkerIdentity, device: torch.devi
         dist.distributed_c10d._set_pg_timeout(COLLECTIVE_TIMEOUT)
 
 
+def join_generation(cfg: Config, identity: WorkerIdentity, device: torch.device, generation: int) -> None:
+    """Form rebuilt group `generation` of a live recovery: the same store (the supervisor's,
+    MASTER_ADDR:MASTER_PORT) under a prefix of its own, so no key of an earlier group is read
+    back, and the same world size (a spare takes the lost rank). Exit 5 if it does not form
+    within system.rendezvous_timeout (a second failure: the supervisor restarts everyone)."""
+    where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    timeout = timedelta(seconds=cfg.system.rendezvous_timeout)
+    try:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
+                              timeout=timeout, wait_for_workers=False)
+        kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
+        dist.init_process_group(backend_for(cfg, device), store=dist.PrefixStore(f"gpuherd-live/{generation}", store),
+                                rank=identity.rank, world_size=identity.world_size, timeout=timeout, **kwargs)
+        dist.barrier()
+    except (RuntimeError, ValueError, TimeoutError, KeyError) as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise WorkerError(f"live recovery: rebuilt group {generation} did not form within "
+                          f"{cfg.system.rendezvous_timeout:g}s (system.rendezvous_timeout): rank {identity.rank} of "
+                          f"{identity.world_size} waited at {where}; {detail}", ExitCode.RENDEZVOUS) from None
+    if hasattr(dist.distributed_c10d, "_set_pg_timeout"):
+        dist.distributed_c10d._set_pg_timeout(COLLECTIVE_TIMEOUT)
+
+
+def leave_broken_group() -> None:
+    """Drop a process group a lost peer broke. NCCL: abort the communicators first, so nothing
+    waits for the collective timeout on a peer that is gone; gloo has raised already."""
+    if not active():
+        return
+    try:
+        if dist.get_backend() == "nccl" and hasattr(dist.distributed_c10d, "_abort_process_group"):
+            dist.distributed_c10d._abort_process_group()
+        else:
+            dist.destroy_process_group()
+    except RuntimeError:
+        pass  # a group that cannot even be torn down cleanly is dropped all the same
+    if active():
+        dist.distributed_c10d._world.default_pg = None
+
+
+# What a collective raises on a rank whose peer died: gloo's closed or reset connection, the
+# store's lost socket, NCCL's aborted communicator. Anything else is this rank's own failure.
+PEER_LOSS_WORDS = ("connection closed by peer", "connection reset by peer", "connection was likely closed",
+                   "broken pipe", "communicator was aborted", "nccl communicator", "remote worker crashing")
+
+
+def is_peer_loss(exc: BaseException) -> bool:
+    if isinstance(exc, (dist.DistNetworkError, dist.DistBackendError)):
+        return True
+    return isinstance(exc, RuntimeError) and any(w in str(exc).lower() for w in PEER_LOSS_WORDS)
+
+
 def active() -> bool:
     return dist.is_available() and dist.is_initialized()
 
@@ -156,9 +207,11 @@ class StopVote:
             return cls(dist.group.WORLD)
         return cls(dist.new_group(backend="gloo"))
 
-    def any(self, local: bool) -> bool:
+    def highest(self, local: int) -> int:
+        """The largest of every rank's `local` (a stop's exit code, 0 for none): every rank
+        stops at the same step with the same code."""
         if self.group is None:
             return local
-        flag = torch.tensor([1 if local else 0], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-        return bool(flag.item())
+        value = torch.tensor([local], dtype=torch.int32)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.group)
+        return int(value.item())

@@ -98,6 +98,11 @@ class StepReporter:
         self.window_step, self.window_start = start_step, now
         self.last_heartbeat = time.monotonic()
 
+    def restart_window(self, step: int) -> None:
+        """Throughput from here on: a spare that took a lost rank at `step` trained none before it."""
+        self.run_start_step = self.window_step = step
+        self.run_start = self.window_start = time.perf_counter()
+
     def should_log(self, step: int) -> bool:
         return step % self.log_every == 0 or step == self.max_steps - 1
 

@@ -50,13 +50,16 @@ from worker.staging import HostStager, memory_problem, stager_missing
 
 class Saver:
     def __init__(self, checkpointer: Checkpointer, status: StatusWriter, live: Liveness, bracket: str,
-                 want_async: bool, exit_wait_s: float) -> None:
+                 want_async: bool, exit_wait_s: float, agreed: tuple[str | None] | None = None) -> None:
+        """`agreed`: the ranks' verdict on blocking saves, when it was taken without this rank (a
+        spare replacing a lost rank: worker/live_recovery.py), instead of agreeing on it now."""
         self.ckpt, self.status, self.live, self.bracket = checkpointer, status, live, bracket
         self.exit_wait_s = exit_wait_s
         self.stats = SaveStats()
         self.inflight: BackgroundWrite | None = None
         self._lock = threading.Lock()  # the writer thread's reports vs the loop's reads of stats
-        why_not = self._why_blocking(want_async)
+        why_not = agreed[0] if agreed is not None else self._why_blocking(want_async)
+        self.why_blocking = why_not
         self.background = why_not is None
         if why_not and want_async:
             self._log0(f"{bracket} checkpoints are written while the loop waits: {why_not}")

@@ -27,6 +27,7 @@ from worker.checkpoint import Checkpointer, meta_base, run_id_from_env
 from worker.data import DataBundle, Prefetched, cache_bundle
 from worker.distributed import StopVote, WorkerError
 from worker.engines import Engine, Precision, StepCheck, build_engine, compile_enabled, needs_process_group, plan_layout
+from worker.live_recovery import Joining, LiveRecovery, join_as_newcomer
 from worker.logs import setup_logging
 from worker.mfu import FlopsModel
 from worker.model import ModelArgs
@@ -49,22 +50,27 @@ def run(cfg: Config, identity: WorkerIdentity, *, cache_dir: Path | None = None,
     uuid = wdist.check_device_uuid(device, os.environ.get(contract.DEVICE_UUID))
     status = status or StatusWriter.from_env(identity.rank)
     status.send("ready", device=str(device), uuid=uuid, pid=os.getpid())
+    wsignals.report_stops(sig, lambda name: status.send("stop", signal=name))
     trace_dir = os.environ.get(contract.TRACE_DIR)
     live = Liveness(status, trace_dir=Path(trace_dir) if trace_dir else None, dump=dump_collective_trace).start()
     try:
-        if identity.world_size > 1:
+        joining = _join_if_spare(cfg, identity, device, status, live)
+        if identity.world_size > 1 and joining is None:
             _rendezvous(cfg, identity, device, status, live)
         if data is None:
             if cache_dir is None:
                 raise WorkerError("no dataset cache given (GPUHERD_DATASET_CACHE)", ExitCode.DATA)
             data = cache_bundle(cache_dir, cfg.model.vocab_size, cfg.training.batch_size, cfg.data.context_length,
                                 identity.rank, identity.world_size, cfg.system.seed, cfg.data.verify_cache)
-        # every rank plans with the smallest GPU of the run, so all choose the same layout
-        layout, note = plan_layout(cfg, data.vocab_size, identity.world_size, wdist.smallest_device_memory(device))
+        if joining is not None:  # the survivors' layout, as they planned it
+            layout, note = joining.layout, joining.note
+        else:  # every rank plans with the smallest GPU of the run, so all choose the same layout
+            layout, note = plan_layout(cfg, data.vocab_size, identity.world_size,
+                                       wdist.smallest_device_memory(device))
         if identity.world_size == 1 and needs_process_group(layout.strategy):
             _rendezvous(cfg, identity, device, status, live)
         trainer = Trainer(cfg, identity, device, layout, data, status, run_dir, sig, live, note,
-                          run_id_from_env() if run_id is None else run_id)
+                          run_id_from_env() if run_id is None else run_id, joining=joining)
         return trainer.train()
     finally:
         live.stop()
@@ -78,11 +84,25 @@ def _rendezvous(cfg: Config, identity: WorkerIdentity, device: torch.device, sta
     wdist.init_process_group(cfg, identity, device)
 
 
+def _join_if_spare(cfg: Config, identity: WorkerIdentity, device: torch.device, status: StatusWriter,
+                   live: Liveness) -> Joining | None:
+    """A warm spare given a lost rank (GPUHERD_JOIN_GENERATION): join the survivors' rebuilt group."""
+    generation = int(os.environ.get(contract.JOIN_GENERATION) or 0)
+    if generation <= 0:
+        return None
+    status.send("phase", name="rendezvous")
+    live.at("rendezvous")
+    return join_as_newcomer(cfg, identity, device, generation)
+
+
 class Trainer:
     def __init__(self, cfg: Config, identity: WorkerIdentity, device: torch.device, layout: Layout, data: DataBundle,
                  status: StatusWriter, run_dir: Path | None, sig: wsignals.SignalState, live: Liveness,
-                 layout_note: str | None = None, run_id: str = "") -> None:
+                 layout_note: str | None = None, run_id: str = "", joining: Joining | None = None) -> None:
+        """`joining`: this process is a spare taking a lost rank: no checkpoint is read, the
+        state comes from a survivor (worker/live_recovery.py)."""
         self.cfg, self.identity, self.device, self.strategy = cfg, identity, device, layout.strategy
+        self.layout, self.layout_note = layout, layout_note
         self.data, self.status, self.sig, self.live = data, status, sig, live
         t = cfg.training
         status.send("phase", name="init")
@@ -97,7 +117,8 @@ class Trainer:
         if compile_enabled(cfg, device):
             status.send("phase", name="compile")
             live.at("compile")
-        self.engine: Engine = build_engine(cfg, self.args, layout, device, attention, identity.world_size)
+        self.engine: Engine = build_engine(cfg, self.args, layout, device, attention, identity.world_size,
+                                           joining=joining is not None)
         self.sync = GradientSync(self.engine.inner, layout.strategy, identity.world_size, live)
         n_params = self.engine.n_params
         self._log_rank0(f"{identity.bracket} model: {n_params / 1e6:.2f}M parameters, {self.args.n_layers} layers, "
@@ -113,8 +134,9 @@ class Trainer:
         self.checkpointer = Checkpointer(
             self.engine, Path(cfg.system.checkpoint_dir), t.keep_last, identity.rank, identity.world_size,
             meta_base(self.args, cfg.to_dict(), self.schedule.state_dict(), data.tokenizer), run_id)
-        self.start_step = self._resume()
-        self.saver = Saver(self.checkpointer, status, live, identity.bracket, t.async_save, cfg.system.stop_timeout)
+        self.start_step = self._resume() if joining is None else 0
+        self.saver = Saver(self.checkpointer, status, live, identity.bracket, t.async_save, cfg.system.stop_timeout,
+                           agreed=None if joining is None else (joining.saves_blocking,))
         self.step = self.saved_step = self.start_step
         if t.num_workers:  # after the resume: the sampler is at its restored position
             data.train = Prefetched(data.train, t.num_workers, pin=device.type == "cuda")
@@ -128,6 +150,10 @@ class Trainer:
         if data.describe is not None:  # what this run reads: sources, shares, epochs over max_steps
             self._log_rank0(f"{identity.bracket} {data.describe(tokens_per_step * identity.world_size * t.max_steps)}")
         self.skipped_steps = 0
+        self.recovery = LiveRecovery(self, joining)
+        if joining is not None:
+            self.recovery.join(joining)
+            self.reporter.restart_window(self.step)
 
     def _log_rank0(self, message: str) -> None:
         if self.identity.rank == 0:
@@ -180,21 +206,21 @@ class Trainer:
         t = self.cfg.training
         self.status.send("phase", name="train")
         self.engine.train()
+        self.recovery.announce()
+        self.recovery.mark()
         stopped = False
         while self.step < t.max_steps:
-            self.live.step(self.step)
-            with self.live.collective("all_reduce (stop vote)"):
-                stop = self.vote.any(self.sig.stop_requested)
-            if stop:
-                stopped = True
-                break
-            self.saver.poll()  # a background write that failed (a full disk) ends the run here
-            self._train_step()
-            self.step += 1
-            if t.eval_every and self.step % t.eval_every == 0 and self.data.make_val is not None:
-                self._paused("eval", self.evaluate)
-            if t.save_every and self.step % t.save_every == 0 and self.step < t.max_steps:
-                self._paused("checkpoint", self.save)
+            try:
+                if self._iteration():
+                    stopped = True
+                    break
+                continue
+            except Exception as exc:  # a peer lost mid-collective: rejoin the rebuilt group, or fail as before
+                if not self.recovery.can_rejoin(exc):
+                    raise
+                lost = " ".join(str(exc).split())[:200]
+            # out of the handler: the exception's frames, which hold the broken group, are gone
+            self.recovery.rejoin(lost)
         if self.step != self.saved_step:  # a stop right after a save (or before any step) has nothing new to save
             self._paused("checkpoint", lambda: self.save(final=True), back_to=None)
         else:  # that save may still be on its way to disk: the run is not over before it is
@@ -203,7 +229,7 @@ class Trainer:
             logger.info(f"{self.identity.bracket} {saves}")
         self.tb.close()
         if stopped:
-            logger.warning(f"{self.identity.bracket} stopped after {self.step} steps, as asked "
+            logger.info(f"{self.identity.bracket} stopped after {self.step} steps, as asked "
                            f"(exit {int(self.sig.stop_code)})")
             self.status.send("phase", name="shutdown")
             return int(self.sig.stop_code)
@@ -213,6 +239,25 @@ class Trainer:
         self.live.stop()  # `done` is the last record a finished rank sends
         self.status.send("done", step=self.step)
         return int(ExitCode.OK)
+
+    def _iteration(self) -> bool:
+        """One step and what follows it (eval, save); True when the ranks agreed to stop."""
+        t = self.cfg.training
+        self.live.step(self.step)
+        with self.live.collective("all_reduce (stop vote)"):  # 143 wins over 130: a stop request is a stop request
+            stop_code = self.vote.highest(int(self.sig.stop_code) if self.sig.stop_requested else 0)
+        if stop_code:
+            self.sig.stop_code = stop_code
+            return True
+        self.saver.poll()  # a background write that failed (a full disk) ends the run here
+        self._train_step()
+        self.step += 1
+        self.recovery.mark()
+        if t.eval_every and self.step % t.eval_every == 0 and self.data.make_val is not None:
+            self._paused("eval", self.evaluate)
+        if t.save_every and self.step % t.save_every == 0 and self.step < t.max_steps:
+            self._paused("checkpoint", self.save)
+        return False
 
     def _train_step(self) -> None:
         t, engine, step = self.cfg.training, self.engine, self.step

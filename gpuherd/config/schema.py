@@ -45,6 +45,7 @@ class SystemConfig:
     monitor_interval: float = limited(5.0, gt=0)  # seconds between GPU samples
     max_restarts: int = limited(0, ge=0)  # restart every worker after a failure, resuming from the newest checkpoint
     restart_backoff: float = limited(0.2, ge=0)  # seconds before the first restart; doubles for each further quick failure
+    spares: int = limited(-1, ge=-1)  # warm spare workers per node for live recovery; -1 = 1 when max_restarts > 0
     restart_on_nan: bool = False  # a NaN stop (exit 6) is restarted too, not only crashes and hangs
     exclude_suspect_gpus: bool = False  # after an exit 8, the restart runs without the suspect GPUs
     stop_timeout: float = limited(120.0, gt=0)  # a graceful stop (SIGTERM, Ctrl-C) with its final save, at most

@@ -71,6 +71,9 @@ def _check_relations(cfg: Config) -> None:
         raise ConfigError(f"training.warmup_steps ({t.warmup_steps}) must not exceed training.max_steps ({t.max_steps})")
     if t.strategy == "deepspeed" and not t.deepspeed_config:
         raise ConfigError("training.strategy=deepspeed needs training.deepspeed_config (a DeepSpeed JSON file)")
+    if cfg.system.spares > 0 and cfg.system.max_restarts == 0:
+        raise ConfigError(f"system.spares={cfg.system.spares} needs system.max_restarts > 0 (--max-restarts N): each "
+                          "live recovery uses one restart")
     if 0 < cfg.system.straggler_factor <= 1:
         raise ConfigError(f"system.straggler_factor must be 0 (off) or > 1, got {cfg.system.straggler_factor}")
     d = cfg.debug

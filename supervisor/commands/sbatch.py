@@ -4,6 +4,9 @@
       --output train.sbatch -- --preset gpt2-small --set training.max_steps=1000
   sbatch train.sbatch
 
+`--gpus-per-node 0` (or `--cpu`) writes a job for CPU-only nodes: no GPU request (a cluster
+without GRES rejects one), `--cpu-workers N` CPU workers per node.
+
 Everything after `--` goes to run_training.sh on every node. The script asks SLURM for
 one task per node (gpuherd runs one supervisor per node, and the supervisor starts the
 per-GPU workers itself, as torchrun does) and starts it with `run_training.sh --slurm`,
@@ -26,6 +29,7 @@ from supervisor import REPO_ROOT
 
 PROG = "python -m supervisor.commands.sbatch"
 CPUS_PER_GPU = 8  # the usual CPU share on GPU nodes: 8 tasks x 8 CPUs for 8 GPUs
+CPUS_PER_CPU_WORKER = 2  # a CPU worker: its compute threads and its data prefetch
 # SIGUSR1 this long before the time limit: every node saves a checkpoint and stops within
 # the stop timeout (120 s by default); SLURM may send it up to 60 s earlier (sbatch(1)).
 STOP_WARNING_S = 180
@@ -39,7 +43,7 @@ MEM_RE = re.compile(r"[0-9]+[KMGT]?", re.IGNORECASE)  # sbatch(1) --mem: size[un
 @dataclass(frozen=True)
 class SbatchOptions:
     nodes: int
-    gpus_per_node: int
+    gpus_per_node: int  # 0: CPU-only nodes
     cpus_per_task: int
     repo: Path  # absolute: the job cds here
     log_dir: Path  # absolute: sbatch resolves relative --output paths against the job's start directory
@@ -50,6 +54,12 @@ class SbatchOptions:
     mem: str | None = None
     train_args: tuple[str, ...] = ()
     stop_warning: int = STOP_WARNING_S  # seconds before the time limit SLURM sends SIGUSR1; 0: none
+    cpu_workers: int = 1  # CPU workers per node when gpus_per_node is 0
+    requeue: bool = False  # #SBATCH --requeue: SLURM may requeue the job (node failure, preemption)
+
+    @property
+    def devices(self) -> str:
+        return f"{self.gpus_per_node} GPU(s)" if self.gpus_per_node else f"{self.cpu_workers} CPU worker(s)"
 
 
 def render_sbatch(options: SbatchOptions) -> str:
@@ -60,28 +70,35 @@ def render_sbatch(options: SbatchOptions) -> str:
 def _header(o: SbatchOptions) -> list[str]:
     output = o.log_dir / "%x-%j.out"  # %x = job name, %j = job id (sbatch(1) filename pattern)
     directives = [
-        ("job-name", o.job_name), ("nodes", o.nodes), ("ntasks-per-node", 1), ("gres", f"gpu:{o.gpus_per_node}"),
+        ("job-name", o.job_name), ("nodes", o.nodes), ("ntasks-per-node", 1),
+        ("gres", f"gpu:{o.gpus_per_node}" if o.gpus_per_node else None),
         ("cpus-per-task", o.cpus_per_task), ("mem", o.mem), ("time", o.time), ("partition", o.partition),
         ("account", o.account), ("output", output), ("error", output),
+        # a requeued job (same id, same output file) adds to the first attempt's output, never truncates it
+        ("open-mode", "append"),
+        ("requeue", "" if o.requeue else None),
         # USR1 (not B:USR1): to every step's tasks, i.e. each node's supervisor, which saves and stops
         ("signal", f"USR1@{o.stop_warning}" if o.stop_warning else None),
     ]
     return [
         "#!/bin/bash",
-        f"# gpuherd: {o.nodes} node(s) x {o.gpus_per_node} GPU(s), written by `{PROG}` for the checkout {o.repo}",
+        f"# gpuherd: {o.nodes} node(s) x {o.devices}, written by `{PROG}` for the checkout {o.repo}",
         "# Submit: sbatch THIS_FILE    Follow: tail -f " + str(o.log_dir / f"{o.job_name}-JOBID.out"),
         "#",
         "# One task per node: gpuherd runs one supervisor per node and the supervisor starts",
         "# one worker per GPU itself, so SLURM must not start a task per GPU.",
         "# --signal=USR1@T: T seconds before the time limit every supervisor gets SIGUSR1 and its",
         "# workers save a checkpoint and stop (exit 143); scancel and preemption (SIGTERM) do the same.",
-        *(f"#SBATCH --{name}={value}" for name, value in directives if value is not None),
+        "# A requeued job (scontrol requeue, --requeue after a node failure) continues the same run:",
+        "# same logs/slurm-JOBID-node<r>/, resumed from its newest checkpoint.",
+        *(f"#SBATCH --{name}={value}".rstrip("=") for name, value in directives if value is not None),
     ]
 
 
 def _body(o: SbatchOptions) -> list[str]:
-    srun = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash", "run_training.sh", "--slurm",
-            *o.train_args]
+    workers = [] if o.gpus_per_node or "--nproc" in o.train_args else ["--nproc", str(o.cpu_workers)]
+    srun = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "bash", "run_training.sh", "--slurm",
+            *workers, *o.train_args]
     return [
         "",
         "set -euo pipefail",
@@ -102,8 +119,10 @@ def _body(o: SbatchOptions) -> list[str]:
         'echo "gpuherd: job $SLURM_JOB_ID on $SLURM_JOB_NUM_NODES node(s): $SLURM_JOB_NODELIST"',
         "",
         "# One supervisor per node. --slurm: node rank, node count, master address and port come",
-        "# from SLURM's environment (docs/slurm.md). --kill-on-bad-exit=1: when one node fails, the",
-        "# step ends on every node instead of the others waiting for a peer that is gone.",
+        "# from SLURM's environment (docs/slurm.md). --kill-on-bad-exit=0: the supervisors end the",
+        "# step on every node themselves when one node fails (a failure reaches every node through the",
+        "# job store within a second; a node that dies whole is named within ~10 s). srun's own kill",
+        "# would SIGTERM the survivors first, and they could no longer say which node was lost.",
         shlex.join(srun),
     ]
 
@@ -159,12 +178,20 @@ def parse(argv: list[str]) -> tuple[SbatchOptions, Path | None]:
     if re.search(r"[\s%]", str(log_dir)):
         die(f"the log directory {log_dir} contains whitespace or '%' (a filename pattern character in "
             "#SBATCH --output); choose another with --log-dir")
+    gpus = 0 if args.cpu else args.gpus_per_node
+    if gpus is None:
+        die("the following arguments are required: --gpus-per-node (0, or --cpu, for CPU-only nodes)")
+    if args.cpu and args.gpus_per_node:
+        die(f"--cpu and --gpus-per-node {args.gpus_per_node} contradict each other: a CPU job asks for no GPU")
+    if gpus and args.cpu_workers is not None:
+        die("--cpu-workers is for CPU-only nodes (--gpus-per-node 0 or --cpu): on GPU nodes there is one worker per GPU")
+    cpu_workers = args.cpu_workers or 1
     options = SbatchOptions(
-        nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-        cpus_per_task=args.cpus_per_task or CPUS_PER_GPU * args.gpus_per_node,
+        nodes=args.nodes, gpus_per_node=gpus,
+        cpus_per_task=args.cpus_per_task or (CPUS_PER_GPU * gpus if gpus else CPUS_PER_CPU_WORKER * cpu_workers),
         repo=REPO_ROOT, log_dir=log_dir, job_name=args.job_name, partition=args.partition,
         account=args.account, time=args.time, mem=args.mem, train_args=tuple(train_args),
-        stop_warning=args.stop_warning)
+        stop_warning=args.stop_warning, cpu_workers=cpu_workers, requeue=args.requeue)
     return options, (Path(args.output).expanduser() if args.output else None)
 
 
@@ -175,9 +202,17 @@ def _parser() -> OneLineParser:
                            epilog=f"example: {PROG} --nodes 2 --gpus-per-node 8 --time 48:00:00 -o job.sbatch "
                                   "-- --preset gpt2-small, then: sbatch job.sbatch (details: docs/slurm.md)")
     parser.add_argument("--nodes", type=_count, required=True, metavar="N", help="nodes to train on")
-    parser.add_argument("--gpus-per-node", type=_count, required=True, metavar="G", help="GPUs on each node")
+    parser.add_argument("--gpus-per-node", type=_count_or_zero, default=None, metavar="G",
+                        help="GPUs on each node; 0 for CPU-only nodes (no GPU request)")
+    parser.add_argument("--cpu", action="store_true", help="CPU-only nodes: the same as --gpus-per-node 0")
+    parser.add_argument("--cpu-workers", type=_count, default=None, metavar="N",
+                        help="CPU workers per node on CPU-only nodes (default 1)")
+    parser.add_argument("--requeue", action="store_true",
+                        help="#SBATCH --requeue: SLURM may requeue the job (node failure, preemption); it "
+                             "continues the same run from its newest checkpoint")
     parser.add_argument("--cpus-per-task", type=_count, default=None, metavar="C",
-                        help=f"CPUs for each node's supervisor and its workers (default {CPUS_PER_GPU} per GPU)")
+                        help=f"CPUs for each node's supervisor and its workers (default {CPUS_PER_GPU} per GPU, "
+                             f"{CPUS_PER_CPU_WORKER} per CPU worker)")
     parser.add_argument("--mem", type=_matching(MEM_RE, "a size like 200G, or 0 for all of it"), default=None,
                         help="memory per node (sbatch --mem; default: the cluster's)")
     parser.add_argument("--time", type=_matching(TIME_RE, "a time like 48:00:00, 2-00:00:00 or 90"),
@@ -199,6 +234,12 @@ def _parser() -> OneLineParser:
 def _count(text: str) -> int:
     if not re.fullmatch(r"[0-9]+", text) or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got '{text}'")
+    return int(text)
+
+
+def _count_or_zero(text: str) -> int:
+    if not re.fullmatch(r"[0-9]+", text):
+        raise argparse.ArgumentTypeError(f"expected a whole number (0 for CPU-only nodes), got '{text}'")
     return int(text)
 
 

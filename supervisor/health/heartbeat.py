@@ -133,6 +133,13 @@ class Heartbeats:
     def watch_pid(self, rank: int, pid: int) -> None:
         self.procs.watch(rank, pid)
 
+    def rejoin(self, rank: int, pid: int, now: float) -> None:
+        """A warm spare took `rank` (live recovery): judged afresh, and the rebuilt group gets a
+        whole rendezvous allowance from the survivors' first `rendezvous` phase on."""
+        self.ranks[rank] = RankState(rank, now)
+        self.watch_pid(rank, pid)
+        self._rendezvous_started = None
+
     def record(self, rank: int, rec: dict[str, Any], now: float) -> None:
         st = self.ranks.get(rank)
         if st is None:

@@ -51,8 +51,10 @@ def sweep(pgids: list[int], marker: bytes) -> None:
 
 def main(argv: list[str]) -> int:
     marker = argv[0].encode()
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, signal.SIG_IGN)  # a Ctrl-C or hangup aimed at the supervisor must not end us first
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        # a Ctrl-C, hangup or SLURM's signals to every process of a step (scancel, its USR1
+        # warning) are aimed at the supervisor: they must not end us first
+        signal.signal(sig, signal.SIG_IGN)
     pgids: list[int] = []
     for raw in sys.stdin.buffer:
         line = raw.strip()

@@ -34,6 +34,13 @@ _prctl = _libc.prctl  # resolved now: the forked child must not load or look up 
 _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 
 
+_signal = _libc.signal  # resolved now, like prctl
+_signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+_signal.restype = ctypes.c_void_p
+SIG_IGN = 1
+HELPER_IGNORES = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
 def become_subreaper() -> bool:
     """Orphaned grandchildren (double-forked, setsid) are reparented to us, not to
     init, so the end-of-run sweep still finds and kills them."""
@@ -48,6 +55,21 @@ def die_with_parent(parent_pid: int | None = None):
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent_pid:  # the parent died before prctl took effect
             os._exit(128 + signal.SIGKILL)
+    return preexec
+
+
+def helper_preexec(parent_pid: int | None = None):
+    """preexec_fn for the supervisor's helpers (the job's node agent, the rendezvous store):
+    `die_with_parent`, and deaf to stop signals (ignored dispositions survive exec). SLURM
+    signals every process of a job step on scancel, a preemption or the time limit, and its
+    `--signal` warning is SIGUSR1, whose default action is death: a helper that died of it
+    would cut the node off from the job while its workers save. The supervisor ends them."""
+    dies = die_with_parent(parent_pid)
+
+    def preexec() -> None:
+        for signum in HELPER_IGNORES:
+            _signal(signum, SIG_IGN)
+        dies()
     return preexec
 
 
@@ -119,15 +141,17 @@ def _widen_pipe(fd: int, size: int = 1 << 20) -> None:
 
 
 def spawn(cmd: Sequence[str], env_for: Callable[[int], Mapping[str, str]], slot: DeviceSlot, log_path: Path,
-          cwd: str | None = None) -> WorkerProcess:
+          cwd: str | None = None, stdin_pipe: bool = False) -> WorkerProcess:
     """Start `cmd`; `env_for(fd)` builds its environment once the status pipe's write
-    end is known (the worker inherits it under the same fd number, via pass_fds)."""
+    end is known (the worker inherits it under the same fd number, via pass_fds).
+    `stdin_pipe`: its stdin is a pipe the supervisor writes to (a warm spare's assignment)."""
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("workers must be spawned from the main thread (PR_SET_PDEATHSIG follows the thread)")
     status_r, status_w = os.pipe()
     try:
         popen = subprocess.Popen(
-            list(cmd), env=dict(env_for(status_w)), cwd=cwd, stdin=subprocess.DEVNULL,
+            list(cmd), env=dict(env_for(status_w)), cwd=cwd,
+            stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(status_w,),
             # A session, not just a group: with the kernel's autogroup scheduling (on by default) each
             # session shares the CPU as one, so workers in the supervisor's session would split one

@@ -6,9 +6,10 @@ SIGUSR1/SIGUSR2: SLURM's `--signal=USR1@T` warning before the time limit) both l
 the workers finish their step and save a checkpoint. Ctrl-C gives them the grace
 period, extended while one of them is saving; a stop request gives them the whole
 stop timeout. Neither lets a save run past the stop timeout. gpuherd's own worker
-takes SIGUSR2 as "save and stop" (exit 143), because SIGTERM already means "a run is
-being torn down: exit now" and SIGUSR1 "dump your stacks"; a --script gets SIGTERM,
-as under torchrun, and the stop timeout to act on it.
+takes SIGUSR2 as "save and stop" (exit 143); it takes any stop signal it receives itself
+(SLURM signals every process of a step) the same way, so the supervisor tears it down with
+gpuherd/contract.TEARDOWN_SIGNAL and asks for stacks with STACKS_SIGNAL, signals nobody
+else sends. A --script gets SIGTERM, as under torchrun, and the stop timeout to act on it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 
+from gpuherd import contract
 from gpuherd.exit_codes import ExitCode
 
 SAVE_AND_STOP = signal.SIGUSR2  # to gpuherd's worker: finish the step, save a checkpoint, exit 143
@@ -33,6 +35,13 @@ class StopRules:
     grace: float  # teardown: SIGTERM -> SIGKILL; Ctrl-C: the time to reach a save
     stop_timeout: float  # a graceful stop, saves included, never takes longer
     save_signal: int | None = SAVE_AND_STOP  # None: a --script, which gets SIGTERM instead
+    teardown_signal: int = contract.TEARDOWN_SIGNAL  # "exit now" (a --script: SIGTERM)
+    stacks_signal: int = contract.STACKS_SIGNAL  # "dump your stacks" (a --script: SIGUSR1)
+
+    @classmethod
+    def for_script(cls, grace: float, stop_timeout: float) -> StopRules:
+        """A user's script is signalled as torchrun signals it."""
+        return cls(grace, stop_timeout, save_signal=None, teardown_signal=signal.SIGTERM, stacks_signal=signal.SIGUSR1)
 
 
 def within_kill_wait(stop_timeout: float, kill_wait: float) -> float:

@@ -26,7 +26,8 @@ may end at their own pace. Ranks with heartbeats are judged by them as before (a
 saving a checkpoint, and the ranks waiting for it, get the long allowance); a rank that
 never sent one makes it a hang when the hang timeout after the clean exit is over.
 
-Teardown: SIGTERM (+ SIGCONT, so a stopped worker can act on it) to every worker's
+Teardown: the teardown signal (gpuherd's worker: TEARDOWN_SIGNAL, which only the supervisor
+sends; a --script: SIGTERM) (+ SIGCONT, so a stopped worker can act on it) to every worker's
 process group at once, then SIGKILL what is left after the grace period (or later, up to
 the stop timeout, while a rank still writes a checkpoint in the background: it finishes
 that write before it exits, and a restart can resume from it). A graceful
@@ -56,13 +57,14 @@ from gpuherd.status_channel import decode
 from supervisor.health import FatalCause, Heartbeats, MetricsSink, traces
 from supervisor.output import STDERR, STDOUT, LogRouter
 from supervisor.processes.error_file import error_file_for, read_error_file
+from supervisor.processes.live_recovery import LiveRecovery
 from supervisor.processes.signal_rules import inherited_ignored
 from supervisor.processes.spawn import WorkerProcess
 from supervisor.processes.stopping import STOP_REQUESTS, GracefulStop, StopRules, stop_exit_code
 from supervisor.summary import RootCause, how_it_ended, shell_code
 
 READ_CHUNK = 1 << 16
-STACK_DUMP_WAIT = 2.0  # after SIGUSR1, time for faulthandler's stacks to reach the logs
+STACK_DUMP_WAIT = 2.0  # after the stacks signal, time for faulthandler's stacks to reach the logs
 KILL_WAIT = 10.0  # after SIGKILL: a process in uninterruptible sleep (a wedged driver) may linger
 DRAIN_WAIT = 2.0  # after the last worker: pipes a setsid'd grandchild still holds are given up
 EARLY_EXIT_NOTICE = 2.0  # a rank exited 0 and the others still run this much later: say so (INFO)
@@ -76,8 +78,8 @@ class Phase(enum.Enum):
     FINISHING = "finishing"  # a rank exited 0 early: the others end at their pace while they progress
     DUMPING_TRACES = "dumping traces"  # hang verdict: collective traces requested; stacks at the deadline
     STOPPING = "stopping"  # graceful stop (Ctrl-C, SIGTERM): workers save and exit; SIGKILL at the deadline
-    DUMPING_STACKS = "dumping stacks"  # hang verdict: SIGUSR1 sent; SIGTERM at the deadline
-    TERMINATING = "terminating"  # SIGTERM sent to every group; SIGKILL at the deadline
+    DUMPING_STACKS = "dumping stacks"  # hang verdict: the stacks signal sent; teardown at the deadline
+    TERMINATING = "terminating"  # the teardown signal sent to every group; SIGKILL at the deadline
     KILLING = "killing"  # SIGKILL sent; given up at the deadline (a process in uninterruptible sleep)
     DRAINING = "draining"  # no worker left; reading what is still in the pipes
     DONE = "done"
@@ -92,13 +94,15 @@ class Supervision:
                  metrics: MetricsSink, stop: StopRules, finish_window: float,
                  on_cause: Callable[[RootCause], None] | None = None,
                  on_record: Callable[[dict], None] | None = None, script: bool = False,
-                 unwatched_why: str | None = None, trace_dir: Path | None = None) -> None:
+                 unwatched_why: str | None = None, trace_dir: Path | None = None,
+                 live: LiveRecovery | None = None) -> None:
         """`on_cause`: told this node's root cause the moment it is set (multi-node: the job's
         rendezvous offers it to the other nodes). `on_record`: every status record, as it comes.
         `finish_window`: how long the ranks left after a clean early exit may go without
         progress. `script`: the workers run a user's script, whose exit codes are its own.
         `unwatched_why`: said once for ranks that never send a heartbeat. `trace_dir`: where
-        workers dump their collective traces when asked (None: no traces asked for)."""
+        workers dump their collective traces when asked (None: no traces asked for). `live`: a lost
+        rank may be replaced by a warm spare instead of ending the attempt (live_recovery.py)."""
         self.workers = {w.slot.rank: w for w in workers}
         self.router = router
         self.monitor = monitor
@@ -139,6 +143,8 @@ class Supervision:
         self._stopped_meanwhile = False  # SIGCONT: the supervisor itself was stopped
         self.trace_dir = trace_dir
         self._trace_waiting: set[int] = set()  # DUMPING_TRACES: the ranks expected to answer
+        self.live = live
+        self._condemned: dict[int, RootCause] = {}  # hung ranks killed for a live recovery: their verdict
         self._writes_told = False  # a teardown waits for a background checkpoint write (said once)
 
     # ------------------------------------------------------------------ setup
@@ -292,6 +298,8 @@ class Supervision:
             if record is None:
                 continue
             self.monitor.record(rank, record, now)
+            if record.get("type") == "stop":
+                self._worker_stop(rank, str(record.get("signal")), now)
             if self._on_record is not None:
                 self._on_record(record)
             good.append(line)
@@ -338,12 +346,30 @@ class Supervision:
         repeated = signum in (signal.SIGTERM, signal.SIGHUP) and self._terminations > 0
         if signum in (signal.SIGTERM, signal.SIGHUP):
             self._terminations += 1
-        if self.cause is None:
-            self._set_cause(RootCause("terminated", stop_exit_code(signum), f"the supervisor received {name}"), now)
+        if self.cause is None:  # the workers first: naming the cause may ask SLURM (a second or so)
             self._save_and_stop(now, f"supervisor received {name}")
+            self._set_cause(RootCause("terminated", stop_exit_code(signum), f"the supervisor received {name}"), now)
         elif repeated:
             logger.warning(f"{name} again: killing every worker now")
             self._kill_all(now)
+
+    def _worker_stop(self, rank: int, name: str, now: float) -> None:
+        """A stop signal reached a worker itself (SLURM signals every process of a step; or a
+        `kill` aimed at one worker): the same save and stop as the supervisor's own, for every
+        worker, every node. Never a kill: only the supervisor's own signals count as repeated."""
+        if self.cause is not None:
+            return
+        w = self.workers.get(rank)
+        who = f"{w.slot.tag} (rank {rank})" if w is not None else f"rank {rank}"
+        code = ExitCode.SIGINT if name == "SIGINT" else ExitCode.SIGTERM
+        if name in signal.Signals.__members__:
+            self.stop_signal = self.stop_signal or signal.Signals[name]
+        if code == ExitCode.SIGINT:
+            self._stop_all(now)
+        else:
+            self._save_and_stop(now, f"{who} received {name}")
+        self._set_cause(RootCause("interrupted" if code == ExitCode.SIGINT else "terminated", code,
+                                  f"{who} received {name}"), now)
 
     def _forward(self, signum: int) -> None:
         """Pass SIGUSR1/SIGUSR2 on to every worker that handles it (to one that does not, its
@@ -434,10 +460,12 @@ class Supervision:
         st_error = self.monitor.ranks[w.slot.rank].error
         if error is not None or st_error:
             message += f": {error.message if error is not None else st_error}"
-        cause = self._worker_cause("worker-exit", code, message, w)
+        cause = self._condemned.pop(w.slot.rank, None) or self._worker_cause("worker-exit", code, message, w)
         cause.script_code = self.script and w.returncode > 0  # a signal's death is nobody's own code
         if error is not None:
             cause.traceback = error.traceback
+        if self._replaced_live(w, cause, now):
+            return
         self._set_cause(cause, now)
         self._terminate_all(now)
 
@@ -465,7 +493,9 @@ class Supervision:
     def _timers(self, now: float) -> None:
         if self.cause is None and now - self._last_check >= 0.25:
             self._last_check = now
-            self._judge_heartbeats(now)
+            self._judge_live_recovery(now)  # first: a survivor stuck in the broken group is no hang of its own
+            if self.cause is None:
+                self._judge_heartbeats(now)
         if self.phase is Phase.DUMPING_TRACES and traces.answered(self.trace_dir, self._trace_waiting) \
                 == self._trace_waiting:
             self._traces_in(now)
@@ -490,7 +520,54 @@ class Supervision:
                         f"{now - self._early_exiter.ended:.0f} s before (waiting for it?)")
         cause = self._worker_cause(verdict.kind, code, message, self.workers[verdict.rank])
         cause.evidence = list(verdict.evidence)
+        if verdict.kind == "hang" and self._condemn(self.workers[verdict.rank], cause):
+            return
         self._diagnose(cause, now)
+
+    # ------------------------------------------------------------------ live recovery (live_recovery.py)
+
+    def _condemn(self, w: WorkerProcess, cause: RootCause) -> bool:
+        """A hung rank a spare can replace: killed now, and replaced when it is reaped."""
+        if w.slot.rank in self._condemned:
+            return True  # killed already, not reaped yet
+        if self.live is None or self.live.why_not(
+                w.slot.rank, [o.slot.rank for o in self._alive() if o is not w]) is not None:
+            return False
+        logger.error(f"{cause.message}; SIGKILL to {w.slot.tag} (rank {w.slot.rank}) for a live recovery")
+        self._condemned[w.slot.rank] = cause
+        w.signal_group(signal.SIGKILL)
+        self._reap_due = True
+        return True
+
+    def _judge_live_recovery(self, now: float) -> None:
+        """A survivor that never left the broken group's collective ends the attempt (a restart)."""
+        stuck = self.live.stuck(now, self.monitor.timeouts.allowance("step")) if self.live is not None else None
+        if stuck is None:
+            return
+        message, rank = stuck
+        logger.error(message)
+        cause = self._worker_cause("hang", ExitCode.HANG, message, self.workers[rank])
+        self.live.give_up(cause)
+        self._set_cause(cause, now)
+        self._terminate_all(now)
+
+    def _replaced_live(self, w: WorkerProcess, cause: RootCause, now: float) -> bool:
+        """A warm spare takes the lost rank: its pipes are read as the rank's from now on."""
+        if self.live is None or self.cause is not None:
+            return False
+        new = self.live.replace(w, cause, [o for o in self._alive() if o is not w], now)
+        if new is None:
+            return False
+        rank = w.slot.rank
+        for key in list(self._sel.get_map().values()):  # the dead worker's pipes, drained already
+            if key.data is not None and key.data[0] == rank:
+                self._close_stream(key.fd, *key.data, now)
+        self.workers[rank] = new
+        self.monitor.rejoin(rank, new.pid, now)
+        self._sel.register(new.popen.stdout.fileno(), selectors.EVENT_READ, (rank, STDOUT))
+        self._sel.register(new.popen.stderr.fileno(), selectors.EVENT_READ, (rank, STDERR))
+        self._sel.register(new.status_fd, selectors.EVENT_READ, (rank, "status"))
+        return True
 
     # ------------------------------------------------------------------ the state machine
 
@@ -624,17 +701,19 @@ class Supervision:
 
     def _dump_stacks(self, now: float) -> None:
         asked, cannot = [], []
+        stacks = self.stop.stacks_signal
+        name = signal.Signals(stacks).name
         for w in self._alive():
-            if w.catches(signal.SIGUSR1):
-                w.signal_leader(signal.SIGUSR1)
+            if w.catches(stacks):
+                w.signal_leader(stacks)
                 asked.append(w.slot.tag)
             else:
                 cannot.append(w.slot.tag)
         if asked:
-            logger.info(f"asked {', '.join(asked)} for their Python stacks (SIGUSR1); they go to the worker logs")
+            logger.info(f"asked {', '.join(asked)} for their Python stacks ({name}); they go to the worker logs")
         if cannot:
-            self.notes.append(f"{', '.join(cannot)} installed no SIGUSR1 handler, so no stack dump; add "
-                              "`faulthandler.register(signal.SIGUSR1)` to the script to get one")
+            self.notes.append(f"{', '.join(cannot)} installed no {name} handler, so no stack dump; add "
+                              f"`faulthandler.register(signal.{name})` to the script to get one")
         self._escalate(Phase.DUMPING_STACKS, now, min(STACK_DUMP_WAIT, self.grace) if asked else 0.0)
 
     def _stop_all(self, now: float, signum: int = signal.SIGINT, wait: float | None = None) -> None:
@@ -645,7 +724,7 @@ class Supervision:
             if signum == signal.SIGINT or w.catches(signum):
                 w.signal_leader(signum)
             else:
-                w.signal_group(signal.SIGTERM)
+                w.signal_group(self.stop.teardown_signal)
         self._begin_graceful(now)
         self._escalate(Phase.STOPPING, now, self.grace if wait is None else wait)
 
@@ -675,7 +754,7 @@ class Supervision:
 
     def _terminate_all(self, now: float, wait: float | None = None) -> None:
         for w in self._alive():  # signals only: no waiting between workers
-            w.signal_group(signal.SIGTERM)
+            w.signal_group(self.stop.teardown_signal)
             w.signal_group(signal.SIGCONT)
         self._escalate(Phase.TERMINATING, now, self.grace if wait is None else wait)
 

@@ -56,5 +56,9 @@ class Rendezvous(Protocol):
     def settle(self, attempt: int, cause: RootCause | None, notes: list[str]) -> RootCause | None:
         """After the attempt: the job's root cause (the same on every node)."""
 
+    def gather_outcomes(self, mine: dict) -> list[dict] | None:
+        """At the end of the job: every node's outcome, on the node that prints the job's
+        summary (node 0; a node cut off from it prints its own); None on the others."""
+
     def close(self) -> None:
         """End of the job: helpers stopped."""

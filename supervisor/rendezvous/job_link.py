@@ -199,6 +199,22 @@ class JobLink:
         with self._abort_seen:
             return self._aborts.get(attempt)
 
+    def share_outcome(self, outcome: dict[str, Any]) -> None:
+        """A node other than 0: how it ended, for node 0's summary."""
+        self._send("outcome", outcome=outcome)
+
+    def outcomes(self, timeout: float) -> list[tuple[int, dict[str, Any] | None]]:
+        """Node 0: (node rank, outcome) of the other nodes of the last attempt (1..n-1, or an elastic
+        round's), the outcome None for one that did not say within `timeout`."""
+        self._send("outcomes", timeout=timeout)
+        try:
+            event = self._reply(timeout + 10)
+        except NodeLinkError:
+            event = {}
+        ranks = event["ranks"] if "ranks" in event else list(range(1, self.spec.nnodes))
+        nodes = event.get("nodes") or [None] * len(ranks)
+        return list(zip(ranks, nodes, strict=True))
+
     def close(self, linger: float = 30.0) -> None:
         """Leave the job. Node 0 keeps the store up (at most `linger` s) until every other node
         has left, so none of them mistakes node 0's exit for a failure before reading the outcome."""

@@ -18,8 +18,11 @@ from supervisor.gpus import DevicePlan
 from supervisor.rendezvous.api import OnCause, Setup
 from supervisor.rendezvous.job_link import JobLink
 from supervisor.rendezvous.nodes import NodeLinkError, NodeSpec, layout, training_fingerprint
+from supervisor.rendezvous.slurm_env import SLURM_STOP
 from supervisor.rendezvous.store import HostedStore
 from supervisor.summary import RootCause
+
+OUTCOME_WAIT_S = 10.0  # node 0's wait for the other nodes' outcomes (each sends it as it ends)
 
 
 class MultiNode:
@@ -66,7 +69,9 @@ class MultiNode:
 
     def _as_job_cause(self, cause: RootCause) -> dict:
         d = dataclasses.asdict(cause)
-        d.update(node=self.node_rank, host=self.host, message=f"node {self.node_rank} ({self.host}): {cause.message}")
+        d.update(node=self.node_rank, host=self.host)
+        if not cause.message.startswith(SLURM_STOP):  # SLURM stopped every node: no node to name
+            d["message"] = f"node {self.node_rank} ({self.host}): {cause.message}"
         return d
 
     def publisher(self, attempt: int) -> OnCause:
@@ -102,7 +107,8 @@ class MultiNode:
             return cause
         ours = self._as_job_cause(cause) if cause.node is None else dataclasses.asdict(cause)
         winner = self.link.winner(attempt) or ours
-        if winner["message"] != ours["message"]:
+        asked = ("terminated", "interrupted")  # a stop every node was asked for is one event, not two
+        if winner["message"] != ours["message"] and not (winner.get("kind") in asked and cause.kind in asked):
             notes.append(f"also on this node, after the job's first failure: {cause.message}")
         if winner.get("node") == self.node_rank and cause.node is None:
             winner["stderr_tail"] = cause.stderr_tail  # complete now that every pipe is drained
@@ -110,14 +116,26 @@ class MultiNode:
 
     def _blame_dead_node(self, attempt: int, cause: RootCause, notes: list[str]) -> RootCause:
         """A worker failure in the moment another node died (its workers' connections closed)
-        is that death's consequence: the dead node is the job's cause on every survivor."""
-        if cause.kind in ("node", "store", "interrupted", "terminated", "membership"):
+        is that death's consequence: the dead node is the job's cause on every survivor. So is
+        a stop signal then (srun's --kill-on-bad-exit, SLURM ending the step of a lost node)."""
+        if cause.kind in ("node", "store", "interrupted", "membership"):
             return cause
         silent = [d for d in self.link.silent_nodes(attempt) if d.get("node") != cause.node]
         if not silent:
             return cause
         notes.append(f"a consequence of that, not the cause: {cause.message}")
         return RootCause.from_dict(silent[0])
+
+    def gather_outcomes(self, mine: dict) -> list[dict] | None:
+        """Node 0 prints the job's summary with every node's outcome; the others hand theirs
+        over (a node cut off from the store prints its own)."""
+        if self.link.lost is not None:
+            return [mine]
+        if self.node_rank != 0:
+            self.link.share_outcome(mine)
+            return None
+        others = self.link.outcomes(OUTCOME_WAIT_S)
+        return [mine, *[o or {"node": r, "outcome": "unknown: it never said"} for r, o in others]]
 
     def close(self) -> None:
         self.link.close()

@@ -13,6 +13,8 @@ a client. Keys, per attempt k:
                    attempt k+1); one that stands still for SILENT_S (and is not done) makes
                    the watching agent publish "node r stopped responding" as the abort
     left{r}        node r is done with the store (node 0 keeps it up until then)
+    outcome{r}     node r's outcome at the end of the job (exit code, final save, run dir), for
+                   the one summary node 0 prints
 
 With --nnodes MIN:MAX (elastic) node 0 also decides who is in each round (elastic_rounds.py:
 `round`, `a{k}/members`, `closed`); a late node's `join` first answers `waiting {round,
@@ -36,6 +38,8 @@ events on stdout (stderr is torch's own chatter, kept in the run's agent log).
                                                         after a failure, the nodes that stopped beating (a
                                                         worker's "connection closed by peer" is then their
                                                         consequence, not the job's cause)
+    {"cmd": "outcome", "outcome": {...}}             (a node other than 0: how it ended)
+    {"cmd": "outcomes", "timeout": s}                -> outcomes {nodes: [outcome or null for nodes 1..]}
     {"cmd": "leave"}                                 (a node other than 0 is done with the store)
     {"cmd": "linger", "timeout": s}                  -> lingered {missing}: node 0 waited for every leave
     (always possible)                                -> lost {message}: the store is gone
@@ -49,6 +53,7 @@ from __future__ import annotations
 import os
 import selectors
 import sys
+import threading
 import time
 from datetime import timedelta
 from typing import Any
@@ -60,6 +65,27 @@ from supervisor.rendezvous.elastic_rounds import ElasticRounds
 POLL_S = 0.05  # abort latency is at most this plus one store round trip
 BEAT_S = 1.0  # each agent bumps its node's counter this often while an attempt runs
 SILENT_S = 10.0  # a node whose counter stood still this long is gone (machine, or its supervisor, died)
+
+
+class TimedStore:
+    """A client's store whose calls say when the one in flight began: a call node 0 never
+    answers (a network partition sends no RST, so the TCP connection just waits) is seen
+    by the watchdog thread while the call still blocks."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.waiting_since: float | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._store, name)
+
+        def timed(*args: Any) -> Any:
+            self.waiting_since = time.monotonic()
+            try:
+                return method(*args)
+            finally:
+                self.waiting_since = None
+        return timed
 
 
 class Agent:
@@ -80,10 +106,26 @@ class Agent:
         self._next_beat = 0.0
         self._beats: dict[int, tuple[bytes | None, float]] = {}  # node -> (last counter seen, when it changed)
         self._beat_count = 0
+        self._emitting = threading.Lock()
 
     def emit(self, event: str, **fields: Any) -> None:
-        sys.stdout.buffer.write(orjson.dumps({"event": event, **fields}) + b"\n")
-        sys.stdout.buffer.flush()
+        with self._emitting:  # the loop and the store watchdog
+            sys.stdout.buffer.write(orjson.dumps({"event": event, **fields}) + b"\n")
+            sys.stdout.buffer.flush()
+
+    def watch_store(self) -> None:
+        """A node other than 0: a store call unanswered for SILENT_S means node 0 (its machine,
+        or the network to it) is gone; this node names it within ~SILENT_S, as node 0 names a
+        node whose heartbeat stopped, instead of waiting out the join timeout. The blocked call
+        keeps the loop, so the verdict ends the agent too."""
+        while True:
+            time.sleep(BEAT_S)
+            since = self.store.waiting_since
+            if since is not None and time.monotonic() - since > SILENT_S and not self.lost:
+                self.lost = True
+                self.emit("lost", message=f"lost the job store at {self.where} (node 0 gone?): no answer for "
+                                          f"{SILENT_S:.0f} s (node 0's machine, or the network to it)")
+                os._exit(1)
 
     def _missing(self, keys: list[str]) -> list[int]:
         return [i for i, key in enumerate(keys) if not self.store.check([key])]
@@ -170,6 +212,14 @@ class Agent:
             if isinstance(result, dict):
                 self.emit("abort", attempt=k, cause=result)
             self.emit("finished", attempt=k, missing=[] if isinstance(result, dict) else result)
+        elif cmd == "outcome":
+            self.store.set(f"outcome{self.node_rank}", orjson.dumps(msg["outcome"]))
+        elif cmd == "outcomes":  # node 0: the others' (a node found silent is not waited for)
+            others = [i for i in self.members if i != 0]  # elastic: the last round's nodes, not every rank up to MAX
+            self._wait_keys([f"outcome{i}" for i in others if i not in self.gone], float(msg["timeout"]))
+            found = [_json_or_none(self.store.get(f"outcome{i}")) if self.store.check([f"outcome{i}"]) else None
+                     for i in others]
+            self.emit("outcomes", ranks=others, nodes=[o if isinstance(o, dict) else None for o in found])
         elif cmd == "leave":
             self.beating = None
             self.store.set(f"left{self.node_rank}", b"1")
@@ -355,7 +405,7 @@ def main(argv: list[str]) -> int:
             store = TCPStore(host, port, None, True, timedelta(seconds=join_timeout), wait_for_workers=False,
                              master_listen_fd=listen_fd)
         else:
-            store = TCPStore(host, port, None, False, timedelta(seconds=join_timeout))
+            store = TimedStore(TCPStore(host, port, None, False, timedelta(seconds=join_timeout)))
     except RuntimeError as exc:
         detail = " ".join(str(exc).split("Exception raised from")[0].split())[:200]
         sys.stdout.buffer.write(orjson.dumps({"event": "join-timeout", "attempt": 0, "missing": [0],
@@ -366,7 +416,10 @@ def main(argv: list[str]) -> int:
     rounds = None
     if min_nodes < nnodes:
         rounds = ElasticRounds(store, node_rank, min_nodes, nnodes, join_timeout, last_call)
-    Agent(store, node_rank, nnodes, join_timeout, where, rounds).serve()
+    agent = Agent(store, node_rank, nnodes, join_timeout, where, rounds)
+    if isinstance(store, TimedStore):
+        threading.Thread(target=agent.watch_store, name="store-watchdog", daemon=True).start()
+    agent.serve()
     return 0
 
 

@@ -54,6 +54,9 @@ class SingleNode:
     def settle(self, attempt: int, cause: RootCause | None, notes: list[str]) -> RootCause | None:
         return cause
 
+    def gather_outcomes(self, mine: dict) -> list[dict] | None:
+        return [mine]
+
     def close(self) -> None:
         if self._listen is not None:
             self._listen.close()

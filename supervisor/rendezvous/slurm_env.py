@@ -34,6 +34,7 @@ DERIVED_PORT_BASE = 20000
 DERIVED_PORT_SPAN = 10000
 
 SCONTROL_TIMEOUT_S = 10.0
+STATE_TIMEOUT_S = 5.0  # the job's state at a stop
 
 
 class SlurmError(GpuherdError):
@@ -52,6 +53,7 @@ class SlurmNode:
     hosts: tuple[str, ...]  # every node in SLURM's order (node rank = index); () with an explicit master_addr
     gpus_on_node: int | None  # GPUs SLURM gave this node; None when SLURM does not say
     cuda_visible_devices: str | None  # as SLURM set it (the allocated GPUs), None if unset
+    restart_count: int = 0  # SLURM_RESTART_COUNT: how often this job was requeued (same job id)
 
 
 def hostnames(nodelist: str) -> list[str]:
@@ -92,6 +94,49 @@ def kill_wait() -> float | None:
     return parse_kill_wait(done.stdout)
 
 
+SLURM_STOP = "stopped by SLURM"  # a job-wide stop: the same words on every node, no node named
+
+
+def stop_reason(signame: str, job: dict[str, str], restart_count: int = 0) -> str | None:
+    """Why SLURM stopped the job, for the outcome every node reports the same way:
+    "stopped by SLURM: scancel (SIGTERM)"; None when SLURM does not say (a SIGTERM while the
+    job still runs: someone's `kill`). `job`: `job_info(job id)`. While the job's processes
+    are being signalled its state reads COMPLETING; the cause is in its other fields (a requeue
+    has already counted itself in Restarts, past this start's `restart_count`)."""
+    if signame in ("SIGUSR1", "SIGUSR2"):
+        return f"{SLURM_STOP}: the time limit is near ({signame}, the job's --signal warning)"
+    state, reason = job.get("JobState", ""), job.get("Reason", "")
+    if state == "TIMEOUT" or reason == "TimeLimit":
+        event = "the time limit"
+    elif state == "PREEMPTED" or job.get("PreemptTime", "None") not in ("None", "Unknown", ""):
+        event = "preemption"
+    elif state == "NODE_FAIL" or reason.startswith("Node"):
+        event = "a node failure"
+    elif state.startswith("REQUEUE") or state == "PENDING" or _restarts(job) > restart_count:
+        event = "requeue"
+    elif state in ("CANCELLED", "COMPLETING"):
+        event = "scancel"
+    else:
+        return None
+    return f"{SLURM_STOP}: {event} ({signame})"
+
+
+def _restarts(job: dict[str, str]) -> int:
+    value = job.get("Restarts", "")
+    return int(value) if value.isdigit() else 0
+
+
+def job_info(job_id: str) -> dict[str, str]:
+    """`scontrol show job`'s fields (JobState, Reason, PreemptTime, Restarts, ...); {} when
+    SLURM cannot be asked."""
+    try:
+        done = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
+                              timeout=STATE_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return dict(re.findall(r"(\w+)=(\S*)", done.stdout)) if done.returncode == 0 else {}
+
+
 def parse_kill_wait(config_text: str) -> float | None:
     """`KillWait                = 30 sec` in `scontrol show config` -> 30.0."""
     match = re.search(r"^\s*KillWait\s*=\s*([0-9]+)\s*(sec)?\s*$", config_text, re.MULTILINE | re.IGNORECASE)
@@ -120,7 +165,9 @@ def read_slurm(environ: Mapping[str, str], hostnames: Callable[[str], list[str]]
     hosts = [] if master_addr else _hosts(environ, nnodes_var, nnodes, hostnames)
     return SlurmNode(job_id=job_id, nnodes=nnodes, node_rank=node_rank, master_addr=master_addr or hosts[0],
                      master_port=_master_port(environ, job_id), hosts=tuple(hosts),
-                     gpus_on_node=_gpus_on_node(environ), cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"))
+                     gpus_on_node=_gpus_on_node(environ), cuda_visible_devices=environ.get("CUDA_VISIBLE_DEVICES"),
+                     restart_count=_int(environ, "SLURM_RESTART_COUNT", minimum=0)
+                     if _get(environ, "SLURM_RESTART_COUNT") is not None else 0)
 
 
 def derived_port(job_id: str) -> int:

@@ -1,7 +1,7 @@
 """What happened during a run, as one list of events: top's footer and the report's timeline.
 
 Sources: the status records and the supervisor's own records in metrics.jsonl
-(checkpoint, nan, error, restart, gpu_event, eval) and the warning/error lines
+(checkpoint, nan, error, restart, recovery, gpu_event, eval) and the warning/error lines
 of supervisor.log (throttling, memory nearly full, hangs, teardown). Several
 ranks report the same checkpoint or NaN step; those collapse into one event.
 """
@@ -19,7 +19,7 @@ from supervisor.views.run_files import LogLine
 @dataclass(frozen=True)
 class Event:
     time: float  # unix seconds
-    kind: str  # checkpoint | nan (also spikes) | suspect | error | restart | xid | ecc | eval | warning
+    kind: str  # checkpoint | nan (also spikes) | suspect | error | restart | recovery | xid | ecc | eval | warning
     text: str  # one short line
     rank: int | None = None
 
@@ -60,6 +60,14 @@ def event_of(record: dict[str, Any]) -> Event | None:
                    if excluded else "")
         return Event(when, "restart", f"restart {record.get('attempt')} after exit code {record.get('exit_code')}: "
                                       f"{record.get('after')}{without}")
+    if kind == "recovery":
+        if record.get("outcome") == "recovered":
+            return Event(when, "recovery", f"live recovery {record.get('number')}: rank {record.get('rank')} replaced by "
+                                           f"spare pid {record.get('replaced_by_pid')} in {_num(record.get('seconds'))} s, "
+                                           f"{record.get('steps_redone')} step(s) redone: {record.get('failed')}",
+                         record.get("rank"))
+        return Event(when, "recovery", f"live recovery {record.get('number')} failed: {record.get('failed')}",
+                     record.get("rank"))
     if kind == "gpu_event":
         name = "xid" if record.get("event") == "xid" else "ecc"
         what = f"XID {record.get('data')}" if name == "xid" else "double-bit ECC error"

@@ -26,6 +26,7 @@ WIDTH = 10.0  # inches; at 100 dpi a 1000-pixel-wide PNG
 RUN_STYLES = ("-", "--", ":", "-.")
 EVENT_STYLE = {  # kind -> (marker, colour) on the timeline
     "checkpoint": ("s", "tab:green"), "eval": ("o", "tab:blue"), "restart": ("X", "tab:orange"),
+    "recovery": ("P", "tab:olive"),
     "nan": ("*", "tab:red"), "error": ("v", "tab:red"), "xid": ("D", "tab:purple"),
     "ecc": ("D", "tab:purple"), "warning": ("^", "goldenrod"),
 }

@@ -92,7 +92,7 @@ def _footer(state: RunState) -> Text:
     for event in events:
         stamp = datetime.datetime.fromtimestamp(event.time).strftime("%H:%M:%S") if event.time else "--:--:--"
         style = "red" if event.kind in ("nan", "error", "xid", "ecc") else "yellow" if event.kind in (
-            "warning", "restart") else ""
+            "warning", "restart", "recovery") else ""
         text.append(f"\n  {stamp}  ", style="dim")
         text.append(event.text, style=style)
     return text

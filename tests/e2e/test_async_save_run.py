@@ -42,7 +42,7 @@ def test_a_teardown_waits_for_the_background_write_and_the_restart_resumes_from_
     rank 1 is SIGKILLed meanwhile: rank 0 finishes the write before it exits, and the
     restarted attempt resumes from step 6."""
     env = dict(python_env, **{PAUSE_VAR: "written:6:8"})
-    proc = subprocess.Popen(_command("--run-id", "r", "--max-restarts", "1", "--grace-period", "2"), cwd=tmp_path,
+    proc = subprocess.Popen(_command("--run-id", "r", "--max-restarts", "1", "--grace-period", "2", "--spares", "0"), cwd=tmp_path,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_dir = tmp_path / "logs" / "r"
     try:

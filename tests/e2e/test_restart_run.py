@@ -13,6 +13,7 @@ import sys
 import orjson
 import pytest
 
+from tests.e2e.helpers import records
 from tests.supervisor.helpers import finish, wait_for, worker_of
 
 STEPS = 240
@@ -31,23 +32,8 @@ def _command(*extra: str) -> list[str]:
     return cmd
 
 
-def _records(run_dir, kind: str) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_bytes().splitlines():
-        try:
-            record = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue  # a line being written right now
-        if record.get("type") == kind:
-            out.append(record)
-    return out
-
-
 def _final_losses(run_dir) -> dict[int, float]:
-    return {r["rank"]: r["loss"] for r in _records(run_dir, "step") if r["step"] == STEPS - 1 and "loss" in r}
+    return {r["rank"]: r["loss"] for r in records(run_dir, "step") if r["step"] == STEPS - 1 and "loss" in r}
 
 
 def test_killed_worker_is_restarted_and_the_final_loss_is_bit_identical(tmp_path, python_env):
@@ -60,14 +46,14 @@ def test_killed_worker_is_restarted_and_the_final_loss_is_bit_identical(tmp_path
     expected = _final_losses(plain_dir / "logs" / "plain")
     assert set(expected) == {0, 1}
 
-    proc = subprocess.Popen(_command("--run-id", "r", "--max-restarts", "2", "--restart-backoff", "0.5"),
+    proc = subprocess.Popen(_command("--run-id", "r", "--max-restarts", "2", "--restart-backoff", "0.5", "--spares", "0"),
                             cwd=restart_dir, env=python_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_dir = restart_dir / "logs" / "r"
     try:
-        assert wait_for(lambda: any(r["step"] >= 40 for r in _records(run_dir, "checkpoint")), timeout=240, interval=0.02)
+        assert wait_for(lambda: any(r["step"] >= 40 for r in records(run_dir, "checkpoint")), timeout=240, interval=0.02)
         victim = worker_of(proc.pid, 1)
         assert victim is not None
-        killed_after = max(r["step"] for r in _records(run_dir, "step"))
+        killed_after = max(r["step"] for r in records(run_dir, "step"))
         victim.send_signal(signal.SIGKILL)
     finally:
         code, _out, err = finish(proc, timeout=300)
@@ -101,7 +87,7 @@ def test_run_training_resume_flag_continues_from_the_latest_checkpoint(tmp_path,
     second = train(8, "--run-id", "second", "--resume", "auto")
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"resumed from {tmp_path / '.checkpoints' / 'step_0000006.pt'} at step 6" in second.stderr
-    steps = sorted({r["step"] for r in _records(tmp_path / "logs" / "second", "step") if "loss" in r})
+    steps = sorted({r["step"] for r in records(tmp_path / "logs" / "second", "step") if "loss" in r})
     assert steps == [6, 7]
 
 
@@ -110,11 +96,11 @@ def test_a_deleted_dataset_cache_is_rebuilt_before_the_restart(tmp_path, python_
     """The cache vanishes while the run trains (a cleanup job, a full disk's victim), then a
     worker dies: the restart would fail on the missing cache (exit 3), so the supervisor
     rebuilds it first, under the same lock, and the run completes."""
-    proc = subprocess.Popen(_command("--run-id", "r", "--max-restarts", "1", "--restart-backoff", "0.2"),
+    proc = subprocess.Popen(_command("--run-id", "r", "--max-restarts", "1", "--restart-backoff", "0.2", "--spares", "0"),
                             cwd=tmp_path, env=python_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_dir = tmp_path / "logs" / "r"
     try:
-        assert wait_for(lambda: any(r["step"] >= 5 for r in _records(run_dir, "step")), timeout=240)
+        assert wait_for(lambda: any(r["step"] >= 5 for r in records(run_dir, "step")), timeout=240)
         caches = [p for p in (tmp_path / "cache" / "datasets").iterdir() if not p.name.startswith(".")]
         assert len(caches) == 1
         shutil.rmtree(caches[0])

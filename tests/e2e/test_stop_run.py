@@ -5,6 +5,7 @@ model waits for the save instead of cutting it at the grace period."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -75,7 +76,9 @@ def test_a_stop_request_saves_a_checkpoint_and_exits_143(tmp_path, python_env, s
     checkpoint = _load(tmp_path / ".checkpoints" / f"step_{last:07d}.pt")
     assert checkpoint["meta"]["step"] == last
     assert last == 1 + max(r["step"] for r in _records(run_dir) if r.get("type") == "step")  # every step done is in it
-    assert f"the final checkpoint was saved: {tmp_path / '.checkpoints' / f'step_{last:07d}.pt'}" in err
+    assert f"checkpoint step {last} saved: {tmp_path / '.checkpoints' / f'step_{last:07d}.pt'}" in err
+    assert "FAILED" not in err and "most recent call first" not in err  # a planned stop: no failure, no stacks
+    assert f"gpuherd: run r stopped (exit 143)\nroot cause: the supervisor received {signal.Signals(signum).name}" in err
 
 
 @pytest.mark.slow
@@ -104,3 +107,24 @@ def test_ctrl_c_during_the_save_of_a_50m_model_waits_for_the_save(tmp_path, pyth
     n_params = sum(t.numel() for t in checkpoint["model"].values())
     assert 50e6 < n_params < 60e6 and checkpoint["meta"]["step"] == last
     assert not list((tmp_path / ".checkpoints").glob("*.tmp"))  # no half-written save left behind
+
+
+@pytest.mark.slow
+def test_a_stop_signal_to_one_worker_stops_and_saves_every_worker(tmp_path, python_env):
+    """SLURM (proctrack linuxproc/cgroup) signals the workers themselves; here only rank 1 gets
+    SIGTERM, and no supervisor signal at all: the worker tells its supervisor, which stops
+    every rank, and the checkpoint holds the step they agreed on."""
+    proc = _start(tmp_path, python_env, TINY, "--nproc", "2")
+    run_dir = tmp_path / "logs" / "r"
+    try:
+        assert wait_for(lambda: any(r.get("type") == "step" and r.get("step", 0) >= 2 for r in _records(run_dir)),
+                        timeout=240)
+        worker = next(r["pid"] for r in _records(run_dir) if r.get("type") == "ready" and r.get("rank") == 1)
+        os.kill(worker, signal.SIGTERM)
+    finally:
+        code, _, err = finish(proc, timeout=240)
+    assert code == 143, err[-3000:]
+    summary = orjson.loads((run_dir / "summary.json").read_bytes())
+    assert summary["root_cause"]["message"].startswith("CPU1 (rank 1) received SIGTERM; checkpoint step ")
+    assert summary["final_save"] == "saved" and [w["exit_code"] for w in summary["workers"]] == [143, 143]
+    assert "exiting now" not in err

@@ -211,11 +211,7 @@ def test_slurm_environment_places_each_supervisor(tmp_path):
 def test_a_node_that_dies_whole_is_noticed_by_the_others(tmp_path):
     """SIGKILL of node 1's supervisor takes its workers and agent with it; node 0's
     workers would wait forever. Node 0 notices the missing heartbeats and stops."""
-    port = _port()
-    n0 = _node(tmp_path, 0, port, "forever", "forever")
-    n1 = _node(tmp_path, 1, port, "forever", "forever")
-    assert sh.wait_for(lambda: len(list((tmp_path / "logs").glob("job-node*/worker-rank*.log"))) == 2, timeout=60)
-    time.sleep(2)
+    n0, n1 = _two_nodes_running(tmp_path)
     n1.kill()
     killed = time.monotonic()
     code, _, err = sh.finish(n0, timeout=60)
@@ -224,6 +220,32 @@ def test_a_node_that_dies_whole_is_noticed_by_the_others(tmp_path):
     assert time.monotonic() - killed < 25
     rc = _summary(tmp_path, 0)["root_cause"]
     assert rc["kind"] == "node" and rc["node"] == 1 and "stopped responding" in rc["message"]
+
+
+def _two_nodes_running(tmp_path):
+    """Two nodes whose workers run forever, a few heartbeats into the attempt."""
+    port = _port()
+    n0 = _node(tmp_path, 0, port, "forever", "forever")
+    n1 = _node(tmp_path, 1, port, "forever", "forever")
+    assert sh.wait_for(lambda: len(list((tmp_path / "logs").glob("job-node*/worker-rank*.log"))) == 2, timeout=60)
+    time.sleep(2)
+    return n0, n1
+
+
+@pytest.mark.slow
+def test_a_dead_node_is_the_cause_even_when_a_stop_signal_reaches_the_survivor_first(tmp_path):
+    """srun's --kill-on-bad-exit (or SLURM ending a lost node's step) SIGTERMs the survivors
+    within a second of a node's death, long before its heartbeats are missed: the survivor
+    still names the dead node, not its own SIGTERM."""
+    n0, n1 = _two_nodes_running(tmp_path)
+    n1.kill()
+    time.sleep(0.5)
+    n0.send_signal(signal.SIGTERM)
+    code, _, err = sh.finish(n0, timeout=60)
+    sh.finish(n1)
+    rc = _summary(tmp_path, 0)["root_cause"]
+    assert code == 1 and rc["kind"] == "node" and rc["node"] == 1, (rc, err[-2000:])
+    assert "stopped responding" in rc["message"]
 
 
 @pytest.mark.slow

@@ -265,17 +265,48 @@ TRAIN_ARGS = ("--preset", "gpt2-small", "--set", "training.max_steps=1000", "--s
 
 
 def directives(script: str) -> dict[str, str]:
-    found = [line.removeprefix("#SBATCH --").split("=", 1) for line in script.splitlines()
+    found = [(line.removeprefix("#SBATCH --").split("=", 1) + [""])[:2] for line in script.splitlines()
              if line.startswith("#SBATCH")]
-    return dict(found)
+    return dict(found)  # a flag without a value (--requeue): ""
 
 
 def test_sbatch_directives_one_task_per_node_and_the_gpus():
     assert directives(render_sbatch(options())) == {
         "job-name": "gpuherd", "nodes": "2", "ntasks-per-node": "1", "gres": "gpu:8", "cpus-per-task": "64",
         "time": "48:00:00", "partition": "gpu",
-        "output": "/srv/logs/slurm/%x-%j.out", "error": "/srv/logs/slurm/%x-%j.out", "signal": "USR1@180",
+        "output": "/srv/logs/slurm/%x-%j.out", "error": "/srv/logs/slurm/%x-%j.out", "open-mode": "append",
+        "signal": "USR1@180",
     }
+
+
+def test_cpu_job_asks_for_no_gpu_and_starts_its_cpu_workers():
+    """A cluster without GRES rejects any --gres=gpu line; --requeue only when asked for."""
+    script = render_sbatch(options(gpus_per_node=0, cpu_workers=2, cpus_per_task=4, requeue=True))
+    found = directives(script)
+    assert "gres" not in found and found["requeue"] == "" and found["open-mode"] == "append"
+    assert "# gpuherd: 2 node(s) x 2 CPU worker(s)" in script
+    assert shlex.split(script.splitlines()[-1])[:9] == [
+        "srun", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "bash", "run_training.sh", "--slurm", "--nproc", "2",
+        "--preset"]
+    assert "requeue" not in directives(render_sbatch(options()))
+
+
+@pytest.mark.parametrize("args", [["--gpus-per-node", "0"], ["--cpu"]])
+def test_cli_cpu_job(args):
+    opts, _ = slurm.parse(["--nodes", "3", *args, "--cpu-workers", "2", "--log-dir", "/tmp/l"])
+    assert (opts.gpus_per_node, opts.cpu_workers, opts.cpus_per_task) == (0, 2, 4)  # 2 CPUs per CPU worker
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--cpu", "--gpus-per-node", "4"], "--cpu and --gpus-per-node 4 contradict each other"),
+    (["--gpus-per-node", "4", "--cpu-workers", "2"], "--cpu-workers is for CPU-only nodes"),
+    ([], "the following arguments are required: --gpus-per-node (0, or --cpu, for CPU-only nodes)"),
+])
+def test_cli_cpu_flags_that_do_not_fit(capsys, args, message):
+    with pytest.raises(SystemExit) as exit_info:
+        slurm.parse(["--nodes", "2", *args])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err and err.count("\n") == 1
 
 
 def test_optional_directives_only_when_given():
@@ -296,7 +327,7 @@ def test_every_directive_comes_before_the_first_command():
 def test_srun_line_quotes_the_training_arguments():
     script = render_sbatch(options())
     srun = script.splitlines()[-1]
-    assert srun.startswith("srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash run_training.sh --slurm --preset ")
+    assert srun.startswith("srun --ntasks-per-node=1 --kill-on-bad-exit=0 bash run_training.sh --slurm --preset ")
     assert shlex.split(srun)[6:] == list(TRAIN_ARGS)
     assert "cd '/srv/my checkout/gpuherd'" in script.splitlines()
 
@@ -343,7 +374,7 @@ def test_script_runs_srun_with_the_arguments_intact(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "gpuherd: job 4242 on 2 node(s): node[01-02]" in done.stdout
     args = (tmp_path / "srun.args").read_text().splitlines()
-    assert args == [str(repo), "--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash", "run_training.sh",
+    assert args == [str(repo), "--ntasks-per-node=1", "--kill-on-bad-exit=0", "bash", "run_training.sh",
                     "--slurm", *TRAIN_ARGS]
     assert (tmp_path / "srun.env").read_text().splitlines() == ["NCCL_DEBUG=INFO", "SRUN_CPUS_PER_TASK=64"]
     assert not list(repo.iterdir()) and not (tmp_path / "pwned").exists()
@@ -395,7 +426,7 @@ def test_cli_bad_input_exits_2_in_one_line(tmp_path, python_env, args):
 
 @pytest.mark.parametrize(("args", "message"), [
     (["--nodes", "x"], "argument --nodes: expected a whole number of at least 1, got 'x'"),
-    (["--gpus-per-node", "-1"], "argument --gpus-per-node: expected a whole number of at least 1, got '-1'"),
+    (["--gpus-per-node", "-1"], "argument --gpus-per-node: expected a whole number (0 for CPU-only nodes), got '-1'"),
     (["--cpus-per-task", "0"], "argument --cpus-per-task: expected a whole number"),
     (["--time", "tomorrow"], "argument --time: expected a time like 48:00:00"),
     (["--mem", "12Q"], "argument --mem: expected a size like 200G"),
@@ -430,7 +461,7 @@ def test_stdout_is_the_default(capsys, tmp_path):
     out = capsys.readouterr().out
     assert out == render_sbatch(slurm.parse(["--nodes", "1", "--gpus-per-node", "2",
                                              "--log-dir", str(tmp_path / "l")])[0])
-    assert out.splitlines()[-1] == "srun --ntasks-per-node=1 --kill-on-bad-exit=1 bash run_training.sh --slurm"
+    assert out.splitlines()[-1] == "srun --ntasks-per-node=1 --kill-on-bad-exit=0 bash run_training.sh --slurm"
 
 
 # ---- KillWait: the stop timeout under SLURM
@@ -475,3 +506,39 @@ def test_the_stop_timeout_ends_before_slurms_kill_wait(tmp_path, python_env):
     assert "SIGKILL after 8 s (the stop timeout)" in err
     assert code == 1, err[-3000:]  # the 60 s save was cut: said, not a normal 143
     assert "was killed while saving it" in err
+
+
+# ---- why SLURM stopped the job: the same words on every node
+
+@pytest.mark.parametrize(("job", "restart_count", "said"), [
+    ({"JobState": "COMPLETING", "Reason": "None", "PreemptTime": "None", "Restarts": "0"}, 0, "scancel (SIGTERM)"),
+    ({"JobState": "CANCELLED", "Reason": "None"}, 0, "scancel (SIGTERM)"),
+    ({"JobState": "COMPLETING", "Reason": "TimeLimit", "Restarts": "0"}, 0, "the time limit (SIGTERM)"),
+    ({"JobState": "TIMEOUT"}, 0, "the time limit (SIGTERM)"),
+    ({"JobState": "COMPLETING", "PreemptTime": "2026-11-25T16:00:00"}, 0, "preemption (SIGTERM)"),
+    ({"JobState": "COMPLETING", "Reason": "None", "Restarts": "2"}, 1, "requeue (SIGTERM)"),  # counted already
+    ({"JobState": "PENDING", "Reason": "BeginTime"}, 0, "requeue (SIGTERM)"),
+    ({"JobState": "NODE_FAIL", "Reason": "NodeDown"}, 0, "a node failure (SIGTERM)"),
+])
+def test_stop_reason_reads_the_jobs_state(job, restart_count, said):
+    assert slurm_env.stop_reason("SIGTERM", job, restart_count) == f"stopped by SLURM: {said}"
+
+
+def test_stop_reason_says_nothing_for_a_running_job_or_without_slurm():
+    """A SIGTERM while the job still runs is someone's kill, not SLURM's stop."""
+    assert slurm_env.stop_reason("SIGTERM", {"JobState": "RUNNING", "Restarts": "0"}) is None
+    assert slurm_env.stop_reason("SIGTERM", {}) is None
+    assert slurm_env.stop_reason("SIGUSR1", {}).startswith("stopped by SLURM: the time limit is near (SIGUSR1")
+
+
+def test_job_info_parses_scontrol(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text("#!/bin/sh\necho 'JobId=7 JobName=x JobState=COMPLETING Reason=None "
+                                      "Restarts=1 PreemptTime=None'\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    info = slurm_env.job_info("7")
+    assert (info["JobState"], info["Restarts"], info["PreemptTime"]) == ("COMPLETING", "1", "None")
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert slurm_env.job_info("7") == {}

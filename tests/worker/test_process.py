@@ -12,16 +12,18 @@ from pathlib import Path
 import pytest
 from tests.worker import helpers as h
 
+from gpuherd import contract
 from gpuherd.config import resolve
 
 LONG = ["training.max_steps=100000", "training.log_every=1"]
 
 
-def long_run(tmp: Path, port: int, *extra: str) -> h.Watched:
+def long_run(tmp: Path, port: int, *extra: str, supervised: bool = False) -> h.Watched:
     spec = tmp / "spec.json"
     spec.write_text(json.dumps({"tmp": str(tmp), "status_dir": str(tmp), "signals": True,
                                 "runs": [{"name": "run", "port": port, "overrides": [*LONG, *extra]}]}))
-    return h.Watched(["tests/worker/helpers.py", "train", str(spec)], h.worker_env(0, 1, port))
+    env = h.worker_env(0, 1, port, **({contract.SUPERVISED: "1"} if supervised else {}))
+    return h.Watched(["tests/worker/helpers.py", "train", str(spec)], env)
 
 
 def test_sigint_stops_at_a_step_boundary_with_a_checkpoint(tmp_path: Path):
@@ -34,7 +36,7 @@ def test_sigint_stops_at_a_step_boundary_with_a_checkpoint(tmp_path: Path):
         proc.kill()
     saved = proc.wait_for("checkpoint saved:")
     last = max(int(m) for m in re.findall(r"Step \[(\d+)/", proc.stderr))
-    assert saved.endswith(f"step_{last + 1:07d}.pt")  # every finished step is in it
+    assert f"step_{last + 1:07d}.pt" in saved  # every finished step is in it
     records = h.read_status(tmp_path / "run-rank0.jsonl")
     assert records[-1] == {**records[-1], "type": "phase", "name": "shutdown"}
     assert not any(r["type"] == "done" for r in records)
@@ -52,27 +54,62 @@ def test_sigusr2_saves_and_stops_with_143(tmp_path: Path):
         proc.kill()
     saved = proc.wait_for("checkpoint saved:")
     last = max(int(m) for m in re.findall(r"Step \[(\d+)/", proc.stderr))
-    assert saved.endswith(f"step_{last + 1:07d}.pt")
+    assert f"step_{last + 1:07d}.pt" in saved
     assert "received SIGUSR2" in proc.stderr and "stopped after" in proc.stderr
     records = h.read_status(tmp_path / "run-rank0.jsonl")
     assert records[-1] == {**records[-1], "type": "phase", "name": "shutdown"}
 
 
-def test_sigusr1_dumps_stacks_then_sigterm_exits_143(tmp_path: Path):
+def test_stacks_signal_dumps_stacks_then_teardown_signal_exits_143(tmp_path: Path):
+    """The supervisor's own signals: stacks on a hang verdict (training goes on), and the
+    teardown's "exit now" (no collectives, no checkpoint)."""
     proc = long_run(tmp_path, h.free_port())
     try:
         proc.wait_for("Step [1/")
-        proc.proc.send_signal(signal.SIGUSR1)
+        proc.proc.send_signal(contract.STACKS_SIGNAL)
         proc.wait_for("most recent call first")
         before = max(int(m) for m in re.findall(r"Step \[(\d+)/", proc.stderr))
         proc.wait_for(f"Step [{before + 2}/")
-        proc.proc.send_signal(signal.SIGTERM)
-        assert proc.finish(timeout=20) == 143  # SIGTERM: exit at once
+        proc.proc.send_signal(contract.TEARDOWN_SIGNAL)
+        assert proc.finish(timeout=20) == 143
     finally:
         proc.kill()
     assert "_train_step" in proc.stderr  # the dump shows where the loop was
-    assert "received SIGTERM" in proc.stderr
-    assert not list((tmp_path / "ckpt").glob("step_*"))  # no collectives, no checkpoint: just go
+    assert "tearing the run down: exiting now (143)" in proc.stderr
+    assert not list((tmp_path / "ckpt").glob("step_*"))
+
+
+def _signalled(proc: h.Watched, at: str, *signums: int, timeout: float) -> int:
+    """Once `at` was printed, send `signums`; the exit code (the process never outlives this)."""
+    try:
+        proc.wait_for(at)
+        for signum in signums:
+            proc.proc.send_signal(signum)
+        return proc.finish(timeout=timeout)
+    finally:
+        proc.kill()
+
+
+def test_unsupervised_sigterm_exits_143_at_once(tmp_path: Path):
+    proc = long_run(tmp_path, h.free_port())
+    assert _signalled(proc, "Step [1/", signal.SIGTERM, timeout=20) == 143
+    assert "SIGTERM without a supervisor: exiting now (143)" in proc.stderr
+    assert not list((tmp_path / "ckpt").glob("step_*"))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+def test_supervised_worker_takes_its_own_stop_signal_as_save_and_stop(tmp_path: Path, signum: int):
+    """SLURM signals every process of a step (scancel, the time limit, its USR1 warning): the
+    worker saves its step and exits 143, tells its supervisor, and a second signal does not kill
+    it (only the supervisor decides that). SIGUSR1 dumps no stacks."""
+    proc = long_run(tmp_path, h.free_port(), supervised=True)
+    assert _signalled(proc, "Step [2/", signum, signum, timeout=60) == 143
+    saved = proc.wait_for("checkpoint saved:")
+    last = max(int(m) for m in re.findall(r"Step \[(\d+)/", proc.stderr))
+    assert f"step_{last + 1:07d}.pt" in saved
+    assert "most recent call first" not in proc.stderr
+    stops = [r for r in h.read_status(tmp_path / "run-rank0.jsonl") if r["type"] == "stop"]
+    assert [r["signal"] for r in stops] == [signal.Signals(signum).name]
 
 
 def test_missing_rank_is_a_rendezvous_error(tmp_path: Path):

@@ -38,6 +38,7 @@ class Build:
     precision: Precision
     world_size: int
     layout: Layout  # strategy, activation checkpointing, FSDP reduce cadence (the memory plan)
+    joining: bool = False  # a spare replacing a lost rank: no collectives while building (its peers do none)
 
 
 @dataclass
@@ -45,6 +46,9 @@ class Engine(ABC):
     strategy: ClassVar[str]
     sharded: ClassVar[bool] = False  # checkpoints are per-rank directories, not one file
     needs_process_group: ClassVar[bool] = True  # even with a single worker
+    # Every rank holds the whole model and optimizer state, so a lost rank's state exists on each
+    # survivor and live recovery can hand it to a spare (worker/live_recovery.py); sharded state cannot.
+    live_recoverable: ClassVar[bool] = False
 
     model: nn.Module  # what forward() is called on (wrapped)
     inner: Transformer  # the unwrapped module: names, parameters, accounting
@@ -74,6 +78,17 @@ class Engine(ABC):
         """AdamW over nanoGPT's decay / no-decay groups."""
         return torch.optim.AdamW(optimizer_groups(model, build.cfg.training.weight_decay),
                                  **adamw_kwargs(build.cfg, build.device))
+
+    def drop_group(self) -> None:
+        """Live recovery, before the broken group is destroyed: let go of everything that holds it,
+        so it really closes its connections (a peer still waiting in a collective on this rank
+        is freed only then). Only where live_recoverable."""
+        raise NotImplementedError(f"strategy {self.strategy} cannot rejoin a rebuilt process group")
+
+    def regroup(self) -> None:
+        """After the process group was rebuilt (live recovery): wrap the model again over the new
+        group, without collectives (the state comes from a survivor next). Only where live_recoverable."""
+        raise NotImplementedError(f"strategy {self.strategy} cannot rejoin a rebuilt process group")
 
     # ------------------------------------------------------------------ the loop's calls
     def train(self) -> None:

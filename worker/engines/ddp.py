@@ -21,27 +21,49 @@ from worker.model import Transformer
 @dataclass
 class DDPEngine(TorchEngine):
     strategy: ClassVar[str] = "ddp"
+    live_recoverable: ClassVar[bool] = True
 
     @classmethod
     def wrap(cls, model: Transformer, build: Build) -> nn.Module:
-        from torch.nn.parallel import DistributedDataParallel as DDP
+        return _ddp(model, build.device, init_sync=not build.joining)
 
-        # RoPE tables are computed identically everywhere: no per-forward buffer sync.
-        # torch 2.13 renamed the switch (the old name warns on every rank's console).
-        no_buffer_sync = ({"forward_sync_buffers": False}
-                          if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
-                          else {"broadcast_buffers": False})
-        device = build.device
-        return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                   gradient_as_bucket_view=True, **no_buffer_sync)
+    def drop_group(self) -> None:
+        old, self.model = self.model, self.inner
+        # The reducer's autograd hooks would all-reduce on the dead group, and it, its logger and the
+        # wrapper hold the group: cut all three (others may still hold the old wrapper, e.g. the
+        # NaN guard's probes, for its modules only).
+        for attr in ("reducer", "logger", "process_group"):
+            if hasattr(old, attr):
+                delattr(old, attr)
+        self.optimizer.zero_grad(set_to_none=True)  # grads were views into the old reducer's buckets
+
+    def regroup(self) -> None:
+        self.model = _ddp(self.inner, self.device, init_sync=False)
 
     def sync_context(self, is_last: bool) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext() if is_last else self.model.no_sync()
 
 
+def _ddp(model: nn.Module, device: torch.device, init_sync: bool) -> nn.Module:
+    """`init_sync=False`: no shape check or rank-0 broadcast at construction (a rebuilt group,
+    whose state a survivor broadcasts right after)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    params = inspect.signature(DDP.__init__).parameters
+    # RoPE tables are computed identically everywhere: no per-forward buffer sync.
+    # torch 2.13 renamed the switch (the old name warns on every rank's console).
+    kwargs: dict[str, Any] = ({"forward_sync_buffers": False} if "forward_sync_buffers" in params
+                              else {"broadcast_buffers": False})
+    if not init_sync and "init_sync" in params:
+        kwargs["init_sync"] = False
+    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+               gradient_as_bucket_view=True, **kwargs)
+
+
 @dataclass
 class Zero1Engine(DDPEngine):
     strategy: ClassVar[str] = "zero1"
+    live_recoverable: ClassVar[bool] = False  # each rank's optimizer shard exists nowhere else
     optimizer_format: ClassVar[str] = "zero1"  # optimizer state keyed by parameter index
 
     @classmethod

@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Live recovery vs restarts: rank 1 of N is killed (SIGKILL) mid-run; seconds from the kill to the
+next completed training step, and completed steps trained again.
+
+- gpuherd live: the built-in trainer (tiny Llama, DDP over gloo), `--max-restarts 1` (one warm
+  spare by default): the spare takes rank 1, the others keep running, no checkpoint read.
+- gpuherd restart: the same run with `--spares 0`, a checkpoint every 10 steps: every worker
+  restarts and resumes the newest checkpoint.
+- ft_launcher restart: NVIDIA's launcher (`--max-restarts 1`) restarting the worker of
+  bench_restart.py (gloo all_reduce steps; it keeps no checkpoint, so it trains its 40 steps again).
+
+Rounds alternate the sides. Writes bench/results/live_recovery.md.
+
+    python3 bench/bench_live_recovery.py [--quick] [--gpu-only]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.bench_restart import restart as launcher_restart  # noqa: E402
+from bench.compare import Comparison, Side, write_results  # noqa: E402
+from bench.launchers import Launchers, kill_tree, worker_env  # noqa: E402
+
+KILL_AT = 25  # a step between two checkpoints (every 10): the restart redoes 5
+TINY = ["data.dataset=dummy", "data.tokenizer=byte", "data.context_length=32", "model.n_layers=2", "model.dim=32",
+        "model.n_heads=4", "model.n_kv_heads=2", "model.multiple_of=16", "training.batch_size=2",
+        "training.grad_accum_nums=1", "training.max_steps=45", "training.warmup_steps=5", "training.log_every=1",
+        "training.eval_every=0", "training.save_every=10"]
+FT_STEPS_REDONE = 40  # bench/blame_worker.py is killed at step 40 and starts again from 0
+
+
+def _records(path: Path) -> list[dict]:
+    out = []
+    for line in (path.read_bytes().splitlines() if path.exists() else []):
+        try:
+            out.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            continue
+    return out
+
+
+def _command(work: Path, n: int, device: str, live: bool) -> list[str]:
+    cmd = [sys.executable, "-m", "supervisor", "--debug", "--no-report", "--run-id", "r", "--max-restarts", "1",
+           "--set", f"system.run_root={work / 'logs'}", "--set", f"system.checkpoint_dir={work / 'ckpt'}"]
+    cmd += ["--set", "system.device=cpu", "--nproc", str(n)] if device == "cpu" else ["--gpus", ",".join(
+        map(str, range(n)))]
+    if not live:
+        cmd += ["--spares", "0"]
+    for item in TINY:
+        cmd += ["--set", item]
+    return cmd
+
+
+def trained(work: Path, n: int, device: str, live: bool, cap: float = 300) -> tuple[float, int] | None:
+    """(seconds from the kill to the next completed step, completed steps trained again), or None."""
+    metrics = work / "logs" / "r" / "metrics.jsonl"
+    proc = subprocess.Popen(_command(work, n, device, live), cwd=work, env=worker_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + cap
+        while not any(r.get("type") == "step" and r.get("step", -1) >= KILL_AT for r in _records(metrics)):
+            if time.monotonic() > deadline or proc.poll() is not None:
+                return None
+            time.sleep(0.01)
+        victim = [r["pid"] for r in _records(metrics) if r.get("type") == "ready" and r["rank"] == 1][-1]
+        killed = time.time()
+        os.kill(victim, signal.SIGKILL)
+        if proc.wait(timeout=cap) != 0:
+            return None
+        steps = [r for r in _records(metrics) if r.get("type") == "step"]
+        before = max(r["step"] + 1 for r in steps if r["time"] < killed)
+        # rank 1's process is dead: a rank-1 step after the kill is its replacement's (a survivor's
+        # step in flight may still complete after the kill, which is no recovery)
+        after = [r for r in steps if r["time"] > killed and r["rank"] == 1]
+        first = min(after, key=lambda r: r["time"])
+        return first["time"] - killed, max(0, before - first["step"])
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2 rounds instead of 4")
+    parser.add_argument("--gpu-only", action="store_true", help="the GPU rows: NCCL on 2 GPUs (needs 2 CUDA GPUs)")
+    args = parser.parse_args()
+    rounds, device = (2 if args.quick else 4), ("cuda" if args.gpu_only else "cpu")
+    sizes = (2,) if args.gpu_only else (2, 4)
+    seconds: dict[str, list[float]] = {}
+    redone: dict[str, list[int]] = {}
+    failed: dict[str, int] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-live-") as tmp:
+        ln = Launchers(Path(tmp), ROOT / "bench" / "blame_worker.py", grace_period=2)
+        for i in range(rounds):
+            for n in sizes:
+                for live in ((True, False) if i % 2 == 0 else (False, True)):
+                    key = f"gpuherd {'live' if live else 'restart'} x{n}"
+                    got = trained(Path(tempfile.mkdtemp(dir=tmp)), n, device, live)
+                    failed[key] = failed.get(key, 0) + (got is None)
+                    if got is not None:
+                        seconds.setdefault(key, []).append(got[0])
+                        redone.setdefault(key, []).append(got[1])
+            if device == "cpu":
+                got_ft = launcher_restart(ln, "ft_launcher", 120.0)
+                failed["ft_launcher"] = failed.get("ft_launcher", 0) + (got_ft is None)
+                if got_ft is not None:
+                    seconds.setdefault("ft_launcher", []).append(got_ft)
+    _write(seconds, redone, failed, rounds, sizes, device)
+    return 0
+
+
+def _side(name: str, seconds: dict[str, list[float]]) -> Side:
+    return Side(name, seconds.get(name) or [float("nan")])
+
+
+def _write(seconds: dict[str, list[float]], redone: dict[str, list[int]], failed: dict[str, int], rounds: int,
+           sizes: tuple[int, ...], device: str) -> None:
+    comparisons = []
+    for n in sizes:
+        live = _side(f"gpuherd live x{n}", seconds)
+        comparisons.append(Comparison(f"{device}, {n} ranks: kill -> next completed step, vs gpuherd's restart", "s",
+                                      live, _side(f"gpuherd restart x{n}", seconds)))
+        if device == "cpu":
+            comparisons.append(Comparison(f"{device}, {n} ranks: kill -> next completed step, vs ft_launcher's "
+                                          "restart (2 ranks)", "s", live, _side("ft_launcher", seconds)))
+    steps = "; ".join(f"{key}: {sorted(values)}" for key, values in sorted(redone.items()))
+    write_results("live_recovery", "Live recovery vs restarts (rank 1 SIGKILLed)", comparisons, notes=[
+        f"{rounds} alternating rounds; runs that did not finish: "
+        + ", ".join(f"{key} {count}" for key, count in sorted(failed.items())) + ".",
+        f"completed steps trained again: {steps}; ft_launcher: {FT_STEPS_REDONE} (its worker keeps no checkpoint).",
+        "checkpoint reads: gpuherd live 0 (the spare takes the survivors' state by broadcast); gpuherd restart 1.",
+        f"gpuherd: built-in trainer, tiny model, checkpoint every 10 steps, kill at step {KILL_AT}; ft_launcher: "
+        "bench_restart.py's worker and measure (SIGKILL -> first step of the restarted workers).",
+    ])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

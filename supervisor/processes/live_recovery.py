@@ -1,0 +1,196 @@
+"""Live recovery, the supervisor's side: a lost rank is replaced by a warm spare while the
+other workers keep their processes (worker/live_recovery.py is the ranks' side).
+
+When a rank dies (an exit, a signal, or a SIGKILL after a hang verdict), `replace()` either
+promotes a spare to its rank (the survivors notice the closed connections in their next
+collective and rebuild the group with it) or says in one line why live recovery cannot
+apply, and the supervision tears down as before: a restart from the last checkpoint.
+Each recovery is accounted for (`recoveries`: summary.json, metrics.jsonl, the console)
+and uses one of --max-restarts.
+
+Its clock runs from the death to the newcomer's first completed step (`first_step` record);
+steps redone are the completed steps any rank reported beyond the step the group resumed at.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from loguru import logger
+
+from supervisor.gpus import DeviceSlot
+from supervisor.processes.spares import SparePool
+from supervisor.processes.spawn import WorkerProcess
+from supervisor.summary import RootCause, now_iso
+
+STUCK_S = 10.0  # after a loss, every survivor has left the broken group's collective by then, or never will
+
+
+@dataclass
+class Recovery:
+    """One live recovery, as summary.json and `gpuherd report` show it."""
+
+    number: int  # 1, 2, ... in this run
+    attempt: int
+    rank: int
+    device: str
+    failed: str  # what happened to the lost rank (the cause's message)
+    kind: str  # worker-exit | hang
+    lost_pid: int
+    replaced_by_pid: int
+    survivors: list[dict[str, int]]  # [{"rank", "pid"}]: the ranks that kept their processes
+    started_at: str
+    outcome: str = "in progress"  # recovered | failed (a second failure: restarted from a checkpoint)
+    resumed_step: int | None = None  # completed steps the rebuilt group continued from
+    source_rank: int | None = None  # the survivor whose state the newcomer took
+    steps_redone: int | None = None  # completed steps trained again (the step in flight is redone too)
+    seconds: float | None = None  # death -> the newcomer's first completed step
+    rejoin_s: float | None = None  # the newcomer's own join + state transfer
+    checkpoint_reads: int = 0
+    _died: float = field(default=0.0, repr=False)
+    _reached: int = field(default=0, repr=False)  # the most completed steps any rank reported before
+    _generation: int = field(default=1, repr=False)  # the rebuilt group of this attempt it forms
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+
+    def line(self) -> str:
+        survivors = ", ".join(f"rank {s['rank']} pid {s['pid']}" for s in self.survivors)
+        if self.outcome != "recovered":
+            return (f"live recovery {self.number}: rank {self.rank} ({self.device}) {self.outcome}: {self.failed}")
+        return (f"live recovery {self.number}: rank {self.rank} ({self.device}, pid {self.lost_pid}) replaced by spare "
+                f"pid {self.replaced_by_pid} in {self.seconds:.2f} s (loss -> next completed step), resumed at step "
+                f"{self.resumed_step} from rank {self.source_rank}, {self.steps_redone} completed step(s) redone, "
+                f"no checkpoint read; kept their processes: {survivors}")
+
+
+class LiveRecovery:
+    def __init__(self, pool: SparePool, budget: int, attempt: int, env_for: Callable[[DeviceSlot, WorkerProcess, int],
+                 Mapping[str, str]], numbered_from: int, write_metric: Callable[[dict], None],
+                 off: str | None = None) -> None:
+        """`budget`: recoveries allowed (what --max-restarts leaves); `env_for(slot, spare)`: the lost
+        rank's environment for the spare, joining rebuilt group n; `off`: why live recovery is off for the whole attempt."""
+        self.pool, self.budget, self.attempt, self.env_for = pool, budget, attempt, env_for
+        self.off, self.numbered_from, self.write_metric = off, numbered_from, write_metric
+        self.able: dict[int, str | None] = {}  # rank -> None (can be recovered live) or why not
+        self.completed: dict[int, int] = {}  # rank -> completed steps it reported
+        self.recoveries: list[Recovery] = []
+        # rebuilt group -> {survivor rank: completed steps}: its `lost_peer` records, which may come
+        # before the supervisor has even reaped the lost rank
+        self.left: dict[int, dict[int, int]] = {}
+
+    @property
+    def in_flight(self) -> Recovery | None:
+        last = self.recoveries[-1] if self.recoveries else None
+        return last if last is not None and last.outcome == "in progress" else None
+
+    def why_not(self, rank: int, survivors: list[int]) -> str | None:
+        """None when a spare can take `rank` now; else the reason, in words for the user."""
+        if self.off:
+            return self.off
+        if self.in_flight is not None:
+            return f"a second failure during a recovery (rank {self.in_flight.rank} was being replaced)"
+        if self.budget <= 0:
+            return "no restart left for it (--max-restarts counts recoveries and restarts alike)"
+        if not survivors:
+            return "every rank was lost: no survivor holds the state"
+        for r in [rank, *survivors]:
+            if r not in self.able:
+                return f"rank {r} had not started training yet (no state to hand over)"
+            if self.able[r] is not None:
+                return f"rank {r}: {self.able[r]}"
+        return None
+
+    def replace(self, lost: WorkerProcess, cause: RootCause, survivors: list[WorkerProcess],
+                now: float) -> WorkerProcess | None:
+        """The spare now serving `lost`'s rank, or None (said why, in one line)."""
+        why = self.why_not(lost.slot.rank, [w.slot.rank for w in survivors])
+        spare = None
+        if why is None:
+            spare, why = self.pool.take()
+        if spare is None:
+            self._fail_in_flight(cause)
+            logger.warning(f"live recovery not possible: {why}")
+            return None
+        generation = len(self.recoveries) + 1
+        new = self.pool.promote(spare, lost.slot, lost.log_path, self.env_for(lost.slot, spare, generation))
+        self.budget -= 1
+        rec = Recovery(number=self.numbered_from + len(self.recoveries) + 1, attempt=self.attempt, rank=lost.slot.rank,
+                       device=lost.slot.tag, failed=cause.message, kind=cause.kind, lost_pid=lost.pid,
+                       replaced_by_pid=new.pid, survivors=[{"rank": w.slot.rank, "pid": w.pid} for w in sorted(survivors, key=lambda w: w.slot.rank)],
+                       started_at=now_iso(), _died=now, _reached=max(self.completed.values(), default=0),
+                       _generation=generation)
+        self.recoveries.append(rec)
+        logger.warning(f"{cause.message}: live recovery {rec.number}: warm spare pid {new.pid} takes rank "
+                       f"{rec.rank}; the other {len(survivors)} worker(s) keep running and rebuild the group with it")
+        return new
+
+    def stuck(self, now: float, step_allowance: float) -> tuple[str, int] | None:
+        """(why, a rank) when a survivor is still inside a collective of the broken group a step's
+        allowance (at least STUCK_S) after the loss: gloo gives a rank waiting on a live peer (one
+        that already left) no error, so it can never rejoin; the attempt must end (a restart)."""
+        rec = self.in_flight
+        wait = max(STUCK_S, step_allowance)
+        if rec is None or now - rec._died < wait:
+            return None
+        left = self.left.get(rec._generation, {})
+        missing = [s["rank"] for s in rec.survivors if s["rank"] not in left]
+        if not missing:
+            return None
+        return (f"live recovery {rec.number} not possible: rank(s) {', '.join(map(str, missing))} stayed in a "
+                f"collective of the broken group for {wait:.0f} s after rank {rec.rank} was lost (gloo raised no "
+                "error there); restarting every worker"), missing[0]
+
+    def give_up(self, cause: RootCause) -> None:
+        """The supervision ends the attempt over `cause` while a recovery is in flight."""
+        self._fail_in_flight(cause)
+
+    def settle(self) -> list[dict[str, Any]]:
+        """The attempt is over: its recoveries for summary.json (one still in flight failed)."""
+        rec = self.in_flight
+        if rec is not None:
+            rec.outcome = "failed"
+            rec.failed += "; the attempt ended before the rebuilt group completed a step"
+            self.write_metric({"type": "recovery", "time": time.time(), **rec.to_dict()})
+        return [r.to_dict() for r in self.recoveries]
+
+    def _fail_in_flight(self, cause: RootCause) -> None:
+        rec = self.in_flight
+        if rec is not None:
+            rec.outcome = "failed"
+            rec.failed += f"; then {cause.message} during the recovery"
+            self.write_metric({"type": "recovery", "time": time.time(), **rec.to_dict()})
+
+    def observe(self, record: dict) -> None:
+        """Every status record: who can be recovered live, steps completed, and the recovery's end."""
+        rank, kind = record.get("rank"), record.get("type")
+        if not isinstance(rank, int):
+            return
+        if kind == "step" and isinstance(record.get("step"), int) and self.in_flight is None:
+            self.completed[rank] = max(self.completed.get(rank, 0), record["step"] + 1)
+        if kind != "live":
+            return
+        event = record.get("event")
+        if event == "able":
+            self.able[rank] = None if record.get("able") else str(record.get("why") or "cannot be recovered live")
+        elif event == "lost_peer" and isinstance(record.get("step"), int) and isinstance(record.get("generation"), int):
+            self.left.setdefault(record["generation"], {})[rank] = record["step"]
+        elif event == "rejoined" and self.in_flight is not None and record.get("role") == "newcomer":
+            rec = self.in_flight
+            rec.resumed_step, rec.source_rank, rec.rejoin_s = record.get("step"), record.get("source"), \
+                record.get("seconds")
+            self.able[rank] = None
+        elif event == "first_step" and self.in_flight is not None:
+            self._finish(self.in_flight, time.monotonic())
+
+    def _finish(self, rec: Recovery, now: float) -> None:
+        rec.outcome = "recovered"
+        rec.seconds = round(now - rec._died, 3)
+        resumed = rec.resumed_step or 0
+        reached = max([rec._reached, *self.left.get(rec._generation, {}).values()])
+        rec.steps_redone = max(0, reached - resumed)
+        logger.warning(rec.line())
+        self.write_metric({"type": "recovery", "time": time.time(), **rec.to_dict()})

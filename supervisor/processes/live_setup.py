@@ -1,0 +1,95 @@
+"""An attempt's live recovery, put together: whether it applies, its spares, their environment.
+
+`live_for_attempt` returns None when there is nothing to decide (no --max-restarts, or
+--spares 0): the attempt then behaves exactly as without the feature. Otherwise a
+`LiveRecovery`, possibly switched off for the whole attempt with the reason it says when a
+rank is lost (a --script run, a multi-node job, a single worker).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuherd import contract
+from gpuherd.config import Config
+from supervisor.gpus import DevicePlan, DeviceSlot
+from supervisor.processes.error_file import error_file_for
+from supervisor.processes.live_recovery import LiveRecovery
+from supervisor.processes.spares import SparePool
+from supervisor.processes.spawn import WorkerProcess, spawn
+from supervisor.processes.worker_env import RunEnv, worker_env
+
+LIVE_ENV = {contract.LIVE_RECOVERY: "1"}  # in every worker's environment while spares stand by
+
+
+def spare_count(cfg: Config) -> int:
+    """--spares K; by default one per node whenever restarts are allowed."""
+    if cfg.system.spares >= 0:
+        return cfg.system.spares
+    return 1 if cfg.system.max_restarts > 0 else 0
+
+
+def why_off(cfg: Config, script: bool, multi_node: bool, world_size: int) -> str | None:
+    """Why no rank of this attempt can be replaced live, whatever happens (None: it can)."""
+    if script:
+        return "a --script run (live recovery hands over the built-in trainer's state; a script's is its own)"
+    if multi_node:
+        return "a multi-node job (spares replace ranks within a single-node job for now)"
+    if world_size < 2:
+        return "a single worker: no survivor holds the state"
+    return None
+
+
+@dataclass
+class AttemptLive:
+    """What the attempt needs to run live recovery."""
+
+    cfg: Config
+    command: list[str]
+    plan: DevicePlan
+    run_env: RunEnv
+    base_env: Mapping[str, str]
+    log_dir: Path
+    watch: Callable[[int], None]  # the orphan guard's: every spare's process group is guarded too
+
+    def start_spare(self, number: int) -> WorkerProcess:
+        slot = self.plan.slots[0]  # a placeholder: the real rank comes with the assignment
+        env = {**worker_env(self.base_env, self.plan, slot, self.run_env, 0), **LIVE_ENV, contract.SPARE: "1"}
+        spare = spawn(self.command, lambda fd: {**env, contract.STATUS_FD: str(fd)}, slot,
+                      self.log_dir / f"spare-{number}.log", stdin_pipe=True)
+        self.watch(spare.pgid)
+        return spare
+
+    def env_for(self, slot: DeviceSlot, spare: WorkerProcess, generation: int) -> dict[str, str]:
+        error_file = error_file_for(spare.log_path.parent / f"worker-rank{slot.rank}-{slot.tag}.log")
+        error_file.unlink(missing_ok=True)  # the lost rank's account was read already
+        return {**worker_env(self.base_env, self.plan, slot, self.run_env, 0, error_file=str(error_file)),
+                **LIVE_ENV, contract.JOIN_GENERATION: str(generation)}
+
+
+def live_for_attempt(parts: AttemptLive, budget: int, attempt: int, numbered_from: int, script: bool,
+                     multi_node: bool, write_metric: Callable[[dict], None]) -> LiveRecovery | None:
+    count = spare_count(parts.cfg)
+    if count == 0 or parts.cfg.system.max_restarts == 0:
+        return None
+    off = why_off(parts.cfg, script, multi_node, parts.plan.world_size)
+    pool = SparePool(0 if off else count, parts.start_spare)
+    return LiveRecovery(pool, budget, attempt, parts.env_for, numbered_from, write_metric, off=off)
+
+
+def discard_spares(pool: SparePool, forget: Callable[[int], None]) -> None:
+    """The attempt is over: spares never used end (end of input, then SIGKILL) and leave no fd."""
+    for spare in pool.retire():
+        spare.signal_group(signal.SIGKILL)
+        try:
+            spare.popen.wait(timeout=10)
+        except Exception:  # noqa: BLE001 - in uninterruptible sleep: the sweep and the guard still cover it
+            pass
+        forget(spare.pgid)
+        for stream in (spare.popen.stdout, spare.popen.stderr):
+            stream.close()
+        os.close(spare.status_fd)

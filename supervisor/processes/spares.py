@@ -1,0 +1,66 @@
+"""Warm spare workers (--spares K): started with an attempt's workers, handed a lost rank.
+
+A spare is `python -m worker` with GPUHERD_SPARE=1 (worker/spare.py): it imports torch and
+the trainer and opens the dataset cache, then waits on its stdin. Promotion writes the lost
+rank's environment there as one JSON line and closes the pipe; the process, its pipes and
+its status channel then serve as that rank's worker. Its own output before promotion stays
+in its pipes (a spare prints nothing while it waits) and is read as the rank's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import orjson
+from loguru import logger
+
+from gpuherd import contract
+from supervisor.gpus import DeviceSlot
+from supervisor.processes.spawn import WorkerProcess
+from supervisor.summary import how_it_ended
+
+
+class SparePool:
+    def __init__(self, count: int, start: Callable[[int], WorkerProcess]) -> None:
+        """`start(n)`: spawn spare number n (a WorkerProcess whose slot is only a placeholder)."""
+        self.count, self._start = count, start
+        self.spares: list[WorkerProcess] = []
+        self.started = 0
+
+    def fill(self) -> None:
+        """Start spares until `count` are waiting."""
+        while len([s for s in self.spares if s.poll() is None]) < self.count:
+            self.spares.append(self._start(self.started))
+            self.started += 1
+
+    def take(self) -> tuple[WorkerProcess | None, str]:
+        """A live spare, or None and why there is none."""
+        gone = []
+        for spare in list(self.spares):
+            self.spares.remove(spare)
+            if spare.poll() is None:
+                return spare, ""
+            gone.append(f"pid {spare.pid} {how_it_ended(spare.returncode)}")
+        if gone:
+            return None, f"the warm spare is gone ({'; '.join(gone)})"
+        return None, "no warm spare left (--spares)"
+
+    @staticmethod
+    def promote(spare: WorkerProcess, slot: DeviceSlot, log_path, env: Mapping[str, str]) -> WorkerProcess:
+        """Hand `spare` the rank of `slot`: its environment (but its own status fd) on stdin."""
+        assignment = {name: value for name, value in env.items() if name not in (contract.STATUS_FD, contract.SPARE)}
+        stdin = spare.popen.stdin
+        stdin.write(orjson.dumps({"env": assignment}) + b"\n")
+        stdin.close()
+        return WorkerProcess(slot=slot, popen=spare.popen, status_fd=spare.status_fd, log_path=log_path,
+                             started=spare.started)
+
+    def retire(self) -> list[WorkerProcess]:
+        """End of the attempt: spares never used are told (end of input) and handed back to be killed."""
+        left, self.spares = self.spares, []
+        for spare in left:
+            try:
+                spare.popen.stdin.close()
+            except OSError as exc:
+                logger.debug(f"spare pid {spare.pid}: {exc}")
+        return left

@@ -1,0 +1,243 @@
+"""gpuherd jobs on a real two-node SLURM cluster (tests/slurm/cluster.py), written by `gpuherd
+sbatch` for CPU-only nodes, end to end: a clean job, scancel, `scancel --signal=USR1`, the time
+limit with its warning, `scontrol requeue`, a node's supervisor SIGKILLed, a network
+partition, a worker failure restarted with --max-restarts 1. Every job must leave nothing
+running on any node and the same outcome on every node.
+
+Opt-in and slow (tests/slurm/conftest.py): GPUHERD_SLURM_TESTS=1 pytest -m slurm -n 0 tests/slurm
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import pytest
+
+from supervisor.commands import sbatch
+from tests.slurm.cluster import Cluster
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+TINY = [
+    "data.dataset=dummy", "data.tokenizer=byte", "data.context_length=32", "model.n_layers=2", "model.dim=32",
+    "model.n_heads=4", "model.n_kv_heads=2", "model.multiple_of=16", "training.batch_size=2",
+    "training.grad_accum_nums=1", "training.warmup_steps=2", "training.log_every=1", "training.eval_every=0",
+    "training.save_every=0", "debug.log_level=INFO",
+]
+STEPS = 12  # a job that runs to its end; a job meant to be stopped runs 100000
+DONE_STATES = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY")
+
+
+@dataclass
+class Job:
+    cluster: Cluster
+    workdir: Path
+    id: str
+
+    def run_dir(self, node: int) -> Path:
+        return self.workdir / "logs" / f"slurm-{self.id}-node{node}"
+
+    def summary(self, node: int) -> dict:
+        return orjson.loads((self.run_dir(node) / "summary.json").read_bytes())
+
+    def output(self) -> str:
+        path = self.workdir / "out" / f"gpuherd-{self.id}.out"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def steps(self, node: int = 0) -> dict[int, float]:
+        """Rank 0's loss at every step it reported (node 0's metrics.jsonl, every start of the job)."""
+        path = self.run_dir(node) / "metrics.jsonl"
+        losses = {}
+        for line in path.read_bytes().splitlines() if path.exists() else []:
+            try:
+                record = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue  # being written
+            if record.get("type") == "step" and record.get("rank") == 0:
+                losses[int(record["step"])] = float(record["loss"])
+        return losses
+
+    def wait_step(self, step: int, timeout: float = 240) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if max(self.steps(), default=-1) >= step:
+                return
+            assert self.cluster.job(self.id).get("JobState") not in DONE_STATES, self.output()[-3000:]
+            time.sleep(0.5)
+        raise AssertionError(f"job {self.id} never reached step {step}:\n{self.output()[-3000:]}")
+
+    def wait_done(self, timeout: float = 240) -> dict[str, str]:
+        info = self.cluster.wait_job(self.id, DONE_STATES, timeout)
+        assert_nothing_left(self.cluster)
+        return info
+
+    def supervisor_pid(self, node: str) -> int:
+        for pid in self.cluster.processes(node):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"supervisor" in cmdline and b"--slurm" in cmdline:
+                return pid
+        raise AssertionError(f"no supervisor of job {self.id} on {node}")
+
+
+def assert_nothing_left(cluster: Cluster, timeout: float = 30) -> None:
+    """No process of any job on any node (slurmstepd included) a little after the job ended."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = {node: cluster.processes(node) for node in cluster.names}
+        if not any(left.values()):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"left running after the job: {left}")
+        time.sleep(0.5)
+
+
+def submit(cluster: Cluster, workdir: Path, *train_args: str, steps: int = 100000, stop_warning: int = 0,
+           requeue: bool = False, sbatch_options: tuple[str, ...] = ()) -> Job:
+    """`gpuherd sbatch --cpu` for 2 nodes x 1 CPU worker, submitted."""
+    paths = [f"system.run_root={workdir / 'logs'}", f"system.checkpoint_dir={workdir / 'ckpt'}",
+             f"data.cache_dir={workdir / 'cache'}"]
+    settings = [part for item in [*TINY, *paths, f"training.max_steps={steps}"] for part in ("--set", item)]
+    argv = ["--nodes", "2", "--cpu", "--cpus-per-task", "1", "--stop-warning", str(stop_warning),
+            "--log-dir", str(workdir / "out"), *(["--requeue"] if requeue else []),
+            "--", "--debug", "--no-report", *settings, *train_args]
+    options, _ = sbatch.parse(argv)
+    cluster.wait_idle()  # a node the previous test partitioned comes back first
+    script = workdir / "job.sbatch"
+    script.write_text(sbatch.render_sbatch(options))
+    (workdir / "out").mkdir(exist_ok=True)
+    return Job(cluster, workdir, cluster.sbatch(script, *sbatch_options))
+
+
+def same_outcome(job: Job) -> str:
+    """The root cause's message, identical on both nodes."""
+    first, second = job.summary(0), job.summary(1)
+    assert first["root_cause"]["message"] == second["root_cause"]["message"], (first["root_cause"], second["root_cause"])
+    assert first["exit_code"] == second["exit_code"]
+    return first["root_cause"]["message"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(cluster: Cluster, tmp_path_factory) -> Job:
+    """The clean two-node job every resumed job's losses are compared with."""
+    job = submit(cluster, tmp_path_factory.mktemp("clean"), steps=STEPS)
+    job.wait_done()
+    return job
+
+
+def test_clean_two_node_job(uninterrupted: Job):
+    info = uninterrupted.cluster.job(uninterrupted.id)
+    assert info["JobState"] == "COMPLETED", uninterrupted.output()[-3000:]
+    assert sorted(uninterrupted.steps()) == list(range(STEPS))
+    for node in (0, 1):
+        s = uninterrupted.summary(node)
+        assert s["exit_code"] == 0 and s["nnodes"] == 2 and s["node_rank"] == node
+
+
+def test_scancel_saves_the_step_on_every_node(cluster: Cluster, workdir: Path):
+    job = submit(cluster, workdir)
+    job.wait_step(1)
+    cluster.sx("scancel", job.id)
+    job.wait_done()
+    message = same_outcome(job)
+    assert message.startswith("stopped by SLURM: scancel (SIGTERM); checkpoint step "), message
+    step = int(message.split("checkpoint step ")[1].split()[0])
+    assert (workdir / "ckpt" / f"step_{step:07d}.pt").exists()
+    assert job.summary(0)["exit_code"] == 143 and job.summary(0)["final_save"] == "saved"
+    out = job.output()
+    assert "exiting now" not in out and "FAILED" not in out
+
+
+def test_usr1_warning_is_one_quiet_line_per_node_and_no_stacks(cluster: Cluster, workdir: Path):
+    job = submit(cluster, workdir)
+    job.wait_step(1)
+    cluster.sx("scancel", "--signal=USR1", job.id)
+    job.wait_done()
+    message = same_outcome(job)
+    assert message.startswith("stopped by SLURM: the time limit is near (SIGUSR1"), message
+    out = job.output()
+    assert "most recent call first" not in out  # no stack dump
+    warnings = [line for line in out.splitlines() if re.match(r"n[01]/supervisor:WARNING", line)]
+    assert len(warnings) == 2, warnings  # one per node
+    assert "checkpoint step " in message and job.summary(1)["final_save"] == "saved"
+
+
+def test_time_limit_warning_saves_before_the_limit(cluster: Cluster, workdir: Path):
+    """--signal=USR1@50: once the limit is 1 minute away SLURM sends the warning at its next
+    check (every ~30 s); the job saves and stops before the time limit kills it."""
+    job = submit(cluster, workdir, stop_warning=50)
+    job.wait_step(1)
+    elapsed_min = int(cluster.job(job.id)["RunTime"].split(":")[-2]) + 1
+    cluster.sx("scontrol", "update", f"JobId={job.id}", f"TimeLimit={elapsed_min + 1}")
+    info = job.wait_done(timeout=300)
+    message = same_outcome(job)
+    assert message.startswith("stopped by SLURM: the time limit is near (SIGUSR1"), (message, info["JobState"])
+    assert "checkpoint step " in message
+
+
+def test_requeue_continues_the_run_and_matches_an_uninterrupted_one(cluster: Cluster, workdir: Path,
+                                                                    uninterrupted: Job):
+    job = submit(cluster, workdir, steps=STEPS, requeue=True)
+    job.wait_step(2)
+    cluster.sx("scontrol", "requeue", job.id)
+    info = job.wait_done(timeout=400)
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", job.output()[-3000:]
+    for node in (0, 1):
+        s = job.summary(node)
+        assert s["exit_code"] == 0 and s["slurm_restart_count"] == 1
+        first = s["requeues"][0]
+        assert first["exit_code"] == 143 and first["final_save"] == "saved"
+        assert first["root_cause"].startswith("stopped by SLURM: requeue (SIGTERM)")
+        assert (job.run_dir(node) / "requeue-1").is_dir()
+        assert s["attempts"][0]["resumed_from"]
+    out = job.output()
+    assert out.count("gpuherd: job ") == 2  # both starts' output in the one file (--open-mode=append)
+    losses, reference = job.steps(), uninterrupted.steps()
+    assert sorted(losses) == list(range(STEPS))
+    assert losses[STEPS - 1] == reference[STEPS - 1], (losses, reference)
+
+
+def test_node_whose_supervisor_is_sigkilled_is_named_on_the_survivor(cluster: Cluster, workdir: Path):
+    job = submit(cluster, workdir)
+    job.wait_step(1)
+    killed_at = time.monotonic()
+    cluster.on(cluster.names[1], "kill", "-9", str(job.supervisor_pid(cluster.names[1])))
+    job.wait_done()
+    took = time.monotonic() - killed_at
+    cause = job.summary(0)["root_cause"]
+    assert cause["message"].startswith(f"node 1 ({cluster.names[1]}) stopped responding"), (cause, took)
+    assert job.summary(0)["exit_code"] == 1
+
+
+def test_partitioned_node_is_named_from_both_sides(cluster: Cluster, workdir: Path):
+    job = submit(cluster, workdir, sbatch_options=("--no-requeue",))  # SLURM would requeue it after NODE_FAIL
+    job.wait_step(1)
+    cluster.partition(cluster.names[1])
+    try:
+        deadline = time.monotonic() + 120
+        while not all((job.run_dir(n) / "summary.json").exists() for n in (0, 1)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+    finally:
+        cluster.heal(cluster.names[1])
+    job.wait_done()
+    assert job.summary(0)["root_cause"]["message"].startswith(f"node 1 ({cluster.names[1]}) stopped responding")
+    assert "lost the job store" in job.summary(1)["root_cause"]["message"]
+
+
+def test_worker_failure_is_restarted_across_nodes(cluster: Cluster, workdir: Path, uninterrupted: Job):
+    job = submit(cluster, workdir, "--max-restarts", "1", steps=STEPS)
+    job.wait_step(2)
+    worker = next(pid for pid in cluster.processes(cluster.names[1])
+                  if b"worker" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))
+    cluster.on(cluster.names[1], "kill", "-9", str(worker))
+    info = job.wait_done(timeout=400)
+    assert info["JobState"] == "COMPLETED", job.output()[-3000:]
+    for node in (0, 1):
+        assert job.summary(node)["restarts"] == 1 and job.summary(node)["exit_code"] == 0
+    assert job.steps()[STEPS - 1] == uninterrupted.steps()[STEPS - 1]  # the restart lost nothing

@@ -1,0 +1,160 @@
+"""The supervisor's live-recovery policy in milliseconds: when a spare may take a lost rank, why
+not otherwise, and what a recovery records (the real processes: tests/e2e/test_live_recovery_run.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from loguru import logger
+
+from gpuherd.config import Config, ConfigError, validate
+from supervisor.gpus import DeviceSlot
+from supervisor.processes import LiveRecovery
+from supervisor.processes.live_setup import spare_count, why_off
+from supervisor.summary import RootCause
+
+
+@dataclass
+class FakeProc:
+    pid: int
+    rank: int = 0
+    returncode: int | None = None
+
+    @property
+    def slot(self) -> DeviceSlot:
+        return DeviceSlot(self.rank, "cpu", self.rank)
+
+    log_path: Path = Path("/dev/null")
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+
+@dataclass
+class FakePool:
+    spares: list[FakeProc] = field(default_factory=lambda: [FakeProc(pid=900)])
+    promoted: list[tuple[int, dict]] = field(default_factory=list)
+
+    def take(self) -> tuple[FakeProc | None, str]:
+        return (self.spares.pop(0), "") if self.spares else (None, "no warm spare left (--spares)")
+
+    def promote(self, spare: FakeProc, slot: DeviceSlot, log_path: Path, env: dict) -> FakeProc:
+        self.promoted.append((slot.rank, env))
+        return FakeProc(pid=spare.pid, rank=slot.rank)
+
+
+def _live(budget: int = 2, off: str | None = None, pool: FakePool | None = None) -> tuple[LiveRecovery, list[dict]]:
+    metrics: list[dict] = []
+    live = LiveRecovery(pool or FakePool(), budget, attempt=0, env_for=lambda slot, spare, g: {"GEN": str(g)},
+                        numbered_from=0, write_metric=metrics.append, off=off)
+    for rank in (0, 1):
+        live.observe({"type": "live", "rank": rank, "event": "able", "able": True, "why": None})
+    return live, metrics
+
+
+@pytest.fixture
+def warnings():
+    lines: list[str] = []
+    handler = logger.add(lambda m: lines.append(m.record["message"]), level="WARNING")
+    yield lines
+    logger.remove(handler)
+
+
+def _cause(rank: int = 1) -> RootCause:
+    return RootCause("worker-exit", 137, f"CPU{rank} (rank {rank}) killed by SIGKILL after 3.0 s", rank=rank)
+
+
+def test_a_spare_takes_the_lost_rank_and_the_recovery_is_accounted_from_the_ranks_records():
+    live, metrics = _live()
+    for step in range(7):  # step records carry the 0-based index of the completed step
+        live.observe({"type": "step", "rank": 0, "step": step})
+    new = live.replace(FakeProc(pid=11, rank=1), _cause(), [FakeProc(pid=10, rank=0)], now=100.0)
+    assert new is not None and new.pid == 900 and new.slot.rank == 1
+    assert live.pool.promoted == [(1, {"GEN": "1"})]  # the first rebuilt group of the attempt
+    assert live.budget == 1 and live.in_flight is not None
+    live.observe({"type": "live", "rank": 0, "event": "lost_peer", "generation": 1, "step": 8})
+    live.observe({"type": "live", "rank": 1, "event": "rejoined", "generation": 1, "step": 7, "source": 0,
+                  "role": "newcomer", "seconds": 0.2})
+    live.observe({"type": "live", "rank": 1, "event": "first_step", "generation": 1, "step": 8})
+    (rec,) = live.recoveries
+    assert rec.outcome == "recovered" and rec.resumed_step == 7 and rec.source_rank == 0
+    assert rec.steps_redone == 1  # rank 0 said it had completed 8 when the collective broke
+    assert rec.survivors == [{"rank": 0, "pid": 10}] and rec.lost_pid == 11 and rec.replaced_by_pid == 900
+    assert metrics[-1]["type"] == "recovery" and metrics[-1]["outcome"] == "recovered"
+    assert live.settle()[0]["outcome"] == "recovered"
+
+
+@pytest.mark.parametrize(("setup", "why"), [
+    (lambda live: setattr(live, "off", "a --script run (x)"), "a --script run (x)"),
+    (lambda live: setattr(live, "budget", 0), "no restart left for it"),
+    (lambda live: live.able.pop(0), "rank 0 had not started training yet"),
+    (lambda live: live.observe({"type": "live", "rank": 0, "event": "able", "able": False,
+                                "why": "strategy fsdp shards its state"}), "rank 0: strategy fsdp shards its state"),
+    (lambda live: live.pool.spares.clear(), "no warm spare left"),
+])
+def test_where_live_recovery_cannot_apply_it_says_why_and_leaves_the_restart_to_the_supervision(setup, why, warnings):
+    live, _ = _live()
+    setup(live)
+    assert live.replace(FakeProc(pid=11, rank=1), _cause(), [FakeProc(pid=10, rank=0)], now=1.0) is None
+    assert live.recoveries == [] and live.pool.promoted == []
+    (line,) = warnings
+    assert line.startswith("live recovery not possible: ") and why in line
+
+
+def test_a_second_failure_during_a_recovery_fails_it_and_falls_back(warnings):
+    live, metrics = _live(pool=FakePool(spares=[FakeProc(pid=900), FakeProc(pid=901)]))
+    live.replace(FakeProc(pid=11, rank=1), _cause(), [FakeProc(pid=10, rank=0)], now=1.0)
+    assert live.replace(FakeProc(pid=10, rank=0), _cause(0), [FakeProc(pid=900, rank=1)], now=2.0) is None
+    assert warnings[-1] == "live recovery not possible: a second failure during a recovery (rank 1 was being replaced)"
+    (rec,) = live.recoveries
+    assert rec.outcome == "failed" and "then CPU0 (rank 0) killed by SIGKILL" in rec.failed
+    assert metrics[-1]["outcome"] == "failed"
+
+
+def test_a_recovery_still_in_flight_when_the_attempt_ends_is_recorded_as_failed():
+    live, _ = _live()
+    live.replace(FakeProc(pid=11, rank=1), _cause(), [FakeProc(pid=10, rank=0)], now=1.0)
+    (rec,) = live.settle()
+    assert rec["outcome"] == "failed" and "before the rebuilt group completed a step" in rec["failed"]
+
+
+def test_every_rank_lost_leaves_no_survivor_to_take_the_state_from():
+    live, _ = _live()
+    assert live.why_not(1, []) == "every rank was lost: no survivor holds the state"
+
+
+def test_spares_default_to_one_with_restarts_and_need_restarts_when_asked_for():
+    cfg = Config()
+    assert spare_count(cfg) == 0
+    cfg.system.max_restarts = 2
+    assert spare_count(cfg) == 1
+    cfg.system.spares = 0
+    assert spare_count(cfg) == 0
+    cfg.system.max_restarts, cfg.system.spares = 0, 1
+    with pytest.raises(ConfigError, match="system.spares=1 needs system.max_restarts > 0"):
+        validate(cfg)
+
+
+def test_attempts_where_no_rank_can_be_replaced_live_say_why_up_front():
+    cfg = Config()
+    assert why_off(cfg, script=True, multi_node=False, world_size=2).startswith("a --script run")
+    assert why_off(cfg, script=False, multi_node=True, world_size=4).startswith("a multi-node job")
+    assert why_off(cfg, script=False, multi_node=False, world_size=1).startswith("a single worker")
+    assert why_off(cfg, script=False, multi_node=False, world_size=2) is None
+
+
+def test_a_survivor_that_never_leaves_the_broken_group_ends_the_recovery_after_a_step_allowance():
+    live, metrics = _live(pool=FakePool())
+    live.observe({"type": "live", "rank": 2, "event": "able", "able": True, "why": None})
+    # a survivor may notice the loss before the supervisor has reaped the lost rank
+    live.observe({"type": "live", "rank": 0, "event": "lost_peer", "generation": 1, "step": 5})
+    live.replace(FakeProc(pid=11, rank=1), _cause(), [FakeProc(pid=10, rank=0), FakeProc(pid=12, rank=2)], now=100.0)
+    assert live.stuck(105.0, step_allowance=2.0) is None  # at least STUCK_S
+    assert live.stuck(115.0, step_allowance=30.0) is None  # a step's allowance when longer
+    why, rank = live.stuck(111.0, step_allowance=2.0)
+    assert rank == 2 and why.startswith("live recovery 1 not possible: rank(s) 2 stayed in a collective")
+    live.give_up(_cause(2))
+    assert live.recoveries[0].outcome == "failed" and metrics[-1]["outcome"] == "failed"
+    assert live.stuck(200.0, step_allowance=2.0) is None  # nothing in flight any more

@@ -1,0 +1,220 @@
+"""Live recovery inside one rank: leave a group a lost peer broke, rejoin the rebuilt one, and
+go on from the last completed step with the state of one survivor, without reading a checkpoint.
+
+The supervisor decides (supervisor/processes/live_recovery.py); the ranks only act:
+
+- survivors: a collective raised because a peer's connection closed (`is_peer_loss`) ->
+  leave the broken group -> join generation g+1 (the same store, a new prefix, the same
+  world size: a warm spare takes the lost rank) -> tell each other how many steps each
+  completed -> wrap the model over the new group -> the source (the lowest rank among
+  those that completed the most steps) broadcasts model, optimizer, grad scaler, RNG and
+  data position; every other rank loads them.
+- the newcomer (a warm spare, worker/spare.py) joins generation g at its start, learns the
+  layout from the same exchange, builds its engine without collectives, and takes the state.
+
+Every rank keeps the data position and RNG state of its last completed step (`mark()`: a
+few KB, no device sync), so the step in flight, cut short, is done again from exactly where
+it began: losses after the recovery equal an uninterrupted run's, bit for bit. Only
+strategies whose every rank holds the whole state (`Engine.live_recoverable`: DDP) qualify;
+the others fall back to the supervisor's restart from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from loguru import logger
+
+from gpuherd import contract
+from worker import distributed as wdist
+from worker import rng
+from worker.data import Prefetched
+from worker.distributed import StopVote, is_peer_loss
+from worker.state_broadcast import broadcast_state
+
+if TYPE_CHECKING:
+    from gpuherd.memory_plan import Layout
+    from worker.train import Trainer
+
+
+@dataclass
+class Mark:
+    """Where a rank stood after its last completed step."""
+
+    step: int
+    sampler: dict[str, Any]
+    rng: dict[str, Any]
+
+
+def why_not_live(strategy: str, recoverable: bool, world_size: int) -> str | None:
+    """None when this rank can be recovered live; else the reason, said by the supervisor."""
+    if os.environ.get(contract.LIVE_RECOVERY) != "1":
+        return "no warm spare (--spares 0, or --max-restarts 0)"
+    if world_size < 2:
+        return "a single worker has no peer to take the state from"
+    if not recoverable:
+        return (f"strategy {strategy} shards its state across ranks: the lost rank's shard exists nowhere else "
+                "(live recovery needs ddp)")
+    return None
+
+
+@dataclass(frozen=True)
+class Joining:
+    """A spare taking a lost rank: the rebuilt group it joined and what the survivors said there."""
+
+    generation: int
+    source: int  # the survivor whose state it takes
+    layout: Layout
+    note: str | None
+    saves_blocking: str | None  # why checkpoints are written while the loop waits (None: in the background)
+
+
+def join_as_newcomer(cfg: Any, identity: Any, device: torch.device, generation: int) -> Joining:
+    """A spare's start on rebuilt group `generation`: join it, then the survivors' exchange
+    (`LiveRecovery.rejoin`'s, from the newcomer's side), which names the layout and the source."""
+    wdist.join_generation(cfg, identity, device, generation)
+    infos = wdist.gather_objects(None)
+    source = _source(infos)
+    info = infos[source]
+    return Joining(generation, source, info["layout"], info["note"], info["saves_blocking"])
+
+
+def _source(infos: list[dict[str, Any] | None]) -> int:
+    best = max(info["step"] for info in infos if info is not None)
+    return min(r for r, info in enumerate(infos) if info is not None and info["step"] == best)
+
+
+class LiveRecovery:
+    """One trainer's side of live recovery: the marks, the rejoin, the state hand-over."""
+
+    def __init__(self, trainer: Trainer, joining: Joining | None = None) -> None:
+        self.t = trainer
+        self.generation = joining.generation if joining is not None else 0
+        self.why_not = why_not_live(trainer.strategy, trainer.engine.live_recoverable, trainer.identity.world_size)
+        self._mark: Mark | None = None
+        self._joined_at: int | None = None  # the step this rank (re)joined at, until its first step after
+
+    @property
+    def enabled(self) -> bool:
+        return self.why_not is None
+
+    def announce(self) -> None:
+        """Tell the supervisor whether a lost peer of this rank can be replaced live."""
+        if os.environ.get(contract.LIVE_RECOVERY) == "1":
+            self.t.status.send("live", event="able", able=self.enabled, why=self.why_not)
+
+    def mark(self) -> None:
+        """After each completed step (and before the first): what a rejoin rewinds to."""
+        t = self.t
+        if self.enabled:
+            self._mark = Mark(t.step, t.data.train.state_dict(), rng.capture(t.device))
+        if self._joined_at is not None and t.step > self._joined_at:
+            self._joined_at = None  # the supervisor's clock of this recovery stops here
+            t.status.send("live", event="first_step", generation=self.generation, step=t.step)
+
+    def can_rejoin(self, exc: BaseException) -> bool:
+        return self.enabled and self._mark is not None and is_peer_loss(exc)
+
+    def rejoin(self, lost: str) -> None:
+        """A survivor's whole recovery (`lost`: what the collective raised, one line); raises (the
+        rank fails, the supervisor restarts everyone) if the rebuilt group does not form or a
+        peer is lost again meanwhile."""
+        t, started = self.t, time.perf_counter()
+        self.generation += 1
+        logger.warning(f"{t.identity.bracket} lost a peer at step {self._mark.step} ({lost}); rejoining "
+                       f"rebuilt group {self.generation} with a spare in its place")
+        t.status.send("live", event="lost_peer", generation=self.generation, step=self._mark.step)
+        t.status.send("phase", name="rendezvous")
+        t.live.at("rendezvous")
+        self._leave()
+        wdist.join_generation(t.cfg, t.identity, t.device, self.generation)
+        infos = wdist.gather_objects({"step": self._mark.step, "layout": t.layout, "note": t.layout_note,
+                                      "saves_blocking": t.saver.why_blocking})
+        t.vote = StopVote.create()
+        t.engine.regroup()
+        if t.guard is not None:
+            t.guard.model = t.engine.model
+        source = _source(infos)
+        behind = infos[t.identity.rank]["step"] < infos[source]["step"]
+        self._take_state(source, behind)
+        self._rejoined(started, source, "source" if t.identity.rank == source else "survivor")
+
+    def _leave(self) -> None:
+        """Destroy the broken group for real: a peer still waiting in a collective on this rank (a
+        gloo algorithm whose next message was to come from here) is freed only once this rank's
+        connections close, which happens when the last reference to the group goes."""
+        t = self.t
+        t.vote = StopVote(None)
+        t.engine.drop_group()
+        if t.guard is not None:
+            t.guard.model = t.engine.model
+        wdist.leave_broken_group()
+        gc.collect()
+
+    def join(self, joining: Joining) -> None:
+        """The newcomer, at the end of its trainer's construction: the survivors' state."""
+        started = time.perf_counter()
+        self._take_state(joining.source, behind=True)
+        self._joined_at = self.t.step
+        self._rejoined(started, joining.source, "newcomer")
+
+    def _take_state(self, source: int, behind: bool) -> None:
+        """The source's state by broadcast; a rank already at its step keeps its own (the same
+        bits) and only rewinds its data position and RNG to its mark."""
+        t = self.t
+        mine = self._state() if t.identity.rank == source else None
+        state = broadcast_state(mine, source, t.device)
+        if behind:
+            self._load(state)
+        else:
+            self._rewind(self._mark.sampler, self._mark.rng)
+        t.step, t.saved_step, t.skipped_steps = int(state["step"]), int(state["saved_step"]), int(state["skipped"])
+        self._mark = Mark(t.step, t.data.train.state_dict(), rng.capture(t.device))
+
+    def _state(self) -> dict[str, Any]:
+        t, engine = self.t, self.t.engine
+        return {"step": self._mark.step, "saved_step": t.saved_step, "skipped": t.skipped_steps,
+                "model": engine.inner.state_dict(), "optimizer": engine.optimizer.state_dict(),
+                "scaler": engine.scaler.state_dict() if engine.scaler is not None else None,
+                "sampler": self._mark.sampler, "rng": self._mark.rng}
+
+    def _load(self, state: dict[str, Any]) -> None:
+        engine = self.t.engine
+        engine.inner.load_state_dict(state["model"])
+        engine.optimizer.load_state_dict(state["optimizer"])
+        if engine.scaler is not None and state["scaler"] is not None:
+            engine.scaler.load_state_dict(state["scaler"])
+        sampler = dict(state["sampler"])
+        if "rank" in sampler:  # a sampler's position is the same on every rank but for its rank
+            sampler["rank"] = self.t.identity.rank
+        self._rewind(sampler, state["rng"])
+
+    def _rewind(self, sampler: dict[str, Any], rng_state: dict[str, Any]) -> None:
+        """Data position and RNG back to the last completed step (the step in flight is redone)."""
+        t = self.t
+        t.engine.optimizer.zero_grad(set_to_none=True)
+        source = t.data.train
+        if isinstance(source, Prefetched):  # its thread drew ahead: a fresh one from the rewound source
+            source.close()
+            source.source.load_state_dict(sampler)
+            t.data.train = Prefetched(source.source, source.depth, source.pin)
+        else:
+            source.load_state_dict(sampler)
+        rng.restore(rng_state, t.device)
+
+    def _rejoined(self, started: float, source: int, role: str) -> None:
+        t = self.t
+        seconds = time.perf_counter() - started
+        t.status.send("live", event="rejoined", generation=self.generation, step=t.step, source=source, role=role,
+                      seconds=round(seconds, 4))
+        t.status.send("phase", name="train")
+        t.reporter.exclude_pause(seconds)
+        if t.identity.rank == source:
+            logger.info(f"{t.identity.bracket} rebuilt group {self.generation} formed: continuing from step {t.step} "
+                        f"with this rank's state ({seconds:.2f} s, no checkpoint read)")
+
