@@ -186,3 +186,35 @@ def test_save_stats_say_what_the_saves_cost_since_the_last_step_line():
     assert stats.summary() == ("checkpoints: 3 saved, the loop blocked 1.80 s in all (0.600 s per save, at most "
                                "1.250 s); 2 written by this rank (1 in the background), 1.50 s per write; 1 waited "
                                "1.00 s in all for the previous write")
+
+
+def _two_ranks(tmp: Path, name: str, overrides: list[str], **env: str) -> list[h.Watched]:
+    spec = _spec(tmp, name, overrides)
+    port = json.loads(spec.read_text())["runs"][0]["port"]
+    return [h.Watched(["tests/worker/helpers.py", "train", str(spec)], h.worker_env(rank, 2, port, **env))
+            for rank in (0, 1)]
+
+
+def test_fsdp_killed_between_its_manifest_and_the_rename_resumes_bit_exactly_from_the_older_one(tmp_path: Path):
+    """Every FSDP rank writes its shards in the background; the ranks are killed while the
+    step-4 directory is complete, manifest included, but not yet renamed: --resume auto takes
+    step 2 and both ranks end where an uninterrupted (blocking) run ends."""
+    fsdp = [*SAVES, "training.strategy=fsdp"]
+    for proc in _two_ranks(tmp_path, "ref", [*fsdp, "training.async_save=false", "system.checkpoint_dir=ref"]):
+        assert proc.finish(timeout=300) == 0, proc.stderr
+    killed = _two_ranks(tmp_path, "killed", fsdp, **{PAUSE_VAR: "manifest:4"})
+    try:
+        killed[0].wait_for("checkpoint save paused at manifest (step 4)", timeout=240)
+    finally:
+        for proc in killed:
+            proc.kill()
+    assert [s for s, _ in list_checkpoints(tmp_path / "ckpt")] == [2]
+    assert read_manifest(tmp_path / "ckpt" / "step_0000002").step == 2
+
+    resumed = _two_ranks(tmp_path, "resumed", [*fsdp, "training.resume=auto"])
+    for proc in resumed:
+        assert proc.finish(timeout=300) == 0, proc.stderr
+    assert "step_0000002 at step 2" in resumed[0].stderr
+    for rank in (0, 1):
+        reference = h.step_losses(tmp_path / f"ref-rank{rank}.jsonl")
+        assert h.step_losses(tmp_path / f"resumed-rank{rank}.jsonl") == reference[2:], rank
