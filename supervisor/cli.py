@@ -51,16 +51,17 @@ def _id_list(text: str) -> list[int]:
     return ids
 
 
-def _nnodes(text: str) -> int:
-    """torchrun's `N` or `MIN:MAX`; gpuherd's jobs have a fixed size, so MIN must equal MAX."""
+def _nnodes(text: str) -> tuple[int, int]:
+    """torchrun's `N` or `MIN:MAX` (an elastic job: it starts with MIN nodes, takes up to MAX)."""
     low, _, high = text.partition(":")
     try:
         lo, hi = int(low), int(high or low)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of nodes like 2, got '{text}'") from None
-    if lo != hi:
-        raise argparse.ArgumentTypeError(f"'{text}': elastic node ranges are not supported; give one number")
-    return lo
+        raise argparse.ArgumentTypeError(f"expected a number of nodes like 2 or a range like 1:4, got '{text}'") \
+            from None
+    if high and not 1 <= lo <= hi:  # a plain number is judged with the other node options (_node_spec)
+        raise argparse.ArgumentTypeError(f"'{text}': expected 1 <= MIN <= MAX") from None
+    return lo, hi
 
 
 def _seconds(text: str) -> float:
@@ -140,7 +141,9 @@ def _add_restart_flags(parser: argparse.ArgumentParser) -> None:
 
 def _add_node_flags(parser: argparse.ArgumentParser) -> None:
     m = parser.add_argument_group("multi-node (one supervisor per node; see README 'Multi-node')")
-    m.add_argument("--nnodes", type=_nnodes, default=None, metavar="N", help="nodes in the job (default 1)")
+    m.add_argument("--nnodes", type=_nnodes, default=None, metavar="N|MIN:MAX",
+                   help="nodes in the job (default 1); MIN:MAX: start once MIN joined, admit more up to MAX "
+                        "at the next restart (README 'Elastic node counts')")
     m.add_argument("--node-rank", "--node_rank", type=int, default=None, metavar="R",
                    help="this node, 0..N-1; node 0 hosts the job store")
     m.add_argument("--master-addr", "--master_addr", default=None, metavar="HOST",
@@ -176,6 +179,7 @@ def parse(argv: list[str], prog: str = PROG) -> Launch:
     parser = build_parser(prog)
     apply_pet_defaults(parser, os.environ)  # torchrun's PET_<FLAG>: a flag's default, the command line wins
     args = parser.parse_args(argv)
+    args.min_nodes, args.nnodes = args.nnodes if args.nnodes is not None else (None, None)  # MIN:MAX
     if args.nproc is not None and args.nproc_per_node == os.environ.get("PET_NPROC_PER_NODE"):
         args.nproc_per_node = None  # --nproc typed wins over PET_NPROC_PER_NODE, as a typed flag would
     script = _script(args, prog)
@@ -237,17 +241,22 @@ def _node_spec(args: argparse.Namespace) -> NodeSpec:
         if args.nproc is None and args.gpus is None and slurm.gpus_on_node and slurm.cuda_visible_devices is None:
             args.nproc = slurm.gpus_on_node  # SLURM said how many GPUs but did not hide the others
     nnodes = 1 if nnodes is None else nnodes
+    min_nodes = nnodes if args.min_nodes is None else args.min_nodes
     node_rank = 0 if node_rank is None else node_rank
     port = DEFAULT_PORT if port is None else port
     if nnodes < 1:
         die(f"--nnodes must be >= 1, got {nnodes}")
     if not 0 <= node_rank < nnodes:
-        die(f"--node-rank {node_rank} is outside 0..{nnodes - 1} (--nnodes {nnodes})")
+        die(f"--node-rank {node_rank} is outside 0..{nnodes - 1} (--nnodes {_shown(min_nodes, nnodes)})")
     if not 1 <= port <= 65535:
         die(f"--master-port {port} is not a TCP port (1-65535)")
     if nnodes > 1 and not addr:
-        die(f"--nnodes {nnodes} needs --master-addr: node 0's address, as every node reaches it")
-    return NodeSpec(nnodes=nnodes, node_rank=node_rank, master_addr=addr or "", master_port=port)
+        die(f"--nnodes {_shown(min_nodes, nnodes)} needs --master-addr: node 0's address, as every node reaches it")
+    return NodeSpec(nnodes=nnodes, node_rank=node_rank, master_addr=addr or "", master_port=port, min_nodes=min_nodes)
+
+
+def _shown(min_nodes: int, nnodes: int) -> str:
+    return str(nnodes) if min_nodes == nnodes else f"{min_nodes}:{nnodes}"
 
 
 def _read_slurm(master_addr: str | None):

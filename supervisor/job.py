@@ -137,6 +137,7 @@ class Job:
         self.log_base = requeues.log_dir(run_dir, self.requeue)
         self.earlier_starts = requeues.earlier_starts(run_dir, self.requeue) if self.requeue else []
         self.guard: OrphanGuard | None = None  # started before the dataset build (start_guard)
+        self.restarts_used = 0  # failures restarted (--max-restarts); an elastic membership change is not one
 
     @property
     def mode(self) -> str:
@@ -209,25 +210,32 @@ class Job:
                 final = report.root_cause
                 if final is None:
                     break
-                used = attempt + self._recovered()  # --max-restarts counts recoveries and restarts alike
+                membership = final.kind == "membership"  # elastic: a node joins; torchrun does not count it
+                used = self.restarts_used + self._recovered()  # --max-restarts counts recoveries and restarts alike
                 plan = plan_restart(final, stop_signal=report.stop_signal, attempt=used,
                                     max_restarts=system.max_restarts, train=self.mode == "train",
                                     restart_on_nan=system.restart_on_nan, base_backoff=system.restart_backoff,
                                     streak=streak, ran_s=report.duration_s)
-                why_not = self._after_dataset_check(plan) or self._exclude_suspects(final, report, attempt + 1)
+                why_not = None if membership else (
+                    self._after_dataset_check(plan) or self._exclude_suspects(final, report, attempt + 1))
                 if why_not:
                     if system.max_restarts:  # say why only where a restart was on the table
                         report.not_restarted = why_not
                     break
                 newest = self.checkpoints.newest_of_this_run()
                 resume = str(newest) if newest is not None else None
-                delay, streak = plan.delay, plan.streak
-                logger.warning(f"attempt {attempt} failed ({final.message}); restart {used + 1} of "
-                               f"{system.max_restarts} in {delay:g} s, "
+                delay = 0.0 if membership else plan.delay
+                if not membership:
+                    streak = plan.streak
+                    self.restarts_used += 1
+                logger.warning(f"attempt {attempt} " + ("ended" if membership else "failed") + f" ({final.message}); "
+                               + ("restarting" if membership else f"restart {used + 1} of {system.max_restarts}")
+                               + f" in {delay:g} s, "
                                + (f"resuming from {resume}" if resume else "starting as the first attempt did "
                                   "(no checkpoint written yet)"))
                 metrics.write({"type": "restart", "time": time.time(), "attempt": attempt + 1,
                                "after": final.message, "exit_code": final.exit_code, "resume": resume,
+                               "membership": membership, "restarts_used": self.restarts_used,
                                "excluded_gpus": list(self.exclusion.excluded), "world_size": self.plan.world_size})
                 signum = pause(delay)
                 if signum is not None:
@@ -389,8 +397,9 @@ class Job:
         run_env = RunEnv(run_id=self.run_id, run_dir=str(self.run_dir), master_addr=setup.master_addr,
                          master_port=setup.master_port, supervisor_pid=os.getpid(),
                          config_path=str(self.run_dir / "config.json"), dataset_cache=self.dataset_path,
-                         restart_count=attempt, max_restarts=cfg.system.max_restarts, resume=setup.resume or "",
-                         world_size=setup.world_size, node_rank=self.rendezvous.node_rank,
+                         restart_count=self.restarts_used, max_restarts=cfg.system.max_restarts,
+                         resume=setup.resume or "",
+                         world_size=setup.world_size, node_rank=self.rendezvous.group_rank,
                          nnodes=self.rendezvous.nnodes, trace_dir=str(trace_dir), role=self.launch.torchrun.role,
                          signals_to_handle=self.launch.torchrun.signals_to_handle,
                          virtual_local_rank=self.launch.torchrun.virtual_local_rank,
@@ -398,7 +407,7 @@ class Job:
         timer = FileTimer(Path(run_env.timer_file), log_dir / "file-timer.log") if run_env.timer_file else None
         live = live_for_attempt(
             AttemptLive(cfg, self.command, plan, run_env, python_env(), log_dir, guard.watch),
-            budget=cfg.system.max_restarts - attempt - self._recovered(), attempt=attempt,
+            budget=cfg.system.max_restarts - self.restarts_used - self._recovered(), attempt=attempt,
             numbered_from=len(self.recoveries), script=self.mode == "script", multi_node=self.launch.node.multi,
             write_metric=metrics.write)
         observers = [self.checkpoints.observe, suspects.observe] + ([live.observe] if live is not None else [])
@@ -510,7 +519,7 @@ class Job:
             exit_code=exit_code, outcome="success" if cause is None else cause.kind, started_at=self.started_at,
             duration_s=round(time.monotonic() - self.t0, 3), root_cause=cause,
             workers=last.workers if last else [], teardown_s=last.teardown_s if last else None, notes=self.notes,
-            max_restarts=self.cfg.system.max_restarts, restarts=max(0, len(attempts) - 1), attempts=attempts,
+            max_restarts=self.cfg.system.max_restarts, restarts=self.restarts_used, attempts=attempts,
             node_rank=self.rendezvous.node_rank, nnodes=self.rendezvous.nnodes, nodes=self.rendezvous.nodes,
             final_save=last.final_save if last else None,
             stragglers=self.stragglers, hang_timeouts=self.timeouts.learned(),

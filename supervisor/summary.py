@@ -139,7 +139,7 @@ class Summary:
     teardown_s: float | None = None  # first failure -> last worker gone
     notes: list[str] = field(default_factory=list)
     max_restarts: int = 0
-    restarts: int = 0  # attempts after the first
+    restarts: int = 0  # failures restarted (an elastic job's membership restarts are attempts, not these)
     attempts: list[AttemptReport] = field(default_factory=list)  # every start, oldest first
     node_rank: int = 0  # multi-node: this node
     nnodes: int = 1
@@ -250,8 +250,9 @@ class Summary:
         for a in self.attempts[:-1]:
             resumed = f"; attempt {a.attempt + 1} resumed from {self.attempts[a.attempt + 1].resumed_from}" \
                 if self.attempts[a.attempt + 1].resumed_from else f"; attempt {a.attempt + 1} started afresh"
-            lines.append(f"attempt {a.attempt} failed with exit code {a.exit_code}: "
-                         f"{a.root_cause.message if a.root_cause else a.outcome}{resumed}")
+            ended = "was restarted for a membership change" if a.outcome == "membership" \
+                else f"failed with exit code {a.exit_code}"  # elastic: a node asked to join
+            lines.append(f"attempt {a.attempt} {ended}: {a.root_cause.message if a.root_cause else a.outcome}{resumed}")
         last = self.attempts[-1]
         if last.not_restarted:
             lines.append(f"not restarted: {last.not_restarted}")

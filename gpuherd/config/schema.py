@@ -38,6 +38,8 @@ class SystemConfig:
     startup_timeout: float = limited(0.0, ge=0)  # allowance for init + first step; 0 = default
     grace_period: float = limited(5.0, gt=0)  # SIGTERM -> SIGKILL wait during teardown
     rendezvous_timeout: float = limited(120.0, gt=0)  # process-group init
+    # --nnodes MIN:MAX: once MIN nodes joined, how long node 0 waits for more (torchrun's last_call_timeout)
+    rendezvous_last_call: float = limited(30.0, ge=0)
     log_ranks: list[int] | None = limited(None, ids=True)  # console shows these ranks (+ all warnings)
     collapse_logs: bool = False  # identical lines from all ranks -> one line
     monitor_interval: float = limited(5.0, gt=0)  # seconds between GPU samples

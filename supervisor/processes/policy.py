@@ -480,8 +480,8 @@ def _remote(s: State, e: Fatal, r: Rules) -> Result:
         s, actions = _stop_all(s, e.view, r, signal.SIGINT, ctrl_c_wait(e.view, r))
         return s, [Log("warning", f"{e.cause.message}: asking this node's workers to stop at a step boundary"),
                    *actions]
-    if e.cause.kind == "terminated":  # the same for a stop request (a preemption) there
-        return _save_and_stop(s, e.view, r, e.cause.message)
+    if e.cause.kind in ("terminated", "membership"):  # the same for a stop request (a preemption) there,
+        return _save_and_stop(s, e.view, r, e.cause.message)  # and for a node asking to join (elastic)
     s, actions = _terminate(s, e.view, r)
     return s, [Log("error", f"the job failed on another node: {e.cause.message}; stopping this node's workers"),
                *actions]

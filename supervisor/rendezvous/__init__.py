@@ -4,6 +4,8 @@
     SingleNode, SingleStore (single.py): a fresh store per attempt, where torchrun's flags put it
     MultiNode (multi.py): joins the job through this node's agent (job_link.py ->
       node_agent_main.py, a helper process), global ranks, cross-node root causes
+    ElasticRounds (elastic_rounds.py, inside the agent): --nnodes MIN:MAX, who node 0 admits to
+      each round, and a late node's wait for the next one
   HostedStore, StoreServer (store.py -> store_main.py, a helper process kept warm across
     attempts): each attempt's torch TCPStore, on a socket the supervisor bound first
   NodeSpec, bind_master, NodeLinkError (nodes.py): multi-node addresses and errors;

@@ -32,8 +32,9 @@ class Setup:
 
 
 class Rendezvous(Protocol):
-    node_rank: int
-    nnodes: int
+    node_rank: int  # --node-rank
+    nnodes: int  # the nodes in the attempt running (an elastic job's change with the nodes admitted)
+    group_rank: int  # this node's place among them (GROUP_RANK; --node-rank unless an elastic round skips one)
     nodes: list[dict]  # every node's place in the job (multi-node), for the summary
     helper_pid: int | None  # a helper process that lives across attempts (the node agent), if any
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from loguru import logger
 
 from gpuherd.exit_codes import ExitCode
 from gpuherd.files import open_log
@@ -41,8 +42,10 @@ class JobLink:
     """This node's agent process and the events it reports."""
 
     def __init__(self, spec: NodeSpec, join_timeout: float, python: str, env: dict[str, str],
-                 preexec: Callable[[], None], log_path: Path, listen: socket.socket | None) -> None:
-        self.spec, self.join_timeout = spec, join_timeout
+                 preexec: Callable[[], None], log_path: Path, listen: socket.socket | None,
+                 last_call: float = 0.0) -> None:
+        """`last_call`: an elastic job's (--nnodes MIN:MAX) wait for more nodes once MIN joined."""
+        self.spec, self.join_timeout, self.last_call = spec, join_timeout, last_call
         self.where = f"{spec.master_addr}:{spec.master_port}"
         self._replies: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         self._aborts: dict[int, dict[str, Any]] = {}
@@ -52,8 +55,9 @@ class JobLink:
         self._on_lost: Callable[[str], None] | None = None
         self._callbacks = threading.Lock()  # unwatch() waits for a callback in progress
         self._log = os.fdopen(open_log(log_path), "ab")  # the agent writes to it for the whole job
-        argv = [python, "-m", "supervisor.rendezvous.node_agent_main", str(spec.node_rank), str(spec.nnodes), spec.master_addr,
-                str(spec.master_port), str(join_timeout)]
+        argv = [python, "-m", "supervisor.rendezvous.node_agent_main", str(spec.node_rank),
+                f"{spec.min_nodes or spec.nnodes}:{spec.nnodes}", spec.master_addr, str(spec.master_port),
+                str(join_timeout), str(last_call)]
         fds: tuple[int, ...] = ()
         if listen is not None:
             argv.append(str(listen.fileno()))
@@ -106,7 +110,7 @@ class JobLink:
                 if self._on_lost is not None:
                     self._on_lost(message)
 
-    def _reply(self, timeout: float) -> dict[str, Any]:
+    def _reply(self, timeout: float | None) -> dict[str, Any]:
         try:
             event = self._replies.get(timeout=timeout)
         except queue.Empty:
@@ -116,13 +120,23 @@ class JobLink:
         return event
 
     # ---------------------------------------------------------------- per attempt
-    def join(self, attempt: int, record: dict[str, Any]) -> list[dict[str, Any]]:
+    def join(self, attempt: int, record: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:
+        """(the round joined, every admitted node's record in node-rank order). The round is the
+        attempt itself, except in an elastic job a late node joins a later round of the others."""
         self._send("join", attempt, record=record)
-        event = self._reply(self.join_timeout * 2 + 60)  # the agent's own import + connect + wait
+        event = self._reply(self.join_timeout * 2 + self.last_call + 60)  # the agent's import + connect + wait
+        while event["event"] == "waiting":  # elastic: a round runs without this node; it joins the next one
+            running = ", ".join(str(r) for r in event["members"])
+            logger.info(f"node {self.spec.node_rank}: the job is running on node(s) {running} (round "
+                        f"{event['round']}); this node waits to join at its next restart")
+            event = self._reply(None)  # as long as that round runs; the agent says if the store goes
         if event["event"] == "joined":
-            return event["nodes"]
+            return int(event.get("round", attempt)), event["nodes"]
+        if event["event"] == "join-closed":
+            raise NodeLinkError(f"node {self.spec.node_rank}: the job on {self.where} ended before a restart "
+                                "admitted this node (it never ran)")
         if event["event"] == "join-aborted":
-            cause = self.winner(attempt, timeout=0)
+            cause = self.winner(int(event.get("attempt", attempt)), timeout=0)
             raise NodeLinkError(cause["message"], int(cause["exit_code"]), cause)
         if event.get("unreachable"):
             raise NodeLinkError(f"node {self.spec.node_rank}: node 0's job store at {self.where} did not answer "
@@ -189,14 +203,17 @@ class JobLink:
         """A node other than 0: how it ended, for node 0's summary."""
         self._send("outcome", outcome=outcome)
 
-    def outcomes(self, timeout: float) -> list[dict[str, Any] | None]:
-        """Node 0: nodes 1.. n-1's outcomes, None for one that did not say within `timeout`."""
+    def outcomes(self, timeout: float) -> list[tuple[int, dict[str, Any] | None]]:
+        """Node 0: (node rank, outcome) of the other nodes of the last attempt (1..n-1, or an elastic
+        round's), the outcome None for one that did not say within `timeout`."""
         self._send("outcomes", timeout=timeout)
         try:
             event = self._reply(timeout + 10)
         except NodeLinkError:
-            return [None] * (self.spec.nnodes - 1)
-        return list(event.get("nodes") or [None] * (self.spec.nnodes - 1))
+            event = {}
+        ranks = event["ranks"] if "ranks" in event else list(range(1, self.spec.nnodes))
+        nodes = event.get("nodes") or [None] * len(ranks)
+        return list(zip(ranks, nodes, strict=True))
 
     def close(self, linger: float = 30.0) -> None:
         """Leave the job. Node 0 keeps the store up (at most `linger` s) until every other node

@@ -31,7 +31,9 @@ class MultiNode:
                  finish_wait: float, run_id_given: bool = True) -> None:
         """`run_id_given`: the id was typed (--run-id, or SLURM's job id), not generated on this node."""
         self.spec, self.cfg, self.mode = spec, cfg, mode
-        self.node_rank, self.nnodes = spec.node_rank, spec.nnodes
+        self.node_rank, self.nnodes = spec.node_rank, spec.nnodes  # nnodes: the nodes of the attempt running
+        self.group_rank = spec.node_rank  # this node's place among them (GROUP_RANK)
+        self._rounds: dict[int, int] = {}  # this node's attempt -> the job's round (elastic: a late node's differ)
         self.host = socket.gethostname()
         self.bind_ip = bind_ip
         self.finish_wait = finish_wait  # node 0: how long it keeps the store up for nodes still finishing
@@ -39,25 +41,31 @@ class MultiNode:
                        "run_id": run_id, "run_id_given": run_id_given, "run_dir": str(run_dir)}
         self.nodes: list[dict] = []
         self.link = JobLink(spec, cfg.system.rendezvous_timeout, sys.executable, env, preexec,
-                            run_dir / "node-agent.log", listen)
+                            run_dir / "node-agent.log", listen, last_call=cfg.system.rendezvous_last_call)
         self.helper_pid: int | None = self.link.proc.pid  # the agent lives for the whole job
 
     def begin(self, attempt: int, plan: DevicePlan, resume: str | None) -> Setup:
         store = HostedStore(bind_addr=self.bind_ip) if self.node_rank == 0 else None
-        record = {**self.record, "nproc": plan.world_size}
+        record = {**self.record, "node": self.node_rank, "nproc": plan.world_size}
         if store is not None:
             record.update(worker_port=store.port, resume=resume)
         try:
-            nodes = self.link.join(attempt, record)
-            lay = layout(nodes, self.node_rank)
+            self._rounds[attempt], nodes = self.link.join(self._round(attempt - 1) + 1 if attempt else 0, record)
+            self.group_rank = [n.get("node", r) for r, n in enumerate(nodes)].index(self.node_rank)
+            lay = layout(nodes, self.group_rank)
         except NodeLinkError:
             if store is not None:
                 store.stop()
             raise
-        self.nodes = [{"node": r, "first_rank": sum(n["nproc"] for n in nodes[:r]),
+        self.nnodes = len(nodes)
+        self.nodes = [{"node": n.get("node", r), "first_rank": sum(m["nproc"] for m in nodes[:r]),
                        **{k: n[k] for k in ("host", "nproc", "run_id", "run_dir")}} for r, n in enumerate(nodes)]
         return Setup(plan.with_rank_offset(lay.rank_offset), self.spec.master_addr, int(nodes[0]["worker_port"]),
                      lay.world_size, nodes[0].get("resume"), store)
+
+    def _round(self, attempt: int) -> int:
+        """The job's round this node's attempt ran in (the same number unless this node came late)."""
+        return self._rounds.get(attempt, attempt)
 
     def _as_job_cause(self, cause: RootCause) -> dict:
         d = dataclasses.asdict(cause)
@@ -67,10 +75,10 @@ class MultiNode:
         return d
 
     def publisher(self, attempt: int) -> OnCause:
-        return lambda cause: self.link.publish(attempt, self._as_job_cause(cause))
+        return lambda cause: self.link.publish(self._round(attempt), self._as_job_cause(cause))
 
     def watch(self, attempt: int, on_remote: OnCause) -> None:
-        self.link.watch(attempt, on_abort=lambda d: on_remote(RootCause.from_dict(d)),
+        self.link.watch(self._round(attempt), on_abort=lambda d: on_remote(RootCause.from_dict(d)),
                         on_lost=lambda message: on_remote(RootCause("node", ExitCode.FAILURE, message, node=0)))
 
     def unwatch(self) -> None:
@@ -78,19 +86,25 @@ class MultiNode:
 
     def fail_before_start(self, cause: RootCause) -> RootCause:
         """This node cannot even join (its dataset failed): tell the others, who are waiting
-        to join, so they stop with this cause instead of a join timeout."""
+        to join, so they stop with this cause instead of a join timeout. In an elastic job only
+        node 0 is waited for: another node failing here leaves the job to the nodes that came."""
+        if self.spec.elastic and self.node_rank != 0:
+            return cause
         self.link.publish(0, self._as_job_cause(cause))
         winner = self.link.winner(0, timeout=min(self.cfg.system.rendezvous_timeout, 30.0) + 10)
         return RootCause.from_dict(winner) if winner is not None else cause
 
     def settle(self, attempt: int, cause: RootCause | None, notes: list[str]) -> RootCause | None:
         """Every node ends the attempt with the same root cause: the first one published."""
+        attempt = self._round(attempt)
         if cause is None:
             try:
                 remote = self.link.finished(attempt, self.finish_wait if self.node_rank == 0 else None)
             except NodeLinkError as exc:
                 return RootCause("node", exc.exit_code, str(exc), node=self.node_rank, host=self.host)
             return RootCause.from_dict(remote) if remote is not None else None
+        if cause.kind == "membership":  # node 0's agent published it for every node: nobody's failure
+            return cause
         ours = self._as_job_cause(cause) if cause.node is None else dataclasses.asdict(cause)
         winner = self.link.winner(attempt) or ours
         asked = ("terminated", "interrupted")  # a stop every node was asked for is one event, not two
@@ -104,7 +118,7 @@ class MultiNode:
         """A worker failure in the moment another node died (its workers' connections closed)
         is that death's consequence: the dead node is the job's cause on every survivor. So is
         a stop signal then (srun's --kill-on-bad-exit, SLURM ending the step of a lost node)."""
-        if cause.kind in ("node", "store", "interrupted"):
+        if cause.kind in ("node", "store", "interrupted", "membership"):
             return cause
         silent = [d for d in self.link.silent_nodes(attempt) if d.get("node") != cause.node]
         if not silent:
@@ -121,7 +135,7 @@ class MultiNode:
             self.link.share_outcome(mine)
             return None
         others = self.link.outcomes(OUTCOME_WAIT_S)
-        return [mine, *[o or {"node": r, "outcome": "unknown: it never said"} for r, o in enumerate(others, 1)]]
+        return [mine, *[o or {"node": r, "outcome": "unknown: it never said"} for r, o in others]]
 
     def close(self) -> None:
         self.link.close()

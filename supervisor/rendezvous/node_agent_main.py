@@ -16,13 +16,19 @@ a client. Keys, per attempt k:
     outcome{r}     node r's outcome at the end of the job (exit code, final save, run dir), for
                    the one summary node 0 prints
 
+With --nnodes MIN:MAX (elastic) node 0 also decides who is in each round (elastic_rounds.py:
+`round`, `a{k}/members`, `closed`); a late node's `join` first answers `waiting {round,
+members}` and then joins the next round; node 0 restarts the job for it (an abort of kind
+`membership`), and `joined` carries the round actually joined.
+
 Every value read back is checked: one that no node of this job writes (the store has no
 authentication, as under torchrun) becomes a root cause naming the key, never a crash.
 
 Protocol with the supervisor: one JSON object per line; commands on stdin,
 events on stdout (stderr is torch's own chatter, kept in the run's agent log).
 
-    {"cmd": "join", "attempt": k, "record": {...}}   -> joined {nodes} | join-timeout {missing}
+    {"cmd": "join", "attempt": k, "record": {...}}   -> [waiting {round, members}] joined {round, members, nodes}
+                                                        | join-timeout {missing} | join-closed
                                                         | abort {cause} then join-aborted
     {"cmd": "watch", "attempt": k}                   -> abort {cause} when any node publishes one
     {"cmd": "abort", "attempt": k, "cause": {...}}   -> abort {cause: the winner}
@@ -38,7 +44,8 @@ events on stdout (stderr is torch's own chatter, kept in the run's agent log).
     {"cmd": "linger", "timeout": s}                  -> lingered {missing}: node 0 waited for every leave
     (always possible)                                -> lost {message}: the store is gone
 
-    python -m supervisor.rendezvous.node_agent_main NODE_RANK NNODES HOST PORT JOIN_TIMEOUT_S [LISTEN_FD]
+    python -m supervisor.rendezvous.node_agent_main NODE_RANK MIN_NODES:NNODES HOST PORT JOIN_TIMEOUT_S
+        LAST_CALL_S [LISTEN_FD]
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ from datetime import timedelta
 from typing import Any
 
 import orjson
+
+from supervisor.rendezvous.elastic_rounds import ElasticRounds
 
 POLL_S = 0.05  # abort latency is at most this plus one store round trip
 BEAT_S = 1.0  # each agent bumps its node's counter this often while an attempt runs
@@ -80,8 +89,12 @@ class TimedStore:
 
 
 class Agent:
-    def __init__(self, store: Any, node_rank: int, nnodes: int, join_timeout: float, where: str) -> None:
+    def __init__(self, store: Any, node_rank: int, nnodes: int, join_timeout: float, where: str,
+                 rounds: ElasticRounds | None = None) -> None:
+        """`rounds`: an elastic job's (--nnodes MIN:MAX, `nnodes` is MAX); None: a fixed size."""
         self.store, self.node_rank, self.nnodes = store, node_rank, nnodes
+        self.rounds = rounds
+        self.members = list(range(nnodes))  # the nodes in the round being run
         self.join_timeout, self.where = join_timeout, where
         self.watching: int | None = None
         self.beating: int | None = None  # the attempt whose beat counter this agent bumps
@@ -128,11 +141,12 @@ class Agent:
                 return missing
             time.sleep(POLL_S)
 
-    def _joined(self, k: int, keys: list[str]) -> None:
+    def _joined(self, k: int, keys: list[str], members: list[int] | None = None) -> None:
         """Every node's join record, each checked: a value no gpuherd node writes is named (key, and
         the node whose key it is) as the job's cause instead of crashing this agent."""
+        members = list(range(len(keys))) if members is None else members
         nodes = []
-        for i, key in enumerate(keys):
+        for i, key in zip(members, keys, strict=True):
             raw = self.store.get(key)
             record = _json_or_none(raw)
             if not (isinstance(record, dict) and isinstance(record.get("nproc"), int) and record["nproc"] > 0):
@@ -142,8 +156,9 @@ class Agent:
                 self.emit("join-aborted", attempt=k)
                 return
             nodes.append(record)
-        self.hosts = {i: str(n.get("host", "?")) for i, n in enumerate(nodes)}
-        self.emit("joined", attempt=k, nodes=nodes)
+        self.hosts = {i: str(n.get("host", "?")) for i, n in zip(members, nodes, strict=True)}
+        self.members = members
+        self.emit("joined", attempt=k, round=k, members=members, nodes=nodes)
 
     def _cause(self, key: str, raw: bytes) -> dict[str, Any]:
         """A root cause read from the store; a value that is not one becomes a cause naming it."""
@@ -163,7 +178,9 @@ class Agent:
 
     def handle(self, msg: dict[str, Any]) -> None:
         k, cmd = int(msg.get("attempt", -1)), msg["cmd"]
-        if cmd == "join":
+        if cmd == "join" and self.rounds is not None:
+            self._join_elastic(orjson.dumps(msg["record"]))
+        elif cmd == "join":
             self.last_join = k
             self.store.set(f"a{k}/node{self.node_rank}", orjson.dumps(msg["record"]))
             keys = [f"a{k}/node{i}" for i in range(self.nnodes)]
@@ -190,7 +207,7 @@ class Agent:
         elif cmd == "done":
             self.store.set(f"a{k}/done{self.node_rank}", b"1")
         elif cmd == "wait-done":
-            result = self._wait_keys([f"a{k}/done{i}" for i in range(self.nnodes)], float(msg["timeout"]),
+            result = self._wait_keys([f"a{k}/done{i}" for i in self.members], float(msg["timeout"]),
                                      abort_key=f"a{k}/abort")
             if isinstance(result, dict):
                 self.emit("abort", attempt=k, cause=result)
@@ -198,18 +215,80 @@ class Agent:
         elif cmd == "outcome":
             self.store.set(f"outcome{self.node_rank}", orjson.dumps(msg["outcome"]))
         elif cmd == "outcomes":  # node 0: the others' (a node found silent is not waited for)
-            self._wait_keys([f"outcome{i}" for i in range(1, self.nnodes) if i not in self.gone], float(msg["timeout"]))
+            others = [i for i in self.members if i != 0]  # elastic: the last round's nodes, not every rank up to MAX
+            self._wait_keys([f"outcome{i}" for i in others if i not in self.gone], float(msg["timeout"]))
             found = [_json_or_none(self.store.get(f"outcome{i}")) if self.store.check([f"outcome{i}"]) else None
-                     for i in range(1, self.nnodes)]
-            self.emit("outcomes", nodes=[o if isinstance(o, dict) else None for o in found])
+                     for i in others]
+            self.emit("outcomes", ranks=others, nodes=[o if isinstance(o, dict) else None for o in found])
         elif cmd == "leave":
             self.beating = None
             self.store.set(f"left{self.node_rank}", b"1")
         elif cmd == "linger":  # node 0: the store stays up until every node that joined has read what it needs
+            if self.rounds is not None:
+                self.rounds.close_job()  # a node still waiting to be admitted stops waiting
             last = 0 if self.last_join is None else self.last_join  # node 0 may fail before its own join
             joined = [i for i in range(1, self.nnodes) if i not in self.gone and self.store.check([f"a{last}/node{i}"])]
             missing = self._wait_keys([f"left{i}" for i in joined], float(msg["timeout"]))
             self.emit("lingered", missing=[joined[i] for i in missing])
+
+    def _join_elastic(self, record: bytes) -> None:
+        """Join the next round of an elastic job (elastic_rounds.py): node 0 decides who is in."""
+        rounds = self.rounds
+        aborted = lambda k: self.store.check([f"a{k}/abort"])  # noqa: E731 - a node failed before joining
+        if self.node_rank == 0:
+            k, members = rounds.open_and_close(record, aborted)
+            if members is None and not aborted(k):  # fewer than MIN in time: every waiting node reads why
+                too_few = rounds.too_few(k, lambda r: self._record_host(k, r), self.where)
+                self.store.compare_set(f"a{k}/abort", "", orjson.dumps(too_few))
+        else:
+            target = self._wait_round()
+            if target is None:
+                self.emit("join-timeout", attempt=0, missing=[0], timeout=self.join_timeout)
+                return
+            k, late = target
+            if late:  # round k-1 runs without this node
+                self._say_waiting(k - 1, rounds.members_of(k - 1) or [])
+            k, members, why = rounds.admitted(k, record, aborted, self._say_waiting)
+            if why == "closed":
+                self.emit("join-closed", attempt=k)
+                return
+        self.last_join = k
+        if members is None:
+            self.emit("abort", attempt=k, cause=self._cause(f"a{k}/abort", self.store.get(f"a{k}/abort")))
+            self.emit("join-aborted", attempt=k)
+        else:
+            self._joined(k, [f"a{k}/node{r}" for r in members], members)
+
+    def _wait_round(self) -> tuple[int, bool] | None:
+        """A node other than 0: the round to join once node 0 opened one (None: not within the join timeout)."""
+        deadline = time.monotonic() + self.join_timeout
+        while (target := self.rounds.target()) is None:
+            if self.store.check(["a0/abort"]):  # node 0 failed before it could open a round (its dataset)
+                return 0, False
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(POLL_S)
+        return target
+
+    def _say_waiting(self, k: int, members: list[int]) -> None:
+        self.emit("waiting", attempt=k, round=k, members=members)
+
+    def _record_host(self, k: int, r: int) -> str:
+        record = _json_or_none(self.store.get(f"a{k}/node{r}"))
+        return str(record.get("host", "?")) if isinstance(record, dict) else "?"
+
+    def _admit_waiting(self, k: int) -> None:
+        """Node 0 of an elastic job, while round k runs: a node waiting for the next round restarts
+        every node's workers so it joins (torchrun's num_nodes_waiting > 0)."""
+        waiting = self.rounds.waiting(k)
+        if not waiting:
+            return
+        who = ", ".join(f"node {r} ({self._record_host(k + 1, r)})" for r in waiting)
+        cause = {"kind": "membership", "exit_code": 0, "node": None, "host": None, "rank": None, "device": None,
+                 "stderr_tail": [],
+                 "message": f"{who} asked to join: restarting every node's workers to admit it (a membership "
+                            "change, not counted against --max-restarts)"}
+        self.store.compare_set(f"a{k}/abort", "", orjson.dumps(cause))
 
     def poll(self) -> None:
         if self.watching is not None and self.store.check([f"a{self.watching}/abort"]):
@@ -228,6 +307,8 @@ class Agent:
             self.store.set(f"a{self.beating}/beat{self.node_rank}", str(self._beat_count).encode())
         if self.watching is not None:
             self._check_beats(self.watching, now)
+            if self.rounds is not None and self.node_rank == 0 and self.watching is not None:
+                self._admit_waiting(self.watching)
         elif self.verifying is not None:
             self._verify_alive(now)
 
@@ -235,7 +316,7 @@ class Agent:
         """When each other node's counter last moved, for the nodes still expected to beat
         (not done, not gone, not left, not yet in attempt k+1)."""
         out = {}
-        for r in range(self.nnodes):
+        for r in self.members:
             if r == self.node_rank or r in self.gone:
                 continue
             if any(self.store.check([key]) for key in (f"a{k}/done{r}", f"left{r}", f"a{k + 1}/node{r}")):
@@ -312,8 +393,10 @@ def _json_or_none(raw: bytes) -> Any:
 
 
 def main(argv: list[str]) -> int:
-    node_rank, nnodes, host, port, join_timeout = int(argv[0]), int(argv[1]), argv[2], int(argv[3]), float(argv[4])
-    listen_fd = int(argv[5]) if len(argv) > 5 else None
+    node_rank, host, port, join_timeout = int(argv[0]), argv[2], int(argv[3]), float(argv[4])
+    min_nodes, nnodes = (int(n) for n in argv[1].split(":"))
+    last_call = float(argv[5])
+    listen_fd = int(argv[6]) if len(argv) > 6 else None
     where = f"{host}:{port}"
     from torch.distributed import TCPStore
 
@@ -330,7 +413,10 @@ def main(argv: list[str]) -> int:
                                               "detail": detail}) + b"\n")
         sys.stdout.buffer.flush()
         return 5
-    agent = Agent(store, node_rank, nnodes, join_timeout, where)
+    rounds = None
+    if min_nodes < nnodes:
+        rounds = ElasticRounds(store, node_rank, min_nodes, nnodes, join_timeout, last_call)
+    agent = Agent(store, node_rank, nnodes, join_timeout, where, rounds)
     if isinstance(store, TimedStore):
         threading.Thread(target=agent.watch_store, name="store-watchdog", daemon=True).start()
     agent.serve()

@@ -29,10 +29,15 @@ class NodeSpec:
     node_rank: int = 0
     master_addr: str = ""
     master_port: int = DEFAULT_PORT
+    min_nodes: int = 0  # --nnodes MIN:MAX: MIN (0: the same as nnodes, a fixed size); nnodes is then MAX
 
     @property
     def multi(self) -> bool:
         return self.nnodes > 1
+
+    @property
+    def elastic(self) -> bool:
+        return 0 < self.min_nodes < self.nnodes
 
 
 class NodeLinkError(GpuherdError):
@@ -90,9 +95,11 @@ class Layout:
 
 
 def layout(nodes: list[dict[str, Any]], node_rank: int) -> Layout:
-    """Check the join records agree, and lay ranks out node by node."""
+    """Check the join records agree, and lay ranks out node by node. `node_rank`: this node's
+    place among `nodes` (an elastic round admits a subset of the node ranks, in order)."""
     first = nodes[0]
     for r, rec in enumerate(nodes[1:], start=1):
+        r = rec.get("node", r)  # its --node-rank (an elastic round may skip some)
         if rec.get("run_id_given") and first.get("run_id_given") and rec.get("run_id") != first.get("run_id"):
             raise NodeLinkError(f"node {r} ({rec.get('host')}) was started with --run-id {rec.get('run_id')} and "
                                 f"node 0 ({first.get('host')}) with --run-id {first.get('run_id')}: one job, one "

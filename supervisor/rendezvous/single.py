@@ -28,7 +28,7 @@ class SingleNode:
     def __init__(self, spec: SingleStore | None = None, listen: socket.socket | None = None) -> None:
         """`listen`: a socket bound for `spec` before anything was written (a fixed port is then
         held for the whole job, every attempt's store serving from it)."""
-        self.node_rank, self.nnodes = 0, 1
+        self.node_rank, self.nnodes, self.group_rank = 0, 1, 0
         self.nodes: list[dict] = []
         self.helper_pid: int | None = None  # no process lives across attempts
         self.spec = spec or SingleStore()

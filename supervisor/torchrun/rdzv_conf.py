@@ -2,7 +2,8 @@
 
 torch parses it the same way (torch.distributed.elastic.rendezvous.utils._parse_rendezvous_config):
 comma-separated `key=value`, both stripped, neither empty. `join_timeout` (seconds a node
-waits for the others to join) is gpuherd's `system.rendezvous_timeout`; the keys that tune
+waits for the others to join) is gpuherd's `system.rendezvous_timeout`, `last_call_timeout`
+(an elastic job's wait for more nodes once MIN joined) `system.rendezvous_last_call`; the keys that tune
 torch's own rendezvous machinery (keep-alives, store timeouts, the store's flavour) have no
 gpuherd counterpart: they are accepted and named once at INFO.
 """
@@ -14,7 +15,6 @@ from dataclasses import dataclass, field
 from gpuherd.cli import die
 
 _NO_EFFECT = {
-    "last_call_timeout": "gpuherd's node count is fixed: there is no last call for late nodes",
     "close_timeout": "the job store stays up until every node left (at most 30 s)",
     "read_timeout": "gpuherd's job store has its own timeouts",
     "timeout": "gpuherd's job store has its own timeouts",
@@ -26,6 +26,9 @@ _NO_EFFECT = {
     "use_libuv": "gpuherd's job store is a TCPStore",
     "rank": "the node's rank is --node-rank",
 }
+
+
+_SECONDS = {"join_timeout": "rendezvous_timeout", "last_call_timeout": "rendezvous_last_call"}
 
 
 @dataclass
@@ -43,12 +46,12 @@ def parse_rdzv_conf(text: str) -> RdzvConf:
         key, value = key.strip(), value.strip()
         if not key or not sep or not value:
             die(f"--rdzv-conf {text!r}: expected key=value,... (e.g. join_timeout=900), got {item.strip()!r}")
-        if key == "join_timeout":
+        if key in _SECONDS:
             try:
                 seconds = float(value)
             except ValueError:
-                die(f"--rdzv-conf join_timeout={value}: expected seconds")
-            out.overrides.append(f"system.rendezvous_timeout={seconds:g}")
+                die(f"--rdzv-conf {key}={value}: expected seconds")
+            out.overrides.append(f"system.{_SECONDS[key]}={seconds:g}")
         else:
             ignored[key] = _NO_EFFECT.get(key, "not a setting gpuherd's rendezvous has")
     if ignored:

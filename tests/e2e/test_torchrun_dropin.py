@@ -1,8 +1,8 @@
 """`torchrun` -> `gpuherd run` and nothing else: real scripts, unchanged, under both launchers.
 
 The scripts in tests/e2e/dropin/ carry no gpuherd code: a nanoGPT-style DDP script,
-PyTorch Lightning, Lightning Fabric, DeepSpeed ZeRO-2 on CPU and HuggingFace accelerate
-(from PyPI, requirements-dev.txt; each test skips itself where its package is missing).
+PyTorch Lightning, Lightning Fabric, DeepSpeed ZeRO-2 on CPU, HuggingFace accelerate and a
+`transformers.Trainer` (from PyPI, requirements-dev.txt; each test skips itself where its package is missing).
 Each comparison runs the same script under torchrun and under gpuherd in the same test
 and asserts identical losses; the others show what gpuherd adds without code in the
 script (a stopped rank named, a slow final save left alone).
@@ -129,6 +129,17 @@ def test_accelerate_script_runs_unchanged_as_multi_cpu(tmp_path):
     for result in (ours, theirs):
         assert "setup DistributedType.MULTI_CPU num_processes=2" in result.stdout
     assert f"rendezvous store on 127.0.0.1:{port}" in (sh.run_dir_of(tmp_path / "a") / "supervisor.log").read_text()
+
+
+@pytest.mark.slow
+def test_hf_trainer_script_trains_as_under_torchrun(tmp_path):
+    """transformers.Trainer reads torchrun's environment itself (LOCAL_RANK, WORLD_SIZE): a 2-layer
+    Llama from a config on synthetic tokens, DDP over gloo, the same losses under both launchers."""
+    pytest.importorskip("transformers", reason="a dev dependency: pip install -r requirements-dev.txt")
+    ours, theirs = _same_run_under_both(tmp_path, ["--standalone"], "hf_trainer_train.py")
+    for result in (ours, theirs):
+        assert "setup ParallelMode.DISTRIBUTED world_size=2" in result.stdout
+    assert [step for step, _ in losses(ours)] == list(range(8))
 
 
 def test_the_users_pythonpath_and_sys_path_are_exactly_torchruns(tmp_path):

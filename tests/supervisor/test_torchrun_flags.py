@@ -107,10 +107,18 @@ def test_flags_with_torchruns_meaning(cwd):
     assert parse(["--run-path", "train.py"]).script.run_path
 
 
+def test_an_elastic_node_range_and_its_last_call(cwd, monkeypatch):
+    monkeypatch.setenv("PET_NNODES", "1:3")
+    launch = parse(["--node-rank", "2", "--master-addr", "127.0.0.1", "--rdzv-conf", "last_call_timeout=5",
+                    "train.py"])
+    assert (launch.node.min_nodes, launch.node.nnodes, launch.node.node_rank) == (1, 3, 2) and launch.node.elastic
+    assert launch.config.system.rendezvous_last_call == 5.0 and not launch.notices
+
+
 def test_a_bad_pet_variable_is_one_line_naming_it(cwd, monkeypatch, capsys):
     for name, value, fragment in (("PET_NO_PYTHON", "yes", "PET_NO_PYTHON='yes': expected 0 or 1"),
                                   ("PET_RDZV_BACKEND", "etcd", "PET_RDZV_BACKEND='etcd': expected one of static, c10d"),
-                                  ("PET_NNODES", "1:3", "elastic node ranges are not supported")):
+                                  ("PET_NNODES", "3:1", "expected 1 <= MIN <= MAX")):
         monkeypatch.setenv(name, value)
         with pytest.raises(SystemExit) as stop:
             parse(["train.py"])
@@ -141,7 +149,7 @@ def test_pet_variables_are_the_flags_defaults(cwd, monkeypatch, pet, argv, check
 @pytest.mark.parametrize("argv, fragment", [
     (["--nproc-per-node", "0", "train.py"], "--nproc-per-node '0'"),
     (["--nproc", "2", "--nproc-per-node", "2", "train.py"], "give one"),
-    (["--nnodes", "1:2", "train.py"], "elastic node ranges are not supported"),
+    (["--nnodes", "1:2", "train.py"], "--nnodes 1:2 needs --master-addr"),
     (["--rdzv-conf", "join_timeout", "train.py"], "expected key=value"),
     (["--rdzv-conf", "join_timeout=soon", "train.py"], "expected seconds"),
     (["--signals-to-handle", "SIGTERM,SIGNOPE", "train.py"], "'SIGNOPE' is not a signal name"),
