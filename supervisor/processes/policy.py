@@ -325,7 +325,7 @@ def _exited(s: State, e: Exited, r: Rules) -> Result:
     if e.code != 0:
         cause = e.failure or RootCause("worker-exit", e.code, f"{e.tag} (rank {e.rank}) {e.how}", rank=e.rank,
                                        device=e.tag)
-        if s.early is not None:
+        if s.early is not None and _on_its_absence(cause):
             cause = _first_to_leave(s.early, cause)
         s, actions = _set_cause(s, cause, v.now)
         s, more = _terminate(s, v, r)
@@ -335,6 +335,19 @@ def _exited(s: State, e: Exited, r: Rules) -> Result:
     early = EarlyExit(e.rank, e.tag, v.now, e.where)
     return replace(s, early=early, phase=Phase.FINISHING,
                    deadline=v.now + min(EARLY_EXIT_NOTICE, r.finish_window)), []
+
+
+# What a rank says when a peer it talks to is gone (gloo's and NCCL's words, and the socket's)
+PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe", "recvbytes", "sendbytes",
+             "nccl communicator was aborted", "ncclremoteerror", "remote process exited", "socket closed",
+             "connection refused")
+
+
+def _on_its_absence(failure: RootCause) -> bool:
+    """Did this failure come from a peer being gone? A rank that fails on its own account (its
+    own exception, a signal, a timer that killed it) is the root cause even after an early exit."""
+    said = " ".join([failure.message, *failure.stderr_tail, *failure.traceback]).lower()
+    return any(words in said for words in PEER_GONE)
 
 
 def _first_to_leave(early: EarlyExit, failure: RootCause) -> RootCause:

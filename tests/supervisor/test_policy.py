@@ -345,6 +345,14 @@ def test_the_first_rank_to_leave_is_the_root_cause_when_another_then_fails():
     assert run.phase is Phase.TERMINATING
 
 
+def test_a_rank_failing_on_its_own_account_after_an_early_exit_is_the_root_cause():
+    """An exception of its own (or a signal) is no consequence of the other rank's absence."""
+    run = Run()
+    run(pol.Exited(view(10.0, rank(0)), 1, "CPU1", 0, "exit code 0", where="step 3, phase train"))
+    run(crash(10.4, 0, message="CPU0 (rank 0) exit code 1 after 9.0 s: RuntimeError: boom on rank 0"))
+    assert (run.state.cause.kind, run.state.cause.rank) == ("worker-exit", 0)
+
+
 def test_a_failure_without_an_early_exit_names_the_failing_rank():
     run = Run()
     run(crash(10.0, 0, rank(1)))
