@@ -98,7 +98,9 @@ def test_a_save_waits_for_the_write_in_flight_and_the_wait_is_counted(tmp_path: 
     assert saves[0]["wait_s"] == 0 and saves[1]["wait_s"] > 0  # the save of step 4 waited for step 2's write
     err = capfd.readouterr().err
     assert re.search(r"waited \d+\.\d\d s for the checkpoint of step 2 to be written before going on", err), err
-    assert re.search(r"; 1 waited \d+\.\d\d s in all for the previous write", err), err
+    # step 4's save waited; the final save may wait for step 4's write too, as the machine's speed has it
+    waited = re.search(r"; (\d+) waited \d+\.\d\d s in all for the previous write", err)
+    assert waited and int(waited.group(1)) >= 1, err
 
 
 def _limit_file_size() -> None:
