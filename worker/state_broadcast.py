@@ -9,6 +9,7 @@ copied, never recomputed: the receivers hold the source's exact values.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,34 +24,34 @@ class _TensorSlot:
     on_gpu: bool
 
 
-def _strip(obj: Any, tensors: list[torch.Tensor]) -> Any:
-    if isinstance(obj, torch.Tensor):
-        tensors.append(obj)
-        return _TensorSlot(len(tensors) - 1, tuple(obj.shape), obj.dtype, obj.device.type == "cuda")
+def _map_leaves(obj: Any, fn: Callable[[Any], Any]) -> Any:
+    """`obj` with every leaf (whatever is not a dict, list or tuple) replaced by `fn(leaf)`,
+    visited in one fixed order."""
     if isinstance(obj, dict):
-        return {key: _strip(value, tensors) for key, value in obj.items()}
+        return {key: _map_leaves(value, fn) for key, value in obj.items()}
     if isinstance(obj, (list, tuple)):
-        items = [_strip(value, tensors) for value in obj]
+        items = [_map_leaves(value, fn) for value in obj]
         return items if isinstance(obj, list) else tuple(items)
-    return obj
+    return fn(obj)
+
+
+def _strip(obj: Any, tensors: list[torch.Tensor]) -> Any:
+    def slot(leaf: Any) -> Any:
+        if not isinstance(leaf, torch.Tensor):
+            return leaf
+        tensors.append(leaf)
+        return _TensorSlot(len(tensors) - 1, tuple(leaf.shape), leaf.dtype, leaf.device.type == "cuda")
+    return _map_leaves(obj, slot)
 
 
 def _fill(obj: Any, tensors: list[torch.Tensor]) -> Any:
-    if isinstance(obj, _TensorSlot):
-        return tensors[obj.index]
-    if isinstance(obj, dict):
-        return {key: _fill(value, tensors) for key, value in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        items = [_fill(value, tensors) for value in obj]
-        return items if isinstance(obj, list) else tuple(items)
-    return obj
+    return _map_leaves(obj, lambda leaf: tensors[leaf.index] if isinstance(leaf, _TensorSlot) else leaf)
 
 
 def _slots(obj: Any) -> list[_TensorSlot]:
-    if isinstance(obj, _TensorSlot):
-        return [obj]
-    values = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
-    return [slot for value in values for slot in _slots(value)]
+    found: list[_TensorSlot] = []
+    _map_leaves(obj, lambda leaf: found.append(leaf) if isinstance(leaf, _TensorSlot) else None)
+    return found
 
 
 def broadcast_state(state: Any, src: int, device: torch.device) -> Any:
