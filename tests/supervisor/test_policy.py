@@ -460,3 +460,76 @@ def test_a_worker_that_got_sigint_itself_stops_like_ctrl_c():
     run(pol.WorkerStop(view(10.0, *TWO), 0, "CPU0", "SIGINT"))
     assert run.phase is Phase.STOPPING and run.state.cause.exit_code == 130
     assert sends(run.actions) == [((0, 1), signal.SIGINT, False)]
+
+
+# ---- rows of the phase table the tests above did not reach
+
+
+def test_a_stop_request_ends_in_killing_at_the_stop_timeout_naming_it():
+    run = Run()
+    run(pol.SignalReceived(view(0.0, *TWO), signal.SIGTERM))
+    assert run.tick(119.9, *TWO) == [] and run.phase is Phase.STOPPING
+    actions = run.tick(120.0, *TWO)
+    assert run.phase is Phase.KILLING and sends(actions, signal.SIGKILL) == [((0, 1), signal.SIGKILL, True)]
+    assert logs(actions, "warning") == ["stop timeout over: SIGKILL to CPU0, CPU1"]
+
+
+def test_sighup_and_sigusr2_are_stop_requests_too():
+    for signum, code in ((signal.SIGHUP, 129), (signal.SIGUSR2, 143)):
+        run = Run()
+        actions = run(pol.SignalReceived(view(0.0, *TWO), signum))
+        assert run.phase is Phase.STOPPING and run.state.cause.exit_code == code
+        assert sends(actions) == [((0, 1), signal.SIGUSR2, False)] and run.state.stop_signal == signum
+
+
+def test_a_second_sigterm_kills_at_once():
+    run = Run()
+    run(pol.SignalReceived(view(0.0, *TWO), signal.SIGTERM))
+    actions = run(pol.SignalReceived(view(1.0, *TWO), signal.SIGTERM))
+    assert run.phase is Phase.KILLING and logs(actions) == ["SIGTERM again: killing every worker now"]
+
+
+def test_a_sigterm_during_a_teardown_keeps_the_root_cause_and_is_remembered_as_a_stop():
+    """The restart policy reads `stop_signal`: a scancel during a teardown is never restarted."""
+    run = Run()
+    run(crash(0.0, 1, rank(0)))
+    assert run(pol.SignalReceived(view(1.0, rank(0)), signal.SIGTERM)) == []
+    assert run.phase is Phase.TERMINATING and run.state.cause.rank == 1
+    assert run.state.stop_signal == signal.SIGTERM
+
+
+def test_a_node_asking_to_join_saves_and_stops_this_node_for_a_membership_restart():
+    """Elastic (--nnodes MIN:MAX): node 0 publishes a `membership` cause; every node saves
+    and stops as for a stop request, then restarts with the node admitted."""
+    run = Run()
+    joining = RootCause("membership", 0, "node 2 (h2) asks to join")
+    actions = run(pol.Fatal(view(3.0, *TWO), joining, remote=True))
+    assert run.phase is Phase.STOPPING and run.state.cause is joining
+    assert sends(actions) == [((0, 1), signal.SIGUSR2, False)] and run.state.deadline == 3.0 + RULES.stop_timeout
+    assert not [a for a in actions if isinstance(a, pol.Publish)]
+
+
+def test_a_helpers_death_tears_down_like_a_watcher():
+    run = Run()
+    actions = run(pol.Fatal(view(3.0, *TWO), RootCause("supervisor", 1, "the store server exited with code 1")))
+    assert run.phase is Phase.TERMINATING and run.state.cause.kind == "supervisor"
+    assert sends(actions, signal.SIGTERM) == [((0, 1), signal.SIGTERM, True)]
+    assert [a.cause.kind for a in actions if isinstance(a, pol.Publish)] == ["supervisor"]
+
+
+def test_a_failure_while_finishing_terminates_and_a_hang_while_finishing_dumps_traces():
+    run = Run()
+    run(pol.Exited(view(10.0, *TWO), 2, "CPU2", 0, "exit code 0"))
+    run(crash(11.0, 1, rank(0)))
+    assert run.phase is Phase.TERMINATING and run.state.cause.kind == "worker-exit"
+    hung = Run()
+    hung(pol.Exited(view(10.0, *TWO), 2, "CPU2", 0, "exit code 0"))
+    hung(pol.HangFound(view(80.0, *TWO), hang_cause(), responsive=frozenset({0})))
+    assert hung.phase is Phase.DUMPING_TRACES
+
+
+def test_dumping_stacks_waits_for_the_stacks_at_most_the_grace_period():
+    run = Run(pol.Rules(grace=1.0, stop_timeout=120.0, save_signal=signal.SIGUSR2, finish_window=60.0,
+                        traces=False))
+    run(pol.HangFound(view(50.0, *TWO), hang_cause()))
+    assert run.phase is Phase.DUMPING_STACKS and run.state.deadline == 51.0  # min(STACK_DUMP_WAIT, grace)
