@@ -210,13 +210,13 @@ class Job:
                 final = report.root_cause
                 if final is None:
                     break
-                membership = final.kind == "membership"  # elastic: a node joins; torchrun does not count it
                 used = self.restarts_used + self._recovered()  # --max-restarts counts recoveries and restarts alike
                 plan = plan_restart(final, stop_signal=report.stop_signal, attempt=used,
                                     max_restarts=system.max_restarts, train=self.mode == "train",
                                     restart_on_nan=system.restart_on_nan, base_backoff=system.restart_backoff,
                                     streak=streak, ran_s=report.duration_s)
-                why_not = None if membership else (
+                membership = not plan.counted  # elastic: a node joins
+                why_not = plan.why_not if membership else (
                     self._after_dataset_check(plan) or self._exclude_suspects(final, report, attempt + 1))
                 if why_not:
                     if system.max_restarts:  # say why only where a restart was on the table
@@ -224,8 +224,8 @@ class Job:
                     break
                 newest = self.checkpoints.newest_of_this_run()
                 resume = str(newest) if newest is not None else None
-                delay = 0.0 if membership else plan.delay
-                if not membership:
+                delay = plan.delay
+                if plan.counted:
                     streak = plan.streak
                     self.restarts_used += 1
                 logger.warning(f"attempt {attempt} " + ("ended" if membership else "failed") + f" ({final.message}); "

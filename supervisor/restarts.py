@@ -75,6 +75,7 @@ class RestartPlan:
     # or, where `why_not` is set (a dataset error), only if the cache was rebuilt
     delay: float = 0.0  # the pause before the next attempt
     streak: int = 0  # quick failures in a row, this one included
+    counted: bool = True  # one of --max-restarts (a membership restart is not, as under torchrun)
 
 
 def plan_restart(cause: RootCause, *, stop_signal: str | None, attempt: int, max_restarts: int, train: bool,
@@ -83,8 +84,13 @@ def plan_restart(cause: RootCause, *, stop_signal: str | None, attempt: int, max
     quick failures before it) -> restart or not, why, and after how long. `stop_signal`: the
     supervisor was asked to stop during the attempt (a scancel's SIGTERM may reach a worker
     first: its code alone would look like a crash). The built-in trainer's cache is checked
-    again before a restart (`check_dataset`), so an exit 3 gets another attempt once repaired."""
+    again before a restart (`check_dataset`), so an exit 3 gets another attempt once repaired.
+    An elastic job's membership change (a node asks to join) is nobody's failure: restarted at
+    once, whatever restarts are left, and not counted, unless the supervisor was asked to stop."""
     streak = 0 if ran_s >= STREAK_RESET_S else streak
+    if cause.kind == "membership":
+        return RestartPlan(f"the supervisor received {stop_signal}" if stop_signal else None, streak=streak,
+                           counted=False)
     why_not = refusal(cause, restart_on_nan)
     if stop_signal:
         why_not = f"the supervisor received {stop_signal}"

@@ -152,6 +152,16 @@ def test_a_dataset_error_is_restarted_only_once_the_cache_is_rebuilt():
     assert _plan(RootCause("worker-exit", 3, "x"), train=False).check_dataset is False
 
 
+def test_a_membership_change_restarts_at_once_uncounted_even_with_no_restarts_left():
+    """Elastic (--nnodes MIN:MAX): a node asking to join ends the attempt; torchrun does not
+    count that restart, and neither does gpuherd. A stop request during it still ends the run."""
+    joining = RootCause("membership", 0, "node 2 (h2) asks to join")
+    assert _plan(joining, attempt=3, max_restarts=3, streak=2) == RestartPlan(None, streak=2, counted=False)
+    assert _plan(joining, max_restarts=0).why_not is None
+    assert _plan(joining, stop="SIGTERM") == RestartPlan("the supervisor received SIGTERM", counted=False)
+    assert _plan(CRASH).counted
+
+
 def _saved(path, step: int, rank: int = 0) -> dict:
     return {"type": "checkpoint", "rank": rank, "time": 0.0, "step": step, "path": str(path)}
 
