@@ -16,13 +16,13 @@ Public API (the supervisor, the worker and generate.py use only these names):
 """
 
 from dataset_cache.cache import TokenCache, open_cache
-from dataset_cache.errors import CacheCorruptError, DatasetError
 from dataset_cache.mixture import Mixture, open_data
 from dataset_cache.mixture_sampler import MixtureSampler
 from dataset_cache.prepare import CacheInfo, prepare_cache
 from dataset_cache.sampler import BatchSampler
 from dataset_cache.summary import describe_data
 from dataset_cache.tokenizers import Tokenizer, load_tokenizer, padded_vocab_size
+from gpuherd.errors import CacheCorruptError, DatasetError
 
 __all__ = [
     "BatchSampler", "CacheCorruptError", "CacheInfo", "DatasetError", "Mixture", "MixtureSampler", "TokenCache",

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dataset_cache.errors import DatasetError
+from gpuherd.errors import DatasetError
 from gpuherd.text import printable
 
 SKIP_RECORD = "data.on_bad_record=skip skips such records"

@@ -20,7 +20,6 @@ from loguru import logger
 
 from dataset_cache.corpus import Corpus
 from dataset_cache.durable import publish_dir, temp_dir_beside
-from dataset_cache.errors import DatasetError
 from dataset_cache.hashing import canonical_json
 from dataset_cache.key import FORMAT_VERSION, CacheKey
 from dataset_cache.parallel import BATCH_CHARS, MIN_PARALLEL_BYTES, default_workers, encode_pieces
@@ -28,6 +27,7 @@ from dataset_cache.progress import BuildProgress
 from dataset_cache.split import split_index
 from dataset_cache.tokenizers import Tokenizer, token_dtype
 from dataset_cache.writer import ArrayWriter, FileRecord
+from gpuherd.errors import DatasetError
 from gpuherd.files import write_bytes_atomic
 
 TOKENS_FILE = "tokens.bin"

@@ -18,9 +18,9 @@ import numpy as np
 import orjson
 
 from dataset_cache.build import METADATA_FILE, OFFSETS_DTYPE, OFFSETS_FILE, TOKENS_FILE
-from dataset_cache.errors import CacheCorruptError, DatasetError
 from dataset_cache.hashing import sha256_file
 from dataset_cache.key import FORMAT_VERSION
+from gpuherd.errors import CacheCorruptError, DatasetError
 from gpuherd.files import write_bytes_atomic
 
 SPLITS = ("train", "val")

@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from dataset_cache.bad_records import BadRecords
-from dataset_cache.errors import DatasetError
 from dataset_cache.hash_memo import NO_MEMO, HashMemo
 from dataset_cache.hashing import READ_BLOCK, sha256_of_parts
 from dataset_cache.inputs import InputFile, resolve_inputs
 from dataset_cache.readers import READER_VERSIONS, open_readable, read_texts
+from gpuherd.errors import DatasetError
 
 
 @dataclass(frozen=True)

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import orjson
 
-from dataset_cache.errors import DatasetError
 from dataset_cache.readers import KNOWN_SUFFIXES, format_of
 from gpuherd.config import is_glob
+from gpuherd.errors import DatasetError
 
 HF_STATE = "state.json"  # written by datasets' save_to_disk next to dataset_info.json
 HF_DICT = "dataset_dict.json"

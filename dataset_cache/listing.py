@@ -10,10 +10,10 @@ from pathlib import Path
 from dataset_cache.build import temp_prefix
 from dataset_cache.cache import read_metadata
 from dataset_cache.durable import remove_tree
-from dataset_cache.errors import CacheCorruptError, DatasetError
 from dataset_cache.hash_memo import memo_dir
 from dataset_cache.locking import lock_path, release, try_lock
 from dataset_cache.mixture import MIXTURE_FILE, open_mixture
+from gpuherd.errors import CacheCorruptError, DatasetError
 
 KEY_DIR = re.compile(r"^[0-9a-f]{16}$")
 RAW_DIR = "raw"

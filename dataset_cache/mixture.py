@@ -27,9 +27,9 @@ from typing import Any
 import orjson
 
 from dataset_cache.cache import ALL, TokenCache, open_cache
-from dataset_cache.errors import CacheCorruptError, DatasetError
 from dataset_cache.hashing import canonical_json, sha256_bytes
 from dataset_cache.key import SHORT_KEY_CHARS
+from gpuherd.errors import CacheCorruptError, DatasetError
 from gpuherd.files import write_bytes_atomic
 
 MIXTURE_FILE = "mixture.json"

@@ -24,9 +24,9 @@ import numpy as np
 from loguru import logger
 
 from dataset_cache.cache import SPLITS
-from dataset_cache.errors import DatasetError
 from dataset_cache.mixture import Mixture
 from dataset_cache.sampler import epoch_windows, read_windows
+from gpuherd.errors import DatasetError
 
 STATE_VERSION = 1
 BLOCK = 1024  # positions per shuffled block: shares are exact at every block boundary

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from dataset_cache.corpus import Piece
-from dataset_cache.errors import DatasetError
 from dataset_cache.tokenizers import Tokenizer, load_tokenizer
+from gpuherd.errors import DatasetError
 
 BATCH_CHARS = 1 << 18  # ~256 KB of text per task: amortizes pickling, and enough tasks to keep every core busy to the end
 MIN_PARALLEL_BYTES = 4 << 20  # below this, starting processes costs more than it saves

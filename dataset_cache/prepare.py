@@ -23,7 +23,6 @@ from loguru import logger
 from dataset_cache.build import build_cache, remove_stale_temps
 from dataset_cache.cache import TokenCache, open_cache
 from dataset_cache.durable import remove_tree
-from dataset_cache.errors import CacheCorruptError, DatasetError
 from dataset_cache.key import cache_key, key_inputs
 from dataset_cache.locking import exclusive_lock, lock_path
 from dataset_cache.mixture import Mixture, open_mixture, write_mixture
@@ -31,6 +30,7 @@ from dataset_cache.sources import open_corpus
 from dataset_cache.summary import mixture_lines
 from dataset_cache.tokenizers import load_tokenizer
 from gpuherd.config import DataConfig
+from gpuherd.errors import CacheCorruptError, DatasetError
 
 
 @dataclass

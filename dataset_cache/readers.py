@@ -24,7 +24,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from dataset_cache.bad_records import BadRecords, one_line
-from dataset_cache.errors import DatasetError
+from gpuherd.errors import DatasetError
 
 READER_VERSIONS = {"txt": 1, "jsonl": 1, "jsonl.gz": 1, "jsonl.zst": 1, "parquet": 1, "hf-arrow": 1}
 SUFFIXES = {".txt": "txt", ".jsonl": "jsonl", ".jsonl.gz": "jsonl.gz", ".jsonl.zst": "jsonl.zst", ".parquet": "parquet"}

@@ -21,7 +21,7 @@ import numpy as np
 from loguru import logger
 
 from dataset_cache.cache import SPLITS, TokenCache
-from dataset_cache.errors import DatasetError
+from gpuherd.errors import DatasetError
 
 STATE_VERSION = 1
 

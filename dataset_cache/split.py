@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dataset_cache.errors import DatasetError
+from gpuherd.errors import DatasetError
 
 
 def split_index(doc_offsets: np.ndarray, total: int, val_fraction: float, context_length: int, dataset: str) -> int:

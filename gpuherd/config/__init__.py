@@ -8,7 +8,7 @@ each field: limits.py). Every problem is a `ConfigError` with one line naming
 the culprit; callers turn it into exit code 2 before anything is spawned or written.
 """
 
-from gpuherd.config.errors import ConfigError
+from gpuherd.config.data_sources import is_glob
 from gpuherd.config.presets import DEFAULT_PRESET, PRESETS, preset
 from gpuherd.config.resolve import parse_value, read_json_file, resolve
 from gpuherd.config.schema import (
@@ -23,8 +23,8 @@ from gpuherd.config.schema import (
     SystemConfig,
     TrainingConfig,
 )
-from gpuherd.config.data_sources import is_glob
 from gpuherd.config.validate import validate
+from gpuherd.errors import ConfigError
 
 __all__ = [
     "BUILTIN_DATASETS", "BUILTIN_TOKENIZERS", "DEFAULT_PRESET", "PRESETS", "SECTIONS", "Config", "ConfigError",

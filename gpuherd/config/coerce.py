@@ -6,7 +6,7 @@ import types
 import typing
 from typing import Any
 
-from gpuherd.config.errors import ConfigError
+from gpuherd.errors import ConfigError
 from gpuherd.text import int_list
 
 

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuherd.config.coerce import show as _show
-from gpuherd.config.errors import ConfigError, did_you_mean
 from gpuherd.config.paths import absolute
 from gpuherd.config.schema import BUILTIN_DATASETS, DataConfig
+from gpuherd.errors import ConfigError
+from gpuherd.text import did_you_mean
 
 
 MIX_ROLES = ("weight", "epochs", "held_out")  # share of training samples | passes over the source | validation only

@@ -11,7 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from gpuherd.config.errors import ConfigError, did_you_mean
+from gpuherd.errors import ConfigError
+from gpuherd.text import did_you_mean
 
 LIMITS = "limits"  # the metadata key
 

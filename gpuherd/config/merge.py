@@ -12,7 +12,8 @@ import typing
 from typing import Any
 
 from gpuherd.config.coerce import coerce
-from gpuherd.config.errors import ConfigError, did_you_mean
+from gpuherd.errors import ConfigError
+from gpuherd.text import did_you_mean
 
 
 def section_names(cfg: Any) -> tuple[str, ...]:

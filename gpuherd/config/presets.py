@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpuherd.config.errors import ConfigError, did_you_mean
 from gpuherd.config.schema import Config, DataConfig, DebugConfig, ModelConfig, SystemConfig, TrainingConfig
+from gpuherd.errors import ConfigError
+from gpuherd.text import did_you_mean
 
 
 def _debug() -> Config:

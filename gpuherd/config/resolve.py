@@ -10,13 +10,13 @@ from typing import Any
 import orjson
 
 from gpuherd.config.data_sources import absolutize_data_sources
-from gpuherd.config.errors import ConfigError
 from gpuherd.config.jsonc import strip_json_comments
 from gpuherd.config.merge import merge, set_dotted
-from gpuherd.config.presets import DEFAULT_PRESET, preset
 from gpuherd.config.paths import absolute
+from gpuherd.config.presets import DEFAULT_PRESET, preset
 from gpuherd.config.schema import BUILTIN_TOKENIZERS, Config
 from gpuherd.config.validate import validate
+from gpuherd.errors import ConfigError
 
 
 def resolve(

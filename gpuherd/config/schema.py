@@ -14,9 +14,9 @@ from typing import Any
 
 import orjson
 
-from gpuherd.config.errors import ConfigError
 from gpuherd.config.limits import limited
 from gpuherd.config.merge import merge, section_names
+from gpuherd.errors import ConfigError
 
 # Names the data section understands without a path on disk.
 BUILTIN_DATASETS = ("shakespeare", "dummy")

@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from gpuherd.config.errors import ConfigError
-from gpuherd.config.limits import field_limits
 from gpuherd.config.data_sources import validate_data_sources
+from gpuherd.config.limits import field_limits
 from gpuherd.config.schema import BUILTIN_TOKENIZERS, SECTIONS, Config
+from gpuherd.errors import ConfigError
 from gpuherd.text import has_undecodable, printable
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1

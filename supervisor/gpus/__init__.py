@@ -6,7 +6,7 @@ Everything outside this package imports from here, never from the modules below.
   DevicePlan / DeviceSlot: the workers' devices in rank order                         devices.py
   exclude_gpus(plan, gpu_ids) -> DevicePlan: a restart without suspect GPUs            devices.py
   plan_gpus(requested, allowed_env, force, first=) -> list[GpuInfo]                   plan.py
-  DeviceError(message, exit_code): 2 usage (ExitCode.BUSY_GPU too) / 4 device         errors.py
+  DeviceError(message, exit_code): 2 usage (ExitCode.BUSY_GPU too) / 4 device         gpuherd/errors.py
   format_device_table(gpus, rank_of_gpu) -> str                                       table.py
   GpuMonitor(gpus, rank_of_gpu, worker_pids, sink, warn, fatal, interval, verbose)    monitor.py
   select_least_used(window_s, allowed_env, force=...) -> Selection                    selection.py
@@ -19,10 +19,10 @@ Everything outside this package imports from here, never from the modules below.
   whose process an NVML pid is (host pids seen from a container)                     pids.py
 """
 
+from gpuherd.errors import DeviceError
 from supervisor.gpus.claim import CLAIM_FDS_ENV
 from supervisor.gpus.device_health import DeviceHealth, read_device_health
 from supervisor.gpus.devices import DevicePlan, DeviceSlot, exclude_gpus, plan_devices
-from supervisor.gpus.errors import DeviceError
 from supervisor.gpus.inventory import GpuInfo, GpuProcess, read_inventory
 from supervisor.gpus.monitor import GpuMonitor
 from supervisor.gpus.numa import Binding, numa_bindings

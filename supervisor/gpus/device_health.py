@@ -19,9 +19,9 @@ from typing import Any
 
 from loguru import logger
 
+from gpuherd.errors import DeviceError
 from gpuherd.exit_codes import ExitCode
 from supervisor.gpus import nvml
-from supervisor.gpus.errors import DeviceError
 from supervisor.gpus.inventory import GpuInfo, describe_device
 
 NA = nvml.NA

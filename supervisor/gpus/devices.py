@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from gpuherd.config import SystemConfig
+from gpuherd.errors import DeviceError
 from gpuherd.exit_codes import ExitCode
-from supervisor.gpus.errors import DeviceError
 from supervisor.gpus.inventory import GpuInfo
 from supervisor.gpus.plan import plan_gpus
 

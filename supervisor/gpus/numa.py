@@ -22,8 +22,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuherd.errors import DeviceError
 from gpuherd.exit_codes import ExitCode
-from supervisor.gpus.errors import DeviceError
 
 MODES = ("node", "socket", "exclusive", "core-complex")
 

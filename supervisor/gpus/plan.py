@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from gpuherd.errors import DeviceError
 from gpuherd.exit_codes import ExitCode
 from supervisor.gpus import claim, nvml
-from supervisor.gpus.errors import DeviceError
 from supervisor.gpus.inventory import GpuInfo, read_inventory
 from supervisor.gpus.visible import allowed_gpus
 

@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuherd.errors import DeviceError
 from gpuherd.exit_codes import ExitCode
 from supervisor.gpus import claim, nvml, nvml_meaning
-from supervisor.gpus.errors import DeviceError
 from supervisor.gpus.inventory import GpuInfo, describe_all
 from supervisor.gpus.table import format_device_table
 from supervisor.gpus.visible import allowed_gpus

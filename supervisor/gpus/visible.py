@@ -8,8 +8,8 @@ allocation must not quietly shrink a run.
 
 from __future__ import annotations
 
+from gpuherd.errors import DeviceError
 from gpuherd.exit_codes import ExitCode
-from supervisor.gpus.errors import DeviceError
 from supervisor.gpus.inventory import GpuInfo
 
 

@@ -11,7 +11,7 @@ import resource
 
 from loguru import logger
 
-from supervisor.validation.errors import LaunchError
+from gpuherd.errors import LaunchError
 
 MAX_WORKERS = 1024  # per node: far beyond any machine's GPUs; CPU workers past it only thrash
 # The supervisor holds per worker: stdout, stderr and status pipes, its log file, and a few

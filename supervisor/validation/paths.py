@@ -14,7 +14,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from supervisor.validation.errors import LaunchError
+from gpuherd.errors import LaunchError
 
 DEFAULT_NAME_MAX = 255  # bytes per component on every common Linux filesystem
 DEFAULT_PATH_MAX = 4096
