@@ -3,13 +3,18 @@
 They read `logs/<run-id>/` only (metrics.jsonl, summary.json, config.json,
 supervisor.log, the worker log names) and never contact the supervisor or the
 workers, so they work on a live run, a finished one, or a copy of its directory.
+
+  run_files.py    the files, read while the run may still write them (both viewers)
+  events.py       what happened, as one list of events (both viewers)
+  top_state.py    what `top` shows of each rank, and its verdict; top.py draws it
+  report_data.py  a whole run as series; figures.py plots them, report.py writes the page
 """
 
 from typing import Any
 
 from supervisor.views.run_files import RunFiles, resolve_run
-from supervisor.views.run_state import RunState
 from supervisor.views.top import watch
+from supervisor.views.top_state import RunState
 
 __all__ = ["RunFiles", "RunState", "report_after_run", "resolve_run", "watch", "write_report"]
 

@@ -19,7 +19,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from supervisor.views.run_data import RunData
+from supervisor.views.report_data import RunData
 
 GIB = 1024**3
 WIDTH = 10.0  # inches; at 100 dpi a 1000-pixel-wide PNG

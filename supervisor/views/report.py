@@ -24,7 +24,7 @@ from loguru import logger
 
 from gpuherd.files import write_bytes_atomic
 from supervisor.views import figures
-from supervisor.views.run_data import RunData, load_run
+from supervisor.views.report_data import RunData, load_run
 from supervisor.views.top import clock
 
 KEY_SETTINGS = ("preset", "model.n_layers", "model.dim", "model.n_heads", "training.strategy",

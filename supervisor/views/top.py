@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from supervisor.views.run_state import RankView, RunState, RankVerdict
+from supervisor.views.top_state import RankView, RunState, RankVerdict
 
 GIB = 1024**3
 FOOTER_EVENTS = 6

@@ -12,7 +12,7 @@ import pytest
 from gpuherd.exit_codes import ExitCode
 from supervisor.views.events import collect
 from supervisor.views.run_files import JsonlTail, LogTail, RunFiles, RunFilesError, resolve_run
-from supervisor.views.run_state import RunState
+from supervisor.views.top_state import RunState
 
 CONFIG = {"training": {"batch_size": 4, "grad_accum_nums": 2, "max_restarts": 0}, "data": {"context_length": 128}}
 

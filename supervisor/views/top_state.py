@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 
 from supervisor.views.events import Event, collect
-from supervisor.views.run_data import tokens_per_step
+from supervisor.views.report_data import tokens_per_step
 from supervisor.views.run_files import RunFiles
 
 SILENT_AFTER_S = 15.0  # workers send a record at least every 5 s while training: 3 missed
