@@ -17,7 +17,7 @@ is not judged by heartbeat, and the supervisor says so. A script that writes its
 records (gpuherd.status_channel) takes over; the automatic ones stop. SIGUSR1 dumps every
 thread's Python stack (faulthandler), as for the built-in worker. Last, before the
 interpreter finalizes, gloo's worker threads get the GIL they still need
-(gpuherd/native_threads.py: else a rank may die of SIGABRT after a finished run).
+(gpuherd/gloo_exit.py: else a rank may die of SIGABRT after a finished run).
 
 It runs in the script's interpreter (torchrun's PYTHON_EXEC), which may have torch and
 nothing of gpuherd's dependencies: what it imports needs only the standard library, and
@@ -175,7 +175,7 @@ def _user_frames_only(exc: BaseException) -> types.TracebackType | None:
     return tb
 
 
-def _settle_native_threads(settle: Callable[[], bool], limit_s: float) -> None:
+def _settle_gloo_threads(settle: Callable[[], bool], limit_s: float) -> None:
     """gloo's worker threads release what needs the GIL while the interpreter can still give it."""
     if not settle():
         print(f"gpuherd: gloo's worker threads were still busy {limit_s:g} s after the script ended; "
@@ -190,15 +190,15 @@ def _watch(rank: int) -> None:
     """Heartbeats and the gloo exit fix, where this interpreter can import gpuherd's modules."""
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # gpuherd's packages, briefly
     try:
-        from gpuherd.native_threads import LIMIT_S, settle
+        from gpuherd.gloo_exit import LIMIT_S, settle
         from gpuherd.status_channel import StatusWriter
     except Exception as exc:  # noqa: BLE001 - an old Python, a broken install: the script runs regardless
         _warn(f"{sys.executable} cannot run gpuherd's heartbeat ({type(exc).__name__}: {exc}): "
               "this rank is not watched for hangs")
         return
     # Registered before the script runs, so it runs after every atexit callback of the script
-    # and of torch, right before the interpreter finalizes (gpuherd/native_threads.py: why).
-    atexit.register(_settle_native_threads, settle, LIMIT_S)
+    # and of torch, right before the interpreter finalizes (gpuherd/gloo_exit.py: why).
+    atexit.register(_settle_gloo_threads, settle, LIMIT_S)
     heartbeat = Heartbeat(StatusWriter.from_env(rank, automatic=True))
     AfterImport("torch", heartbeat.attach).install()
 

@@ -65,7 +65,7 @@ def _losses_in(stdout: str) -> list[tuple[int, str]]:
 
 def reference_losses(result: subprocess.CompletedProcess) -> list[tuple[int, str]]:
     """torchrun's losses, the reference. Its ranks keep torch's exit race that gpuherd's
-    bootstrap closes (gpuherd/native_threads.py): now and then a rank dies of SIGABRT after
+    bootstrap closes (gpuherd/gloo_exit.py): now and then a rank dies of SIGABRT after
     its last step, "terminate called without an active exception". That death, and no other,
     leaves the reference standing; the losses it printed must still be all of ours."""
     if (result.returncode == 1 and "(SIGABRT)" in result.stderr

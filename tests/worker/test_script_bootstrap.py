@@ -150,7 +150,7 @@ def test_gloos_worker_gets_the_gil_it_needs_before_the_interpreter_finalizes(tmp
     """gloo's worker thread must take the GIL to drop the collective it completed; here it can
     only ask while the interpreter is about to finalize. Under plain `python` (and torchrun)
     this script dies of SIGABRT at exit, "terminate called without an active exception"
-    (gpuherd/native_threads.py); through the bootstrap it exits 0."""
+    (gpuherd/gloo_exit.py); through the bootstrap it exits 0."""
     (tmp_path / "last_backward.py").write_text(LAST_BACKWARD)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["OMP_NUM_THREADS"] = "1"

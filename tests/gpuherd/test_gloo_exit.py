@@ -1,4 +1,4 @@
-"""gpuherd/native_threads.py: settle() returns once the named threads sat still, never before,
+"""gpuherd/gloo_exit.py: settle() returns once the named threads sat still, never before,
 and gives up at its limit. Real threads, named through /proc as torch names gloo's."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuherd.native_threads import TASKS, settle
+from gpuherd.gloo_exit import TASKS, settle
 
 NAME = "gh_settle_test"  # a thread name (/proc comm: at most 15 characters)
 
