@@ -134,7 +134,7 @@ class DebugConfig:
     nan_policy: str = limited("stop", choices=("stop", "skip", "rerun"))
     max_nan_skips: int = limited(3, gt=0)
     max_dump_mb: int = limited(1024, gt=0)
-    # Suspicious steps beyond NaN/Inf (worker/nan/spikes.py, worker/nan/rerun.py). A loss (and
+    # Suspicious steps beyond NaN/Inf (worker/nan/spikes.py, worker/nan/rerun_policy.py). A loss (and
     # gradient-norm) spike is a value above median + spike_k x MAD of the last spike_window
     # applied steps, judged once spike_warmup steps were seen. `rerun` replays the step to
     # tell a transient (device) fault from a reproducible (data/model) one.

@@ -11,7 +11,7 @@
 `optimizer.step()`. Healthy step: one 4-element all-reduce + one host sync (see
 consensus.py), returns True. Suspicious step (agreed by all ranks): per policy
 (`debug.nan_policy` for NaN/Inf, `debug.spike_policy` for spikes) report and stop
-(raise NanStop), skip (False), or replay it (rerun.py): a transient fault is
+(raise NanStop), skip (False), or replay it (rerun_policy.py): a transient fault is
 retried (True, `retried` holds the replay's loss and norm), a reproducible one
 names the batch and stops.
 """
@@ -40,7 +40,7 @@ from worker.nan.consensus import StepVerdict, agree, device_label, distributed, 
 from worker.nan.evidence import Evidence, nonfinite_evidence, number_or_text, spike_evidence
 from worker.nan.names import is_dtensor, local_tensor
 from worker.nan.probes import ForwardProbe, GradProbe, MicroBatchCounter
-from worker.nan.rerun import (
+from worker.nan.rerun_policy import (
     Classification,
     FaultLedger,
     KeptStep,

@@ -19,7 +19,7 @@ from gpuherd.exit_codes import ExitCode
 from tests.worker.nan.helpers import LogCapture, TinyLM, clean_batch, make_guard, param_checksum
 from tests.worker.nan.replay_helpers import GradientFault, records, replayable_step, status_file, suspicious_config
 from worker.nan import NanStop
-from worker.nan.rerun import FaultLedger, RerunRecord, classify, same_bits
+from worker.nan.rerun_policy import FaultLedger, RerunRecord, classify, same_bits
 
 NAN = float("nan")
 
@@ -201,7 +201,7 @@ def test_same_bits_is_bitwise_with_nan_equal_to_nan():
 
 
 def test_a_replay_under_a_grad_scaler_unscales_its_own_gradients_with_the_same_scale():
-    from worker.nan.rerun import clear_gradients
+    from worker.nan.rerun_policy import clear_gradients
 
     model = tiny()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
