@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import orjson
@@ -182,3 +183,55 @@ def test_an_expired_file_timer_kills_the_stuck_rank(tmp_path):
     timer_files = [re.search(r"rank 0 done, timers on (\S+)", r.stdout)[1] for r in (ours, theirs)]
     assert timer_files[0] == str(run_dir / "file-timer.fifo")
     assert timer_files[1].startswith(tempfile.gettempdir())  # torchrun: a fresh name in the temp directory
+
+
+ELASTIC = Path(__file__).resolve().parents[1] / "supervisor" / "workers" / "elastic.py"
+PLACE = re.compile(r"rank \d+/\d+ sum=\d+ group \d+/\d+ restart_count \d+")
+
+
+def _elastic_node(launcher: list[str], cwd: Path, node_rank: int, port: int) -> subprocess.Popen:
+    """One node of `--nnodes 1:2` (c10d), its output in cwd/node{R}.out; elastic.py waits for 2 ranks.
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for both launchers: without it torch 2.13's c10d rendezvous
+    writes the workers' MASTER_ADDR for its first round only (dynamic_rendezvous.next_rendezvous
+    keeps `_bootstrap_store_info`), and a late node waits 60 s for the next round's, then fails."""
+    cwd.mkdir(exist_ok=True)
+    out = (cwd / f"node{node_rank}.out").open("w")
+    return subprocess.Popen(
+        [*launcher, "--nnodes", "1:2", "--nproc-per-node", "1", "--node-rank", str(node_rank), "--rdzv-backend",
+         "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "job", "--rdzv-conf", "last_call_timeout=1",
+         "--max-restarts", "0", str(ELASTIC), "2"], cwd=cwd, env=_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"),
+        stdout=out, stderr=subprocess.STDOUT)
+
+
+def _elastic_job(launcher: list[str], cwd: Path) -> tuple[tuple[int, list[str]], tuple[int, list[str]]]:
+    """Node 0 starts alone (MIN 1); node 1 joins late, at a restart that --max-restarts 0 allows.
+    Each node's (exit code, the places its ranks printed)."""
+    port = _free_port()
+    first = _elastic_node(launcher, cwd, 0, port)
+    nodes = [first]
+    try:
+        deadline = time.monotonic() + 180
+        while "rank 0/1 " not in (cwd / "node0.out").read_text():
+            assert first.poll() is None and time.monotonic() < deadline, (cwd / "node0.out").read_text()[-3000:]
+            time.sleep(0.2)
+        nodes.append(_elastic_node(launcher, cwd, 1, port))
+        codes = [node.wait(timeout=240) for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+                node.wait()
+    said = [(cwd / f"node{r}.out").read_text() for r in (0, 1)]
+    return (codes[0], PLACE.findall(said[0])), (codes[1], PLACE.findall(said[1]))
+
+
+@pytest.mark.slow  # torch imported by 3 ranks per launcher
+def test_an_elastic_node_range_admits_a_late_node_at_an_uncounted_restart_as_under_torchrun(tmp_path):
+    """--nnodes MIN:MAX: the job starts with MIN nodes; a node arriving later joins at the next
+    restart, which neither launcher counts against --max-restarts (0 here): the same places,
+    the same TORCHELASTIC_RESTART_COUNT, both nodes exit 0."""
+    theirs = _elastic_job(torchrun(), tmp_path / "theirs")
+    ours = _elastic_job(gpuherd_run(), tmp_path / "ours")
+    assert theirs == ((0, ["rank 0/1 sum=1 group 0/1 restart_count 0", "rank 0/2 sum=2 group 0/2 restart_count 0"]),
+                      (0, ["rank 1/2 sum=2 group 1/2 restart_count 0"])), theirs
+    assert ours == theirs, [(tmp_path / "ours" / f"node{r}.out").read_text()[-3000:] for r in (0, 1)]
