@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -24,6 +25,22 @@ def _cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+# The stop signals a supervisor keeps ignored for its whole run when it inherits them ignored
+# (supervisor/processes/signal_rules.py STOP_SIGNALS).
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A suite started with stop signals ignored (a shell's background job ignores SIGINT and
+    SIGQUIT, nohup SIGHUP, so do some CI runners) would pass that on to every supervisor it
+    starts, which then keeps them ignored by design, and every Ctrl-C or SIGQUIT test would
+    wait for an exit that never comes. The suite starts its processes with the default
+    dispositions; a test that wants one ignored says so itself (test_preparation_signals.py)."""
+    for sig in STOP_SIGNALS:
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
