@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -132,10 +133,12 @@ def join_generation(cfg: Config, identity: WorkerIdentity, device: torch.device,
 
 
 def leave_broken_group() -> None:
-    """Drop a process group a lost peer broke. NCCL: abort the communicators first, so nothing
-    waits for the collective timeout on a peer that is gone; gloo has raised already."""
+    """Drop a process group a lost peer broke. Its connections to the peers are shut down first
+    (`sever_peer_connections`); NCCL: the communicators are aborted too, so nothing waits for the
+    collective timeout on a peer that is gone."""
     if not active():
         return
+    sever_peer_connections()
     try:
         if dist.get_backend() == "nccl" and hasattr(dist.distributed_c10d, "_abort_process_group"):
             dist.distributed_c10d._abort_process_group()
@@ -145,6 +148,30 @@ def leave_broken_group() -> None:
         pass  # a group that cannot even be torn down cleanly is dropped all the same
     if active():
         dist.distributed_c10d._world.default_pg = None
+
+
+def sever_peer_connections() -> int:
+    """Shut down every TCP connection of this process to its peers (all but the store's, at
+    MASTER_PORT); returns how many. A gloo collective waits on one peer only, so with more than
+    two ranks a survivor can wait on another survivor rather than on the lost rank, and gloo gives
+    it no error: it is freed only when that survivor's connection closes. Destroying or aborting
+    a gloo group does not close them while anything (DDP, a vote, a writer's group) still holds
+    it, and its destructor would wait for its own blocked threads; a socket shut down here fails
+    those threads' operations at once, on this rank and at every peer it served."""
+    store_port = int(os.environ.get("MASTER_PORT") or 0)
+    severed = 0
+    for conn in psutil.Process().net_connections(kind="tcp"):
+        if conn.status != psutil.CONN_ESTABLISHED or conn.fd < 0 or not conn.raddr:
+            continue
+        if store_port in (conn.raddr.port, conn.laddr.port):  # the store's, from either end
+            continue
+        try:
+            with socket.socket(fileno=os.dup(conn.fd)) as sock:  # the duplicate shares the connection
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            continue  # closed meanwhile
+        severed += 1
+    return severed
 
 
 # What a collective raises on a rank whose peer died: gloo's closed or reset connection, the

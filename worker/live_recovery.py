@@ -39,6 +39,7 @@ from worker.state_broadcast import broadcast_state
 
 if TYPE_CHECKING:
     from gpuherd.memory_plan import Layout
+    from worker.engines.base import Buckets
     from worker.train import Trainer
 
 
@@ -72,6 +73,7 @@ class Joining:
     layout: Layout
     note: str | None
     saves_blocking: str | None  # why checkpoints are written while the loop waits (None: in the background)
+    buckets: Buckets | None  # the gradient buckets the survivors reduce in
 
 
 def join_as_newcomer(cfg: Any, identity: Any, device: torch.device, generation: int) -> Joining:
@@ -81,7 +83,7 @@ def join_as_newcomer(cfg: Any, identity: Any, device: torch.device, generation: 
     infos = wdist.gather_objects(None)
     source = _source(infos)
     info = infos[source]
-    return Joining(generation, source, info["layout"], info["note"], info["saves_blocking"])
+    return Joining(generation, source, info["layout"], info["note"], info["saves_blocking"], info["buckets"])
 
 
 def _source(infos: list[dict[str, Any] | None]) -> int:
@@ -134,12 +136,12 @@ class LiveRecovery:
         self._leave()
         wdist.join_generation(t.cfg, t.identity, t.device, self.generation)
         infos = wdist.gather_objects({"step": self._mark.step, "layout": t.layout, "note": t.layout_note,
-                                      "saves_blocking": t.saver.why_blocking})
+                                      "saves_blocking": t.saver.why_blocking, "buckets": t.engine.buckets})
+        source = _source(infos)
         t.vote = StopVote.create()
-        t.engine.regroup()
+        t.engine.regroup(infos[source]["buckets"])
         if t.guard is not None:
             t.guard.model = t.engine.model
-        source = _source(infos)
         behind = infos[t.identity.rank]["step"] < infos[source]["step"]
         self._take_state(source, behind)
         self._rejoined(started, source, "source" if t.identity.rank == source else "survivor")

@@ -118,7 +118,8 @@ class Trainer:
             status.send("phase", name="compile")
             live.at("compile")
         self.engine: Engine = build_engine(cfg, self.args, layout, device, attention, identity.world_size,
-                                           joining=joining is not None)
+                                           joining=joining is not None,
+                                           buckets=joining.buckets if joining is not None else None)
         self.sync = GradientSync(self.engine.inner, layout.strategy, identity.world_size, live)
         n_params = self.engine.n_params
         self._log_rank0(f"{identity.bracket} model: {n_params / 1e6:.2f}M parameters, {self.args.n_layers} layers, "

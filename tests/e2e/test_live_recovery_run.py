@@ -26,8 +26,8 @@ TINY = [
 ]
 
 
-def _command(run_id: str, *extra: str) -> list[str]:
-    cmd = [sys.executable, "-m", "supervisor", "--debug", "--set", "system.device=cpu", "--no-report", "--nproc", "2",
+def _command(run_id: str, *extra: str, nproc: int = 2) -> list[str]:
+    cmd = [sys.executable, "-m", "supervisor", "--debug", "--set", "system.device=cpu", "--no-report", "--nproc", str(nproc),
            "--run-id", run_id, *extra]
     for item in TINY:
         cmd += ["--set", item]
@@ -65,18 +65,23 @@ def _reached(run_dir, step: int) -> bool:
     return any(r["step"] >= step for r in records(run_dir, "step"))
 
 
-_PLAIN: dict[str, dict[tuple[int, int], float]] = {}  # one uninterrupted run for every test of this module
+_PLAIN: dict[int, dict[tuple[int, int], float]] = {}  # ranks -> one uninterrupted run, for every test of this module
+
+
+def _uninterrupted(tmp_path_factory, python_env, nproc: int) -> dict[tuple[int, int], float]:
+    if nproc not in _PLAIN:
+        cwd = tmp_path_factory.mktemp(f"plain{nproc}")
+        run = subprocess.run(_command("plain", nproc=nproc), cwd=cwd, env=python_env, capture_output=True, text=True,
+                             timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+        _PLAIN[nproc] = _losses(cwd / "logs" / "plain")
+    assert len(_PLAIN[nproc]) == nproc * STEPS
+    return _PLAIN[nproc]
 
 
 @pytest.fixture
 def uninterrupted(tmp_path_factory, python_env) -> dict[tuple[int, int], float]:
-    if "losses" not in _PLAIN:
-        cwd = tmp_path_factory.mktemp("plain")
-        run = subprocess.run(_command("plain"), cwd=cwd, env=python_env, capture_output=True, text=True, timeout=300)
-        assert run.returncode == 0, run.stderr[-3000:]
-        _PLAIN["losses"] = _losses(cwd / "logs" / "plain")
-    assert len(_PLAIN["losses"]) == 2 * STEPS
-    return _PLAIN["losses"]
+    return _uninterrupted(tmp_path_factory, python_env, 2)
 
 
 def test_a_rank_killed_at_a_random_step_is_replaced_live_with_bit_identical_losses(tmp_path, python_env,
@@ -103,6 +108,35 @@ def test_a_rank_killed_at_a_random_step_is_replaced_live_with_bit_identical_loss
     assert {w["rank"]: w["pid"] for w in summary["workers"]} == {0: survivor, 1: spare}  # rank 0 kept its pid
     assert "resumed from" not in err and "live recovery 1: rank 1 (CPU1" in err
     _same_losses(_losses(run_dir), uninterrupted, 1, rec["resumed_step"])
+
+
+def test_with_four_ranks_any_lost_rank_is_replaced_live_while_the_other_three_keep_training(
+        tmp_path, tmp_path_factory, python_env):
+    """With more than two ranks a survivor can wait in a collective on another survivor instead of
+    the lost rank, and gloo gives it no error there: the recovery holds only if the survivors that
+    did see the loss free it (their connections shut down), whichever rank was lost."""
+    expected = _uninterrupted(tmp_path_factory, python_env, 4)
+    kill_at, lost = random.randint(3, STEPS - 10), random.randrange(4)
+    proc = subprocess.Popen(_command("r4", "--max-restarts", "1", nproc=4), cwd=tmp_path, env=python_env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_dir = tmp_path / "logs" / "r4"
+    try:
+        assert wait_for(lambda: _reached(run_dir, kill_at), timeout=240, interval=0.02)
+        pids = {rank: _pid(run_dir, rank) for rank in range(4)}
+        spare = _spare(proc.pid).pid
+        psutil.Process(pids[lost]).send_signal(signal.SIGKILL)
+    finally:
+        code, _out, err = finish(proc, timeout=300)
+    assert code == 0, f"rank {lost} killed at step {kill_at}: {err[-3000:]}"
+    summary = orjson.loads((run_dir / "summary.json").read_bytes())
+    assert summary["restarts"] == 0 and len(summary["attempts"]) == 1, f"rank {lost} at step {kill_at}"
+    (rec,) = summary["recoveries"]
+    assert rec["outcome"] == "recovered" and rec["rank"] == lost and rec["replaced_by_pid"] == spare
+    survivors = {rank: pid for rank, pid in pids.items() if rank != lost}
+    assert rec["survivors"] == [{"rank": rank, "pid": pid} for rank, pid in survivors.items()]
+    assert rec["steps_redone"] <= 1 and rec["checkpoint_reads"] == 0
+    assert {w["rank"]: w["pid"] for w in summary["workers"]} == {**survivors, lost: spare}
+    _same_losses(_losses(run_dir), expected, lost, rec["resumed_step"])
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ the state hand-over between two real processes (the whole recovery: tests/e2e/te
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 
@@ -11,7 +12,8 @@ import torch
 import torch.distributed as dist
 
 from gpuherd import contract
-from worker.distributed import is_peer_loss
+from worker.distributed import is_peer_loss, sever_peer_connections
+from worker.engines.ddp import _ddp, gradient_buckets
 from worker.live_recovery import why_not_live
 
 # Rank 0 broadcasts a state shaped like a trainer's (parameters, AdamW state with 0-dim step
@@ -70,3 +72,56 @@ def test_who_can_be_recovered_live(monkeypatch):
     assert why_not_live("ddp", True, 2) is None
     assert "shards its state" in why_not_live("fsdp", False, 2)
     assert "single worker" in why_not_live("single", False, 1)
+
+
+@pytest.fixture
+def group_of_one(tmp_path):
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _layout(wrapper: torch.nn.Module) -> list[list[int]]:
+    params = list(wrapper.module.parameters())
+    return [[next(i for i, p in enumerate(params) if p is q) for q in bucket.parameters()]
+            for bucket in wrapper.reducer._get_zeros_like_grad_buckets()]
+
+
+def test_a_rebuilt_group_s_wrapper_reduces_in_the_buckets_of_the_wrapper_it_replaces(group_of_one):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2), torch.nn.LayerNorm(2))
+    first = _ddp(model, torch.device("cpu"), init_sync=True)
+    assert gradient_buckets(first) is None  # DDP's initial buckets: not rebuilt yet
+    initial = _layout(first)
+    for _ in range(3):
+        first(torch.randn(3, 4)).sum().backward()
+    rebuilt = gradient_buckets(first)
+    assert [list(b) for b in rebuilt] == _layout(first) != initial  # reordered by when gradients became ready
+
+    assert _layout(_ddp(model, torch.device("cpu"), init_sync=False, buckets=rebuilt)) == [list(b) for b in rebuilt]
+    assert _layout(_ddp(model, torch.device("cpu"), init_sync=False)) == initial
+    two = ((0, 1), (2, 3, 4, 5))
+    assert _layout(_ddp(model, torch.device("cpu"), init_sync=False, buckets=two)) == [[0, 1], [2, 3, 4, 5]]
+    # buckets of another model (a parameter missing): DDP's own
+    assert _layout(_ddp(model, torch.device("cpu"), init_sync=False, buckets=((0, 1, 2),))) == initial
+
+
+def test_leaving_a_broken_group_shuts_down_every_peer_connection_but_the_store_s(monkeypatch):
+    """The survivor that saw the loss frees a survivor waiting on it: its end of their connection
+    reads EOF at once, while the store's connection (MASTER_PORT) stays usable."""
+    with socket.create_server(("127.0.0.1", 0)) as store_server, socket.create_server(("127.0.0.1", 0)) as peer_server:
+        monkeypatch.setenv("MASTER_PORT", str(store_server.getsockname()[1]))
+        store = socket.create_connection(store_server.getsockname())
+        peer = socket.create_connection(peer_server.getsockname())
+        store_end, _ = store_server.accept()
+        peer_end, _ = peer_server.accept()
+        try:
+            assert sever_peer_connections() >= 2  # this rank's end of the pair, and the peer's (same process here)
+            peer_end.settimeout(5)
+            assert peer_end.recv(1) == b""  # the waiting side is freed
+            store.sendall(b"k")
+            store_end.settimeout(5)
+            assert store_end.recv(1) == b"k"
+        finally:
+            for sock in (store, peer, store_end, peer_end):
+                sock.close()

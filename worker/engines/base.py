@@ -29,6 +29,10 @@ from worker.model import Transformer
 StepCheck = Callable[[torch.Tensor | None, Callable[[], torch.Tensor] | None], bool]
 
 
+# Gradient buckets in reduction order, each a tuple of parameter indices (DDP's own description).
+Buckets = tuple[tuple[int, ...], ...]
+
+
 @dataclass(frozen=True)
 class Build:
     """What constructing any engine needs besides the model itself."""
@@ -39,6 +43,7 @@ class Build:
     world_size: int
     layout: Layout  # strategy, activation checkpointing, FSDP reduce cadence (the memory plan)
     joining: bool = False  # a spare replacing a lost rank: no collectives while building (its peers do none)
+    buckets: Buckets | None = None  # the gradient buckets its peers reduce in (DDP; live recovery)
 
 
 @dataclass
@@ -58,6 +63,7 @@ class Engine(ABC):
     grad_accum: int
     scaler: torch.amp.GradScaler | None = None
     _params: list[nn.Parameter] = field(default_factory=list)
+    buckets: Buckets | None = None  # the gradient buckets of the group drop_group() left (live recovery)
     # Counted on the meta model: ZeRO-3 partitions leave p.numel() == 0 afterwards.
     n_params: int = 0
     n_matmul_params: int = 0
@@ -82,12 +88,14 @@ class Engine(ABC):
     def drop_group(self) -> None:
         """Live recovery, before the broken group is destroyed: let go of everything that holds it,
         so it really closes its connections (a peer still waiting in a collective on this rank
-        is freed only then). Only where live_recoverable."""
+        is freed only then), keeping in `buckets` the order its gradients were reduced in. Only
+        where live_recoverable."""
         raise NotImplementedError(f"strategy {self.strategy} cannot rejoin a rebuilt process group")
 
-    def regroup(self) -> None:
+    def regroup(self, buckets: Buckets | None) -> None:
         """After the process group was rebuilt (live recovery): wrap the model again over the new
-        group, without collectives (the state comes from a survivor next). Only where live_recoverable."""
+        group, without collectives (the state comes from a survivor next), reducing gradients in
+        `buckets` (every rank the same). Only where live_recoverable."""
         raise NotImplementedError(f"strategy {self.strategy} cannot rejoin a rebuilt process group")
 
     # ------------------------------------------------------------------ the loop's calls

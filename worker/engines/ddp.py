@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
-from worker.engines.base import Build
+from worker.engines.base import Buckets, Build
 from worker.engines.precision import adamw_kwargs, optimizer_groups
 from worker.engines.torch_engine import TorchEngine
 from worker.model import Transformer
@@ -25,10 +26,11 @@ class DDPEngine(TorchEngine):
 
     @classmethod
     def wrap(cls, model: Transformer, build: Build) -> nn.Module:
-        return _ddp(model, build.device, init_sync=not build.joining)
+        return _ddp(model, build.device, init_sync=not build.joining, buckets=build.buckets)
 
     def drop_group(self) -> None:
         old, self.model = self.model, self.inner
+        self.buckets = gradient_buckets(old)  # the rebuilt group's wrappers reduce in this order too
         # The reducer's autograd hooks would all-reduce on the dead group, and it, its logger and the
         # wrapper hold the group: cut all three (others may still hold the old wrapper, e.g. the
         # NaN guard's probes, for its modules only).
@@ -37,16 +39,17 @@ class DDPEngine(TorchEngine):
                 delattr(old, attr)
         self.optimizer.zero_grad(set_to_none=True)  # grads were views into the old reducer's buckets
 
-    def regroup(self) -> None:
-        self.model = _ddp(self.inner, self.device, init_sync=False)
+    def regroup(self, buckets: Buckets | None) -> None:
+        self.model = _ddp(self.inner, self.device, init_sync=False, buckets=buckets)
 
     def sync_context(self, is_last: bool) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext() if is_last else self.model.no_sync()
 
 
-def _ddp(model: nn.Module, device: torch.device, init_sync: bool) -> nn.Module:
+def _ddp(model: nn.Module, device: torch.device, init_sync: bool, buckets: Buckets | None = None) -> nn.Module:
     """`init_sync=False`: no shape check or rank-0 broadcast at construction (a rebuilt group,
-    whose state a survivor broadcasts right after)."""
+    whose state a survivor broadcasts right after); `buckets`: the gradient buckets to start
+    with (`gradient_buckets` of the wrapper it replaces)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     params = inspect.signature(DDP.__init__).parameters
@@ -56,8 +59,46 @@ def _ddp(model: nn.Module, device: torch.device, init_sync: bool) -> nn.Module:
                               else {"broadcast_buffers": False})
     if not init_sync and "init_sync" in params:
         kwargs["init_sync"] = False
-    return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-               gradient_as_bucket_view=True, **kwargs)
+    with _starting_buckets(buckets):
+        return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+                   gradient_as_bucket_view=True, **kwargs)
+
+
+def gradient_buckets(wrapper: nn.Module) -> Buckets | None:
+    """The parameter indices of each gradient bucket, in reduction order, as DDP rebuilt them
+    after its first step (from the order gradients became ready); None before that rebuild.
+
+    A rebuilt process group needs a new wrapper, and a new wrapper starts from DDP's initial
+    buckets (parameters in reverse definition order). With more than two ranks the all-reduce
+    adds each element's values in an order that depends on where the element sits in its
+    bucket, so starting from other buckets than the wrapper it replaces changes the sums in
+    their last bits: the run would no longer equal an uninterrupted one."""
+    text = wrapper._get_ddp_logging_data().get("rebuilt_per_bucket_param_indices")
+    if not isinstance(text, str) or not text.strip():
+        return None
+    return tuple(tuple(int(i) for i in bucket.split()) for bucket in text.split(","))
+
+
+@contextlib.contextmanager
+def _starting_buckets(buckets: Buckets | None):
+    """DDP computes its initial buckets inside its constructor, with no argument to give them:
+    while it runs, that computation answers `buckets` (checked to hold each parameter once)."""
+    if buckets is None:
+        yield
+        return
+    assign = dist._compute_bucket_assignment_by_size
+
+    def given(tensors: list[torch.Tensor], limits: list[int], *args: Any, **kwargs: Any) -> Any:
+        if sorted(i for bucket in buckets for i in bucket) != list(range(len(tensors))):
+            return assign(tensors, limits, *args, **kwargs)  # another model: DDP's own buckets
+        ordered = [list(bucket) for bucket in reversed(buckets)]  # DDP reverses what this returns
+        return ordered, [limits[-1]] * len(ordered)
+
+    dist._compute_bucket_assignment_by_size = given
+    try:
+        yield
+    finally:
+        dist._compute_bucket_assignment_by_size = assign
 
 
 @dataclass

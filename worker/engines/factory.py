@@ -15,7 +15,7 @@ import torch
 
 from gpuherd.config import Config, ConfigError
 from gpuherd.memory_plan import Layout
-from worker.engines.base import Build, Engine
+from worker.engines.base import Buckets, Build, Engine
 from worker.engines.ddp import DDPEngine, Zero1Engine
 from worker.engines.deepspeed import DeepSpeedEngine
 from worker.engines.fsdp import FSDPEngine
@@ -46,7 +46,7 @@ def needs_process_group(strategy: str) -> bool:
 
 
 def build_engine(cfg: Config, args: ModelArgs, layout: Layout, device: torch.device,
-                 attention: str, world_size: int, joining: bool = False) -> Engine:
+                 attention: str, world_size: int, joining: bool = False, buckets: Buckets | None = None) -> Engine:
     """Meta-device model -> (compile) -> shard -> materialise + init -> wrap + optimizer."""
     engine_cls = ENGINES[layout.strategy]
     with torch.device("meta"):
@@ -57,7 +57,7 @@ def build_engine(cfg: Config, args: ModelArgs, layout: Layout, device: torch.dev
     if compile_enabled(cfg, device):
         # The NaN probes' forward hooks run outside the graph on purpose (debug.nan_hooks).
         compile_blocks(model, fullgraph=attention != "flash_attn" and not cfg.debug.nan_hooks)
-    build = Build(cfg, device, Precision.choose(cfg, device), world_size, layout, joining)
+    build = Build(cfg, device, Precision.choose(cfg, device), world_size, layout, joining, buckets)
     engine_cls.shard(model, build)
     model.to_empty(device=device)
     model.init_weights(cfg.system.seed, device)
