@@ -132,7 +132,7 @@ def _write(seconds: dict[str, list[float]], redone: dict[str, list[int]], failed
            sizes: tuple[int, ...], device: str) -> None:
     comparisons = []
     for n in sizes:
-        live = _side(f"gpuherd live x{n}", seconds)
+        live = Side("gpuherd live", seconds.get(f"gpuherd live x{n}") or [float("nan")])  # the row names the ranks
         comparisons.append(Comparison(f"{device}, {n} ranks: kill -> next completed step, vs gpuherd's restart", "s",
                                       live, _side(f"gpuherd restart x{n}", seconds)))
         if device == "cpu":
