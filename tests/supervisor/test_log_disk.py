@@ -69,3 +69,19 @@ def test_a_run_directory_that_cannot_take_its_config_is_exit_7_in_one_line(tmp_p
     assert len(lines) == 1 and lines[0].startswith(
         f"gpuherd: error: cannot save the run's config to {tmp_path / 'logs' / 'full'}: file too large"), lines
     assert not list((tmp_path / "logs" / "full").glob("worker-rank*.log"))  # no worker was started
+
+
+def test_a_summary_that_cannot_be_written_goes_to_the_console_whole(tmp_path):
+    """The run's end when even summary.json cannot be written (here a directory is in its way):
+    one WARNING says so and the summary itself is printed, the run's exit code unchanged."""
+    run_dir = tmp_path / "logs" / "nosummary"
+    (run_dir / "summary.json" / "in-the-way").mkdir(parents=True)
+    cmd = sh.command("--nproc", "1", "--run-id", "nosummary", "--force", behaviours=("train:2",))
+    done = subprocess.run(cmd, cwd=tmp_path, env=sh.env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert f"summary.json could not be written to {run_dir} (" in done.stderr and "): here it is" in done.stderr
+    printed = done.stderr[done.stderr.index("): here it is"):]
+    summary = orjson.loads(printed[printed.index("{"):printed.index("\n}") + 2])
+    assert summary["run_id"] == "nosummary" and summary["exit_code"] == 0
+    assert "gpuherd: run nosummary finished" in done.stderr
