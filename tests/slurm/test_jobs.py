@@ -152,6 +152,10 @@ def test_scancel_saves_the_step_on_every_node(cluster: Cluster, workdir: Path):
     assert job.summary(0)["exit_code"] == 143 and job.summary(0)["final_save"] == "saved"
     out = job.output()
     assert "exiting now" not in out and "FAILED" not in out
+    # one stream: the job's summary printed once, by node 0, with both nodes in it; node 1 points to it
+    assert out.count(f"gpuherd: run slurm-{job.id} stopped (exit 143)") == 1, out[-3000:]
+    assert out.count("the job's summary is printed by node 0") == 1, out[-3000:]
+    assert [line.split(" (")[0] for line in out.splitlines() if re.match(r"node [01] \(", line)] == ["node 0", "node 1"]
 
 
 def test_usr1_warning_is_one_quiet_line_per_node_and_no_stacks(cluster: Cluster, workdir: Path):
@@ -208,11 +212,16 @@ def test_node_whose_supervisor_is_sigkilled_is_named_on_the_survivor(cluster: Cl
     job.wait_step(1)
     killed_at = time.monotonic()
     cluster.on(cluster.names[1], "kill", "-9", str(job.supervisor_pid(cluster.names[1])))
-    job.wait_done()
+    summary = job.run_dir(0) / "summary.json"
+    deadline = killed_at + 120
+    while not summary.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
     took = time.monotonic() - killed_at
+    job.wait_done()
     cause = job.summary(0)["root_cause"]
     assert cause["message"].startswith(f"node 1 ({cluster.names[1]}) stopped responding"), (cause, took)
     assert job.summary(0)["exit_code"] == 1
+    assert took <= 15, f"node 0 named the lost node {took:.1f} s after it died (issue 23: at most 15 s)"
 
 
 def test_partitioned_node_is_named_from_both_sides(cluster: Cluster, workdir: Path):

@@ -52,3 +52,36 @@ def test_a_log_file_that_cannot_grow_never_stops_the_run(tmp_path):
     summary = orjson.loads((tmp_path / "logs" / "full" / "summary.json").read_bytes())
     assert summary["exit_code"] == 0
     assert any("log line(s) could not be written" in note for note in summary["notes"]), summary["notes"]
+
+
+def _no_file_over_a_kib() -> None:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+
+
+def test_a_run_directory_that_cannot_take_its_config_is_exit_7_in_one_line(tmp_path):
+    """Before any worker starts nothing is lost by stopping: a log disk that cannot take
+    config.json (a 1 KiB file-size limit standing in for a full disk) is one line, exit 7."""
+    cmd = sh.command("--nproc", "1", "--run-id", "full", behaviours=("train:1",))
+    done = subprocess.run(cmd, cwd=tmp_path, env=sh.env(), capture_output=True, text=True, timeout=120,
+                          preexec_fn=_no_file_over_a_kib)
+    assert done.returncode == 7, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"gpuherd: error: cannot save the run's config to {tmp_path / 'logs' / 'full'}: file too large"), lines
+    assert not list((tmp_path / "logs" / "full").glob("worker-rank*.log"))  # no worker was started
+
+
+def test_a_summary_that_cannot_be_written_goes_to_the_console_whole(tmp_path):
+    """The run's end when even summary.json cannot be written (here a directory is in its way):
+    one WARNING says so and the summary itself is printed, the run's exit code unchanged."""
+    run_dir = tmp_path / "logs" / "nosummary"
+    (run_dir / "summary.json" / "in-the-way").mkdir(parents=True)
+    cmd = sh.command("--nproc", "1", "--run-id", "nosummary", "--force", behaviours=("train:2",))
+    done = subprocess.run(cmd, cwd=tmp_path, env=sh.env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert f"summary.json could not be written to {run_dir} (" in done.stderr and "): here it is" in done.stderr
+    printed = done.stderr[done.stderr.index("): here it is"):]
+    summary = orjson.loads(printed[printed.index("{"):printed.index("\n}") + 2])
+    assert summary["run_id"] == "nosummary" and summary["exit_code"] == 0
+    assert "gpuherd: run nosummary finished" in done.stderr

@@ -236,15 +236,18 @@ def _two_nodes_running(tmp_path):
 def test_a_dead_node_is_the_cause_even_when_a_stop_signal_reaches_the_survivor_first(tmp_path):
     """srun's --kill-on-bad-exit (or SLURM ending a lost node's step) SIGTERMs the survivors
     within a second of a node's death, long before its heartbeats are missed: the survivor
-    still names the dead node, not its own SIGTERM."""
+    still names the dead node, not its own SIGTERM, within the 15 s issue 23 allows."""
     n0, n1 = _two_nodes_running(tmp_path)
     n1.kill()
+    killed = time.monotonic()
     time.sleep(0.5)
     n0.send_signal(signal.SIGTERM)
     code, _, err = sh.finish(n0, timeout=60)
+    took = time.monotonic() - killed
     sh.finish(n1)
     rc = _summary(tmp_path, 0)["root_cause"]
     assert code == 1 and rc["kind"] == "node" and rc["node"] == 1, (rc, err[-2000:])
+    assert took <= 15, f"named and ended {took:.1f} s after the node died"
     assert "stopped responding" in rc["message"]
 
 
