@@ -175,7 +175,33 @@ class PipesClosed(Moment):
     """DRAINING: every pipe reached its end."""
 
 
-Event = Tick | Exited | SignalReceived | WorkerStop | HangFound | Fatal | TracesIn | AllGone | PipesClosed
+@dataclass(frozen=True)
+class TracesRead:
+    """What `AnalyseTraces` found: one line per rank, said and added to the root cause's evidence."""
+
+    view: View
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Published:
+    """The root cause as whoever listens published it (job.py names a stop SLURM sent): it
+    becomes the root cause."""
+
+    view: View
+    cause: RootCause
+
+
+@dataclass(frozen=True)
+class TailsRead:
+    """Every pipe is drained (after DONE): each rank's stderr tail, complete now."""
+
+    view: View
+    tails: tuple[tuple[int, tuple[str, ...]], ...]
+
+
+Event = Tick | Exited | SignalReceived | WorkerStop | HangFound | Fatal | TracesIn | AllGone | PipesClosed | \
+    TracesRead | Published | TailsRead
 
 
 # ---------------------------------------------------------------------------- outputs
@@ -213,7 +239,7 @@ class RequestTraces:
 
 @dataclass(frozen=True)
 class AnalyseTraces:
-    """Read the traces the ranks dumped: one evidence line each, added to the root cause."""
+    """Read the traces the ranks dumped and answer with `TracesRead` (one evidence line each)."""
 
 
 @dataclass(frozen=True)
@@ -516,9 +542,29 @@ def _pipes_closed(s: State, e: PipesClosed, r: Rules) -> Result:
     return s, []
 
 
+def _traces_read(s: State, e: TracesRead, r: Rules) -> Result:
+    if s.cause is not None:
+        s = replace(s, cause=replace(s.cause, evidence=[*s.cause.evidence, *e.lines]))
+    return s, [Log("error", line) for line in e.lines]
+
+
+def _published(s: State, e: Published, r: Rules) -> Result:
+    return (s if s.cause is None else replace(s, cause=e.cause)), []
+
+
+def _tails_read(s: State, e: TailsRead, r: Rules) -> Result:
+    """A cause of this node's gets its rank's complete stderr tail (an early exit's cause keeps
+    the failing rank's tail it already holds)."""
+    cause, tails = s.cause, dict(e.tails)
+    if cause is None or cause.node is not None or cause.rank not in tails or \
+            (cause.kind == "early-exit" and cause.stderr_tail):
+        return s, []
+    return replace(s, cause=replace(cause, stderr_tail=list(tails[cause.rank]))), []
+
+
 _HANDLERS = {Tick: _tick, Exited: _exited, SignalReceived: _signal, WorkerStop: _worker_stop, HangFound: _hang,
-             Fatal: _fatal,
-             TracesIn: _traces_in, AllGone: _all_gone, PipesClosed: _pipes_closed}
+             Fatal: _fatal, TracesIn: _traces_in, AllGone: _all_gone, PipesClosed: _pipes_closed,
+             TracesRead: _traces_read, Published: _published, TailsRead: _tails_read}
 
 
 # ---------------------------------------------------------------------------- steps

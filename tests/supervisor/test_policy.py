@@ -5,7 +5,11 @@ tests (test_processes.py, test_stopping.py, test_blame.py) still run the real th
 
 from __future__ import annotations
 
+import dataclasses
 import signal
+from dataclasses import replace
+
+import pytest
 
 from supervisor.processes import policy as pol
 from supervisor.processes.policy import Phase
@@ -415,6 +419,53 @@ def test_a_hang_verdict_after_the_root_cause_changes_nothing():
     run = Run()
     run(crash(1.0, 0, rank(1)))
     assert run(pol.HangFound(view(2.0, rank(1)), hang_cause())) == [] and run.state.cause.rank == 0
+
+
+def test_the_traces_read_are_said_and_become_the_hang_causes_evidence():
+    run = Run()
+    verdict = replace(hang_cause(), evidence=["rank 1: no step for 60 s"])
+    run(pol.HangFound(view(50.0, *TWO), verdict, responsive=frozenset({0, 1})))
+    run.tick(50.0 + pol.TRACES_WAIT, *TWO)
+    actions = run(pol.TracesRead(view(53.0, *TWO), ("rank 0: in all_reduce #7", "rank 1: never reached #7")))
+    assert logs(actions, "error") == ["rank 0: in all_reduce #7", "rank 1: never reached #7"]
+    assert run.state.cause.evidence == ["rank 1: no step for 60 s", "rank 0: in all_reduce #7",
+                                        "rank 1: never reached #7"]
+    assert verdict.evidence == ["rank 1: no step for 60 s"]  # the event's cause never changed behind its back
+
+
+def test_the_cause_as_published_becomes_the_root_cause():
+    run = Run()
+    actions = run(pol.SignalReceived(view(1.0, *TWO), signal.SIGTERM))
+    published = [a.cause for a in actions if isinstance(a, pol.Publish)][0]
+    named = replace(published, message="SLURM: the job's time limit was reached")
+    assert run(pol.Published(view(1.0, *TWO), named)) == [] and run.state.cause == named
+    assert Run()(pol.Published(view(1.0), named)) == []  # no cause: nothing to rename
+
+
+def test_once_drained_a_local_cause_gets_its_ranks_complete_stderr_tail():
+    tails = ((0, ("a",)), (1, ("Traceback", "ValueError: x")))
+    run = Run()
+    run(crash(1.0, 1, rank(0)))
+    run(pol.TailsRead(view(2.0), tails))
+    assert run.state.cause.stderr_tail == ["Traceback", "ValueError: x"]
+    remote = Run()
+    remote(pol.Fatal(view(1.0, rank(0)), RootCause("worker-exit", 1, "node 1: x", rank=1, node=1), remote=True))
+    remote(pol.TailsRead(view(2.0), tails))
+    assert remote.state.cause.stderr_tail == []  # another node's cause: not this node's tail
+    early = Run()
+    early(pol.Exited(view(10.0, rank(0)), 1, "CPU1", 0, "exit code 0"))
+    reset = replace(failure(0), stderr_tail=["RuntimeError: Connection reset by peer"])
+    early(pol.Exited(view(11.0), 0, "CPU0", 1, "exit code 1", failure=reset))
+    assert early.state.cause.kind == "early-exit"
+    kept = early.state.cause
+    early(pol.TailsRead(view(12.0), tails))
+    assert early.state.cause is kept  # an early exit's cause keeps the failing rank's tail
+
+
+def test_a_root_cause_is_immutable():
+    cause = failure(1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cause.message = "changed"  # type: ignore[misc]
 
 
 def test_the_state_is_immutable_and_decide_is_pure():
