@@ -418,22 +418,24 @@ class Job:
         return Attempt(attempt, setup, logs, router, heartbeats, sup, run_env, metrics, stragglers, suspects, timer=timer,
                        live=live)
 
-    def _announcer(self, attempt: int) -> Callable[[RootCause], None]:
+    def _announcer(self, attempt: int) -> Callable[[RootCause], RootCause]:
         """What the supervision calls with this node's root cause the moment it has one: a stop
         SLURM sent (scancel, the time limit, a preemption, a requeue) is named as that, in words
-        every node reports alike; then the other nodes are told."""
+        every node reports alike; then the other nodes are told. Returns the cause as published
+        (the supervision's policy takes it as the root cause)."""
         publish = self.rendezvous.publisher(attempt)
 
-        def announce(cause: RootCause) -> None:
+        def announce(cause: RootCause) -> RootCause:
             signame = cause.message.rsplit(" ", 1)[-1]  # the supervision says "... received SIGTERM"
             job_id = os.environ.get("SLURM_JOB_ID")
             if cause.kind == "terminated" and signame.startswith("SIG") and job_id:
                 job = job_info(job_id) if signame not in ("SIGUSR1", "SIGUSR2") else {}
                 logger.debug(f"{signame} under SLURM: job {job_id}: " + " ".join(
                     f"{k}={job.get(k)}" for k in ("JobState", "Reason", "PreemptTime", "Restarts")))
-                cause.message = stop_reason(signame, job, self.requeue) or cause.message
+                cause = dataclasses.replace(cause, message=stop_reason(signame, job, self.requeue) or cause.message)
             if publish is not None:
                 publish(cause)
+            return cause
         return announce
 
     def _supervise(self, att: Attempt, guard: OrphanGuard) -> RootCause | None:

@@ -36,8 +36,11 @@ def how_it_ended(returncode: int | None, script: bool = False) -> str:
     return f"exit code {returncode} ({describe(returncode)})"
 
 
-@dataclass
+@dataclass(frozen=True)
 class RootCause:
+    """Immutable once built (the supervision policy holds it in its frozen state): a change is a
+    `dataclasses.replace`, never an assignment; its lists are never appended to either."""
+
     kind: str  # worker-exit | early-exit | hang | rendezvous | watcher | interrupted | terminated | supervisor | node
     exit_code: int  # what the supervisor exits with
     message: str  # one line

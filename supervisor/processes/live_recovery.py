@@ -1,7 +1,8 @@
 """Live recovery, the supervisor's side: a lost rank is replaced by a warm spare while the
 other workers keep their processes (worker/live_recovery.py is the ranks' side).
 
-When a rank dies (an exit, a signal, or a SIGKILL after a hang verdict), `replace()` either
+When a rank dies (an exit, a signal, or a SIGKILL after a hang verdict), the supervision
+policy (policy.py) decides from `why_not` whether a spare takes it; `replace()` then either
 promotes a spare to its rank (the survivors notice the closed connections in their next
 collective and rebuild the group with it) or says in one line why live recovery cannot
 apply, and the supervision tears down as before: a restart from the last checkpoint.

@@ -3,8 +3,11 @@
 `decide(state, event, rules) -> (state, actions)`. The state is one immutable record
 (`State`: the phase, its deadline, the root cause, the signals counted so far, the graceful
 stop and the early exit under way); an event brings the moment and what the loop knows of
-the live ranks (`View`); actions say what to do (`Send` signals, `Log`, `Note`, `Publish`
-the root cause, ask for collective traces). No pipe, pid or clock here: supervision.py
+the live ranks (`View`), and a lost or hung rank's event whether a warm spare can take it
+(`Spare`); actions say what to do (`Send` signals, `Log`, `Note`, `Publish` the root cause,
+ask for collective traces, `ReplaceLive` a lost rank). The root cause is immutable: what the
+loop learns later (the traces read, the cause as published, the drained stderr tail, a
+replacement that failed) comes back as an event. No pipe, pid or clock here: supervision.py
 reads the pipes, reaps, turns what it saw into events and carries the actions out, and
 tests/supervisor/test_policy.py drives every transition with synthetic events in
 milliseconds. The phases (docs/architecture.md, "Supervision phases"):
@@ -21,6 +24,8 @@ milliseconds. The phases (docs/architecture.md, "Supervision phases"):
         the supervisor had received it (SLURM signals every process of a step)
     any --Ctrl-C again / SIGTERM again / SIGQUIT again--> KILLING --KILL_WAIT--> DONE
     any --no worker left--> DRAINING --pipes closed or DRAIN_WAIT--> DONE
+    RUNNING/FINISHING --a rank a warm spare can take fails--> (no phase change) ReplaceLive; a hang
+        verdict on one: SIGKILL to it, its verdict kept as the cause of its exit (live recovery)
 
 A teardown only ever moves to a harsher phase (`_escalate`). The event vocabulary is open:
 a new cause of teardown (a node lost, a planned stop by the scheduler, a spare ready) is
@@ -101,6 +106,14 @@ class View:
 
 
 @dataclass(frozen=True)
+class Spare:
+    """Live recovery's answer for a lost rank, at the moment of the event (live_recovery.py's
+    `why_not`, asked by the loop with the other live ranks as the survivors)."""
+
+    why_not: str | None = None  # None: a warm spare can take the rank now; else why not, in words
+
+
+@dataclass(frozen=True)
 class Moment:
     """An event that brings nothing but the moment and the view."""
 
@@ -124,6 +137,7 @@ class Exited:
     killed_by_us: bool = False  # we SIGKILLed it
     failure: RootCause | None = None  # code != 0: its root cause, as the loop read it (error file, tail)
     where: str = ""  # where it was (for an early exit's notice)
+    spare: Spare | None = None  # code != 0: can a spare take its rank (None: no live recovery this attempt)
 
 
 @dataclass(frozen=True)
@@ -140,6 +154,7 @@ class HangFound:
     view: View
     cause: RootCause
     responsive: frozenset[int] = frozenset()  # ranks whose liveness thread still answers
+    spare: Spare | None = None  # can a spare take the hung rank (None: no live recovery this attempt)
 
 
 @dataclass(frozen=True)
@@ -175,7 +190,51 @@ class PipesClosed(Moment):
     """DRAINING: every pipe reached its end."""
 
 
-Event = Tick | Exited | SignalReceived | WorkerStop | HangFound | Fatal | TracesIn | AllGone | PipesClosed
+@dataclass(frozen=True)
+class ReplaceFailed:
+    """`ReplaceLive` could not be carried out (no spare could be taken; live_recovery.py said why)."""
+
+    view: View
+    rank: int
+    cause: RootCause
+
+
+@dataclass(frozen=True)
+class RecoveryStuck:
+    """A survivor stayed in a collective of the broken group after a live recovery's loss
+    (live_recovery.py's `stuck`): it can never rejoin."""
+
+    view: View
+    cause: RootCause
+
+
+@dataclass(frozen=True)
+class TracesRead:
+    """What `AnalyseTraces` found: one line per rank, said and added to the root cause's evidence."""
+
+    view: View
+    lines: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Published:
+    """The root cause as whoever listens published it (job.py names a stop SLURM sent): it
+    becomes the root cause."""
+
+    view: View
+    cause: RootCause
+
+
+@dataclass(frozen=True)
+class TailsRead:
+    """Every pipe is drained (after DONE): each rank's stderr tail, complete now."""
+
+    view: View
+    tails: tuple[tuple[int, tuple[str, ...]], ...]
+
+
+Event = Tick | Exited | SignalReceived | WorkerStop | HangFound | Fatal | TracesIn | AllGone | PipesClosed | \
+    TracesRead | Published | TailsRead | ReplaceFailed | RecoveryStuck
 
 
 # ---------------------------------------------------------------------------- outputs
@@ -213,7 +272,7 @@ class RequestTraces:
 
 @dataclass(frozen=True)
 class AnalyseTraces:
-    """Read the traces the ranks dumped: one evidence line each, added to the root cause."""
+    """Read the traces the ranks dumped and answer with `TracesRead` (one evidence line each)."""
 
 
 @dataclass(frozen=True)
@@ -223,7 +282,23 @@ class Forward:
     signum: int
 
 
-Action = Send | Log | Note | Publish | RequestTraces | AnalyseTraces | Forward
+@dataclass(frozen=True)
+class ReplaceLive:
+    """A warm spare takes the lost rank (live_recovery.py promotes it; its pipes and heartbeats
+    are read as the rank's from then on). None could be taken: answer with `ReplaceFailed`."""
+
+    rank: int
+    cause: RootCause  # what happened to the lost rank (its exit, or the hang verdict it was killed for)
+
+
+@dataclass(frozen=True)
+class GiveUpLive:
+    """Live recovery cannot take this loss: a recovery in flight failed with `cause`."""
+
+    cause: RootCause
+
+
+Action = Send | Log | Note | Publish | RequestTraces | AnalyseTraces | Forward | ReplaceLive | GiveUpLive
 
 
 # ---------------------------------------------------------------------------- state
@@ -251,6 +326,7 @@ class State:
     early: EarlyExit | None = None
     trace_ranks: frozenset[int] = field(default_factory=frozenset)  # DUMPING_TRACES: who is to answer
     writes_told: bool = False  # a teardown waits for a background checkpoint write (said once)
+    condemned: tuple[tuple[int, RootCause], ...] = ()  # hung ranks SIGKILLed for a live recovery: their verdicts
 
 
 Result = tuple[State, list[Action]]
@@ -323,18 +399,50 @@ def _exited(s: State, e: Exited, r: Rules) -> Result:
     if s.cause is not None:
         return _ended_during_stop(s, e, r), []
     if e.code != 0:
-        cause = e.failure or RootCause("worker-exit", e.code, f"{e.tag} (rank {e.rank}) {e.how}", rank=e.rank,
-                                       device=e.tag)
-        if s.early is not None and _on_its_absence(cause):
-            cause = _first_to_leave(s.early, cause)
-        s, actions = _set_cause(s, cause, v.now)
-        s, more = _terminate(s, v, r)
-        return s, actions + more
+        condemned = dict(s.condemned)
+        verdict = condemned.pop(e.rank, None)  # killed for a live recovery: the hang is its cause
+        s = replace(s, condemned=tuple(condemned.items()))
+        cause = verdict or e.failure or RootCause("worker-exit", e.code, f"{e.tag} (rank {e.rank}) {e.how}",
+                                                  rank=e.rank, device=e.tag)
+        return _lost(s, v, r, e.rank, cause, e.spare)
     if not v.alive or e.done or s.phase is not Phase.RUNNING:
         return s, []
     early = EarlyExit(e.rank, e.tag, v.now, e.where)
     return replace(s, early=early, phase=Phase.FINISHING,
                    deadline=v.now + min(EARLY_EXIT_NOTICE, r.finish_window)), []
+
+
+def _lost(s: State, v: View, r: Rules, rank: int, cause: RootCause, spare: Spare | None) -> Result:
+    """A rank failed: a warm spare takes it (live recovery, no teardown), or the attempt ends."""
+    if spare is not None and spare.why_not is None:
+        return s, [ReplaceLive(rank, cause)]
+    actions: list[Action] = [] if spare is None else [
+        GiveUpLive(cause), Log("warning", f"live recovery not possible: {spare.why_not}")]
+    s, more = _failed(s, v, r, cause)
+    return s, actions + more
+
+
+def _failed(s: State, v: View, r: Rules, cause: RootCause) -> Result:
+    """The root cause, and the teardown (after an early exit, a peer's absence blames that rank)."""
+    if s.early is not None and _on_its_absence(cause):
+        cause = _first_to_leave(s.early, cause)
+    s, actions = _set_cause(s, cause, v.now)
+    s, more = _terminate(s, v, r)
+    return s, actions + more
+
+
+def _replace_failed(s: State, e: ReplaceFailed, r: Rules) -> Result:
+    if s.cause is not None:
+        return s, []
+    return _failed(s, e.view, r, e.cause)
+
+
+def _recovery_stuck(s: State, e: RecoveryStuck, r: Rules) -> Result:
+    """The recovery in flight failed; the attempt ends as on a watcher's verdict (a restart)."""
+    if s.cause is not None:
+        return s, []
+    s, actions = _fatal(s, Fatal(e.view, e.cause), r)
+    return s, [GiveUpLive(e.cause), *actions]
 
 
 # What a rank says when a peer it talks to is gone (gloo's and NCCL's words, and the socket's)
@@ -468,10 +576,22 @@ def _hang(s: State, e: HangFound, r: Rules) -> Result:
     if s.cause is not None:
         return s, []
     cause = e.cause
+    if cause.kind == "hang" and cause.rank in dict(s.condemned):
+        return s, []  # killed for a live recovery already, not reaped yet
+    if cause.kind == "hang" and e.spare is not None and e.spare.why_not is None:
+        return _kill_for_recovery(s, cause)
     if s.early is not None:
         cause = replace(cause, message=cause.message + f"; {s.early.tag} (rank {s.early.rank}) had exited 0 "
                                                        f"{e.view.now - s.early.ended:.0f} s before (waiting for it?)")
     return _diagnose(s, e.view, r, cause, e.responsive)
+
+
+def _kill_for_recovery(s: State, cause: RootCause) -> Result:
+    """A hung rank a warm spare can replace: SIGKILLed now instead of the hang teardown; when
+    it is reaped, its exit is replaced live with the verdict as its cause (`_exited`)."""
+    return replace(s, condemned=(*s.condemned, (cause.rank, cause))), [
+        Log("error", f"{cause.message}; SIGKILL to {cause.device} (rank {cause.rank}) for a live recovery"),
+        Send((cause.rank,), signal.SIGKILL)]
 
 
 def _fatal(s: State, e: Fatal, r: Rules) -> Result:
@@ -516,9 +636,30 @@ def _pipes_closed(s: State, e: PipesClosed, r: Rules) -> Result:
     return s, []
 
 
+def _traces_read(s: State, e: TracesRead, r: Rules) -> Result:
+    if s.cause is not None:
+        s = replace(s, cause=replace(s.cause, evidence=[*s.cause.evidence, *e.lines]))
+    return s, [Log("error", line) for line in e.lines]
+
+
+def _published(s: State, e: Published, r: Rules) -> Result:
+    return (s if s.cause is None else replace(s, cause=e.cause)), []
+
+
+def _tails_read(s: State, e: TailsRead, r: Rules) -> Result:
+    """A cause of this node's gets its rank's complete stderr tail (an early exit's cause keeps
+    the failing rank's tail it already holds)."""
+    cause, tails = s.cause, dict(e.tails)
+    if cause is None or cause.node is not None or cause.rank not in tails or \
+            (cause.kind == "early-exit" and cause.stderr_tail):
+        return s, []
+    return replace(s, cause=replace(cause, stderr_tail=list(tails[cause.rank]))), []
+
+
 _HANDLERS = {Tick: _tick, Exited: _exited, SignalReceived: _signal, WorkerStop: _worker_stop, HangFound: _hang,
-             Fatal: _fatal,
-             TracesIn: _traces_in, AllGone: _all_gone, PipesClosed: _pipes_closed}
+             Fatal: _fatal, TracesIn: _traces_in, AllGone: _all_gone, PipesClosed: _pipes_closed,
+             TracesRead: _traces_read, Published: _published, TailsRead: _tails_read, ReplaceFailed: _replace_failed,
+             RecoveryStuck: _recovery_stuck}
 
 
 # ---------------------------------------------------------------------------- steps

@@ -61,12 +61,14 @@ HANDLED_SIGNALS = (signal.SIGINT, signal.SIGCHLD, signal.SIGCONT, QUIT, *STOP_RE
 class Supervision:
     def __init__(self, workers: list[WorkerProcess], router: LogRouter, heartbeats: Heartbeats,
                  metrics: MetricsSink, stop: StopRules, finish_window: float,
-                 on_cause: Callable[[RootCause], None] | None = None,
+                 on_cause: Callable[[RootCause], RootCause | None] | None = None,
                  on_record: Callable[[dict], None] | None = None, script: bool = False,
                  unwatched_why: str | None = None, trace_dir: Path | None = None,
                  live: LiveRecovery | None = None) -> None:
         """`on_cause`: told this node's root cause the moment it is set (multi-node: the job's
-        rendezvous offers it to the other nodes). `on_record`: every status record, as it comes.
+        rendezvous offers it to the other nodes); what it returns, if not None, is the cause as
+        published (a SLURM stop named as such), and becomes the root cause. `on_record`: every
+        status record, as it comes.
         `finish_window`: how long the ranks left after a clean early exit may go without
         progress. `script`: the workers run a user's script, whose exit codes are its own.
         `unwatched_why`: said once for ranks that never send a heartbeat. `trace_dir`: where
@@ -103,7 +105,6 @@ class Supervision:
         self._resumed = False  # SIGCONT came: the supervisor itself was stopped meanwhile (I/O, not policy)
         self.trace_dir = trace_dir
         self.live = live
-        self._condemned: dict[int, RootCause] = {}  # hung ranks killed for a live recovery: their verdict
 
     # the policy's state, as the loop reads it (job.py reads `state` itself)
     @property
@@ -181,13 +182,10 @@ class Supervision:
             if self.phase is Phase.DONE:
                 break
         self.pipes.close()
-        cause = self.cause
-        if cause is not None and cause.node is None and cause.rank in self.router.logs and \
-                not (cause.kind == "early-exit" and cause.stderr_tail):  # that one keeps the failing rank's tail
-            # a cause of this node's, now that every pipe is drained
-            tail = self.router.logs[cause.rank].stderr_tail
-            cause.stderr_tail = [line.decode(errors="replace") for line in tail]
-        return cause
+        tails = tuple((rank, tuple(line.decode(errors="replace") for line in log.stderr_tail))
+                      for rank, log in self.router.logs.items())
+        self._decide(pol.TailsRead(self._view(time.monotonic()), tails))  # complete, now that every pipe is drained
+        return self.cause
 
     def _catch_up(self) -> None:
         """The supervisor was stopped (or starved) while the workers went on: what they said
@@ -237,9 +235,10 @@ class Supervision:
 
     def _decide(self, event: pol.Event) -> None:
         self.state, actions = pol.decide(self.state, event, self.rules)
-        self._apply(actions)
+        self._apply(actions, event.view.now)
 
-    def _apply(self, actions: list[pol.Action]) -> None:
+    def _apply(self, actions: list[pol.Action], now: float) -> None:
+        """Carry the policy's actions out; what came of one it must know is a new event."""
         for action in actions:
             if isinstance(action, pol.Send):
                 for rank in action.ranks:
@@ -252,14 +251,20 @@ class Supervision:
             elif isinstance(action, pol.Note):
                 self.notes.append(action.message)
             elif isinstance(action, pol.Publish):
-                if self._on_cause is not None:
-                    self._on_cause(action.cause)
+                published = self._on_cause(action.cause) if self._on_cause is not None else None
+                if published is not None and published != action.cause:
+                    self._decide(pol.Published(self._view(now), published))
             elif isinstance(action, pol.RequestTraces):
                 traces.request(self.trace_dir)
-            elif isinstance(action, pol.AnalyseTraces):
-                self._analyse_traces()
+            elif isinstance(action, pol.AnalyseTraces):  # the collective traces are in (or their wait is over)
+                lines = traces.analyse(self.trace_dir, sorted(self.workers))
+                self._decide(pol.TracesRead(self._view(now), tuple(lines)))
             elif isinstance(action, pol.Forward):
                 self._forward(action)
+            elif isinstance(action, pol.ReplaceLive):
+                self._replace_live(action, now)
+            elif isinstance(action, pol.GiveUpLive) and self.live is not None:
+                self.live.give_up(action.cause)
 
     def _handle_signals(self, now: float) -> None:
         while self._signals:
@@ -311,14 +316,12 @@ class Supervision:
         logger.debug(f"{w.slot.tag} (rank {w.slot.rank}, pid {w.pid}) {how}")
         code = shell_code(w.returncode)
         st = self.heartbeats.ranks[w.slot.rank]
-        failure = None
+        failure, spare = None, None
         if code != 0 and self.cause is None:
-            failure = self._condemned.pop(w.slot.rank, None) or self._failure(w, code, now)
-            if self._replaced_live(w, failure, now):
-                return
+            failure, spare = self._failure(w, code, now), self._spare(w.slot.rank)
         self._decide(pol.Exited(self._view(now), w.slot.rank, w.slot.tag, code, how_it_ended(w.returncode),
                                 done=st.done, killed_by_us="SIGKILL" in w.signalled, failure=failure,
-                                where=st.describe()))
+                                where=st.describe(), spare=spare))
 
     def _failure(self, w: WorkerProcess, code: int, now: float) -> RootCause:
         """A worker's failure as the root cause: its own account first (torch's @record error
@@ -329,11 +332,9 @@ class Supervision:
         st_error = self.heartbeats.ranks[w.slot.rank].error
         if error is not None or st_error:
             message += f": {error.message if error is not None else st_error}"
-        cause = self._worker_cause("worker-exit", code, message, w)
-        cause.script_code = self.script and w.returncode > 0  # a signal's death is nobody's own code
-        if error is not None:
-            cause.traceback = error.traceback
-        return cause
+        return self._worker_cause("worker-exit", code, message, w,
+                                  script_code=self.script and w.returncode > 0,  # a signal's death: nobody's code
+                                  traceback=list(error.traceback) if error is not None else [])
 
     def _timers(self, now: float) -> None:
         if self.cause is None and now - self._last_check >= 0.25:
@@ -361,67 +362,50 @@ class Supervision:
         if verdict is None:
             return
         code = ExitCode.RENDEZVOUS if verdict.kind == "rendezvous" else ExitCode.HANG
-        cause = self._worker_cause(verdict.kind, code, verdict.message, self.workers[verdict.rank])
-        cause.evidence = list(verdict.evidence)
-        if verdict.kind == "hang" and self._condemn(self.workers[verdict.rank], cause):
-            return
-        self._decide(pol.HangFound(self._view(now), cause, frozenset(self.heartbeats.responsive(now, alive))))
+        cause = self._worker_cause(verdict.kind, code, verdict.message, self.workers[verdict.rank],
+                                   evidence=list(verdict.evidence))
+        self._decide(pol.HangFound(self._view(now), cause, frozenset(self.heartbeats.responsive(now, alive)),
+                                   spare=self._spare(verdict.rank)))
 
     # ------------------------------------------------------------------ live recovery (live_recovery.py)
 
-    def _condemn(self, w: WorkerProcess, cause: RootCause) -> bool:
-        """A hung rank a spare can replace: killed now, and replaced when it is reaped."""
-        if w.slot.rank in self._condemned:
-            return True  # killed already, not reaped yet
-        if self.live is None or self.live.why_not(
-                w.slot.rank, [o.slot.rank for o in self._alive() if o is not w]) is not None:
-            return False
-        logger.error(f"{cause.message}; SIGKILL to {w.slot.tag} (rank {w.slot.rank}) for a live recovery")
-        self._condemned[w.slot.rank] = cause
-        w.signal_group(signal.SIGKILL)
-        self._reap_due = True
-        return True
+    def _spare(self, rank: int) -> pol.Spare | None:
+        """Can a warm spare take `rank` now, the other live ranks surviving (None: no live recovery)."""
+        if self.live is None:
+            return None
+        return pol.Spare(self.live.why_not(rank, [w.slot.rank for w in self._alive() if w.slot.rank != rank]))
 
     def _judge_live_recovery(self, now: float) -> None:
-        """A survivor that never left the broken group's collective ends the attempt (a restart)."""
+        """A survivor that never left the broken group's collective: the policy ends the attempt."""
         stuck = self.live.stuck(now, self.heartbeats.timeouts.allowance("step")) if self.live is not None else None
-        if stuck is None:
-            return
-        message, rank = stuck
-        cause = self._worker_cause("hang", ExitCode.HANG, message, self.workers[rank])
-        self.live.give_up(cause)
-        self._decide(pol.Fatal(self._view(now), cause))  # logs the message, tears the attempt down
+        if stuck is not None:
+            message, rank = stuck
+            self._decide(pol.RecoveryStuck(self._view(now), self._worker_cause("hang", ExitCode.HANG, message,
+                                                                               self.workers[rank])))
 
-    def _replaced_live(self, w: WorkerProcess, cause: RootCause, now: float) -> bool:
-        """A warm spare takes the lost rank: its pipes are read as the rank's from now on."""
-        if self.live is None:
-            return False
-        new = self.live.replace(w, cause, [o for o in self._alive() if o is not w], now)
+    def _replace_live(self, action: pol.ReplaceLive, now: float) -> None:
+        """The policy's `ReplaceLive`: a warm spare takes the lost rank, whose pipes and heartbeats
+        are read as the rank's from now on; if none can be taken (said why), the policy decides."""
+        lost = self.workers[action.rank]
+        new = None if self.live is None else self.live.replace(lost, action.cause, [
+            o for o in self._alive() if o is not lost], now)
         if new is None:
-            return False
-        rank = w.slot.rank
-        self.workers[rank] = new
-        self.heartbeats.rejoin(rank, new.pid, now)
-        self.pipes.replace(rank, new.popen.stdout, new.popen.stderr, new.status_fd)
-        return True
+            self._decide(pol.ReplaceFailed(self._view(now), action.rank, action.cause))
+            return
+        self.workers[action.rank] = new
+        self.heartbeats.rejoin(action.rank, new.pid, now)
+        self.pipes.replace(action.rank, new.popen.stdout, new.popen.stderr, new.status_fd)
 
     # ------------------------------------------------------------------ helpers
 
     def _alive(self) -> list[WorkerProcess]:
         return [w for w in self.workers.values() if w.alive]
 
-    def _worker_cause(self, kind: str, code: int, message: str, w: WorkerProcess) -> RootCause:
+    def _worker_cause(self, kind: str, code: int, message: str, w: WorkerProcess, **more: object) -> RootCause:
+        """A rank's cause, complete (RootCause is immutable): its stderr tail so far, and `more`."""
         log = self.router.logs[w.slot.rank]
         return RootCause(kind, int(code), message, rank=w.slot.rank, device=w.slot.tag,
-                         stderr_tail=[line.decode(errors="replace") for line in log.stderr_tail])
-
-    def _analyse_traces(self) -> None:
-        """The collective traces are in (or their wait is over): one line per rank."""
-        lines = traces.analyse(self.trace_dir, sorted(self.workers))
-        for line in lines:
-            logger.error(line)
-        if self.cause is not None:
-            self.cause.evidence += lines
+                         stderr_tail=[line.decode(errors="replace") for line in log.stderr_tail], **more)
 
     def final_save(self) -> str | None:
         """After a graceful stop: "saved", "not saved" (see `graceful.unfinished`), or None."""

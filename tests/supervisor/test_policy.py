@@ -5,7 +5,11 @@ tests (test_processes.py, test_stopping.py, test_blame.py) still run the real th
 
 from __future__ import annotations
 
+import dataclasses
 import signal
+from dataclasses import replace
+
+import pytest
 
 from supervisor.processes import policy as pol
 from supervisor.processes.policy import Phase
@@ -417,6 +421,53 @@ def test_a_hang_verdict_after_the_root_cause_changes_nothing():
     assert run(pol.HangFound(view(2.0, rank(1)), hang_cause())) == [] and run.state.cause.rank == 0
 
 
+def test_the_traces_read_are_said_and_become_the_hang_causes_evidence():
+    run = Run()
+    verdict = replace(hang_cause(), evidence=["rank 1: no step for 60 s"])
+    run(pol.HangFound(view(50.0, *TWO), verdict, responsive=frozenset({0, 1})))
+    run.tick(50.0 + pol.TRACES_WAIT, *TWO)
+    actions = run(pol.TracesRead(view(53.0, *TWO), ("rank 0: in all_reduce #7", "rank 1: never reached #7")))
+    assert logs(actions, "error") == ["rank 0: in all_reduce #7", "rank 1: never reached #7"]
+    assert run.state.cause.evidence == ["rank 1: no step for 60 s", "rank 0: in all_reduce #7",
+                                        "rank 1: never reached #7"]
+    assert verdict.evidence == ["rank 1: no step for 60 s"]  # the event's cause never changed behind its back
+
+
+def test_the_cause_as_published_becomes_the_root_cause():
+    run = Run()
+    actions = run(pol.SignalReceived(view(1.0, *TWO), signal.SIGTERM))
+    published = [a.cause for a in actions if isinstance(a, pol.Publish)][0]
+    named = replace(published, message="SLURM: the job's time limit was reached")
+    assert run(pol.Published(view(1.0, *TWO), named)) == [] and run.state.cause == named
+    assert Run()(pol.Published(view(1.0), named)) == []  # no cause: nothing to rename
+
+
+def test_once_drained_a_local_cause_gets_its_ranks_complete_stderr_tail():
+    tails = ((0, ("a",)), (1, ("Traceback", "ValueError: x")))
+    run = Run()
+    run(crash(1.0, 1, rank(0)))
+    run(pol.TailsRead(view(2.0), tails))
+    assert run.state.cause.stderr_tail == ["Traceback", "ValueError: x"]
+    remote = Run()
+    remote(pol.Fatal(view(1.0, rank(0)), RootCause("worker-exit", 1, "node 1: x", rank=1, node=1), remote=True))
+    remote(pol.TailsRead(view(2.0), tails))
+    assert remote.state.cause.stderr_tail == []  # another node's cause: not this node's tail
+    early = Run()
+    early(pol.Exited(view(10.0, rank(0)), 1, "CPU1", 0, "exit code 0"))
+    reset = replace(failure(0), stderr_tail=["RuntimeError: Connection reset by peer"])
+    early(pol.Exited(view(11.0), 0, "CPU0", 1, "exit code 1", failure=reset))
+    assert early.state.cause.kind == "early-exit"
+    kept = early.state.cause
+    early(pol.TailsRead(view(12.0), tails))
+    assert early.state.cause is kept  # an early exit's cause keeps the failing rank's tail
+
+
+def test_a_root_cause_is_immutable():
+    cause = failure(1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cause.message = "changed"  # type: ignore[misc]
+
+
 def test_the_state_is_immutable_and_decide_is_pure():
     state = pol.State()
     event = pol.SignalReceived(view(0.0, *TWO), signal.SIGINT)
@@ -533,3 +584,98 @@ def test_dumping_stacks_waits_for_the_stacks_at_most_the_grace_period():
                         traces=False))
     run(pol.HangFound(view(50.0, *TWO), hang_cause()))
     assert run.phase is Phase.DUMPING_STACKS and run.state.deadline == 51.0  # min(STACK_DUMP_WAIT, grace)
+
+
+# ---- live recovery: the loop says whether a warm spare can take a lost rank (`Spare`); the policy decides
+
+CAN = pol.Spare()  # a spare can take the rank now
+SECOND = pol.Spare("a second failure during a recovery (rank 1 was being replaced)")
+
+
+def lost(now: float, r: int, *alive: pol.Rank, spare: pol.Spare | None = CAN, code: int = 1) -> pol.Exited:
+    return pol.Exited(view(now, *alive), r, f"CPU{r}", code, f"exit code {code}", failure=failure(r, code),
+                      spare=spare)
+
+
+def test_a_replaceable_ranks_failed_exit_is_replaced_live_without_a_teardown():
+    run = Run()
+    actions = run(lost(10.0, 1, rank(0)))
+    assert actions == [pol.ReplaceLive(1, failure(1))]
+    assert run.phase is Phase.RUNNING and run.state.cause is None and run.state.deadline is None
+
+
+def test_a_failed_replacement_is_the_usual_teardown_with_the_same_cause():
+    run = Run()
+    run(lost(10.0, 1, rank(0)))
+    actions = run(pol.ReplaceFailed(view(10.0, rank(0)), 1, failure(1)))
+    usual = Run()
+    assert actions == usual(crash(10.0, 1, rank(0))) and run.state == usual.state
+    assert run.phase is Phase.TERMINATING and run.state.cause == failure(1)
+
+
+def test_a_rank_no_spare_can_take_is_the_usual_teardown_saying_why_and_failing_the_recovery():
+    run = Run()
+    actions = run(lost(10.0, 1, rank(0), spare=SECOND))
+    said = pol.Log("warning", f"live recovery not possible: {SECOND.why_not}")
+    assert actions[:2] == [pol.GiveUpLive(failure(1)), said]
+    usual = Run()
+    assert actions[2:] == usual(crash(10.0, 1, rank(0))) and run.state == usual.state
+
+
+def test_without_live_recovery_a_failed_exit_says_nothing_of_it():
+    run = Run()
+    assert run(lost(10.0, 1, rank(0), spare=None)) == Run()(crash(10.0, 1, rank(0)))
+
+
+def test_a_second_failure_during_a_recovery_ends_the_attempt_with_the_second_as_cause():
+    run = Run()
+    run(lost(10.0, 1, rank(0), rank(2)))  # replaced: the recovery is in flight
+    actions = run(lost(12.0, 2, rank(0), rank(1), spare=SECOND))
+    assert pol.GiveUpLive(failure(2)) in actions and run.state.cause == failure(2)
+    assert run.phase is Phase.TERMINATING and sends(actions, signal.SIGTERM) == [((0, 1), signal.SIGTERM, True)]
+
+
+def test_a_hang_on_a_replaceable_rank_kills_it_for_recovery_and_its_exit_is_replaced_with_the_verdict():
+    run = Run()
+    verdict = hang_cause()
+    actions = run(pol.HangFound(view(50.0, *TWO), verdict, responsive=frozenset({0}), spare=CAN))
+    assert logs(actions, "error") == ["hang: rank 1 (stopped); SIGKILL to CPU1 (rank 1) for a live recovery"]
+    assert sends(actions) == [((1,), signal.SIGKILL, True)] and pol.RequestTraces() not in actions
+    assert run.phase is Phase.RUNNING and run.state.cause is None and run.state.condemned == ((1, verdict),)
+    assert run(pol.HangFound(view(50.3, *TWO), verdict, spare=CAN)) == []  # killed already, not reaped yet
+    actions = run(lost(50.5, 1, rank(0), code=137))
+    assert actions == [pol.ReplaceLive(1, verdict)] and run.state.condemned == ()
+
+
+def test_a_condemned_rank_whose_replacement_fails_tears_down_with_the_verdict_as_cause():
+    run = Run()
+    verdict = hang_cause()
+    run(pol.HangFound(view(50.0, *TWO), verdict, spare=CAN))
+    actions = run(lost(50.5, 1, rank(0), code=137, spare=pol.Spare("no warm spare ready")))
+    assert logs(actions, "warning") == ["live recovery not possible: no warm spare ready"]
+    assert run.state.cause == verdict and run.phase is Phase.TERMINATING
+
+
+def test_a_hang_on_a_rank_no_spare_can_take_is_the_usual_diagnosis():
+    run, usual = Run(), Run()
+    event = pol.HangFound(view(50.0, *TWO), hang_cause(), responsive=frozenset({0}), spare=SECOND)
+    assert run(event) == usual(replace(event, spare=None)) and run.state == usual.state
+    assert run.phase is Phase.DUMPING_TRACES
+
+
+def test_a_rendezvous_verdict_is_never_killed_for_recovery():
+    run = Run()
+    never = RootCause("rendezvous", 5, "rank 1 never joined", rank=1, device="CPU1")
+    run(pol.HangFound(view(50.0, *TWO), never, spare=CAN))
+    assert run.state.cause == never and run.state.condemned == ()
+
+
+def test_a_survivor_stuck_in_the_broken_group_fails_the_recovery_and_tears_down():
+    run = Run()
+    run(lost(10.0, 1, rank(0), rank(2)))
+    stuck = RootCause("hang", 124, "live recovery 1 not possible: rank(s) 2 stayed in a collective", rank=2,
+                      device="CPU2")
+    actions = run(pol.RecoveryStuck(view(25.0, rank(0), rank(1), rank(2)), stuck))
+    assert actions[:2] == [pol.GiveUpLive(stuck), pol.Log("error", stuck.message)]
+    assert run.state.cause == stuck and run.phase is Phase.TERMINATING
+    assert run(pol.RecoveryStuck(view(26.0, rank(0)), stuck)) == []  # the attempt is ending already
