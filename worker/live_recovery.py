@@ -39,7 +39,7 @@ from worker.state_broadcast import broadcast_state
 
 if TYPE_CHECKING:
     from gpuherd.memory_plan import Layout
-    from worker.engines.base import Buckets
+    from worker.engines import Buckets
     from worker.train import Trainer
 
 
