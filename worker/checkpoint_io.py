@@ -5,6 +5,7 @@ counts only once complete, manifest included (gpuherd/checkpoint_manifest.py).""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import zipfile
@@ -52,10 +53,28 @@ def atomic_torch_save(obj: Any, path: Path, label: str = "",
     the bytes on their way to disk. `before_publish(digest)` runs between the fsync and
     the rename."""
     with atomic_file(path, label, None if before_publish is None else lambda: before_publish(writer.digest())) \
-            as handle:
+            as handle, _without_zip_crc32():
         writer = HashingWriter(handle)
         torch.save(obj, writer)
     return writer.digest()
+
+
+@contextlib.contextmanager
+def _without_zip_crc32():
+    """torch.save's zip records carry a CRC32 each, which costs about 3 s of CPU per GB written
+    (most of a save: twice the sha256 taken on the way); the manifest's sha256 already vouches
+    for every byte, and torch.load reads such files as any other. Torch's switch is global:
+    restored after, and a concurrent save at worst computes the CRC it would have anyway."""
+    switch = getattr(torch.serialization, "set_crc32_options", None)
+    if switch is None:  # a torch without it writes the CRC
+        yield
+        return
+    before = torch.serialization.get_crc32_options()
+    switch(False)
+    try:
+        yield
+    finally:
+        switch(before)
 
 
 def save_checkpoint_file(obj: dict[str, Any], path: Path) -> None:

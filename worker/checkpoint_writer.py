@@ -1,10 +1,13 @@
-"""One checkpoint being written by a thread of its own while the loop trains on
+"""One checkpoint being written in the background while the loop trains on
 (worker/saver.py starts at most one at a time).
 
-The thread runs at a lower CPU priority (nice +WRITER_NICE for this thread only): where
-the cores are busy with training, the loop keeps them and the write takes the rest; on
-an idle CPU (a GPU run) it changes nothing. Its outcome, the published path or the
-exception, is kept for the loop to collect at its next step.
+A thread of its own waits for the write; the write itself runs in a forked child process
+(worker/forked_write.py: one-file checkpoints, rank 0 alone) or, where every rank must take
+part in the write's collectives (FSDP's sharded checkpoints through DCP), in the thread,
+which then runs at a lower CPU priority (nice +WRITER_NICE for this thread only): where the
+cores are busy with training, the loop keeps them and the write takes the rest; on an idle
+CPU (a GPU run) it changes nothing. Its outcome, the published path or the exception, is
+kept for the loop to collect at its next step.
 """
 
 from __future__ import annotations
@@ -15,13 +18,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from worker.forked_write import write_in_child
+
 WRITER_NICE = 5
 
 
 class BackgroundWrite:
     def __init__(self, step: int, path: Path, write: Callable[[], Path],
-                 on_done: Callable[[BackgroundWrite], None]) -> None:
-        self.step, self.path = step, path
+                 on_done: Callable[[BackgroundWrite], None], forked: bool = False) -> None:
+        """`forked`: `write` runs in a child process (worker/forked_write.py), this thread only waits."""
+        self.step, self.path, self.forked = step, path, forked
         self.published: Path | None = None
         self.error: BaseException | None = None
         self.write_s: float | None = None  # set once it ended, either way
@@ -40,9 +46,12 @@ class BackgroundWrite:
         return self._done.wait(timeout)
 
     def _run(self) -> None:
-        _lower_priority()
         try:
-            self.published = self._write()
+            if self.forked:
+                self.published = write_in_child(self._write, self.step)
+            else:
+                _lower_priority()
+                self.published = self._write()
         except BaseException as exc:  # noqa: BLE001 - handed to the loop, which raises it there
             self.error = exc
         finally:

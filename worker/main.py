@@ -29,7 +29,7 @@ def guarded(body: Callable[[], int], status: StatusWriter) -> int:
         return int(ExitCode.SIGINT)
     except Exception as exc:  # noqa: BLE001 - this is the one place that classifies failures
         code, message = exit_code_of(exc)
-        if code == ExitCode.FAILURE:
+        if not isinstance(exc, GpuherdError):
             # an unclassified failure: the traceback is the diagnosis
             logger.error("worker failed:\n" + "".join(traceback.format_exception(exc)).rstrip())
         else:

@@ -3,7 +3,7 @@ freeze the save to kill the run exactly there.
 
 `GPUHERD_PAUSE_SAVE_AT=<phase>[:<step>[:<seconds>]]` makes the process that reaches
 `<phase>` (of the save of `<step>`, or of any save) print `checkpoint save paused at <phase>
-(step N)` on stderr and sleep until it is killed (or for `<seconds>`, then go on: a slow
+(step N) [..., pid P]` on stderr (P: the process writing it, the loop's or its writer's) and sleep until it is killed (or for `<seconds>`, then go on: a slow
 disk). Phases, in order:
 
 - `staging`: the loop is copying the state to host memory (the loop is blocked);
@@ -32,7 +32,7 @@ def reached(phase: str, step: int | None) -> None:
     name, at_step, seconds = (want.split(":") + ["", ""])[:3]
     if name != phase or (at_step and str(step) != at_step):
         return
-    sys.stderr.write(f"checkpoint save paused at {phase} (step {step}) [{PAUSE_VAR}]\n")
+    sys.stderr.write(f"checkpoint save paused at {phase} (step {step}) [{PAUSE_VAR}, pid {os.getpid()}]\n")
     sys.stderr.flush()
     if seconds:
         time.sleep(float(seconds))

@@ -2,11 +2,12 @@
 
 `training.async_save` (on by default): a periodic save blocks the loop only while the
 state is captured (the collectives that gather it) and copied to host memory
-(worker/staging.py); a writer thread (worker/checkpoint_writer.py) then writes, fsyncs,
+(worker/staging.py); a background write (worker/checkpoint_writer.py) then writes, fsyncs,
 checksums and publishes it with its manifest while training goes on. One-file layouts
-(single, ddp, zero1) are written by rank 0 alone; sharded ones (fsdp) by every rank,
-whose writer threads agree through a gloo process group of their own, so the loop's
-collectives and theirs never share a connection.
+(single, ddp, zero1) are written by rank 0 alone, in a forked child process
+(worker/forked_write.py: it needs none of the loop's GIL or CPU priority); sharded ones
+(fsdp) by every rank, in writer threads that agree through a gloo process group of their
+own, so the loop's collectives and theirs never share a connection.
 
 - At most one write is in flight: the next save first waits for it (counted, said, and
   in its `checkpoint` record as `wait_s`).
@@ -82,7 +83,10 @@ class Saver:
             mine = missing
         else:
             share = checkpoint_bytes(engine.n_params) // (self.ckpt.world_size if engine.sharded else 1)
-            mine = memory_problem(share if engine.sharded or self.ckpt.rank == 0 else 0)
+            # A forked writer (one-file layouts) on a CPU run also shares the live state's pages:
+            # each one training rewrites during the write is copied once more.
+            forked_on_cpu = not engine.sharded and engine.device.type == "cpu"
+            mine = memory_problem(share if engine.sharded or self.ckpt.rank == 0 else 0, copies=2 if forked_on_cpu else 1)
         reasons = [r for r in wdist.gather_objects(mine) if r]
         return reasons[0] if reasons else None
 
@@ -113,7 +117,8 @@ class Saver:
         self._staged(stall, wait_s)
         self.status.send("checkpoint_write", state="started", step=step, path=str(capture.path))
         self.inflight = BackgroundWrite(step, capture.path, lambda: self._write(capture),
-                                        lambda write: self._written(write, stall, wait_s))
+                                        lambda write: self._written(write, stall, wait_s),
+                                        forked=not self.ckpt.engine.sharded)
 
     def _write(self, capture: Capture) -> Path:
         save_phases.reached("staged", capture.step)

@@ -31,12 +31,16 @@ def stager_missing() -> str | None:
     return None
 
 
-def memory_problem(nbytes: int) -> str | None:
-    """Why `nbytes` of staging buffers would not fit this host comfortably (None: they fit)."""
+def memory_problem(nbytes: int, copies: int = 1) -> str | None:
+    """Why `copies` host copies of `nbytes` (the staging buffers, and on a CPU run with a forked
+    writer the live state's pages it shares) would not fit this host comfortably (None: they fit)."""
     available = psutil.virtual_memory().available
-    if nbytes <= MAX_SHARE_OF_AVAILABLE * available:
+    if copies * nbytes <= MAX_SHARE_OF_AVAILABLE * available:
         return None
-    return (f"a host copy of this rank's checkpoint state takes ~{format_bytes(nbytes)}, more than half of the "
+    what = ("a host copy of this rank's checkpoint state takes" if copies == 1 else
+            f"{copies} host copies of this rank's checkpoint state (the staged one, and the pages training "
+            "rewrites while a forked writer shares them) take")
+    return (f"{what} ~{format_bytes(copies * nbytes)}, more than half of the "
             f"{format_bytes(available)} of memory available")
 
 

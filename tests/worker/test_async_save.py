@@ -10,9 +10,10 @@ import os
 import re
 import resource
 import signal
-import threading
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 from tests.worker import helpers as h
 
@@ -64,30 +65,34 @@ def test_async_save_off_blocks_every_save(tmp_path: Path, capfd):
 
 
 class _SecondSaveSignal(StatusWriter):
-    """Sets `second_save` when the loop starts its second save (its `phase checkpoint` record)."""
+    """Creates `second_save` (a file: the write runs in a forked child, which shares no event
+    with the loop) when the loop starts its second save (its `phase checkpoint` record)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, second_save: Path) -> None:
         super().__init__(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), 0)
-        self.second_save, self._saves = threading.Event(), 0
+        self.second_save, self._saves = second_save, 0
 
     def send(self, type_: str, **fields) -> None:
         super().send(type_, **fields)
         if type_ == "phase" and fields.get("name") == "checkpoint":
             self._saves += 1
             if self._saves == 2:
-                self.second_save.set()
+                self.second_save.touch()
 
 
 def test_a_save_waits_for_the_write_in_flight_and_the_wait_is_counted(tmp_path: Path, capfd, monkeypatch):
     """The first write is held until the loop reaches the next save: that save must wait for it."""
     import worker.engines.torch_engine as torch_engine
 
-    status = _SecondSaveSignal(tmp_path / "status.jsonl")
+    status = _SecondSaveSignal(tmp_path / "status.jsonl", tmp_path / "second_save")
     real = torch_engine.save_checkpoint_file
 
     def held_write(obj, path):
         if obj["meta"]["step"] == 2:
-            assert status.second_save.wait(120), "the loop never reached its second save"
+            deadline = time.monotonic() + 120
+            while not status.second_save.exists():
+                assert time.monotonic() < deadline, "the loop never reached its second save"
+                time.sleep(0.01)
         real(obj, path)
 
     monkeypatch.setattr(torch_engine, "save_checkpoint_file", held_write)
@@ -166,12 +171,45 @@ def test_a_run_killed_at_any_phase_of_an_async_save_resumes_bit_exactly(tmp_path
     assert h.step_losses(tmp_path / "resumed-rank0.jsonl") == reference[start:]
 
 
+def test_the_writer_is_a_process_of_its_own_and_its_death_is_named_at_the_next_step(tmp_path: Path,
+                                                                                    reference: list[float]):
+    """SIGKILL of the writer process while its file is complete but unpublished: the loop names the
+    writer's death at its next step (exit 1, one line, the loop's own pid alive until then),
+    nothing of that save is visible, and --resume auto continues bit-exactly from the older one."""
+    spec = _spec(tmp_path, "writer", SAVES)
+    proc = h.Watched(["tests/worker/helpers.py", "train", str(spec)],
+                     h.worker_env(0, 1, 0, **{PAUSE_VAR: "written:4"}))
+    try:
+        line = proc.wait_for("checkpoint save paused at written (step 4)", timeout=240)
+        writer = int(re.search(r"pid (\d+)\]", line).group(1))
+        assert writer != proc.proc.pid and psutil.Process(writer).ppid() == proc.proc.pid
+        os.kill(writer, signal.SIGKILL)
+        assert proc.finish(timeout=120) == ExitCode.FAILURE, proc.stderr
+    finally:
+        proc.kill()
+    errors = [line for line in proc.stderr.splitlines() if "ERROR" in line]
+    assert len(errors) == 1 and f"the checkpoint writer process (pid {writer}) was killed by SIGKILL before it " \
+        "published the checkpoint of step 4" in errors[0], errors
+    assert "Traceback" not in proc.stderr
+    assert [s for s, _ in list_checkpoints(tmp_path / "ckpt")] == [2]
+
+    spec = _spec(tmp_path, "resumed", [*SAVES, "training.resume=auto"])
+    [done] = h.spawn(["tests/worker/helpers.py", "train", str(spec)], [h.worker_env(0, 1, 0)], timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "step_0000002.pt at step 2" in done.stderr and "WARNING" not in done.stderr  # the temp file: no damage
+    assert h.step_losses(tmp_path / "resumed-rank0.jsonl") == reference[2:]
+
+
 def test_staging_larger_than_half_the_available_memory_is_refused_in_words():
     from worker.staging import memory_problem
 
     assert memory_problem(0) is None
     problem = memory_problem(10**15)
     assert problem is not None and problem.startswith("a host copy of this rank's checkpoint state takes ~1000.0 TB")
+    half = psutil.virtual_memory().available // 2
+    assert memory_problem(half // 2 - 2**20, copies=2) is None
+    problem = memory_problem(half // 2 + 2**30, copies=2)
+    assert problem is not None and problem.startswith("2 host copies of this rank's checkpoint state")
 
 
 def test_save_stats_say_what_the_saves_cost_since_the_last_step_line():

@@ -281,3 +281,21 @@ def test_checkpoints_follow_the_umask(tmp_path: Path, umask: int, mode: int):
     assert {oct(p.stat().st_mode & 0o777) for p in files} == {oct(mode)}
     manifest = read_manifest(tmp_path / "step_0000002")
     assert sorted(manifest.files) == ["__0_0.distcp", "meta.pt"] and manifest.step == 2
+
+
+def test_a_checkpoint_file_is_written_without_zip_crc32s_and_reads_back_the_same(tmp_path: Path):
+    """The manifest's sha256 vouches for the bytes: the zip records' own CRC32s (about as much CPU
+    as the rest of the save) are left out, torch.load reads the file as any other, and torch's
+    global switch is as it was afterwards."""
+    import zipfile
+
+    from worker.checkpoint_io import atomic_torch_save
+
+    state = {"w": torch.randn(64, 64), "step": 3}
+    before = torch.serialization.get_crc32_options()
+    digest = atomic_torch_save(state, tmp_path / "c.pt")
+    assert torch.serialization.get_crc32_options() == before
+    assert {info.CRC for info in zipfile.ZipFile(tmp_path / "c.pt").infolist()} == {0}
+    back = torch.load(tmp_path / "c.pt", weights_only=True)
+    assert torch.equal(back["w"], state["w"]) and back["step"] == 3
+    assert digest.size == (tmp_path / "c.pt").stat().st_size
