@@ -171,6 +171,10 @@ def test_a_second_failure_during_the_recovery_falls_back_to_a_restart_saying_why
         psutil.Process(_pid(run_dir, 1)).send_signal(signal.SIGKILL)
         assert wait_for(lambda: records(run_dir, "live") and any(
             r.get("event") == "lost_peer" for r in records(run_dir, "live")), timeout=60, interval=0.02)
+        # the supervisor has reaped rank 1 and handed its rank to the spare: the recovery is in
+        # flight (the survivor's record alone can come before that, and both deaths then reaped together)
+        log = run_dir / "supervisor.log"
+        assert wait_for(lambda: "takes rank 1" in log.read_text(errors="replace"), timeout=60, interval=0.02)
         psutil.Process(_pid(run_dir, 0)).send_signal(signal.SIGKILL)
     finally:
         code, _out, err = finish(proc, timeout=300)
