@@ -69,7 +69,9 @@ def _child(work: Callable[[], Path], out: int, parent: int) -> None:
         exit_code = exc.exit_code if isinstance(exc, GpuherdError) else None
         report = ("failed", f"{type(exc).__name__}: {exc}" if exit_code is None else str(exc), exit_code)
     try:
-        os.write(out, pickle.dumps(report))
+        data = memoryview(pickle.dumps(report))
+        while data:  # a long message may not fit the pipe in one write
+            data = data[os.write(out, data):]
     finally:
         os._exit(code)
 
