@@ -184,7 +184,7 @@ class Trainer:
             logger.warning("debug.nan_detection is on but worker.nan is missing from this tree: no NaN checks")
             return None
         guard = NanGuard(self.cfg, self.engine.model, self.identity, self.status, self._save_for_guard,
-                         scaler=self.engine.scaler)
+                         scaler=self.engine.scaler, live=self.live)
         guard.attach()
         return guard
 

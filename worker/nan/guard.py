@@ -33,6 +33,7 @@ from gpuherd.config import Config
 from gpuherd.contract import WorkerIdentity
 from gpuherd.errors import GpuherdError
 from gpuherd.exit_codes import ExitCode
+from gpuherd.liveness import Liveness
 from gpuherd.status_channel import StatusWriter
 from worker import rng
 from worker.nan import dump
@@ -96,8 +97,12 @@ class NanGuard:
         status: StatusWriter,
         save_checkpoint: Callable[[Path], None] | None,
         scaler: Any = None,
+        live: Liveness | None = None,
     ) -> None:
+        """`live`: the rank's liveness, told while the step's verdict is being agreed on (an
+        all-reduce: a rank stuck there waits for a peer, which hang blame must know)."""
         self.cfg = cfg
+        self.live = live
         self.model = model
         self.identity = identity
         self.status = status
@@ -120,6 +125,12 @@ class NanGuard:
         self._counter = MicroBatchCounter()
         self._forward: ForwardProbe | None = None
         self._grads: GradProbe | None = None
+
+    def _agree(self, local: torch.Tensor) -> StepVerdict:
+        if self.live is None:
+            return agree(local)
+        with self.live.collective("all_reduce (step check)"):
+            return agree(local)
 
     # ------------------------------------------------------------------ hooks
 
@@ -169,7 +180,7 @@ class NanGuard:
             return True
         loss_t, norm_t = self._scalars(loss, grad_norm)
         local = self._flags(loss_t, norm_t)
-        verdict = agree(local)
+        verdict = self._agree(local)
         if not verdict.suspicious:
             self._healthy(loss_t, norm_t, verdict)
             return True
@@ -242,7 +253,7 @@ class NanGuard:
         clear_gradients(self.model, self.scaler)
         loss, norm = self._scalars(*s.replay())
         local = self._flags(loss, norm)
-        again = agree(local)
+        again = self._agree(local)
         bracket = self.identity.bracket
         mine = RerunRecord(self.identity.rank, bracket, hostname(), device_label(self._device(), bracket),
                            first_loss, first_norm, float(loss), float(norm), evidence)
