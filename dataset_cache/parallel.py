@@ -86,8 +86,25 @@ def _encode_in_pool(
                 yield _result(pending.popleft())
         while pending:
             yield _result(pending.popleft())
-    finally:
-        executor.shutdown(wait=True, cancel_futures=True)
+    except BaseException:
+        _abandon(executor)
+        raise
+    executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _abandon(executor: ProcessPoolExecutor) -> None:
+    """The build is over unfinished (a stop signal raised in this thread, a failure, the
+    consumer gone): end the tokenizer processes without waiting on the executor's manager
+    thread. A signal's exception can land inside the executor's own bookkeeping (between
+    the two writes of a wake-up message, say), after which `shutdown(wait=True)` would wait
+    for that thread forever, and the run would never end."""
+    processes = list((getattr(executor, "_processes", None) or {}).values())
+    executor.shutdown(wait=False, cancel_futures=True)
+    for proc in processes:
+        if proc.is_alive():
+            proc.kill()
+    for proc in processes:
+        proc.join(timeout=5)
 
 
 def _result(future: Future[EncodedBatch]) -> EncodedBatch:

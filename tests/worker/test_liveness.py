@@ -132,13 +132,21 @@ def test_flight_recorder_dump_of_a_real_gloo_group(tmp_path, monkeypatch):
         t = torch.ones(2)
         for _ in range(3):
             dist.all_reduce(t)
-        dump_collective_trace(tmp_path / "traces")
+        # gloo retires a collective in the recorder from its own thread, a moment after the call
+        # returned: dump again until the last one reads completed (at most 5 s)
+        deadline = time.monotonic() + 5
+        while True:
+            dump_collective_trace(tmp_path / "traces")
+            doc = orjson.loads((tmp_path / "traces" / "rank0.json").read_bytes())
+            # the recorder is per process: find our group by its entries, whatever ran in this process before
+            pg, last = next((pg, entries) for pg, entries in doc["last"].items()
+                            if entries[-1]["op"] == "gloo:all_reduce")
+            status = doc["pg_status"][pg]
+            if status["last_completed_collective"] == status["last_enqueued_collective"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
     finally:
         dist.destroy_process_group()
-    doc = orjson.loads((tmp_path / "traces" / "rank0.json").read_bytes())
     assert doc["rank"] == 0, doc
-    # the recorder is per process: find our group by its entries, whatever ran in this process before
-    pg, last = next((pg, entries) for pg, entries in doc["last"].items() if entries[-1]["op"] == "gloo:all_reduce")
-    status = doc["pg_status"][pg]
     assert last[-1]["seq"] == status["last_enqueued_collective"] == status["last_completed_collective"] >= 3, doc
     assert (tmp_path / "traces" / "fr" / "rank0").stat().st_size > 0  # torch's own format, for fr_trace
