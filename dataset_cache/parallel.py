@@ -10,7 +10,6 @@ number of workers.
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing
 import os
 import signal
@@ -26,6 +25,7 @@ import numpy as np
 from dataset_cache.corpus import Piece
 from dataset_cache.tokenizers import Tokenizer, load_tokenizer
 from gpuherd.errors import DatasetError
+from gpuherd.parent_death import die_with_parent
 
 BATCH_CHARS = 1 << 18  # ~256 KB of text per task: amortizes pickling, and enough tasks to keep every core busy to the end
 MIN_PARALLEL_BYTES = 4 << 20  # below this, starting processes costs more than it saves
@@ -135,22 +135,10 @@ def _init_worker(spec: str, parent_pid: int) -> None:
     # print a KeyboardInterrupt traceback. If the parent dies (even by SIGKILL),
     # the kernel kills the worker instead of leaving it blocked on its queue.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)  # parent_pid 0: started by a forkserver, whose own lifetime follows ours
     global _TOKENIZER
     if _TOKENIZER is None or _TOKENIZER.spec != spec:
         _TOKENIZER = load_tokenizer(spec)
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """parent_pid 0: started by a forkserver, whose own lifetime follows ours."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the pool's own cleanup must do
-        return
-    if parent_pid and os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
 
 
 def _encode_batch(batch: list[tuple[str, bool]], dtype_str: str) -> EncodedBatch:

@@ -19,7 +19,6 @@ stay in a thread: every rank's writer joins DCP's collectives there.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import pickle
 import signal
@@ -28,15 +27,9 @@ from pathlib import Path
 
 from gpuherd.errors import GpuherdError
 from gpuherd.exit_codes import ExitCode
+from gpuherd.parent_death import die_with_parent
 
 WRITER_NICE = 10  # below the loop: where training keeps every core busy, the write takes what is left
-PR_SET_PDEATHSIG = 1
-
-try:  # resolved now: the forked child must not load or look anything up
-    _prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    _prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-except (OSError, AttributeError):  # not glibc: the process group's SIGKILL still ends the child
-    _prctl = None
 
 
 class WriterError(GpuherdError, RuntimeError):
@@ -77,10 +70,7 @@ def _child(work: Callable[[], Path], out: int, parent: int) -> None:
 
 
 def _deaf_and_low(parent: int) -> None:
-    if _prctl is not None:
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        os._exit(128 + signal.SIGKILL)
+    die_with_parent(parent)
     for sig in signal.valid_signals():
         handler = signal.getsignal(sig)
         if callable(handler) or sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT,

@@ -23,10 +23,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuherd import parent_death
 from supervisor.gpus import DeviceSlot
 
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 
@@ -41,11 +40,7 @@ def _load_libc() -> ctypes.CDLL:
 
 
 _libc = _load_libc()
-_prctl = _libc.prctl  # resolved now: the forked child must not load or look up anything
-_prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-
-
-_signal = _libc.signal  # resolved now, like prctl
+_signal = _libc.signal  # resolved now: the forked child must not load or look up anything
 _signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
 _signal.restype = ctypes.c_void_p
 SIG_IGN = 1
@@ -55,7 +50,7 @@ HELPER_IGNORES = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, 
 def become_subreaper() -> bool:
     """Orphaned grandchildren (double-forked, setsid) are reparented to us, not to
     init, so the end-of-run sweep still finds and kills them."""
-    return _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    return parent_death.become_subreaper()
 
 
 def die_with_parent(parent_pid: int | None = None):
@@ -63,9 +58,7 @@ def die_with_parent(parent_pid: int | None = None):
     parent_pid = os.getpid() if parent_pid is None else parent_pid
 
     def preexec() -> None:  # runs in the child between fork and exec: no imports, no locks
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
-            os._exit(128 + signal.SIGKILL)
+        parent_death.die_with_parent(parent_pid)
     return preexec
 
 
