@@ -40,6 +40,9 @@ class EncodedBatch:
     text_bytes: int
 
 
+ABANDON_WAIT_S = 10.0  # a stopped build's running batches: seconds at most
+
+
 def default_workers() -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
@@ -94,12 +97,18 @@ def _encode_in_pool(
 
 def _abandon(executor: ProcessPoolExecutor) -> None:
     """The build is over unfinished (a stop signal raised in this thread, a failure, the
-    consumer gone): end the tokenizer processes without waiting on the executor's manager
-    thread. A signal's exception can land inside the executor's own bookkeeping (between
-    the two writes of a wake-up message, say), after which `shutdown(wait=True)` would wait
-    for that thread forever, and the run would never end."""
+    consumer gone): the queued batches are cancelled and the executor's manager thread gets
+    ABANDON_WAIT_S to let the running ones finish and its tokenizer processes leave, as a
+    plain shutdown would; then whatever is left is killed. A signal's exception can land
+    inside the executor's own bookkeeping (between the two writes of a wake-up message, say),
+    after which that thread never ends and `shutdown(wait=True)` would wait for it forever:
+    the run must end all the same."""
     processes = list((getattr(executor, "_processes", None) or {}).values())
     executor.shutdown(wait=False, cancel_futures=True)
+    manager = getattr(executor, "_executor_manager_thread", None)
+    if manager is not None:
+        manager.join(timeout=ABANDON_WAIT_S)
+    processes += list((getattr(executor, "_processes", None) or {}).values())
     for proc in processes:
         if proc.is_alive():
             proc.kill()
