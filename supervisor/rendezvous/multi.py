@@ -117,14 +117,21 @@ class MultiNode:
     def _blame_dead_node(self, attempt: int, cause: RootCause, notes: list[str]) -> RootCause:
         """A worker failure in the moment another node died (its workers' connections closed)
         is that death's consequence: the dead node is the job's cause on every survivor. So is
-        a stop signal then (srun's --kill-on-bad-exit, SLURM ending the step of a lost node)."""
+        a stop signal then (srun's --kill-on-bad-exit, SLURM ending the step of a lost node),
+        and, on a node that lost the job store meanwhile, a hang across the cut."""
         if cause.kind in ("node", "store", "interrupted", "membership"):
             return cause
         silent = [d for d in self.link.silent_nodes(attempt) if d.get("node") != cause.node]
-        if not silent:
-            return cause
-        notes.append(f"a consequence of that, not the cause: {cause.message}")
-        return RootCause.from_dict(silent[0])
+        if silent:
+            notes.append(f"a consequence of that, not the cause: {cause.message}")
+            return RootCause.from_dict(silent[0])
+        if self.link.lost is not None and self.node_rank != 0:
+            # Cut off from node 0 (its machine, or the network): the workers' collectives across
+            # that cut stall or break before the store call notices, so the hang or broken
+            # connection this node saw first is the cut's consequence, and the cut is named.
+            notes.append(f"a consequence of that, not the cause: {cause.message}")
+            return RootCause("node", ExitCode.FAILURE, self.link.lost, node=0)
+        return cause
 
     def gather_outcomes(self, mine: dict) -> list[dict] | None:
         """Node 0 prints the job's summary with every node's outcome; the others hand theirs
