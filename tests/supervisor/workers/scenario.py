@@ -11,8 +11,9 @@ save-on:SIG:S (train until SIG (INT or TERM), then report phase checkpoint, take
 "save", report the checkpoint, exit 128+SIG) | usr2-log (train; log each SIGUSR2) |
 save:S (write .checkpoints/step_S.pt, report it, finish) | save-then-fail:S (attempt 0: save
 step S, then raise once a file `go` exists; later attempts: log GPUHERD_RESUME, finish) |
-flood-raise:N (N lines on stderr, then raise) | raise-after:R (train, wait until rank R's
-worker log holds its last step line, then raise: an order of events that no scheduler can swap) |
+flood-raise:N (N lines on stderr, then raise) | raise-after:R[,R...][:TEXT] (train, wait until each
+rank R's worker log holds TEXT, default its last step line, then raise: an order of events that no
+scheduler can swap) |
 suspect:N[:K] (on attempts < K, default all: train, then N transient faults on this rank's device,
 each with its `suspect` record as the built-in worker sends them under debug.nan_policy=rerun,
 limit N-1, and exit 8; later attempts train and finish) |
@@ -116,7 +117,9 @@ def more_behaviours() -> int:
         raise RuntimeError(f"boom after {ARG} lines")
     if NAME == "raise-after":
         train(3)
-        wait_for_rank_log(int(ARG), "Step [2/3]")
+        ranks, _, text = ARG.partition(":")
+        for rank in ranks.split(","):
+            wait_for_rank_log(int(rank), text or "Step [2/3]")
         raise RuntimeError(f"boom from rank {RANK}")
     if NAME in ("leave", "peer-gone"):
         return leave_or_peer_gone()
