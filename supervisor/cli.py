@@ -36,7 +36,9 @@ class Launch:
     verbose: bool = False
     node: NodeSpec = field(default_factory=NodeSpec)  # multi-node: which node this supervisor is
     store: SingleStore | None = None  # one node: where torchrun's flags put the workers' store
-    requeue: int = 0  # --slurm: SLURM_RESTART_COUNT; >= 1 continues the requeued job's run (supervisor/requeue.py)
+    requeue: int = 0  # --slurm: SLURM_RESTART_COUNT (how often SLURM requeued this job)
+    slurm_job_id: str | None = None  # --slurm: SLURM_JOB_ID
+    start: int = 0  # this start of the run: >= 1 when --slurm continues its existing run directory (supervisor/requeue.py)
     notices: list[str] = field(default_factory=list)  # said at INFO once logging is set up
     torchrun: TorchrunLaunch = field(default_factory=TorchrunLaunch)  # role, signals, NUMA, virtual local rank
 
@@ -199,7 +201,8 @@ def parse(argv: list[str], prog: str = PROG) -> Launch:
     cfg = config_from_args(args, extra + torchrun.overrides)
     return Launch(config=cfg, script=script, nproc_explicit=args.nproc is not None, force=args.force,
                   run_id=args.run_id, verbose=args.verbose, node=node, store=torchrun.store,
-                  notices=torchrun.notices, torchrun=torchrun, requeue=args.requeue)
+                  notices=torchrun.notices, torchrun=torchrun, requeue=args.requeue,
+                  slurm_job_id=args.slurm_job_id)
 
 
 def _script(args: argparse.Namespace, prog: str) -> Script | None:
@@ -228,7 +231,7 @@ def _script(args: argparse.Namespace, prog: str) -> Script | None:
 def _node_spec(args: argparse.Namespace) -> NodeSpec:
     """--nnodes/--node-rank/--master-addr/--master-port (or SLURM's environment), checked."""
     nnodes, node_rank, addr, port = args.nnodes, args.node_rank, args.master_addr, args.master_port
-    args.requeue = 0
+    args.requeue, args.slurm_job_id = 0, None
     if args.slurm:
         slurm = _read_slurm(addr)
         nnodes = slurm.nnodes if nnodes is None else nnodes
@@ -237,7 +240,7 @@ def _node_spec(args: argparse.Namespace) -> NodeSpec:
         port = slurm.master_port if port is None else port
         if args.run_id is None:
             args.run_id = f"slurm-{slurm.job_id}"
-        args.requeue = slurm.restart_count
+        args.requeue, args.slurm_job_id = slurm.restart_count, slurm.job_id
         if args.nproc is None and args.gpus is None and slurm.gpus_on_node and slurm.cuda_visible_devices is None:
             args.nproc = slurm.gpus_on_node  # SLURM said how many GPUs but did not hide the others
     nnodes = 1 if nnodes is None else nnodes

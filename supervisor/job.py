@@ -133,9 +133,11 @@ class Job:
         self._guarded: set[int] = set()  # helper processes the orphan guard already knows
         self.exclusion = SuspectExclusion(self.cfg.system.exclude_suspect_gpus, multi_node=launch.node.multi)
         self.recoveries: list[dict] = []  # every live recovery of every attempt (summary.json)
-        self.requeue = launch.requeue  # SLURM requeued the job this many times: its run goes on here
-        self.log_base = requeues.log_dir(run_dir, self.requeue)
-        self.earlier_starts = requeues.earlier_starts(run_dir, self.requeue) if self.requeue else []
+        self.requeue = launch.requeue  # SLURM requeued the job this many times (SLURM_RESTART_COUNT)
+        self.slurm_job_id = launch.slurm_job_id
+        self.start = launch.start  # >= 1: a SLURM job started again (requeued or resubmitted): its run goes on here
+        self.log_base = requeues.log_dir(run_dir, self.start)
+        self.earlier_starts = requeues.earlier_starts(run_dir, self.start) if self.start else []
         self.guard: OrphanGuard | None = None  # started before the dataset build (start_guard)
         self.restarts_used = 0  # failures restarted (--max-restarts); an elastic membership change is not one
 
@@ -254,16 +256,19 @@ class Job:
         return sum(1 for r in self.recoveries if r["outcome"] == "recovered")
 
     def _requeue_resume(self, metrics: MetricsSink) -> str | None:
-        """A requeued job's first attempt resumes from the newest checkpoint its run saved so far."""
-        if not self.requeue:
+        """The first attempt of a SLURM job started again (requeued, or its script submitted
+        again) resumes from the newest checkpoint its run saved so far."""
+        if not self.start:
             return None
         newest = requeues.replay_checkpoints(self.run_dir, self.checkpoints)
         resume = str(newest) if newest is not None else None
-        logger.warning(f"SLURM requeued this job (SLURM_RESTART_COUNT={self.requeue}): run {self.run_id} goes on "
-                       f"in {self.run_dir}, this start's logs in {self.log_base.name}/, "
+        how = (f"SLURM requeued this job (SLURM_RESTART_COUNT={self.requeue})" if self.requeue
+               else f"job {self.slurm_job_id} was submitted again with --run-id {self.run_id}")
+        logger.warning(f"{how}: run {self.run_id} goes on (start {self.start}) in {self.run_dir}, this start's "
+                       f"logs in {self.log_base.name}/, "
                        + (f"resuming from {resume}" if resume else "no checkpoint of this run to resume from"))
-        metrics.write({"type": "requeue", "time": time.time(), "restart_count": self.requeue, "resume": resume,
-                       "log_dir": str(self.log_base)})
+        metrics.write({"type": "requeue", "time": time.time(), "start": self.start, "restart_count": self.requeue,
+                       "slurm_job_id": self.slurm_job_id, "resume": resume, "log_dir": str(self.log_base)})
         return resume
     def start_guard(self) -> OrphanGuard:
         """From here to the end nothing the supervisor starts can outlive it: every process
@@ -351,8 +356,8 @@ class Job:
             suspect_devices=att.suspects.devices(self.exclusion.enabled), excluded_gpus=list(self.exclusion.excluded))
 
     def _log_dir(self, attempt: int) -> Path:
-        """Where an attempt's worker logs go: the run directory (requeue-N/ for a requeued SLURM
-        job's start), attempt-N/ below it for a restart; the directory above when its disk
+        """Where an attempt's worker logs go: the run directory (requeue-N/ for start N of a SLURM
+        job started again), attempt-N/ below it for a restart; the directory above when its disk
         refuses a new one."""
         base = self.log_base
         if base != self.run_dir:
@@ -527,7 +532,8 @@ class Job:
             stragglers=self.stragglers, hang_timeouts=self.timeouts.learned(),
             suspect_devices=[d for a in attempts for d in a.suspect_devices],
             recoveries=self.recoveries,
-            slurm_restart_count=self.requeue, requeues=self.earlier_starts,
+            slurm_job_id=self.slurm_job_id, start=self.start, slurm_restart_count=self.requeue,
+            requeues=self.earlier_starts,
         )
         nodes = self._gather_outcomes(summary)
         summary.node_outcomes = nodes or []

@@ -26,6 +26,7 @@ from gpuherd.storage import storage_errno, storage_message
 from gpuherd.config import Config
 from gpuherd.model_checks import check_fits, check_vocab, host_memory_bytes
 from gpuherd.torch_floor import TorchTooOld, check_torch_version, installed_torch_version
+from supervisor import requeue as requeues
 from supervisor import run_dir as rundir
 from supervisor.cli import PROG, Launch, parse
 from supervisor.gpus import DeviceError, DevicePlan, plan_devices
@@ -129,8 +130,9 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
 def _open_run_dir(launch: Launch, run_dir: Path, checks: CheckReport | None, console: Console) -> None:
     """logs/<run-id>/ with config.json, preflight.json and supervisor.log (exit 2 if it cannot be had)."""
     try:
-        # one mkdir: of two runs with one --run-id, one wins; a requeued SLURM job continues its own run
-        rundir.create(run_dir, exist_ok=launch.force or launch.requeue > 0)
+        # one mkdir: of two runs with one --run-id, one wins; a SLURM job started again continues its own run
+        rundir.create(run_dir, exist_ok=launch.force or launch.start > 0)
+        rundir.hold(run_dir)  # until this process ends: no second start of the run meanwhile
         write_bytes_atomic(run_dir / "config.json", launch.config.to_json() + b"\n")
         if checks is not None:
             write_bytes_atomic(run_dir / "preflight.json", orjson.dumps(checks.to_dict(), option=orjson.OPT_INDENT_2))
@@ -186,9 +188,13 @@ def _run_names(launch: Launch, console: Console) -> tuple[str, Path]:
         run_id = rundir.check_run_id(launch.run_id) if launch.run_id else rundir.new_run_id()
         # one directory per node: nodes sharing a filesystem (and a --run-id) never mix their files
         run_dir = rundir.run_dir_path(cfg.system.run_root, run_id if not node.multi else f"{run_id}-node{node.node_rank}")
-        rundir.ensure_free(run_dir, launch.force or launch.requeue > 0)
+        if launch.slurm_job_id is not None and (run_dir.is_dir() and not run_dir.is_symlink()):
+            launch.start = requeues.next_start(run_dir)  # requeued, or its script submitted again
+        rundir.ensure_free(run_dir, launch.force or launch.start > 0)
     except rundir.RunDirError as exc:
         _refuse(console, str(exc), exc.exit_code)
+    except OSError as exc:  # the existing run directory cannot be read
+        _refuse(console, f"cannot read run directory {run_dir}: {exc.strerror or exc}")
     return run_id, run_dir
 
 

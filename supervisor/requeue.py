@@ -1,11 +1,17 @@
-"""A requeued SLURM job continues its run (`--slurm`, SLURM_RESTART_COUNT >= 1).
+"""A SLURM job that starts again continues its run (`--slurm`, the run directory exists).
 
-`scontrol requeue`, a preemption with PreemptMode=REQUEUE and SLURM's own requeue after a
-node failure start the job again under the same job id, so under the same run id
-(`slurm-<jobid>`) and run directory. That start is the same run going on, not a clash:
+Two ways bring a job back to a run it already started:
+- a requeue (`scontrol requeue`, a preemption with PreemptMode=REQUEUE, SLURM's own requeue
+  after a node failure) starts it again under the same job id, so under the same run id
+  (`slurm-<jobid>`, or the --run-id its script gives), with SLURM_RESTART_COUNT + 1;
+- a resubmission (`sbatch` of the same script again, e.g. after the time limit, or a chain of
+  `--dependency=afterany` jobs) has a new job id; its script's --run-id (`gpuherd sbatch`
+  writes one into every script) names the run it continues.
+Either start is the same run going on, not a clash:
 
-- the run directory is reused; this start's worker logs go to `requeue-<N>/` (its restarts
-  to `requeue-<N>/attempt-<k>/`), so nothing an earlier start wrote is overwritten;
+- the run directory is reused; start N's worker logs go to `requeue-<N>/` (its restarts to
+  `requeue-<N>/attempt-<k>/`), N counting the starts of this run (1: the second), so nothing
+  an earlier start wrote is overwritten;
 - `summary.json` is rewritten at the end with every earlier start in `requeues` (each one's
   outcome, exit code, root cause and final save, as its own summary said), and
   `metrics.jsonl` gets a `requeue` record;
@@ -13,10 +19,13 @@ node failure start the job again under the same job id, so under the same run id
   records in its `metrics.jsonl`, still as they were saved: restarts.RunCheckpoints),
   handed to them as on a restart, whatever `--resume` says. Without one, the workers start
   as configured (`--resume auto`, a path, or step 0).
+A start holds the run directory's lock (run_dir.hold) for its life: a second job running
+the same script at the same time is refused, never mixed into the run.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +33,25 @@ import orjson
 
 from supervisor.restarts import RunCheckpoints
 
-SUMMARY_KEYS = ("started_at", "duration_s", "exit_code", "outcome", "final_save")
+SUMMARY_KEYS = ("started_at", "duration_s", "exit_code", "outcome", "final_save", "slurm_job_id")
+START_DIR = re.compile(r"requeue-([0-9]+)")
 
 
-def log_dir(run_dir: Path, requeue: int) -> Path:
-    """Where start `requeue` (0: the first) writes its worker logs."""
-    return run_dir / f"requeue-{requeue}" if requeue else run_dir
+def log_dir(run_dir: Path, start: int) -> Path:
+    """Where start `start` (0: the first) writes its worker logs."""
+    return run_dir / f"requeue-{start}" if start else run_dir
 
 
-def earlier_starts(run_dir: Path, requeue: int) -> list[dict[str, Any]]:
-    """What the earlier starts of this job left in `summary.json`, oldest first; a start that
+def next_start(run_dir: Path) -> int:
+    """The number of a start of the run whose directory exists: one past the newest start that
+    made its log directory (a start SIGKILLed before that leaves no trace, and its number is
+    taken again)."""
+    taken = [int(m.group(1)) for p in run_dir.iterdir() if p.is_dir() and (m := START_DIR.fullmatch(p.name))]
+    return max(taken, default=0) + 1
+
+
+def earlier_starts(run_dir: Path, start: int) -> list[dict[str, Any]]:
+    """What the earlier starts of this run left in `summary.json`, oldest first; a start that
     died before writing one (SIGKILLed with its node) is not there."""
     try:
         previous = orjson.loads((run_dir / "summary.json").read_bytes())
@@ -43,7 +61,8 @@ def earlier_starts(run_dir: Path, requeue: int) -> list[dict[str, Any]]:
         return []
     earlier = [s for s in previous.get("requeues") or [] if isinstance(s, dict)]
     cause = previous.get("root_cause") if isinstance(previous.get("root_cause"), dict) else None
-    earlier.append({"requeue": previous.get("slurm_restart_count", requeue - 1),
+    number = previous.get("start", previous.get("slurm_restart_count", start - 1))  # "start": since resubmission
+    earlier.append({"requeue": number, "slurm_restart_count": previous.get("slurm_restart_count"),
                     **{key: previous.get(key) for key in SUMMARY_KEYS},
                     "root_cause": cause.get("message") if cause else None})
     return earlier

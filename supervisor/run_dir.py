@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import datetime
+import errno
+import fcntl
 import os
 import re
 import secrets
+import socket
 from pathlib import Path
 
 from gpuherd.errors import GpuherdError
@@ -74,3 +77,26 @@ def create(run_dir: Path, exist_ok: bool = False) -> Path:
     except OSError as exc:
         raise RunDirError(f"cannot create run directory {run_dir}: {exc.strerror or exc}") from None
     return run_dir
+
+
+def hold(run_dir: Path) -> int:
+    """Take the run directory for this supervisor's life (an flock on `run.lock`, released by
+    the kernel when the process ends, however it ends): a second start of the same run while
+    one is still running (a SLURM script submitted twice) is refused instead of mixed in.
+    Returns the descriptor, which must stay open; it is not inherited by the workers."""
+    path = run_dir / "run.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)  # a full disk: the caller's
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise RunDirError(f"run directory {run_dir} is in use by a start of this run that is still running "
+                          f"({holder}); wait for it to end, or choose another --run-id") from None
+    except OSError as exc:  # a filesystem without locks: the run goes on unguarded, as before
+        if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            os.close(fd)
+            raise RunDirError(f"cannot lock {path}: {exc.strerror or exc}") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+    return fd

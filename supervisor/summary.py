@@ -151,8 +151,10 @@ class Summary:
     stragglers: list[dict[str, Any]] = field(default_factory=list)  # every straggler warning (health/stragglers.py)
     hang_timeouts: dict[str, float] = field(default_factory=dict)  # learned allowance per phase, seconds
     suspect_devices: list[SuspectDevice] = field(default_factory=list)  # every attempt's, oldest first
-    slurm_restart_count: int = 0  # SLURM requeued the job this often before this start (supervisor/requeue.py)
-    requeues: list[dict[str, Any]] = field(default_factory=list)  # the earlier starts of a requeued job, oldest first
+    slurm_job_id: str | None = None  # --slurm: this start's job
+    start: int = 0  # the run's starts before this one (a SLURM job requeued or resubmitted: supervisor/requeue.py)
+    slurm_restart_count: int = 0  # SLURM requeued the job this often before this start
+    requeues: list[dict[str, Any]] = field(default_factory=list)  # the run's earlier starts, oldest first
     node_outcomes: list[dict[str, Any]] = field(default_factory=list)  # node 0 of a multi-node job: every node's end
     # every live recovery: a lost rank replaced by a warm spare, the others kept (each uses one of max_restarts)
     recoveries: list[dict[str, Any]] = field(default_factory=list)

@@ -26,6 +26,7 @@ from pathlib import Path
 from gpuherd.cli import OneLineParser, die
 from gpuherd.files import write_bytes_atomic
 from supervisor import REPO_ROOT
+from supervisor.run_dir import new_run_id
 
 PROG = "python -m supervisor.commands.sbatch"
 CPUS_PER_GPU = 8  # the usual CPU share on GPU nodes: 8 tasks x 8 CPUs for 8 GPUs
@@ -56,6 +57,7 @@ class SbatchOptions:
     stop_warning: int = STOP_WARNING_S  # seconds before the time limit SLURM sends SIGUSR1; 0: none
     cpu_workers: int = 1  # CPU workers per node when gpus_per_node is 0
     requeue: bool = False  # #SBATCH --requeue: SLURM may requeue the job (node failure, preemption)
+    run_id: str | None = None  # the script's run: every submission of it continues that run; None: train_args name it
 
     @property
     def devices(self) -> str:
@@ -89,16 +91,18 @@ def _header(o: SbatchOptions) -> list[str]:
         "# one worker per GPU itself, so SLURM must not start a task per GPU.",
         "# --signal=USR1@T: T seconds before the time limit every supervisor gets SIGUSR1 and its",
         "# workers save a checkpoint and stop (exit 143); scancel and preemption (SIGTERM) do the same.",
-        "# A requeued job (scontrol requeue, --requeue after a node failure) continues the same run:",
-        "# same logs/slurm-JOBID-node<r>/, resumed from its newest checkpoint.",
+        "# A requeued job (scontrol requeue, --requeue after a node failure) and this script submitted",
+        "# again (after the time limit, say) continue the same run: the same logs/<run-id>-node<r>/,",
+        "# resumed from its newest checkpoint. For a new run, write a new script (or change --run-id).",
         *(f"#SBATCH --{name}={value}".rstrip("=") for name, value in directives if value is not None),
     ]
 
 
 def _body(o: SbatchOptions) -> list[str]:
     workers = [] if o.gpus_per_node or "--nproc" in o.train_args else ["--nproc", str(o.cpu_workers)]
+    run = ["--run-id", o.run_id] if o.run_id else []
     srun = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "bash", "run_training.sh", "--slurm",
-            *workers, *o.train_args]
+            *run, *workers, *o.train_args]
     return [
         "",
         "set -euo pipefail",
@@ -191,8 +195,20 @@ def parse(argv: list[str]) -> tuple[SbatchOptions, Path | None]:
         cpus_per_task=args.cpus_per_task or (CPUS_PER_GPU * gpus if gpus else CPUS_PER_CPU_WORKER * cpu_workers),
         repo=REPO_ROOT, log_dir=log_dir, job_name=args.job_name, partition=args.partition,
         account=args.account, time=args.time, mem=args.mem, train_args=tuple(train_args),
-        stop_warning=args.stop_warning, cpu_workers=cpu_workers, requeue=args.requeue)
+        stop_warning=args.stop_warning, cpu_workers=cpu_workers, requeue=args.requeue,
+        run_id=None if _names_run(train_args) else script_run_id(args.job_name))
     return options, (Path(args.output).expanduser() if args.output else None)
+
+
+def script_run_id(job_name: str) -> str:
+    """The run a new script trains: its job name and the moment it was written, so each script
+    written is a new run and each submission of one script continues it."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", job_name).strip("-._")[:80] or "gpuherd"
+    return f"{name}-{new_run_id()}"
+
+
+def _names_run(train_args: list[str]) -> bool:
+    return any(a == "--run-id" or a.startswith("--run-id=") for a in train_args)
 
 
 def _parser() -> OneLineParser:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -406,7 +407,8 @@ def test_cli_writes_the_script_and_creates_the_log_dir(tmp_path, python_env):
         ("gpu:4", "32", f"{tmp_path}/slurm-logs/%x-%j.out")  # 8 CPUs per GPU by default
     assert (tmp_path / "slurm-logs").is_dir()
     assert f"cd {shlex.quote(str(slurm.REPO_ROOT))}" in script.splitlines()
-    assert shlex.split(script.splitlines()[-1])[6:] == list(TRAIN_ARGS)
+    assert shlex.split(script.splitlines()[-1])[6:8] == ["--run-id", f"gpuherd-{script.split('--run-id gpuherd-')[1].split()[0]}"]
+    assert shlex.split(script.splitlines()[-1])[8:] == list(TRAIN_ARGS)
     umask = os.umask(0o022)
     os.umask(umask)
     assert (tmp_path / "job.sbatch").stat().st_mode & 0o777 == 0o666 & ~umask  # like any other tool's file
@@ -459,9 +461,20 @@ def test_every_sbatch_time_format_is_accepted(limit):
 def test_stdout_is_the_default(capsys, tmp_path):
     assert slurm.main(["--nodes", "1", "--gpus-per-node", "2", "--log-dir", str(tmp_path / "l")]) == 0
     out = capsys.readouterr().out
-    assert out == render_sbatch(slurm.parse(["--nodes", "1", "--gpus-per-node", "2",
-                                             "--log-dir", str(tmp_path / "l")])[0])
-    assert out.splitlines()[-1] == "srun --ntasks-per-node=1 --kill-on-bad-exit=0 bash run_training.sh --slurm"
+    run_id = re.search(r"--run-id (\S+)", out).group(1)
+    options = slurm.parse(["--nodes", "1", "--gpus-per-node", "2", "--log-dir", str(tmp_path / "l")])[0]
+    assert out == render_sbatch(dataclasses.replace(options, run_id=run_id))
+    assert out.splitlines()[-1] == f"srun --ntasks-per-node=1 --kill-on-bad-exit=0 bash run_training.sh --slurm --run-id {run_id}"
+
+
+def test_each_script_names_its_own_run_and_the_users_run_id_wins():
+    """Every submission of one script continues its run (supervisor/requeue.py); a new script is a new run."""
+    first, second = (slurm.parse(["--nodes", "2", "--cpu", "--job-name", "my.job/1"])[0] for _ in range(2))
+    assert re.fullmatch(r"my.job-1-\d{8}-\d{6}-[0-9a-f]{4}", first.run_id) and first.run_id != second.run_id
+    assert f"--slurm --run-id {first.run_id} " in render_sbatch(first)
+    for given in (["--run-id", "mine"], ["--run-id=mine"]):
+        options = slurm.parse(["--nodes", "2", "--cpu", "--", *given])[0]
+        assert options.run_id is None and render_sbatch(options).splitlines()[-1].count("--run-id") == 1
 
 
 # ---- KillWait: the stop timeout under SLURM
