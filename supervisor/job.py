@@ -60,8 +60,8 @@ from supervisor.processes import (
     become_subreaper,
     die_with_parent,
     discard_spares,
-    helper_preexec,
     error_file_for,
+    helper_preexec,
     live_for_attempt,
     python_env,
     script_env,
@@ -72,12 +72,14 @@ from supervisor.processes import (
     worker_env,
 )
 from supervisor.rendezvous import (
+    PREEMPTION,
     NodeLinkError,
     Rendezvous,
     Setup,
     SingleNode,
     StoreServer,
     job_info,
+    requeue_after_preemption,
     stop_reason,
     training_fingerprint,
 )
@@ -537,6 +539,12 @@ class Job:
         )
         nodes = self._gather_outcomes(summary)
         summary.node_outcomes = nodes or []
+        job_id = os.environ.get("SLURM_JOB_ID")
+        if self.rendezvous.node_rank == 0 and job_id and cause is not None and cause.message.startswith(PREEMPTION):
+            requeued = requeue_after_preemption(job_id, job_info(job_id))  # every node has ended by now
+            if requeued is not None:
+                logger.warning(requeued)
+                summary.notes.append(requeued)
         block = summary.block()
         try:
             summary.write(self.run_dir / "summary.json")

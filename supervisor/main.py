@@ -19,12 +19,12 @@ import orjson
 from loguru import logger
 
 from gpuherd.cli import die
+from gpuherd.config import Config
 from gpuherd.exit_codes import ExitCode
 from gpuherd.files import write_bytes_atomic
 from gpuherd.log_writes import LOG_WRITES
-from gpuherd.storage import storage_errno, storage_message
-from gpuherd.config import Config
 from gpuherd.model_checks import check_fits, check_vocab, host_memory_bytes
+from gpuherd.storage import storage_errno, storage_message
 from gpuherd.torch_floor import TorchTooOld, check_torch_version, installed_torch_version
 from supervisor import requeue as requeues
 from supervisor import run_dir as rundir

@@ -10,9 +10,9 @@ from typing import Any
 
 import orjson
 
-from gpuherd.text import printable_tree
 from gpuherd.exit_codes import ExitCode, describe
 from gpuherd.files import write_bytes_atomic
+from gpuherd.text import printable_tree
 
 RULE = "=" * 80
 

@@ -10,19 +10,28 @@
     attempts): each attempt's torch TCPStore, on a socket the supervisor bound first
   NodeSpec, bind_master, NodeLinkError (nodes.py): multi-node addresses and errors;
     training_fingerprint: what must match between nodes (and between runs sharing learned timeouts)
-  read_slurm, kill_wait, stop_reason (slurm_env.py): this node's place in a SLURM allocation; SLURM's
-    KillWait; why SLURM stopped the job
+  read_slurm, kill_wait, stop_reason, requeue_after_preemption (slurm_env.py): this node's place in
+    a SLURM allocation; SLURM's KillWait; why SLURM stopped the job; requeueing a preempted job
 """
 
 from supervisor.rendezvous.api import OnCause, Rendezvous, Setup
 from supervisor.rendezvous.multi import MultiNode
 from supervisor.rendezvous.nodes import DEFAULT_PORT, NodeLinkError, NodeSpec, bind_master, training_fingerprint
 from supervisor.rendezvous.single import SingleNode, SingleStore
-from supervisor.rendezvous.slurm_env import SLURM_STOP, SlurmError, job_info, kill_wait, read_slurm, stop_reason
+from supervisor.rendezvous.slurm_env import (
+    PREEMPTION,
+    SLURM_STOP,
+    SlurmError,
+    job_info,
+    kill_wait,
+    read_slurm,
+    requeue_after_preemption,
+    stop_reason,
+)
 from supervisor.rendezvous.store import HostedStore, StoreServer
 
 __all__ = [
-    "DEFAULT_PORT", "SLURM_STOP", "HostedStore", "MultiNode", "NodeLinkError", "NodeSpec", "OnCause", "Rendezvous", "Setup",
+    "DEFAULT_PORT", "PREEMPTION", "SLURM_STOP", "HostedStore", "MultiNode", "NodeLinkError", "NodeSpec", "OnCause", "Rendezvous", "Setup",
     "SingleNode", "SingleStore", "SlurmError", "StoreServer", "bind_master", "job_info", "kill_wait", "read_slurm",
-    "stop_reason", "training_fingerprint",
+    "requeue_after_preemption", "stop_reason", "training_fingerprint",
 ]

@@ -95,6 +95,7 @@ def kill_wait() -> float | None:
 
 
 SLURM_STOP = "stopped by SLURM"  # a job-wide stop: the same words on every node, no node named
+PREEMPTION = f"{SLURM_STOP}: preemption"
 
 
 def stop_reason(signame: str, job: dict[str, str], restart_count: int = 0) -> str | None:
@@ -108,7 +109,7 @@ def stop_reason(signame: str, job: dict[str, str], restart_count: int = 0) -> st
     state, reason = job.get("JobState", ""), job.get("Reason", "")
     if state == "TIMEOUT" or reason == "TimeLimit":
         event = "the time limit"
-    elif state == "PREEMPTED" or job.get("PreemptTime", "None") not in ("None", "Unknown", ""):
+    elif preempted(job):
         event = "preemption"
     elif state == "NODE_FAIL" or reason.startswith("Node"):
         event = "a node failure"
@@ -129,9 +130,40 @@ def _restarts(job: dict[str, str]) -> int:
 def job_info(job_id: str) -> dict[str, str]:
     """`scontrol show job`'s fields (JobState, Reason, PreemptTime, Restarts, ...); {} when
     SLURM cannot be asked."""
+    return _scontrol_fields("show", "job", "-o", job_id)
+
+
+def preempted(job: dict[str, str]) -> bool:
+    return job.get("JobState") == "PREEMPTED" or job.get("PreemptTime", "None") not in ("None", "Unknown", "")
+
+
+def requeue_after_preemption(job_id: str, job: dict[str, str]) -> str | None:
+    """A requeueable job (`--requeue`: Requeue=1) preempted with PreemptMode=REQUEUE is requeued
+    by SLURM only if it is still running when its GraceTime ends: one that saved and exited in
+    time ends FAILED and never runs again. So node 0 asks for the requeue itself as the job
+    exits (what Lightning's SLURM auto-requeue does). Returns what was done, in words, or None
+    when the job is not to be requeued (not preempted, not requeueable, or its partition's
+    PreemptMode says CANCEL: the cluster's policy is kept)."""
+    if not preempted(job) or job.get("Requeue") != "1":
+        return None
+    partition = job.get("Partition", "")
+    mode = _scontrol_fields("show", "partition", "-o", partition).get("PreemptMode", "") if partition else ""
+    if mode.upper().startswith("CANCEL"):
+        return None
     try:
-        done = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
+        done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True,
                               timeout=STATE_TIMEOUT_S, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"SLURM preempted job {job_id}; asking it to requeue the job failed (scontrol requeue: {exc})"
+    if done.returncode != 0:
+        why = " ".join((done.stderr or done.stdout).split())[:200] or f"exit {done.returncode}"
+        return f"SLURM preempted job {job_id}; asking it to requeue the job failed (scontrol requeue: {why})"
+    return f"SLURM preempted job {job_id}: requeued it (scontrol requeue); its next start continues this run"
+
+
+def _scontrol_fields(*args: str) -> dict[str, str]:
+    try:
+        done = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=STATE_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return {}
     return dict(re.findall(r"(\w+)=(\S*)", done.stdout)) if done.returncode == 0 else {}

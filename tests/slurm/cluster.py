@@ -76,8 +76,13 @@ SlurmdTimeout=60
 InactiveLimit=0
 MinJobAge=3600
 SlurmdParameters=config_overrides
+# preemption as clusters run it: a job in `urgent` preempts the jobs in `debug`, which get
+# SIGTERM, GraceTime to stop, and are requeued (cancelled when not requeueable)
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
 {node_lines}
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime=60
+PartitionName=urgent Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF
 """
 
 
@@ -222,7 +227,7 @@ class Cluster:
         deadline = time.monotonic() + timeout
         states: list[str] = []
         while time.monotonic() < deadline:
-            states = self.sx("sinfo", "-h", "-N", "-o", "%t", check=False).stdout.split()
+            states = self.sx("sinfo", "-h", "-N", "-p", "debug", "-o", "%t", check=False).stdout.split()  # each node once
             if states.count("idle") == self.nodes:
                 return
             time.sleep(0.5)

@@ -1,8 +1,9 @@
 """gpuherd jobs on a real two-node SLURM cluster (tests/slurm/cluster.py), written by `gpuherd
 sbatch` for CPU-only nodes, end to end: a clean job, scancel, `scancel --signal=USR1`, the time
-limit with its warning, `scontrol requeue`, a node's supervisor SIGKILLed, a network
-partition, a worker failure restarted with --max-restarts 1. Every job must leave nothing
-running on any node and the same outcome on every node.
+limit with its warning, `scontrol requeue`, a preemption by a higher partition tier (requeued),
+the script submitted again, a node's supervisor SIGKILLed, a network partition, a worker
+failure restarted with --max-restarts 1. Every job must leave nothing running on any node
+and the same outcome on every node.
 
 Opt-in and slow (tests/slurm/conftest.py): GPUHERD_SLURM_TESTS=1 pytest -m slurm -n 0 tests/slurm
 """
@@ -212,6 +213,37 @@ def test_requeue_continues_the_run_and_matches_an_uninterrupted_one(cluster: Clu
     losses, reference = job.steps(), uninterrupted.steps()
     assert sorted(losses) == list(range(STEPS))
     assert losses[STEPS - 1] == reference[STEPS - 1], (losses, reference)
+
+
+LONG_STEPS = 60  # long enough that a preemption (seconds after its job's submission) lands mid-run
+
+
+def test_preempted_job_saves_and_its_requeue_continues_the_run(cluster: Cluster, workdir: Path, tmp_path_factory):
+    """A job of a higher partition tier (`urgent`, the whole of both nodes) preempts the
+    training (PreemptMode=REQUEUE, GraceTime=60): it saves, stops, is requeued, and goes on.
+    A job that saves and exits within its GraceTime is not requeued by SLURM (it ends FAILED):
+    gpuherd's node 0 asks for the requeue."""
+    uninterrupted = submit(cluster, tmp_path_factory.mktemp("clean-long"), steps=LONG_STEPS)
+    assert uninterrupted.wait_done()["JobState"] == "COMPLETED", uninterrupted.output()[-3000:]
+    job = submit(cluster, workdir, steps=LONG_STEPS, requeue=True)
+    job.wait_step(2)
+    urgent = workdir / "urgent.sbatch"
+    urgent.write_text("#!/bin/bash\n#SBATCH --partition=urgent --nodes=2 --exclusive --output=/dev/null\nsleep 3\n")
+    preemptor = cluster.sbatch(urgent)
+    info = job.wait_done(timeout=400)
+    assert cluster.job(preemptor)["JobState"] == "COMPLETED"
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", job.output()[-3000:]
+    for node in (0, 1):
+        s = job.summary(node)
+        assert (s["exit_code"], s["start"], s["slurm_restart_count"]) == (0, 1, 1), s
+        first = s["requeues"][0]
+        assert first["root_cause"].startswith("stopped by SLURM: preemption (SIGTERM)"), first
+        assert (first["exit_code"], first["final_save"]) == (143, "saved")
+        assert s["attempts"][0]["resumed_from"]
+    assert "requeued it (scontrol requeue)" in job.output()
+    losses, reference = job.steps(), uninterrupted.steps()
+    assert sorted(losses) == list(range(LONG_STEPS))
+    assert losses[LONG_STEPS - 1] == reference[LONG_STEPS - 1], (losses, reference)
 
 
 def test_resubmitted_script_continues_the_run_and_matches_an_uninterrupted_one(cluster: Cluster, workdir: Path,

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from supervisor.commands import sbatch as slurm
-from supervisor.rendezvous import slurm_env
 from supervisor.commands.sbatch import SbatchOptions, render_sbatch
+from supervisor.rendezvous import slurm_env
 from supervisor.rendezvous.slurm_env import SlurmError, SlurmNode, derived_port, hostnames, read_slurm
 from tests.supervisor import helpers as sh
 
@@ -555,3 +555,52 @@ def test_job_info_parses_scontrol(tmp_path, monkeypatch):
     assert (info["JobState"], info["Restarts"], info["PreemptTime"]) == ("COMPLETING", "1", "None")
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
     assert slurm_env.job_info("7") == {}
+
+
+# ---- a preempted job that saved in time: node 0 asks SLURM for the requeue SLURM would not do
+
+PREEMPTED = {"JobState": "RUNNING", "PreemptTime": "2026-11-27T00:19:43", "Requeue": "1", "Partition": "debug"}
+
+
+def fake_scontrol(tmp_path, monkeypatch, partition_mode: str, requeue_exit: int = 0) -> Path:
+    """An scontrol that answers `show partition` and records `requeue` calls in `calls`."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(
+        f'#!/bin/sh\necho "$*" >> {calls}\n'
+        f'if [ "$1" = show ]; then echo "PartitionName=debug PriorityTier=1 PreemptMode={partition_mode}"; exit 0; fi\n'
+        f'[ "$1" = requeue ] && {{ [ {requeue_exit} = 0 ] || echo "scontrol: error: Job is no longer pending" >&2; '
+        f'exit {requeue_exit}; }}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return calls
+
+
+def test_a_requeueable_preempted_job_is_requeued(tmp_path, monkeypatch):
+    calls = fake_scontrol(tmp_path, monkeypatch, "REQUEUE")
+    said = slurm_env.requeue_after_preemption("42", PREEMPTED)
+    assert said == "SLURM preempted job 42: requeued it (scontrol requeue); its next start continues this run"
+    assert calls.read_text().splitlines() == ["show partition -o debug", "requeue 42"]
+
+
+@pytest.mark.parametrize("job", [
+    {**PREEMPTED, "Requeue": "0"},  # submitted with --no-requeue
+    {**PREEMPTED, "PreemptTime": "None"},  # a scancel, not a preemption
+])
+def test_no_requeue_unless_preempted_and_requeueable(tmp_path, monkeypatch, job):
+    calls = fake_scontrol(tmp_path, monkeypatch, "REQUEUE")
+    assert slurm_env.requeue_after_preemption("42", job) is None
+    assert not calls.exists()
+
+
+def test_a_partition_that_cancels_preempted_jobs_is_obeyed(tmp_path, monkeypatch):
+    calls = fake_scontrol(tmp_path, monkeypatch, "CANCEL")
+    assert slurm_env.requeue_after_preemption("42", PREEMPTED) is None
+    assert "requeue 42" not in calls.read_text()
+
+
+def test_a_refused_requeue_is_said_in_one_line(tmp_path, monkeypatch):
+    fake_scontrol(tmp_path, monkeypatch, "REQUEUE", requeue_exit=1)
+    said = slurm_env.requeue_after_preemption("42", PREEMPTED)
+    assert said == ("SLURM preempted job 42; asking it to requeue the job failed "
+                    "(scontrol requeue: scontrol: error: Job is no longer pending)")
