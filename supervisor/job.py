@@ -537,20 +537,13 @@ class Job:
             slurm_job_id=self.slurm_job_id, start=self.start, slurm_restart_count=self.requeue,
             requeues=self.earlier_starts,
         )
+        if self.rendezvous.node_rank != 0:  # on disk before node 0 hears of this node's end (and may requeue the job)
+            self._write_summary(summary)
         nodes = self._gather_outcomes(summary)
         summary.node_outcomes = nodes or []
-        job_id = os.environ.get("SLURM_JOB_ID")
-        if self.rendezvous.node_rank == 0 and job_id and cause is not None and cause.message.startswith(PREEMPTION):
-            requeued = requeue_after_preemption(job_id, job_info(job_id))  # every node has ended by now
-            if requeued is not None:
-                logger.warning(requeued)
-                summary.notes.append(requeued)
         block = summary.block()
-        try:
-            summary.write(self.run_dir / "summary.json")
-        except OSError as exc:  # the log disk failed: the summary goes to the console instead, whole
-            logger.warning(f"summary.json could not be written to {self.run_dir} ({exc.strerror}): here it is")
-            self.console.write(STDERR, summary.to_json() + b"\n")
+        if self.rendezvous.node_rank == 0:
+            self._write_summary(summary)
         write_launcher_error_file(dict(os.environ), cause, summary.workers)
         logger.bind(file_only=True).info(block)  # the console gets it below, unprefixed
         if nodes is None:  # node 0 prints the job's one summary, this node's outcome in it
@@ -566,7 +559,27 @@ class Job:
         else:  # not on the exit path: a scheduler, a restart or a Ctrl-C never waits for matplotlib
             logger.info(f"report: gpuherd report {self.run_dir} (HTML + figures from the run's files, "
                         "whenever you want them)")
+        self._requeue_if_preempted(cause, summary)  # last: SLURM signals the job's processes then
         return exit_code
+
+    def _write_summary(self, summary: Summary) -> None:
+        try:
+            summary.write(self.run_dir / "summary.json")
+        except OSError as exc:  # the log disk failed: the summary goes to the console instead, whole
+            logger.warning(f"summary.json could not be written to {self.run_dir} ({exc.strerror}): here it is")
+            self.console.write(STDERR, summary.to_json() + b"\n")
+
+    def _requeue_if_preempted(self, cause: RootCause | None, summary: Summary) -> None:
+        """Node 0 of a preempted requeueable job, once every node has ended and written its
+        summary: the requeue SLURM does not do for a job that stopped within its GraceTime."""
+        job_id = os.environ.get("SLURM_JOB_ID")
+        if self.rendezvous.node_rank != 0 or not job_id or cause is None or not cause.message.startswith(PREEMPTION):
+            return
+        requeued = requeue_after_preemption(job_id, job_info(job_id))
+        if requeued is not None:
+            logger.warning(requeued)
+            summary.notes.append(requeued)
+            self._write_summary(summary)
 
 
     def _gather_outcomes(self, summary: Summary) -> list[dict] | None:
