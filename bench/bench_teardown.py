@@ -7,8 +7,9 @@ launcher has to escalate to SIGKILL. Both get the same grace period (gpuherd
 `--grace-period G`, torchrun `--shutdown-timeout G`). Measured: the time rank 1 wrote
 right before dying -> the launcher's exit. A launcher still running --cap seconds
 after the death is killed with its workers and counted as the cap (a lower bound).
-Ctrl-C rows: every rank up and sleeping (nothing to save), SIGINT to the launcher ->
-its exit. Both launchers run with their default settings otherwise.
+Ctrl-C rows: every rank up and sleeping (nothing to save) and the launcher's process tree
+quiet (no CPU for 0.2 s: nothing still starting), SIGINT to the launcher -> its exit. Both
+launchers run with their default settings otherwise.
 
     python bench/bench_teardown.py [--quick] [--grace 2] [--cap S]
 """
@@ -27,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.compare import interleaved, write_results  # noqa: E402
-from bench.launchers import Launchers, exit_after, kill_tree, worker_env  # noqa: E402
+from bench.launchers import Launchers, exit_after, kill_tree, wait_quiet, worker_env  # noqa: E402
 
 WORKER = ROOT / "bench" / "teardown_worker.py"
 HOW = {  # teardown_worker.py's argv[1] -> how the row names it
@@ -63,7 +64,10 @@ def ctrl_c_ms(cmd_for, n: int, work: Path) -> float:
             kill_tree(proc)
             raise RuntimeError(f"{cmd_for.__name__}: the ranks never came up (launcher exit code {proc.returncode})")
         time.sleep(0.005)
-    time.sleep(0.2)  # past the `up` marker: every rank sleeps
+    # Interrupted the way a running training is: once nothing in either launcher's tree is
+    # still starting. (This toy rank imports no torch; gpuherd's store helper does, and 0.2 s
+    # after `up` it was still importing on one of the two cores while the ranks exited.)
+    wait_quiet(proc)
     sent = time.time()
     proc.send_signal(signal.SIGINT)
     return exit_after(proc, sent, SANE_CAP) * 1000

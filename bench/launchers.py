@@ -80,3 +80,33 @@ def exit_after(proc: subprocess.Popen, since: float, cap: float) -> float:
     except subprocess.TimeoutExpired:
         kill_tree(proc)
         return cap
+
+
+def wait_quiet(proc: subprocess.Popen, window: float = 0.2, limit: float = 20.0) -> float:
+    """Wait until the launcher's whole process tree used (almost) no CPU for `window` seconds:
+    what is still starting (a helper's torch import) is done, as it is when a real training
+    is interrupted. Returns the seconds waited (at most `limit`)."""
+    t0 = time.monotonic()
+
+    def cpu() -> float:
+        total = 0.0
+        try:
+            tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        except psutil.Error:
+            return total
+        for p in tree:
+            try:
+                times = p.cpu_times()
+            except psutil.Error:
+                continue
+            total += times.user + times.system
+        return total
+
+    last = cpu()
+    while time.monotonic() - t0 < limit:
+        time.sleep(window)
+        now = cpu()
+        if now - last < 0.02 * window:  # under 2% of one core: sleeping ranks, an idle launcher
+            break
+        last = now
+    return time.monotonic() - t0

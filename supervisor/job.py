@@ -250,8 +250,8 @@ class Job:
             final = _stop_cause(signal.SIGINT, "between attempts")
         finally:
             metrics.close()
-            self.store_server.close()
-            self.release_guard()
+            dying = self.store_server.close(wait=False)
+            self.release_guard(dying={dying} if dying else set())
         return self.finish(final, attempts)
 
     def _recovered(self) -> int:
@@ -283,10 +283,11 @@ class Job:
             self.guard = OrphanGuard(f"{contract.SUPERVISOR_PID}={os.getpid()}", sys.executable, python_env())
         return self.guard
 
-    def release_guard(self) -> None:
-        """Whatever is still below us is killed; then the guard exits without touching anything."""
+    def release_guard(self, dying: set[int] = frozenset()) -> None:
+        """Whatever is still below us is killed; then the guard exits without touching anything.
+        `dying`: helpers already SIGKILLed, not to be waited for."""
         if self.guard is not None:
-            sweep_children(exclude={self.guard.pid, self.rendezvous.helper_pid})
+            sweep_children(exclude={self.guard.pid, self.rendezvous.helper_pid, *dying})
             self.guard.release()
             self.guard = None
 
