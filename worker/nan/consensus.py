@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from worker.nan.ranks import RankRecord
+from worker.nan.findings import RankRecord
 
 
 def distributed() -> bool:

@@ -18,13 +18,12 @@ from loguru import logger
 
 from gpuherd.contract import WorkerIdentity
 from worker.nan import dump
-from worker.nan.banner import NanReport, render
+from worker.nan.banner import NanReport, SpikeRecord, SpikeReport, render, render_spike
 from worker.nan.consensus import StepVerdict, device_label, gather_dicts, gather_records, hostname
+from worker.nan.findings import RankRecord
 from worker.nan.inspect_model import inspect_model
 from worker.nan.names import local_tensor, named_parameters
 from worker.nan.probes import ForwardProbe, GradProbe
-from worker.nan.ranks import RankRecord
-from worker.nan.spike_report import SpikeRecord, SpikeReport, render_spike
 from worker.nan.spikes import SpikeDetector
 
 LARGEST_KEPT = 20  # per-parameter gradient norms kept in a spike's dump

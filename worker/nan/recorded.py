@@ -21,8 +21,8 @@ from gpuherd.exit_codes import ExitCode
 from worker.checkpoint_io import FORMAT_DEEPSPEED, read_meta
 from worker.distributed import WorkerError
 from worker.inference import model_from_checkpoint
+from worker.nan.dump import UntrustedPickle
 from worker.nan.dump import load as load_dump
-from worker.nan.trusted_pickle import UntrustedPickle
 
 _CHECKPOINT = re.compile(r"^nan_grad_step_(\d+)\.pt$")
 _RANK = re.compile(r"_rank(\d+)\.pkl$")

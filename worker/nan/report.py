@@ -16,12 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuherd.exit_codes import ExitCode
-from worker.nan.banner import NanReport, render
-from worker.nan.dump import load
+from worker.nan.banner import NanReport, SpikeReport, render, render_spike
+from worker.nan.dump import UntrustedPickle, load
 from worker.nan.findings import finding_from_array, finding_from_dict
 from worker.nan.samples import SampleName
-from worker.nan.spike_report import SpikeReport, render_spike
-from worker.nan.trusted_pickle import UntrustedPickle
 
 SAMPLES_SHOWN = 8
 
