@@ -215,16 +215,24 @@ def test_requeue_continues_the_run_and_matches_an_uninterrupted_one(cluster: Clu
     assert losses[STEPS - 1] == reference[STEPS - 1], (losses, reference)
 
 
-LONG_STEPS = 60  # long enough that a preemption (seconds after its job's submission) lands mid-run
+LONG_STEPS = 60  # long enough that a stop seconds after step 2 (a preemption, a scancel) lands mid-run
 
 
-def test_preempted_job_saves_and_its_requeue_continues_the_run(cluster: Cluster, workdir: Path, tmp_path_factory):
+@pytest.fixture(scope="module")
+def uninterrupted_long(cluster: Cluster, tmp_path_factory) -> Job:
+    """The clean two-node job of LONG_STEPS steps."""
+    job = submit(cluster, tmp_path_factory.mktemp("clean-long"), steps=LONG_STEPS)
+    assert job.wait_done()["JobState"] == "COMPLETED", job.output()[-3000:]
+    return job
+
+
+def test_preempted_job_saves_and_its_requeue_continues_the_run(cluster: Cluster, workdir: Path,
+                                                               uninterrupted_long: Job):
     """A job of a higher partition tier (`urgent`, the whole of both nodes) preempts the
     training (PreemptMode=REQUEUE, GraceTime=60): it saves, stops, is requeued, and goes on.
     A job that saves and exits within its GraceTime is not requeued by SLURM (it ends FAILED):
     gpuherd's node 0 asks for the requeue."""
-    uninterrupted = submit(cluster, tmp_path_factory.mktemp("clean-long"), steps=LONG_STEPS)
-    assert uninterrupted.wait_done()["JobState"] == "COMPLETED", uninterrupted.output()[-3000:]
+    uninterrupted = uninterrupted_long
     job = submit(cluster, workdir, steps=LONG_STEPS, requeue=True)
     job.wait_step(2)
     urgent = workdir / "urgent.sbatch"
@@ -247,10 +255,10 @@ def test_preempted_job_saves_and_its_requeue_continues_the_run(cluster: Cluster,
 
 
 def test_resubmitted_script_continues_the_run_and_matches_an_uninterrupted_one(cluster: Cluster, workdir: Path,
-                                                                               uninterrupted: Job):
+                                                                               uninterrupted_long: Job):
     """The script submitted again after a scancel (as after a time limit): a new job id, the
     same run directory, resumed from the checkpoint the stop saved."""
-    first = submit(cluster, workdir, steps=STEPS)
+    first = submit(cluster, workdir, steps=LONG_STEPS)
     first.wait_step(2)
     cluster.sx("scancel", first.id)
     first.wait_done()
@@ -267,9 +275,9 @@ def test_resubmitted_script_continues_the_run_and_matches_an_uninterrupted_one(c
         assert s["attempts"][0]["resumed_from"]
         assert (second.run_dir(node) / "requeue-1").is_dir()
     assert "was submitted again with --run-id" in second.output()
-    losses, reference = second.steps(), uninterrupted.steps()
-    assert sorted(losses) == list(range(STEPS))
-    assert losses[STEPS - 1] == reference[STEPS - 1], (losses, reference)
+    losses, reference = second.steps(), uninterrupted_long.steps()
+    assert sorted(losses) == list(range(LONG_STEPS))
+    assert losses[LONG_STEPS - 1] == reference[LONG_STEPS - 1], (losses, reference)
 
 
 def test_node_whose_supervisor_is_sigkilled_is_named_on_the_survivor(cluster: Cluster, workdir: Path):
