@@ -250,8 +250,7 @@ class Job:
             final = _stop_cause(signal.SIGINT, "between attempts")
         finally:
             metrics.close()
-            dying = self.store_server.close(wait=False)
-            self.release_guard(dying={dying} if dying else set())
+            self.release_guard(dying=self.store_server.close(wait=False))
         return self.finish(final, attempts)
 
     def _recovered(self) -> int:
@@ -283,11 +282,11 @@ class Job:
             self.guard = OrphanGuard(f"{contract.SUPERVISOR_PID}={os.getpid()}", sys.executable, python_env())
         return self.guard
 
-    def release_guard(self, dying: set[int] = frozenset()) -> None:
+    def release_guard(self, dying: int | None = None) -> None:
         """Whatever is still below us is killed; then the guard exits without touching anything.
-        `dying`: helpers already SIGKILLed, not to be waited for."""
+        `dying`: a helper already SIGKILLed, not to be waited for."""
         if self.guard is not None:
-            sweep_children(exclude={self.guard.pid, self.rendezvous.helper_pid, *dying})
+            sweep_children(exclude={self.guard.pid, self.rendezvous.helper_pid, dying})
             self.guard.release()
             self.guard = None
 

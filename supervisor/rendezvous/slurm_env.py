@@ -84,12 +84,8 @@ def hostnames(nodelist: str) -> list[str]:
 def kill_wait() -> float | None:
     """SLURM's KillWait, the seconds between a job's SIGTERM and its SIGKILL (`scontrol show
     config`), or None when it cannot be read (no scontrol, a container, an old SLURM)."""
-    try:
-        done = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
-                              timeout=SCONTROL_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if done.returncode != 0:
+    done = _scontrol("show", "config", timeout=SCONTROL_TIMEOUT_S)
+    if isinstance(done, str) or done.returncode != 0:
         return None
     return parse_kill_wait(done.stdout)
 
@@ -150,23 +146,27 @@ def requeue_after_preemption(job_id: str, job: dict[str, str]) -> str | None:
     mode = _scontrol_fields("show", "partition", "-o", partition).get("PreemptMode", "") if partition else ""
     if mode.upper().startswith("CANCEL"):
         return None
-    try:
-        done = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True,
-                              timeout=STATE_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"SLURM preempted job {job_id}; asking it to requeue the job failed (scontrol requeue: {exc})"
-    if done.returncode != 0:
-        why = " ".join((done.stderr or done.stdout).split())[:200] or f"exit {done.returncode}"
+    done = _scontrol("requeue", job_id)
+    if isinstance(done, str) or done.returncode != 0:
+        why = done if isinstance(done, str) else (
+            " ".join((done.stderr or done.stdout).split())[:200] or f"exit {done.returncode}")
         return f"SLURM preempted job {job_id}; asking it to requeue the job failed (scontrol requeue: {why})"
     return f"SLURM preempted job {job_id}: requeued it (scontrol requeue); its next start continues this run"
 
 
-def _scontrol_fields(*args: str) -> dict[str, str]:
+def _scontrol(*args: str, timeout: float = STATE_TIMEOUT_S) -> subprocess.CompletedProcess | str:
+    """scontrol's answer, or why it could not be asked (not on PATH, no answer within `timeout`)."""
     try:
-        done = subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=STATE_TIMEOUT_S, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+        return subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+
+
+def _scontrol_fields(*args: str) -> dict[str, str]:
+    done = _scontrol(*args)
+    if isinstance(done, str) or done.returncode != 0:
         return {}
-    return dict(re.findall(r"(\w+)=(\S*)", done.stdout)) if done.returncode == 0 else {}
+    return dict(re.findall(r"(\w+)=(\S*)", done.stdout))
 
 
 def parse_kill_wait(config_text: str) -> float | None:
