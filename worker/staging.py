@@ -9,6 +9,7 @@ first save allocates. torch.distributed.checkpoint's `async_save` stages the sam
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import psutil
@@ -55,8 +56,52 @@ class HostStager:
                                                     use_async_staging=False, use_non_blocking_copy=cuda))
 
     def copy(self, state: Any) -> Any:
-        """A deep copy whose tensors live in host memory; returns once the copy is complete."""
-        return self._stager.stage(state)
+        """A deep copy whose tensors live in host memory; returns once the copy is complete.
+
+        Only the tensors go through torch's stager, all in one call (so views of one storage
+        still share one buffer); the rest is copied here. torch 2.8-2.12's stager cannot copy
+        a class object (its copier table has no entry for `type`: KeyError at the first save on
+        a GPU), and the plain values a state holds need nothing of it anyway."""
+        tensors: dict[int, torch.Tensor] = {}
+        skeleton = _without_tensors(state, tensors)
+        staged = self._stager.stage(tensors) if tensors else {}
+        return _with_tensors(skeleton, staged)
 
     def close(self) -> None:
         self._stager.close()
+
+
+class _Slot(int):
+    """Where a tensor stood in the state (its key in the dict handed to the stager)."""
+
+
+def _without_tensors(state: Any, tensors: dict[int, torch.Tensor]) -> Any:
+    """`state` with every tensor replaced by a `_Slot` (the tensor moved into `tensors`) and
+    every other leaf deep-copied."""
+    if isinstance(state, torch.Tensor):
+        tensors[len(tensors)] = state
+        return _Slot(len(tensors) - 1)
+    if isinstance(state, dict):
+        return _refilled(state, {key: _without_tensors(value, tensors) for key, value in state.items()})
+    if isinstance(state, (list, tuple)) and not hasattr(state, "_fields"):
+        return type(state)(_without_tensors(value, tensors) for value in state)
+    return copy.deepcopy(state)
+
+
+def _with_tensors(skeleton: Any, staged: dict[int, torch.Tensor]) -> Any:
+    if isinstance(skeleton, _Slot):
+        return staged[int(skeleton)]
+    if isinstance(skeleton, dict):
+        return _refilled(skeleton, {key: _with_tensors(value, staged) for key, value in skeleton.items()})
+    if isinstance(skeleton, (list, tuple)) and not hasattr(skeleton, "_fields"):
+        return type(skeleton)(_with_tensors(value, staged) for value in skeleton)
+    return skeleton
+
+
+def _refilled(like: dict, items: dict) -> dict:
+    """A dict of `like`'s own kind and attributes (a module's state_dict is an OrderedDict whose
+    `_metadata` its load_state_dict reads) holding `items`."""
+    out = copy.copy(like)
+    out.clear()
+    out.update(items)
+    return out

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from tests.worker import helpers as h
 
 from gpuherd.contract import WorkerIdentity
+from gpuherd.liveness import Liveness
 from gpuherd.memory_plan import Layout, ModelShape, Workload, estimate_bytes
 from worker import signals as wsignals
 from worker.attention import eager_attention, flash_attention, flash_attn_problem, resolve_backend
@@ -123,8 +124,9 @@ def test_flash_attn_is_used_exactly_where_it_runs():
 
 def test_one_host_sync_per_logged_step(tmp_path: Path):
     cfg = h.tiny_config(tmp_path, *SMALL, "training.log_every=2", "training.max_steps=6")
-    trainer = Trainer(cfg, IDENTITY, CUDA, Layout("single"), h.bundle(cfg), h.status_writer(tmp_path / "s", 0),
-                      None, wsignals.SignalState())
+    status = h.status_writer(tmp_path / "s", 0)
+    trainer = Trainer(cfg, IDENTITY, CUDA, Layout("single"), h.bundle(cfg), status, None, wsignals.SignalState(),
+                      Liveness(status))  # not started: its thread would add host reads of its own
     trainer._train_step()  # warm-up: allocator, kernels and the first (logged) step's sync
     syncs = []
     torch.cuda.set_sync_debug_mode("warn")
@@ -142,9 +144,16 @@ def test_one_host_sync_per_logged_step(tmp_path: Path):
     assert syncs == [0, 1, 0, 1], syncs
 
 
+@pytest.mark.integration  # inductor runs nvcc, gcc and ptxas
 def test_compiled_blocks_have_no_graph_breaks_and_match_eager():
     from torch._dynamo.utils import counters
 
+    # One compile thread: inductor's default pool of compile workers would outlive the test.
+    with torch._inductor.config.patch(compile_threads=1):
+        _compiled_blocks_match_eager(counters)
+
+
+def _compiled_blocks_match_eager(counters) -> None:
     torch._dynamo.reset()
     counters.clear()
     eager, compiled = small_model(), small_model()
