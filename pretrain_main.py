@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the repo's packages,
 from gpuherd.cli import add_resume_flag, base_parser, config_from_args, die, resume_override  # noqa: E402
 from gpuherd.config import Config  # noqa: E402
 from gpuherd.contract import WorkerIdentity  # noqa: E402
+from gpuherd.extras import extras_named  # noqa: E402
 from gpuherd.files import write_bytes_atomic  # noqa: E402
 from gpuherd.model_checks import check_fits, check_vocab, host_memory_bytes  # noqa: E402
 from gpuherd.status_channel import StatusWriter  # noqa: E402
@@ -116,4 +117,5 @@ if __name__ == "__main__":
     from gpuherd.contract import cuda_defaults
 
     os.environ.update(cuda_defaults(os.environ))
-    sys.exit(main())
+    with extras_named("pretrain_main.py"):
+        sys.exit(main())
