@@ -30,7 +30,7 @@ from gpuherd.status_channel import StatusWriter  # noqa: E402
 
 
 def new_run_dir(run_root: Path) -> Path:
-    """logs/<YYYYmmdd-HHMMSS-xxxx>/, the supervisor's naming (docs/architecture.md)."""
+    """logs/<YYYYmmdd-HHMMSS-xxxx>/, the supervisor's naming (docs/reference/file-layouts.md)."""
     run_dir = run_root / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     run_dir.mkdir(parents=True, exist_ok=False)
     return run_dir
