@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from gpuherd.exit_codes import ExitCode
 
@@ -30,9 +31,18 @@ def missing_extra(exc: BaseException) -> str | None:
     return EXTRA_OF_MODULE.get(exc.name.split(".")[0])
 
 
+def install_hint(extra: str) -> str:
+    """The pip line that adds `extra`: from this checkout when gpuherd runs from one (an editable
+    install, or PYTHONPATH), else the installed distribution's name."""
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "pyproject.toml").is_file() and (checkout / "requirements-core.txt").is_file():
+        return f"pip install '{checkout}[{extra}]'"
+    return f"pip install 'gpuherd[{extra}]'"
+
+
 def missing_extra_line(program: str, extra: str, module: str) -> str:
     return (f"{program}: error: needs the optional extra '{extra}' (its module {module} is not installed): "
-            f"pip install 'gpuherd[{extra}]' (bash install.sh installs every extra)")
+            f"{install_hint(extra)} (bash install.sh installs every extra)")
 
 
 @contextmanager
