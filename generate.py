@@ -10,7 +10,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the repo's packages, from any cwd
 
-from worker.generate import main  # noqa: E402
+from gpuherd.extras import extras_named  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(prog="generate.py"))
+    with extras_named("generate.py"):
+        from worker.generate import main
+
+        sys.exit(main(prog="generate.py"))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install gpuherd into ./.venv (or into $GPUHERD_PYTHON's environment): its dependencies,
 # then this checkout itself, editable, so `gpuherd` and `python -m supervisor` work anywhere.
-#   bash install.sh               runtime dependencies
+#   bash install.sh               runtime dependencies: the launcher's core and every extra (requirements.txt)
 #   bash install.sh --test        + test dependencies
 #   bash install.sh --gpu-extras  + flash-attn (GPU machines only)
 # torch comes first and is chosen for the machine: an existing torch is kept when

@@ -13,7 +13,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # runnable from any directory
 
-from dataset_cache.cli import main  # noqa: E402
+from gpuherd.extras import extras_named  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(prog="prepare_dataset.py"))
+    with extras_named("prepare_dataset.py"):
+        from dataset_cache.cli import main
+
+        sys.exit(main(prog="prepare_dataset.py"))

@@ -23,13 +23,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the repo's packages,
 from gpuherd.cli import add_resume_flag, base_parser, config_from_args, die, resume_override  # noqa: E402
 from gpuherd.config import Config  # noqa: E402
 from gpuherd.contract import WorkerIdentity  # noqa: E402
+from gpuherd.extras import extras_named  # noqa: E402
 from gpuherd.files import write_bytes_atomic  # noqa: E402
 from gpuherd.model_checks import check_fits, check_vocab, host_memory_bytes  # noqa: E402
 from gpuherd.status_channel import StatusWriter  # noqa: E402
 
 
 def new_run_dir(run_root: Path) -> Path:
-    """logs/<YYYYmmdd-HHMMSS-xxxx>/, the supervisor's naming (docs/architecture.md)."""
+    """logs/<YYYYmmdd-HHMMSS-xxxx>/, the supervisor's naming (docs/reference/file-layouts.md)."""
     run_dir = run_root / f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     run_dir.mkdir(parents=True, exist_ok=False)
     return run_dir
@@ -116,4 +117,5 @@ if __name__ == "__main__":
     from gpuherd.contract import cuda_defaults
 
     os.environ.update(cuda_defaults(os.environ))
-    sys.exit(main())
+    with extras_named("pretrain_main.py"):
+        sys.exit(main())

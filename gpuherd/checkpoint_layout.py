@@ -1,4 +1,4 @@
-"""The checkpoint directory's layout, readable without torch (docs/architecture.md, "File layouts").
+"""The checkpoint directory's layout, readable without torch (docs/reference/file-layouts.md).
 
 The worker writes checkpoints (worker/checkpoint.py); the supervisor only needs to
 know which complete ones exist, to tell a restarted attempt where to resume. Both

@@ -1,5 +1,5 @@
 """A checkpoint's manifest: which run wrote it, at which step, and the size and sha256
-of every file in it, written last (docs/architecture.md, "Checkpoint integrity").
+of every file in it, written last (docs/design/checkpoints.md).
 
 Torch-free, so the supervisor (and any tool) can tell whose checkpoint a file is
 and whether it is whole without unpickling it:

@@ -1,4 +1,4 @@
-"""Supervisor -> worker environment contract (see docs/architecture.md).
+"""Supervisor -> worker environment contract (docs/reference/environment.md).
 
 torchrun-compatible variables first, so scripts and frameworks that detect a
 torchrun launch (Lightning, accelerate) run unchanged; gpuherd's own after.

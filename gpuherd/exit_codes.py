@@ -2,7 +2,7 @@
 
 The supervisor exits with the first failing worker's own code, so a worker that
 knows *why* it failed exits with one of these and the cause survives all the
-way to the user's shell. Documented in README.md and docs/architecture.md.
+way to the user's shell. docs/reference/exit-codes.md is generated from this file.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The worker writes one JSON object per line to the pipe whose write end the
 supervisor passed as fd `GPUHERD_STATUS_FD`. Each record is one `os.write` of
 less than PIPE_BUF bytes, so records from one worker never tear. Every record
 carries `type`, `rank` and `time`; the types and their fields are listed in
-docs/architecture.md ("Status channel").
+docs/reference/status-records.md.
 
 The writer needs only the standard library: a user's script may run in another interpreter
 (torchrun's PYTHON_EXEC) that has torch but none of gpuherd's dependencies, and the script

@@ -1,6 +1,6 @@
 """The supervisor: owns processes, devices, logs, health and rendezvous of one run.
 
-Rooms (one concern each; docs/architecture.md has the map):
+Rooms (one concern each; docs/design/architecture.md has the map):
   processes/   the supervision event loop, spawning, worker environment, orphan cleanup
   output/      worker output -> prefixed lines on the console and in per-worker files
   health/      heartbeats, run watchers (the GPU watch), metrics.jsonl

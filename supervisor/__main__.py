@@ -1,5 +1,8 @@
 """`python -m supervisor` (what run_training.sh execs)."""
 
-from supervisor.main import cli
+from gpuherd.extras import extras_named
 
-cli()
+with extras_named("python -m supervisor"):
+    from supervisor.main import cli
+
+    cli()

@@ -142,10 +142,10 @@ def _add_restart_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_node_flags(parser: argparse.ArgumentParser) -> None:
-    m = parser.add_argument_group("multi-node (one supervisor per node; see README 'Multi-node')")
+    m = parser.add_argument_group("multi-node (one supervisor per node; see docs/guide/multi-node.md)")
     m.add_argument("--nnodes", type=_nnodes, default=None, metavar="N|MIN:MAX",
                    help="nodes in the job (default 1); MIN:MAX: start once MIN joined, admit more up to MAX "
-                        "at the next restart (README 'Elastic node counts')")
+                        "at the next restart (docs/guide/multi-node.md)")
     m.add_argument("--node-rank", "--node_rank", type=int, default=None, metavar="R",
                    help="this node, 0..N-1; node 0 hosts the job store")
     m.add_argument("--master-addr", "--master_addr", default=None, metavar="HOST",

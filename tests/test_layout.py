@@ -3,7 +3,8 @@
 - `supervisor/` keeps at most 12 top-level modules; concerns live in its rooms.
 - Code outside a subpackage imports it through its `__init__` only (its API),
   never from the modules inside it.
-- No import cycle between modules (module-level imports).
+- No import cycle between modules: module-level imports, those under `if TYPE_CHECKING:` (or any
+  other module-level block) included, since a type-only cycle still ties two modules together.
 - No function of the product longer than 60 lines.
 """
 
@@ -37,7 +38,7 @@ def _imports(path: Path, module_level_only: bool, entered: bool = False) -> list
     """Absolute names this module imports. `entered`: the module an import goes into
     (`from a.b import c` enters a.b); otherwise what it binds (a.b.c where that is a module)."""
     tree = ast.parse(path.read_text())
-    nodes = tree.body if module_level_only else list(ast.walk(tree))
+    nodes = list(_module_level(tree)) if module_level_only else list(ast.walk(tree))
     found = []
     for node in nodes:
         if isinstance(node, ast.Import):
@@ -48,6 +49,16 @@ def _imports(path: Path, module_level_only: bool, entered: bool = False) -> list
                 bound = full if full in MODULES and MODULES[node.module].name != "__init__.py" else node.module
                 found.append((node.module if entered else bound, node.lineno))
     return [(name, line) for name, line in found if name.split(".")[0] in PACKAGES]
+
+
+def _module_level(node: ast.AST):
+    """Every statement that runs (or, under `if TYPE_CHECKING:`, is read by a type checker) when
+    the module is imported: the body and its blocks (if/try/with), never a function's body."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            continue
+        yield child
+        yield from _module_level(child)
 
 
 def _subpackage_of(name: str) -> str | None:
@@ -112,3 +123,15 @@ def test_no_function_over_sixty_lines():
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {lines} lines")
     assert not long, "\n".join(long)
+
+
+def test_type_only_and_block_imports_count_for_cycles(tmp_path):
+    """A cycle through `if TYPE_CHECKING:` (or a try/except import) is still a cycle; an import
+    inside a function (run later, on purpose) is not a module-level one."""
+    path = tmp_path / "m.py"
+    path.write_text("from typing import TYPE_CHECKING\n"
+                    "if TYPE_CHECKING:\n    from worker.train import Trainer\n"
+                    "try:\n    import dataset_cache\nexcept ImportError:\n    pass\n"
+                    "def later():\n    from supervisor import main\n")
+    assert _imports(path, module_level_only=True) == [("worker.train", 3), ("dataset_cache", 5)]
+    assert ("supervisor", 9) in _imports(path, module_level_only=False)

@@ -1,6 +1,6 @@
 """`python -m worker`: one supervised training process.
 
-Everything comes from the supervisor's environment (docs/architecture.md):
+Everything comes from the supervisor's environment (docs/reference/environment.md):
 the resolved config (GPUHERD_CONFIG), the prepared dataset cache
 (GPUHERD_DATASET_CACHE), the run directory and this worker's identity.
 """

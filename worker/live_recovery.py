@@ -25,7 +25,7 @@ import gc
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from loguru import logger
@@ -33,14 +33,45 @@ from loguru import logger
 from gpuherd import contract
 from worker import distributed as wdist
 from worker import rng
-from worker.data import Prefetched
-from worker.distributed import StopVote, is_peer_loss
+from worker.distributed import is_peer_loss
 from worker.state_broadcast import broadcast_state
 
 if TYPE_CHECKING:
     from gpuherd.memory_plan import Layout
-    from worker.engines import Buckets
-    from worker.train import Trainer
+    from gpuherd.config import Config
+    from gpuherd.contract import WorkerIdentity
+    from gpuherd.liveness import Liveness
+    from gpuherd.status_channel import StatusWriter
+    from worker.data import DataBundle
+    from worker.engines import Buckets, Engine
+    from worker.reporting import StepReporter
+    from worker.saver import Saver
+
+
+class Recoverable(Protocol):
+    """What live recovery reads of a trainer, and the calls through which the trainer changes its
+    own state: its counters (`state_dict`/`load_state_dict`), its group-bound objects
+    (`on_group_lost`, `on_regroup`) and its data position (`rewind_data`)."""
+
+    cfg: Config
+    identity: WorkerIdentity
+    device: torch.device
+    strategy: str
+    layout: Layout
+    layout_note: str | None
+    engine: Engine
+    data: DataBundle
+    status: StatusWriter
+    live: Liveness
+    saver: Saver
+    reporter: StepReporter
+    step: int
+
+    def state_dict(self) -> dict[str, int]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def on_group_lost(self) -> None: ...
+    def on_regroup(self, buckets: Buckets | None) -> None: ...
+    def rewind_data(self, sampler: dict[str, Any]) -> None: ...
 
 
 @dataclass
@@ -94,7 +125,7 @@ def _source(infos: list[dict[str, Any] | None]) -> int:
 class LiveRecovery:
     """One trainer's side of live recovery: the marks, the rejoin, the state hand-over."""
 
-    def __init__(self, trainer: Trainer, joining: Joining | None = None) -> None:
+    def __init__(self, trainer: Recoverable, joining: Joining | None = None) -> None:
         self.t = trainer
         self.generation = joining.generation if joining is not None else 0
         self.why_not = why_not_live(trainer.strategy, trainer.engine.live_recoverable, trainer.identity.world_size)
@@ -138,10 +169,7 @@ class LiveRecovery:
         infos = wdist.gather_objects({"step": self._mark.step, "layout": t.layout, "note": t.layout_note,
                                       "saves_blocking": t.saver.why_blocking, "buckets": t.engine.buckets})
         source = _source(infos)
-        t.vote = StopVote.create()
-        t.engine.regroup(infos[source]["buckets"])
-        if t.guard is not None:
-            t.guard.model = t.engine.model
+        t.on_regroup(infos[source]["buckets"])
         behind = infos[t.identity.rank]["step"] < infos[source]["step"]
         self._take_state(source, behind)
         self._rejoined(started, source, "source" if t.identity.rank == source else "survivor")
@@ -150,11 +178,7 @@ class LiveRecovery:
         """Destroy the broken group for real: a peer still waiting in a collective on this rank (a
         gloo algorithm whose next message was to come from here) is freed only once this rank's
         connections close, which happens when the last reference to the group goes."""
-        t = self.t
-        t.vote = StopVote(None)
-        t.engine.drop_group()
-        if t.guard is not None:
-            t.guard.model = t.engine.model
+        self.t.on_group_lost()
         wdist.leave_broken_group()
         gc.collect()
 
@@ -175,12 +199,12 @@ class LiveRecovery:
             self._load(state)
         else:
             self._rewind(self._mark.sampler, self._mark.rng)
-        t.step, t.saved_step, t.skipped_steps = int(state["step"]), int(state["saved_step"]), int(state["skipped"])
+        t.load_state_dict(state)
         self._mark = Mark(t.step, t.data.train.state_dict(), rng.capture(t.device))
 
     def _state(self) -> dict[str, Any]:
-        t, engine = self.t, self.t.engine
-        return {"step": self._mark.step, "saved_step": t.saved_step, "skipped": t.skipped_steps,
+        engine = self.t.engine
+        return {**self.t.state_dict(), "step": self._mark.step,
                 "model": engine.inner.state_dict(), "optimizer": engine.optimizer.state_dict(),
                 "scaler": engine.scaler.state_dict() if engine.scaler is not None else None,
                 "sampler": self._mark.sampler, "rng": self._mark.rng}
@@ -200,13 +224,7 @@ class LiveRecovery:
         """Data position and RNG back to the last completed step (the step in flight is redone)."""
         t = self.t
         t.engine.optimizer.zero_grad(set_to_none=True)
-        source = t.data.train
-        if isinstance(source, Prefetched):  # its thread drew ahead: a fresh one from the rewound source
-            source.close()
-            source.source.load_state_dict(sampler)
-            t.data.train = Prefetched(source.source, source.depth, source.pin)
-        else:
-            source.load_state_dict(sampler)
+        t.rewind_data(sampler)
         rng.restore(rng_state, t.device)
 
     def _rejoined(self, started: float, source: int, role: str) -> None:

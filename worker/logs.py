@@ -1,4 +1,4 @@
-"""Loguru setup for one worker: the log-line contract of docs/architecture.md."""
+"""Loguru setup for one worker: the log-line contract of docs/reference/log-lines.md."""
 
 from __future__ import annotations
 

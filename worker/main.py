@@ -1,5 +1,5 @@
 """Turning a worker's outcome into its exit code: one line for the user, never a traceback
-for a failure whose cause we know (docs/architecture.md, "Exit codes")."""
+for a failure whose cause we know (docs/reference/exit-codes.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Which checkpoint a run resumes from, and whether it is whole (docs/architecture.md,
-"Checkpoint integrity").
+"""Which checkpoint a run resumes from, and whether it is whole
+(docs/design/checkpoints.md).
 
 - `training.resume=PATH`: that checkpoint, verified; any problem is one line, exit 2.
 - `training.resume=auto`: the newest checkpoint in `system.checkpoint_dir` that

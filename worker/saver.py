@@ -1,4 +1,4 @@
-"""The training loop's one door to checkpoints (docs/architecture.md, "Asynchronous saves").
+"""The training loop's one door to checkpoints (docs/design/checkpoints.md).
 
 `training.async_save` (on by default): a periodic save blocks the loop only while the
 state is captured (the collectives that gather it) and copied to host memory

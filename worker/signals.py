@@ -1,4 +1,4 @@
-"""Signal behaviour of a worker (docs/architecture.md, "Signals").
+"""Signal behaviour of a worker (docs/reference/signals.md).
 
 From its supervisor (gpuherd/contract.py):
 - TEARDOWN_SIGNAL (SIGRTMIN): the run is being torn down; exit 143 now, no collectives (a

@@ -160,6 +160,42 @@ class Trainer:
         if self.identity.rank == 0:
             logger.info(message)
 
+    # ------------------------------------------------------------------ what live recovery asks of it
+    def state_dict(self) -> dict[str, int]:
+        """The loop's counters: what a survivor hands a rebuilt group besides model and data."""
+        return {"step": self.step, "saved_step": self.saved_step, "skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step, self.saved_step = int(state["step"]), int(state["saved_step"])
+        self.skipped_steps = int(state["skipped_steps"])
+
+    def on_group_lost(self) -> None:
+        """A peer broke the group: let go of everything that holds it (the stop vote, the
+        engine's wrapper), so that its connections close."""
+        self.vote = StopVote(None)
+        self.engine.drop_group()
+        if self.guard is not None:
+            self.guard.model = self.engine.model
+
+    def on_regroup(self, buckets: Any) -> None:
+        """A rebuilt group formed: the objects bound to a group, over the new one (`buckets`: the
+        gradient buckets every rank of it reduces in)."""
+        self.vote = StopVote.create()
+        self.engine.regroup(buckets)
+        if self.guard is not None:
+            self.guard.model = self.engine.model
+
+    def rewind_data(self, sampler: dict[str, Any]) -> None:
+        """The training data back at `sampler`'s position; a prefetching thread that drew ahead is
+        replaced by a fresh one over the rewound source."""
+        source = self.data.train
+        if isinstance(source, Prefetched):
+            source.close()
+            source.source.load_state_dict(sampler)
+            self.data.train = Prefetched(source.source, source.depth, source.pin)
+        else:
+            source.load_state_dict(sampler)
+
     # ------------------------------------------------------------------ setup helpers
     def _resume(self) -> int:
         self.checkpointer.remove_orphans()

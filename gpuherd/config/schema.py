@@ -112,7 +112,7 @@ class TrainingConfig:
 
 @dataclass
 class DataConfig:
-    dataset: str = "shakespeare"  # shakespeare | dummy | a file, directory or glob (formats: README "Your own data")
+    dataset: str = "shakespeare"  # shakespeare | dummy | a file, directory or glob (formats: docs/guide/data.md)
     tokenizer: str = "gpt2"  # gpt2 | byte | path to a tokenizer.json
     context_length: int = limited(2048, gt=0, le=2**21)
     num_samples: int = limited(0, ge=0)  # documents to use (per source in a mixture); 0 = all

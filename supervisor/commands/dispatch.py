@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from gpuherd import __version__
 from gpuherd.cli import die
+from gpuherd.extras import extras_named
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpuherd {__version__}")
         return 0
     command, rest = find(argv)
-    return int(command.load()(rest) or 0)
+    with extras_named(f"gpuherd {' '.join(argv[:len(argv) - len(rest)])}"):
+        return int(command.load()(rest) or 0)
 
 
 if __name__ == "__main__":

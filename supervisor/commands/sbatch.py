@@ -11,7 +11,7 @@ Everything after `--` goes to run_training.sh on every node. The script asks SLU
 one task per node (gpuherd runs one supervisor per node, and the supervisor starts the
 per-GPU workers itself, as torchrun does) and starts it with `run_training.sh --slurm`,
 which reads node rank, node count and master address from SLURM (supervisor/rendezvous/slurm_env.py).
-Bad flags: one line on stderr, exit 2, nothing written. docs/slurm.md has the details.
+Bad flags: one line on stderr, exit 2, nothing written. docs/guide/slurm.md has the details.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def _body(o: SbatchOptions) -> list[str]:
         'echo "gpuherd: job $SLURM_JOB_ID on $SLURM_JOB_NUM_NODES node(s): $SLURM_JOB_NODELIST"',
         "",
         "# One supervisor per node. --slurm: node rank, node count, master address and port come",
-        "# from SLURM's environment (docs/slurm.md). --kill-on-bad-exit=0: the supervisors end the",
+        "# from SLURM's environment (docs/guide/slurm.md). --kill-on-bad-exit=0: the supervisors end the",
         "# step on every node themselves when one node fails (a failure reaches every node through the",
         "# job store within a second; a node that dies whole is named within ~10 s). srun's own kill",
         "# would SIGTERM the survivors first, and they could no longer say which node was lost.",
@@ -155,10 +155,10 @@ NCCL_SECTION = [
 ]
 
 TROUBLESHOOTING = [
-    "# ---- When something goes wrong (exit codes: README.md, \"Exit codes\")",
+    "# ---- When something goes wrong (exit codes: docs/reference/exit-codes.md)",
     "# NCCL errors: NCCL_DEBUG=INFO; then NCCL_IB_DISABLE=1 or NCCL_SOCKET_IFNAME (above).",
     "# Exit 5, a rank never joined: check that the nodes reach each other and that no firewall",
-    "#   blocks MASTER_PORT on the first node (docs/slurm.md says which port); a slow start",
+    "#   blocks MASTER_PORT on the first node (docs/guide/slurm.md says which port); a slow start",
     "#   wants a larger --set system.rendezvous_timeout=SECONDS.",
     "# Exit 124, a hang: the log names the rank that stopped; its Python stacks are in",
     "#   logs/<run-id>/worker-rank<r>-GPU<n>.log on its node.",
@@ -216,7 +216,7 @@ def _parser() -> OneLineParser:
                            description="Write an sbatch script that trains on N nodes x G GPUs; "
                                        "arguments after -- go to run_training.sh on every node.",
                            epilog=f"example: {PROG} --nodes 2 --gpus-per-node 8 --time 48:00:00 -o job.sbatch "
-                                  "-- --preset gpt2-small, then: sbatch job.sbatch (details: docs/slurm.md)")
+                                  "-- --preset gpt2-small, then: sbatch job.sbatch (details: docs/guide/slurm.md)")
     parser.add_argument("--nodes", type=_count, required=True, metavar="N", help="nodes to train on")
     parser.add_argument("--gpus-per-node", type=_count_or_zero, default=None, metavar="G",
                         help="GPUs on each node; 0 for CPU-only nodes (no GPU request)")

@@ -1,4 +1,4 @@
-"""Hang timeouts per phase, learned from the run itself (docs/architecture.md, "Hang timeouts").
+"""Hang timeouts per phase, learned from the run itself (docs/design/hangs.md).
 
 A fixed timeout is either slow (a 60 s default finds a stuck 0.2 s step after a
 minute) or wrong (a 10 s one kills a healthy 30 s checkpoint). Instead, for each

@@ -10,7 +10,7 @@ loop learns later (the traces read, the cause as published, the drained stderr t
 replacement that failed) comes back as an event. No pipe, pid or clock here: supervision.py
 reads the pipes, reaps, turns what it saw into events and carries the actions out, and
 tests/supervisor/test_policy.py drives every transition with synthetic events in
-milliseconds. The phases (docs/architecture.md, "Supervision phases"):
+milliseconds. The phases (docs/design/supervision.md):
 
     RUNNING --a rank exits 0 early--> FINISHING --the others stop progressing--> DUMPING_TRACES
     RUNNING/FINISHING --hang verdict--> DUMPING_TRACES --every responsive rank dumped its

@@ -1,5 +1,5 @@
 """How a run stops when it is asked to, rather than when something fails
-(docs/architecture.md, "Signals").
+(docs/reference/signals.md).
 
 Ctrl-C (SIGINT) and a stop request (SIGTERM or SIGHUP: `scancel`, a preemption;
 SIGUSR1/SIGUSR2: SLURM's `--signal=USR1@T` warning before the time limit) both let

@@ -1,4 +1,4 @@
-"""The environment each worker starts with (docs/architecture.md, "Environment contract").
+"""The environment each worker starts with (docs/reference/environment.md).
 
 torchrun's variables, so scripts and frameworks that detect a torchrun launch run
 unchanged, then gpuherd's own. NCCL's error handling is torch's default
@@ -127,7 +127,7 @@ def omp_threads(base: Mapping[str, str], kind: str, local_workers: int) -> str |
     """OMP_NUM_THREADS for a worker, None to leave it unset. The user's value always wins. As
     torchrun: 1 with several workers, unset for a lone one (it may use every core). Unlike
     torchrun, several CPU workers get cores / workers each: they share the cores instead of
-    each running on one while the others idle (README, "Coming from torchrun")."""
+    each running on one while the others idle (docs/guide/torchrun.md)."""
     if "OMP_NUM_THREADS" in base or local_workers <= 1:
         return None
     if kind == "cpu":

@@ -107,7 +107,7 @@ def add_torchrun_flags(parser: argparse.ArgumentParser) -> None:
                         "in its own interpreter)")
     t.add_argument("--signals-to-handle", "--signals_to_handle", default=None, metavar="SIGTERM,...",
                    help=f"the workers' TORCHELASTIC_SIGNALS_TO_HANDLE (default {DEFAULT_SIGNALS}); gpuherd's "
-                        "own handling of signals is in README 'Stopping a run'")
+                        "own handling of signals is in docs/guide/stopping.md")
     t.add_argument("--numa-binding", "--numa_binding", default=None, choices=NUMA_MODES,
                    help="bind each GPU worker to the CPUs (and memory) near its GPU, as torchrun does")
     t.add_argument("--virtual-local-rank", "--virtual_local_rank", action="store_true",

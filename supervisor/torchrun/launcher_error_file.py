@@ -7,8 +7,8 @@ with `message.errorCode` set to that rank's exit code (negative: the signal that
 gpuherd writes the same copy. Where no rank left an error file (a script without `@record`,
 a hang, a signal), torchrun writes nothing; gpuherd writes the root cause in torch's format,
 `{"message": {"message", "extraInfo": {"py_callstack", "timestamp"}, "errorCode"}}`, its
-callstack the failing rank's last stderr lines or the hang evidence (README, "Coming from
-torchrun"). Nothing is written for a run that succeeded. Written atomically; the workers
+callstack the failing rank's last stderr lines or the hang evidence
+(docs/guide/torchrun.md). Nothing is written for a run that succeeded. Written atomically; the workers
 never see the launcher's path (each rank has its own).
 """
 

@@ -1,6 +1,6 @@
 """Every torchrun launch line, side by side: the same script, flags and environment under
 `torchrun` and under `gpuherd run` in one test, asserting the same ranks, environment, files
-and exit codes (or the difference README's "Coming from torchrun" documents, and why).
+and exit codes (or the difference docs/guide/torchrun.md documents, and why).
 
 Small scripts (tests/e2e/dropin/show_env.py, show_env.sh), 2 CPU ranks, gloo.
 """
@@ -64,7 +64,7 @@ def test_the_environment_a_rank_sees_is_torchruns(tmp_path):
 
 
 def same_but_documented(mine: dict[int, dict], reference: dict[int, dict], omp: str = "1") -> tuple[dict, dict]:
-    """Each rank's environment under both, equal but for README's documented differences:
+    """Each rank's environment under both, equal but for the differences docs/guide/torchrun.md documents:
     NCCL's async error handling (gpuherd keeps torch's 3), CPU workers' threads (cores / workers
     where the user set none), and where each rank's own error file lies."""
     assert sorted(mine) == sorted(reference) == [0, 1]
@@ -122,7 +122,7 @@ def test_without_a_rank_record_gpuherd_still_writes_the_root_cause(tmp_path):
     """Documented difference: torchrun leaves the file unwritten when no rank wrote one."""
     ours, theirs = both(tmp_path, "--nproc-per-node", "2", SHOW,
                         env={"TORCHELASTIC_ERROR_FILE": "{cwd}/error.json", "FAIL_RANK": "1", "FAIL_WITH": "3"})
-    assert ours.returncode == 3 and theirs.returncode == 1  # the script's code passed on (README, Exit codes)
+    assert ours.returncode == 3 and theirs.returncode == 1  # the script's code passed on (docs/reference/exit-codes.md)
     assert _error_file(tmp_path / "theirs") is None
     mine = _error_file(tmp_path / "ours")
     assert mine["message"]["errorCode"] == 3 and "rank 1" in mine["message"]["message"]

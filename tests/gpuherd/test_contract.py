@@ -96,12 +96,13 @@ def test_exit_codes_are_documented_and_distinct():
     assert describe(17) == "exit code 17"
 
 
-def test_architecture_doc_lists_every_contract_name(repo_root):
-    doc = (repo_root / "docs" / "architecture.md").read_text()
+def test_reference_pages_list_every_contract_name_and_exit_code(repo_root):
+    doc = (repo_root / "docs" / "reference" / "environment.md").read_text()
     for name in contract.TORCHRUN_VARS + contract.GPUHERD_VARS:
-        assert f"`{name}`" in doc, f"{name} is not documented in docs/architecture.md"
+        assert f"`{name}`" in doc, f"{name} is not documented in docs/reference/environment.md"
+    codes = (repo_root / "docs" / "reference" / "exit-codes.md").read_text()
     for code in ExitCode:
-        assert f"| {int(code)} |" in doc, f"exit code {int(code)} is not documented"
+        assert f"| {int(code)} |" in codes, f"exit code {int(code)} is not documented"
 
 
 def test_cuda_defaults_yield_to_what_the_user_set():
@@ -113,8 +114,8 @@ def test_cuda_defaults_yield_to_what_the_user_set():
                                    "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}) == {}
 
 
-def test_architecture_doc_documents_the_cuda_and_network_environment(repo_root):
-    doc = (repo_root / "docs" / "architecture.md").read_text()
+def test_environment_page_documents_the_cuda_and_network_environment(repo_root):
+    doc = (repo_root / "docs" / "reference" / "environment.md").read_text()
     for name in (*contract.CUDA_DEFAULTS, "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-        assert f"| `{name}` |" in doc, f"{name} is not in docs/architecture.md's environment table"
+        assert f"| `{name}` |" in doc, f"{name} is not in docs/reference/environment.md's environment table"
     assert "`TORCH_NCCL_ASYNC_ERROR_HANDLING` | never" in doc

@@ -4,8 +4,11 @@ Opt-in, because it is minutes, not seconds: `GPUHERD_SLURM_TESTS=1 pytest -m slu
 (`GPUHERD_SLURM_PROCTRACK=pgid` for a cluster whose job signals reach each task's process group only).
 It needs root (network namespaces, daemons) on Linux. Missing Debian packages (slurmctld
 slurmd slurm-client munge) are installed with apt-get when it is there (CI runs as root on
-Debian); elsewhere, or without root, every test here is skipped with the reason. The cluster
-(2 nodes) is started once for the module and always taken down at its end, failures included.
+Debian). Not asked for, every test here is skipped with the reason; asked for
+(`GPUHERD_SLURM_TESTS=1`, as CI does) and unable to run (no Linux, no root, the packages
+missing or failing to install), every test here FAILS with the reason: a tier CI asked for
+never passes by skipping. The cluster (2 nodes) is started once for the module and always
+taken down at its end, failures included.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,32 +28,61 @@ OPT_IN = "GPUHERD_SLURM_TESTS"
 PROCTRACK = "GPUHERD_SLURM_PROCTRACK"  # linuxproc (default: signals every process of a step, like cgroup) or pgid
 
 
-def _why_not() -> str | None:
-    if os.environ.get(OPT_IN) != "1":
-        return f"the SLURM cluster tier is opt-in: {OPT_IN}=1 (minutes; root on Linux)"
-    if not sys.platform.startswith("linux"):
-        return "needs Linux (network namespaces)"
-    if os.geteuid() != 0:
-        return "needs root (network namespaces, SLURM daemons)"
-    missing = missing_packages()
-    if missing and shutil.which("apt-get") is None:
-        return f"needs the packages {' '.join(missing)} and there is no apt-get to install them"
+@dataclass(frozen=True)
+class TierVerdict:
+    """Whether the tier runs; when it does not, `fail` says whether that is a failure (asked for)."""
+
+    run: bool
+    fail: bool = False
+    reason: str = ""
+
+
+def tier_verdict(opted_in: bool, platform: str, euid: int, missing: list[str], has_apt_get: bool,
+                 install: Callable[[list[str]], None]) -> TierVerdict:
+    """Pure but for `install`: what to do with the tier on this machine."""
+    if not opted_in:
+        return TierVerdict(False, reason=f"the SLURM cluster tier is opt-in: {OPT_IN}=1 (minutes; root on Linux)")
+
+    def cannot(why: str) -> TierVerdict:
+        return TierVerdict(False, fail=True, reason=f"{OPT_IN}=1 asked for the SLURM tier, but it cannot run: {why}")
+
+    if not platform.startswith("linux"):
+        return cannot("needs Linux (network namespaces)")
+    if euid != 0:
+        return cannot("needs root (network namespaces, SLURM daemons)")
+    if missing and not has_apt_get:
+        return cannot(f"needs the packages {' '.join(missing)} and there is no apt-get to install them")
     if missing:
         try:
-            install_packages(missing)
-        except Exception as exc:  # noqa: BLE001 - any failure to install is a reason to skip, said once
-            return f"could not install {' '.join(missing)}: {exc}"
-    return None
+            install(missing)
+        except Exception as exc:  # noqa: BLE001 - any failure to install is the reason, said once
+            return cannot(f"could not install {' '.join(missing)}: {exc}")
+    return TierVerdict(True)
+
+
+_VERDICT = pytest.StashKey[TierVerdict]()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    ours = [item for item in items if "slurm" in item.keywords]
+    # the marker, not the keyword: every test under tests/slurm has "slurm" among its keywords
+    ours = [item for item in items if item.get_closest_marker("slurm") is not None]
     if not ours:
         return
-    why = _why_not()
-    if why:
-        for item in ours:
-            item.add_marker(pytest.mark.skip(reason=why))
+    verdict = tier_verdict(os.environ.get(OPT_IN) == "1", sys.platform,
+                           os.geteuid() if hasattr(os, "geteuid") else -1,
+                           missing_packages(), shutil.which("apt-get") is not None, install_packages)
+    for item in ours:
+        if verdict.fail:
+            item.stash[_VERDICT] = verdict  # failed in setup by _tier_can_run, reason and all
+        elif not verdict.run:
+            item.add_marker(pytest.mark.skip(reason=verdict.reason))
+
+
+@pytest.fixture(autouse=True)
+def _tier_can_run(request: pytest.FixtureRequest) -> None:
+    verdict = request.node.stash.get(_VERDICT, None)
+    if verdict is not None:
+        pytest.fail(verdict.reason, pytrace=False)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """The supervision policy, driven with synthetic events and a fake clock: every row of the
-phase table in docs/architecture.md, every escalation, double signals, early exits, a save
+phase table in docs/design/supervision.md, every escalation, double signals, early exits, a save
 in progress, node loss. No process, no pipe: each test runs in microseconds. The end-to-end
 tests (test_processes.py, test_stopping.py, test_blame.py) still run the real thing."""
 
