@@ -53,7 +53,7 @@ def event_of(record: dict[str, Any]) -> Event | None:
                                       f"{record.get('transient_faults')} transient fault(s), limit {record.get('limit')}"
                                       + (": stopping the run" if record.get("stopping") else ""), rank)
     if kind == "error":
-        return Event(when, "error", f"rank {rank}: {str(record.get('message', '')).splitlines()[0][:160]}", rank)
+        return Event(when, "error", f"rank {rank}: {error_line(record)[:160]}", rank)
     if kind == "restart":
         excluded = record.get("excluded_gpus") or []
         without = (f"; without suspect GPU {', '.join(map(str, excluded))}, world size {record.get('world_size')}"
@@ -75,6 +75,17 @@ def event_of(record: dict[str, Any]) -> Event | None:
     if kind == "eval":
         return Event(when, "eval", f"validation loss {_num(record.get('val_loss'))} at step {record.get('step')}", rank)
     return None
+
+
+def error_line(record: dict[str, Any]) -> str:
+    """An `error` record's first line. The status channel keeps each record under 4 KB by
+    dropping a longer one's fields (`truncated`), so a long error can arrive without its message."""
+    lines = str(record.get("message") or "").strip().splitlines()
+    if lines:
+        return lines[0]
+    if record.get("truncated"):
+        return "error (its message was too long for the status channel: see the rank's log)"
+    return "error (no message)"
 
 
 _ACTIONS = {"skip": "skipped", "retried": "retried (the replay came out clean)", "stop": "stopped the run"}

@@ -111,6 +111,7 @@ def _numbers(runs: list[RunData]) -> list[list[str]]:
         row("checkpoint cost (median per save)", _save_costs),
         row("suspect devices", _suspects),
         row("events", lambda r: ", ".join(f"{n} {k}" for k, n in _counts(r).items()) or "-"),
+        row("unreadable lines in metrics.jsonl (skipped)", lambda r: str(r.malformed)),
     ]
 
 

@@ -104,11 +104,11 @@ def _add(data: RunData, r: dict[str, Any], per_step: int | None, seen_evals: set
     if kind == "step" and isinstance(r.get("loss"), (int, float)) and isinstance(rank, int):
         tps = r.get("tokens_per_s")
         step_time = per_step / tps if per_step and isinstance(tps, (int, float)) and tps > 0 else None
-        data.steps.setdefault(rank, []).append(StepPoint(when, int(r.get("step", 0)), float(r["loss"]),
+        data.steps.setdefault(rank, []).append(StepPoint(when, int(r.get("step") or 0), float(r["loss"]),
                                                          tps, r.get("mfu"), step_time))
     elif kind == "eval" and isinstance(r.get("val_loss"), (int, float)) and r.get("step") not in seen_evals:
         seen_evals.add(r.get("step"))
-        data.evals.append((when, int(r.get("step", 0)), float(r["val_loss"])))
+        data.evals.append((when, int(r.get("step") or 0), float(r["val_loss"])))
     elif kind == "checkpoint" and isinstance(r.get("stall_s"), (int, float)):
         data.saves.append(r)
     elif kind == "gpu" and isinstance(r.get("gpu"), int):
@@ -148,6 +148,7 @@ def _attempts(data: RunData, records: list[dict[str, Any]]) -> list[Span]:
         return spans
     times = [r["time"] for r in records if isinstance(r.get("time"), (int, float))]
     end = max(times, default=data.start)
-    starts = [data.start] + [r["time"] for r in records if r.get("type") == "restart" and "time" in r]
+    starts = [data.start] + [r["time"] for r in records
+                             if r.get("type") == "restart" and isinstance(r.get("time"), (int, float))]
     return [Span(i, s, starts[i + 1] if i + 1 < len(starts) else end, "running" if i == len(starts) - 1 else "failed")
             for i, s in enumerate(starts)]

@@ -91,6 +91,33 @@ class _LineTail:
         return [line for line in lines if line.strip()]
 
 
+# The fields the views compute with, and the types they must have: a record where one of
+# them holds something else (a hostile or damaged file: `"step": "x"`, `"time": 1e300`) is
+# unreadable as a whole, counted and skipped here, so no view meets it half-checked later.
+# null stays allowed (a field that is not known); fields that are only shown need no check.
+_INT = (int,)
+_NUMBER = (int, float)
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "type": (str,), "message": (str,), "name": (str,), "path": (str,), "mode": (str,),
+    "rank": _INT, "step": _INT, "max_steps": _INT, "attempt": _INT, "gpu": _INT, "pid": _INT,
+    "time": _NUMBER, "loss": _NUMBER, "tokens_per_s": _NUMBER, "mfu": _NUMBER, "val_loss": _NUMBER,
+    "stall_s": _NUMBER, "write_s": _NUMBER, "wait_s": _NUMBER, "rss": _NUMBER, "cpu_percent": _NUMBER,
+}
+_LATEST_TIME = 1e11  # unix seconds, the year 5138: later is no clock's reading
+
+
+def readable(record: Any) -> bool:
+    """A metrics record every view can use as it is."""
+    if not isinstance(record, dict):
+        return False
+    for name, types in _FIELD_TYPES.items():
+        value = record.get(name)
+        if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
+            return False
+    when = record.get("time")
+    return when is None or 0 <= when < _LATEST_TIME
+
+
 class JsonlTail(_LineTail):
     """metrics.jsonl: one dict per complete line; malformed lines are counted, not fatal."""
 
@@ -105,7 +132,7 @@ class JsonlTail(_LineTail):
                 record = orjson.loads(line)
             except orjson.JSONDecodeError:
                 record = None
-            if isinstance(record, dict):
+            if readable(record):
                 records.append(record)
             else:
                 self.malformed += 1

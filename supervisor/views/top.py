@@ -76,7 +76,7 @@ def _device_cells(view: RankView) -> list[str]:
     """util, memory, temp, power, clock: the GPU's sample, or the process's CPU and RSS."""
     g = view.gpu
     if g is not None:
-        mem = "n/a" if not isinstance(g.get("mem_used"), (int, float)) else \
+        mem = "n/a" if not all(isinstance(g.get(k), (int, float)) for k in ("mem_used", "mem_total")) else \
             f"{g['mem_used'] / GIB:.1f}/{g['mem_total'] / GIB:.0f}G"
         return [_fmt(g.get("util"), ".0f", "%"), mem, _fmt(g.get("temp"), ".0f", "C"),
                 _fmt(g.get("power_w"), ".0f", "W"), _fmt(g.get("sm_clock_mhz"), ".0f", "MHz")]

@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from supervisor.views.events import Event, collect
+from supervisor.views.events import Event, collect, error_line
 from supervisor.views.report_data import tokens_per_step
 from supervisor.views.run_files import RunFiles
 
@@ -107,7 +107,7 @@ class RunState:
             # record follows it): left standing, it reads as if the rank were still saving.
             view.done, view.step, view.phase = True, r.get("step", view.step), "done"
         elif kind == "error":
-            view.error = str(r.get("message", "error")).splitlines()[0]
+            view.error = error_line(r)
 
     def _step_time(self, tokens_per_s: Any) -> float | None:
         """tokens per optimizer step (from the run's config) / tokens/s: eval and
