@@ -101,22 +101,49 @@ def _suspicious_step(record: dict[str, Any], when: float, rank: Any) -> Event:
     return Event(when, "nan", f"{what} at step {record.get('step')} (loss {record.get('loss')}): {action}", rank)
 
 
-def collect(records: list[dict[str, Any]], warnings: list[LogLine]) -> list[Event]:
-    """Every event of a run, oldest first; one per (kind, step) for what all ranks report alike."""
-    events: list[Event] = []
-    seen: set[tuple[str, Any]] = set()
-    for record in records:
+class EventLog:
+    """The events of a run's records and warning lines, added as they are read."""
+
+    def __init__(self) -> None:
+        self._events: list[Event] = []
+        self._seen: set[tuple[str, Any]] = set()
+        self._sorted = True
+
+    def add(self, record: dict[str, Any]) -> None:
         event = event_of(record)
         if event is None:
-            continue
+            return
         if event.kind in ("checkpoint", "nan", "eval"):
             key = (event.kind, record.get("step"))
-            if key in seen:
-                continue
-            seen.add(key)
-        events.append(event)
-    events += [Event(_log_time(w.when), "warning" if w.level == "WARNING" else "error", w.message) for w in warnings]
-    return sorted(events, key=lambda e: e.time)
+            if key in self._seen:
+                return
+            self._seen.add(key)
+        self._append(event)
+
+    def add_warnings(self, warnings: list[LogLine]) -> None:
+        for w in warnings:
+            self._append(Event(_log_time(w.when), "warning" if w.level == "WARNING" else "error", w.message))
+
+    def events(self) -> list[Event]:
+        """Oldest first."""
+        if not self._sorted:
+            self._events.sort(key=lambda e: e.time)
+            self._sorted = True
+        return self._events
+
+    def _append(self, event: Event) -> None:
+        if self._events and event.time < self._events[-1].time:
+            self._sorted = False
+        self._events.append(event)
+
+
+def collect(records: list[dict[str, Any]], warnings: list[LogLine]) -> list[Event]:
+    """Every event of a run, oldest first; one per (kind, step) for what all ranks report alike."""
+    log = EventLog()
+    for record in records:
+        log.add(record)
+    log.add_warnings(warnings)
+    return log.events()
 
 
 def _time(record: dict[str, Any]) -> float:
