@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from supervisor.output import rank_set
 from supervisor.views.run_files import LogLine
 
 
@@ -101,13 +102,33 @@ def _suspicious_step(record: dict[str, Any], when: float, rank: Any) -> Event:
     return Event(when, "nan", f"{what} at step {record.get('step')} (loss {record.get('loss')}): {action}", rank)
 
 
+FOLD_S = 10.0  # the same event from several ranks within this long of the first: one event
+
+
+@dataclass
+class _Fold:
+    """One event that several ranks reported alike: `ranks 0-2047: <what>`."""
+
+    first: Event
+    what: str
+    ranks: list[int]
+
+    def event(self) -> Event:
+        if len(self.ranks) == 1:
+            return self.first
+        return Event(self.first.time, self.first.kind, f"ranks {rank_set.ranges(self.ranks)}: {self.what}",
+                     self.first.rank)
+
+
 class EventLog:
-    """The events of a run's records and warning lines, added as they are read."""
+    """The events of a run's records and warning lines, added as they are read. What every
+    rank reports alike is one event: once per step for checkpoints, NaN steps and
+    evaluations; `rank N: <what>` from several ranks within FOLD_S s: `ranks 0-2047: <what>`."""
 
     def __init__(self) -> None:
-        self._events: list[Event] = []
+        self._events: list[Event | _Fold] = []
         self._seen: set[tuple[str, Any]] = set()
-        self._sorted = True
+        self._folds: dict[tuple[str, str], _Fold] = {}
 
     def add(self, record: dict[str, Any]) -> None:
         event = event_of(record)
@@ -118,23 +139,25 @@ class EventLog:
             if key in self._seen:
                 return
             self._seen.add(key)
-        self._append(event)
+        prefix = f"rank {event.rank}: "
+        if isinstance(event.rank, int) and event.text.startswith(prefix):
+            what = event.text[len(prefix):]
+            fold = self._folds.get((event.kind, what))
+            if fold is not None and 0 <= event.time - fold.first.time <= FOLD_S and event.rank not in fold.ranks:
+                fold.ranks.append(event.rank)
+                return
+            self._folds[(event.kind, what)] = fold = _Fold(event, what, [event.rank])
+            self._events.append(fold)
+            return
+        self._events.append(event)
 
     def add_warnings(self, warnings: list[LogLine]) -> None:
         for w in warnings:
-            self._append(Event(_log_time(w.when), "warning" if w.level == "WARNING" else "error", w.message))
+            self._events.append(Event(_log_time(w.when), "warning" if w.level == "WARNING" else "error", w.message))
 
     def events(self) -> list[Event]:
         """Oldest first."""
-        if not self._sorted:
-            self._events.sort(key=lambda e: e.time)
-            self._sorted = True
-        return self._events
-
-    def _append(self, event: Event) -> None:
-        if self._events and event.time < self._events[-1].time:
-            self._sorted = False
-        self._events.append(event)
+        return sorted((e.event() if isinstance(e, _Fold) else e for e in self._events), key=lambda e: e.time)
 
 
 def collect(records: list[dict[str, Any]], warnings: list[LogLine]) -> list[Event]:

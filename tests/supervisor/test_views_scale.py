@@ -13,6 +13,7 @@ import pytest
 from bench.bench_views import FAILED_RANK, SLOW_RANKS, synthesize
 from supervisor.commands import report as report_command
 from supervisor.commands import top as top_command
+from supervisor.views.events import collect
 from supervisor.views.top_state import BEHIND_STEPS, SLOW_FACTOR, RankVerdict, RankView, _Peers, _straggler
 
 
@@ -81,3 +82,13 @@ def test_straggler_verdicts_from_sorted_peers_match_the_rule(seed):
              for r in range(rng.randint(1, 9))]
     peers = _Peers(views)
     assert [_straggler(v, peers) for v in views] == [_brute_force(v, views) for v in views]
+
+
+def test_an_error_every_rank_reports_is_one_event_with_the_rank_set():
+    records = [{"type": "error", "rank": r, "time": 100.0 + r * 0.001, "message": "NCCL watchdog timeout"}
+               for r in range(2048) if r != 5]
+    records.append({"type": "error", "rank": 5, "time": 100.5, "message": "CUDA error: an illegal memory access"})
+    records.append({"type": "error", "rank": 0, "time": 200.0, "message": "NCCL watchdog timeout"})  # later: its own
+    assert [e.text for e in collect(records, [])] == [
+        "ranks 0-4,6-2047: NCCL watchdog timeout", "rank 5: CUDA error: an illegal memory access",
+        "rank 0: NCCL watchdog timeout"]
