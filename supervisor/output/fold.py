@@ -17,15 +17,11 @@ never kept. Only the console is folded; the per-rank log files get every line as
 
 from __future__ import annotations
 
-import re
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from supervisor.output import rank_set
-
-_BRACKET = re.compile(rb"\[(GPU|CPU) (\d+)\]")
-
 
 @dataclass(frozen=True)
 class Source:
@@ -37,6 +33,11 @@ class Source:
     rank: int  # global rank
     node: int | None = None  # its node in a multi-node job; None on one node
 
+    @property
+    def own_tag(self) -> bytes:
+        """How the built-in trainer names this rank's device inside a line: `[GPU 3]`."""
+        return b"[%s %d]" % (self.kind.encode(), self.device)
+
 
 @dataclass
 class _Group:
@@ -46,27 +47,34 @@ class _Group:
     deadline: float
     last_chance: float  # first seen + longest: the deadline never moves past it
     members: list[Source] = field(default_factory=list)
-    seen: set[Source] = field(default_factory=set)
+    seen: set[int] = field(default_factory=set)  # the members' ranks
+    open: bool = True  # still taking ranks
 
 
 class LineFolder:
     def __init__(self, sources: Iterable[Source], gap: float = 0.2, longest: float = 1.0,
                  max_held: int = 4 << 20) -> None:
-        self._all = len(set(sources))
+        self._all = len({s.rank for s in sources})
         self._gap, self._longest, self._max_held = gap, longest, max_held
-        self._queue: OrderedDict[int, _Group] = OrderedDict()  # first-seen order
+        self._queue: deque[_Group | tuple[int, bytes]] = deque()  # first-seen order; (fd, line): not held
         self._open: dict[tuple[int, bytes], list[_Group]] = {}  # groups still taking ranks
-        self._seq = 0
+        self._stars: dict[int, tuple[bytes, bytes]] = {}  # rank -> its own tag, and the same starred
         self._held = 0  # bytes of first lines queued
 
     def add(self, fd: int, source: Source, line: bytes, now: float, hold: bool = True) -> None:
-        if not hold:
-            self._enqueue(_Group(fd, b"", line, now, now, [source]))
+        if not hold:  # due at once, behind what is held: a plain (fd, line) is all it needs
+            self._queue.append((fd, source.prefix + line + b"\n"))
             return
-        key = _own_tag_starred(source, line)
-        candidates = self._open.setdefault((fd, key), [])
+        stars = self._stars.get(source.rank)
+        if stars is None:
+            own = source.own_tag
+            stars = self._stars[source.rank] = (own, own.replace(str(source.device).encode() + b"]", b"*]"))
+        key = line.replace(stars[0], stars[1]) if stars[0] in line else line
+        candidates = self._open.get((fd, key))
+        if candidates is None:
+            candidates = self._open[(fd, key)] = []
         # A rank that prints the same line twice opens a second group for its second copy.
-        group = next((g for g in candidates if source not in g.seen), None)
+        group = next((g for g in candidates if source.rank not in g.seen), None)
         if group is None:
             group = _Group(fd, key, line, now + self._gap, now + self._longest)
             candidates.append(group)
@@ -74,44 +82,45 @@ class LineFolder:
         else:
             group.deadline = min(now + self._gap, group.last_chance)
         group.members.append(source)
-        group.seen.add(source)
+        group.seen.add(source.rank)
         if len(group.members) == self._all:
             group.deadline = now  # every rank said it: no reason to wait
-            candidates.remove(group)
-            if not candidates:
-                del self._open[(fd, key)]
+            self._close(group)
 
     def due(self, now: float, everything: bool = False) -> list[tuple[int, bytes]]:
         """(fd, line) ready to print, in first-seen order (a later line never jumps an earlier one)."""
         out = []
-        while self._queue:
-            seq, group = next(iter(self._queue.items()))
+        queue = self._queue
+        while queue:
+            group = queue[0]
+            if type(group) is tuple:
+                out.append(queue.popleft())
+                continue
             if not everything and group.deadline > now and self._held <= self._max_held:
                 break
-            del self._queue[seq]
+            queue.popleft()
             self._held -= len(group.first_line)
-            still_open = self._open.get((group.fd, group.key))
-            if still_open and group in still_open:
-                still_open.remove(group)
-                if not still_open:
-                    del self._open[(group.fd, group.key)]
+            if group.open:
+                self._close(group)
             out.append((group.fd, _render(group)))
         return out
 
     def next_deadline(self) -> float | None:
-        return next(iter(self._queue.values())).deadline if self._queue else None
+        if not self._queue:
+            return None
+        head = self._queue[0]
+        return 0.0 if type(head) is tuple else head.deadline
 
     def _enqueue(self, group: _Group) -> None:
-        self._queue[self._seq] = group
-        self._seq += 1
+        self._queue.append(group)
         self._held += len(group.first_line)
 
-
-def _own_tag_starred(source: Source, line: bytes) -> bytes:
-    if b"[" not in line:
-        return line
-    own = str(source.device).encode()
-    return _BRACKET.sub(lambda m: b"[%s *]" % m.group(1) if m.group(2) == own else m.group(0), line)
+    def _close(self, group: _Group) -> None:
+        group.open = False
+        candidates = self._open[(group.fd, group.key)]
+        candidates.remove(group)
+        if not candidates:
+            del self._open[(group.fd, group.key)]
 
 
 def who(members: list[Source]) -> str:

@@ -82,8 +82,16 @@ _ERROR_WORD = {b"ERROR", b"CRITICAL", b"FATAL", b"Error", b"Exception"}
 _PROGRESS = re.compile(rb"Step \[\d+/\d+\] \| Loss: ")
 
 
+_ERRORISH = re.compile(rb"Traceback|ERROR|CRITICAL|FATAL|Error|Exception|^\[[EF]", re.MULTILINE)
+
+
 def is_progress(line: bytes) -> bool:
-    return _PROGRESS.search(line, 0, 200) is not None
+    return b"Step [" in line and _PROGRESS.search(line, 0, 200) is not None
+
+
+def may_be_progress(block: bytes) -> bool:
+    """False: no line of `block` is a step line (one search for a whole batch)."""
+    return b"Step [" in block
 
 
 class Severity:
@@ -91,6 +99,10 @@ class Severity:
 
     def __init__(self) -> None:
         self._in_traceback = False
+
+    def may_be_error(self, block: bytes) -> bool:
+        """False: `level` would call no line of `block` an ERROR (one search for a whole batch)."""
+        return self._in_traceback or _ERRORISH.search(block) is not None
 
     def loud(self, line: bytes) -> bool:
         return self.level(line) != QUIET

@@ -21,9 +21,10 @@ from gpuherd.log_writes import LOG_WRITES
 from supervisor.health import NcclTransportWatch
 from supervisor.output.console import STDERR, STDOUT, Console
 from supervisor.output.fold import LineFolder, Source
-from supervisor.output.lines import ERROR, LineSplitter, Severity, is_progress
+from supervisor.output.lines import ERROR, QUIET, LineSplitter, Severity, is_progress, may_be_progress
 
 TAIL_LINES = 20
+FLOOD_LINES = 256  # lines in one read of one pipe: printed as they are, not folded
 
 
 @dataclass
@@ -103,24 +104,32 @@ class LogRouter:
             self._check_nccl(lines)
         if fd == STDERR:
             log.stderr_tail.extend(lines[-TAIL_LINES:])
-        if self._shown is None and self._folder is None:
-            self.console.write(fd, block)  # one rank, or the user's own prefix: no per-line work at all
+        if self._shown is None and (self._folder is None or len(lines) > FLOOD_LINES):
+            # One rank, the user's own prefix, or a flood (no reader follows hundreds of lines
+            # at once, and folding them line by line would slow the supervisor to the flood's
+            # pace): no per-line work at all, after whatever was held.
+            self.tick(now, everything=True)
+            self.console.write(fd, block)
             return
         severity = log.streams[fd].severity
         filtered = self._shown is not None and log.rank not in self._shown
-        levels = [severity.level(line) for line in lines]
+        if filtered or severity.may_be_error(block):
+            levels = [severity.level(line) for line in lines]
+        else:  # the common batch: no line of it can be an error, so none is looked at one by one
+            levels = [QUIET] * len(lines)
         if filtered:  # another rank's: only its warnings and errors reach the console
             lines, levels = [ln for ln, lv in zip(lines, levels) if lv], [lv for lv in levels if lv]
         if self._folder is None:
             if lines:
                 self.console.write(fd, prefix + (b"\n" + prefix).join(lines) + b"\n")
             return
-        source = self._sources[log.rank]
+        source, add = self._sources[log.rank], self._folder.add
+        progress = not self._fold_progress and may_be_progress(block)
         urgent = False
         for line, level in zip(lines, levels):
             # Errors (tracebacks among them) and every rank's step line are shown as printed.
-            hold = level != ERROR and (self._fold_progress or not is_progress(line))
-            self._folder.add(fd, source, line, now, hold)
+            hold = level != ERROR and not (progress and is_progress(line))
+            add(fd, source, line, now, hold)
             urgent = urgent or level == ERROR
         self.tick(now, everything=urgent)  # an error is shown at once, with what was held before it
 

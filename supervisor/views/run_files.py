@@ -128,9 +128,9 @@ def readable(record: Any) -> bool:
     """A metrics record every view can use as it is."""
     if not isinstance(record, dict):
         return False
-    for name, types in _FIELD_TYPES.items():
-        value = record.get(name)
-        if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
+    for name, value in record.items():  # a record has fewer fields than the table
+        types = _FIELD_TYPES.get(name)
+        if types is not None and value is not None and (not isinstance(value, types) or isinstance(value, bool)):
             return False
     when = record.get("time")
     return when is None or 0 <= when < _LATEST_TIME

@@ -8,7 +8,7 @@ from __future__ import annotations
 from supervisor.output import rank_set
 from supervisor.output.console import STDERR
 from supervisor.output.fold import LineFolder, Source
-from supervisor.output.router import LogRouter, WorkerLog
+from supervisor.output.router import FLOOD_LINES, LogRouter, WorkerLog
 from tests.supervisor import helpers as sh
 
 WARNING = b"WARNING | [GPU %d] the dataloader is 2x slower than the step"
@@ -133,9 +133,11 @@ def test_what_is_held_is_bounded_and_printed_when_the_attempt_ends():
 def test_a_real_run_folds_a_warning_from_every_rank(tmp_path):
     script = tmp_path / "warn.py"
     script.write_text(
-        "import os, sys, time\n"
+        "import os, pathlib, sys, time\n"
         "rank = os.environ['RANK']\n"
-        "time.sleep(0.05 * int(rank))  # not in lockstep\n"
+        "pathlib.Path(f'up{rank}').touch()  # a barrier, as the collective before a warning would be\n"
+        "while len(list(pathlib.Path().glob('up*'))) < 4:\n"
+        "    time.sleep(0.005)\n"
         "print(f'WARNING | [CPU {rank}] the dataloader is slow', file=sys.stderr, flush=True)\n"
         "print(f'INFO | [CPU {rank}] Step [0/1] | Loss: 1.0000', file=sys.stderr, flush=True)\n")
     r = sh.run(tmp_path, args=("--nproc", "4"), script=script)
@@ -157,3 +159,14 @@ def test_python_warnings_fold_with_their_source_line(tmp_path):
         router.feed(r, STDERR, b"/x/train.py:12: UserWarning: TF32 is off\n  warnings.warn(\n", 0.0)
     router.close()
     assert console.lines == [b"CPU[0-2]:/x/train.py:12: UserWarning: TF32 is off", b"CPU[0-2]:  warnings.warn("]
+
+
+def test_a_flood_is_printed_as_it_comes_after_what_was_held(tmp_path):
+    logs = [WorkerLog(r, f"CPU{r}", tmp_path / f"w{r}.log") for r in range(2)]
+    console = FakeConsole()
+    router = LogRouter(logs, console)  # type: ignore[arg-type]
+    router.feed(1, STDERR, b"held for its twin\n", 0.0)
+    flood = b"".join(b"line %d\n" % i for i in range(FLOOD_LINES + 1))
+    router.feed(0, STDERR, flood, 0.01)  # one read of hundreds of lines: no per-line folding
+    assert console.lines == [b"CPU1:held for its twin"] + [b"CPU0:line %d" % i for i in range(FLOOD_LINES + 1)]
+    router.close()
