@@ -64,9 +64,9 @@ class LogRouter:
         self.console = console
         self._shown = set(log_ranks) if log_ranks is not None else None
         self._fold_progress = collapse
-        sources = {log.rank: _source(log) for log in logs}
-        foldable = len(logs) > 1 and None not in sources.values()
-        self._sources: dict[int, Source] = sources if foldable else {}  # type: ignore[assignment]
+        named = {log.rank: _source(log) for log in logs}
+        foldable = len(logs) > 1 and None not in named.values()
+        self._sources = {rank: s for rank, s in named.items() if s is not None} if foldable else {}
         # Asked for (`--collapse-logs`): each line waits up to a second for its twins, since ranks
         # rarely print their step lines within 0.2 s of each other; by default a lone line waits 0.2 s.
         gap = 1.0 if collapse else 0.2
