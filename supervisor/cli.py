@@ -104,7 +104,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                    metavar="R[,R]",
                    help="console shows these ranks, plus every rank's warnings and errors (files keep all)")
     g.add_argument("--collapse-logs", action="store_true",
-                   help="print a line that all ranks print identically once, with a rank count")
+                   help="fold step lines too (other lines that ranks print alike are always folded, "
+                        "GPU[0-7]:...)")
     _add_restart_flags(parser)
     _add_node_flags(parser)
     g.add_argument("--run-id", "--rdzv-id", "--rdzv_id", default=None, metavar="ID",

@@ -41,7 +41,7 @@ class SystemConfig:
     # --nnodes MIN:MAX: once MIN nodes joined, how long node 0 waits for more (torchrun's last_call_timeout)
     rendezvous_last_call: float = limited(30.0, ge=0)
     log_ranks: list[int] | None = limited(None, ids=True)  # console shows these ranks (+ all warnings)
-    collapse_logs: bool = False  # identical lines from all ranks -> one line
+    collapse_logs: bool = False  # fold every rank's step line too (other alike lines always fold)
     monitor_interval: float = limited(5.0, gt=0)  # seconds between GPU samples
     max_restarts: int = limited(0, ge=0)  # restart every worker after a failure, resuming from the newest checkpoint
     restart_backoff: float = limited(0.2, ge=0)  # seconds before the first restart; doubles for each further quick failure

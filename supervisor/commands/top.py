@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between redraws (default 1)")
     parser.add_argument("--width", type=int, default=None, metavar="COLS",
                         help="render this wide (default: the terminal's width; 200 when not a terminal)")
+    parser.add_argument("--all-ranks", action="store_true",
+                        help="one row per rank however many there are (default: over 32 ranks, one row per "
+                             "status and the worst ranks)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.interval <= 0:
         die(f"--interval {args.interval:g}: must be > 0 seconds", prog=PROG)
@@ -36,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # piped or redirected (a file, `less`, a script): rich would assume 80 columns and cut every cell
         width = args.width or (None if sys.stdout.isatty() else 200)
-        watch(RunState(RunFiles(run_dir)), Console(width=width), once=args.once, interval=args.interval)
+        # the state keeps what each rank shows, not every record: memory stays flat however long the run
+        watch(RunState(RunFiles(run_dir, keep_records=False)), Console(width=width), once=args.once,
+              interval=args.interval, all_ranks=args.all_ranks)
     except KeyboardInterrupt:  # Ctrl-C is how one leaves a live view: not an error
         return 0
     return 0

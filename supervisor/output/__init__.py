@@ -2,15 +2,18 @@
 
   LogRouter, WorkerLog (router.py): pipes -> lines -> console + files
   LineSplitter, Severity (lines.py): bytes -> whole lines, `\\r` progress, line severity
-  Console, Collapser (console.py): the non-blocking console writer; rank filter, collapsing
+  Console (console.py): the non-blocking console writer
+  LineFolder, Source (fold.py): lines several ranks print alike -> one line with the rank set
+  rank_set.py: the compact rank-set spelling, `GPU[0-3,5]`, `n[0-255]/r[0-2047]`
   WorkerPipes (pipes.py): an attempt's pipes read from one selector: lines to the router,
     status records decoded and handed on
 """
 
-from supervisor.output.console import STDERR, STDOUT, Collapser, Console
+from supervisor.output.console import STDERR, STDOUT, Console
+from supervisor.output.fold import LineFolder, Source
 from supervisor.output.lines import LineSplitter, Severity
 from supervisor.output.pipes import WorkerPipes
 from supervisor.output.router import LogRouter, WorkerLog
 
-__all__ = ["STDERR", "STDOUT", "Collapser", "Console", "LineSplitter", "LogRouter", "Severity", "WorkerLog",
-           "WorkerPipes"]
+__all__ = ["STDERR", "STDOUT", "Console", "LineFolder", "LineSplitter", "LogRouter", "Severity", "Source",
+           "WorkerLog", "WorkerPipes"]

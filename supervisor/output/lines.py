@@ -75,22 +75,55 @@ _TORCH_CPP = re.compile(rb"^\[[WEF]\d*[ \]]")  # c10 logging: [W socket.cpp:..] 
 _QUIET_LEVEL = {b"TRACE", b"DEBUG", b"INFO", b"SUCCESS"}
 
 
+QUIET, WARNING, ERROR = 0, 1, 2
+_ERROR_LEVEL = {b"ERROR", b"CRITICAL"}
+_ERROR_WORD = {b"ERROR", b"CRITICAL", b"FATAL", b"Error", b"Exception"}
+# The step line of the log format (docs/architecture.md): every rank's is shown, never folded.
+_PROGRESS = re.compile(rb"Step \[\d+/\d+\] \| Loss: ")
+
+
+_ERRORISH = re.compile(rb"Traceback|ERROR|CRITICAL|FATAL|Error|Exception|^\[[EF]", re.MULTILINE)
+
+
+def is_progress(line: bytes) -> bool:
+    return b"Step [" in line and _PROGRESS.search(line, 0, 200) is not None
+
+
+def may_be_progress(block: bytes) -> bool:
+    """False: no line of `block` is a step line (one search for a whole batch)."""
+    return b"Step [" in block
+
+
 class Severity:
-    """Tells warnings and errors apart from chatter, tracebacks included, one stream at a time."""
+    """Tells errors, warnings and chatter apart, tracebacks included, one stream at a time."""
 
     def __init__(self) -> None:
         self._in_traceback = False
 
+    def may_be_error(self, block: bytes) -> bool:
+        """False: `level` would call no line of `block` an ERROR (one search for a whole batch)."""
+        return self._in_traceback or _ERRORISH.search(block) is not None
+
     def loud(self, line: bytes) -> bool:
+        return self.level(line) != QUIET
+
+    def level(self, line: bytes) -> int:
+        """QUIET, WARNING or ERROR (a traceback's every line is an ERROR); call once per line, in order."""
         if self._in_traceback:
             if line[:1] in (b" ", b"\t") or not line.strip():
-                return True
+                return ERROR
             self._in_traceback = line.startswith(b"During handling") or line.startswith(b"The above exception")
-            return True  # the exception line itself ends the block
+            return ERROR  # the exception line itself ends the block
         if line.startswith(b"Traceback (most recent call last)"):
             self._in_traceback = True
-            return True
+            return ERROR
         m = _LOGURU_LEVEL.match(line)
         if m:
-            return m.group(1) not in _QUIET_LEVEL
-        return bool(_TORCH_CPP.match(line) or _LOUD_WORD.search(line[:160]))
+            level = m.group(1)
+            return QUIET if level in _QUIET_LEVEL else ERROR if level in _ERROR_LEVEL else WARNING
+        if _TORCH_CPP.match(line):
+            return WARNING if line[1:2] == b"W" else ERROR
+        m = _LOUD_WORD.search(line[:160])
+        if m is None:
+            return QUIET
+        return ERROR if m.group(1) in _ERROR_WORD else WARNING

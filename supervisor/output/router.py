@@ -3,11 +3,14 @@
 Every chunk read from a pipe becomes whole lines (`LineSplitter`), each written
 with its prefix in one write per batch, unbuffered: what a worker printed before
 it died is in its file even if the supervisor is killed a moment later.
+The console folds what several ranks print alike into one line with their rank set
+(fold.py); step lines and errors are never folded (`--collapse-logs` folds step lines too).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,11 +18,13 @@ from pathlib import Path
 from loguru import logger
 
 from gpuherd.log_writes import LOG_WRITES
-from supervisor.output.console import STDERR, STDOUT, Collapser, Console
 from supervisor.health import NcclTransportWatch
-from supervisor.output.lines import LineSplitter, Severity
+from supervisor.output.console import STDERR, STDOUT, Console
+from supervisor.output.fold import LineFolder, Source
+from supervisor.output.lines import ERROR, QUIET, LineSplitter, Severity, is_progress, may_be_progress
 
 TAIL_LINES = 20
+FLOOD_LINES = 256  # lines in one read of one pipe: printed as they are, not folded
 
 
 @dataclass
@@ -53,11 +58,19 @@ class WorkerLog:
 class LogRouter:
     def __init__(self, logs: list[WorkerLog], console: Console, log_ranks: list[int] | None = None,
                  collapse: bool = False, nccl_watch: NcclTransportWatch | None = None) -> None:
+        """`collapse` (`--collapse-logs`): step lines are folded too."""
         self.logs = {log.rank: log for log in logs}
         self._nccl = nccl_watch  # NCCL_DEBUG=INFO: the transports NCCL chose, warned about when slow
         self.console = console
         self._shown = set(log_ranks) if log_ranks is not None else None
-        self._collapser = Collapser([log.tag for log in logs]) if collapse and len(logs) > 1 else None
+        self._fold_progress = collapse
+        named = {log.rank: _source(log) for log in logs}
+        foldable = len(logs) > 1 and None not in named.values()
+        self._sources = {rank: s for rank, s in named.items() if s is not None} if foldable else {}
+        # Asked for (`--collapse-logs`): each line waits up to a second for its twins, since ranks
+        # rarely print their step lines within 0.2 s of each other; by default a lone line waits 0.2 s.
+        gap = 1.0 if collapse else 0.2
+        self._folder = LineFolder(self._sources.values(), gap=gap, longest=max(gap, 1.0)) if foldable else None
 
     def feed(self, rank: int, fd: int, data: bytes, now: float) -> None:
         log = self.logs[rank]
@@ -69,12 +82,16 @@ class LogRouter:
         self._route(log, fd, log.streams[fd].splitter.finish(), now)
 
     def tick(self, now: float, everything: bool = False) -> None:
-        if self._collapser is not None:
-            for fd, data in self._collapser.due(now, everything):
-                self.console.write(fd, data)
+        if self._folder is None:
+            return
+        by_fd: dict[int, list[bytes]] = {}
+        for fd, data in self._folder.due(now, everything):
+            by_fd.setdefault(fd, []).append(data)
+        for fd, parts in by_fd.items():
+            self.console.write(fd, b"".join(parts))
 
     def next_deadline(self) -> float | None:
-        return self._collapser.next_deadline() if self._collapser is not None else None
+        return self._folder.next_deadline() if self._folder is not None else None
 
     def _route(self, log: WorkerLog, fd: int, lines: list[bytes], now: float) -> None:
         if not lines:
@@ -87,19 +104,34 @@ class LogRouter:
             self._check_nccl(lines)
         if fd == STDERR:
             log.stderr_tail.extend(lines[-TAIL_LINES:])
-        if self._shown is None and self._collapser is None:
-            self.console.write(fd, block)  # the fast path: no per-line work at all
+        if self._shown is None and (self._folder is None or len(lines) > FLOOD_LINES):
+            # One rank, the user's own prefix, or a flood (no reader follows hundreds of lines
+            # at once, and folding them line by line would slow the supervisor to the flood's
+            # pace): no per-line work at all, after whatever was held.
+            self.tick(now, everything=True)
+            self.console.write(fd, block)
             return
-        if self._shown is not None and log.rank not in self._shown:
-            severity = log.streams[fd].severity
-            lines = [line for line in lines if severity.loud(line)]
-        if self._collapser is None:
+        severity = log.streams[fd].severity
+        filtered = self._shown is not None and log.rank not in self._shown
+        if filtered or severity.may_be_error(block):
+            levels = [severity.level(line) for line in lines]
+        else:  # the common batch: no line of it can be an error, so none is looked at one by one
+            levels = [QUIET] * len(lines)
+        if filtered:  # another rank's: only its warnings and errors reach the console
+            lines, levels = [ln for ln, lv in zip(lines, levels) if lv], [lv for lv in levels if lv]
+        if self._folder is None:
             if lines:
                 self.console.write(fd, prefix + (b"\n" + prefix).join(lines) + b"\n")
             return
-        for line in lines:
-            self._collapser.add(fd, log.tag, line, now)
-        self.tick(now)
+        source, add = self._sources[log.rank], self._folder.add
+        progress = not self._fold_progress and may_be_progress(block)
+        urgent = False
+        for line, level in zip(lines, levels):
+            # Errors (tracebacks among them) and every rank's step line are shown as printed.
+            hold = level != ERROR and not (progress and is_progress(line))
+            add(fd, source, line, now, hold)
+            urgent = urgent or level == ERROR
+        self.tick(now, everything=urgent)  # an error is shown at once, with what was held before it
 
     def _check_nccl(self, lines: list[bytes]) -> None:
         for line in lines:
@@ -109,7 +141,21 @@ class LogRouter:
                     logger.warning(warning)
 
     def close(self) -> None:
-        """The attempt's files; the console outlives it (the supervisor's, closed by its owner)."""
+        """Whatever the console still holds, then the attempt's files; the console outlives
+        the attempt (the supervisor's, closed by its owner)."""
         self.tick(0.0, everything=True)
         for log in self.logs.values():
             log.close()
+
+
+_OWN_PREFIX = re.compile(r"^(?:n(\d+)/)?(GPU|CPU)(\d+):$")
+
+
+def _source(log: WorkerLog) -> Source | None:
+    """How the console names this rank when folding, from the prefix the supervisor gave it
+    (`GPU3:`, `n2/GPU3:`); None for another one (torchrun's prefix template is the user's
+    own line format: their lines are shown as they come, not folded)."""
+    m = _OWN_PREFIX.match(log.prefix.decode(errors="replace"))
+    if m is None or m.group(2) + m.group(3) != log.tag:
+        return None
+    return Source(log.prefix, m.group(2), int(m.group(3)), log.rank, int(m.group(1)) if m.group(1) else None)

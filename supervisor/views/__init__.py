@@ -7,6 +7,7 @@ workers, so they work on a live run, a finished one, or a copy of its directory.
   run_files.py    the files, read while the run may still write them (both viewers)
   events.py       what happened, as one list of events (both viewers)
   top_state.py    what `top` shows of each rank, and its verdict; top.py draws it
+  top_groups.py   over 32 ranks: one row per status with its rank set, and the worst ranks
   report_data.py  a whole run as series; figures.py plots them, report.py writes the page
 """
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from supervisor.output import rank_set
 from supervisor.views.run_files import LogLine
 
 
@@ -53,7 +54,7 @@ def event_of(record: dict[str, Any]) -> Event | None:
                                       f"{record.get('transient_faults')} transient fault(s), limit {record.get('limit')}"
                                       + (": stopping the run" if record.get("stopping") else ""), rank)
     if kind == "error":
-        return Event(when, "error", f"rank {rank}: {str(record.get('message', '')).splitlines()[0][:160]}", rank)
+        return Event(when, "error", f"rank {rank}: {error_line(record)[:160]}", rank)
     if kind == "restart":
         excluded = record.get("excluded_gpus") or []
         without = (f"; without suspect GPU {', '.join(map(str, excluded))}, world size {record.get('world_size')}"
@@ -77,6 +78,17 @@ def event_of(record: dict[str, Any]) -> Event | None:
     return None
 
 
+def error_line(record: dict[str, Any]) -> str:
+    """An `error` record's first line. The status channel keeps each record under 4 KB by
+    dropping a longer one's fields (`truncated`), so a long error can arrive without its message."""
+    lines = str(record.get("message") or "").strip().splitlines()
+    if lines:
+        return lines[0]
+    if record.get("truncated"):
+        return "error (its message was too long for the status channel: see the rank's log)"
+    return "error (no message)"
+
+
 _ACTIONS = {"skip": "skipped", "retried": "retried (the replay came out clean)", "stop": "stopped the run"}
 _WHAT = {"nonfinite": "non-finite loss/gradient", "loss_spike": "loss spike", "grad_norm_spike": "grad-norm spike"}
 
@@ -90,22 +102,71 @@ def _suspicious_step(record: dict[str, Any], when: float, rank: Any) -> Event:
     return Event(when, "nan", f"{what} at step {record.get('step')} (loss {record.get('loss')}): {action}", rank)
 
 
-def collect(records: list[dict[str, Any]], warnings: list[LogLine]) -> list[Event]:
-    """Every event of a run, oldest first; one per (kind, step) for what all ranks report alike."""
-    events: list[Event] = []
-    seen: set[tuple[str, Any]] = set()
-    for record in records:
+FOLD_S = 10.0  # the same event from several ranks within this long of the first: one event
+
+
+@dataclass
+class _Fold:
+    """One event that several ranks reported alike: `ranks 0-2047: <what>`."""
+
+    first: Event
+    what: str
+    ranks: list[int]
+
+    def event(self) -> Event:
+        if len(self.ranks) == 1:
+            return self.first
+        return Event(self.first.time, self.first.kind, f"ranks {rank_set.ranges(self.ranks)}: {self.what}",
+                     self.first.rank)
+
+
+class EventLog:
+    """The events of a run's records and warning lines, added as they are read. What every
+    rank reports alike is one event: once per step for checkpoints, NaN steps and
+    evaluations; `rank N: <what>` from several ranks within FOLD_S s: `ranks 0-2047: <what>`."""
+
+    def __init__(self) -> None:
+        self._events: list[Event | _Fold] = []
+        self._seen: set[tuple[str, Any]] = set()
+        self._folds: dict[tuple[str, str], _Fold] = {}
+
+    def add(self, record: dict[str, Any]) -> None:
         event = event_of(record)
         if event is None:
-            continue
+            return
         if event.kind in ("checkpoint", "nan", "eval"):
             key = (event.kind, record.get("step"))
-            if key in seen:
-                continue
-            seen.add(key)
-        events.append(event)
-    events += [Event(_log_time(w.when), "warning" if w.level == "WARNING" else "error", w.message) for w in warnings]
-    return sorted(events, key=lambda e: e.time)
+            if key in self._seen:
+                return
+            self._seen.add(key)
+        prefix = f"rank {event.rank}: "
+        if isinstance(event.rank, int) and event.text.startswith(prefix):
+            what = event.text[len(prefix):]
+            fold = self._folds.get((event.kind, what))
+            if fold is not None and 0 <= event.time - fold.first.time <= FOLD_S and event.rank not in fold.ranks:
+                fold.ranks.append(event.rank)
+                return
+            self._folds[(event.kind, what)] = fold = _Fold(event, what, [event.rank])
+            self._events.append(fold)
+            return
+        self._events.append(event)
+
+    def add_warnings(self, warnings: list[LogLine]) -> None:
+        for w in warnings:
+            self._events.append(Event(_log_time(w.when), "warning" if w.level == "WARNING" else "error", w.message))
+
+    def events(self) -> list[Event]:
+        """Oldest first."""
+        return sorted((e.event() if isinstance(e, _Fold) else e for e in self._events), key=lambda e: e.time)
+
+
+def collect(records: list[dict[str, Any]], warnings: list[LogLine]) -> list[Event]:
+    """Every event of a run, oldest first; one per (kind, step) for what all ranks report alike."""
+    log = EventLog()
+    for record in records:
+        log.add(record)
+    log.add_warnings(warnings)
+    return log.events()
 
 
 def _time(record: dict[str, Any]) -> float:

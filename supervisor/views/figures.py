@@ -6,6 +6,8 @@ compare and returns a finished Figure; `render` turns them into PNG bytes.
     step_time   seconds per step for every rank: a straggler's line stands apart
     devices     GPU utilisation, memory, temperature, power vs time per GPU
                 (a CPU run: each worker's CPU % and resident memory instead)
+    Over MAX_LINES ranks or GPUs a panel draws their median and min-max band and the
+    few with the highest mean instead of one line each (`many`).
     timeline    loss vs time above one row of events per run on the same time axis:
                 attempts, restarts, NaN steps, checkpoints, evaluations, warnings, errors
 """
@@ -18,10 +20,14 @@ from collections.abc import Callable
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+import numpy as np
 
 from supervisor.views.report_data import RunData
 
 GIB = 1024**3
+MAX_LINES = 16  # series drawn one line each; more are drawn as a band (`many`)
+BINS = 200  # points along x of the band
+WORST_LINES = 3
 WIDTH = 10.0  # inches; at 100 dpi a 1000-pixel-wide PNG
 RUN_STYLES = ("-", "--", ":", "-.")
 EVENT_STYLE = {  # kind -> (marker, colour) on the timeline
@@ -87,13 +93,42 @@ def throughput(runs: list[RunData]) -> Figure:
     return fig
 
 
+def many(ax: Axes, named: list[tuple[str, list[tuple[float, float]]]], style: str = "-", **kw) -> None:
+    """One line per series, up to MAX_LINES of them; more (a 2,048-rank run): their median and
+    their min-max band over the x axis, plus the WORST_LINES series with the highest mean on
+    their own, so a straggler still stands apart and the figure stays as cheap as for 8 ranks."""
+    named = [(label, points) for label, points in named if points]
+    if len(named) <= MAX_LINES:
+        for label, points in named:
+            ax.plot(*zip(*points, strict=True), style, label=label, **kw)
+        return
+    x = np.array([p[0] for _, points in named for p in points], dtype=float)
+    y = np.array([p[1] for _, points in named for p in points], dtype=float)
+    edges = np.linspace(x.min(), x.max(), BINS + 1)
+    which = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, BINS - 1)
+    order = np.lexsort((y, which))
+    starts = np.searchsorted(which[order], np.arange(BINS))
+    ends = np.searchsorted(which[order], np.arange(BINS), side="right")
+    filled = ends > starts
+    centres = ((edges[:-1] + edges[1:]) / 2)[filled]
+    ys = y[order]
+    low = np.array([ys[a] for a, b in zip(starts[filled], ends[filled], strict=True)])
+    high = np.array([ys[b - 1] for a, b in zip(starts[filled], ends[filled], strict=True)])
+    mid = np.array([np.median(ys[a:b]) for a, b in zip(starts[filled], ends[filled], strict=True)])
+    ax.fill_between(centres, low, high, alpha=0.2, color=kw.get("color", "tab:blue"),
+                    label=f"all {len(named)}: min-max")
+    ax.plot(centres, mid, style, color=kw.get("color", "tab:blue"), label=f"all {len(named)}: median")
+    worst = sorted(named, key=lambda item: -float(np.mean([p[1] for p in item[1]])))[:WORST_LINES]
+    for label, points in worst:
+        ax.plot(*zip(*points, strict=True), style, linewidth=0.8, label=f"{label} (highest mean)")
+
+
 def step_time(runs: list[RunData]) -> Figure:
     fig = _figure(len(runs), 2.2 + 1.8 * len(runs))
     for ax, run in zip(fig.axes, runs, strict=True):
-        for rank, points in sorted(run.steps.items()):
-            series = [(p.step, p.step_time) for p in points if p.step_time is not None]
-            if series:
-                ax.plot(*zip(*series, strict=True), marker=".", label=f"rank {rank} {run.devices.get(rank, '')}")
+        many(ax, [(f"rank {rank} {run.devices.get(rank, '')}",
+                   [(p.step, p.step_time) for p in points if p.step_time is not None])
+                  for rank, points in sorted(run.steps.items())], marker=".")
         ax.set(title=f"Step time per rank{' - ' + run.run_id if len(runs) > 1 else ''}", ylabel="s / step")
         _finish(ax, "no step time (no logged step, or tokens/s unknown)", ncol=4)
     fig.axes[-1].set_xlabel("step")
@@ -108,13 +143,11 @@ def devices(runs: list[RunData]) -> Figure:
     fig = _figure(len(panels), 9.0)
     for ax, (key, title, scale) in zip(fig.axes, panels, strict=True):
         for i, run in enumerate(runs):
-            for gpu, samples in sorted(run.gpus.items()):
-                series = [(run.since_start(s["time"]), s[key] / scale) for s in samples
-                          if isinstance(s.get(key), (int, float))]
-                if series:
-                    rank = samples[-1].get("rank")
-                    who = f"GPU{gpu}" + (f" (rank {rank})" if rank is not None else "")
-                    ax.plot(*zip(*series, strict=True), RUN_STYLES[i % len(RUN_STYLES)], label=_label(runs, run, who))
+            many(ax, [(_label(runs, run, f"GPU{gpu}" + (f" (rank {samples[-1]['rank']})"
+                                                         if samples[-1].get("rank") is not None else "")),
+                       [(run.since_start(s["time"]), s[key] / scale) for s in samples
+                        if isinstance(s.get(key), (int, float))])
+                      for gpu, samples in sorted(run.gpus.items())], RUN_STYLES[i % len(RUN_STYLES)])
         ax.set(title=title, ylabel=title.split(" (")[0])
         _finish(ax, "n/a on these GPUs", "x-small", ncol=4)
     fig.axes[-1].set_xlabel("seconds since the run started")
@@ -125,12 +158,11 @@ def _hosts(runs: list[RunData]) -> Figure:
     fig = _figure(2, 5.5)
     cpu_ax, rss_ax = fig.axes
     for i, run in enumerate(runs):
-        for rank, samples in sorted(run.hosts.items()):
-            label = _label(runs, run, f"rank {rank} {run.devices.get(rank, '')}")
-            times = [run.since_start(s["time"]) for s in samples]
-            style = RUN_STYLES[i % len(RUN_STYLES)]
-            cpu_ax.plot(times, [s.get("cpu_percent", 0) for s in samples], style, label=label)
-            rss_ax.plot(times, [s.get("rss", 0) / GIB for s in samples], style, label=label)
+        style = RUN_STYLES[i % len(RUN_STYLES)]
+        for ax, key, scale in ((cpu_ax, "cpu_percent", 1), (rss_ax, "rss", GIB)):
+            many(ax, [(_label(runs, run, f"rank {rank} {run.devices.get(rank, '')}"),
+                       [(run.since_start(s["time"]), (s.get(key) or 0) / scale) for s in samples])
+                      for rank, samples in sorted(run.hosts.items())], style)
     cpu_ax.set(title="No GPU samples in this run: CPU % per worker process", ylabel="CPU %")
     rss_ax.set(title="Resident memory per worker process", xlabel="seconds since the run started", ylabel="GiB")
     for ax in (cpu_ax, rss_ax):
@@ -160,12 +192,13 @@ def _events_row(ax: Axes, run: RunData) -> None:
         ax.broken_barh([(run.since_start(span.start), max(span.end - span.start, 1e-3))], (-0.4, 0.8),
                        color=colour, alpha=0.35)
         ax.text(run.since_start(span.start), 0.45, f"attempt {span.attempt}: {span.outcome}", fontsize="x-small")
-    seen: set[str] = set()
+    by_kind: dict[str, list[float]] = {}
     for event in run.events:
-        marker, colour = EVENT_STYLE.get(event.kind, ("|", "black"))
-        ax.plot([run.since_start(event.time)], [0], marker=marker, color=colour, linestyle="none", markersize=9,
-                label=event.kind if event.kind not in seen else None)
-        seen.add(event.kind)
+        by_kind.setdefault(event.kind, []).append(run.since_start(event.time))
+    for kind, times in by_kind.items():  # one artist per kind, however many events
+        marker, colour = EVENT_STYLE.get(kind, ("|", "black"))
+        ax.plot(times, [0] * len(times), marker=marker, color=colour, linestyle="none", markersize=9, label=kind)
+    seen = set(by_kind)
     ax.set(ylim=(-1, 1), yticks=[], ylabel=run.run_id[-9:])
     if seen:
         ax.legend(fontsize="x-small", ncol=len(seen), loc="lower right")

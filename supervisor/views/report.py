@@ -23,10 +23,12 @@ from typing import Any
 from loguru import logger
 
 from gpuherd.files import write_bytes_atomic
+from supervisor.output import rank_set
 from supervisor.views import figures
 from supervisor.views.report_data import RunData, load_run
 from supervisor.views.top import clock
 
+MAX_LISTED = 32  # workers named one by one; more are counted
 KEY_SETTINGS = ("preset", "model.n_layers", "model.dim", "model.n_heads", "training.strategy",
                 "training.batch_size", "training.grad_accum_nums", "training.learning_rate",
                 "training.max_steps", "data.dataset", "data.context_length", "system.max_restarts")
@@ -102,7 +104,7 @@ def _numbers(runs: list[RunData]) -> list[list[str]]:
         row("outcome", lambda r: _outcome(r)),
         row("exit code", lambda r: str((r.summary or {}).get("exit_code", "-"))),
         row("duration", lambda r: clock(r.summary["duration_s"]) if r.summary and "duration_s" in r.summary else "-"),
-        row("workers", lambda r: ", ".join(f"{d} (rank {k})" for k, d in sorted(r.devices.items())) or "-"),
+        row("workers", _workers),
         row("last step", lambda r: str(max((p.step for ps in r.steps.values() for p in ps), default="-"))),
         row("final loss", lambda r: _f(r.mean_loss_by_step()[-1][1] if r.mean_loss_by_step() else None)),
         row("final validation loss", lambda r: _f(r.evals[-1][2] if r.evals else None)),
@@ -111,7 +113,16 @@ def _numbers(runs: list[RunData]) -> list[list[str]]:
         row("checkpoint cost (median per save)", _save_costs),
         row("suspect devices", _suspects),
         row("events", lambda r: ", ".join(f"{n} {k}" for k, n in _counts(r).items()) or "-"),
+        row("unreadable lines in metrics.jsonl (skipped)", lambda r: str(r.malformed)),
     ]
+
+
+def _workers(run: RunData) -> str:
+    """`GPU0 (rank 0), GPU1 (rank 1)`; a large run: how many, and the rank set (the console's form)."""
+    if len(run.devices) <= MAX_LISTED:
+        return ", ".join(f"{d} (rank {k})" for k, d in sorted(run.devices.items())) or "-"
+    kinds = sorted({d.rstrip("0123456789") for d in run.devices.values()})
+    return f"{len(run.devices):,} {'/'.join(kinds)} workers, ranks {rank_set.ranges(run.devices)}"
 
 
 def _outcome(run: RunData) -> str:

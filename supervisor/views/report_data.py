@@ -14,11 +14,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from supervisor.views.events import Event, collect
+from supervisor.views.events import Event, EventLog
 from supervisor.views.run_files import RunFiles, RunFilesError, is_run_dir
 
 
-@dataclass(frozen=True)
+GPU_FIELDS = ("time", "rank", "util", "mem_used", "temp", "power_w")  # what the figures draw of a sample:
+HOST_FIELDS = ("time", "cpu_percent", "rss")  # a sample's other fields would only take memory
+
+
+@dataclass(frozen=True, slots=True)
 class StepPoint:
     time: float
     step: int
@@ -83,16 +87,27 @@ def load_run(run_dir: Path) -> RunData:
     """Read one run directory; RunFilesError (exit 2) when it is no run."""
     if not is_run_dir(run_dir):
         raise RunFilesError(f"{run_dir} is not a gpuherd run directory (no config.json, metrics.jsonl or summary.json)")
-    files = RunFiles(run_dir)
-    files.poll()
-    data = RunData(run_dir=run_dir, config=files.config or {}, summary=files.summary, start=_start(files),
-                   devices=files.devices, malformed=files.malformed)
-    per_step = tokens_per_step(data.config)
+    files = RunFiles(run_dir, keep_records=False)  # each record is folded into the series as it is read
+    data = RunData(run_dir=run_dir, config={}, summary=None, start=0.0)
+    per_step: int | None = None
     seen_evals: set[int] = set()
-    for r in files.records:
+    log = EventLog()
+    restarts: list[float] = []
+    last = None
+    for r in files.poll_each():
+        if per_step is None:
+            per_step = tokens_per_step(files.config or {})
         _add(data, r, per_step, seen_evals)
-    data.events = collect(files.records, files.warnings)
-    data.attempts = _attempts(data, files.records)
+        log.add(r)
+        when = r.get("time")
+        if isinstance(when, (int, float)):
+            last = when if last is None else max(last, when)
+            if r.get("type") == "restart":
+                restarts.append(when)
+    log.add_warnings(files.warnings)
+    data.config, data.summary, data.start = files.config or {}, files.summary, _start(files)
+    data.devices, data.malformed, data.events = files.devices, files.malformed, log.events()
+    data.attempts = _attempts(data, restarts, data.start if last is None else last)
     return data
 
 
@@ -104,17 +119,17 @@ def _add(data: RunData, r: dict[str, Any], per_step: int | None, seen_evals: set
     if kind == "step" and isinstance(r.get("loss"), (int, float)) and isinstance(rank, int):
         tps = r.get("tokens_per_s")
         step_time = per_step / tps if per_step and isinstance(tps, (int, float)) and tps > 0 else None
-        data.steps.setdefault(rank, []).append(StepPoint(when, int(r.get("step", 0)), float(r["loss"]),
+        data.steps.setdefault(rank, []).append(StepPoint(when, int(r.get("step") or 0), float(r["loss"]),
                                                          tps, r.get("mfu"), step_time))
     elif kind == "eval" and isinstance(r.get("val_loss"), (int, float)) and r.get("step") not in seen_evals:
         seen_evals.add(r.get("step"))
-        data.evals.append((when, int(r.get("step", 0)), float(r["val_loss"])))
+        data.evals.append((when, int(r.get("step") or 0), float(r["val_loss"])))
     elif kind == "checkpoint" and isinstance(r.get("stall_s"), (int, float)):
         data.saves.append(r)
     elif kind == "gpu" and isinstance(r.get("gpu"), int):
-        data.gpus.setdefault(r["gpu"], []).append(r)
+        data.gpus.setdefault(r["gpu"], []).append({k: r[k] for k in GPU_FIELDS if k in r})
     elif kind == "host" and isinstance(rank, int):
-        data.hosts.setdefault(rank, []).append(r)
+        data.hosts.setdefault(rank, []).append({k: r[k] for k in HOST_FIELDS if k in r})
 
 
 def tokens_per_step(cfg: dict[str, Any]) -> int | None:
@@ -135,7 +150,7 @@ def _start(files: RunFiles) -> float:
     return files.started()
 
 
-def _attempts(data: RunData, records: list[dict[str, Any]]) -> list[Span]:
+def _attempts(data: RunData, restarts: list[float], end: float) -> list[Span]:
     """summary.json's attempts when the run has ended; else one open span per restart record."""
     spans = []
     for a in (data.summary or {}).get("attempts", []):
@@ -146,8 +161,6 @@ def _attempts(data: RunData, records: list[dict[str, Any]]) -> list[Span]:
             continue
     if spans:
         return spans
-    times = [r["time"] for r in records if isinstance(r.get("time"), (int, float))]
-    end = max(times, default=data.start)
-    starts = [data.start] + [r["time"] for r in records if r.get("type") == "restart" and "time" in r]
+    starts = [data.start] + restarts
     return [Span(i, s, starts[i + 1] if i + 1 < len(starts) else end, "running" if i == len(starts) - 1 else "failed")
             for i, s in enumerate(starts)]

@@ -11,6 +11,7 @@ count) a line that is not valid JSON instead of failing on it.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,10 @@ def _started(run_dir: Path) -> float:
 
 class _LineTail:
     """Whole lines appended to a file since the last call; a fragment without its
-    newline yet is kept for the next call. A file that shrank was replaced: start over."""
+    newline yet is kept for the next call. A file that shrank was replaced: start over.
+    Read `CHUNK` bytes at a time, so a run's gigabyte of metrics never sits in memory at once."""
+
+    CHUNK = 4 << 20
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -76,19 +80,60 @@ class _LineTail:
         self._partial = b""
 
     def read_lines(self) -> list[bytes]:
+        return [line for chunk in self.each_chunk() for line in chunk]
+
+    def each_chunk(self) -> Iterator[list[bytes]]:
+        """The new whole lines, a chunk's worth at a time."""
         try:
-            with self.path.open("rb") as handle:
+            handle = self.path.open("rb")
+        except OSError:
+            return
+        with handle:
+            try:
                 handle.seek(0, 2)
                 if handle.tell() < self._offset:
                     self._offset, self._partial = 0, b""
                 handle.seek(self._offset)
-                data = handle.read()
-        except OSError:
-            return []
-        self._offset += len(data)
-        lines = (self._partial + data).split(b"\n")
-        self._partial = lines.pop()
-        return [line for line in lines if line.strip()]
+            except OSError:
+                return
+            while True:
+                try:
+                    data = handle.read(self.CHUNK)
+                except OSError:
+                    return
+                if not data:
+                    return
+                self._offset += len(data)
+                lines = (self._partial + data).split(b"\n")
+                self._partial = lines.pop()
+                yield [line for line in lines if line.strip()]
+
+
+# The fields the views compute with, and the types they must have: a record where one of
+# them holds something else (a hostile or damaged file: `"step": "x"`, `"time": 1e300`) is
+# unreadable as a whole, counted and skipped here, so no view meets it half-checked later.
+# null stays allowed (a field that is not known); fields that are only shown need no check.
+_INT = (int,)
+_NUMBER = (int, float)
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "type": (str,), "message": (str,), "name": (str,), "path": (str,), "mode": (str,),
+    "rank": _INT, "step": _INT, "max_steps": _INT, "attempt": _INT, "gpu": _INT, "pid": _INT,
+    "time": _NUMBER, "loss": _NUMBER, "tokens_per_s": _NUMBER, "mfu": _NUMBER, "val_loss": _NUMBER,
+    "stall_s": _NUMBER, "write_s": _NUMBER, "wait_s": _NUMBER, "rss": _NUMBER, "cpu_percent": _NUMBER,
+}
+_LATEST_TIME = 1e11  # unix seconds, the year 5138: later is no clock's reading
+
+
+def readable(record: Any) -> bool:
+    """A metrics record every view can use as it is."""
+    if not isinstance(record, dict):
+        return False
+    for name, value in record.items():  # a record has fewer fields than the table
+        types = _FIELD_TYPES.get(name)
+        if types is not None and value is not None and (not isinstance(value, types) or isinstance(value, bool)):
+            return False
+    when = record.get("time")
+    return when is None or 0 <= when < _LATEST_TIME
 
 
 class JsonlTail(_LineTail):
@@ -99,17 +144,19 @@ class JsonlTail(_LineTail):
         self.malformed = 0
 
     def read_new(self) -> list[dict[str, Any]]:
-        records = []
-        for line in self.read_lines():
-            try:
-                record = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                record = None
-            if isinstance(record, dict):
-                records.append(record)
-            else:
-                self.malformed += 1
-        return records
+        return list(self.each_new())
+
+    def each_new(self) -> Iterator[dict[str, Any]]:
+        for chunk in self.each_chunk():
+            for line in chunk:
+                try:
+                    record = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    record = None
+                if readable(record):
+                    yield record
+                else:
+                    self.malformed += 1
 
 
 @dataclass(frozen=True)
@@ -165,6 +212,7 @@ class RunFiles:
 
     run_dir: Path
     records: list[dict[str, Any]] = field(default_factory=list)  # every metrics record so far, in file order
+    keep_records: bool = True  # False: `records` stays empty (a view that folds each record in as it comes)
     warnings: list[LogLine] = field(default_factory=list)
     summary: dict[str, Any] | None = None
     config: dict[str, Any] | None = None
@@ -180,15 +228,20 @@ class RunFiles:
 
     def poll(self) -> list[dict[str, Any]]:
         """Read what was appended since the last poll; returns the new metrics records."""
-        new = self._metrics.read_new()
-        self.records += new
+        return list(self.poll_each())
+
+    def poll_each(self) -> Iterator[dict[str, Any]]:
+        """`poll`, one record at a time: the memory a reader needs is its own, not the file's."""
+        if self.config is None:  # first: a step's time per step needs the config
+            self.config = read_json(self.run_dir / CONFIG)
+        for record in self._metrics.each_new():
+            if self.keep_records:
+                self.records.append(record)
+            yield record
         self.warnings += self._log.read_new()
         if self.summary is None:
             self.summary = read_json(self.run_dir / SUMMARY)
-        if self.config is None:
-            self.config = read_json(self.run_dir / CONFIG)
         self.devices = worker_devices(self.run_dir)
-        return new
 
     def started(self) -> float:
         """When the run began: the supervisor writes config.json first."""

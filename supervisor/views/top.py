@@ -3,7 +3,9 @@
     header   run id, outcome, elapsed, ETA, attempt / restarts
     table    rank, device, phase, step/max, loss, tok/s, MFU, step time, heartbeat age,
              GPU util, memory, temperature, power, SM clock (CPU workers: CPU %, RSS),
-             status with the reason for a failed, stopped, silent or slow rank
+             status with the reason for a failed, stopped, silent or slow rank;
+             over ROW_LIMIT ranks: one row per status with its rank set, and the worst
+             ranks in full (top_groups.py; `--all-ranks` for every row)
     footer   the newest events: checkpoints, NaN steps, restarts, XIDs, warnings
 
 It reads the run's files about once a second (`RunState.refresh`), never the
@@ -22,20 +24,28 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from supervisor.views import top_groups
 from supervisor.views.top_state import RankView, RunState, RankVerdict
 
 GIB = 1024**3
 FOOTER_EVENTS = 6
+ROW_LIMIT = 32  # ranks shown one row each; more are grouped by status
 STYLE = {"failed": "bold white on red", "stopped": "bold white on red", "silent": "bold red",
          "slow": "bold yellow", "done": "green", "ended": "dim", "ok": ""}
 COLUMNS = ("rank", "device", "phase", "step", "loss", "tok/s", "MFU", "step time", "beat",
            "util", "memory", "temp", "power", "clock", "status")
 
 
-def frame(state: RunState, now: float | None = None) -> Group:
-    """One complete screen: header, the rank table, the event footer."""
+def frame(state: RunState, now: float | None = None, all_ranks: bool = False) -> Group:
+    """One complete screen: header, the rank table, the event footer. More than ROW_LIMIT
+    ranks (unless `all_ranks`): one row per status and the worst ranks instead (top_groups.py)."""
     now = time.time() if now is None else now
     verdicts = state.verdicts(now)
+    if len(state.ranks) > ROW_LIMIT and not all_ranks:
+        return Group(_header(state, now), top_groups.groups(state.ranks, verdicts, STYLE),
+                     top_groups.worst(state.ranks, verdicts, COLUMNS, lambda v, vd: (_cells(v, vd, now),
+                                                                                      STYLE.get(vd.level, ""))),
+                     _footer(state))
     table = Table(*COLUMNS, expand=False, pad_edge=False, header_style="bold")
     for rank, view in sorted(state.ranks.items()):
         verdict = verdicts[rank]
@@ -76,7 +86,7 @@ def _device_cells(view: RankView) -> list[str]:
     """util, memory, temp, power, clock: the GPU's sample, or the process's CPU and RSS."""
     g = view.gpu
     if g is not None:
-        mem = "n/a" if not isinstance(g.get("mem_used"), (int, float)) else \
+        mem = "n/a" if not all(isinstance(g.get(k), (int, float)) for k in ("mem_used", "mem_total")) else \
             f"{g['mem_used'] / GIB:.1f}/{g['mem_total'] / GIB:.0f}G"
         return [_fmt(g.get("util"), ".0f", "%"), mem, _fmt(g.get("temp"), ".0f", "C"),
                 _fmt(g.get("power_w"), ".0f", "W"), _fmt(g.get("sm_clock_mhz"), ".0f", "MHz")]
@@ -121,18 +131,19 @@ def clock(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-def watch(state: RunState, console: Console, once: bool = False, interval: float = 1.0) -> None:
+def watch(state: RunState, console: Console, once: bool = False, interval: float = 1.0,
+          all_ranks: bool = False) -> None:
     """Redraw every `interval` seconds until the run has ended, then leave the final
     frame on screen; `once`: print a single frame and return."""
     state.refresh()
     if once or state.finished or state.abandoned():
-        console.print(frame(state))
+        console.print(frame(state, all_ranks=all_ranks))
         return
-    with Live(frame(state), console=console, auto_refresh=False, redirect_stdout=False,
+    with Live(frame(state, all_ranks=all_ranks), console=console, auto_refresh=False, redirect_stdout=False,
               redirect_stderr=False) as live:
         while True:
             time.sleep(interval)
             state.refresh()
-            live.update(frame(state), refresh=True)
+            live.update(frame(state, all_ranks=all_ranks), refresh=True)
             if state.finished or state.abandoned():
                 return

@@ -9,14 +9,16 @@ Process states are read from /proc via psutil, which never disturbs the worker.
 
 from __future__ import annotations
 
+import bisect
 import statistics
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
 
-from supervisor.views.events import Event, collect
+from supervisor.views.events import Event, EventLog, error_line
 from supervisor.views.report_data import tokens_per_step
 from supervisor.views.run_files import RunFiles
 
@@ -61,10 +63,15 @@ class RunState:
     files: RunFiles
     ranks: dict[int, RankView] = field(default_factory=dict)
     restarts: int = 0
+    log: EventLog = field(default_factory=EventLog)  # the run's events, read once each
+    _warned: int = 0  # how many of files.warnings are in `log`
 
     def refresh(self) -> None:
-        for record in self.files.poll():
+        for record in self.files.poll_each():
             self._apply(record)
+            self.log.add(record)
+        self.log.add_warnings(self.files.warnings[self._warned:])
+        self._warned = len(self.files.warnings)
         for rank, device in self.files.devices.items():
             self._rank(rank).device = device
 
@@ -107,7 +114,7 @@ class RunState:
             # record follows it): left standing, it reads as if the rank were still saving.
             view.done, view.step, view.phase = True, r.get("step", view.step), "done"
         elif kind == "error":
-            view.error = str(r.get("message", "error")).splitlines()[0]
+            view.error = error_line(r)
 
     def _step_time(self, tokens_per_s: Any) -> float | None:
         """tokens per optimizer step (from the run's config) / tokens/s: eval and
@@ -125,9 +132,10 @@ class RunState:
 
     def verdicts(self, now: float | None = None) -> dict[int, RankVerdict]:
         now = time.time() if now is None else now
-        return {rank: self._verdict(view, now) for rank, view in sorted(self.ranks.items())}
+        peers = _Peers(self.ranks.values())  # once a frame: judging N ranks stays O(N log N)
+        return {rank: self._verdict(view, now, peers) for rank, view in sorted(self.ranks.items())}
 
-    def _verdict(self, view: RankView, now: float) -> RankVerdict:
+    def _verdict(self, view: RankView, now: float, peers: _Peers) -> RankVerdict:
         ended = self._ended(view)
         if ended is not None:
             return ended
@@ -140,7 +148,7 @@ class RunState:
         age = None if view.last_record is None else now - view.last_record
         if not self.finished and age is not None and age >= SILENT_AFTER_S and view.phase not in BUSY_PHASES:
             return RankVerdict("silent", f"no heartbeat for {age:.0f} s (last: step {view.step}, phase {view.phase})")
-        return self._straggler(view) or RankVerdict("ok")
+        return _straggler(view, peers) or RankVerdict("ok")
 
     def _ended(self, view: RankView) -> RankVerdict | None:
         """How summary.json says this rank ended: the root cause's rank failed, the
@@ -159,21 +167,10 @@ class RunState:
                     return RankVerdict("ended", f"stopped by the supervisor ({worker.get('ended')})")
         return None
 
-    def _straggler(self, view: RankView) -> RankVerdict | None:
-        others = [v for v in self.ranks.values() if v.rank != view.rank]
-        steps = [v.step for v in others if v.step is not None]
-        if view.step is not None and steps and max(steps) - view.step >= BEHIND_STEPS:
-            return RankVerdict("slow", f"{max(steps) - view.step} steps behind the leading rank")
-        times = [v.step_time for v in others if v.step_time]
-        if view.step_time and times and view.step_time >= SLOW_FACTOR * statistics.median(times):
-            return RankVerdict("slow", f"step time {view.step_time:.2f} s vs {statistics.median(times):.2f} s "
-                                   "on the other ranks")
-        return None
-
     # ------------------------------------------------------------------ header
 
     def events(self) -> list[Event]:
-        return collect(self.files.records, self.files.warnings)
+        return self.log.events()
 
     def elapsed(self, now: float | None = None) -> float:
         summary = self.files.summary
@@ -207,6 +204,44 @@ class RunState:
             return "finished: success"
         cause = (summary.get("root_cause") or {}).get("message") or summary.get("outcome")
         return f"FAILED with exit code {code}: {cause}"
+
+
+class _Peers:
+    """Every rank's step and step time, sorted once: "the other ranks" of each rank in O(log N)."""
+
+    def __init__(self, views: Iterable[RankView]) -> None:
+        views = list(views)
+        self.steps = sorted(v.step for v in views if v.step is not None)
+        self.times = sorted(v.step_time for v in views if v.step_time)
+
+    def lead(self, view: RankView) -> int | None:
+        """The leading step among the other ranks."""
+        steps = self.steps
+        if view.step is not None and steps and steps[-1] == view.step and (len(steps) < 2 or steps[-2] < view.step):
+            return steps[-2] if len(steps) > 1 else None  # this rank alone leads: the next one counts
+        return steps[-1] if steps else None
+
+    def median(self, view: RankView) -> float | None:
+        """The median step time of the other ranks."""
+        times = self.times
+        if not view.step_time:
+            return statistics.median(times) if times else None
+        skip = bisect.bisect_left(times, view.step_time)  # this rank's own entry is left out
+        n = len(times) - 1
+        if n <= 0:
+            return None
+        at = lambda k: times[k] if k < skip else times[k + 1]  # noqa: E731 - the k-th of the others
+        return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
+
+
+def _straggler(view: RankView, peers: _Peers) -> RankVerdict | None:
+    lead = peers.lead(view)
+    if view.step is not None and lead is not None and lead - view.step >= BEHIND_STEPS:
+        return RankVerdict("slow", f"{lead - view.step} steps behind the leading rank")
+    median = peers.median(view)
+    if view.step_time and median and view.step_time >= SLOW_FACTOR * median:
+        return RankVerdict("slow", f"step time {view.step_time:.2f} s vs {median:.2f} s on the other ranks")
+    return None
 
 
 def _alive(pid: int | None) -> bool:

@@ -13,7 +13,7 @@ import pytest
 
 from gpuherd.config import SystemConfig, preset
 from supervisor.cli import parse
-from supervisor.output.console import Collapser
+from supervisor.output.fold import LineFolder, Source
 from supervisor.gpus import DeviceError, plan_devices
 from supervisor.gpus import release_claims
 from supervisor.health import HangPolicy, Heartbeats, LearnedTimeouts, hang_timeouts
@@ -101,19 +101,20 @@ def test_severity_sees_levels_tracebacks_and_torch_warnings():
     assert [sev.loud(line) for line in lines] == [False, True, True, True, True, False, True, False]
 
 
-def test_collapser_merges_identical_lines_and_keeps_order():
-    c = Collapser(["GPU0", "GPU1", "GPU2"], window=1.0)
-    c.add(2, "GPU0", b"INFO | [GPU 0] model ready", 0.0)
-    c.add(2, "GPU1", b"INFO | [GPU 1] model ready", 0.1)
-    c.add(2, "GPU1", b"INFO | only me", 0.1)
-    c.add(2, "GPU2", b"INFO | [GPU 2] model ready", 0.2)
-    assert c.due(0.2) == [(2, b"GPU*:INFO | [GPU *] model ready [x3 ranks]\n")]
+def test_folder_merges_identical_lines_and_keeps_order():
+    g0, g1, g2 = (Source(b"GPU%d:" % i, "GPU", i, i) for i in range(3))
+    c = LineFolder([g0, g1, g2], gap=1.0, longest=1.0)
+    c.add(2, g0, b"INFO | [GPU 0] model ready", 0.0)
+    c.add(2, g1, b"INFO | [GPU 1] model ready", 0.1)
+    c.add(2, g1, b"INFO | only me", 0.1)
+    c.add(2, g2, b"INFO | [GPU 2] model ready", 0.2)
+    assert c.due(0.2) == [(2, b"GPU[0-2]:INFO | [GPU *] model ready\n")]
     assert c.due(0.5) == []  # 'only me' waits for its twins...
     assert c.due(1.2) == [(2, b"GPU1:INFO | only me\n")]  # ...until the window ends
-    c.add(2, "GPU0", b"same", 2.0)
-    c.add(2, "GPU0", b"same", 2.0)  # a rank repeating itself is two lines, not two ranks
-    c.add(2, "GPU1", b"same", 2.0)
-    assert c.due(9.0) == [(2, b"GPU*:same [x2 ranks: GPU0,GPU1]\n"), (2, b"GPU0:same\n")]
+    c.add(2, g0, b"same", 2.0)
+    c.add(2, g0, b"same", 2.0)  # a rank repeating itself is two lines, not two ranks
+    c.add(2, g1, b"same", 2.0)
+    assert c.due(9.0) == [(2, b"GPU[0-1]:same\n"), (2, b"GPU0:same\n")]
 
 
 def _heartbeats(ranks: list[int], hang: float, startup: float, rendezvous: float, expect: bool) -> Heartbeats:

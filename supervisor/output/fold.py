@@ -1,0 +1,139 @@
+"""Identical lines from several ranks -> one console line naming the ranks that printed it.
+
+Eight ranks, or 2,048, print the same warning within moments of each other; the console
+shows it once, prefixed with the rank set in the compact form (`GPU[0-7]:` on one node,
+`n3/GPU[0-7]:` for one node of a multi-node job, `n[0-255]/r[0-2047]:` across nodes).
+"Identical" means equal after the device prefix, with the rank's own `[GPU n]` tag in the
+message read as `[GPU *]` (the built-in trainer names its device in every line).
+
+A line that may have twins is held until they came: at most `gap` seconds after the last
+one arrived, at most `longest` after the first, and not at all once every rank printed it.
+A lone line therefore waits `gap` (0.2 s). Lines that must not wait or fold (the caller's
+choice: progress lines, errors) go through `add(..., hold=False)`: in order behind what is
+held, never merged. Output keeps first-seen order, so no rank's lines ever change order.
+What is held is bounded (`max_held` bytes): a flood of distinct lines is printed sooner,
+never kept. Only the console is folded; the per-rank log files get every line as it came.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from supervisor.output import rank_set
+
+@dataclass(frozen=True)
+class Source:
+    """One rank as the console names it."""
+
+    prefix: bytes  # what precedes its lines unfolded: b"GPU3:", b"n2/GPU3:"
+    kind: str  # "GPU" | "CPU"
+    device: int  # the 3 of GPU3
+    rank: int  # global rank
+    node: int | None = None  # its node in a multi-node job; None on one node
+
+    @property
+    def own_tag(self) -> bytes:
+        """How the built-in trainer names this rank's device inside a line: `[GPU 3]`."""
+        return b"[%s %d]" % (self.kind.encode(), self.device)
+
+
+@dataclass
+class _Group:
+    fd: int
+    key: bytes  # the line with its rank's own `[GPU n]` read as `[GPU *]`
+    first_line: bytes  # the first rank's line, verbatim (printed as is when no twin comes)
+    deadline: float
+    last_chance: float  # first seen + longest: the deadline never moves past it
+    members: list[Source] = field(default_factory=list)
+    seen: set[int] = field(default_factory=set)  # the members' ranks
+    open: bool = True  # still taking ranks
+
+
+class LineFolder:
+    def __init__(self, sources: Iterable[Source], gap: float = 0.2, longest: float = 1.0,
+                 max_held: int = 4 << 20) -> None:
+        self._all = len({s.rank for s in sources})
+        self._gap, self._longest, self._max_held = gap, longest, max_held
+        self._queue: deque[_Group | tuple[int, bytes]] = deque()  # first-seen order; (fd, line): not held
+        self._open: dict[tuple[int, bytes], list[_Group]] = {}  # groups still taking ranks
+        self._stars: dict[int, tuple[bytes, bytes]] = {}  # rank -> its own tag, and the same starred
+        self._held = 0  # bytes of first lines queued
+
+    def add(self, fd: int, source: Source, line: bytes, now: float, hold: bool = True) -> None:
+        if not hold:  # due at once, behind what is held: a plain (fd, line) is all it needs
+            self._queue.append((fd, source.prefix + line + b"\n"))
+            return
+        stars = self._stars.get(source.rank)
+        if stars is None:
+            own = source.own_tag
+            stars = self._stars[source.rank] = (own, own.replace(str(source.device).encode() + b"]", b"*]"))
+        key = line.replace(stars[0], stars[1]) if stars[0] in line else line
+        candidates = self._open.get((fd, key))
+        if candidates is None:
+            candidates = self._open[(fd, key)] = []
+        # A rank that prints the same line twice opens a second group for its second copy.
+        group = next((g for g in candidates if source.rank not in g.seen), None)
+        if group is None:
+            group = _Group(fd, key, line, now + self._gap, now + self._longest)
+            candidates.append(group)
+            self._enqueue(group)
+        else:
+            group.deadline = min(now + self._gap, group.last_chance)
+        group.members.append(source)
+        group.seen.add(source.rank)
+        if len(group.members) == self._all:
+            group.deadline = now  # every rank said it: no reason to wait
+            self._close(group)
+
+    def due(self, now: float, everything: bool = False) -> list[tuple[int, bytes]]:
+        """(fd, line) ready to print, in first-seen order (a later line never jumps an earlier one)."""
+        out = []
+        queue = self._queue
+        while queue:
+            group = queue[0]
+            if type(group) is tuple:
+                out.append(queue.popleft())
+                continue
+            if not everything and group.deadline > now and self._held <= self._max_held:
+                break
+            queue.popleft()
+            self._held -= len(group.first_line)
+            if group.open:
+                self._close(group)
+            out.append((group.fd, _render(group)))
+        return out
+
+    def next_deadline(self) -> float | None:
+        if not self._queue:
+            return None
+        head = self._queue[0]
+        return 0.0 if type(head) is tuple else head.deadline
+
+    def _enqueue(self, group: _Group) -> None:
+        self._queue.append(group)
+        self._held += len(group.first_line)
+
+    def _close(self, group: _Group) -> None:
+        group.open = False
+        candidates = self._open[(group.fd, group.key)]
+        candidates.remove(group)
+        if not candidates:
+            del self._open[(group.fd, group.key)]
+
+
+def who(members: list[Source]) -> str:
+    """The rank set of a folded line: `GPU[0-7]`, `n3/GPU[0-7]`, `n[0-255]/r[0-2047]`."""
+    nodes = {m.node for m in members}
+    if len(nodes) > 1:
+        return rank_set.node_ranks((m.node or 0 for m in members), (m.rank for m in members))
+    node = nodes.pop()
+    devices = rank_set.devices(members[0].kind, (m.device for m in members))
+    return devices if node is None else f"n{node}/{devices}"
+
+
+def _render(group: _Group) -> bytes:
+    if len(group.members) == 1:
+        return group.members[0].prefix + group.first_line + b"\n"
+    return who(group.members).encode() + b":" + group.key + b"\n"
