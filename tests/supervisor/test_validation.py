@@ -122,3 +122,20 @@ def test_a_model_that_cannot_train_is_refused_before_any_worker_starts(tmp_path,
     done = _supervisor(tmp_path, "--debug", "--set", "data.dataset=dummy", "--skip-checks", *args)
     _refused(done, fragment)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("section, key", [("system", "run_root"), ("system", "checkpoint_dir"), ("data", "cache_dir")])
+def test_a_nul_byte_in_a_path_is_refused(tmp_path, section, key):
+    """A NUL cannot come through argv, but a JSON config's `\\u0000` carries one."""
+    (tmp_path / "nul.json").write_text(f'{{"{section}": {{"{key}": "x\\u0000y"}}}}')
+    done = _supervisor(tmp_path, *TINY_TRAIN, "--config", "nul.json")
+    _refused(done, f"{section}.{key} '{tmp_path}/x\\x00y' holds a NUL byte")
+    assert [p.name for p in tmp_path.iterdir()] == ["nul.json"]
+
+
+@pytest.mark.parametrize("setting", ["training.learning_rate=1e300", "system.rendezvous_timeout=1e300",
+                                     "system.stop_timeout=1e300", "model.rope_theta=1e300"])
+def test_absurd_magnitudes_are_refused(tmp_path, setting):
+    done = _supervisor(tmp_path, *TINY_TRAIN, "--set", setting)
+    _refused(done, f"{setting.partition('=')[0]} must be within")
+    assert list(tmp_path.iterdir()) == []
