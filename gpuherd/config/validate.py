@@ -75,6 +75,10 @@ def _check_relations(cfg: Config) -> None:
         raise ConfigError(f"training.warmup_steps ({t.warmup_steps}) must not exceed training.max_steps ({t.max_steps})")
     if t.strategy == "deepspeed" and not t.deepspeed_config:
         raise ConfigError("training.strategy=deepspeed needs training.deepspeed_config (a DeepSpeed JSON file)")
+    if cfg.system.device == "cpu" and (cfg.system.gpus is not None or cfg.system.device_id is not None):
+        named = (f"system.gpus {','.join(map(str, cfg.system.gpus))} (--gpus)" if cfg.system.gpus is not None
+                 else f"system.device_id {cfg.system.device_id}")
+        raise ConfigError(f"{named} names GPUs, but system.device=cpu runs CPU workers: drop one of the two")
     if cfg.system.spares > 0 and cfg.system.max_restarts == 0:
         raise ConfigError(f"system.spares={cfg.system.spares} needs system.max_restarts > 0 (--max-restarts N): each "
                           "live recovery uses one restart")

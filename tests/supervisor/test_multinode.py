@@ -135,11 +135,12 @@ def test_restart_after_a_failure_on_one_node_restarts_every_node(tmp_path):
     (("--nnodes", "2", "--node-rank", "2", "--master-addr", "127.0.0.1"), "--node-rank 2 is outside 0..1"),
     (("--nnodes", "2", "--node-rank", "1"), "--nnodes 2 needs --master-addr"),
     (("--nnodes", "0"), "--nnodes must be >= 1"),
-    (("--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", "70000"), "--master-port 70000 is not a TCP port"),
-    (("--nnodes", "2", "--master-addr", "192.0.2.1"), "is not an address of this machine"),
-    (("--nnodes", "2", "--master-addr", "no-such-host.invalid"), "--master-addr no-such-host.invalid: cannot resolve"),
+    (("--nnodes", "2", "--master-addr", "127.0.0.1"), "--nnodes 2 needs --node-rank R (0..1, a different one on each"),
+    (("--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port", "70000"), "--master-port 70000 is not a TCP port"),
+    (("--nnodes", "2", "--node-rank", "0", "--master-addr", "192.0.2.1"), "is not an address of this machine"),
+    (("--nnodes", "2", "--node-rank", "0", "--master-addr", "no-such-host.invalid"), "--master-addr no-such-host.invalid: cannot resolve"),
     # named before the machine is judged: no disk holds one checkpoint of this model
-    (("--nnodes", "2", "--master-addr", "192.0.2.1", *sh.HUGE_MODEL), "is not an address of this machine"),
+    (("--nnodes", "2", "--node-rank", "0", "--master-addr", "192.0.2.1", *sh.HUGE_MODEL), "is not an address of this machine"),
 ])
 def test_bad_multinode_options_exit_2_before_anything_is_written(tmp_path, args, fragment):
     proc = subprocess.run([sys.executable, "-m", "supervisor", "--set", "system.device=cpu", "--no-report", *args],

@@ -43,6 +43,8 @@ def _refused(done: subprocess.CompletedProcess, fragment: str) -> None:
     (("--config", "a_dir"), "config file {cwd}/a_dir is a directory; --config takes a JSON file"),
     (("--nproc", "100000"), "--nproc 100000 (system.nproc): one supervisor runs at most 1024 workers"),
     (("--set", "system.backend=nccl"), "system.backend=nccl needs CUDA GPUs, but this run's workers are on CPU"),
+    (("--gpus", "0,1"), "system.gpus 0,1 (--gpus) names GPUs, but system.device=cpu runs CPU workers"),
+    (("--run-id", "a", "--rdzv-id", "b"), "--run-id a and --rdzv-id b name the run twice, differently; give one"),
 ])
 def test_bad_paths_and_values_exit_2_before_anything_is_written(tmp_path, args, fragment):
     (tmp_path / "a_file").write_text("in the way\n")
@@ -138,4 +140,14 @@ def test_a_nul_byte_in_a_path_is_refused(tmp_path, section, key):
 def test_absurd_magnitudes_are_refused(tmp_path, setting):
     done = _supervisor(tmp_path, *TINY_TRAIN, "--set", setting)
     _refused(done, f"{setting.partition('=')[0]} must be within")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_config_from_process_substitution_is_read(tmp_path):
+    """`--config <(...)` hands a pipe (/dev/fd/N), not a regular file: it is read like one
+    (the bad value inside it is what gets named, not a missing file)."""
+    line = f"exec {sys.executable} -m supervisor --set system.device=cpu {' '.join(TINY_TRAIN)} " \
+           """--config <(echo '{"training": {"learning_rate": -1}}')"""
+    done = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=sh.env(), capture_output=True, text=True, timeout=120)
+    _refused(done, "training.learning_rate must be within (0, ")
     assert list(tmp_path.iterdir()) == []
