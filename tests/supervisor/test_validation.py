@@ -45,6 +45,8 @@ def _refused(done: subprocess.CompletedProcess, fragment: str) -> None:
     (("--set", "system.backend=nccl"), "system.backend=nccl needs CUDA GPUs, but this run's workers are on CPU"),
     (("--gpus", "0,1"), "system.gpus 0,1 (--gpus) names GPUs, but system.device=cpu runs CPU workers"),
     (("--run-id", "a", "--rdzv-id", "b"), "--run-id a and --rdzv-id b name the run twice, differently; give one"),
+    # each spare imports torch: far more than any host holds, refused before the first one starts
+    (("--max-restarts", "1", "--spares", "100000"), "2 worker(s) and 100000 warm spare(s) (--spares) need about"),
 ])
 def test_bad_paths_and_values_exit_2_before_anything_is_written(tmp_path, args, fragment):
     (tmp_path / "a_file").write_text("in the way\n")
