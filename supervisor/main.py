@@ -197,6 +197,11 @@ def _run_names(launch: Launch, console: Console) -> tuple[str, Path]:
         run_dir = rundir.run_dir_path(cfg.system.run_root, run_id if not node.multi else f"{run_id}-node{node.node_rank}")
         if launch.slurm_job_id is not None and (run_dir.is_dir() and not run_dir.is_symlink()):
             launch.start = requeues.next_start(run_dir)  # requeued, or its script submitted again
+            changed = requeues.changed_model(run_dir, cfg) if launch.script is None else None
+            if changed:
+                raise rundir.RunDirError(f"run {run_id} in {run_dir} continues with another model ({changed}) than "
+                                         "its checkpoints hold: start it with the settings it was started with, or "
+                                         "start a new run (another --run-id)")
         rundir.ensure_free(run_dir, launch.force or launch.start > 0)
     except rundir.RunDirError as exc:
         _refuse(console, str(exc), exc.exit_code)
