@@ -43,6 +43,9 @@ if TYPE_CHECKING:
     from worker.train import Trainer
 
 
+_OWED = {"eval": "evaluation", "checkpoint": "periodic checkpoint"}
+
+
 @dataclass
 class Mark:
     """Where a rank stood after its last completed step."""
@@ -176,11 +179,15 @@ class LiveRecovery:
         else:
             self._rewind(self._mark.sampler, self._mark.rng)
         t.step, t.saved_step, t.skipped_steps = int(state["step"]), int(state["saved_step"]), int(state["skipped"])
+        t.owed = list(state["owed"])  # the source's: every rank of the rebuilt group does the same
+        if t.owed and t.identity.rank == 0:
+            logger.warning(f"{t.identity.bracket} the {' and the '.join(_OWED[o] for o in t.owed)} of step {t.step} "
+                           "was cut short by the lost peer: the rebuilt group does it now")
         self._mark = Mark(t.step, t.data.train.state_dict(), rng.capture(t.device))
 
     def _state(self) -> dict[str, Any]:
         t, engine = self.t, self.t.engine
-        return {"step": self._mark.step, "saved_step": t.saved_step, "skipped": t.skipped_steps,
+        return {"step": self._mark.step, "saved_step": t.saved_step, "skipped": t.skipped_steps, "owed": t.owed,
                 "model": engine.inner.state_dict(), "optimizer": engine.optimizer.state_dict(),
                 "scaler": engine.scaler.state_dict() if engine.scaler is not None else None,
                 "sampler": self._mark.sampler, "rng": self._mark.rng}
