@@ -211,6 +211,7 @@ class Job:
             while True:
                 report = self.run_attempt(attempt, resume, guard, metrics)
                 attempts.append(report)
+                report.root_cause = self._blame_the_cache(report.root_cause)
                 final = report.root_cause
                 if final is None:
                     break
@@ -252,6 +253,23 @@ class Job:
             metrics.close()
             self.release_guard(dying=self.store_server.close(wait=False))
         return self.finish(final, attempts)
+
+    def _blame_the_cache(self, cause: RootCause | None) -> RootCause | None:
+        """A built-in worker killed by SIGBUS touched a page of its memory-mapped dataset cache that
+        is no longer in the file: the cache was truncated under the run. Its size check names it,
+        and the cause becomes a data error (exit 3; with restarts, the cache is rebuilt first)."""
+        if cause is None or self.mode != "train" or not self.dataset_path or cause.kind != "worker-exit" \
+                or cause.exit_code != 128 + signal.SIGBUS:
+            return cause
+        from dataset_cache import DatasetError, open_data
+
+        try:
+            open_data(Path(self.dataset_path))
+        except DatasetError as exc:
+            message = f"{exc}: {cause.message.split(' after ')[0]} reading it (changed while the run read it)"
+            logger.error(message)
+            return dataclasses.replace(cause, kind="dataset", exit_code=int(ExitCode.DATA), message=message)
+        return cause
 
     def _recovered(self) -> int:
         return sum(1 for r in self.recoveries if r["outcome"] == "recovered")
