@@ -24,6 +24,7 @@ from pathlib import Path
 from loguru import logger
 
 from gpuherd import contract
+from gpuherd.checkpoint_layout import remove_orphans
 from gpuherd.config import Config
 from gpuherd.exit_codes import ExitCode
 from gpuherd.log_writes import LOG_WRITES
@@ -353,7 +354,9 @@ class Job:
         sup = att.sup
         final_save = sup.final_save()
         if final_save == "not saved" and cause is not None:
-            cause = _save_cut(cause, sup.state.graceful.unfinished)
+            cause = _save_cut(cause, sup.state.graceful.unfinished, self.checkpoints.newest_of_this_run())
+            if self.mode == "train":  # every worker is gone: the cut save's temp file has no writer left
+                remove_orphans(Path(self.cfg.system.checkpoint_dir))
         elif final_save == "saved" and self.checkpoints.newest_of_this_run() is not None and cause is not None:
             newest = self.checkpoints.newest_of_this_run()
             # in the outcome itself: every node names the same checkpoint (rank 0 wrote it; each rank reported it)
@@ -648,11 +651,15 @@ def _timer_cause(cause: RootCause | None, att: Attempt) -> RootCause | None:
                                               f"{scope!r} expired (TORCHELASTIC_ENABLE_FILE_TIMER=1)")
 
 
-def _save_cut(cause: RootCause, unfinished: tuple[str, ...]) -> RootCause:
+def _save_cut(cause: RootCause, unfinished: tuple[str, ...], newest: Path | None) -> RootCause:
     """A stop whose final checkpoint was not written is no normal 130/143: the work since the
-    last complete checkpoint is lost, and the user must know before relying on it."""
+    last complete checkpoint is lost, and the user must know before relying on it, and which
+    checkpoint a resume would take."""
+    fallback = f"the newest complete checkpoint of this run is {newest}" if newest is not None \
+        else "this run wrote no complete checkpoint"
     return dataclasses.replace(cause, exit_code=int(ExitCode.FAILURE),
-                               message=f"{cause.message}; the final checkpoint was NOT saved: {'; '.join(unfinished)}")
+                               message=f"{cause.message}; the final checkpoint was NOT saved: {'; '.join(unfinished)}; "
+                                       f"{fallback}")
 
 
 def _stop_cause(signum: int, when: str) -> RootCause:
