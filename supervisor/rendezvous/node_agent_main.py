@@ -60,7 +60,9 @@ from typing import Any
 
 import orjson
 
-from supervisor.rendezvous.elastic_rounds import ElasticRounds
+from gpuherd.exit_codes import ExitCode
+from supervisor.rendezvous.elastic_rounds import ElasticRounds, refused_key
+from supervisor.rendezvous.nodes import settings_problem
 
 POLL_S = 0.05  # abort latency is at most this plus one store round trip
 BEAT_S = 1.0  # each agent bumps its node's counter this often while an attempt runs
@@ -252,6 +254,11 @@ class Agent:
             if why == "closed":
                 self.emit("join-closed", attempt=k)
                 return
+            if why == "refused":  # node 0 found this node's settings differ from the job's
+                self.emit("abort", attempt=k, cause=self._cause(refused_key(self.node_rank),
+                                                                self.store.get(refused_key(self.node_rank))))
+                self.emit("join-aborted", attempt=k)
+                return
         self.last_join = k
         if members is None:
             self.emit("abort", attempt=k, cause=self._cause(f"a{k}/abort", self.store.get(f"a{k}/abort")))
@@ -280,7 +287,7 @@ class Agent:
     def _admit_waiting(self, k: int) -> None:
         """Node 0 of an elastic job, while round k runs: a node waiting for the next round restarts
         every node's workers so it joins (torchrun's num_nodes_waiting > 0)."""
-        waiting = self.rounds.waiting(k)
+        waiting = [r for r in self.rounds.waiting(k) if self._settings_agree(k, r)]
         if not waiting:
             return
         who = ", ".join(f"node {r} ({self._record_host(k + 1, r)})" for r in waiting)
@@ -289,6 +296,21 @@ class Agent:
                  "message": f"{who} asked to join: restarting every node's workers to admit it (a membership "
                             "change, not counted against --max-restarts)"}
         self.store.compare_set(f"a{k}/abort", "", orjson.dumps(cause))
+
+    def _settings_agree(self, k: int, r: int) -> bool:
+        """Node 0: a waiting node with another --run-id, model or mode would take the healthy job
+        down at its admission (every node exits 2 then): it is refused alone, before that."""
+        mine, theirs = (_json_or_none(self.store.get(key)) for key in (f"a{k}/node0", f"a{k + 1}/node{r}"))
+        if not (isinstance(mine, dict) and isinstance(theirs, dict)):
+            return True  # a malformed record is named at the join itself
+        problem = settings_problem(theirs, mine, r)
+        if problem is None:
+            return True
+        cause = {"kind": "rendezvous", "exit_code": int(ExitCode.USAGE), "node": r, "host": theirs.get("host"),
+                 "rank": None, "device": None, "stderr_tail": [],
+                 "message": f"{problem}; it was not admitted, the job goes on without it"}
+        self.rounds.refuse(k, r, orjson.dumps(cause))
+        return False
 
     def poll(self) -> None:
         if self.watching is not None and self.store.check([f"a{self.watching}/abort"]):
