@@ -180,6 +180,8 @@ class Agent:
 
     def handle(self, msg: dict[str, Any]) -> None:
         k, cmd = int(msg.get("attempt", -1)), msg["cmd"]
+        if cmd == "join" and not self._claim_rank(k, msg["record"]):
+            return
         if cmd == "join" and self.rounds is not None:
             self._join_elastic(orjson.dumps(msg["record"]))
         elif cmd == "join":
@@ -296,6 +298,23 @@ class Agent:
                  "message": f"{who} asked to join: restarting every node's workers to admit it (a membership "
                             "change, not counted against --max-restarts)"}
         self.store.compare_set(f"a{k}/abort", "", orjson.dumps(cause))
+
+    def _claim_rank(self, k: int, record: dict[str, Any]) -> bool:
+        """The first agent to join as node r owns that --node-rank for the whole job (its later
+        attempts too); another node started with the same one is refused alone, exit 2, before its
+        record could overwrite the owner's."""
+        mine = f"{record.get('host', '?')} (agent pid {os.getpid()})".encode()
+        owner = self.store.compare_set(f"rank{self.node_rank}/owner", "", mine)
+        if owner == mine:
+            return True
+        shown = owner.decode("utf-8", "backslashreplace")[:120]
+        cause = {"kind": "rendezvous", "exit_code": int(ExitCode.USAGE), "node": self.node_rank,
+                 "host": record.get("host"), "rank": None, "device": None, "stderr_tail": [],
+                 "message": f"--node-rank {self.node_rank} is already taken in this job, by {shown}: give each "
+                            "node its own --node-rank (0..N-1)"}
+        self.emit("abort", attempt=k, cause=cause)
+        self.emit("join-aborted", attempt=k)
+        return False
 
     def _settings_agree(self, k: int, r: int) -> bool:
         """Node 0: a waiting node with another --run-id, model or mode would take the healthy job

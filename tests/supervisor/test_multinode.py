@@ -367,3 +367,23 @@ def test_garbage_on_the_abort_key_is_named_and_crashes_no_node_agent(tmp_path):
         assert "malformed data on the job store at 127.0.0.1:" in err and "key a0/abort holds" in err, err[-3000:]
         assert "the node agent" not in err and "exited" not in _summary(tmp_path, r)["root_cause"]["message"]
         assert "no gpuherd node of this job wrote it" in _summary(tmp_path, r)["root_cause"]["message"]
+
+
+def test_a_second_node_with_a_node_rank_already_taken_is_refused_alone(tmp_path):
+    port = _port()
+    n0, n1 = _node(tmp_path, 0, port, "forever", "forever"), _node(tmp_path, 1, port, "forever", "forever")
+    other = tmp_path / "other"
+    other.mkdir()
+    try:
+        assert sh.wait_for(lambda: (tmp_path / "logs" / "job-node1" / "attempt-0").is_dir()
+                           or any((tmp_path / "logs" / "job-node1").glob("worker-rank*.log")), timeout=120)
+        twin = _node(other, 1, port, "forever", "forever")
+        code, _, err = sh.finish(twin, timeout=120)
+        assert code == 2, err[-3000:]
+        assert "--node-rank 1 is already taken in this job, by " in err and "Traceback" not in err
+        assert n0.poll() is None and n1.poll() is None  # the job runs on
+    finally:
+        for proc in (n0, n1):
+            proc.send_signal(signal.SIGTERM)
+        for proc in (n0, n1):
+            sh.finish(proc, timeout=120)
