@@ -123,12 +123,14 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
 
 class _OneRunId(argparse.Action):
-    """--run-id and its torchrun spelling --rdzv-id name one thing: two different values
-    are refused instead of the last one silently winning."""
+    """--run-id and its torchrun spelling --rdzv-id name one thing: the two with different
+    values are refused instead of the last one silently winning (one flag repeated is the
+    usual "the last one wins", as a wrapper script's default overridden)."""
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         given = getattr(namespace, "_run_id_flag", None)
-        if given is not None and given[1] != values:
+        spelling = lambda flag: (flag or "").replace("_", "-")  # noqa: E731 - --rdzv_id is --rdzv-id
+        if given is not None and given[1] != values and spelling(given[0]) != spelling(option_string):
             die(f"{given[0]} {given[1]} and {option_string} {values} name the run twice, differently; give one")
         namespace._run_id_flag = (option_string, values)
         setattr(namespace, self.dest, values)
