@@ -33,8 +33,8 @@ from supervisor.gpus import DeviceError, DevicePlan, plan_devices
 from supervisor.health import WARN, CheckReport, announce_devices, hang_timeouts, run_checks
 from supervisor.job import Job
 from supervisor.output import STDERR, Console
-from supervisor.processes import helper_preexec, ignored_notice, inherited_ignored, python_env, within_kill_wait
-from supervisor.processes.live_setup import spare_count, why_off
+from supervisor.processes import (helper_preexec, ignored_notice, inherited_ignored, python_env, spare_count, why_off,
+                                  within_kill_wait)
 from supervisor.rendezvous import MultiNode, NodeLinkError, SingleNode, bind_master, kill_wait
 from supervisor.summary import now_iso
 from supervisor.validation import LaunchError, validate_launch
