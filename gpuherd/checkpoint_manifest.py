@@ -120,6 +120,17 @@ def read_manifest(checkpoint: Path) -> Manifest | None:
         raise ValueError(f"checkpoint {checkpoint}: {path.name} is not a gpuherd manifest: {exc}") from None
 
 
+def written_by(checkpoint: Path, run_id: str) -> bool:
+    """Whether the checkpoint's manifest names `run_id` (cheap: nothing else is read). A
+    checkpoint without one, or with an unreadable one, is nobody's: it is never taken for
+    this run's (resumed as its own, or pruned)."""
+    try:
+        manifest = read_manifest(checkpoint)
+    except ValueError:
+        return False
+    return manifest is not None and manifest.run_id == run_id
+
+
 def size_problem(checkpoint: Path, manifest: Manifest) -> str | None:
     """Missing, empty or truncated files, in plain words (cheap: no file is read)."""
     base = base_dir(checkpoint)

@@ -108,7 +108,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                         "GPU[0-7]:...)")
     _add_restart_flags(parser)
     _add_node_flags(parser)
-    g.add_argument("--run-id", "--rdzv-id", "--rdzv_id", default=None, metavar="ID",
+    g.add_argument("--run-id", "--rdzv-id", "--rdzv_id", default=None, metavar="ID", action=_OneRunId,
                    help="name of the run directory and TORCHELASTIC_RUN_ID (default: time + random)")
     g.add_argument("-v", "--verbose", action="store_true", help="the supervisor's own debug messages on the console")
     g.add_argument("--skip-checks", dest="preflight", action="store_false", default=None,
@@ -121,6 +121,20 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     _add_script_flags(parser)
     add_torchrun_flags(parser)
     return parser
+
+
+class _OneRunId(argparse.Action):
+    """--run-id and its torchrun spelling --rdzv-id name one thing: the two with different
+    values are refused instead of the last one silently winning (one flag repeated is the
+    usual "the last one wins", as a wrapper script's default overridden)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        given = getattr(namespace, "_run_id_flag", None)
+        spelling = lambda flag: (flag or "").replace("_", "-")  # noqa: E731 - --rdzv_id is --rdzv-id
+        if given is not None and given[1] != values and spelling(given[0]) != spelling(option_string):
+            die(f"{given[0]} {given[1]} and {option_string} {values} name the run twice, differently; give one")
+        namespace._run_id_flag = (option_string, values)
+        setattr(namespace, self.dest, values)
 
 
 def _add_restart_flags(parser: argparse.ArgumentParser) -> None:
@@ -246,7 +260,7 @@ def _node_spec(args: argparse.Namespace) -> NodeSpec:
             args.nproc = slurm.gpus_on_node  # SLURM said how many GPUs but did not hide the others
     nnodes = 1 if nnodes is None else nnodes
     min_nodes = nnodes if args.min_nodes is None else args.min_nodes
-    node_rank = 0 if node_rank is None else node_rank
+    given_rank, node_rank = node_rank, 0 if node_rank is None else node_rank
     port = DEFAULT_PORT if port is None else port
     if nnodes < 1:
         die(f"--nnodes must be >= 1, got {nnodes}")
@@ -256,6 +270,9 @@ def _node_spec(args: argparse.Namespace) -> NodeSpec:
         die(f"--master-port {port} is not a TCP port (1-65535)")
     if nnodes > 1 and not addr:
         die(f"--nnodes {_shown(min_nodes, nnodes)} needs --master-addr: node 0's address, as every node reaches it")
+    if nnodes > 1 and given_rank is None:  # each node defaulting to 0 would wait out the rendezvous as node 0
+        die(f"--nnodes {_shown(min_nodes, nnodes)} needs --node-rank R (0..{nnodes - 1}, a different one on each "
+            "node; node 0 hosts the job store), or --slurm under srun")
     return NodeSpec(nnodes=nnodes, node_rank=node_rank, master_addr=addr or "", master_port=port, min_nodes=min_nodes)
 
 

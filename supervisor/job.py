@@ -24,6 +24,7 @@ from pathlib import Path
 from loguru import logger
 
 from gpuherd import contract
+from gpuherd.checkpoint_layout import remove_orphans
 from gpuherd.config import Config
 from gpuherd.exit_codes import ExitCode
 from gpuherd.log_writes import LOG_WRITES
@@ -211,6 +212,7 @@ class Job:
             while True:
                 report = self.run_attempt(attempt, resume, guard, metrics)
                 attempts.append(report)
+                report.root_cause = self._blame_the_cache(report.root_cause)
                 final = report.root_cause
                 if final is None:
                     break
@@ -252,6 +254,23 @@ class Job:
             metrics.close()
             self.release_guard(dying=self.store_server.close(wait=False))
         return self.finish(final, attempts)
+
+    def _blame_the_cache(self, cause: RootCause | None) -> RootCause | None:
+        """A built-in worker killed by SIGBUS touched a page of its memory-mapped dataset cache that
+        is no longer in the file: the cache was truncated under the run. Its size check names it,
+        and the cause becomes a data error (exit 3; with restarts, the cache is rebuilt first)."""
+        if cause is None or self.mode != "train" or not self.dataset_path or cause.kind != "worker-exit" \
+                or cause.exit_code != 128 + signal.SIGBUS:
+            return cause
+        from dataset_cache import DatasetError, open_data
+
+        try:
+            open_data(Path(self.dataset_path))
+        except DatasetError as exc:
+            message = f"{exc}: {cause.message.split(' after ')[0]} reading it (changed while the run read it)"
+            logger.error(message)
+            return dataclasses.replace(cause, kind="dataset", exit_code=int(ExitCode.DATA), message=message)
+        return cause
 
     def _recovered(self) -> int:
         return sum(1 for r in self.recoveries if r["outcome"] == "recovered")
@@ -335,7 +354,9 @@ class Job:
         sup = att.sup
         final_save = sup.final_save()
         if final_save == "not saved" and cause is not None:
-            cause = _save_cut(cause, sup.state.graceful.unfinished)
+            cause = _save_cut(cause, sup.state.graceful.unfinished, self.checkpoints.newest_of_this_run())
+            if self.mode == "train":  # every worker is gone: the cut save's temp file has no writer left
+                remove_orphans(Path(self.cfg.system.checkpoint_dir))
         elif final_save == "saved" and self.checkpoints.newest_of_this_run() is not None and cause is not None:
             newest = self.checkpoints.newest_of_this_run()
             # in the outcome itself: every node names the same checkpoint (rank 0 wrote it; each rank reported it)
@@ -630,11 +651,15 @@ def _timer_cause(cause: RootCause | None, att: Attempt) -> RootCause | None:
                                               f"{scope!r} expired (TORCHELASTIC_ENABLE_FILE_TIMER=1)")
 
 
-def _save_cut(cause: RootCause, unfinished: tuple[str, ...]) -> RootCause:
+def _save_cut(cause: RootCause, unfinished: tuple[str, ...], newest: Path | None) -> RootCause:
     """A stop whose final checkpoint was not written is no normal 130/143: the work since the
-    last complete checkpoint is lost, and the user must know before relying on it."""
+    last complete checkpoint is lost, and the user must know before relying on it, and which
+    checkpoint a resume would take."""
+    fallback = f"the newest complete checkpoint of this run is {newest}" if newest is not None \
+        else "this run wrote no complete checkpoint"
     return dataclasses.replace(cause, exit_code=int(ExitCode.FAILURE),
-                               message=f"{cause.message}; the final checkpoint was NOT saved: {'; '.join(unfinished)}")
+                               message=f"{cause.message}; the final checkpoint was NOT saved: {'; '.join(unfinished)}; "
+                                       f"{fallback}")
 
 
 def _stop_cause(signum: int, when: str) -> RootCause:

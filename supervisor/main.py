@@ -23,7 +23,7 @@ from gpuherd.config import Config
 from gpuherd.exit_codes import ExitCode
 from gpuherd.files import write_bytes_atomic
 from gpuherd.log_writes import LOG_WRITES
-from gpuherd.model_checks import check_fits, check_vocab, host_memory_bytes
+from gpuherd.model_checks import check_fits, check_processes_fit, check_vocab, host_memory_bytes, worker_memory
 from gpuherd.storage import storage_errno, storage_message
 from gpuherd.torch_floor import TorchTooOld, check_torch_version, installed_torch_version
 from supervisor import requeue as requeues
@@ -33,7 +33,8 @@ from supervisor.gpus import DeviceError, DevicePlan, plan_devices
 from supervisor.health import WARN, CheckReport, announce_devices, hang_timeouts, run_checks
 from supervisor.job import Job
 from supervisor.output import STDERR, Console
-from supervisor.processes import helper_preexec, ignored_notice, inherited_ignored, python_env, within_kill_wait
+from supervisor.processes import (helper_preexec, ignored_notice, inherited_ignored, python_env, spare_count, why_off,
+                                  within_kill_wait)
 from supervisor.rendezvous import MultiNode, NodeLinkError, SingleNode, bind_master, kill_wait
 from supervisor.summary import now_iso
 from supervisor.validation import LaunchError, validate_launch
@@ -91,7 +92,8 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
     vocab = _vocab_checks(cfg, console) if mode == "train" else None
     checks = _preflight(launch, plan, console, master_bound=listen is not None) if cfg.system.preflight else None
     if vocab is not None:  # last: a wrong flag above is named as such, not as a model that does not fit
-        _memory_checks(cfg, plan, vocab, console)
+        live = why_off(cfg, script=False, multi_node=node.multi, world_size=plan.world_size) is None
+        _memory_checks(cfg, plan, vocab, spare_count(cfg) if live else 0, console)
     # ---- nothing was written before this line; everything below may write
     _open_run_dir(launch, run_dir, checks, console)
     for notice in [*launch.notices, ignored_notice()]:
@@ -168,14 +170,19 @@ def _vocab_checks(cfg: Config, console: Console) -> int:
     return vocab
 
 
-def _memory_checks(cfg: Config, plan: DevicePlan, vocab: int, console: Console) -> None:
+def _memory_checks(cfg: Config, plan: DevicePlan, vocab: int, spares: int, console: Console) -> None:
     """For CPU workers, the model against this host's RAM: refused here (exit 2) rather than by
     every worker after the spawn (also a pre-flight item; this holds under --skip-checks too).
-    On GPUs the worker's layout planner picks a sharding that fits or refuses in one line itself."""
-    if plan.kind != "cpu":
-        return
-    problem = check_fits(cfg, host_memory_bytes(plan.world_size), world_size=plan.world_size,
-                         tokenizer_vocab=vocab, where=f"this host (available RAM / {plan.world_size} workers)")
+    On GPUs the worker's layout planner picks a sharding that fits or refuses in one line itself.
+    Then every process the node starts (workers and warm spares) against the host's RAM."""
+    model_bytes = 0
+    if plan.kind == "cpu":
+        problem = check_fits(cfg, host_memory_bytes(plan.world_size), world_size=plan.world_size,
+                             tokenizer_vocab=vocab, where=f"this host (available RAM / {plan.world_size} workers)")
+        if problem is not None:
+            _refuse(console, problem)
+        model_bytes = worker_memory(cfg, plan.world_size, vocab).total
+    problem = check_processes_fit(plan.world_size, spares, model_bytes, host_memory_bytes())
     if problem is not None:
         _refuse(console, problem)
 
@@ -190,6 +197,11 @@ def _run_names(launch: Launch, console: Console) -> tuple[str, Path]:
         run_dir = rundir.run_dir_path(cfg.system.run_root, run_id if not node.multi else f"{run_id}-node{node.node_rank}")
         if launch.slurm_job_id is not None and (run_dir.is_dir() and not run_dir.is_symlink()):
             launch.start = requeues.next_start(run_dir)  # requeued, or its script submitted again
+            changed = requeues.changed_model(run_dir, cfg) if launch.script is None else None
+            if changed:
+                raise rundir.RunDirError(f"run {run_id} in {run_dir} continues with another model ({changed}) than "
+                                         "its checkpoints hold: start it with the settings it was started with, or "
+                                         "start a new run (another --run-id)")
         rundir.ensure_free(run_dir, launch.force or launch.start > 0)
     except rundir.RunDirError as exc:
         _refuse(console, str(exc), exc.exit_code)

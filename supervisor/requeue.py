@@ -31,6 +31,8 @@ from typing import Any
 
 import orjson
 
+from gpuherd.config import Config
+from gpuherd.errors import ConfigError
 from supervisor.restarts import RunCheckpoints
 
 SUMMARY_KEYS = ("started_at", "duration_s", "exit_code", "outcome", "final_save", "slurm_job_id")
@@ -48,6 +50,21 @@ def next_start(run_dir: Path) -> int:
     taken again)."""
     taken = [int(m.group(1)) for p in run_dir.iterdir() if p.is_dir() and (m := START_DIR.fullmatch(p.name))]
     return max(taken, default=0) + 1
+
+
+def changed_model(run_dir: Path, cfg: Config) -> str | None:
+    """What a start of the run changes in the model its checkpoints hold (the model section
+    and the tokenizer, which sizes the embeddings), against the config its first start wrote:
+    "model.dim 64 -> 128", or None. Such a start could only fail in its workers, after its
+    files were rewritten; an unreadable config.json leaves the judgement to them."""
+    try:
+        before = Config.load(run_dir / "config.json").to_dict()
+    except ConfigError:
+        return None
+    now = cfg.to_dict()
+    keys = [("model", k) for k in now["model"]] + [("data", "tokenizer")]
+    diff = [f"{a}.{b} {before[a].get(b)} -> {now[a][b]}" for a, b in keys if before[a].get(b) != now[a][b]]
+    return ", ".join(diff) or None
 
 
 def earlier_starts(run_dir: Path, start: int) -> list[dict[str, Any]]:

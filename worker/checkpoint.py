@@ -29,6 +29,7 @@ from typing import Any
 from loguru import logger
 
 from gpuherd.checkpoint_layout import checkpoint_name, list_checkpoints, remove_checkpoint, remove_orphans
+from gpuherd.checkpoint_manifest import written_by
 from gpuherd.exit_codes import ExitCode
 from gpuherd.model_size import checkpoint_bytes
 from gpuherd.storage import format_bytes, probe_errno, storage_errno, storage_message
@@ -126,9 +127,11 @@ class Checkpointer:
         return path
 
     def _prune(self, keep: Path) -> None:
-        """The oldest checkpoints past `keep_last`, never `keep` (the one just written, even
-        where the directory holds newer steps of an earlier timeline)."""
-        others = [old for _, old in list_checkpoints(self.directory) if old != keep]
+        """The oldest checkpoints of this run past `keep_last`, never `keep` (the one just
+        written, even where the directory holds newer steps of an earlier timeline). Only
+        checkpoints whose manifest names this run count: another run sharing the directory
+        (or an older gpuherd's checkpoint, which has no manifest) is never deleted."""
+        others = [old for _, old in list_checkpoints(self.directory) if old != keep and written_by(old, self.run_id)]
         for old in others[:max(0, len(others) - (self.keep_last - 1))]:
             remove_checkpoint(old)
 

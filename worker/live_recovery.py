@@ -66,12 +66,16 @@ class Recoverable(Protocol):
     saver: Saver
     reporter: StepReporter
     step: int
+    owed: list[str]
 
-    def state_dict(self) -> dict[str, int]: ...
+    def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
     def on_group_lost(self) -> None: ...
     def on_regroup(self, buckets: Buckets | None) -> None: ...
     def rewind_data(self, sampler: dict[str, Any]) -> None: ...
+
+
+_OWED = {"eval": "evaluation", "checkpoint": "periodic checkpoint"}
 
 
 @dataclass
@@ -200,6 +204,9 @@ class LiveRecovery:
         else:
             self._rewind(self._mark.sampler, self._mark.rng)
         t.load_state_dict(state)
+        if t.owed and t.identity.rank == 0:
+            logger.warning(f"{t.identity.bracket} the {' and the '.join(_OWED[o] for o in t.owed)} of step {t.step} "
+                           "was cut short by the lost peer: the rebuilt group does it now")
         self._mark = Mark(t.step, t.data.train.state_dict(), rng.capture(t.device))
 
     def _state(self) -> dict[str, Any]:

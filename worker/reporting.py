@@ -7,6 +7,7 @@ since the previous logged step.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 from loguru import logger
 
 from gpuherd.contract import WorkerIdentity
+from gpuherd.log_writes import DISK_ERRNOS
 from gpuherd.status_channel import StatusWriter
 from gpuherd.text import format_duration
 from worker.mfu import FlopsModel
@@ -45,17 +47,29 @@ def memory_bytes(device: torch.device) -> int:
 class TensorBoard:
     """Scalars from rank 0 to <run_dir>/tensorboard when tensorboard is installed."""
 
+    name = "TensorBoard"
+
     def __init__(self, run_dir: Path | None, rank: int) -> None:
         self.writer = None
-        if rank != 0 or run_dir is None:
+        self.where = None if run_dir is None else run_dir / "tensorboard"
+        if rank != 0 or self.where is None:
             return
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             logger.debug("tensorboard not installed: no event files")
             return
-        # SummaryWriter flushes from its own thread: adding scalars never blocks a step
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        # SummaryWriter flushes from its own thread: adding scalars never blocks a step. A disk
+        # error there ends that thread and is raised again at the next scalar (ScalarSinks drops
+        # the sink then); its own traceback on the way out says nothing more.
+        quiet_writer_thread_disk_errors()
+        try:
+            self.writer = SummaryWriter(log_dir=str(self.where))
+        except OSError as exc:
+            if exc.errno not in DISK_ERRNOS:
+                raise
+            logger.warning(f"TensorBoard cannot write to {self.where}: {DISK_ERRNOS[exc.errno]}; no event files, "
+                           "training goes on")
 
     def scalars(self, step: int, **values: float | None) -> None:
         if self.writer is None:
@@ -69,19 +83,54 @@ class TensorBoard:
             self.writer.close()
 
 
+def quiet_writer_thread_disk_errors() -> None:
+    """A disk error that ends a log writer's own thread (TensorBoard's event thread) is not
+    printed as a traceback: the sink raises it again in the training thread, where it is
+    dropped and said once."""
+    if getattr(threading.excepthook, "gpuherd_quiet", False):
+        return
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if isinstance(args.exc_value, OSError) and args.exc_value.errno in DISK_ERRNOS:
+            return
+        previous(args)
+
+    hook.gpuherd_quiet = True  # type: ignore[attr-defined]
+    threading.excepthook = hook
+
+
 class ScalarSinks:
-    """Every scalar to every sink (TensorBoard, W&B offline): one call site in the reporter."""
+    """Every scalar to every sink (TensorBoard, W&B offline): one call site in the reporter.
+    A log disk that fills up never stops the training: a sink whose disk fails (full, quota,
+    read-only, I/O error) is dropped with one WARNING, and the scalars it missed are counted."""
 
     def __init__(self, *sinks: TensorBoard | WandbLog) -> None:
-        self.sinks = sinks
+        self.sinks = list(sinks)
+        self.gone: list[str] = []  # the dropped sinks' names
+        self.dropped = 0  # scalars that never reached a dropped sink
 
     def scalars(self, step: int, **values: float | None) -> None:
-        for sink in self.sinks:
-            sink.scalars(step, **values)
+        for sink in list(self.sinks):
+            self._guarded(sink, lambda s=sink: s.scalars(step, **values))
+        self.dropped += len([v for v in values.values() if v is not None]) * len(self.gone)
 
     def close(self) -> None:
-        for sink in self.sinks:
-            sink.close()
+        for sink in list(self.sinks):
+            self._guarded(sink, sink.close)
+        if self.dropped:
+            logger.warning(f"{self.dropped} scalar(s) could not be written ({', '.join(self.gone)}: the log disk failed)")
+
+    def _guarded(self, sink: TensorBoard | WandbLog, call: Callable[[], None]) -> None:
+        try:
+            call()
+        except OSError as exc:
+            if exc.errno not in DISK_ERRNOS:
+                raise
+            self.sinks.remove(sink)
+            self.gone.append(sink.name)
+            logger.warning(f"{sink.name} cannot write to {sink.where}: {DISK_ERRNOS[exc.errno]}; its scalars are "
+                           "dropped (counted) from now on, training goes on")
 
 
 class StepReporter:

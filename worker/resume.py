@@ -22,7 +22,7 @@ from typing import Any
 from loguru import logger
 
 from gpuherd.checkpoint_layout import list_checkpoints
-from gpuherd.checkpoint_manifest import Manifest, checksum_problem, read_manifest, size_problem
+from gpuherd.checkpoint_manifest import Manifest, checksum_problem, read_manifest, size_problem, written_by
 from gpuherd.exit_codes import ExitCode
 from worker import distributed as wdist
 from worker.checkpoint_io import read_meta
@@ -120,20 +120,12 @@ class Picker:
             return verdict
         self._warn(f"{verdict.problem}: skipped, looking for an older checkpoint of this run")
         older = [path for _, path in reversed(list_checkpoints(self.directory))
-                 if path != handed and self._written_by_this_run(path)]
+                 if path != handed and written_by(path, self.run_id)]
         found, _ = self._first_valid(older)
         if found is None:
             raise WorkerError(f"cannot resume run {self.run_id}: {verdict.problem}, and {self.directory} holds no "
                               "older valid checkpoint of this run", ExitCode.USAGE)
         return found
-
-    def _written_by_this_run(self, path: Path) -> bool:
-        """By the manifest alone (cheap): checkpoints of other runs are not even hashed."""
-        try:
-            manifest = read_manifest(path)
-        except ValueError:
-            return False
-        return manifest is not None and manifest.run_id == self.run_id
 
     def _warn(self, message: str) -> None:
         if self.rank == 0:

@@ -151,6 +151,7 @@ class Trainer:
         if data.describe is not None:  # what this run reads: sources, shares, epochs over max_steps
             self._log_rank0(f"{identity.bracket} {data.describe(tokens_per_step * identity.world_size * t.max_steps)}")
         self.skipped_steps = 0
+        self.owed: list[str] = []  # "eval", "checkpoint": due after the last completed step, not done yet
         self.recovery = LiveRecovery(self, joining)
         if joining is not None:
             self.recovery.join(joining)
@@ -161,13 +162,16 @@ class Trainer:
             logger.info(message)
 
     # ------------------------------------------------------------------ what live recovery asks of it
-    def state_dict(self) -> dict[str, int]:
-        """The loop's counters: what a survivor hands a rebuilt group besides model and data."""
-        return {"step": self.step, "saved_step": self.saved_step, "skipped_steps": self.skipped_steps}
+    def state_dict(self) -> dict[str, Any]:
+        """The loop's counters, and what a lost peer cut short (`owed`): what a survivor hands a
+        rebuilt group besides model and data, so every rank of it does the same collectives."""
+        return {"step": self.step, "saved_step": self.saved_step, "skipped_steps": self.skipped_steps,
+                "owed": list(self.owed)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.step, self.saved_step = int(state["step"]), int(state["saved_step"])
         self.skipped_steps = int(state["skipped_steps"])
+        self.owed = list(state.get("owed", []))
 
     def on_group_lost(self) -> None:
         """A peer broke the group: let go of everything that holds it (the stop vote, the
@@ -246,8 +250,11 @@ class Trainer:
         self.recovery.announce()
         self.recovery.mark()
         stopped = False
-        while self.step < t.max_steps:
+        while self.step < t.max_steps or self.owed:
             try:
+                if self.owed:  # after a rebuilt group: what the lost peer cut short
+                    self.settle_owed()
+                    continue
                 if self._iteration():
                     stopped = True
                     break
@@ -290,11 +297,26 @@ class Trainer:
         self._train_step()
         self.step += 1
         self.recovery.mark()
-        if t.eval_every and self.step % t.eval_every == 0 and self.data.make_val is not None:
-            self._paused("eval", self.evaluate)
-        if t.save_every and self.step % t.save_every == 0 and self.step < t.max_steps:
-            self._paused("checkpoint", self.save)
+        self.owed = self._due_after(self.step)
+        self.settle_owed()
         return False
+
+    def _due_after(self, step: int) -> list[str]:
+        """What follows step `step`: its evaluation and its periodic checkpoint, in that order."""
+        t, due = self.cfg.training, []
+        if t.eval_every and step % t.eval_every == 0 and self.data.make_val is not None:
+            due.append("eval")
+        if t.save_every and step % t.save_every == 0 and step < t.max_steps:
+            due.append("checkpoint")
+        return due
+
+    def settle_owed(self) -> None:
+        """Do what is owed after the last completed step. A peer lost in the middle leaves the rest
+        owed: the rebuilt group does it, newcomer included (worker/live_recovery.py hands the list
+        over with the state), so no evaluation or periodic save is silently dropped."""
+        while self.owed:
+            self._paused(self.owed[0], self.evaluate if self.owed[0] == "eval" else self.save)
+            self.owed.pop(0)
 
     def _train_step(self) -> None:
         t, engine, step = self.cfg.training, self.engine, self.step

@@ -23,10 +23,13 @@ PROJECT = "gpuherd"
 
 
 class WandbLog:
+    name = "W&B offline"
+
     def __init__(self, mode: str, run_dir: Path | None, rank: int, config: dict[str, Any] | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"logging.wandb={mode!r}: expected one of {', '.join(MODES)}")
         self.run: Any = None
+        self.where = None if run_dir is None else Path(run_dir) / "wandb"
         if mode == "off" or rank != 0 or run_dir is None:
             return
         try:

@@ -48,7 +48,7 @@ def read_json_file(path: Path) -> dict[str, Any]:
     configs carry them), trailing text is not."""
     if path.is_dir():
         raise ConfigError(f"config file {path} is a directory; --config takes a JSON file")
-    if not path.is_file():
+    if not path.exists():  # a pipe (`--config <(...)`, /dev/stdin) is read like a file
         raise ConfigError(f"config file not found: {path}")
     try:
         text = path.read_text(encoding="utf-8")

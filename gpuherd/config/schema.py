@@ -21,6 +21,12 @@ from gpuherd.errors import ConfigError
 # Names the data section understands without a path on disk.
 BUILTIN_DATASETS = ("shakespeare", "dummy")
 BUILTIN_TOKENIZERS = ("gpt2", "byte")
+# Upper bounds on magnitudes, so a typo (1e300) is refused here instead of failing later
+# with a traceback: a wait in seconds overflows timedelta and thread waits far below 1e300
+# (30 days is longer than any wait a run means), and a number the model or optimizer puts
+# into a float32 tensor must fit one (a huge but finite one still reaches the NaN guard).
+LONGEST_WAIT_S = 30 * 24 * 3600.0
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 @dataclass
@@ -34,29 +40,29 @@ class SystemConfig:
     run_root: str = "logs"  # run directories go to <run_root>/<run-id>/
     checkpoint_dir: str = ".checkpoints"
     isolate: bool = True  # each worker sees only its own GPU
-    hang_timeout: float = limited(0.0, ge=0)  # fixed step allowance in seconds; 0 = learned per phase (hang_factor, hang_floor)
-    startup_timeout: float = limited(0.0, ge=0)  # allowance for init + first step; 0 = default
-    grace_period: float = limited(5.0, gt=0)  # SIGTERM -> SIGKILL wait during teardown
-    rendezvous_timeout: float = limited(120.0, gt=0)  # process-group init
+    hang_timeout: float = limited(0.0, ge=0, le=LONGEST_WAIT_S)  # fixed step allowance in seconds; 0 = learned per phase (hang_factor, hang_floor)
+    startup_timeout: float = limited(0.0, ge=0, le=LONGEST_WAIT_S)  # allowance for init + first step; 0 = default
+    grace_period: float = limited(5.0, gt=0, le=LONGEST_WAIT_S)  # SIGTERM -> SIGKILL wait during teardown
+    rendezvous_timeout: float = limited(120.0, gt=0, le=LONGEST_WAIT_S)  # process-group init
     # --nnodes MIN:MAX: once MIN nodes joined, how long node 0 waits for more (torchrun's last_call_timeout)
-    rendezvous_last_call: float = limited(30.0, ge=0)
+    rendezvous_last_call: float = limited(30.0, ge=0, le=LONGEST_WAIT_S)
     log_ranks: list[int] | None = limited(None, ids=True)  # console shows these ranks (+ all warnings)
     collapse_logs: bool = False  # fold every rank's step line too (other alike lines always fold)
-    monitor_interval: float = limited(5.0, gt=0)  # seconds between GPU samples
+    monitor_interval: float = limited(5.0, gt=0, le=LONGEST_WAIT_S)  # seconds between GPU samples
     max_restarts: int = limited(0, ge=0)  # restart every worker after a failure, resuming from the newest checkpoint
-    restart_backoff: float = limited(0.2, ge=0)  # seconds before the first restart; doubles for each further quick failure
+    restart_backoff: float = limited(0.2, ge=0, le=LONGEST_WAIT_S)  # seconds before the first restart; doubles for each further quick failure
     spares: int = limited(-1, ge=-1)  # warm spare workers per node for live recovery; -1 = 1 when max_restarts > 0
     restart_on_nan: bool = False  # a NaN stop (exit 6) is restarted too, not only crashes and hangs
     exclude_suspect_gpus: bool = False  # after an exit 8, the restart runs without the suspect GPUs
-    stop_timeout: float = limited(120.0, gt=0)  # a graceful stop (SIGTERM, Ctrl-C) with its final save, at most
+    stop_timeout: float = limited(120.0, gt=0, le=LONGEST_WAIT_S)  # a graceful stop (SIGTERM, Ctrl-C) with its final save, at most
     preflight: bool = True  # GPU and host checks (`gpuherd check`) before anything starts
     # report.html + PNG figures rendered at the end, before the exit (matplotlib: about a second);
     # off, the summary names `gpuherd report RUN`, which renders the same page from the run's files
     report: bool = False
     # hang verdicts and stragglers (supervisor/health/): learned timeouts and slow-rank warnings
-    hang_factor: float = limited(5.0, ge=1)  # learned allowance of a phase = max(hang_floor, hang_factor x its p99)
-    hang_floor: float = limited(10.0, gt=0)  # seconds: a learned allowance is never shorter
-    straggler_factor: float = limited(1.3, ge=0)  # compute per step this much above the others' median; 0 = off
+    hang_factor: float = limited(5.0, ge=1, le=1000)  # learned allowance of a phase = max(hang_floor, hang_factor x its p99)
+    hang_floor: float = limited(10.0, gt=0, le=LONGEST_WAIT_S)  # seconds: a learned allowance is never shorter
+    straggler_factor: float = limited(1.3, ge=0, le=1000)  # compute per step this much above the others' median; 0 = off
     straggler_windows: int = limited(3, gt=0)  # ... in this many 5 s windows in a row before the warning
 
 
@@ -71,9 +77,9 @@ class ModelConfig:
     vocab_size: int = limited(0, ge=0, le=2**22)  # 0 = the tokenizer's, padded to a multiple of 64
     multiple_of: int = limited(256, gt=0, le=65536)  # SwiGLU hidden size is rounded up to this
     ffn_dim_multiplier: float | None = limited(None, gt=0, le=64)
-    norm_eps: float = limited(1e-5, gt=0)
-    rope_theta: float = limited(10000.0, gt=0)
-    init_std: float = limited(0.02, gt=0)
+    norm_eps: float = limited(1e-5, gt=0, le=FLOAT32_MAX)
+    rope_theta: float = limited(10000.0, gt=0, le=FLOAT32_MAX)
+    init_std: float = limited(0.02, gt=0, le=FLOAT32_MAX)
     tie_embeddings: bool = False
     attention: str = limited("auto", choices=("auto", "flash_attn", "sdpa", "eager"))
 
@@ -82,15 +88,15 @@ class ModelConfig:
 class TrainingConfig:
     batch_size: int = limited(4, gt=0)  # micro-batch per worker
     grad_accum_nums: int = limited(8, gt=0)
-    learning_rate: float = limited(3e-4, gt=0)
+    learning_rate: float = limited(3e-4, gt=0, le=FLOAT32_MAX)
     min_lr_ratio: float = limited(0.1, ge=0, le=1)  # cosine decays to learning_rate * this
-    weight_decay: float = limited(0.1, ge=0)
+    weight_decay: float = limited(0.1, ge=0, le=FLOAT32_MAX)
     beta1: float = limited(0.9, ge=0, lt=1)
     beta2: float = limited(0.95, ge=0, lt=1)
-    eps: float = limited(1e-8, ge=0)
+    eps: float = limited(1e-8, ge=0, le=FLOAT32_MAX)
     max_steps: int = limited(10000, gt=0)
     warmup_steps: int = limited(2000, ge=0)  # at most max_steps
-    max_grad_norm: float = limited(1.0, ge=0)  # 0 disables clipping
+    max_grad_norm: float = limited(1.0, ge=0, le=FLOAT32_MAX)  # 0 disables clipping
     use_amp: bool = True  # bf16 autocast on GPU (fp16 + scaler where no bf16)
     amp_dtype: str = limited("bf16", choices=("bf16", "fp16"))
     num_workers: int = limited(2, ge=0)  # batches a background thread prepares ahead; 0 = in the loop

@@ -41,7 +41,7 @@ def _check_int64(dotted: str, value: object) -> None:
 
 
 def _check_text(dotted: str, value: object) -> None:
-    """Every string is UTF-8: config.json, the cache's metadata and summary.json are JSON, which
+    """Every string is UTF-8 without NUL bytes: config.json, the cache's metadata and summary.json are JSON, which
     holds no undecodable bytes (a path in another encoding, or typed under a non-UTF-8 locale)."""
     if isinstance(value, dict):
         for item in value.values():
@@ -49,6 +49,10 @@ def _check_text(dotted: str, value: object) -> None:
     elif isinstance(value, list):
         for item in value:
             _check_text(dotted, item)
+    elif isinstance(value, str) and "\x00" in value:
+        # no file name, environment variable or argument can carry one: the OS cuts or refuses it
+        shown = printable(value).replace("\x00", "\\x00")
+        raise ConfigError(f"{dotted} '{shown}' holds a NUL byte (\\x00), which no path, name or value can contain")
     elif isinstance(value, str) and has_undecodable(value):
         raise ConfigError(f"{dotted} '{printable(value)}' holds bytes that are not UTF-8 (a name in another "
                           "encoding, or typed under a non-UTF-8 locale such as LC_ALL=C with PYTHONUTF8=0): "
@@ -71,6 +75,10 @@ def _check_relations(cfg: Config) -> None:
         raise ConfigError(f"training.warmup_steps ({t.warmup_steps}) must not exceed training.max_steps ({t.max_steps})")
     if t.strategy == "deepspeed" and not t.deepspeed_config:
         raise ConfigError("training.strategy=deepspeed needs training.deepspeed_config (a DeepSpeed JSON file)")
+    if cfg.system.device == "cpu" and (cfg.system.gpus is not None or cfg.system.device_id is not None):
+        named = (f"system.gpus {','.join(map(str, cfg.system.gpus))} (--gpus)" if cfg.system.gpus is not None
+                 else f"system.device_id {cfg.system.device_id}")
+        raise ConfigError(f"{named} names GPUs, but system.device=cpu runs CPU workers: drop one of the two")
     if cfg.system.spares > 0 and cfg.system.max_restarts == 0:
         raise ConfigError(f"system.spares={cfg.system.spares} needs system.max_restarts > 0 (--max-restarts N): each "
                           "live recovery uses one restart")

@@ -59,8 +59,8 @@ def judged(cfg: Config, gpus_planned: int, cpu_workers: int, script: bool = Fals
     if script:
         return f"a user's script on {workers}"
     m = cfg.model
-    params = count_params(m, m.vocab_size or GPT2_PADDED_VOCAB)
-    scale, unit = next((scale, unit) for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1, ""))
+    params = count_params(m, model_vocab(cfg))
+    scale, unit = next((scale, unit) for scale, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k"), (1, ""))
                        if params >= scale or unit == "")
     return (f"preset {cfg.preset}: {params / scale:.3g}{unit} parameters ({m.n_layers} layers, dim {m.dim}), "
             f"{cfg.training.max_steps} steps, on {workers}")
@@ -68,7 +68,23 @@ def judged(cfg: Config, gpus_planned: int, cpu_workers: int, script: bool = Fals
 
 def one_checkpoint_bytes(cfg: Config) -> int:
     """About what one checkpoint of this model takes (weights + optimizer state)."""
-    return checkpoint_bytes(count_params(cfg.model, cfg.model.vocab_size or GPT2_PADDED_VOCAB))
+    return checkpoint_bytes(count_params(cfg.model, model_vocab(cfg)))
+
+
+def model_vocab(cfg: Config) -> int:
+    """The embedding rows the worker will build: `model.vocab_size`, else the tokenizer's
+    vocabulary padded as the worker pads it (the byte tokenizer's 256 rows, not GPT-2's 50304:
+    a model's size, and its checkpoint's, can differ by far more than that alone)."""
+    if cfg.model.vocab_size:
+        return cfg.model.vocab_size
+    if cfg.data.tokenizer == "gpt2":  # known without loading its BPE files
+        return GPT2_PADDED_VOCAB
+    from dataset_cache import DatasetError, load_tokenizer, padded_vocab_size  # numpy: only when needed
+
+    try:
+        return padded_vocab_size(load_tokenizer(cfg.data.tokenizer).vocab_size)
+    except DatasetError:  # an unusable tokenizer is refused in one line by the run itself
+        return GPT2_PADDED_VOCAB
 
 
 def _free(path: Path) -> tuple[Path, int]:
@@ -95,7 +111,8 @@ def _model_memory(cfg: Config, cpu_workers: int) -> tuple[str, str, str]:
     if not cpu_workers:
         return "model memory", NA, "each GPU worker fits the model to its GPU (training.strategy)"
     where = f"this host (available RAM / {cpu_workers} workers)"
-    problem = check_fits(cfg, host_memory_bytes(cpu_workers), world_size=cpu_workers, where=where)
+    problem = check_fits(cfg, host_memory_bytes(cpu_workers), world_size=cpu_workers, tokenizer_vocab=model_vocab(cfg),
+                         where=where)
     if problem is not None:
         return "model memory", FAIL, problem + "; --debug or --preset gpt2-small train a smaller one"
     return "model memory", PASS, f"fits in {where}: {format_bytes(host_memory_bytes(cpu_workers))} each"

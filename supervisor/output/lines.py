@@ -78,7 +78,7 @@ _QUIET_LEVEL = {b"TRACE", b"DEBUG", b"INFO", b"SUCCESS"}
 QUIET, WARNING, ERROR = 0, 1, 2
 _ERROR_LEVEL = {b"ERROR", b"CRITICAL"}
 _ERROR_WORD = {b"ERROR", b"CRITICAL", b"FATAL", b"Error", b"Exception"}
-# The step line of the log format (docs/architecture.md): every rank's is shown, never folded.
+# The step line of the log format (docs/reference/log-lines.md): every rank's is shown, never folded.
 _PROGRESS = re.compile(rb"Step \[\d+/\d+\] \| Loss: ")
 
 

@@ -10,7 +10,8 @@ watched by one event loop, and torn down together.
   StopRules, GracefulStop, SAVE_AND_STOP, stop_exit_code, within_kill_wait (stopping.py): a graceful
     stop's rules (which signal, how long) and its outcome (was the final checkpoint saved?)
   LiveRecovery, Recovery (live_recovery.py): a lost rank replaced by a warm spare, or why not
-  live_for_attempt, AttemptLive, discard_spares, LIVE_ENV (live_setup.py): an attempt's live recovery put together
+  live_for_attempt, AttemptLive, discard_spares, LIVE_ENV, spare_count, why_off (live_setup.py): an attempt's live
+    recovery put together; how many spares, and why none
   SparePool (spares.py): warm spare workers (--spares), promoted to a lost rank
   OrphanGuard, sweep_children (orphan_guard.py -> orphan_guard_main.py, a helper process)
   STOP_SIGNALS, StopSignal, stops_raise, honoured, inherited_ignored, ignored_notice (signal_rules.py):
@@ -19,7 +20,7 @@ watched by one event loop, and torn down together.
 
 from supervisor.processes.error_file import ERROR_FILE_VAR, RankError, error_file_for, read_error_file
 from supervisor.processes.live_recovery import LiveRecovery, Recovery
-from supervisor.processes.live_setup import LIVE_ENV, AttemptLive, discard_spares, live_for_attempt
+from supervisor.processes.live_setup import LIVE_ENV, AttemptLive, discard_spares, live_for_attempt, spare_count, why_off
 from supervisor.processes.orphan_guard import OrphanGuard, sweep_children
 from supervisor.processes.signal_rules import (
     STOP_SIGNALS,
@@ -44,5 +45,5 @@ __all__ = [
     "WorkerProcess", "become_subreaper", "die_with_parent", "error_file_for", "helper_preexec", "python_env",
     "read_error_file",
     "script_env", "spawn", "stop_exit_code", "sweep_children", "within_kill_wait",
-    "worker_env",
+    "worker_env", "spare_count", "why_off",
 ]

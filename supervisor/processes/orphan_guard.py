@@ -13,6 +13,8 @@ from pathlib import Path
 
 import psutil
 
+from supervisor.processes.cgroup import enter_run_cgroup
+
 GUARD_MAIN = Path(__file__).with_name("orphan_guard_main.py")  # imports os, signal and sys only
 
 
@@ -28,6 +30,10 @@ class OrphanGuard:
             [python, "-I", "-S", str(GUARD_MAIN), marker], stdin=subprocess.PIPE, env=env,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
         )
+        # after the guard started (it stays outside): every process started from now on is in it
+        self.cgroup = enter_run_cgroup()
+        if self.cgroup is not None:
+            self._send(f"cgroup {self.cgroup}\n")
 
     @property
     def pid(self) -> int:

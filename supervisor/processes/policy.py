@@ -511,7 +511,7 @@ def _interrupt(s: State, v: View, r: Rules) -> Result:
     if s.cause is None:
         s, more = _set_cause(s, cause, v.now)
         actions += more
-    return _kill(s, v, actions)
+    return _kill_now(s, v, r, actions)
 
 
 def _quit(s: State, v: View, r: Rules) -> Result:
@@ -519,7 +519,7 @@ def _quit(s: State, v: View, r: Rules) -> Result:
     summary is written, exit 131. During a teardown or a stop already under way: SIGKILL now."""
     s = replace(s, terminations=s.terminations + 1, stop_signal=s.stop_signal or signal.SIGQUIT)
     if s.cause is not None:
-        return _kill(s, v, [Log("warning", "SIGQUIT during the teardown: killing every worker now")])
+        return _kill_now(s, v, r, [Log("warning", "SIGQUIT during the teardown: killing every worker now")])
     s, actions = _set_cause(s, RootCause("terminated", stop_exit_code(signal.SIGQUIT), "the supervisor received SIGQUIT"), v.now)
     actions.append(Log("warning", f"supervisor received SIGQUIT: {signal.Signals(r.teardown_signal).name} to every "
                                   f"worker (no save), SIGKILL after "
@@ -542,7 +542,7 @@ def _stop_request(s: State, v: View, r: Rules, signum: int) -> Result:
                              v.now)
         return s, actions + more
     if repeated:
-        return _kill(s, v, [Log("warning", f"{name} again: killing every worker now")])
+        return _kill_now(s, v, r, [Log("warning", f"{name} again: killing every worker now")])
     return s, []
 
 
@@ -684,6 +684,12 @@ def _terminate(s: State, v: View, r: Rules, wait: float | None = None) -> Result
     """The teardown signal (+ SIGCONT, so a stopped worker can act on it) to every group at once."""
     actions: list[Action] = [Send(_ranks(v), r.teardown_signal), Send(_ranks(v), signal.SIGCONT)] if v.alive else []
     return _escalate(s, Phase.TERMINATING, v.now, r.grace if wait is None else wait), actions
+
+
+def _kill_now(s: State, v: View, r: Rules, actions: list[Action]) -> Result:
+    """The user's "now" (a repeated stop signal) during a graceful stop: a final save it cuts
+    is recorded as cut, as when the stop timeout runs out, so the run never reports a saved stop."""
+    return _kill(_cut_saves(s, v, r), v, actions)
 
 
 def _kill(s: State, v: View, actions: list[Action]) -> Result:

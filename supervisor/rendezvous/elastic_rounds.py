@@ -36,6 +36,10 @@ def members_key(k: int) -> str:
     return f"a{k}/members"
 
 
+def refused_key(r: int) -> str:
+    return f"refused{r}"
+
+
 class ElasticRounds:
     """One node's view of the rounds; `store` is torch's TCPStore (check/get/set/compare_set)."""
 
@@ -99,6 +103,12 @@ class ElasticRounds:
         return [r for r in range(self.max_nodes)
                 if r not in self.members and self.store.check([f"a{k + 1}/node{r}"])]
 
+    def refuse(self, k: int, r: int, cause: bytes) -> None:
+        """Node 0: node r, waiting for round k+1, cannot run in this job (other settings): it is
+        told why (`refused_key`) and its record withdrawn, so no round ever admits it."""
+        self.store.set(refused_key(r), cause)
+        self.store.delete_key(f"a{k + 1}/node{r}")
+
     def close_job(self) -> None:
         self.store.set(CLOSED_KEY, b"1")
 
@@ -125,6 +135,8 @@ class ElasticRounds:
             self.store.set(f"a{k}/node{self.node_rank}", record)
             members = self._wait_members(k, aborted)
             if members is None:
+                if self.store.check([refused_key(self.node_rank)]):
+                    return k, None, "refused"
                 return k, None, "closed" if self.store.check([CLOSED_KEY]) else "aborted"
             if self.node_rank in members:
                 self.round, self.members = k, members
@@ -137,7 +149,7 @@ class ElasticRounds:
             members = self.members_of(k)
             if members is not None:
                 return members
-            if aborted(k) or self.store.check([CLOSED_KEY]):
+            if aborted(k) or self.store.check([CLOSED_KEY]) or self.store.check([refused_key(self.node_rank)]):
                 return None
             time.sleep(POLL_S)
 

@@ -60,7 +60,9 @@ from typing import Any
 
 import orjson
 
-from supervisor.rendezvous.elastic_rounds import ElasticRounds
+from gpuherd.exit_codes import ExitCode
+from supervisor.rendezvous.elastic_rounds import ElasticRounds, refused_key
+from supervisor.rendezvous.nodes import settings_problem
 
 POLL_S = 0.05  # abort latency is at most this plus one store round trip
 BEAT_S = 1.0  # each agent bumps its node's counter this often while an attempt runs
@@ -178,6 +180,8 @@ class Agent:
 
     def handle(self, msg: dict[str, Any]) -> None:
         k, cmd = int(msg.get("attempt", -1)), msg["cmd"]
+        if cmd == "join" and not self._claim_rank(k, msg["record"]):
+            return
         if cmd == "join" and self.rounds is not None:
             self._join_elastic(orjson.dumps(msg["record"]))
         elif cmd == "join":
@@ -252,6 +256,11 @@ class Agent:
             if why == "closed":
                 self.emit("join-closed", attempt=k)
                 return
+            if why == "refused":  # node 0 found this node's settings differ from the job's
+                self.emit("abort", attempt=k, cause=self._cause(refused_key(self.node_rank),
+                                                                self.store.get(refused_key(self.node_rank))))
+                self.emit("join-aborted", attempt=k)
+                return
         self.last_join = k
         if members is None:
             self.emit("abort", attempt=k, cause=self._cause(f"a{k}/abort", self.store.get(f"a{k}/abort")))
@@ -280,7 +289,7 @@ class Agent:
     def _admit_waiting(self, k: int) -> None:
         """Node 0 of an elastic job, while round k runs: a node waiting for the next round restarts
         every node's workers so it joins (torchrun's num_nodes_waiting > 0)."""
-        waiting = self.rounds.waiting(k)
+        waiting = [r for r in self.rounds.waiting(k) if self._settings_agree(k, r)]
         if not waiting:
             return
         who = ", ".join(f"node {r} ({self._record_host(k + 1, r)})" for r in waiting)
@@ -289,6 +298,38 @@ class Agent:
                  "message": f"{who} asked to join: restarting every node's workers to admit it (a membership "
                             "change, not counted against --max-restarts)"}
         self.store.compare_set(f"a{k}/abort", "", orjson.dumps(cause))
+
+    def _claim_rank(self, k: int, record: dict[str, Any]) -> bool:
+        """The first agent to join as node r owns that --node-rank for the whole job (its later
+        attempts too); another node started with the same one is refused alone, exit 2, before its
+        record could overwrite the owner's."""
+        mine = f"{record.get('host', '?')} (agent pid {os.getpid()})".encode()
+        owner = self.store.compare_set(f"rank{self.node_rank}/owner", "", mine)
+        if owner == mine:
+            return True
+        shown = owner.decode("utf-8", "backslashreplace")[:120]
+        cause = {"kind": "rendezvous", "exit_code": int(ExitCode.USAGE), "node": self.node_rank,
+                 "host": record.get("host"), "rank": None, "device": None, "stderr_tail": [],
+                 "message": f"--node-rank {self.node_rank} is already taken in this job, by {shown}: give each "
+                            "node its own --node-rank (0..N-1)"}
+        self.emit("abort", attempt=k, cause=cause)
+        self.emit("join-aborted", attempt=k)
+        return False
+
+    def _settings_agree(self, k: int, r: int) -> bool:
+        """Node 0: a waiting node with another --run-id, model or mode would take the healthy job
+        down at its admission (every node exits 2 then): it is refused alone, before that."""
+        mine, theirs = (_json_or_none(self.store.get(key)) for key in (f"a{k}/node0", f"a{k + 1}/node{r}"))
+        if not (isinstance(mine, dict) and isinstance(theirs, dict)):
+            return True  # a malformed record is named at the join itself
+        problem = settings_problem(theirs, mine, r)
+        if problem is None:
+            return True
+        cause = {"kind": "rendezvous", "exit_code": int(ExitCode.USAGE), "node": r, "host": theirs.get("host"),
+                 "rank": None, "device": None, "stderr_tail": [],
+                 "message": f"{problem}; it was not admitted, the job goes on without it"}
+        self.rounds.refuse(k, r, orjson.dumps(cause))
+        return False
 
     def poll(self) -> None:
         if self.watching is not None and self.store.check([f"a{self.watching}/abort"]):

@@ -94,20 +94,27 @@ class Layout:
     world_size: int
 
 
+def settings_problem(rec: dict[str, Any], first: dict[str, Any], r: Any) -> str | None:
+    """Why node `r`'s join record cannot run in node 0's job (`first`): another --run-id,
+    other model/training/data settings or another mode; None: it can. Exit 2 for that node."""
+    if rec.get("run_id_given") and first.get("run_id_given") and rec.get("run_id") != first.get("run_id"):
+        return (f"node {r} ({rec.get('host')}) was started with --run-id {rec.get('run_id')} and node 0 "
+                f"({first.get('host')}) with --run-id {first.get('run_id')}: one job, one --run-id (start every "
+                "node with the same one)")
+    for key, what in (("fingerprint", "model/training/data settings"), ("mode", "mode (--script or not)")):
+        if rec.get(key) != first.get(key):
+            return (f"node {r} ({rec.get('host')}) runs other {what} than node 0 ({first.get('host')}): start "
+                    "every node with the same arguments")
+    return None
+
+
 def layout(nodes: list[dict[str, Any]], node_rank: int) -> Layout:
     """Check the join records agree, and lay ranks out node by node. `node_rank`: this node's
     place among `nodes` (an elastic round admits a subset of the node ranks, in order)."""
     first = nodes[0]
     for r, rec in enumerate(nodes[1:], start=1):
-        r = rec.get("node", r)  # its --node-rank (an elastic round may skip some)
-        if rec.get("run_id_given") and first.get("run_id_given") and rec.get("run_id") != first.get("run_id"):
-            raise NodeLinkError(f"node {r} ({rec.get('host')}) was started with --run-id {rec.get('run_id')} and "
-                                f"node 0 ({first.get('host')}) with --run-id {first.get('run_id')}: one job, one "
-                                "--run-id (start every node with the same one)", ExitCode.USAGE)
-        for key, what in (("fingerprint", "model/training/data settings"), ("mode", "mode (--script or not)")):
-            if rec.get(key) != first.get(key):
-                raise NodeLinkError(f"node {r} ({rec.get('host')}) runs other {what} than node 0 "
-                                    f"({first.get('host')}): start every node with the same arguments",
-                                    ExitCode.USAGE)
+        problem = settings_problem(rec, first, rec.get("node", r))  # its --node-rank (an elastic round may skip some)
+        if problem is not None:
+            raise NodeLinkError(problem, ExitCode.USAGE)
     offset = sum(int(rec["nproc"]) for rec in nodes[:node_rank])
     return Layout(rank_offset=offset, world_size=sum(int(rec["nproc"]) for rec in nodes))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import signal
 import subprocess
+import time
 import sys
 
 import orjson
@@ -199,3 +200,32 @@ def test_a_script_run_falls_back_to_a_restart_saying_why(tmp_path, python_env):
             "a script's is its own)") in run.stderr
     summary = orjson.loads((tmp_path / "logs" / "script" / "summary.json").read_bytes())
     assert summary["restarts"] == 1 and summary["recoveries"] == []
+
+
+def test_an_evaluation_and_a_save_cut_short_by_a_lost_peer_are_done_by_the_rebuilt_group(tmp_path, python_env):
+    """A rank lost during step 10's (long) evaluation, with a periodic save due after it too: the
+    rebuilt group evaluates step 10 again and writes its checkpoint, and says so."""
+    cmd = _command("owed", "--max-restarts", "1")
+    for item in ("training.max_steps=20", "training.eval_every=10", "training.eval_steps=400",
+                 "training.save_every=10", "training.keep_last=5"):
+        cmd += ["--set", item]  # after TINY's: the last one wins
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=python_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    run_dir = tmp_path / "logs" / "owed"
+    try:
+        assert wait_for(lambda: {r["rank"] for r in records(run_dir, "step") if r["step"] == 9} == {0, 1},
+                        timeout=240, interval=0.02)
+        time.sleep(0.2)  # both ranks are evaluating step 10 (400 batches: a second or more)
+        victim = psutil.Process(_pid(run_dir, 1))
+        victim.send_signal(signal.SIGSTOP)  # rank 0 ends its batches and waits for rank 1 in the loss's all_reduce
+        assert not records(run_dir, "eval"), "the evaluation ended before the kill: make it longer"
+        time.sleep(4)
+        victim.send_signal(signal.SIGKILL)
+    finally:
+        code, _out, err = finish(proc, timeout=300)
+    assert code == 0, err[-3000:]
+    summary = orjson.loads((run_dir / "summary.json").read_bytes())
+    assert [r["outcome"] for r in summary["recoveries"]] == ["recovered"] and summary["restarts"] == 0
+    assert {r["step"] for r in records(run_dir, "eval")} == {10, 20}
+    assert (tmp_path / ".checkpoints" / "step_0000010.pt").is_file()
+    assert "the evaluation and the periodic checkpoint of step 10 was cut short by the lost peer" in err

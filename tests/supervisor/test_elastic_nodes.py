@@ -5,6 +5,7 @@ count against --max-restarts, the world grown by its workers."""
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -148,3 +149,26 @@ def test_a_node_waiting_for_node_0_reports_node_0s_failure_before_any_round():
     agent.emit = lambda event, **fields: events.append({"event": event, **fields})
     agent.handle({"cmd": "join", "attempt": 0, "record": {"host": "h1", "nproc": 1}})
     assert [e["event"] for e in events] == ["abort", "join-aborted"] and events[0]["cause"] == cause
+
+
+def test_a_late_node_with_other_settings_is_refused_alone_and_the_job_runs_on(tmp_path):
+    """Node 2 arrives late with another learning rate: node 0 does not restart its workers to admit
+    it (the settings would differ only then, and both nodes would exit 2); node 2 alone exits 2."""
+    port = _port()
+    args = ("--set", "system.rendezvous_last_call=1")
+    n0 = _node(tmp_path, 0, port, "1:3", "2", args=args)
+    log0 = tmp_path / "logs" / "job-node0" / "worker-rank0-CPU0.log"
+    try:
+        assert sh.wait_for(lambda: log0.is_file() and "rank 0/1" in log0.read_text(), timeout=180), \
+            "node 0 did not start alone"
+        n2 = _node(tmp_path, 2, port, "1:3", "2", args=(*args, "--set", "training.learning_rate=1"))
+        code2, _, err2 = sh.finish(n2, timeout=120)
+        assert code2 == 2, err2[-3000:]
+        assert "node 2 (" in err2 and "runs other model/training/data settings than node 0" in err2
+        assert "it was not admitted, the job goes on without it" in err2
+        assert n0.poll() is None  # the job still runs, never restarted
+    finally:
+        n0.send_signal(signal.SIGTERM)
+        code0, _, err0 = sh.finish(n0, timeout=120)
+    assert code0 == 143, err0[-3000:]
+    assert [a["outcome"] for a in _summary(tmp_path, 0)["attempts"]] == ["terminated"], _summary(tmp_path, 0)

@@ -135,11 +135,12 @@ def test_restart_after_a_failure_on_one_node_restarts_every_node(tmp_path):
     (("--nnodes", "2", "--node-rank", "2", "--master-addr", "127.0.0.1"), "--node-rank 2 is outside 0..1"),
     (("--nnodes", "2", "--node-rank", "1"), "--nnodes 2 needs --master-addr"),
     (("--nnodes", "0"), "--nnodes must be >= 1"),
-    (("--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", "70000"), "--master-port 70000 is not a TCP port"),
-    (("--nnodes", "2", "--master-addr", "192.0.2.1"), "is not an address of this machine"),
-    (("--nnodes", "2", "--master-addr", "no-such-host.invalid"), "--master-addr no-such-host.invalid: cannot resolve"),
+    (("--nnodes", "2", "--master-addr", "127.0.0.1"), "--nnodes 2 needs --node-rank R (0..1, a different one on each"),
+    (("--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port", "70000"), "--master-port 70000 is not a TCP port"),
+    (("--nnodes", "2", "--node-rank", "0", "--master-addr", "192.0.2.1"), "is not an address of this machine"),
+    (("--nnodes", "2", "--node-rank", "0", "--master-addr", "no-such-host.invalid"), "--master-addr no-such-host.invalid: cannot resolve"),
     # named before the machine is judged: no disk holds one checkpoint of this model
-    (("--nnodes", "2", "--master-addr", "192.0.2.1", *sh.HUGE_MODEL), "is not an address of this machine"),
+    (("--nnodes", "2", "--node-rank", "0", "--master-addr", "192.0.2.1", *sh.HUGE_MODEL), "is not an address of this machine"),
 ])
 def test_bad_multinode_options_exit_2_before_anything_is_written(tmp_path, args, fragment):
     proc = subprocess.run([sys.executable, "-m", "supervisor", "--set", "system.device=cpu", "--no-report", *args],
@@ -366,3 +367,23 @@ def test_garbage_on_the_abort_key_is_named_and_crashes_no_node_agent(tmp_path):
         assert "malformed data on the job store at 127.0.0.1:" in err and "key a0/abort holds" in err, err[-3000:]
         assert "the node agent" not in err and "exited" not in _summary(tmp_path, r)["root_cause"]["message"]
         assert "no gpuherd node of this job wrote it" in _summary(tmp_path, r)["root_cause"]["message"]
+
+
+def test_a_second_node_with_a_node_rank_already_taken_is_refused_alone(tmp_path):
+    port = _port()
+    n0, n1 = _node(tmp_path, 0, port, "forever", "forever"), _node(tmp_path, 1, port, "forever", "forever")
+    other = tmp_path / "other"
+    other.mkdir()
+    try:
+        assert sh.wait_for(lambda: (tmp_path / "logs" / "job-node1" / "attempt-0").is_dir()
+                           or any((tmp_path / "logs" / "job-node1").glob("worker-rank*.log")), timeout=120)
+        twin = _node(other, 1, port, "forever", "forever")
+        code, _, err = sh.finish(twin, timeout=120)
+        assert code == 2, err[-3000:]
+        assert "--node-rank 1 is already taken in this job, by " in err and "Traceback" not in err
+        assert n0.poll() is None and n1.poll() is None  # the job runs on
+    finally:
+        for proc in (n0, n1):
+            proc.send_signal(signal.SIGTERM)
+        for proc in (n0, n1):
+            sh.finish(proc, timeout=120)

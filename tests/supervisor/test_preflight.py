@@ -163,3 +163,20 @@ def test_check_judges_the_run_the_same_options_would_start(tmp_path):
     failed = {line.split("  ")[1].strip() for line in huge.stdout.splitlines() if " FAIL " in line}
     assert failed == {"checkpoint disk", "model memory"}, huge.stdout
     assert not (tmp_path / "logs").exists()
+
+
+def test_the_checkpoint_estimate_uses_the_tokenizers_vocabulary(tmp_path):
+    """The byte tokenizer's 256 embedding rows, not GPT-2's 50304: with a small body the
+    embeddings are most of the model, and of its checkpoint."""
+    from gpuherd.model_size import checkpoint_bytes, count_params
+
+    args = ["--debug", "--set", "data.dataset=dummy", "--set", "model.dim=256", "--set", "model.n_layers=1"]
+    cfg = resolve("debug", overrides=["model.dim=256", "model.n_layers=1"], cwd=tmp_path)
+    for tokenizer, vocab in (("byte", 256), ("gpt2", 50304)):
+        done = subprocess.run([*CHECK, *args, "--set", f"data.tokenizer={tokenizer}"], cwd=tmp_path, env=run_env(),
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        params = count_params(cfg.model, vocab)
+        shown = f"{params / 1e6:.3g}M" if params >= 1e6 else f"{params / 1e3:.3g}k"
+        assert done.stdout.splitlines()[0].startswith(f"judged: preset debug: {shown} parameters"), done.stdout
+        assert f"one checkpoint is about {checkpoint_bytes(params) / 1024**3:.2f} GiB" in done.stdout

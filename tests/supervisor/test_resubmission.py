@@ -74,3 +74,25 @@ def test_a_second_start_while_the_run_still_runs_is_refused_and_writes_nothing(t
     finally:
         running.terminate()
         sh.finish(running, timeout=60)
+
+
+def test_continuing_a_run_with_another_model_is_refused_before_anything_starts(tmp_path):
+    """The built-in trainer's checkpoint holds the model: a start of the run with another
+    model.dim could only fail in its workers, after the run's files were rewritten."""
+    def start(job_id: str, dim: int) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "supervisor", "--slurm", "--run-id", "grow", "--debug", "--no-report",
+               "--nproc", "1"]
+        for item in ("system.device=cpu", "data.dataset=dummy", "data.tokenizer=byte", "training.max_steps=2",
+                     "training.eval_every=0", f"model.dim={dim}"):
+            cmd += ["--set", item]
+        return subprocess.run(cmd, cwd=tmp_path, env=slurm_env(job_id), capture_output=True, text=True, timeout=120)
+
+    first = start("300", 64)
+    assert first.returncode == 0, first.stderr[-3000:]
+    run_dir = tmp_path / "logs" / "grow"
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != "run.lock"}
+    second = start("301", 128)
+    assert second.returncode == 2, second.stderr[-3000:]
+    lines = [line for line in second.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "another model (model.dim 64 -> 128)" in lines[0], second.stderr
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != "run.lock"} == before

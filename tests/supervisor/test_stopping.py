@@ -196,3 +196,21 @@ def test_stop_timeout_fits_slurms_kill_wait():
 def test_the_grace_period_follows_the_saves(now, saving, last_end, expected):
     stop = GracefulStop(started=1.0, limit=10.0)
     assert stop.next_deadline(now, 1.0, saving, last_end) == expected
+
+
+def test_a_second_sigterm_during_the_final_save_is_a_cut_save_exit_1(tmp_path):
+    """The second SIGTERM kills at once, as documented; the save it cut is said, never a saved stop (143)."""
+    proc = sh.start(tmp_path, "save-on:TERM:60", "save-on:TERM:60")
+    _started(proc, tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(1.5)  # both workers are in their 60 s "save"
+    proc.send_signal(signal.SIGTERM)
+    code, _, err = sh.finish(proc)
+    assert code == 1, err[-3000:]
+    summary = _summary(tmp_path)
+    assert summary["final_save"] == "not saved"
+    message = summary["root_cause"]["message"]
+    assert message.startswith("the supervisor received SIGTERM; the final checkpoint was NOT saved: "), message
+    assert "CPU0 (rank 0) was killed while saving it" in message and message.endswith(
+        "this run wrote no complete checkpoint"), message
+    assert "SIGTERM again: killing every worker now" in err

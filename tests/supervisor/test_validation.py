@@ -43,6 +43,10 @@ def _refused(done: subprocess.CompletedProcess, fragment: str) -> None:
     (("--config", "a_dir"), "config file {cwd}/a_dir is a directory; --config takes a JSON file"),
     (("--nproc", "100000"), "--nproc 100000 (system.nproc): one supervisor runs at most 1024 workers"),
     (("--set", "system.backend=nccl"), "system.backend=nccl needs CUDA GPUs, but this run's workers are on CPU"),
+    (("--gpus", "0,1"), "system.gpus 0,1 (--gpus) names GPUs, but system.device=cpu runs CPU workers"),
+    (("--run-id", "a", "--rdzv-id", "b"), "--run-id a and --rdzv-id b name the run twice, differently; give one"),
+    # each spare imports torch: far more than any host holds, refused before the first one starts
+    (("--max-restarts", "1", "--spares", "100000"), "2 worker(s) and 100000 warm spare(s) (--spares) need about"),
 ])
 def test_bad_paths_and_values_exit_2_before_anything_is_written(tmp_path, args, fragment):
     (tmp_path / "a_file").write_text("in the way\n")
@@ -121,4 +125,31 @@ def test_a_model_that_cannot_train_is_refused_before_any_worker_starts(tmp_path,
     """The supervisor, not every worker after the spawn: one line, exit 2, nothing written."""
     done = _supervisor(tmp_path, "--debug", "--set", "data.dataset=dummy", "--skip-checks", *args)
     _refused(done, fragment)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("section, key", [("system", "run_root"), ("system", "checkpoint_dir"), ("data", "cache_dir")])
+def test_a_nul_byte_in_a_path_is_refused(tmp_path, section, key):
+    """A NUL cannot come through argv, but a JSON config's `\\u0000` carries one."""
+    (tmp_path / "nul.json").write_text(f'{{"{section}": {{"{key}": "x\\u0000y"}}}}')
+    done = _supervisor(tmp_path, *TINY_TRAIN, "--config", "nul.json")
+    _refused(done, f"{section}.{key} '{tmp_path}/x\\x00y' holds a NUL byte")
+    assert [p.name for p in tmp_path.iterdir()] == ["nul.json"]
+
+
+@pytest.mark.parametrize("setting", ["training.learning_rate=1e300", "system.rendezvous_timeout=1e300",
+                                     "system.stop_timeout=1e300", "model.rope_theta=1e300"])
+def test_absurd_magnitudes_are_refused(tmp_path, setting):
+    done = _supervisor(tmp_path, *TINY_TRAIN, "--set", setting)
+    _refused(done, f"{setting.partition('=')[0]} must be within")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_config_from_process_substitution_is_read(tmp_path):
+    """`--config <(...)` hands a pipe (/dev/fd/N), not a regular file: it is read like one
+    (the bad value inside it is what gets named, not a missing file)."""
+    line = f"exec {sys.executable} -m supervisor --set system.device=cpu {' '.join(TINY_TRAIN)} " \
+           """--config <(echo '{"training": {"learning_rate": -1}}')"""
+    done = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=sh.env(), capture_output=True, text=True, timeout=120)
+    _refused(done, "training.learning_rate must be within (0, ")
     assert list(tmp_path.iterdir()) == []
