@@ -10,12 +10,10 @@ default.
 from __future__ import annotations
 
 import re
-import signal
 import subprocess
 import sys
 
 import orjson
-import psutil
 import pytest
 
 from tests.supervisor import helpers as sh
@@ -113,16 +111,8 @@ def test_debug_preset_defaults_blame_a_stopped_worker_within_5_s(tmp_path):
     for item in TINY:
         cmd += ["--set", item]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=sh.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert sh.wait_for(lambda: len([s for s in _alive_steps(tmp_path) if s >= 20]) >= 2, timeout=120)
-        worker = next(p for p in psutil.Process(proc.pid).children()
-                      if "worker" in p.cmdline() and p.environ().get("RANK") == "1")
-        worker.send_signal(signal.SIGSTOP)
-        code, _, err = sh.finish(proc, timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    code, err, _ = sh.stop_when(proc, lambda: len([s for s in _alive_steps(tmp_path) if s >= 20]) >= 2,
+                                lambda: sh.worker_of(proc.pid, 1))
     assert code == 124, err[-3000:]
     cause = orjson.loads((sh.run_dir_of(tmp_path) / "summary.json").read_bytes())["root_cause"]
     assert cause["rank"] == 1 and cause["evidence"][0].startswith("rank 1: process stopped (state T)")

@@ -6,7 +6,6 @@ the whole job paused) never look like that."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import time
 
@@ -86,18 +85,11 @@ def test_a_sigstopped_rank_of_a_script_run_is_named_within_5_s_with_default_sett
     cmd = [*sh.command("--nproc", "2", script=None), "--script", str(sh.REPO_ROOT / "bench" / "goodput_worker.py"),
            str(tmp_path), "100000", "0.05"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=sh.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        steps = tmp_path / "steps.log"
-        assert sh.wait_for(lambda: steps.exists() and len(steps.read_text().splitlines()) > 30, timeout=120)
-        rank1 = next(p for p in psutil.Process(proc.pid).children(recursive=True)
-                     if "goodput_worker.py" in " ".join(p.cmdline()) and p.environ().get("RANK") == "1")
-        stopped_at = time.time()
-        rank1.send_signal(signal.SIGSTOP)
-        code, _, err = sh.finish(proc, timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    steps = tmp_path / "steps.log"
+    code, err, stopped_at = sh.stop_when(
+        proc, lambda: steps.exists() and len(steps.read_text().splitlines()) > 30,
+        lambda: next(p for p in psutil.Process(proc.pid).children(recursive=True)
+                     if "goodput_worker.py" in " ".join(p.cmdline()) and p.environ().get("RANK") == "1"))
     assert code == 124, err[-3000:]
     run_dir = sh.run_dir_of(tmp_path)
     cause = orjson.loads((run_dir / "summary.json").read_bytes())["root_cause"]
