@@ -7,7 +7,9 @@ newest one. Nothing of gpuherd in it: each launcher runs it unchanged.
 Rank 0 appends one line per completed step to OUT_DIR/steps.log, `time pid step seconds`
 (seconds: since its previous step or save ended in this process; `-` for a process's first
 step, which is warm-up), and `time pid save seconds` per save: the benchmark's own accounting
-of what each launcher kept (bench_goodput.py), independent of gpuherd's.
+of what each launcher kept (bench_goodput.py), independent of gpuherd's. Under ft_launcher
+it sends NVIDIA's rank-monitor heartbeats too (each step; the timeouts learned in-run after
+LEARN_AT steps, as its documentation suggests): without them ft_launcher sees no hang.
 """
 
 import os
@@ -19,7 +21,17 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-SAVE_EVERY = 20
+SAVE_EVERY, LEARN_AT = 20, 30
+
+
+def ft_client():
+    if "FT_RANK_MONITOR_IPC_SOCKET" not in os.environ:
+        return None
+    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+
+    client = RankMonitorClient()
+    client.init_workload_monitoring()
+    return client
 
 
 def newest(ckpt: Path) -> Path | None:
@@ -31,6 +43,7 @@ def main() -> int:
     out, steps, step_s = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
     ckpt = out / "ckpt"
     ckpt.mkdir(parents=True, exist_ok=True)
+    ft = ft_client()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
@@ -57,6 +70,10 @@ def main() -> int:
             log.write(f"{now:.6f} {os.getpid()} {step} {'-' if last is None else f'{now - last:.6f}'}\n")
             log.flush()
         last = now
+        if ft is not None:
+            ft.send_heartbeat()
+            if step == start + LEARN_AT:
+                ft.calculate_and_set_hb_timeouts()
         if (step + 1) % SAVE_EVERY == 0 and rank == 0:
             tmp = ckpt / f".step_{step + 1:07d}.tmp"
             torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step + 1}, tmp)
