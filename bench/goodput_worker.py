@@ -19,19 +19,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from ft_heartbeat import ft_client
 from torch.nn.parallel import DistributedDataParallel
 
 SAVE_EVERY, LEARN_AT = 20, 30
-
-
-def ft_client():
-    if "FT_RANK_MONITOR_IPC_SOCKET" not in os.environ:
-        return None
-    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
-
-    client = RankMonitorClient()
-    client.init_workload_monitoring()
-    return client
 
 
 def newest(ckpt: Path) -> Path | None:
