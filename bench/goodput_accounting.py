@@ -6,15 +6,20 @@ save ended, None for a process's first step (warm-up). Of every step index the l
 completion is kept (the run's final lineage); productive time is the kept completions'
 seconds, `redone` the seconds of the completions a later one of the same step replaced,
 `checkpoint` the saves' seconds; the rest of the wall time is startup, failure detection,
-restarts and stops, which the peers' logs cannot tell apart.
+restarts and stops, which the peers' logs cannot tell apart. A step that took more than
+STALL x the median step (a survivor's step across a stop or a live recovery) counts only
+STALL x the median: the rest of it was spent waiting, not training.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
+
+STALL = 3.0
 
 
 @dataclass(frozen=True)
@@ -83,7 +88,12 @@ def kept(completions: list[Completion], wall_s: float, checkpoint_s: float = 0.0
     for c in sorted(completions, key=lambda c: c.time):
         final[c.step] = c
     kept_ids = {id(c) for c in final.values()}
-    productive = sum(c.seconds or 0.0 for c in final.values())
+    timed = [c.seconds for c in completions if c.seconds is not None]
+    most = STALL * statistics.median(timed) if timed else 0.0
+
+    def worked(cs: list[Completion]) -> float:
+        return sum(min(c.seconds, most) for c in cs if c.seconds is not None)
+
     replaced = [c for c in completions if id(c) not in kept_ids]
-    return Kept(wall_s=wall_s, productive_s=productive, redone_s=sum(c.seconds or 0.0 for c in replaced),
+    return Kept(wall_s=wall_s, productive_s=worked(list(final.values())), redone_s=worked(replaced),
                 checkpoint_s=checkpoint_s, steps_redone=len(replaced), last_step=max(final, default=None))

@@ -138,17 +138,25 @@ class _Attempt:
         return segs, steps
 
     def stopped(self) -> list[tuple[float, float]]:
-        """(from, to) of every stretch a rank was in state T."""
+        """(from, to) of every stretch a rank was in state T (a live recovery replacing the rank
+        ends it at the loss)."""
         since: dict[int, float] = {}
         out = []
         for e in self.events:
-            if e.kind != "proc" or e.rank is None:
-                continue
-            if e.name == "T":
+            if e.kind == "proc" and e.rank is not None and e.name == "T":
                 since.setdefault(e.rank, e.time)
-            elif e.rank in since:
+            elif e.kind == "proc" and e.rank in since:
                 out.append((since.pop(e.rank), e.time))
+            elif e.kind == "recovery" and e.rank in since and e.value:
+                began = since.pop(e.rank)
+                out.append((began, max(began, e.time - e.value)))
         return out + [(t, self.failed_at or self.end) for t in since.values()]
+
+    def progress_before(self, t: float) -> float:
+        """The leader's last sign of progress before `t`: a completed step, or a phase it entered
+        (not the rendezvous or shutdown that follow a failure)."""
+        return max([e.time for e in self.mine if e.time <= t and (e.kind == "step" or e.kind == "phase" and e.name
+                    not in ("rendezvous", "shutdown"))], default=self.begin)
 
     def kept(self, failed: float, any_checkpoint_records: bool) -> float:
         """When the newest state kept before `failed` was taken (the attempt's start: none)."""
@@ -190,6 +198,7 @@ def _start(mark: Event, events: list[Event], end: float, continues: bool, more_s
         for e in att.events:
             if e.kind == "recovery" and e.flag and e.value:
                 lost = e.time - e.value
+                paint(segs, att.progress_before(lost), lost, "failure_detection")  # a hang's verdict, a kill's exit
                 paint(segs, lost, e.time, "restart")
                 paint_back(segs, lost, (e.step or 0) * median, "redone")
         failed = att.failed_at
@@ -200,19 +209,17 @@ def _start(mark: Event, events: list[Event], end: float, continues: bool, more_s
                 failed = None  # it ended and said how: a stop, whose final save is the state kept
         if failed is None:
             continue
-        last = max([e.time for e in att.mine if e.time <= failed], default=att.begin)
-        paint(segs, last, failed, "failure_detection")
+        paint(segs, att.progress_before(failed), failed, "failure_detection")
         if goes_on:
             paint(segs, failed, att.end, "restart")
             paint(segs, att.kept(failed, any_checkpoint_records), failed, "redone", only=frozenset({PRODUCTIVE}))
     return segs
 
 
-def account(events: list[Event], end: float, since: float | None = None) -> Goodput:
-    """Goodput of the run whose events these are, as of `end` (a wall-clock time); `since`:
-    only the window [since, end] (the last 5 minutes of `gpuherd top`)."""
+def painted(events: list[Event], end: float) -> list[Segment]:
+    """The run's wall time as [from, to, cause] pieces (`productive` or one of CAUSES), every start's."""
     events = sorted(events, key=lambda e: e.time)
-    starts = [(m, evs) for m, evs in _split(events, "start")]
+    starts = list(_split(events, "start"))
     if starts[0][0] is None:  # records from before any start mark: the first one starts the run
         head = starts.pop(0)[1]
         if head:
@@ -221,11 +228,16 @@ def account(events: list[Event], end: float, since: float | None = None) -> Good
     segs: list[Segment] = []
     for i, (mark, evs) in enumerate(starts):
         last = i + 1 == len(starts)
-        stop = end if last else max([mark.time, *(e.time for e in evs)])
-        stop = min(stop, starts[i + 1][0].time) if not last else stop
+        stop = end if last else min(max([mark.time, *(e.time for e in evs)]), starts[i + 1][0].time)
         segs += _start(mark, evs, stop, continues=i > 0, more_starts=not last, any_checkpoint_records=checkpoints)
+    return segs
+
+
+def account(events: list[Event], end: float, since: float | None = None) -> Goodput:
+    """Goodput of the run whose events these are, as of `end` (a wall-clock time); `since`:
+    only the window [since, end] (the last 5 minutes of `gpuherd top`)."""
     ms = dict.fromkeys((PRODUCTIVE, *CAUSES), 0)
-    for a, b, label in segs:
+    for a, b, label in painted(events, end):
         a, b = max(a, since) if since is not None else a, min(b, end)
         if b > a:
             ms[label] += round((b - a) * 1000)

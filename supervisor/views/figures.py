@@ -19,6 +19,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from supervisor.views.goodput_figure import goodput_timeline
 from supervisor.views.report_data import RunData
 
 GIB = 1024**3
@@ -177,6 +178,7 @@ FIGURES: dict[str, tuple[str, Callable[[list[RunData]], Figure]]] = {
     "step_time": ("Step time per rank", step_time),
     "devices": ("GPUs over time", devices),
     "timeline": ("Event timeline", timeline),
+    "goodput": ("Goodput timeline: productive time and badput by cause", goodput_timeline),
 }
 
 

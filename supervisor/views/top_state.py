@@ -17,6 +17,7 @@ from typing import Any
 import psutil
 
 from supervisor.views.events import Event, collect
+from supervisor.views.goodput_panel import GoodputTrack
 from supervisor.views.report_data import tokens_per_step
 from supervisor.views.run_files import RunFiles
 
@@ -61,10 +62,12 @@ class RunState:
     files: RunFiles
     ranks: dict[int, RankView] = field(default_factory=dict)
     restarts: int = 0
+    goodput: GoodputTrack = field(default_factory=GoodputTrack)
 
     def refresh(self) -> None:
         for record in self.files.poll():
             self._apply(record)
+            self.goodput.observe(record)
         for rank, device in self.files.devices.items():
             self._rank(rank).device = device
 
