@@ -5,8 +5,8 @@ its own `timeline` marks, live recoveries): no code in the user's script. docs/g
 defines the causes and their boundaries.
 """
 
-from supervisor.goodput.account import CAUSES, Goodput, account
+from supervisor.goodput.account import CAUSES, PRODUCTIVE, Goodput, account, painted
 from supervisor.goodput.line import console_line
 from supervisor.goodput.timeline import Event, decode, read_events
 
-__all__ = ["CAUSES", "Event", "Goodput", "account", "console_line", "decode", "read_events"]
+__all__ = ["CAUSES", "PRODUCTIVE", "Event", "Goodput", "account", "console_line", "decode", "painted", "read_events"]

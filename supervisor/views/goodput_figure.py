@@ -7,8 +7,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from supervisor.goodput import CAUSES, read_events
-from supervisor.goodput.account import PRODUCTIVE, painted
+from supervisor.goodput import CAUSES, PRODUCTIVE, painted, read_events
 from supervisor.views.report_data import RunData
 
 COLOURS = {PRODUCTIVE: "tab:green", "launch": "#9ecae1", "dataset": "#6baed6", "rendezvous": "#4292c6",
