@@ -29,9 +29,9 @@ from gpuherd.exit_codes import ExitCode
 from gpuherd.log_writes import LOG_WRITES
 from supervisor import goodput
 from supervisor import requeue as requeues
-from supervisor.goodput import marks
 from supervisor import run_dir as rundir
 from supervisor.cli import Launch
+from supervisor.goodput import marks
 from supervisor.gpus import DeviceError, DevicePlan
 from supervisor.health import (
     HangPolicy,
