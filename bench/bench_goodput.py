@@ -98,15 +98,17 @@ class Run:
             return from_metrics(self.run_dir / "metrics.jsonl"), 0.0
         return from_steps_log(self.work / "steps.log")
 
-    def rank1(self, launcher_pid: int) -> psutil.Process | None:
+    def rank1(self, launcher_pid: int, hung: set[int]) -> psutil.Process | None:
         """The process that is rank 1 now (the newest one: a restart's or a spare's; a spare has no
-        RANK in its environment, the built-in worker's `ready` record names it)."""
+        RANK in its environment, the built-in worker's `ready` record names it). A process the
+        schedule hung is no target until the launcher replaced it: a later fault must not undo
+        the hang (a stop-and-continue's SIGCONT) nor end it (a kill)."""
         if self.builtin:
             for pid in reversed(_ready_pids(self.run_dir / "metrics.jsonl")):
                 try:
                     p = psutil.Process(pid)
                     if p.status() != psutil.STATUS_ZOMBIE:
-                        return p
+                        return None if pid in hung else p
                 except psutil.Error:
                     continue
             return None
@@ -122,7 +124,8 @@ class Run:
                     found.append(p)
             except psutil.Error:
                 continue
-        return max(found, key=lambda p: p.create_time(), default=None)
+        newest = max(found, key=lambda p: p.create_time(), default=None)
+        return None if newest is None or newest.pid in hung else newest
 
 
 def _ready_pids(metrics: Path) -> list[int]:
@@ -154,6 +157,7 @@ def once(ln: Launchers, run: Run, faults: list[tuple[str, float]], cap: float) -
     first = None
     pending = list(faults)
     resume: list[tuple[float, psutil.Process]] = []
+    hung: set[int] = set()
     try:
         while proc.poll() is None and time.time() - started < cap:
             time.sleep(0.05)
@@ -168,12 +172,14 @@ def once(ln: Launchers, run: Run, faults: list[tuple[str, float]], cap: float) -
                     _signal(p, signal.SIGCONT)
             while pending and now - first >= pending[0][1]:
                 what, _ = pending.pop(0)
-                victim = run.rank1(proc.pid)
+                victim = run.rank1(proc.pid, hung)
                 if victim is None:
                     pending.insert(0, (what, now - first + 0.5))  # rank 1 is being replaced: a little later
                     break
                 sig = {"kill": signal.SIGKILL, "hang": signal.SIGSTOP, "stop-continue": signal.SIGSTOP}[what]
                 _signal(victim, sig)
+                if what == "hang":
+                    hung.add(victim.pid)
                 if what == "stop-continue":
                     resume.append((now + CONTINUE_AFTER_S, victim))
     finally:
