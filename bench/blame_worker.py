@@ -21,22 +21,13 @@ import torch
 import torch.distributed as dist
 
 from gpuherd.liveness import Liveness
+from ft_heartbeat import ft_client
 from gpuherd.status_channel import StatusWriter
 
 OUT, MODE = Path(sys.argv[1]), sys.argv[2]
 RANK = int(os.environ["RANK"])
 ATTEMPT = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 STOP_AT, LEARN_AT, STEP_S = 40, 30, 0.02
-
-
-def ft_client():
-    if "FT_RANK_MONITOR_IPC_SOCKET" not in os.environ:
-        return None
-    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
-
-    client = RankMonitorClient()
-    client.init_workload_monitoring()
-    return client
 
 
 def mark(name: str) -> None:

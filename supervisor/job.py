@@ -28,9 +28,11 @@ from gpuherd.checkpoint_layout import remove_orphans
 from gpuherd.config import Config
 from gpuherd.exit_codes import ExitCode
 from gpuherd.log_writes import LOG_WRITES
+from supervisor import goodput
 from supervisor import requeue as requeues
 from supervisor import run_dir as rundir
 from supervisor.cli import Launch
+from supervisor.goodput import marks
 from supervisor.gpus import DeviceError, DevicePlan
 from supervisor.health import (
     HangPolicy,
@@ -143,6 +145,8 @@ class Job:
         self.earlier_starts = requeues.earlier_starts(run_dir, self.start) if self.start else []
         self.guard: OrphanGuard | None = None  # started before the dataset build (start_guard)
         self.restarts_used = 0  # failures restarted (--max-restarts); an elastic membership change is not one
+        self.dataset_s: float | None = None  # the first dataset build's seconds (goodput: `dataset`)
+        self.goodput: goodput.Goodput | None = None  # the whole run's, every start's (summary.json)
 
     @property
     def mode(self) -> str:
@@ -192,6 +196,8 @@ class Job:
             logger.error(message)
             return RootCause("dataset", ExitCode.DATA, message), False
         rebuilt = info.built and bool(self.dataset_path)
+        if not self.dataset_path:
+            self.dataset_s = info.seconds
         self.dataset_path = str(info.path)
         logger.info(f"dataset cache {'rebuilt' if rebuilt else 'built' if info.built else 'reused'}: {info.path} "
                     f"({info.train_tokens:,} train / {info.val_tokens:,} val tokens, {info.seconds:.1f} s)")
@@ -203,6 +209,7 @@ class Job:
         system = self.cfg.system
         guard = self.start_guard()
         metrics = MetricsSink(self.run_dir / "metrics.jsonl")
+        metrics.write(marks.start(self.start, self.t0, self.dataset_s))
         attempts: list[AttemptReport] = []
         final: RootCause | None = None
         resume = self._requeue_resume(metrics)
@@ -251,6 +258,8 @@ class Job:
         except KeyboardInterrupt:  # Ctrl-C in the instant between an attempt's handlers and the pause
             final = _stop_cause(signal.SIGINT, "between attempts")
         finally:
+            self.goodput = goodput.account(goodput.read_events(self.run_dir / "metrics.jsonl"), time.time())
+            metrics.write({"type": "goodput", "time": time.time(), **self.goodput.to_dict()})
             metrics.close()
             self.release_guard(dying=self.store_server.close(wait=False))
         return self.finish(final, attempts)
@@ -332,6 +341,7 @@ class Job:
         """Start every worker once, supervise them to the end, clean up everything but the job's files."""
         started_at, t0 = now_iso(), time.monotonic()
         log_dir = self._log_dir(attempt)
+        metrics.write(marks.attempt(attempt, resumed=resume is not None))
         try:
             setup = self.rendezvous.begin(attempt, self.plan, resume)
         except NodeLinkError as exc:
@@ -345,6 +355,7 @@ class Job:
         att = self._prepare_attempt(attempt, setup, log_dir, metrics, guard)
         cause = _timer_cause(self._supervise(att, guard), att)
         cause = self.rendezvous.settle(attempt, cause, att.sup.notes)
+        metrics.write(marks.attempt_end(attempt, cause.kind if cause else None, att.sup.state.failed_at))
         self.stragglers += [{**found, "attempt": attempt} for found in att.stragglers.found]
         try:
             self.timeouts.save(self.run_dir)
@@ -415,7 +426,7 @@ class Job:
         stragglers = Stragglers(cfg.system.straggler_factor, cfg.system.straggler_windows, metrics.write)
         heartbeats = Heartbeats([s.rank for s in plan.slots], time.monotonic(), self.timeouts,
                              cfg.system.rendezvous_timeout, expect_heartbeats=self.mode == "train",
-                             stragglers=stragglers)
+                             stragglers=stragglers, write_metric=metrics.write)
         trace_dir = log_dir / "collective-traces"
         if plan.kind == "cuda":  # NCCL's own dump on a watchdog timeout lands here (worker_env.flight_recorder_env)
             (trace_dir / "nccl-timeout").mkdir(parents=True, exist_ok=True)
@@ -557,6 +568,7 @@ class Job:
             recoveries=self.recoveries,
             slurm_job_id=self.slurm_job_id, start=self.start, slurm_restart_count=self.requeue,
             requeues=self.earlier_starts,
+            goodput=self.goodput.to_dict() if self.goodput else None,
         )
         if self.rendezvous.node_rank != 0:  # on disk before node 0 hears of this node's end (and may requeue the job)
             self._write_summary(summary)

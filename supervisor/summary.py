@@ -13,6 +13,7 @@ import orjson
 from gpuherd.exit_codes import ExitCode, describe
 from gpuherd.files import write_bytes_atomic
 from gpuherd.text import printable_tree
+from supervisor.goodput import Goodput, console_line
 
 RULE = "=" * 80
 
@@ -158,6 +159,8 @@ class Summary:
     node_outcomes: list[dict[str, Any]] = field(default_factory=list)  # node 0 of a multi-node job: every node's end
     # every live recovery: a lost rank replaced by a warm spare, the others kept (each uses one of max_restarts)
     recoveries: list[dict[str, Any]] = field(default_factory=list)
+    # the whole run's goodput, every start's (supervisor/goodput): ratio, wall_s, productive_s, badput_s
+    goodput: dict[str, Any] | None = None
 
     def to_json(self) -> bytes:
         # printable_tree: a message may quote a file name with non-UTF-8 bytes; the summary is written anyway
@@ -176,7 +179,7 @@ class Summary:
                      f"{self.duration_s:.1f} s{after}; logs in {self.run_dir}"]
             lines += [d.line(name_attempt=self.max_restarts > 0) for d in self.suspect_devices]
             return "\n".join(lines + self._recovery_lines() + self._attempt_lines() + self._straggler_lines()
-                             + [f"note: {n}" for n in self.notes] + self._node_lines())
+                             + self._goodput_lines() + [f"note: {n}" for n in self.notes] + self._node_lines())
         rc = self.root_cause
         if rc.kind in ("terminated", "interrupted") and self.exit_code != ExitCode.FAILURE:
             return self._stopped_block()
@@ -199,6 +202,7 @@ class Summary:
             lines.append("stopped by the supervisor: " + ", ".join(
                 f"{w.device} (rank {w.rank}, {w.ended})" for w in victims))
         lines += self._straggler_lines()
+        lines += self._goodput_lines()
         lines += [f"note: {n}" for n in self.notes]
         if self.teardown_s is not None:
             lines.append(f"teardown: every worker gone {self.teardown_s * 1000:.0f} ms after the first failure")
@@ -224,7 +228,8 @@ class Summary:
         """A stop someone asked for (Ctrl-C, scancel, a time limit, a preemption) whose final
         save completed, or had nothing to save: not a failure, so no failure block."""
         lines = [f"gpuherd: run {self.run_id} stopped (exit {self.exit_code})", f"root cause: {self.root_cause.message}"]
-        lines += self._attempt_lines() + self._straggler_lines() + [f"note: {n}" for n in self.notes]
+        lines += self._attempt_lines() + self._straggler_lines() + self._goodput_lines()
+        lines += [f"note: {n}" for n in self.notes]
         lines += self._node_lines()
         lines.append(f"details: {self.run_dir}/summary.json, worker logs in {self.run_dir}")
         return "\n".join(lines)
@@ -242,6 +247,11 @@ class Summary:
             lines.append(f"node {n['node']} ({n.get('host')}): exit {n['exit_code']} ({n.get('outcome')}){save}; "
                          f"{n.get('run_dir')}")
         return lines
+
+    def _goodput_lines(self) -> list[str]:
+        if not self.goodput or not self.goodput.get("wall_s"):
+            return []
+        return [console_line(Goodput(**self.goodput))]
 
     def _straggler_lines(self) -> list[str]:
         return [f"straggler: rank {s['rank']} computed {s['slowdown']:.2f}x slower than the others"

@@ -22,6 +22,15 @@ minutes. Ranks waiting in a collective for such a rank (at its step or later) ar
 with it (heartbeat.py: up to the startup allowance, never forever). A stopped rank, a
 wedged one (its liveness thread silent), one idle in state S with no CPU, or one blocked in
 a collective the computing ranks already left still hang.
+
+Some evidence needs no allowance at all (`decisive`): while another rank still runs, a rank
+the kernel shows stopped by a signal (state T) for DECISIVE_STOP_S, or one whose liveness
+thread has been silent for DECISIVE_SILENT_S while its process sleeps with an idle CPU,
+outside a save or a startup phase, and every other rank waits in a collective for it. None
+of the slow-but-alive cases looks like that: a GC pause, a long first step or a compile keep
+the CPU busy, a long eval or a slow save keep the liveness thread reporting (and a save is
+excluded outright), a debugger's brief look is state t, not T; every rank stopped at once
+is a pause someone made (Ctrl-Z), judged by the allowances as before.
 """
 
 from __future__ import annotations
@@ -32,6 +41,9 @@ from supervisor.health.proc_state import BUSY_FRACTION, ProcState
 
 COMPUTING = ("forward/backward", "optimizer step", "data loading")  # `where` values that are work
 LIVENESS_SILENT_S = 5.0  # no `alive` record for this long (they come every second): the thread is frozen
+DECISIVE_STOP_S = 3.0  # in state T this long: stopped, not a stop-and-continue in passing
+DECISIVE_SILENT_S = 3.0  # `alive` records come every second: three missed, with the CPU idle, is no GC pause
+NOT_DECISIVE_PHASES = ("checkpoint", "init", "rendezvous", "compile", "shutdown")  # a save, or startup's own pace
 
 HARD, SILENT, ELSEWHERE, BEHIND, WAITING = 4, 3, 2, 1, 0  # evidence levels, strongest first
 
@@ -124,6 +136,34 @@ def progressing(views: list[RankSnapshot]) -> dict[int, str]:
 def _step(v: RankSnapshot) -> int:
     step = (v.live or {}).get("step", v.step)
     return step if isinstance(step, int) else -1
+
+
+def decisive(views: list[RankSnapshot], now: float, floor: float) -> tuple[list[int], str]:
+    """(ranks hung beyond doubt, why) by the rules of the module docstring's last paragraph;
+    `floor`: no state counts from before this moment (the supervisor itself was stopped)."""
+    stopped = [v.rank for v in views if v.proc is not None and v.proc.letter == "T"
+               and now - max(v.proc.since, floor) >= DECISIVE_STOP_S]
+    if stopped and len(stopped) < len(views):
+        return stopped, f"stopped by a signal (state T) for {DECISIVE_STOP_S:g} s or more while the others run"
+    for v in views:
+        others = [o for o in views if o.rank != v.rank]
+        if others and _wedged(v, now, floor) and all(_waiting(o) for o in others):
+            return [v.rank], (f"its liveness thread silent for {DECISIVE_SILENT_S:g} s or more, its CPU idle, "
+                              "while every other rank waits for it in a collective")
+    return [], ""
+
+
+def _wedged(v: RankSnapshot, now: float, floor: float) -> bool:
+    if v.live is None or v.live_age_s is None or v.proc is None:
+        return False
+    silent_since = max(now - v.live_age_s, floor)
+    return (now - silent_since >= DECISIVE_SILENT_S and v.proc.letter == "S" and v.proc.cpu_busy is not None
+            and v.proc.cpu_busy < BUSY_FRACTION and v.live.get("phase") not in NOT_DECISIVE_PHASES)
+
+
+def _waiting(v: RankSnapshot) -> bool:
+    return (v.live is not None and v.live.get("collective") is True and v.live_age_s is not None
+            and v.live_age_s <= LIVENESS_SILENT_S)
 
 
 def blame(evidence: list[Evidence], stalled: dict[int, float]) -> tuple[list[int], str]:

@@ -22,9 +22,11 @@ healthy worker look hung.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from supervisor.goodput import marks
 from supervisor.health import evidence as ev
 from supervisor.health.proc_state import ProcWatch
 from supervisor.health.stragglers import Stragglers
@@ -120,11 +122,14 @@ class HangVerdict:
 
 class Heartbeats:
     def __init__(self, ranks: list[int], now: float, timeouts: LearnedTimeouts, rendezvous: float,
-                 expect_heartbeats: bool, stragglers: Stragglers | None = None) -> None:
+                 expect_heartbeats: bool, stragglers: Stragglers | None = None,
+                 write_metric: Callable[[dict[str, Any]], None] | None = None) -> None:
+        """`write_metric`: where a rank seen stopped (state T) or running again is recorded (goodput)."""
         self.ranks = {r: RankState(r, now) for r in ranks}
         self.timeouts, self.rendezvous = timeouts, rendezvous
         self.expect = expect_heartbeats
         self.stragglers = stragglers
+        self.write_metric = write_metric
         self.procs = ProcWatch()
         self._rendezvous_started: float | None = None
         self._last_sample = float("-inf")
@@ -247,9 +252,17 @@ class Heartbeats:
         """A hang or a failed rendezvous among the ranks still running, or None."""
         if now - self._last_sample >= PROC_SAMPLE_S:
             self._last_sample = now
-            self.procs.sample(now)
+            for rank, letter in self.procs.sample(now):
+                if self.write_metric is not None:
+                    self.write_metric(marks.proc(rank, letter, now))
         if self.stragglers is not None:
             self.stragglers.tick(now)
+        running = [st for st in self.ranks.values() if st.rank in alive and not st.done]
+        if len(running) > 1:  # a hang beyond doubt needs no allowance (evidence.decisive)
+            views = self._views(running, now)
+            hung, why = ev.decisive(views, now, self._clock_floor)
+            if hung:
+                return self._hang([self.ranks[r] for r in hung], views, now, decided=why)
         watched = [st for r, st in self.ranks.items()
                    if r in alive and not st.done and (self.expect or st.records)]
         started = self._rendezvous_started
@@ -263,7 +276,6 @@ class Heartbeats:
         stale = [st for st in watched if now - self._since(st) > self.allowance(st, saving)]
         if not stale:
             return None
-        running = [st for st in self.ranks.values() if st.rank in alive and not st.done]
         views = self._views(running, now)
         # working ranks are let be up to the startup allowance (a compile, a first step): a rank
         # spinning in a collective nothing marks (a GPU syncing) looks busy too, so never forever
@@ -306,16 +318,20 @@ class Heartbeats:
                             self.procs.state(st.rank))
                 for st in running]
 
-    def _hang(self, stale: list[RankState], views: list[ev.RankSnapshot], now: float) -> HangVerdict:
+    def _hang(self, stale: list[RankState], views: list[ev.RankSnapshot], now: float,
+              decided: str = "") -> HangVerdict:
+        """`decided`: why the evidence alone decided it (no allowance was waited for)."""
         found = [ev.judge(v, now) for v in views]
         stalled = {st.rank: now - self._since(st) for st in stale}
         blamed, why = ev.blame(found, stalled)
         first = self.ranks[blamed[0]]
         lines = ev.ordered_lines(found, blamed)
+        waited = (f"decided without waiting for an allowance: {decided}" if decided
+                  else self.timeouts.explain(first.timed))
         message = (f"hang: {', '.join(f'rank {r}' for r in blamed)} ({why}): "
                    + "; ".join(lines[:len(blamed)])
                    + f"; no progress for {now - self._since(first):.0f} s, "
-                   f"{self.timeouts.explain(first.timed)}; steps reached: {self.steps_reached()}")
+                   f"{waited}; steps reached: {self.steps_reached()}")
         return HangVerdict("hang", blamed[0], message, tuple(lines))
 
     def steps_reached(self) -> str:

@@ -72,8 +72,11 @@ class ProcWatch:
         except psutil.Error:
             self._procs.pop(rank, None)
 
-    def sample(self, now: float) -> None:
-        for proc in self._procs.values():
+    def sample(self, now: float) -> list[tuple[int, str]]:
+        """Reads every watched process; returns (rank, state letter) of each one that entered or
+        left state T (stopped) since the last sample."""
+        changes = []
+        for rank, proc in self._procs.items():
             try:
                 with proc.process.oneshot():
                     letter = LETTER.get(proc.process.status(), "?")
@@ -83,11 +86,14 @@ class ProcWatch:
             except psutil.Error:
                 letter, times = "X", None
             if letter != proc.letter:
+                if "T" in (letter, proc.letter):
+                    changes.append((rank, letter))
                 proc.letter, proc.since = letter, now
             if times is not None:
                 proc.cpu.append((now, times.user + times.system))
                 while len(proc.cpu) > 2 and now - proc.cpu[1][0] >= CPU_WINDOW_S:
                     proc.cpu.popleft()
+        return changes
 
     def state(self, rank: int) -> ProcState | None:
         proc = self._procs.get(rank)

@@ -22,6 +22,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 import numpy as np
 
+from supervisor.views.goodput_figure import goodput_timeline
 from supervisor.views.report_data import RunData
 
 GIB = 1024**3
@@ -210,6 +211,7 @@ FIGURES: dict[str, tuple[str, Callable[[list[RunData]], Figure]]] = {
     "step_time": ("Step time per rank", step_time),
     "devices": ("GPUs over time", devices),
     "timeline": ("Event timeline", timeline),
+    "goodput": ("Goodput timeline: productive time and badput by cause", goodput_timeline),
 }
 
 

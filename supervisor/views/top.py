@@ -6,6 +6,7 @@
              status with the reason for a failed, stopped, silent or slow rank;
              over ROW_LIMIT ranks: one row per status with its rank set, and the worst
              ranks in full (top_groups.py; `--all-ranks` for every row)
+    goodput  the run's so far, and over the last 5 and 15 minutes (views/goodput_panel.py)
     footer   the newest events: checkpoints, NaN steps, restarts, XIDs, warnings
 
 It reads the run's files about once a second (`RunState.refresh`), never the
@@ -52,7 +53,7 @@ def frame(state: RunState, now: float | None = None, all_ranks: bool = False) ->
         table.add_row(*_cells(view, verdict, now), style=STYLE.get(verdict.level, ""))
     if not state.ranks:
         table.add_row("-", "no worker has reported yet", *[""] * (len(COLUMNS) - 2))
-    return Group(_header(state, now), table, _footer(state))
+    return Group(_header(state, now), state.goodput.line(now, state.files.summary), table, _footer(state))
 
 
 def _header(state: RunState, now: float) -> Text:

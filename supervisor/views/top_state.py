@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 
 from supervisor.views.events import Event, EventLog, error_line
+from supervisor.views.goodput_panel import GoodputTrack
 from supervisor.views.report_data import tokens_per_step
 from supervisor.views.run_files import RunFiles
 
@@ -65,11 +66,13 @@ class RunState:
     restarts: int = 0
     log: EventLog = field(default_factory=EventLog)  # the run's events, read once each
     _warned: int = 0  # how many of files.warnings are in `log`
+    goodput: GoodputTrack = field(default_factory=GoodputTrack)
 
     def refresh(self) -> None:
         for record in self.files.poll_each():
             self._apply(record)
             self.log.add(record)
+            self.goodput.observe(record)
         self.log.add_warnings(self.files.warnings[self._warned:])
         self._warned = len(self.files.warnings)
         for rank, device in self.files.devices.items():

@@ -121,6 +121,22 @@ def marked_processes(supervisor_pid: int) -> list[int]:
     return found
 
 
+def stop_when(proc: subprocess.Popen, ready, find) -> tuple[int, str, float]:
+    """SIGSTOP the worker `find()` returns once `ready()` holds, then wait for the supervisor:
+    (its exit code, its stderr, when the worker was stopped). Nothing is left running."""
+    try:
+        assert wait_for(ready, timeout=120)
+        worker = find()
+        stopped_at = time.time()
+        worker.send_signal(signal.SIGSTOP)
+        code, _, err = finish(proc, timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return code, err, stopped_at
+
+
 def finish(proc: subprocess.Popen, timeout: float = 30) -> tuple[int, str, str]:
     try:
         out, err = proc.communicate(timeout=timeout)

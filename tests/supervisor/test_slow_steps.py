@@ -54,7 +54,7 @@ def test_a_rank_blocked_in_a_collective_the_computing_rank_left_is_not_excused()
 def _monitor(states: dict[int, ProcState]) -> Heartbeats:
     hb = Heartbeats([0, 1], 0.0, LearnedTimeouts(POLICY), rendezvous=600, expect_heartbeats=True)
     hb.procs.state = states.get  # the kernel's view, as the sampler would have it
-    hb.procs.sample = lambda now: None
+    hb.procs.sample = lambda now: []
     return hb
 
 

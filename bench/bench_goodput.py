@@ -1,0 +1,259 @@
+#!/usr/bin/env python3
+"""Goodput under one fixed, seeded fault schedule, launcher by launcher.
+
+The same torchrun-style DDP script (bench/goodput_worker.py: 2 ranks, gloo, a checkpoint
+every 20 steps, resume from the newest; STEPS steps of STEP_S) under torchrun
+(`--max-restarts 8`), NVIDIA's ft_launcher 0.4.1 (`--max-restarts 8`, its rank-monitor
+heartbeats from the script, no NIC monitor on CPU) and `gpuherd run` (`--max-restarts 8`),
+plus gpuherd's built-in trainer (a tiny Llama) with restarts (`--spares 0`) and with live
+recovery (`--spares 4`). Each launcher runs once undisturbed, then once under the schedule,
+interleaved round by round. The schedule, in fractions of that launcher's undisturbed
+training time (seeded jitter), each fault to whatever process is rank 1 by then:
+
+    SIGKILL, SIGSTOP for good (a hang), SIGSTOP + SIGCONT 2 s later (a stop-and-continue:
+    slow, not dead), SIGKILL
+
+A preemption is not in it: a SIGTERM reaching a process ends every launcher's run by design
+(gpuherd's built-in trainer saves and stops the whole job, exit 143), and what follows, the
+scheduler's requeue continuing the run, needs SLURM; the accounting of a requeued run is
+tested on a made-up timeline (tests/supervisor/test_goodput.py).
+
+A run that has not finished by its cap (4x its undisturbed wall time, at least 120 s) is
+killed and counted at the cap. Goodput, badput by cause and steps redone come from the
+benchmark's own accounting (bench/goodput_accounting.py); for gpuherd's runs summary.json's
+goodput block is shown beside it (they must agree within a few percent). Writes
+bench/results/goodput.md.
+
+    python3 bench/bench_goodput.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.compare import Comparison, Side, write_results  # noqa: E402
+from bench.goodput_accounting import Kept, from_metrics, from_steps_log, kept  # noqa: E402
+from bench.launchers import Launchers, kill_tree, worker_env  # noqa: E402
+
+WORKER = ROOT / "bench" / "goodput_worker.py"
+SEED = 32
+SCHEDULE = (("kill", 1 / 5), ("hang", 2 / 5), ("stop-continue", 3 / 5), ("kill", 4 / 5))
+CONTINUE_AFTER_S = 2.0
+STEP_S = 0.1
+KINDS = ("gpuherd built-in live", "gpuherd built-in restarts", "gpuherd run", "ft_launcher", "torchrun")
+BUILTIN = ["data.dataset=dummy", "data.tokenizer=byte", "data.context_length=32", "model.n_layers=2", "model.dim=32",
+           "model.n_heads=4", "model.n_kv_heads=2", "model.multiple_of=16", "training.batch_size=2",
+           "training.grad_accum_nums=1", "training.warmup_steps=5", "training.log_every=1", "training.eval_every=0",
+           "training.save_every=20"]
+
+
+@dataclass
+class Run:
+    kind: str
+    work: Path
+    steps: int
+
+    @property
+    def builtin(self) -> bool:
+        return self.kind.startswith("gpuherd built-in")
+
+    @property
+    def run_dir(self) -> Path:
+        return self.work / "logs" / "g"
+
+    def command(self, ln: Launchers) -> list[str]:
+        args = (str(self.work), str(self.steps), f"{STEP_S:g}")
+        restarts = ("--max-restarts", "8")
+        if self.kind == "torchrun":
+            return ln.torchrun(2, *args, flags=("--standalone", *restarts))
+        if self.kind == "ft_launcher":
+            return ln.ft_launcher(2, *args, flags=("--standalone", *restarts))
+        if self.kind == "gpuherd run":
+            return ln.gpuherd(2, *args, flags=("--run-id", "g", *restarts))
+        cmd = [sys.executable, "-m", "supervisor", "--debug", "--no-report", "--run-id", "g", *restarts,
+               "--spares", "4" if self.kind.endswith("live") else "0", "--nproc", "2",
+               "--set", "system.device=cpu", "--set", f"system.run_root={self.work / 'logs'}",
+               "--set", f"system.checkpoint_dir={self.work / 'ckpt'}", "--set", f"training.max_steps={self.steps}"]
+        for item in BUILTIN:
+            cmd += ["--set", item]
+        return cmd
+
+    def completions(self) -> tuple[list, float]:
+        if self.builtin:
+            return from_metrics(self.run_dir / "metrics.jsonl"), 0.0
+        return from_steps_log(self.work / "steps.log")
+
+    def rank1(self, launcher_pid: int, hung: set[int]) -> psutil.Process | None:
+        """The process that is rank 1 now (the newest one: a restart's or a spare's; a spare has no
+        RANK in its environment, the built-in worker's `ready` record names it). A process the
+        schedule hung is no target until the launcher replaced it: a later fault must not undo
+        the hang (a stop-and-continue's SIGCONT) nor end it (a kill)."""
+        if self.builtin:
+            for pid in reversed(_ready_pids(self.run_dir / "metrics.jsonl")):
+                try:
+                    p = psutil.Process(pid)
+                    if p.status() != psutil.STATUS_ZOMBIE:
+                        return None if pid in hung else p
+                except psutil.Error:
+                    continue
+            return None
+        found = []
+        try:
+            tree = psutil.Process(launcher_pid).children(recursive=True)
+        except psutil.Error:
+            return None
+        for p in tree:
+            try:
+                line = " ".join(p.cmdline())
+                if WORKER.name in line and p.environ().get("RANK") == "1" and p.status() != psutil.STATUS_ZOMBIE:
+                    found.append(p)
+            except psutil.Error:
+                continue
+        newest = max(found, key=lambda p: p.create_time(), default=None)
+        return None if newest is None or newest.pid in hung else newest
+
+
+def _ready_pids(metrics: Path) -> list[int]:
+    pids = []
+    for line in metrics.read_bytes().splitlines() if metrics.exists() else []:
+        if b'"ready"' in line:
+            try:
+                r = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if r.get("type") == "ready" and r.get("rank") == 1 and isinstance(r.get("pid"), int):
+                pids.append(r["pid"])
+    return pids
+
+
+def _summary_goodput(run: Run) -> dict | None:
+    try:
+        return orjson.loads((run.run_dir / "summary.json").read_bytes()).get("goodput")
+    except (OSError, orjson.JSONDecodeError):
+        return None
+
+
+def once(ln: Launchers, run: Run, faults: list[tuple[str, float]], cap: float) -> tuple[Kept, float, dict | None]:
+    """(the benchmark's accounting, training seconds from the first step to the exit, gpuherd's goodput block)."""
+    ln = Launchers(run.work, ln.script, grace_period=ln.grace)  # its own logs: two runs never share a run id
+    started = time.time()
+    proc = subprocess.Popen(run.command(ln), cwd=run.work, env=worker_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    first = None
+    pending = list(faults)
+    resume: list[tuple[float, psutil.Process]] = []
+    hung: set[int] = set()
+    try:
+        while proc.poll() is None and time.time() - started < cap:
+            time.sleep(0.05)
+            now = time.time()
+            if first is None:
+                done = run.completions()[0]
+                first = done[0].time if done else None
+                continue
+            for at, p in list(resume):
+                if now >= at:
+                    resume.remove((at, p))
+                    _signal(p, signal.SIGCONT)
+            while pending and now - first >= pending[0][1]:
+                what, _ = pending.pop(0)
+                victim = run.rank1(proc.pid, hung)
+                if victim is None:
+                    pending.insert(0, (what, now - first + 0.5))  # rank 1 is being replaced: a little later
+                    break
+                sig = {"kill": signal.SIGKILL, "hang": signal.SIGSTOP, "stop-continue": signal.SIGSTOP}[what]
+                _signal(victim, sig)
+                if what == "hang":
+                    hung.add(victim.pid)
+                if what == "stop-continue":
+                    resume.append((now + CONTINUE_AFTER_S, victim))
+    finally:
+        if proc.poll() is None:
+            kill_tree(proc)
+        for _, p in resume:
+            _signal(p, signal.SIGCONT)
+    ended = time.time()
+    completions, saves = run.completions()
+    return kept(completions, ended - started, saves), ended - (first or started), \
+        _summary_goodput(run) if run.kind.startswith("gpuherd") else None
+
+
+def _signal(p: psutil.Process, sig: int) -> None:
+    try:
+        p.send_signal(sig)
+    except psutil.Error:
+        pass
+
+
+def schedule(training_s: float, rng: random.Random) -> list[tuple[str, float]]:
+    return [(what, training_s * (share + rng.uniform(-0.03, 0.03))) for what, share in SCHEDULE]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="1 round of 300 steps instead of 2 of 600")
+    args = parser.parse_args()
+    rounds, steps = (1, 300) if args.quick else (2, 600)
+    rng = random.Random(SEED)
+    results: dict[str, list[tuple[Kept, Kept, dict | None]]] = {k: [] for k in KINDS}
+    with tempfile.TemporaryDirectory(prefix="bench-goodput-") as tmp:
+        ln = Launchers(Path(tmp), WORKER, grace_period=2)
+        for i in range(rounds):
+            faults_for = None
+            for kind in KINDS[i % len(KINDS):] + KINDS[:i % len(KINDS)]:
+                base_steps = steps * 4 if kind.startswith("gpuherd built-in") else steps  # its steps are ~4x faster
+                calm, training_s, _ = once(ln, Run(kind, Path(tempfile.mkdtemp(dir=tmp)), base_steps), [], 900)
+                faults_for = schedule(training_s, random.Random(rng.random()))
+                cap = max(120.0, 4 * calm.wall_s)
+                faulted, _, block = once(ln, Run(kind, Path(tempfile.mkdtemp(dir=tmp)), base_steps), faults_for, cap)
+                results[kind].append((calm, faulted, block))
+                print(f"{kind}: undisturbed {calm.ratio:.3f}, faulted {faulted.ratio:.3f} "
+                      f"(gpuherd's own: {block.get('ratio') if block else '-'})", flush=True)
+    _write(results, rounds, steps)
+    return 0
+
+
+def _write(results: dict[str, list[tuple[Kept, Kept, dict | None]]], rounds: int, steps: int) -> None:
+    kept_share = {k: Side(k, [f.ratio / c.ratio for c, f, _ in v if c.ratio]) for k, v in results.items()}
+    comparisons = [Comparison(f"faulted goodput / its own undisturbed goodput: {ours} vs {theirs}", "x",
+                              kept_share[ours], kept_share[theirs], lower_is_better=False)
+                   for ours in ("gpuherd built-in live", "gpuherd run") for theirs in ("ft_launcher", "torchrun")]
+    rows = ["", "| launcher | goodput undisturbed | goodput faulted | kept | productive s | redone s (steps) | "
+            "saves s | startup, detection, restarts, stops s | wall s | gpuherd's summary.json ratio |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for kind, runs in results.items():
+        for calm, f, block in runs:
+            rows.append(f"| {kind} | {calm.ratio:.3f} | {f.ratio:.3f} | {f.ratio / calm.ratio if calm.ratio else 0:.2f} "
+                        f"| {f.productive_s:.1f} | {f.redone_s:.1f} ({f.steps_redone}) | {f.checkpoint_s:.1f} | "
+                        f"{f.rest_s:.1f} | {f.wall_s:.1f} | {block['ratio'] if block else '-'} |")
+    causes = {}
+    for kind, runs in results.items():
+        for _, _, block in runs:
+            if block:
+                causes[kind] = ", ".join(f"{c} {s:.1f} s" for c, s in block["badput_s"].items() if s >= 0.05)
+    write_results("goodput", "Goodput under one fault schedule (2 ranks, gloo)", comparisons, notes=[
+        f"{rounds} interleaved round(s); the script: {steps} steps of {STEP_S:g} s, the built-in trainer "
+        f"{steps * 4} steps of its tiny Llama; faults at 1/5..4/5 of each launcher's undisturbed training time: "
+        "SIGKILL, SIGSTOP (hang), SIGSTOP+SIGCONT after 2 s, SIGKILL, each to rank 1; capped at 4x the "
+        "undisturbed wall (at least 120 s).",
+        *(f"gpuherd's badput by cause, {k}: {v}" for k, v in causes.items()),
+    ], extra_rows=rows)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,99 @@
+"""A hang beyond doubt is ended in seconds, without waiting for any allowance: a rank stopped
+by a signal (state T) while another runs, or a wedged one (liveness thread silent, CPU idle,
+outside a save) that every other rank waits for in a collective. The slow-but-alive cases
+(a GC pause, a long eval, a slow save, a slow first step, a compile, a stop-and-continue,
+the whole job paused) never look like that."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import orjson
+import psutil
+
+from supervisor.health import HangPolicy, Heartbeats, LearnedTimeouts
+from supervisor.health.evidence import DECISIVE_STOP_S, RankSnapshot, decisive
+from supervisor.health.proc_state import ProcState
+from tests.supervisor import helpers as sh
+
+POLICY = HangPolicy(step_default=300, startup=900, factor=5, floor=10)
+BUSY, IDLE = ProcState("R", 0.0, 0.6), ProcState("S", 0.0, 0.0)
+
+
+def stopped(since: float) -> ProcState:
+    return ProcState("T", since, 0.0)
+
+
+def live(step: int, where: str, collective: bool = False, phase: str = "step") -> dict:
+    return {"phase": phase, "step": step, "for_s": 1.0, "where": where, "where_s": 1.0, "collective": collective}
+
+
+def snap(rank: int, proc: ProcState | None, rec: dict | None = None, age: float = 0.5) -> RankSnapshot:
+    return RankSnapshot(rank, 7, silent_s=age, live=rec, live_age_s=age if rec else None, live_latest=True, proc=proc)
+
+
+WAITING = live(7, "all_reduce (gradients)", collective=True)
+
+
+def test_a_rank_stopped_for_three_seconds_while_another_runs_is_hung():
+    hung, why = decisive([snap(0, IDLE), snap(1, stopped(10.0))], now=10.0 + DECISIVE_STOP_S, floor=0.0)
+    assert hung == [1] and "state T" in why
+    # a script without liveness records: the kernel alone decides it the same way
+    assert decisive([snap(0, BUSY), snap(1, stopped(10.0))], now=13.5, floor=0.0)[0] == [1]
+
+
+def test_a_stop_and_continue_the_whole_job_paused_or_the_supervisor_stopped_are_not_decisive():
+    assert decisive([snap(0, IDLE), snap(1, stopped(10.0))], now=12.0, floor=0.0) == ([], "")  # 2 s: passing
+    assert decisive([snap(0, stopped(1.0)), snap(1, stopped(1.0))], now=60.0, floor=0.0) == ([], "")  # Ctrl-Z
+    # the supervisor itself was stopped until 58 s: the state counts from then
+    assert decisive([snap(0, IDLE), snap(1, stopped(1.0))], now=60.0, floor=58.0) == ([], "")
+
+
+def test_a_wedged_rank_that_the_others_wait_for_is_hung():
+    wedged = snap(1, IDLE, live(7, "forward/backward"), age=3.5)
+    hung, why = decisive([snap(0, IDLE, WAITING), wedged], now=100.0, floor=0.0)
+    assert hung == [1] and "liveness thread silent" in why
+
+
+def test_slow_but_alive_ranks_are_never_decisive():
+    others = [snap(0, IDLE, WAITING)]
+    gc_pause = snap(1, BUSY, live(7, "forward/backward"), age=4.0)  # the GIL held, the CPU busy
+    saving = snap(1, IDLE, live(7, "torch.save", phase="checkpoint"), age=4.0)  # a slow save on a slow disk
+    first_step = snap(1, IDLE, live(0, "init", phase="init"), age=4.0)
+    evaluating = snap(1, BUSY, live(7, "eval", phase="eval"), age=0.5)  # its thread reports
+    for rank1 in (gc_pause, saving, first_step, evaluating):
+        assert decisive([*others, rank1], now=100.0, floor=0.0) == ([], "")
+    # not everyone waits for it: rank 0 computes too (a long eval on both)
+    assert decisive([snap(0, BUSY, live(7, "eval", phase="eval")),
+                     snap(1, IDLE, live(7, "forward/backward"), age=4.0)], now=100.0, floor=0.0) == ([], "")
+
+
+def test_the_monitor_names_a_stopped_rank_long_before_any_allowance():
+    hb = Heartbeats([0, 1], 0.0, LearnedTimeouts(POLICY), rendezvous=600, expect_heartbeats=False)
+    hb.procs.sample = lambda now: []
+    for rank in (0, 1):
+        hb.record(rank, {"type": "step", "rank": rank, "step": 7}, 1.0)
+    hb.procs.state = {0: IDLE, 1: stopped(2.0)}.get
+    assert hb.check(4.0, {0, 1}) is None
+    verdict = hb.check(5.0, {0, 1})
+    assert verdict is not None and verdict.rank == 1
+    assert "decided without waiting for an allowance: stopped by a signal (state T)" in verdict.message
+
+
+def test_a_sigstopped_rank_of_a_script_run_is_named_within_5_s_with_default_settings(tmp_path):
+    cmd = [*sh.command("--nproc", "2", script=None), "--script", str(sh.REPO_ROOT / "bench" / "goodput_worker.py"),
+           str(tmp_path), "100000", "0.05"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=sh.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    steps = tmp_path / "steps.log"
+    code, err, stopped_at = sh.stop_when(
+        proc, lambda: steps.exists() and len(steps.read_text().splitlines()) > 30,
+        lambda: next(p for p in psutil.Process(proc.pid).children(recursive=True)
+                     if "goodput_worker.py" in " ".join(p.cmdline()) and p.environ().get("RANK") == "1"))
+    assert code == 124, err[-3000:]
+    run_dir = sh.run_dir_of(tmp_path)
+    cause = orjson.loads((run_dir / "summary.json").read_bytes())["root_cause"]
+    assert cause["rank"] == 1 and "stopped by a signal (state T)" in cause["message"], cause["message"]
+    ends = [r for r in map(orjson.loads, (run_dir / "metrics.jsonl").read_bytes().splitlines())
+            if r.get("event") == "attempt_end"]
+    assert ends[-1]["failed_at"] - stopped_at <= 5.0  # the verdict, not the teardown after it

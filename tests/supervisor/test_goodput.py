@@ -1,0 +1,180 @@
+"""Goodput accounting over made-up timelines: every cause against the timeline that made it.
+
+One run goes through a restart, a live recovery, a SLURM requeue (a second start of the same
+run) and a hang; each category is checked against the seconds the timeline was built with,
+and the parts always add up to the wall time."""
+
+from __future__ import annotations
+
+import pytest
+
+from supervisor.goodput import CAUSES, Goodput, account, console_line, decode
+from supervisor.goodput.timeline import decode_all
+
+
+class Timeline:
+    """Records as metrics.jsonl holds them, written along a clock that only moves forward."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+        self.records: list[dict] = []
+
+    def at(self, dt: float) -> float:
+        self.t += dt
+        return self.t
+
+    def add(self, dt: float, **record) -> None:
+        self.records.append({"time": self.at(dt), **record})
+
+    def mark(self, dt: float, event: str, **fields) -> None:
+        self.add(dt, type="timeline", event=event, **fields)
+
+    def phase(self, dt: float, name: str, rank: int = 0) -> None:
+        self.add(dt, type="phase", rank=rank, name=name)
+
+    def steps(self, first: int, n: int, step_s: float = 0.1, rank: int = 0) -> None:
+        for k in range(first, first + n):
+            self.add(step_s, type="step", rank=rank, step=k)
+
+    def startup(self, launch: float = 2.0, rendezvous: float = 0.5, init: float = 1.0, first_step: float = 0.7) -> None:
+        self.phase(launch, "rendezvous")
+        self.phase(rendezvous, "init")
+        self.phase(init, "train")
+        self.add(first_step, type="step", rank=0, step=-1)  # the first step: warm-up (compile)
+
+    def first_attempt(self, steps: int, launch: float = 2.0) -> Timeline:
+        """A run's first start and attempt, up to `steps` completed steps of 0.1 s."""
+        self.mark(0, "start", start=0)
+        self.mark(0.0, "attempt", attempt=0, resumed=False)
+        self.startup(launch=launch)
+        self.steps(0, steps)
+        return self
+
+    def account(self, end_dt: float = 0.0, since: float | None = None) -> Goodput:
+        return account(decode_all(self.records), self.t + end_dt, since)
+
+
+def _sums_to_wall(g: Goodput) -> None:
+    assert set(g.badput_s) == set(CAUSES)
+    assert round(g.productive_s + sum(g.badput_s.values()), 3) == g.wall_s
+    assert g.ratio == pytest.approx(g.productive_s / g.wall_s, abs=1e-4)
+
+
+def test_an_undisturbed_run_is_split_into_startup_steps_saves_and_eval():
+    tl = Timeline()
+    tl.mark(0, "start", start=0, dataset_s=1.5)
+    tl.mark(3.0, "attempt", attempt=0, resumed=False)  # 1.5 s launch, then 1.5 s dataset build
+    tl.startup()
+    tl.steps(0, 20)
+    tl.phase(0.0, "checkpoint")
+    tl.phase(0.4, "train")
+    tl.steps(20, 10)
+    tl.phase(0.0, "eval")
+    tl.phase(0.25, "train")
+    tl.steps(30, 10)
+    tl.phase(0.0, "shutdown")
+    tl.mark(1.0, "attempt_end", attempt=0, outcome=None, failed_at=None)
+    g = tl.account(end_dt=0.2)
+    _sums_to_wall(g)
+    b = g.badput_s
+    assert b["dataset"] == 1.5 and b["launch"] == pytest.approx(1.5 + 2.0)
+    assert b["rendezvous"] == 0.5 and b["warmup"] == pytest.approx(1.0 + 0.7)
+    assert b["checkpoint_save"] == 0.4 and b["eval"] == 0.25
+    assert g.productive_s == pytest.approx(4.0)  # 40 steps of 0.1 s
+    assert b["other"] == pytest.approx(1.2)  # the interpreters' exit and the summary
+    assert b["restart"] == b["redone"] == b["failure_detection"] == 0
+
+
+def test_a_restart_a_live_recovery_a_requeue_and_a_hang_each_land_in_their_cause():
+    tl = Timeline()
+    # start 0, attempt 0: 30 steps, a save after step 19 (kept), a kill at step 29
+    tl.mark(0, "start", start=0, dataset_s=None)
+    tl.mark(1.0, "attempt", attempt=0, resumed=False)
+    tl.startup()
+    tl.steps(0, 20)
+    tl.phase(0.0, "checkpoint")
+    tl.phase(0.3, "train")
+    tl.steps(20, 10)  # steps 20..29: 1.0 s trained again after the restart
+    tl.mark(0.1, "attempt_end", attempt=0, outcome="worker-exit", failed_at=tl.t + 0.1)  # known 0.1 s after
+    # the restart: 2 s of pause, teardown and spawn, resume (1 s), first step 0.7 s
+    tl.mark(2.0, "attempt", attempt=1, resumed=True)
+    tl.startup(launch=1.5, rendezvous=0.5, init=1.0, first_step=0.7)
+    tl.steps(20, 20)
+    tl.phase(0.0, "checkpoint")  # after step 39: kept
+    tl.phase(0.3, "train")
+    # a live recovery: rank 1 lost; 1.2 s to the rebuilt group's first step, 3 steps redone
+    tl.add(1.2, type="recovery", rank=1, outcome="recovered", seconds=1.2, steps_redone=3)
+    tl.steps(40, 10)
+    # a hang: rank 1 stopped (state T) 0.5 s after step 49; the verdict 3.5 s later
+    tl.mark(0.5, "proc", rank=1, state="T")
+    verdict = tl.at(3.5)
+    tl.mark(0.6, "attempt_end", attempt=1, outcome="hang", failed_at=verdict)
+    before_requeue = tl.t
+    # SLURM requeues the job: 100 s in the queue, then start 1 resumes from the save after step 39
+    tl.t += 100.0
+    tl.mark(0, "start", start=1, dataset_s=None)
+    tl.mark(1.0, "attempt", attempt=0, resumed=True)
+    tl.startup(launch=1.5, rendezvous=0.5, init=1.0, first_step=0.7)
+    tl.steps(40, 20)
+    tl.mark(0.5, "attempt_end", attempt=0, outcome=None, failed_at=None)
+    g = tl.account()
+    _sums_to_wall(g)
+    b = g.badput_s
+    assert g.wall_s == pytest.approx(tl.t - 1000.0 - 100.0)  # the time in the queue belongs to no start
+    assert b["launch"] == pytest.approx(1.0 + 2.0) and b["rendezvous"] == 0.5 and b["warmup"] == pytest.approx(1.7)
+    assert b["checkpoint_save"] == pytest.approx(0.3 + 0.3)
+    assert b["checkpoint_restore"] == pytest.approx(2.0)  # init of each resumed attempt
+    # kill: from the last step record to the exit seen; hang: from the last step to the verdict
+    assert b["failure_detection"] == pytest.approx(0.1 + (0.5 + 3.5))
+    # redone: steps 20..29 of attempt 0; 3 steps before the recovery's loss (37..39: the save between
+    # is no step); the hang's steps 40..49, after attempt 1's save, which the requeued start trained again
+    assert b["redone"] == pytest.approx(1.0 + 0.3 + 1.0)
+    # restart: 2 s + the restarted attempt's launch, rendezvous and first step; the recovery's 1.2 s;
+    # after the verdict 0.6 s; the requeued start's 1 s + launch, rendezvous, first step
+    assert b["restart"] == pytest.approx((2.0 + 1.5 + 0.5 + 0.7) + 1.2 + 0.6 + (1.0 + 1.5 + 0.5 + 0.7))
+    assert b["stopped"] == 0  # a stop that ended in a verdict is the hang's detection time
+    assert g.productive_s == pytest.approx(2.0 + (2.0 - 0.3 + 1.0 - 1.0) + 2.0)
+    assert before_requeue < tl.t
+
+
+def test_a_stop_and_continue_is_stopped_time_and_the_run_goes_on():
+    tl = Timeline().first_attempt(steps=10)
+    tl.mark(0.05, "proc", rank=1, state="T")
+    tl.mark(2.0, "proc", rank=1, state="S")
+    tl.steps(10, 10)  # the step in flight through the stop completes 0.1 s after the continue
+    g = tl.account()
+    _sums_to_wall(g)
+    assert g.badput_s["stopped"] == pytest.approx(2.0)
+    assert g.productive_s == pytest.approx(1.0 + 0.05 + 1.0)
+
+
+def test_an_asynchronous_save_still_in_flight_at_the_failure_is_not_kept():
+    tl = Timeline().first_attempt(steps=10)
+    tl.phase(0.0, "checkpoint")  # the snapshot of step 10; the write goes on in the background
+    tl.phase(0.05, "train")
+    tl.add(0.0, type="checkpoint", rank=0, step=5)  # an earlier save's record: kept up to step 4
+    tl.steps(10, 5)
+    failed = tl.at(0.01)
+    tl.mark(0.0, "attempt_end", attempt=0, outcome="worker-exit", failed_at=failed)
+    tl.mark(1.0, "attempt", attempt=1, resumed=True)
+    tl.startup()
+    tl.steps(5, 10)
+    g = tl.account()
+    _sums_to_wall(g)
+    assert g.badput_s["redone"] == pytest.approx(1.0)  # steps 5..14: the step-10 write never completed
+
+
+def test_a_window_counts_only_its_own_seconds():
+    tl = Timeline().first_attempt(steps=100, launch=10.0)
+    g = tl.account(since=tl.t - 5.0)
+    assert g.wall_s == 5.0 and g.productive_s == 5.0 and g.ratio == 1.0
+
+
+def test_records_of_the_wrong_shape_are_skipped_and_the_console_line_names_the_worst():
+    assert decode({"type": "step", "time": "soon", "step": 3}) is None
+    assert decode({"type": "timeline", "event": "attempt_end", "time": 5.0, "failed_at": "x"}).value is None
+    assert decode(["not", "a", "record"]) is None
+    g = Goodput(0.93, 100.0, 93.0, {**dict.fromkeys(CAUSES, 0.0), "restart": 3.0, "checkpoint_save": 1.0,
+                                     "checkpoint_restore": 1.2, "launch": 1.3, "rendezvous": 0.5, "other": 0.2})
+    assert console_line(g) == "goodput 0.93 (badput: 3% restarts, 2% checkpoints, 2% startup)"
+    assert console_line(Goodput(1.0, 10.0, 10.0, dict.fromkeys(CAUSES, 0.0))) == "goodput 1.00"
