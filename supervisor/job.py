@@ -83,7 +83,7 @@ from supervisor.rendezvous import (
     stop_reason,
     training_fingerprint,
 )
-from supervisor.restarts import RestartPlan, RunCheckpoints, SuspectExclusion, pause, plan_restart
+from supervisor.restarts import Progress, RestartPlan, RunCheckpoints, SuspectExclusion, pause, plan_restart
 from supervisor.summary import AttemptReport, RootCause, Summary, WorkerReport, how_it_ended, now_iso, shell_code
 from supervisor.torchrun import (
     FileTimer,
@@ -129,6 +129,7 @@ class Job:
         self.notes: list[str] = []
         self.rendezvous: Rendezvous = SingleNode()
         self.checkpoints = RunCheckpoints()
+        self.progress = Progress()  # the attempt under way's
         self.stragglers: list[dict] = []  # every attempt's straggler warnings
         self.timeouts = self._learned_timeouts()
         self.store_server = StoreServer(sys.executable, python_env(), helper_preexec())  # warm across attempts
@@ -218,7 +219,7 @@ class Job:
                 plan = plan_restart(final, stop_signal=report.stop_signal, attempt=used,
                                     max_restarts=system.max_restarts, train=self.mode == "train",
                                     restart_on_nan=system.restart_on_nan, base_backoff=system.restart_backoff,
-                                    streak=streak, ran_s=report.duration_s)
+                                    streak=streak, ran_s=report.duration_s, progressed=self.progress.made)
                 membership = not plan.counted  # elastic: a node joins
                 why_not = plan.why_not if membership else (
                     self._after_dataset_check(plan) or self._exclude_suspects(final, report, attempt + 1))
@@ -313,6 +314,7 @@ class Job:
         """Start every worker once, supervise them to the end, clean up everything but the job's files."""
         started_at, t0 = now_iso(), time.monotonic()
         log_dir = self._log_dir(attempt)
+        self.progress = Progress()
         try:
             setup = self.rendezvous.begin(attempt, self.plan, resume)
         except NodeLinkError as exc:
@@ -417,7 +419,8 @@ class Job:
             budget=cfg.system.max_restarts - self.restarts_used - self._recovered(), attempt=attempt,
             numbered_from=len(self.recoveries), script=self.mode == "script", multi_node=self.launch.node.multi,
             write_metric=metrics.write)
-        observers = [self.checkpoints.observe, suspects.observe] + ([live.observe] if live is not None else [])
+        observers = [self.checkpoints.observe, suspects.observe, self.progress.observe] + (
+            [live.observe] if live is not None else [])
         sup = Supervision([], router, heartbeats, metrics, stop, finish_window=self.timeouts.policy.step_default,
                           on_cause=self._announcer(attempt), on_record=_fan_out(*observers),
                           script=self.mode == "script", unwatched_why=_unwatched_why(self.launch),
