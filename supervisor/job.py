@@ -142,6 +142,7 @@ class Job:
         self.log_base = requeues.log_dir(run_dir, self.start)
         self.earlier_starts = requeues.earlier_starts(run_dir, self.start) if self.start else []
         self.guard: OrphanGuard | None = None  # started before the dataset build (start_guard)
+        self._released_guard: OrphanGuard | None = None  # told to exit; reaped just before ours (reap_helpers)
         self.restarts_used = 0  # failures restarted (--max-restarts); an elastic membership change is not one
 
     @property
@@ -289,7 +290,15 @@ class Job:
         if self.guard is not None:
             sweep_children(exclude={self.guard.pid, self.rendezvous.helper_pid, dying})
             self.guard.release()
-            self.guard = None
+            self._released_guard, self.guard = self.guard, None
+
+    def reap_helpers(self) -> None:
+        """Last, just before the exit code: the store helper and the guard, ended earlier (their
+        exits overlapped the summary), are reaped: none of the launcher's processes outlives it."""
+        self.store_server.reap()
+        if self._released_guard is not None:
+            self._released_guard.reap()
+            self._released_guard = None
 
     def _after_dataset_check(self, plan: RestartPlan) -> str | None:
         """The restart policy's answer, once the dataset cache it asked to check was checked

@@ -26,12 +26,12 @@ TINY = [
 ]
 
 
-def _command(run_id: str, *extra: str, nproc: int = 2) -> list[str]:
+def _command(run_id: str, *extra: str, nproc: int = 2, steps: int = STEPS) -> list[str]:
     cmd = [sys.executable, "-m", "supervisor", "--debug", "--set", "system.device=cpu", "--no-report", "--nproc", str(nproc),
            "--run-id", run_id, *extra]
     for item in TINY:
         cmd += ["--set", item]
-    return cmd
+    return cmd + ["--set", f"training.max_steps={steps}"]
 
 
 def _losses(run_dir) -> dict[tuple[int, int], float]:
@@ -137,6 +137,49 @@ def test_with_four_ranks_any_lost_rank_is_replaced_live_while_the_other_three_ke
     assert rec["steps_redone"] <= 1 and rec["checkpoint_reads"] == 0
     assert {w["rank"]: w["pid"] for w in summary["workers"]} == {**survivors, lost: spare}
     _same_losses(_losses(run_dir), expected, lost, rec["resumed_step"])
+
+
+def _spare_other_than(supervisor_pid: int, used: set[int]) -> psutil.Process | None:
+    """A warm spare not promoted yet (a promoted one keeps GPUHERD_SPARE=1 in its initial environment)."""
+    for p in psutil.Process(supervisor_pid).children():
+        try:
+            if p.pid not in used and p.environ().get("GPUHERD_SPARE") == "1":
+                return p
+        except psutil.Error:
+            continue
+    return None
+
+
+def test_with_the_defaults_four_kills_in_a_row_are_all_recovered_live_as_the_spare_pool_refills(tmp_path, python_env):
+    """One warm spare and --max-restarts 8 (the defaults): each recovery starts a new spare, so the
+    second, third and fourth kill find one standing by too; nobody restarts."""
+    proc = subprocess.Popen(_command("k4", "--max-restarts", "8", steps=100000), cwd=tmp_path,
+                            env=python_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_dir = tmp_path / "logs" / "k4"
+    victims, spares = [], set()
+    try:
+        assert wait_for(lambda: _reached(run_dir, 3), timeout=240, interval=0.02)
+        victim = _pid(run_dir, 1)
+        for kill in range(1, 5):
+            found: list[psutil.Process] = []
+            assert wait_for(lambda: found.append(_spare_other_than(proc.pid, spares)) or found[-1] is not None,
+                            timeout=60, interval=0.05), f"no new warm spare before kill {kill}"
+            spares.add(found[-1].pid)
+            psutil.Process(victim).send_signal(signal.SIGKILL)
+            victims.append(victim)
+            assert wait_for(lambda: len([r for r in records(run_dir, "recovery") if r["outcome"] == "recovered"])
+                            == kill, timeout=120, interval=0.05), f"kill {kill} not recovered live"
+            victim = records(run_dir, "recovery")[-1]["replaced_by_pid"]
+        proc.send_signal(signal.SIGINT)  # enough: a graceful end
+    finally:
+        code, _out, err = finish(proc, timeout=300)
+    assert code == 130, err[-3000:]
+    summary = orjson.loads((run_dir / "summary.json").read_bytes())
+    assert summary["restarts"] == 0 and len(summary["attempts"]) == 1, err[-3000:]
+    recs = summary["recoveries"]
+    assert [r["outcome"] for r in recs] == ["recovered"] * 4 and [r["lost_pid"] for r in recs] == victims
+    assert {r["replaced_by_pid"] for r in recs} == spares
+    assert "live recovery not possible" not in err and err.count("the pool of --spares refills") == 4
 
 
 @pytest.mark.slow
