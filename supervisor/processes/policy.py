@@ -768,7 +768,8 @@ def _wait_for_writes(s: State, v: View, r: Rules) -> Result | None:
     """A teardown's grace is over: a rank still writing a checkpoint in the background
     (worker/saver.py: it finishes that write before it exits) gets the time, up to the stop
     timeout after the failure, so a restart can resume from it. None: nothing to wait for."""
-    writing = [w for w in v.alive if w.writing is not None]
+    hung = _hung_rank(s, v)  # its write is what hangs, or it cannot finish one: SIGKILLed with its writer
+    writing = [w for w in v.alive if w.writing is not None and w.rank != hung]
     limit = (s.failed_at if s.failed_at is not None else v.now) + r.stop_timeout
     if not writing or v.now >= limit:
         return None

@@ -247,6 +247,17 @@ def test_a_teardown_waits_for_a_background_checkpoint_write_up_to_the_stop_timeo
         "(--resume takes an older one)"]
 
 
+def test_a_hung_rank_whose_background_write_never_ends_is_killed_with_its_writer_not_waited_for():
+    run = Run(pol.Rules(grace=5.0, stop_timeout=120.0, save_signal=signal.SIGUSR2, finish_window=60.0, traces=False))
+    writer = rank(0, writing="/ck/.checkpoints/step_0000040.pt")
+    waiting = rank(1)
+    run(pol.HangFound(view(50.0, writer, waiting), hang_cause(0)))
+    actions = run.tick(50.0 + pol.STACK_DUMP_WAIT, writer, waiting)
+    assert sends(actions, signal.SIGKILL) == [((0,), signal.SIGKILL, True)]  # its group: the writer child too
+    actions = run.tick(55.5, writer, waiting)  # grace over: no wait for that write up to the stop timeout
+    assert run.phase is Phase.KILLING and not logs(actions, "info")
+
+
 def test_a_graceful_stop_waits_for_a_background_write_like_a_save():
     run = Run()
     run(pol.SignalReceived(view(0.0, *TWO), signal.SIGINT))
