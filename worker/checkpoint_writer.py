@@ -45,7 +45,7 @@ class BackgroundWrite:
     def describe(self) -> str:
         """Who writes what, for the loop's liveness while it waits (a stuck writer is named)."""
         who = f"the checkpoint writer (pid {self.writer_pid})" if self.writer_pid else "the checkpoint writer"
-        return f"waiting for {who} writing {self.path.name} (step {self.step})"
+        return f"the wait for {who} writing {self.path.name} (step {self.step})"
 
     def wait(self, timeout: float | None = None) -> bool:
         """True once the write ended (published or failed); False if `timeout` ran out first."""
