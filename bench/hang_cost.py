@@ -21,13 +21,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import orjson
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.launchers import worker_env  # noqa: E402
+from bench.launchers import run_records as _records, worker_env  # noqa: E402
 
 TINY = ["data.dataset=dummy", "data.tokenizer=byte", "data.context_length=32", "model.n_layers=2", "model.dim=32",
         "model.n_heads=4", "model.n_kv_heads=2", "model.multiple_of=16", "training.batch_size=2",
@@ -35,14 +34,6 @@ TINY = ["data.dataset=dummy", "data.tokenizer=byte", "data.context_length=32", "
         "training.eval_every=0", "training.save_every=0"]
 
 
-def _records(path: Path) -> list[dict]:
-    out = []
-    for line in path.read_bytes().splitlines() if path.exists() else []:
-        try:
-            out.append(orjson.loads(line))
-        except orjson.JSONDecodeError:
-            continue
-    return out
 
 
 def _verdict_at(log: Path) -> float | None:

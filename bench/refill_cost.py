@@ -23,23 +23,14 @@ import tempfile
 import time
 from pathlib import Path
 
-import orjson
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.launchers import worker_env  # noqa: E402
+from bench.launchers import run_records as _records, worker_env  # noqa: E402
 
 
-def _records(path: Path) -> list[dict]:
-    out = []
-    for line in path.read_bytes().splitlines() if path.exists() else []:
-        try:
-            out.append(orjson.loads(line))
-        except orjson.JSONDecodeError:
-            continue
-    return out
 
 
 def _steps(records: list[dict], rank: int = 0) -> list[tuple[float, int]]:

@@ -20,13 +20,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import orjson
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.launchers import worker_env  # noqa: E402
+from bench.launchers import run_records, worker_env  # noqa: E402
 
 
 def watch(proc: subprocess.Popen, until: float) -> list[str]:
@@ -64,15 +63,7 @@ def watch(proc: subprocess.Popen, until: float) -> list[str]:
 
 
 def _records(path: Path, kind: str) -> list[dict]:
-    out = []
-    for line in path.read_bytes().splitlines() if path.exists() else []:
-        try:
-            record = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        if record.get("type") == kind:
-            out.append(record)
-    return out
+    return [r for r in run_records(path) if r.get("type") == kind]
 
 
 def one_round(work: Path, extra: list[str], cache: Path, cap: float = 240.0) -> list[str]:

@@ -802,9 +802,13 @@ def _diagnose(s: State, v: View, r: Rules, cause: RootCause, responsive: frozens
     actions.insert(0, Log("error", cause.message))
     hung = _hung_rank(s, v)
     if hung is not None and hung in stopped:
+        # the kernel's word settles who hung: the others' traces are asked for (they stay in the
+        # trace directory) but not waited for, so a restart follows as fast as after a kill
         actions += [Send((hung,), signal.SIGKILL),
                     Log("warning", f"{cause.device} (rank {hung}) is stopped and cannot answer: SIGKILL now")]
         v = replace(v, alive=tuple(w for w in v.alive if w.rank != hung))
+        s, actions = _ask_stacks(s, v, r, actions)
+        return _stacks_settle(s, v, r, [*actions, RequestTraces()] if r.traces else actions)
     s, actions = _ask_stacks(s, v, r, actions)
     responsive = responsive & frozenset(_ranks(v))
     if r.traces and responsive:
