@@ -110,3 +110,16 @@ def wait_quiet(proc: subprocess.Popen, window: float = 0.2, limit: float = 20.0)
             break
         last = now
     return time.monotonic() - t0
+
+
+def run_records(path: Path) -> list[dict]:
+    """Every record of a run's metrics.jsonl so far (a line being written is skipped)."""
+    import orjson
+
+    out = []
+    for line in path.read_bytes().splitlines() if path.exists() else []:
+        try:
+            out.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            continue
+    return out

@@ -10,6 +10,7 @@ number of workers.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import signal
@@ -72,6 +73,7 @@ def _encode_in_pool(
     if method == "fork":
         tokenizer.encode("warm up")  # build the lazy encoder once, before forking
         _TOKENIZER = tokenizer
+    helpers_before = _multiprocessing_helpers()  # before the executor's queues start a resource tracker
     # ProcessPoolExecutor, not Pool: a worker that dies (OOM killer) breaks the
     # executor with an error, where Pool would wait for its lost task forever.
     executor = ProcessPoolExecutor(
@@ -91,8 +93,37 @@ def _encode_in_pool(
             yield _result(pending.popleft())
     except BaseException:
         _abandon(executor)
+        del executor, pending
+        _stop_helpers_started(helpers_before)
         raise
     executor.shutdown(wait=True, cancel_futures=True)
+    del executor, pending
+    _stop_helpers_started(helpers_before)
+
+
+def _multiprocessing_helpers() -> tuple[int | None, int | None]:
+    """The pids of multiprocessing's forkserver and resource tracker of this process (None: not running)."""
+    from multiprocessing import forkserver, resource_tracker
+
+    return (getattr(forkserver._forkserver, "_forkserver_pid", None),
+            getattr(resource_tracker._resource_tracker, "_pid", None))
+
+
+def _stop_helpers_started(before: tuple[int | None, int | None]) -> None:
+    """A forkserver pool leaves multiprocessing's forkserver and resource tracker running for
+    the rest of this process's life: a launcher's exit code would come before they are gone.
+    The ones this build started end with it (stopped and reaped; multiprocessing starts them
+    again if anything needs them later). The pool's semaphores are released first (collected),
+    or their release would start a new resource tracker."""
+    from multiprocessing import forkserver, resource_tracker
+
+    gc.collect()
+    server_before, tracker_before = before
+    server_now, tracker_now = _multiprocessing_helpers()
+    if server_now is not None and server_before is None:
+        forkserver._forkserver._stop()
+    if tracker_now is not None and tracker_before is None:
+        resource_tracker._resource_tracker._stop()
 
 
 def _abandon(executor: ProcessPoolExecutor) -> None:

@@ -86,7 +86,7 @@ from supervisor.rendezvous import (
     stop_reason,
     training_fingerprint,
 )
-from supervisor.restarts import RestartPlan, RunCheckpoints, SuspectExclusion, pause, plan_restart
+from supervisor.restarts import Progress, RestartPlan, RunCheckpoints, SuspectExclusion, pause, plan_restart
 from supervisor.summary import AttemptReport, RootCause, Summary, WorkerReport, how_it_ended, now_iso, shell_code
 from supervisor.torchrun import (
     FileTimer,
@@ -132,6 +132,7 @@ class Job:
         self.notes: list[str] = []
         self.rendezvous: Rendezvous = SingleNode()
         self.checkpoints = RunCheckpoints()
+        self.progress = Progress()  # the attempt under way's
         self.stragglers: list[dict] = []  # every attempt's straggler warnings
         self.timeouts = self._learned_timeouts()
         self.store_server = StoreServer(sys.executable, python_env(), helper_preexec())  # warm across attempts
@@ -144,6 +145,7 @@ class Job:
         self.log_base = requeues.log_dir(run_dir, self.start)
         self.earlier_starts = requeues.earlier_starts(run_dir, self.start) if self.start else []
         self.guard: OrphanGuard | None = None  # started before the dataset build (start_guard)
+        self._released_guard: OrphanGuard | None = None  # told to exit; reaped just before ours (reap_helpers)
         self.restarts_used = 0  # failures restarted (--max-restarts); an elastic membership change is not one
         self.dataset_s: float | None = None  # the first dataset build's seconds (goodput: `dataset`)
         self.goodput: goodput.Goodput | None = None  # the whole run's, every start's (summary.json)
@@ -227,7 +229,7 @@ class Job:
                 plan = plan_restart(final, stop_signal=report.stop_signal, attempt=used,
                                     max_restarts=system.max_restarts, train=self.mode == "train",
                                     restart_on_nan=system.restart_on_nan, base_backoff=system.restart_backoff,
-                                    streak=streak, ran_s=report.duration_s)
+                                    streak=streak, ran_s=report.duration_s, progressed=self.progress.made)
                 membership = not plan.counted  # elastic: a node joins
                 why_not = plan.why_not if membership else (
                     self._after_dataset_check(plan) or self._exclude_suspects(final, report, attempt + 1))
@@ -316,7 +318,15 @@ class Job:
         if self.guard is not None:
             sweep_children(exclude={self.guard.pid, self.rendezvous.helper_pid, dying})
             self.guard.release()
-            self.guard = None
+            self._released_guard, self.guard = self.guard, None
+
+    def reap_helpers(self) -> None:
+        """Last, just before the exit code: the store helper and the guard, ended earlier (their
+        exits overlapped the summary), are reaped: none of the launcher's processes outlives it."""
+        self.store_server.reap()
+        if self._released_guard is not None:
+            self._released_guard.reap()
+            self._released_guard = None
 
     def _after_dataset_check(self, plan: RestartPlan) -> str | None:
         """The restart policy's answer, once the dataset cache it asked to check was checked
@@ -342,6 +352,7 @@ class Job:
         started_at, t0 = now_iso(), time.monotonic()
         log_dir = self._log_dir(attempt)
         metrics.write(marks.attempt(attempt, resumed=resume is not None))
+        self.progress = Progress()
         try:
             setup = self.rendezvous.begin(attempt, self.plan, resume)
         except NodeLinkError as exc:
@@ -449,7 +460,8 @@ class Job:
             budget=cfg.system.max_restarts - self.restarts_used - self._recovered(), attempt=attempt,
             numbered_from=len(self.recoveries), script=self.mode == "script", multi_node=self.launch.node.multi,
             write_metric=metrics.write)
-        observers = [self.checkpoints.observe, suspects.observe] + ([live.observe] if live is not None else [])
+        observers = [self.checkpoints.observe, suspects.observe, self.progress.observe] + (
+            [live.observe] if live is not None else [])
         sup = Supervision([], router, heartbeats, metrics, stop, finish_window=self.timeouts.policy.step_default,
                           on_cause=self._announcer(attempt), on_record=_fan_out(*observers),
                           script=self.mode == "script", unwatched_why=_unwatched_why(self.launch),

@@ -127,6 +127,7 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
     finally:
         job.rendezvous.close()
         job.release_guard()  # a no-op unless the run ended before its attempts
+        job.reap_helpers()  # the exit code comes after every process the launcher started is gone
 
 
 def _open_run_dir(launch: Launch, run_dir: Path, checks: CheckReport | None, console: Console) -> None:

@@ -11,7 +11,8 @@ never picked up. With none written yet, the next attempt starts as the first one
 The pause is short (`system.restart_backoff`, 0.2 s by default: a restart is cheap, the
 store helper stays warm) and doubles for each further failure in a row, up to
 `MAX_BACKOFF_S`, so a job that fails at once every time does not spin; an attempt
-that ran for `STREAK_RESET_S` before failing starts the doubling over.
+that completed a training step (`Progress`), or ran for `STREAK_RESET_S`, before failing
+was not failing quickly: it starts the doubling over.
 
 After an exit 8 (a device kept producing transient faults), `--exclude-suspect-gpus`
 runs the next attempt without the GPUs that went over the limit: one worker fewer
@@ -78,16 +79,29 @@ class RestartPlan:
     counted: bool = True  # one of --max-restarts (a membership restart is not, as under torchrun)
 
 
+class Progress:
+    """Did an attempt complete a training step (a `step` status record) before it failed?"""
+
+    def __init__(self) -> None:
+        self.made = False
+
+    def observe(self, record: dict[str, Any]) -> None:
+        if record.get("type") == "step":
+            self.made = True
+
+
 def plan_restart(cause: RootCause, *, stop_signal: str | None, attempt: int, max_restarts: int, train: bool,
-                 restart_on_nan: bool, base_backoff: float, streak: int, ran_s: float) -> RestartPlan:
+                 restart_on_nan: bool, base_backoff: float, streak: int, ran_s: float,
+                 progressed: bool = False) -> RestartPlan:
     """The restart policy, pure: a failed attempt (`cause`, after `ran_s` seconds, `streak`
-    quick failures before it) -> restart or not, why, and after how long. `stop_signal`: the
+    quick failures before it; `progressed`: it completed a step) -> restart or not, why, and after
+    how long. `stop_signal`: the
     supervisor was asked to stop during the attempt (a scancel's SIGTERM may reach a worker
     first: its code alone would look like a crash). The built-in trainer's cache is checked
     again before a restart (`check_dataset`), so an exit 3 gets another attempt once repaired.
     An elastic job's membership change (a node asks to join) is nobody's failure: restarted at
     once, whatever restarts are left, and not counted, unless the supervisor was asked to stop."""
-    streak = 0 if ran_s >= STREAK_RESET_S else streak
+    streak = 0 if ran_s >= STREAK_RESET_S or progressed else streak
     if cause.kind == "membership":
         return RestartPlan(f"the supervisor received {stop_signal}" if stop_signal else None, streak=streak,
                            counted=False)

@@ -31,6 +31,7 @@ class BackgroundWrite:
         self.published: Path | None = None
         self.error: BaseException | None = None
         self.write_s: float | None = None  # set once it ended, either way
+        self.writer_pid: int | None = None  # the forked writer process, once it runs
         self._write, self._on_done = write, on_done
         self._done = threading.Event()
         self._started = time.perf_counter()
@@ -41,6 +42,11 @@ class BackgroundWrite:
     def done(self) -> bool:
         return self._done.is_set()
 
+    def describe(self) -> str:
+        """Who writes what, for the loop's liveness while it waits (a stuck writer is named)."""
+        who = f"the checkpoint writer (pid {self.writer_pid})" if self.writer_pid else "the checkpoint writer"
+        return f"the wait for {who} writing {self.path.name} (step {self.step})"
+
     def wait(self, timeout: float | None = None) -> bool:
         """True once the write ended (published or failed); False if `timeout` ran out first."""
         return self._done.wait(timeout)
@@ -48,7 +54,7 @@ class BackgroundWrite:
     def _run(self) -> None:
         try:
             if self.forked:
-                self.published = write_in_child(self._write, self.step)
+                self.published = write_in_child(self._write, self.step, lambda pid: setattr(self, "writer_pid", pid))
             else:
                 _lower_priority()
                 self.published = self._write()

@@ -36,9 +36,10 @@ class WriterError(GpuherdError, RuntimeError):
     """The child's failure, raised in the loop: its message and exit code as the child had them."""
 
 
-def write_in_child(work: Callable[[], Path], step: int) -> Path:
+def write_in_child(work: Callable[[], Path], step: int, started: Callable[[int], None] = lambda pid: None) -> Path:
     """Fork; the child runs `work` (it returns the published path) and exits. Blocks the calling
-    thread (not the loop: worker/checkpoint_writer.py calls it from its thread) until then."""
+    thread (not the loop: worker/checkpoint_writer.py calls it from its thread) until then.
+    `started(pid)`: told the child's pid (a loop waiting for a stuck writer names it)."""
     read_fd, write_fd = os.pipe()
     parent = os.getpid()
     pid = os.fork()
@@ -46,6 +47,7 @@ def write_in_child(work: Callable[[], Path], step: int) -> Path:
         os.close(read_fd)
         _child(work, write_fd, parent)  # never returns
     os.close(write_fd)
+    started(pid)
     with os.fdopen(read_fd, "rb") as pipe:
         report = pipe.read()
     _, status = os.waitpid(pid, 0)

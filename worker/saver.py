@@ -106,8 +106,9 @@ class Saver:
             self._published(step, path, stall_s=stall, wait_s=wait_s, write_s=stall - wait_s, mode="blocking")
             return
         save_phases.reached("staging", step)
+        with self.live.collective("the state capture (every rank's data position and RNG)"):
+            capture = self.ckpt.capture(step, sampler_state, to_host=False)  # waits for the peers: not this rank's hang
         self.live.doing("copying the state to host memory")
-        capture = self.ckpt.capture(step, sampler_state, to_host=False)
         if capture.states is None and not self.ckpt.engine.sharded:
             self._staged(time.perf_counter() - started, wait_s)  # rank 0 writes this one alone
             return
@@ -138,7 +139,7 @@ class Saver:
         waited = 0.0
         if not write.done:
             started = time.perf_counter()
-            self.live.doing("waiting for the previous checkpoint write")
+            self.live.doing(write.describe())  # a writer that never ends is named with its pid and checkpoint
             write.wait()
             waited = time.perf_counter() - started
             self._log0(f"{self.bracket} waited {waited:.2f} s for the checkpoint of step {write.step} to be "

@@ -5,17 +5,27 @@ The wait ends with one JSON line on stdin, `{"env": {NAME: VALUE, ...}}`: the lo
 environment (RANK, its device, its error file, GPUHERD_JOIN_GENERATION: the rebuilt group
 to join). It is applied before CUDA is touched, so CUDA_VISIBLE_DEVICES still decides the
 GPU. End of input instead: the spare is no longer needed (exit 0, nothing said).
+
+The warm-up runs in a thread of its own at nice WARM_UP_NICE (Linux nice is per thread): a
+spare started while the job trains (the pool refilling after a recovery) takes only the CPU
+the ranks leave idle, and the process's main thread, the one that trains once promoted, keeps
+the priority the supervisor gave it (lowering a nice value back needs CAP_SYS_NICE). Threads
+the warm-up starts (torch's intra-op pool) inherit its nice; the main thread's own pool is
+started at its first step, at its own priority.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 from pathlib import Path
 
 import orjson
 
 from gpuherd import contract
+
+WARM_UP_NICE = 19  # the warm-up yields to every training rank (bench/bench_live_recovery.py: step time at a refill)
 
 
 def warm_up() -> None:
@@ -68,12 +78,24 @@ def _one_tiny_step(config_path: str) -> None:
     torch.manual_seed(cfg.system.seed)  # leaves no trace: the trainer seeds everything itself anyway
 
 
-def stand_by() -> bool:
-    """Warm up, then wait for a rank; True once this process took one (os.environ updated)."""
+def _warm_up_yielding() -> None:
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WARM_UP_NICE)  # this thread only
+    except OSError:  # not permitted here: warm up at the process's priority
+        pass
     warm_up()
+
+
+def stand_by() -> bool:
+    """Warm up (a low-priority thread), then wait for a rank; True once this process took one
+    (os.environ updated). A rank assigned before the warm-up ended waits for its end: the CPU
+    it needed is then idle anyway (the survivors wait for the newcomer)."""
+    warming = threading.Thread(target=_warm_up_yielding, name="spare-warm-up", daemon=True)
+    warming.start()
     line = sys.stdin.buffer.readline()
     if not line.strip():
         return False
+    warming.join()
     assignment = orjson.loads(line)
     os.environ.update({str(name): str(value) for name, value in assignment["env"].items()})
     os.environ.pop(contract.SPARE, None)

@@ -7,7 +7,8 @@ promotes a spare to its rank (the survivors notice the closed connections in the
 collective and rebuild the group with it) or says in one line why live recovery cannot
 apply, and the supervision tears down as before: a restart from the last checkpoint.
 Each recovery is accounted for (`recoveries`: summary.json, metrics.jsonl, the console)
-and uses one of --max-restarts.
+and uses one of --max-restarts. The pool refills the moment a spare is promoted (while a
+restart is left for another recovery), so --spares K spares stand by after every recovery.
 
 Its clock runs from the death to the newcomer's first completed step (`first_step` record);
 steps redone are the completed steps any rank reported beyond the step the group resumed at.
@@ -127,6 +128,11 @@ class LiveRecovery:
         self.recoveries.append(rec)
         logger.warning(f"{cause.message}: live recovery {rec.number}: warm spare pid {new.pid} takes rank "
                        f"{rec.rank}; the other {len(survivors)} worker(s) keep running and rebuild the group with it")
+        if self.budget > 0:  # a spare for the next failure, warming up at a low priority meanwhile
+            started = self.pool.fill()
+            if started:
+                logger.info(f"new warm spare(s) pid {', '.join(str(s.pid) for s in started)} started in the "
+                            "background (the pool of --spares refills)")
         return new
 
     def stuck(self, now: float, step_allowance: float) -> tuple[str, int] | None:

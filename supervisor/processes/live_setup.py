@@ -1,9 +1,9 @@
 """An attempt's live recovery, put together: whether it applies, its spares, their environment.
 
 `live_for_attempt` returns None when there is nothing to decide (no --max-restarts, or
---spares 0): the attempt then behaves exactly as without the feature. Otherwise a
-`LiveRecovery`, possibly switched off for the whole attempt with the reason it says when a
-rank is lost (a --script run, a multi-node job, a single worker).
+--spares 0) and when live recovery cannot apply to the run at all (a --script run, a
+multi-node job, a single worker: known at launch, said once then, and no spare is started
+that could never be used): the attempt then behaves exactly as without the feature.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+from loguru import logger
 
 from gpuherd import contract
 from gpuherd.config import Config
@@ -77,8 +79,13 @@ def live_for_attempt(parts: AttemptLive, budget: int, attempt: int, numbered_fro
     if count == 0 or parts.cfg.system.max_restarts == 0:
         return None
     off = why_off(parts.cfg, script, multi_node, parts.plan.world_size)
-    pool = SparePool(0 if off else count, parts.start_spare)
-    return LiveRecovery(pool, budget, attempt, parts.env_for, numbered_from, write_metric, off=off)
+    if off:
+        if attempt == 0:
+            logger.info(f"live recovery off: {off}; a failure restarts every worker (--max-restarts), "
+                        "no warm spare is started")
+        return None
+    return LiveRecovery(SparePool(count, parts.start_spare), budget, attempt, parts.env_for, numbered_from,
+                        write_metric)
 
 
 def discard_spares(pool: SparePool, forget: Callable[[int], None]) -> None:

@@ -16,6 +16,7 @@ import psutil
 from supervisor.processes.cgroup import enter_run_cgroup
 
 GUARD_MAIN = Path(__file__).with_name("orphan_guard_main.py")  # imports os, signal and sys only
+REAP_WAIT_S = 5.0  # a released guard exits at once; this only bounds a machine that does not schedule it
 
 
 class OrphanGuard:
@@ -47,14 +48,23 @@ class OrphanGuard:
 
     def release(self) -> None:
         """The supervisor cleaned up itself; the guard exits on "done" without touching anything.
-        Not waited for: it needs nothing more from us, and on a busy node an interpreter's exit
-        waits for a time slice (~100 ms at load 18 on 2 cores) the launcher's exit would too."""
+        Not waited for here: its exit (a time slice on a busy node) overlaps the summary's
+        writing, and `reap` collects it just before the launcher's own exit."""
         self._send("done\n")
         try:
             self._proc.stdin.close()
         except OSError:
             pass
         self._proc.poll()
+
+    def reap(self, timeout: float = REAP_WAIT_S) -> None:
+        """Released: wait for its exit, so the launcher's exit code comes after it (bounded: a
+        guard that does not end is killed)."""
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
 
     def _send(self, text: str) -> None:
         try:

@@ -15,6 +15,9 @@ milliseconds. The phases (docs/design/supervision.md):
     RUNNING --a rank exits 0 early--> FINISHING --the others stop progressing--> DUMPING_TRACES
     RUNNING/FINISHING --hang verdict--> DUMPING_TRACES --every responsive rank dumped its
         collective trace, or TRACES_WAIT--> DUMPING_STACKS --stacks written--> TERMINATING
+        (at the verdict a stopped hung rank is SIGKILLed, and the stacks are asked for, at
+        once: the evidence is gathered in parallel and never waited for from a rank that
+        cannot answer; at TERMINATING the hung rank gets SIGKILL, not the teardown signal)
     any live phase --failure, watcher, node lost, SIGQUIT--> TERMINATING --grace over--> KILLING
     RUNNING --Ctrl-C--> STOPPING (workers save, exit 130) --grace over, no rank still in its
         step or saving--> KILLING
@@ -42,7 +45,7 @@ from gpuherd.exit_codes import ExitCode
 from supervisor.processes.stopping import GracefulStop, stop_exit_code
 from supervisor.summary import RootCause
 
-STACK_DUMP_WAIT = 2.0  # after the stacks signal, time for faulthandler's stacks to reach the logs
+STACK_DUMP_WAIT = 0.25  # after the stacks signal: faulthandler writes them from its signal handler at once
 KILL_WAIT = 10.0  # after SIGKILL: a process in uninterruptible sleep (a wedged driver) may linger
 DRAIN_WAIT = 2.0  # after the last worker: pipes a setsid'd grandchild still holds are given up
 EARLY_EXIT_NOTICE = 2.0  # a rank exited 0 and the others still run this much later: say so (INFO)
@@ -155,6 +158,7 @@ class HangFound:
     cause: RootCause
     responsive: frozenset[int] = frozenset()  # ranks whose liveness thread still answers
     spare: Spare | None = None  # can a spare take the hung rank (None: no live recovery this attempt)
+    stopped: frozenset[int] = frozenset()  # ranks stopped (SIGSTOP, a debugger): they cannot answer anything
 
 
 @dataclass(frozen=True)
@@ -327,6 +331,7 @@ class State:
     trace_ranks: frozenset[int] = field(default_factory=frozenset)  # DUMPING_TRACES: who is to answer
     writes_told: bool = False  # a teardown waits for a background checkpoint write (said once)
     condemned: tuple[tuple[int, RootCause], ...] = ()  # hung ranks SIGKILLed for a live recovery: their verdicts
+    stacks_asked: float | None = None  # a hang: when the stacks signal went out (with the trace request)
 
 
 Result = tuple[State, list[Action]]
@@ -350,7 +355,7 @@ def _deadline_passed(s: State, v: View, r: Rules) -> Result:
     if s.phase is Phase.FINISHING:
         return _finish_check(s, v, r)
     if s.phase is Phase.DUMPING_TRACES:
-        return _dump_stacks(s, v, r, [AnalyseTraces()])
+        return _stacks_settle(s, v, r, [AnalyseTraces()])
     if s.phase is Phase.DUMPING_STACKS:
         return _terminate(s, v, r)
     if s.phase in (Phase.STOPPING, Phase.TERMINATING):
@@ -583,7 +588,7 @@ def _hang(s: State, e: HangFound, r: Rules) -> Result:
     if s.early is not None:
         cause = replace(cause, message=cause.message + f"; {s.early.tag} (rank {s.early.rank}) had exited 0 "
                                                        f"{e.view.now - s.early.ended:.0f} s before (waiting for it?)")
-    return _diagnose(s, e.view, r, cause, e.responsive)
+    return _diagnose(s, e.view, r, cause, e.responsive, e.stopped)
 
 
 def _kill_for_recovery(s: State, cause: RootCause) -> Result:
@@ -623,7 +628,7 @@ def _remote(s: State, e: Fatal, r: Rules) -> Result:
 def _traces_in(s: State, e: TracesIn, r: Rules) -> Result:
     if s.phase is not Phase.DUMPING_TRACES:
         return s, []
-    return _dump_stacks(s, e.view, r, [AnalyseTraces()])
+    return _stacks_settle(s, e.view, r, [AnalyseTraces()])
 
 
 def _all_gone(s: State, e: AllGone, r: Rules) -> Result:
@@ -681,8 +686,14 @@ def _ranks(v: View) -> tuple[int, ...]:
 
 
 def _terminate(s: State, v: View, r: Rules, wait: float | None = None) -> Result:
-    """The teardown signal (+ SIGCONT, so a stopped worker can act on it) to every group at once."""
-    actions: list[Action] = [Send(_ranks(v), r.teardown_signal), Send(_ranks(v), signal.SIGCONT)] if v.alive else []
+    """The teardown signal (+ SIGCONT, so a stopped worker can act on it) to every group at once;
+    a rank hung by the verdict gets SIGKILL (it could not act on a signal: its grace would only
+    be waited out)."""
+    hung = _hung_rank(s, v)
+    rest = tuple(rank for rank in _ranks(v) if rank != hung)
+    actions: list[Action] = [Send((hung,), signal.SIGKILL)] if hung is not None else []
+    if rest:
+        actions += [Send(rest, r.teardown_signal), Send(rest, signal.SIGCONT)]
     return _escalate(s, Phase.TERMINATING, v.now, r.grace if wait is None else wait), actions
 
 
@@ -690,6 +701,13 @@ def _kill_now(s: State, v: View, r: Rules, actions: list[Action]) -> Result:
     """The user's "now" (a repeated stop signal) during a graceful stop: a final save it cuts
     is recorded as cut, as when the stop timeout runs out, so the run never reports a saved stop."""
     return _kill(_cut_saves(s, v, r), v, actions)
+
+
+def _hung_rank(s: State, v: View) -> int | None:
+    """The live rank a hang verdict named (None: no hang, or it is gone)."""
+    if s.cause is None or s.cause.kind != "hang" or s.cause.node is not None:
+        return None
+    return s.cause.rank if s.cause.rank in _ranks(v) else None
 
 
 def _kill(s: State, v: View, actions: list[Action]) -> Result:
@@ -756,7 +774,8 @@ def _wait_for_writes(s: State, v: View, r: Rules) -> Result | None:
     """A teardown's grace is over: a rank still writing a checkpoint in the background
     (worker/saver.py: it finishes that write before it exits) gets the time, up to the stop
     timeout after the failure, so a restart can resume from it. None: nothing to wait for."""
-    writing = [w for w in v.alive if w.writing is not None]
+    hung = _hung_rank(s, v)  # its write is what hangs, or it cannot finish one: SIGKILLed with its writer
+    writing = [w for w in v.alive if w.writing is not None and w.rank != hung]
     limit = (s.failed_at if s.failed_at is not None else v.now) + r.stop_timeout
     if not writing or v.now >= limit:
         return None
@@ -779,18 +798,32 @@ def _cut_saves(s: State, v: View, r: Rules) -> State:
     return replace(s, graceful=stop)
 
 
-def _diagnose(s: State, v: View, r: Rules, cause: RootCause, responsive: frozenset[int]) -> Result:
-    """A hang: ask every live worker for its collective trace and its Python stacks, then tear down."""
+def _diagnose(s: State, v: View, r: Rules, cause: RootCause, responsive: frozenset[int],
+              stopped: frozenset[int] = frozenset()) -> Result:
+    """A hang: the evidence is asked for at once and in parallel (every live worker's Python stacks
+    and collective trace), bounded, and never waited for from a rank that cannot answer; a hung rank
+    that is stopped is SIGKILLed at once (SIGKILL works on a stopped process, and its death frees
+    the peers waiting on it), any other at the teardown. Then tear down."""
     s, actions = _set_cause(s, cause, v.now)
     actions.insert(0, Log("error", cause.message))
+    hung = _hung_rank(s, v)
+    if hung is not None and hung in stopped:
+        # the kernel's word settles who hung: the others' traces are asked for (they stay in the
+        # trace directory) but not waited for, so a restart follows as fast as after a kill
+        actions += [Send((hung,), signal.SIGKILL),
+                    Log("warning", f"{cause.device} (rank {hung}) is stopped and cannot answer: SIGKILL now")]
+        v = replace(v, alive=tuple(w for w in v.alive if w.rank != hung))
+        s, actions = _ask_stacks(s, v, r, actions)
+        return _stacks_settle(s, v, r, [*actions, RequestTraces()] if r.traces else actions)
+    s, actions = _ask_stacks(s, v, r, actions)
     responsive = responsive & frozenset(_ranks(v))
     if r.traces and responsive:
         return replace(_escalate(s, Phase.DUMPING_TRACES, v.now, TRACES_WAIT), trace_ranks=responsive), \
             [*actions, RequestTraces()]
-    return _dump_stacks(s, v, r, actions)
+    return _stacks_settle(s, v, r, actions)
 
 
-def _dump_stacks(s: State, v: View, r: Rules, actions: list[Action]) -> Result:
+def _ask_stacks(s: State, v: View, r: Rules, actions: list[Action]) -> Result:
     stacks = r.stacks_signal
     name = signal.Signals(stacks).name
     asked = [w for w in v.alive if stacks in w.handles]
@@ -800,7 +833,15 @@ def _dump_stacks(s: State, v: View, r: Rules, actions: list[Action]) -> Result:
         actions += [Send(tuple(w.rank for w in asked), stacks, group=False),
                     Log("info", f"asked {', '.join(w.tag for w in asked)} for their Python stacks ({name}); they go "
                                 "to the worker logs")]
+        s = replace(s, stacks_asked=v.now)
     if cannot:
         actions.append(Note(f"{', '.join(cannot)} installed no {name} handler, so no stack dump; add "
                             f"`faulthandler.register(signal.{name})` to the script to get one"))
-    return _escalate(s, Phase.DUMPING_STACKS, v.now, min(STACK_DUMP_WAIT, r.grace) if asked else 0.0), actions
+    return s, actions
+
+
+def _stacks_settle(s: State, v: View, r: Rules, actions: list[Action]) -> Result:
+    """The traces are in (or their wait is over): the teardown once the stacks asked for at the
+    verdict had STACK_DUMP_WAIT (at most the grace period) to be written."""
+    wait = 0.0 if s.stacks_asked is None else max(0.0, s.stacks_asked + min(STACK_DUMP_WAIT, r.grace) - v.now)
+    return _escalate(s, Phase.DUMPING_STACKS, v.now, wait), list(actions)

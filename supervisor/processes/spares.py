@@ -1,5 +1,9 @@
 """Warm spare workers (--spares K): started with an attempt's workers, handed a lost rank.
 
+K is the pool's size at every moment, not a budget: a spare that takes a rank is replaced at
+once by a new one (`fill`), which warms up while the job trains, at a low priority
+(worker/spare.py), and stands ready for the next failure.
+
 A spare is `python -m worker` with GPUHERD_SPARE=1 (worker/spare.py): it imports torch and
 the trainer and opens the dataset cache, then waits on its stdin. Promotion writes the lost
 rank's environment there as one JSON line and closes the pipe; the process, its pipes and
@@ -27,11 +31,14 @@ class SparePool:
         self.spares: list[WorkerProcess] = []
         self.started = 0
 
-    def fill(self) -> None:
-        """Start spares until `count` are waiting."""
+    def fill(self) -> list[WorkerProcess]:
+        """Start spares until `count` are waiting; the ones started."""
+        new = []
         while len([s for s in self.spares if s.poll() is None]) < self.count:
-            self.spares.append(self._start(self.started))
+            new.append(self._start(self.started))
+            self.spares.append(new[-1])
             self.started += 1
+        return new
 
     def take(self) -> tuple[WorkerProcess | None, str]:
         """A live spare, or None and why there is none."""

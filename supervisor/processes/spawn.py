@@ -107,6 +107,14 @@ class WorkerProcess:
                 self.returncode, self.ended = code, time.monotonic()
         return self.returncode
 
+    def stopped(self) -> bool:
+        """Stopped (SIGSTOP, SIGTSTP, a debugger's trace stop): it runs no handler, answers nothing."""
+        try:
+            stat = Path(f"/proc/{self.pid}/stat").read_text()
+        except OSError:
+            return False
+        return stat[stat.rindex(")") + 2:][:1] in ("T", "t")
+
     def signal_group(self, signum: int) -> None:
         """Signal the worker and everything it forked that stayed in its group."""
         try:

@@ -342,9 +342,10 @@ class Supervision:
             self._judge_live_recovery(now)  # first: a survivor stuck in the broken group is no hang of its own
             if self.cause is None:
                 self._judge_heartbeats(now)
-        if self.phase is Phase.DUMPING_TRACES and \
-                traces.answered(self.trace_dir, set(self.state.trace_ranks)) == set(self.state.trace_ranks):
-            self._decide(pol.TracesIn(self._view(now)))
+        if self.phase is Phase.DUMPING_TRACES:
+            waited = set(self.state.trace_ranks) & {w.slot.rank for w in self._alive()}  # the dead answer nothing
+            if traces.answered(self.trace_dir, waited) == waited:
+                self._decide(pol.TracesIn(self._view(now)))
         if self.phase is Phase.DRAINING and not self.pipes.open:
             self._decide(pol.PipesClosed(self._view(now)))
         if self.state.deadline is not None and now >= self.state.deadline:
@@ -365,7 +366,8 @@ class Supervision:
         cause = self._worker_cause(verdict.kind, code, verdict.message, self.workers[verdict.rank],
                                    evidence=list(verdict.evidence))
         self._decide(pol.HangFound(self._view(now), cause, frozenset(self.heartbeats.responsive(now, alive)),
-                                   spare=self._spare(verdict.rank)))
+                                   spare=self._spare(verdict.rank),
+                                   stopped=frozenset(w.slot.rank for w in self._alive() if w.stopped())))
 
     # ------------------------------------------------------------------ live recovery (live_recovery.py)
 

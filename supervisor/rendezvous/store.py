@@ -68,6 +68,13 @@ class StoreServer:
         self.proc: subprocess.Popen | None = None
         self._ctl: socket.socket | None = None
         self._serving = ""
+        self._dying: subprocess.Popen | None = None  # SIGKILLed at the run's end, not reaped yet
+
+    def reap(self) -> None:
+        """The helper `close(wait=False)` killed: gone (reaped) when this returns."""
+        if self._dying is not None:
+            self._dying.wait()  # SIGKILLed: it ends as soon as the kernel has freed its memory
+            self._dying = None
 
     @property
     def pid(self) -> int | None:
@@ -119,9 +126,10 @@ class StoreServer:
                 + (f": {err[-1]}" if err else ""))
 
     def close(self, wait: bool = True) -> int | None:
-        """Kill the helper; returns its pid. `wait=False` (the run's end): not waited for. A
+        """Kill the helper; returns its pid. `wait=False` (the run's end): not waited for now. A
         SIGKILLed process runs no more code, and the kernel's teardown of its memory (torch's:
-        about 10 ms) then overlaps the end of the run instead of delaying its exit."""
+        about 10 ms) then overlaps the end of the run (the summary's writing); `reap` collects it
+        before the launcher's exit code, so no process the launcher started outlives that."""
         pid = None
         if self.proc is not None:
             pid = self.proc.pid
@@ -129,6 +137,8 @@ class StoreServer:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 if wait:
                     self.proc.wait()
+                else:
+                    self._dying = self.proc
             if self.proc.stderr is not None:
                 self.proc.stderr.close()
             self.proc = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import orjson
+import psutil
 import pytest
 from tests.dataset_cache.helpers import data_config
 
@@ -147,6 +148,7 @@ def test_build_with_threads_running_uses_a_clean_forkserver(tmp_path, monkeypatc
     stop = threading.Event()
     thread = threading.Thread(target=stop.wait, daemon=True)
     thread.start()
+    helpers = parallel._multiprocessing_helpers()
     try:
         threaded = prepare_cache(data_config(tmp_path, cache_dir=str(tmp_path / "a")), workers=2)
     finally:
@@ -154,6 +156,11 @@ def test_build_with_threads_running_uses_a_clean_forkserver(tmp_path, monkeypatc
         thread.join()
     serial = prepare_cache(data_config(tmp_path, cache_dir=str(tmp_path / "b")), workers=1)
     assert (threaded.path / "tokens.bin").read_bytes() == (serial.path / "tokens.bin").read_bytes()
+    # the forkserver and resource tracker the build started end (stopped and reaped) with it
+    assert parallel._multiprocessing_helpers() == helpers
+    if helpers == (None, None):
+        started = [" ".join(p.cmdline()) for p in psutil.Process().children()]
+        assert not [c for c in started if "multiprocessing.forkserver" in c or "resource_tracker" in c], started
 
 
 def test_a_dying_tokenizer_process_fails_the_build_instead_of_hanging(tmp_path, monkeypatch):

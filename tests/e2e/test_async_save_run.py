@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 import orjson
+import psutil
+import pytest
 
 from tests.supervisor.helpers import finish, wait_for, worker_of
 from worker.save_phases import PAUSE_VAR
@@ -85,3 +87,30 @@ def test_sigterm_while_a_background_write_cannot_finish_leaves_the_previous_chec
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert f"resumed from {ckpt / 'step_0000003.pt'} at step 3" in resumed.stderr
+
+
+@pytest.mark.slow
+def test_a_stuck_checkpoint_writer_is_named_not_blamed_on_a_rank_and_killed_with_its_rank(tmp_path, python_env):
+    """Rank 0's forked writer of step 3 never finishes: at the next save rank 0 waits for it and
+    rank 1 waits in the state capture's collective for rank 0. The hang verdict names the
+    writer (its pid, the checkpoint, how long), not rank 1; the teardown kills the writer with
+    rank 0 instead of waiting the stop timeout for it."""
+    env = dict(python_env, **{PAUSE_VAR: "staged:3"})
+    # the checkpoint phase's allowance, before one was learned, is the startup allowance
+    cmd = _command("--run-id", "w", "--hang-timeout", "6") + ["--set", "training.max_steps=40",
+                                                              "--set", "system.startup_timeout=30"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_dir = tmp_path / "logs" / "w"
+    try:
+        assert wait_for(lambda: "checkpoint save paused at staged (step 3)" in _worker_log(run_dir, 0), timeout=240)
+        log = _worker_log(run_dir, 0)
+        writer = int(log.split("checkpoint save paused at staged (step 3)")[1].split("pid ")[1].split("]")[0])
+    finally:
+        code, _out, err = finish(proc, timeout=300)
+    assert code == 124, err[-3000:]
+    cause = orjson.loads((run_dir / "summary.json").read_bytes())["root_cause"]
+    said = " ".join([cause["message"], *cause.get("evidence", [])])
+    assert cause["rank"] == 0, said
+    assert f"checkpoint writer (pid {writer}) writing" in said and "(step 3)" in said, said
+    assert "still writing a checkpoint in the background: waiting" not in err  # no stop timeout waited out
+    assert not psutil.pid_exists(writer) or psutil.Process(writer).status() == psutil.STATUS_ZOMBIE

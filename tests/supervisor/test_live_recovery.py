@@ -3,7 +3,7 @@ not otherwise, and what a recovery records (the real processes: tests/e2e/test_l
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -13,6 +13,7 @@ from gpuherd.config import Config, ConfigError, validate
 from supervisor.gpus import DeviceSlot
 from supervisor.processes import LiveRecovery
 from supervisor.processes.live_setup import spare_count, why_off
+from supervisor.processes.spares import SparePool
 from supervisor.summary import RootCause
 
 
@@ -32,13 +33,13 @@ class FakeProc:
         return self.returncode
 
 
-@dataclass
-class FakePool:
-    spares: list[FakeProc] = field(default_factory=lambda: [FakeProc(pid=900)])
-    promoted: list[tuple[int, dict]] = field(default_factory=list)
+class FakePool(SparePool):
+    """The real pool (take, refill) over fake processes: spare n has pid 900 + n."""
 
-    def take(self) -> tuple[FakeProc | None, str]:
-        return (self.spares.pop(0), "") if self.spares else (None, "no warm spare left (--spares)")
+    def __init__(self, count: int = 1) -> None:
+        super().__init__(count, lambda n: FakeProc(pid=900 + n))
+        self.promoted: list[tuple[int, dict]] = []
+        self.fill()
 
     def promote(self, spare: FakeProc, slot: DeviceSlot, log_path: Path, env: dict) -> FakeProc:
         self.promoted.append((slot.rank, env))
@@ -86,6 +87,31 @@ def test_a_spare_takes_the_lost_rank_and_the_recovery_is_accounted_from_the_rank
     assert live.settle()[0]["outcome"] == "recovered"
 
 
+def _recover(live: LiveRecovery, number: int, now: float) -> FakeProc | None:
+    """Rank 1 lost and, when a spare took it, its first step completed in rebuilt group `number`."""
+    new = live.replace(FakeProc(pid=10 + number, rank=1), _cause(), [FakeProc(pid=10, rank=0)], now=now)
+    if new is not None:
+        live.observe({"type": "live", "rank": 1, "event": "first_step", "generation": number, "step": 8})
+    return new
+
+
+def test_the_pool_refills_when_a_spare_is_promoted_so_failures_in_a_row_are_all_recovered_live(warnings):
+    live, _ = _live(budget=8)  # the defaults: --max-restarts 8, one warm spare
+    for number in range(1, 5):
+        new = _recover(live, number, now=15.0 * number)
+        assert new is not None and new.pid == 900 + number - 1, warnings
+        assert [s.pid for s in live.pool.spares] == [900 + number]  # a fresh spare already stands by
+    assert [r.outcome for r in live.recoveries] == ["recovered"] * 4 and live.budget == 4
+    assert not [w for w in warnings if "not possible" in w]
+
+
+def test_no_new_spare_is_started_once_no_restart_is_left_for_it():
+    live, _ = _live(budget=1)
+    assert _recover(live, 1, now=1.0) is not None
+    assert live.pool.spares == [] and live.pool.started == 1
+    assert live.why_not(1, [0]).startswith("no restart left for it")
+
+
 @pytest.mark.parametrize(("setup", "why"), [
     (lambda live: setattr(live, "off", "a --script run (x)"), "a --script run (x)"),
     (lambda live: setattr(live, "budget", 0), "no restart left for it"),
@@ -93,6 +119,7 @@ def test_a_spare_takes_the_lost_rank_and_the_recovery_is_accounted_from_the_rank
     (lambda live: live.observe({"type": "live", "rank": 0, "event": "able", "able": False,
                                 "why": "strategy fsdp shards its state"}), "rank 0: strategy fsdp shards its state"),
     (lambda live: live.pool.spares.clear(), "no warm spare left"),
+    (lambda live: setattr(live.pool.spares[0], "returncode", -9), "the warm spare is gone (pid 900 killed by SIGKILL)"),
 ])
 def test_where_live_recovery_cannot_apply_it_says_why_and_leaves_the_restart_to_the_supervision(setup, why, warnings):
     live, _ = _live()
@@ -104,7 +131,7 @@ def test_where_live_recovery_cannot_apply_it_says_why_and_leaves_the_restart_to_
 
 
 def test_a_second_failure_during_a_recovery_fails_it_and_falls_back(warnings):
-    live, metrics = _live(pool=FakePool(spares=[FakeProc(pid=900), FakeProc(pid=901)]))
+    live, metrics = _live(pool=FakePool(count=2))
     live.replace(FakeProc(pid=11, rank=1), _cause(), [FakeProc(pid=10, rank=0)], now=1.0)
     assert live.replace(FakeProc(pid=10, rank=0), _cause(0), [FakeProc(pid=900, rank=1)], now=2.0) is None
     assert warnings[-1] == "live recovery not possible: a second failure during a recovery (rank 1 was being replaced)"

@@ -247,6 +247,17 @@ def test_a_teardown_waits_for_a_background_checkpoint_write_up_to_the_stop_timeo
         "(--resume takes an older one)"]
 
 
+def test_a_hung_rank_whose_background_write_never_ends_is_killed_with_its_writer_not_waited_for():
+    run = Run(pol.Rules(grace=5.0, stop_timeout=120.0, save_signal=signal.SIGUSR2, finish_window=60.0, traces=False))
+    writer = rank(0, writing="/ck/.checkpoints/step_0000040.pt")
+    waiting = rank(1)
+    run(pol.HangFound(view(50.0, writer, waiting), hang_cause(0)))
+    actions = run.tick(50.0 + pol.STACK_DUMP_WAIT, writer, waiting)
+    assert sends(actions, signal.SIGKILL) == [((0,), signal.SIGKILL, True)]  # its group: the writer child too
+    actions = run.tick(55.5, writer, waiting)  # grace over: no wait for that write up to the stop timeout
+    assert run.phase is Phase.KILLING and not logs(actions, "info")
+
+
 def test_a_graceful_stop_waits_for_a_background_write_like_a_save():
     run = Run()
     run(pol.SignalReceived(view(0.0, *TWO), signal.SIGINT))
@@ -370,19 +381,35 @@ def hang_cause(r: int = 1) -> RootCause:
     return RootCause("hang", 124, f"hang: rank {r} (stopped)", rank=r, device=f"CPU{r}")
 
 
-def test_a_hang_asks_for_traces_then_stacks_then_terminates():
+def test_a_hang_asks_for_traces_and_stacks_at_once_then_terminates_killing_the_hung_rank():
     run = Run()
     actions = run(pol.HangFound(view(50.0, *TWO), hang_cause(), responsive=frozenset({0})))
     assert run.phase is Phase.DUMPING_TRACES and run.state.trace_ranks == {0}
     assert run.state.deadline == 50.0 + pol.TRACES_WAIT and pol.RequestTraces() in actions
     assert logs(actions, "error") == ["hang: rank 1 (stopped)"]
+    assert sends(actions) == [((0, 1), signal.SIGUSR1, False)]  # the stacks, in parallel with the traces
     actions = run(pol.TracesIn(view(51.0, *TWO)))
     assert actions[0] == pol.AnalyseTraces() and run.phase is Phase.DUMPING_STACKS
-    assert sends(actions) == [((0, 1), signal.SIGUSR1, False)] and run.state.deadline == 51.0 + pol.STACK_DUMP_WAIT
-    actions = run.tick(53.0, *TWO)
-    assert run.phase is Phase.TERMINATING and sends(actions, signal.SIGTERM)
-    run.tick(58.0, *TWO)
+    assert not sends(actions) and run.state.deadline == 51.0  # the stacks were written long ago
+    actions = run.tick(51.0, *TWO)
+    assert run.phase is Phase.TERMINATING
+    # the hung rank could not act on the teardown signal: SIGKILL, no grace period waited out
+    assert sends(actions) == [((1,), signal.SIGKILL, True), ((0,), signal.SIGTERM, True), ((0,), signal.SIGCONT, True)]
+    run.tick(56.0, *TWO)
     assert run.phase is Phase.KILLING
+
+
+def test_a_stopped_hung_rank_is_killed_at_the_verdict_and_never_waited_for():
+    run = Run()
+    actions = run(pol.HangFound(view(50.0, *TWO), hang_cause(), responsive=frozenset({0}), stopped=frozenset({1})))
+    assert sends(actions) == [((1,), signal.SIGKILL, True), ((0,), signal.SIGUSR1, False)]
+    assert "CPU1 (rank 1) is stopped and cannot answer: SIGKILL now" in logs(actions, "warning")
+    # the traces are asked for, not waited for: the kernel already said who hung
+    assert pol.RequestTraces() in actions
+    assert run.phase is Phase.DUMPING_STACKS and run.state.deadline == 50.0 + pol.STACK_DUMP_WAIT
+    stopped_only = Run()
+    stopped_only(pol.HangFound(view(50.0, *TWO), hang_cause(), responsive=frozenset(), stopped=frozenset({1})))
+    assert stopped_only.phase is Phase.DUMPING_STACKS and stopped_only.state.deadline == 50.0 + pol.STACK_DUMP_WAIT
 
 
 def test_trace_wait_over_reads_what_came_and_goes_on():
@@ -583,7 +610,7 @@ def test_dumping_stacks_waits_for_the_stacks_at_most_the_grace_period():
     run = Run(pol.Rules(grace=1.0, stop_timeout=120.0, save_signal=signal.SIGUSR2, finish_window=60.0,
                         traces=False))
     run(pol.HangFound(view(50.0, *TWO), hang_cause()))
-    assert run.phase is Phase.DUMPING_STACKS and run.state.deadline == 51.0  # min(STACK_DUMP_WAIT, grace)
+    assert run.phase is Phase.DUMPING_STACKS and run.state.deadline == 50.0 + min(pol.STACK_DUMP_WAIT, 1.0)
 
 
 # ---- live recovery: the loop says whether a warm spare can take a lost rank (`Spare`); the policy decides

@@ -116,9 +116,9 @@ def test_refusal_policy():
 
 
 def _plan(cause: RootCause, *, attempt: int = 0, max_restarts: int = 3, train: bool = True, stop: str | None = None,
-          streak: int = 0, ran_s: float = 5.0) -> RestartPlan:
+          streak: int = 0, ran_s: float = 5.0, progressed: bool = False) -> RestartPlan:
     return plan_restart(cause, stop_signal=stop, attempt=attempt, max_restarts=max_restarts, train=train,
-                        restart_on_nan=False, base_backoff=0.2, streak=streak, ran_s=ran_s)
+                        restart_on_nan=False, base_backoff=0.2, streak=streak, ran_s=ran_s, progressed=progressed)
 
 
 CRASH = RootCause("worker-exit", 1, "CPU1 (rank 1) exit code 1")
@@ -129,6 +129,9 @@ def test_the_restart_policy_restarts_a_crash_after_a_doubling_pause():
     assert first == RestartPlan(None, check_dataset=True, delay=0.2, streak=1)  # the built-in trainer: cache first
     assert _plan(CRASH, streak=first.streak) == RestartPlan(None, check_dataset=True, delay=0.4, streak=2)
     assert _plan(CRASH, streak=3, ran_s=STREAK_RESET_S) == RestartPlan(None, check_dataset=True, delay=0.2, streak=1)
+    # an attempt that completed a step was not failing quickly, however short it was
+    assert _plan(CRASH, streak=3, ran_s=15.0, progressed=True) == RestartPlan(None, check_dataset=True, delay=0.2,
+                                                                             streak=1)
     assert _plan(CRASH, streak=20).delay == 60.0  # capped
     assert _plan(CRASH, train=False) == RestartPlan(None, delay=0.2, streak=1)  # a script: no cache to check
 
