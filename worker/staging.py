@@ -9,7 +9,6 @@ first save allocates. torch.distributed.checkpoint's `async_save` stages the sam
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import psutil
@@ -52,56 +51,42 @@ class HostStager:
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
         cuda = device.type == "cuda"
-        self._stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
-                                                    use_async_staging=False, use_non_blocking_copy=cuda))
+        options = StagingOptions(use_pinned_memory=cuda, use_shared_memory=False, use_async_staging=False,
+                                 use_non_blocking_copy=cuda)
+        self._fresh = lambda: _copying_classes(DefaultStager(options))
+        self._stager = self._fresh()
 
     def copy(self, state: Any) -> Any:
-        """A deep copy whose tensors live in host memory; returns once the copy is complete.
-
-        Only the tensors go through torch's stager, all in one call (so views of one storage
-        still share one buffer); the rest is copied here. torch 2.8-2.12's stager cannot copy
-        a class object (its copier table has no entry for `type`: KeyError at the first save on
-        a GPU), and the plain values a state holds need nothing of it anyway."""
-        tensors: dict[int, torch.Tensor] = {}
-        skeleton = _without_tensors(state, tensors)
-        staged = self._stager.stage(tensors) if tensors else {}
-        return _with_tensors(skeleton, staged)
+        """A deep copy whose tensors live in host memory; returns once the copy is complete."""
+        if _spent(self._stager):
+            self._stager = self._fresh()
+        return self._stager.stage(state)
 
     def close(self) -> None:
         self._stager.close()
 
 
-class _Slot(int):
-    """Where a tensor stood in the state (its key in the dict handed to the stager)."""
+def _dispatch(stager: object) -> dict | None:
+    """The copier table of torch's state-dict stager inside `stager` (None: a torch without one)."""
+    table = getattr(getattr(stager, "_state_dict_stager", None), "_deepcopy_dispatch", None)
+    return table if isinstance(table, dict) else None
 
 
-def _without_tensors(state: Any, tensors: dict[int, torch.Tensor]) -> Any:
-    """`state` with every tensor replaced by a `_Slot` (the tensor moved into `tensors`) and
-    every other leaf deep-copied."""
-    if isinstance(state, torch.Tensor):
-        tensors[len(tensors)] = state
-        return _Slot(len(tensors) - 1)
-    if isinstance(state, dict):
-        return _refilled(state, {key: _without_tensors(value, tensors) for key, value in state.items()})
-    if isinstance(state, (list, tuple)) and not hasattr(state, "_fields"):
-        return type(state)(_without_tensors(value, tensors) for value in state)
-    return copy.deepcopy(state)
+def _copying_classes(stager: Any) -> Any:
+    """torch's state-dict stager rebuilds a container it has no copier for through
+    `__reduce_ex__`, whose arguments hold the container's class, and copies a class with its
+    table's entry for `type`; where that entry is missing, the save ends in `KeyError: <class
+    'type'>`. A class is copied as itself, as `copy.deepcopy` does."""
+    table = _dispatch(stager)
+    if table is not None and int in table:
+        table.setdefault(type, table[int])  # the table's atomic copier: the object itself
+    return stager
 
 
-def _with_tensors(skeleton: Any, staged: dict[int, torch.Tensor]) -> Any:
-    if isinstance(skeleton, _Slot):
-        return staged[int(skeleton)]
-    if isinstance(skeleton, dict):
-        return _refilled(skeleton, {key: _with_tensors(value, staged) for key, value in skeleton.items()})
-    if isinstance(skeleton, (list, tuple)) and not hasattr(skeleton, "_fields"):
-        return type(skeleton)(_with_tensors(value, staged) for value in skeleton)
-    return skeleton
-
-
-def _refilled(like: dict, items: dict) -> dict:
-    """A dict of `like`'s own kind and attributes (a module's state_dict is an OrderedDict whose
-    `_metadata` its load_state_dict reads) holding `items`."""
-    out = copy.copy(like)
-    out.clear()
-    out.update(items)
-    return out
+def _spent(stager: object) -> bool:
+    """torch 2.8-2.12 close their state-dict stager after every stage, which empties its copier
+    table (and its buffer cache): the next save then copied every dict through `__reduce_ex__`
+    and failed on its class (seen on an H100, torch 2.11, at the second save). Such a stager is
+    replaced by a fresh one before each save."""
+    table = _dispatch(stager)
+    return table is not None and not table
