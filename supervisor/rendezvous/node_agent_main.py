@@ -223,6 +223,10 @@ class Agent:
         self.hosts = {i: str(n.get("host", "?")) for i, n in zip(members, nodes, strict=True)}
         self.members = members
         self.beating = k  # from now on: node 0 reads this node's beat
+        if self.node_rank == 0:
+            self.beats = BeatWatch(k)  # from the join on: a node dying before its workers start is named too
+        elif self.connect is not None and self.liveness is None:
+            self._link_to_node0()
         self.emit("joined", attempt=k, round=k, members=members, nodes=nodes)
 
     def _move_on(self) -> None:
@@ -234,12 +238,10 @@ class Agent:
 
     def _watch(self, k: int, msg: dict[str, Any]) -> None:
         self.watching = self.beating = k
-        if self.node_rank == 0:
+        if self.node_rank == 0 and (self.beats is None or self.beats.k != k):
             self.beats = BeatWatch(k)
         if self.connect is not None:
             threading.Thread(target=self._wait_abort, args=(k,), name=f"abort-wait-{k}", daemon=True).start()
-            if self.node_rank != 0 and self.liveness is None:
-                self._link_to_node0()
 
     def _abort(self, k: int, msg: dict[str, Any]) -> None:
         winner = self._publish(k, msg["cause"], self.store)
