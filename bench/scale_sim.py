@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -81,17 +82,17 @@ def start_store_server() -> tuple[subprocess.Popen, int]:
     return proc, int(proc.stdout.readline())
 
 
-_CONNECTING = threading.Lock()
-
-
 def client(port: int) -> Any:
-    """A store client. One at a time: torch's client connects of many threads of one process at
-    once back off for 5-10 s (measured: 64 threads, half took 5 s or more); a real node connects
-    from its own process, one or two connections, and never meets that."""
     from torch.distributed import TCPStore
 
-    with _CONNECTING:
-        return TCPStore(HOST, port, None, False, timedelta(seconds=JOIN_TIMEOUT_S))
+    return TCPStore(HOST, port, None, False, timedelta(seconds=JOIN_TIMEOUT_S))
+
+
+def clients(port: int, count: int) -> list[Any]:
+    """`count` store clients, made by many threads at once: about 3 % of torch's client connects
+    take 5 s here (one at a time or not), so thousands made in turn would take minutes."""
+    with ThreadPoolExecutor(max_workers=256) as pool:
+        return list(pool.map(lambda _: client(port), range(count)))
 
 
 def roomy() -> None:
@@ -107,10 +108,11 @@ def roomy() -> None:
 class SimNode:
     """One simulated node: its agent, driven like its supervisor drives it, in a thread of its own."""
 
-    def __init__(self, r: int, n: int, port: int, requests: Requests) -> None:
+    def __init__(self, r: int, n: int, port: int, requests: Requests, conns: list[Any]) -> None:
+        """`conns`: this node's store connections, made beforehand (the first is its main one)."""
         self.r = r
-        self.agent = Agent(Counted(client(port), requests), r, n, JOIN_TIMEOUT_S, f"{HOST}:{port}")
-        self.agent.connect = lambda: Counted(client(port), requests)
+        self.agent = Agent(Counted(conns.pop(), requests), r, n, JOIN_TIMEOUT_S, f"{HOST}:{port}")
+        self.agent.connect = lambda: Counted(conns.pop() if conns else client(port), requests)
         self.agent.emit = self._on_event
         self.events: list[tuple[float, dict[str, Any]]] = []
         self.commands: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
@@ -163,7 +165,10 @@ class GpuherdJob:
         self.n = n
         self.server, self.port = start_store_server()
         self.requests = Requests()
-        self.nodes = [SimNode(r, n, self.port, self.requests) for r in range(n)]
+        made = clients(self.port, 2 * n + 1)  # each node: its main connection and its abort wait's
+        conns = [[made.pop(), made.pop()] for _ in range(n)]
+        conns[0].append(made.pop())  # node 0: the one its liveness thread names dead nodes on
+        self.nodes = [SimNode(r, n, self.port, self.requests, conns[r]) for r in range(n)]
 
     def join(self, attempt: int, timeout: float) -> float:
         """Every node joins; seconds until the last one has."""
@@ -252,8 +257,8 @@ def run_c10d(n: int, steady_s: float, monitor_interval: float = 0.1) -> dict[str
     stop = threading.Event()
     joined: list[float] = []
     handlers = []
-    for r in range(n):
-        store = client(port)
+    for store in clients(port, n):
+        r = len(handlers)
         backend = C10dRendezvousBackend(Counted(store, requests), "sim")
         handlers.append(DynamicRendezvousHandler.from_backend(
             "sim", store, backend, n, n, local_addr=f"node{r}",

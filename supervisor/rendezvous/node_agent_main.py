@@ -109,6 +109,7 @@ class Agent:
         self._reporting = threading.Lock()
         self.connect: Connect | None = None  # a fresh store connection for a thread that blocks (None: no threads)
         self.timed: list[TimedStore] = []  # the connections the watchdog looks at
+        self._spare: list[StoreCalls] = []  # an abort wait's connection once that wait ended: the next one's
         self.liveness: LivenessLink | None = None
         self._liveness_store: StoreCalls | None = None  # node 0: the connection its liveness thread names nodes on
         self._commands: dict[str, Callable[[int, dict[str, Any]], None]] = {
@@ -435,14 +436,18 @@ class Agent:
             while not self.lost and k not in self._reported:
                 if conn.wait([abort_key(k)], ABORT_WAIT_S):
                     self.report_abort(k, conn.get(abort_key(k)))
-                    return
+                    break
                 if self.leaving or (self.last_join is not None and self.last_join > k):
-                    return
+                    break
+            self._spare.append(conn)  # a restart's wait reuses it: no new connection per attempt
         except RuntimeError as exc:
             if not self.leaving:
                 self.lose(f"lost the job store at {self.where} (node 0 gone?): {_short(exc)}")
 
     def _connection(self) -> StoreCalls:
+        with self._reporting:
+            if self._spare:
+                return self._spare.pop()
         store = self.connect()
         if isinstance(store, TimedStore):
             self.timed.append(store)
