@@ -104,6 +104,7 @@ class Agent:
         self.gone: set[int] = set()  # nodes found dead: nobody waits for them to leave
         self._next_beat = 0.0
         self._beat_count = 0
+        self._beat_sent = b"0"  # the value this node's beat key holds (enter() writes "0")
         self._emitting = threading.Lock()
         self._reported: set[int] = set()  # attempts whose abort was emitted
         self._reporting = threading.Lock()
@@ -223,7 +224,7 @@ class Agent:
             nodes.append(record)
         self.hosts = {i: str(n.get("host", "?")) for i, n in zip(members, nodes, strict=True)}
         self.members = members
-        self.beating = k  # from now on: node 0 reads this node's beat
+        self.beating, self._beat_sent = k, b"0"  # from now on: node 0 reads this node's beat
         if self.node_rank == 0:
             self.beats = BeatWatch(k)  # from the join on: a node dying before its workers start is named too
         elif self.connect is not None and self.liveness is None:
@@ -370,15 +371,23 @@ class Agent:
         if now < self._next_beat or (self.beating is None and self.verifying is None and self.beats is None):
             return
         self._next_beat = now + BEAT_S
-        if self.beating is not None:  # set, not add: a foreign value in the key cannot break our connection
-            self._beat_count += 1
-            self.store.set(beat_key(self.beating, self.node_rank), str(self._beat_count).encode())
+        if self.beating is not None:
+            self._beat()
         if self.beats is not None:
             self._read_beats(now)
             if self.rounds is not None and self.watching is not None:
                 self._admit_waiting(self.watching)
         if self.verifying is not None:
             self._verify_alive(now)
+
+    def _beat(self) -> None:
+        """One request with an answer (compare_set: a plain set is never answered, so a partition
+        would go unseen): the store watchdog sees node 0 gone when it stays unanswered. Not `add`:
+        a foreign value in the key cannot break our connection; it is replaced at the next beat."""
+        self._beat_count += 1
+        value = str(self._beat_count).encode()
+        got = self.store.compare_set(beat_key(self.beating, self.node_rank), self._beat_sent, value)
+        self._beat_sent = value if got == value else got
 
     def _read_beats(self, now: float) -> None:
         """Node 0: every other member's beat in one request; one that stood still is named."""
