@@ -27,7 +27,11 @@ from typing import Any
 
 import orjson
 
-POLL_S = 0.05
+from supervisor.rendezvous.beat_watch import enter
+from supervisor.rendezvous.store_calls import StoreCalls
+
+POLL_S = 0.1  # node 0 counts the records that came this often while a round is open (a few requests each)
+WAIT_S = 1.0  # a node waiting for a round asks the server to wake it, and looks for an abort this often
 ROUND_KEY = "round"  # the round node 0 opened last
 CLOSED_KEY = "closed"  # the job ended: no round opens any more
 
@@ -45,14 +49,15 @@ class ElasticRounds:
 
     def __init__(self, store: Any, node_rank: int, min_nodes: int, max_nodes: int, join_timeout: float,
                  last_call: float) -> None:
-        self.store, self.node_rank = store, node_rank
+        self.store, self.node_rank = StoreCalls(store), node_rank
         self.min_nodes, self.max_nodes = min_nodes, max_nodes
         self.join_timeout, self.last_call = join_timeout, last_call
         self.round: int | None = None  # the last round this node was a member of
         self.members: list[int] = []
 
     def _present(self, k: int) -> list[int]:
-        return [r for r in range(self.max_nodes) if self.store.check([f"a{k}/node{r}"])]
+        absent = set(self.store.missing([f"a{k}/node{r}" for r in range(self.max_nodes)]))
+        return [r for r in range(self.max_nodes) if r not in absent]
 
     def members_of(self, k: int) -> list[int] | None:
         key = members_key(k)
@@ -69,7 +74,7 @@ class ElasticRounds:
         """Node 0: open the next round, wait for MIN then the last call, close it.
         Returns (round, members), or (round, None) when an abort came or fewer than MIN joined."""
         k = 0 if self.round is None else self.round + 1
-        self.store.set(f"a{k}/node{self.node_rank}", record)
+        enter(self.store, k, self.node_rank, record)
         self.store.set(ROUND_KEY, str(k).encode())
         deadline = time.monotonic() + self.join_timeout
         while len(self._present(k)) < self.min_nodes:
@@ -132,7 +137,7 @@ class ElasticRounds:
         (round, None, why): "aborted", "closed". `on_late(running_round, its members)` is
         called once when the node has to wait for the next round."""
         while True:
-            self.store.set(f"a{k}/node{self.node_rank}", record)
+            enter(self.store, k, self.node_rank, record)
             members = self._wait_members(k, aborted)
             if members is None:
                 if self.store.check([refused_key(self.node_rank)]):
@@ -144,6 +149,17 @@ class ElasticRounds:
             on_late(k, members)  # the round closed just before this node's record came
             k += 1
 
+    def wait_round(self, timeout: float) -> tuple[int, bool] | None:
+        """The round to join once node 0 opened one (None: not within `timeout`)."""
+        deadline = time.monotonic() + timeout
+        while (target := self.target()) is None:
+            if self.store.check(["a0/abort"]):  # node 0 failed before it could open a round (its dataset)
+                return 0, False
+            if time.monotonic() >= deadline:
+                return None
+            self.store.wait([ROUND_KEY], min(WAIT_S, max(0.0, deadline - time.monotonic())))
+        return target
+
     def _wait_members(self, k: int, aborted: Callable[[int], bool]) -> list[int] | None:
         while True:
             members = self.members_of(k)
@@ -151,5 +167,5 @@ class ElasticRounds:
                 return members
             if aborted(k) or self.store.check([CLOSED_KEY]) or self.store.check([refused_key(self.node_rank)]):
                 return None
-            time.sleep(POLL_S)
+            self.store.wait([members_key(k)], WAIT_S)
 

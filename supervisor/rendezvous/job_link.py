@@ -176,7 +176,8 @@ class JobLink:
     def silent_nodes(self, attempt: int) -> list[dict[str, Any]]:
         """After a failure: the other nodes that stopped beating, each as a root cause ("node r
         (host) stopped responding"); [] when every other node is alive, done or gone. Takes
-        about a second when all are alive, up to the agent's SILENT_S when one is not."""
+        about two seconds when all are alive (node 0's next readings of the beats), up to the
+        agent's SILENT_S when one is not."""
         self._send("alive", attempt)
         try:
             event = self._reply(SILENT_CHECK_S)

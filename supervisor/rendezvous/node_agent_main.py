@@ -3,18 +3,29 @@
 The supervisor stays torch-free; this process imports torch for its `TCPStore`,
 which node 0 hosts on `--master-addr:--master-port` (from a socket the supervisor
 bound, so a busy port fails before anything starts) and every node's agent uses as
-a client. Keys, per attempt k:
+a client. Keys, per attempt k (names in beat_watch.py):
 
     a{k}/node{r}   node r's join record (JSON: host, nproc, config hash, ...)
+    a{k}/all       the join is decided: "in" (set by the node whose record came last) or "abort"
     a{k}/abort     the job's root cause: the first failure any node publishes
                    (compare_set: first writer wins, everyone reads the same one)
     a{k}/done{r}   node r's workers all finished
-    a{k}/beat{r}   node r's heartbeat counter (set by node r, compared as bytes by the others) from attempt k on (until it leaves or joins
-                   attempt k+1); one that stands still for SILENT_S (and is not done) makes
-                   the watching agent publish "node r stopped responding" as the abort
+    a{k}/beat{r}   node r's heartbeat counter, set by node r every BEAT_S from its join until it
+                   leaves ("left"), finishes ("done") or joins attempt k+1 ("moved"); node 0
+                   alone reads them all (one multi_get per BEAT_S) and publishes "node r stopped
+                   responding" as the abort when one stands still for SILENT_S
+    a{k}/verdict   node 0's latest reading of the beats: {seq, moved: {r: seq it last moved}, dead:
+                   [causes]}, for an `alive` check on any node
     left{r}        node r is done with the store (node 0 keeps it up until then)
     outcome{r}     node r's outcome at the end of the job (exit code, final save, run dir), for
                    the one summary node 0 prints
+    liveness       node 0's "host:port" for the agents' direct connections (liveness.py): one that
+                   ends without a goodbye names its node at once, before any silence
+
+No loop asks the store about N keys: joins, the done wait and the linger are server-side
+waits (`TCPStore.wait`), each node blocks on the abort key in a thread of its own (its own
+connection, so an abort reaches it in one round trip), and only node 0 reads the beats.
+Requests per node per second are bounded by a constant that does not depend on N.
 
 With --nnodes MIN:MAX (elastic) node 0 also decides who is in each round (elastic_rounds.py:
 `round`, `a{k}/members`, `closed`); a late node's `join` first answers `waiting {round,
@@ -35,8 +46,8 @@ events on stdout (stderr is torch's own chatter, kept in the run's agent log).
     {"cmd": "done", "attempt": k}
     {"cmd": "wait-done", "attempt": k, "timeout": s} -> [abort {cause}] then finished {missing: nodes not done}
     {"cmd": "alive", "attempt": k}                   -> alive {silent: [cause, ...]} within SILENT_S + 2 s:
-                                                        after a failure, the nodes that stopped beating (a
-                                                        worker's "connection closed by peer" is then their
+                                                        after a failure, the nodes found dead (a worker's
+                                                        "connection closed by peer" is then their
                                                         consequence, not the job's cause)
     {"cmd": "outcome", "outcome": {...}}             (a node other than 0: how it ended)
     {"cmd": "outcomes", "timeout": s}                -> outcomes {nodes: [outcome or null for nodes 1..]}
@@ -55,112 +66,84 @@ import selectors
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import orjson
 
 from gpuherd.exit_codes import ExitCode
+from supervisor.rendezvous.beat_watch import (ABORTED, BEAT_S, JOINED, SETTLED, SILENT_S, BeatWatch, abort_key,
+                                              all_key, beat_key, done_key, enter, node_key, parse_verdict,
+                                              undecided, verdict_key)
 from supervisor.rendezvous.elastic_rounds import ElasticRounds, refused_key
 from supervisor.rendezvous.nodes import settings_problem
+from supervisor.rendezvous.liveness import LIVENESS_KEY, LivenessLink, LivenessServer
+from supervisor.rendezvous.store_calls import Connect, StoreCalls, TimedStore, overdue
 
-POLL_S = 0.05  # abort latency is at most this plus one store round trip
-BEAT_S = 1.0  # each agent bumps its node's counter this often while an attempt runs
-SILENT_S = 10.0  # a node whose counter stood still this long is gone (machine, or its supervisor, died)
-
-
-class TimedStore:
-    """A client's store whose calls say when the one in flight began: a call node 0 never
-    answers (a network partition sends no RST, so the TCP connection just waits) is seen
-    by the watchdog thread while the call still blocks."""
-
-    def __init__(self, store: Any) -> None:
-        self._store = store
-        self.waiting_since: float | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self._store, name)
-
-        def timed(*args: Any) -> Any:
-            self.waiting_since = time.monotonic()
-            try:
-                return method(*args)
-            finally:
-                self.waiting_since = None
-        return timed
+WAIT_SLICE_S = 5.0  # a long server-side wait is asked in pieces this long: the watchdog sees a partition in it
+ABORT_WAIT_S = 30.0  # the abort wait's pieces (two requests each: the wait, and its cancel when it ran out)
+CLOSED_GRACE_S = 5.0  # a closed connection is published as the abort this long after (see _connection_closed)
 
 
 class Agent:
     def __init__(self, store: Any, node_rank: int, nnodes: int, join_timeout: float, where: str,
                  rounds: ElasticRounds | None = None) -> None:
         """`rounds`: an elastic job's (--nnodes MIN:MAX, `nnodes` is MAX); None: a fixed size."""
-        self.store, self.node_rank, self.nnodes = store, node_rank, nnodes
+        self.store = StoreCalls(store)
+        self.node_rank, self.nnodes = node_rank, nnodes
         self.rounds = rounds
         self.members = list(range(nnodes))  # the nodes in the round being run
         self.join_timeout, self.where = join_timeout, where
-        self.watching: int | None = None
-        self.beating: int | None = None  # the attempt whose beat counter this agent bumps
-        self.verifying: tuple[int, float] | None = None  # an "alive" check: (attempt, when it began)
+        self.watching: int | None = None  # the attempt whose abort is not reported yet
+        self.beating: int | None = None  # the attempt whose beat key this agent sets
+        self.verifying: tuple[int, float, int] | None = None  # an "alive" check: (attempt, began, verdict seq then)
+        self.beats: BeatWatch | None = None  # node 0: the attempt whose beats it reads
         self.last_join: int | None = None
         self.lost = False
+        self.leaving = False
         self.hosts: dict[int, str] = {}
-        self.gone: set[int] = set()  # nodes found silent: nobody waits for them to leave
+        self.gone: set[int] = set()  # nodes found dead: nobody waits for them to leave
         self._next_beat = 0.0
-        self._beats: dict[int, tuple[bytes | None, float]] = {}  # node -> (last counter seen, when it changed)
         self._beat_count = 0
+        self._beat_sent = b"0"  # the value this node's beat key holds (enter() writes "0")
         self._emitting = threading.Lock()
+        self._reported: set[int] = set()  # attempts whose abort was emitted
+        self._reporting = threading.Lock()
+        self.connect: Connect | None = None  # a fresh store connection for a thread that blocks (None: no threads)
+        self.timed: list[TimedStore] = []  # the connections the watchdog looks at
+        self._spare: list[StoreCalls] = []  # an abort wait's connection once that wait ended: the next one's
+        self.liveness: LivenessLink | None = None
+        self._liveness_store: StoreCalls | None = None  # node 0: the connection its liveness thread names nodes on
+        self._commands: dict[str, Callable[[int, dict[str, Any]], None]] = {
+            "join": self._join, "watch": self._watch, "abort": self._abort, "done": self._done,
+            "wait-done": self._wait_done, "alive": self._alive, "outcome": self._outcome,
+            "outcomes": self._outcomes, "leave": self._leave, "linger": self._linger,
+        }
 
+    # ---------------------------------------------------------------- events
     def emit(self, event: str, **fields: Any) -> None:
-        with self._emitting:  # the loop and the store watchdog
+        with self._emitting:  # the loop, the abort wait, the liveness threads and the watchdog
             sys.stdout.buffer.write(orjson.dumps({"event": event, **fields}) + b"\n")
             sys.stdout.buffer.flush()
 
-    def watch_store(self) -> None:
-        """A node other than 0: a store call unanswered for SILENT_S means node 0 (its machine,
-        or the network to it) is gone; this node names it within ~SILENT_S, as node 0 names a
-        node whose heartbeat stopped, instead of waiting out the join timeout. The blocked call
-        keeps the loop, so the verdict ends the agent too."""
-        while True:
-            time.sleep(BEAT_S)
-            since = self.store.waiting_since
-            if since is not None and time.monotonic() - since > SILENT_S and not self.lost:
-                self.lost = True
-                self.emit("lost", message=f"lost the job store at {self.where} (node 0 gone?): no answer for "
-                                          f"{SILENT_S:.0f} s (node 0's machine, or the network to it)")
-                os._exit(1)
+    def lose(self, message: str) -> None:
+        if not self.lost:
+            self.lost = True
+            self.emit("lost", message=message)
 
-    def _missing(self, keys: list[str]) -> list[int]:
-        return [i for i, key in enumerate(keys) if not self.store.check([key])]
-
-    def _wait_keys(self, keys: list[str], timeout: float, abort_key: str | None = None) -> list[int] | dict:
-        """[] when every key exists, the abort cause (a dict) if one appears first, else the missing indexes."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if abort_key is not None and self.store.check([abort_key]):
-                return self._cause(abort_key, self.store.get(abort_key))
-            missing = self._missing(keys)
-            if not missing or time.monotonic() >= deadline:
-                return missing
-            time.sleep(POLL_S)
-
-    def _joined(self, k: int, keys: list[str], members: list[int] | None = None) -> None:
-        """Every node's join record, each checked: a value no gpuherd node writes is named (key, and
-        the node whose key it is) as the job's cause instead of crashing this agent."""
-        members = list(range(len(keys))) if members is None else members
-        nodes = []
-        for i, key in zip(members, keys, strict=True):
-            raw = self.store.get(key)
-            record = _json_or_none(raw)
-            if not (isinstance(record, dict) and isinstance(record.get("nproc"), int) and record["nproc"] > 0):
-                cause = self._malformed(key, raw, f"node {i}'s join record (host, nproc, settings)")
-                winner = self.store.compare_set(f"a{k}/abort", "", orjson.dumps(cause))
-                self.emit("abort", attempt=k, cause=self._cause(f"a{k}/abort", winner))
-                self.emit("join-aborted", attempt=k)
+    def report_abort(self, k: int, raw: bytes) -> None:
+        """Attempt k's root cause, read from the store: emitted once, whichever thread reads it first."""
+        with self._reporting:
+            if k in self._reported:
                 return
-            nodes.append(record)
-        self.hosts = {i: str(n.get("host", "?")) for i, n in zip(members, nodes, strict=True)}
-        self.members = members
-        self.emit("joined", attempt=k, round=k, members=members, nodes=nodes)
+            self._reported.add(k)
+        if self.watching == k:
+            self.watching = None
+        cause = self._cause(abort_key(k), raw)
+        if cause.get("kind") == "node" and isinstance(cause.get("node"), int):
+            self.gone.add(cause["node"])  # another agent found it dead
+        self.emit("abort", attempt=k, cause=cause)
 
     def _cause(self, key: str, raw: bytes) -> dict[str, Any]:
         """A root cause read from the store; a value that is not one becomes a cause naming it."""
@@ -178,74 +161,174 @@ class Agent:
                            f"{expected}; no gpuherd node of this job wrote it (another program reached the store: "
                            "it has no authentication, as under torchrun)"}
 
-    def handle(self, msg: dict[str, Any]) -> None:
-        k, cmd = int(msg.get("attempt", -1)), msg["cmd"]
-        if cmd == "join" and not self._claim_rank(k, msg["record"]):
-            return
-        if cmd == "join" and self.rounds is not None:
-            self._join_elastic(orjson.dumps(msg["record"]))
-        elif cmd == "join":
-            self.last_join = k
-            self.store.set(f"a{k}/node{self.node_rank}", orjson.dumps(msg["record"]))
-            keys = [f"a{k}/node{i}" for i in range(self.nnodes)]
-            missing = self._wait_keys(keys, self.join_timeout, abort_key=f"a{k}/abort")
-            if isinstance(missing, dict):  # a node failed before it could join (its dataset, say)
-                self.emit("abort", attempt=k, cause=missing)
-                self.emit("join-aborted", attempt=k)
-            elif missing:
-                self.emit("join-timeout", attempt=k, missing=missing, timeout=self.join_timeout)
-            else:
-                self._joined(k, keys)
-        elif cmd == "watch":
-            self.watching = self.beating = k
-            self._beats = {}
-        elif cmd == "alive":
-            began = time.monotonic()
-            self._last_beats(k, began)  # the baseline: a node first seen now must move to count as alive
-            self.verifying = (k, began)
-        elif cmd == "abort":
-            payload = orjson.dumps(msg["cause"])
-            winner = self.store.compare_set(f"a{k}/abort", "", payload)  # first writer wins
-            self.emit("abort", attempt=k, cause=self._cause(f"a{k}/abort", winner))
-            self.watching = None  # reported
-        elif cmd == "done":
-            self.store.set(f"a{k}/done{self.node_rank}", b"1")
-        elif cmd == "wait-done":
-            result = self._wait_keys([f"a{k}/done{i}" for i in self.members], float(msg["timeout"]),
-                                     abort_key=f"a{k}/abort")
-            if isinstance(result, dict):
-                self.emit("abort", attempt=k, cause=result)
-            self.emit("finished", attempt=k, missing=[] if isinstance(result, dict) else result)
-        elif cmd == "outcome":
-            self.store.set(f"outcome{self.node_rank}", orjson.dumps(msg["outcome"]))
-        elif cmd == "outcomes":  # node 0: the others' (a node found silent is not waited for)
-            others = [i for i in self.members if i != 0]  # elastic: the last round's nodes, not every rank up to MAX
-            self._wait_keys([f"outcome{i}" for i in others if i not in self.gone], float(msg["timeout"]))
-            found = [_json_or_none(self.store.get(f"outcome{i}")) if self.store.check([f"outcome{i}"]) else None
-                     for i in others]
-            self.emit("outcomes", ranks=others, nodes=[o if isinstance(o, dict) else None for o in found])
-        elif cmd == "leave":
-            self.beating = None
-            self.store.set(f"left{self.node_rank}", b"1")
-        elif cmd == "linger":  # node 0: the store stays up until every node that joined has read what it needs
-            if self.rounds is not None:
-                self.rounds.close_job()  # a node still waiting to be admitted stops waiting
-            last = 0 if self.last_join is None else self.last_join  # node 0 may fail before its own join
-            joined = [i for i in range(1, self.nnodes) if i not in self.gone and self.store.check([f"a{last}/node{i}"])]
-            missing = self._wait_keys([f"left{i}" for i in joined], float(msg["timeout"]))
-            self.emit("lingered", missing=[joined[i] for i in missing])
+    def _publish(self, k: int, cause: dict[str, Any], store: StoreCalls) -> bytes:
+        """Offer a root cause for attempt k; returns the winner (first writer wins). A node still
+        waiting in attempt k's join learns of it from `a{k}/all`."""
+        winner = store.compare_set(abort_key(k), "", orjson.dumps(cause))
+        store.compare_set(all_key(k), "", ABORTED)
+        return winner
 
+    # ---------------------------------------------------------------- commands
+    def handle(self, msg: dict[str, Any]) -> None:
+        command = self._commands.get(msg.get("cmd"))
+        if command is None:
+            print(f"node agent: unknown command {msg!r} ignored", file=sys.stderr, flush=True)
+            return
+        command(int(msg.get("attempt", -1)), msg)
+
+    def _join(self, k: int, msg: dict[str, Any]) -> None:
+        if not self._claim_rank(k, msg["record"]):
+            return
+        record = orjson.dumps(msg["record"])
+        self._move_on()
+        if self.rounds is not None:
+            self._join_elastic(record)
+            return
+        self.last_join = k
+        keys = [node_key(k, i) for i in range(self.nnodes)]
+        enter(self.store, k, self.node_rank, record)
+        if self.store.check(keys):  # this record came last: everyone waiting on a{k}/all goes on
+            self.store.compare_set(all_key(k), "", JOINED)
+        if not self._wait_long([all_key(k)], self.join_timeout):
+            self.emit("join-timeout", attempt=k, missing=self.store.missing(keys), timeout=self.join_timeout)
+            return
+        decided = self.store.get(all_key(k))
+        cause = self.store.get_if_set(abort_key(k))
+        if decided == JOINED:
+            self._joined(k, keys)
+        elif cause is not None:  # a node failed before the join completed (its dataset, say)
+            self._join_aborted(k, cause)
+        else:
+            malformed = self._malformed(all_key(k), decided, f'"{JOINED.decode()}" or "{ABORTED.decode()}"')
+            self._join_aborted(k, self._publish(k, malformed, self.store))
+
+    def _wait_long(self, keys: list[str], timeout: float) -> bool:
+        """A server-side wait of up to `timeout` s, in pieces the store watchdog can judge."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if self.store.wait(keys, min(left, WAIT_SLICE_S)):
+                return True
+        return False
+
+    def _join_aborted(self, k: int, raw: bytes) -> None:
+        self.emit("abort", attempt=k, cause=self._cause(abort_key(k), raw))
+        self.emit("join-aborted", attempt=k)
+
+    def _joined(self, k: int, keys: list[str], members: list[int] | None = None) -> None:
+        """Every node's join record (one request), each checked: a value no gpuherd node writes is
+        named (key, and the node whose key it is) as the job's cause instead of crashing this agent."""
+        members = list(range(len(keys))) if members is None else members
+        nodes = []
+        for i, key, raw in zip(members, keys, self.store.multi_get(keys), strict=True):
+            record = _json_or_none(raw)
+            if not (isinstance(record, dict) and isinstance(record.get("nproc"), int) and record["nproc"] > 0):
+                cause = self._malformed(key, raw, f"node {i}'s join record (host, nproc, settings)")
+                self._join_aborted(k, self._publish(k, cause, self.store))
+                return
+            nodes.append(record)
+        self.hosts = {i: str(n.get("host", "?")) for i, n in zip(members, nodes, strict=True)}
+        self.members = members
+        self.beating, self._beat_sent = k, b"0"  # from now on: node 0 reads this node's beat
+        if self.node_rank == 0:
+            self.beats = BeatWatch(k)  # from the join on: a node dying before its workers start is named too
+        elif self.connect is not None and self.liveness is None:
+            self._link_to_node0()
+        self.emit("joined", attempt=k, round=k, members=members, nodes=nodes)
+
+    def _move_on(self) -> None:
+        """Joining again: the attempt this node beat for stops expecting its beat."""
+        if self.beating is not None:
+            self.store.set(beat_key(self.beating, self.node_rank), b"moved")
+            self.beating = None
+        self.beats = None
+
+    def _watch(self, k: int, msg: dict[str, Any]) -> None:
+        self.watching = self.beating = k
+        if self.node_rank == 0 and (self.beats is None or self.beats.k != k):
+            self.beats = BeatWatch(k)
+        if self.connect is not None:
+            threading.Thread(target=self._wait_abort, args=(k,), name=f"abort-wait-{k}", daemon=True).start()
+
+    def _abort(self, k: int, msg: dict[str, Any]) -> None:
+        winner = self._publish(k, msg["cause"], self.store)
+        self.emit("abort", attempt=k, cause=self._cause(abort_key(k), winner))
+        with self._reporting:
+            self._reported.add(k)
+        self.watching = None  # reported
+
+    def _done(self, k: int, msg: dict[str, Any]) -> None:
+        self.store.set(done_key(k, self.node_rank), b"1")
+        if self.beating == k:
+            self.store.set(beat_key(k, self.node_rank), b"done")
+            self.beating = None
+
+    def _wait_done(self, k: int, msg: dict[str, Any]) -> None:
+        """Node 0: until every member's workers finished, the abort, or the timeout."""
+        keys = [done_key(k, i) for i in self.members]
+        deadline = time.monotonic() + float(msg["timeout"])
+        missing: list[int] = []
+        while not self.store.wait(keys, max(0.0, min(BEAT_S, deadline - time.monotonic()))):
+            raw = self.store.get_if_set(abort_key(k))
+            if raw is not None:
+                self.emit("abort", attempt=k, cause=self._cause(abort_key(k), raw))
+                break
+            if time.monotonic() >= deadline:
+                missing = [self.members[i] for i in self.store.missing(keys)]
+                break
+        self.emit("finished", attempt=k, missing=missing)
+
+    def _alive(self, k: int, msg: dict[str, Any]) -> None:
+        verdict = self._verdict(k)
+        self.verifying = (k, time.monotonic(), verdict["seq"] if verdict is not None else 0)
+        self._next_beat = 0.0  # answer from the next reading on
+
+    def _outcome(self, k: int, msg: dict[str, Any]) -> None:
+        self.store.set(f"outcome{self.node_rank}", orjson.dumps(msg["outcome"]))
+
+    def _outcomes(self, k: int, msg: dict[str, Any]) -> None:
+        """Node 0: the others' (a node found dead is not waited for)."""
+        others = [i for i in self.members if i != 0]  # elastic: the last round's nodes, not every rank up to MAX
+        self.store.wait([f"outcome{i}" for i in others if i not in self.gone], float(msg["timeout"]))
+        keys = [f"outcome{i}" for i in others]
+        absent = set(self.store.missing(keys))
+        present = [key for i, key in enumerate(keys) if i not in absent]
+        found = dict(zip(present, self.store.multi_get(present), strict=True))
+        outcomes = [_json_or_none(found[key]) if key in found else None for key in keys]
+        self.emit("outcomes", ranks=others, nodes=[o if isinstance(o, dict) else None for o in outcomes])
+
+    def _leave(self, k: int, msg: dict[str, Any]) -> None:
+        self.leaving = True
+        if self.beating is not None:
+            self.store.set(beat_key(self.beating, self.node_rank), b"left")
+            self.beating = None
+        self.store.set(f"left{self.node_rank}", b"1")
+        if self.liveness is not None:
+            self.liveness.bye()
+
+    def _linger(self, k: int, msg: dict[str, Any]) -> None:
+        """Node 0: the store stays up until every node that joined has read what it needs."""
+        if self.rounds is not None:
+            self.rounds.close_job()  # a node still waiting to be admitted stops waiting
+        last = 0 if self.last_join is None else self.last_join  # node 0 may fail before its own join
+        candidates = [i for i in range(1, self.nnodes) if i not in self.gone]
+        absent = set(self.store.missing([node_key(last, i) for i in candidates]))
+        joined = [r for i, r in enumerate(candidates) if i not in absent]
+        left = [f"left{i}" for i in joined]
+        self.store.wait(left, float(msg["timeout"]))
+        self.emit("lingered", missing=[joined[i] for i in self.store.missing(left)])
+
+    # ---------------------------------------------------------------- elastic
     def _join_elastic(self, record: bytes) -> None:
         """Join the next round of an elastic job (elastic_rounds.py): node 0 decides who is in."""
         rounds = self.rounds
-        aborted = lambda k: self.store.check([f"a{k}/abort"])  # noqa: E731 - a node failed before joining
+        aborted = lambda k: self.store.check([abort_key(k)])  # noqa: E731 - a node failed before joining
         if self.node_rank == 0:
             k, members = rounds.open_and_close(record, aborted)
             if members is None and not aborted(k):  # fewer than MIN in time: every waiting node reads why
                 too_few = rounds.too_few(k, lambda r: self._record_host(k, r), self.where)
-                self.store.compare_set(f"a{k}/abort", "", orjson.dumps(too_few))
+                self.store.compare_set(abort_key(k), "", orjson.dumps(too_few))
         else:
-            target = self._wait_round()
+            target = rounds.wait_round(self.join_timeout)
             if target is None:
                 self.emit("join-timeout", attempt=0, missing=[0], timeout=self.join_timeout)
                 return
@@ -263,27 +346,15 @@ class Agent:
                 return
         self.last_join = k
         if members is None:
-            self.emit("abort", attempt=k, cause=self._cause(f"a{k}/abort", self.store.get(f"a{k}/abort")))
-            self.emit("join-aborted", attempt=k)
+            self._join_aborted(k, self.store.get(abort_key(k)))
         else:
-            self._joined(k, [f"a{k}/node{r}" for r in members], members)
-
-    def _wait_round(self) -> tuple[int, bool] | None:
-        """A node other than 0: the round to join once node 0 opened one (None: not within the join timeout)."""
-        deadline = time.monotonic() + self.join_timeout
-        while (target := self.rounds.target()) is None:
-            if self.store.check(["a0/abort"]):  # node 0 failed before it could open a round (its dataset)
-                return 0, False
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(POLL_S)
-        return target
+            self._joined(k, [node_key(k, r) for r in members], members)
 
     def _say_waiting(self, k: int, members: list[int]) -> None:
         self.emit("waiting", attempt=k, round=k, members=members)
 
     def _record_host(self, k: int, r: int) -> str:
-        record = _json_or_none(self.store.get(f"a{k}/node{r}"))
+        record = _json_or_none(self.store.get(node_key(k, r)))
         return str(record.get("host", "?")) if isinstance(record, dict) else "?"
 
     def _admit_waiting(self, k: int) -> None:
@@ -297,7 +368,7 @@ class Agent:
                  "stderr_tail": [],
                  "message": f"{who} asked to join: restarting every node's workers to admit it (a membership "
                             "change, not counted against --max-restarts)"}
-        self.store.compare_set(f"a{k}/abort", "", orjson.dumps(cause))
+        self.store.compare_set(abort_key(k), "", orjson.dumps(cause))
 
     def _claim_rank(self, k: int, record: dict[str, Any]) -> bool:
         """The first agent to join as node r owns that --node-rank for the whole job (its later
@@ -331,72 +402,170 @@ class Agent:
         self.rounds.refuse(k, r, orjson.dumps(cause))
         return False
 
+    # ---------------------------------------------------------------- once a second
     def poll(self) -> None:
-        if self.watching is not None and self.store.check([f"a{self.watching}/abort"]):
-            k, self.watching = self.watching, None
-            cause = self._cause(f"a{k}/abort", self.store.get(f"a{k}/abort"))
-            if cause.get("kind") == "node" and isinstance(cause.get("node"), int):
-                self.gone.add(cause["node"])  # another agent found it silent
-            self.emit("abort", attempt=k, cause=cause)
+        """The loop's tick: this node's beat; on node 0, the one reading of every beat."""
+        if self.watching is not None and self.connect is None and self.store.check([abort_key(self.watching)]):
+            self.report_abort(self.watching, self.store.get(abort_key(self.watching)))  # no abort-wait thread
             return
         now = time.monotonic()
-        if now < self._next_beat or (self.beating is None and self.verifying is None):
+        if now < self._next_beat or (self.beating is None and self.verifying is None and self.beats is None):
             return
         self._next_beat = now + BEAT_S
-        if self.beating is not None:  # set, not add: a foreign value in the key cannot break our connection
-            self._beat_count += 1
-            self.store.set(f"a{self.beating}/beat{self.node_rank}", str(self._beat_count).encode())
-        if self.watching is not None:
-            self._check_beats(self.watching, now)
-            if self.rounds is not None and self.node_rank == 0 and self.watching is not None:
+        if self.beating is not None:
+            self._beat()
+        if self.beats is not None:
+            self._read_beats(now)
+            if self.rounds is not None and self.watching is not None:
                 self._admit_waiting(self.watching)
-        elif self.verifying is not None:
+        if self.verifying is not None:
             self._verify_alive(now)
 
-    def _last_beats(self, k: int, now: float) -> dict[int, float]:
-        """When each other node's counter last moved, for the nodes still expected to beat
-        (not done, not gone, not left, not yet in attempt k+1)."""
-        out = {}
-        for r in self.members:
-            if r == self.node_rank or r in self.gone:
-                continue
-            if any(self.store.check([key]) for key in (f"a{k}/done{r}", f"left{r}", f"a{k + 1}/node{r}")):
-                continue
-            key = f"a{k}/beat{r}"
-            count = self.store.get(key) if self.store.check([key]) else None  # bytes: compared, never parsed
-            last, since = self._beats.get(r, (None, now))
-            if count != last:
-                self._beats[r] = (count, now)
-                since = now
-            out[r] = since
-        return out
+    def _beat(self) -> None:
+        """One request with an answer (compare_set: a plain set is never answered, so a partition
+        would go unseen): the store watchdog sees node 0 gone when it stays unanswered. Not `add`:
+        a foreign value in the key cannot break our connection; it is replaced at the next beat."""
+        self._beat_count += 1
+        value = str(self._beat_count).encode()
+        got = self.store.compare_set(beat_key(self.beating, self.node_rank), self._beat_sent, value)
+        self._beat_sent = value if got == value else got
 
-    def _silent(self, r: int, silent_s: float) -> dict[str, Any]:
+    def _read_beats(self, now: float) -> None:
+        """Node 0: every other member's beat in one request; one that stood still is named."""
+        beats = self.beats
+        others = [r for r in self.members if r != self.node_rank]
+        values = self.store.multi_get([beat_key(beats.k, r) for r in others])
+        for r, still in beats.observe(others, values, now):
+            self._declare(beats.k, r, self._silent(r, f"no heartbeat for {still:.0f} s"), self.store)
+        self.store.set(verdict_key(beats.k), orjson.dumps(beats.verdict()))
+
+    def _silent(self, r: int, why: str) -> dict[str, Any]:
         host = self.hosts.get(r, "?")
-        self.gone.add(r)
         return {"kind": "node", "exit_code": 1, "node": r, "host": host, "rank": None, "device": None,
                 "stderr_tail": [],
-                "message": f"node {r} ({host}) stopped responding: no heartbeat for {silent_s:.0f} s "
-                           "(its machine, its supervisor or its node agent died; see that node's logs)"}
+                "message": f"node {r} ({host}) stopped responding: {why} (its machine, its supervisor or its node "
+                           "agent died; see that node's logs)"}
 
-    def _check_beats(self, k: int, now: float) -> None:
-        for r, since in self._last_beats(k, now).items():
-            if now - since > SILENT_S:
-                self.handle({"cmd": "abort", "attempt": k, "cause": self._silent(r, now - since)})
-                return
+    def _declare(self, k: int, r: int, cause: dict[str, Any], store: StoreCalls) -> None:
+        """Node 0: node r is dead; its cause goes to every node (the abort, unless a failure came first)."""
+        if self.beats is not None and self.beats.k == k:
+            self.beats.dead[r] = cause
+        self.gone.add(r)
+        self.report_abort(k, self._publish(k, cause, store))
+
+    def _verdict(self, k: int) -> dict[str, Any] | None:
+        """Node 0's latest reading of attempt k's beats (its own, on node 0); None: a foreign value."""
+        if self.beats is not None and self.beats.k == k:
+            return self.beats.verdict()
+        return parse_verdict(self.store.get_if_set(verdict_key(k)))
 
     def _verify_alive(self, now: float) -> None:
-        """A node whose counter moved since the check began is alive; one still for SILENT_S is
-        not. Undecided ones are waited for, at most SILENT_S + 2 s (then counted alive)."""
-        k, began = self.verifying
-        last = self._last_beats(k, now)
-        undecided = [r for r, since in last.items() if since <= began and now - since <= SILENT_S]
-        if undecided and now - began < SILENT_S + 2:
+        """An `alive` check: done once node 0's reading proves each node alive since the check began
+        or names it dead; undecided ones are waited for at most SILENT_S + 2 s (then counted alive)."""
+        k, began, seq0 = self.verifying
+        verdict = self._verdict(k)
+        if verdict is None:
+            self.verifying = None
+            self.emit("alive", attempt=k, silent=[self._malformed(verdict_key(k), self.store.get(verdict_key(k)),
+                                                                  "node 0's reading of the heartbeats")])
             return
-        silent = [self._silent(r, now - since) for r, since in last.items() if since <= began and now - since > SILENT_S]
+        ranks = [r for r in self.members if r not in (0, self.node_rank) and r not in self.gone]
+        if undecided(verdict, seq0, ranks) and now - began < SILENT_S + 2:
+            return
         self.verifying = None
+        silent = [c for c in verdict["dead"] if c["node"] != self.node_rank]
+        self.gone.update(c["node"] for c in silent)
         self.emit("alive", attempt=k, silent=silent)
 
+    # ---------------------------------------------------------------- threads (a real store only)
+    def _wait_abort(self, k: int) -> None:
+        """Blocks on attempt k's abort key in a connection of its own: one round trip after any node
+        publishes, this node has it, at no request while nothing happens."""
+        try:
+            conn = self._connection()
+            while not self.lost and k not in self._reported:
+                if conn.wait([abort_key(k)], ABORT_WAIT_S):
+                    self.report_abort(k, conn.get(abort_key(k)))
+                    break
+                if self.leaving or (self.last_join is not None and self.last_join > k):
+                    break
+            self._spare.append(conn)  # a restart's wait reuses it: no new connection per attempt
+        except RuntimeError as exc:
+            if not self.leaving:
+                self.lose(f"lost the job store at {self.where} (node 0 gone?): {_short(exc)}")
+
+    def _connection(self) -> StoreCalls:
+        with self._reporting:
+            if self._spare:
+                return self._spare.pop()
+        store = self.connect()
+        if isinstance(store, TimedStore):
+            self.timed.append(store)
+        return StoreCalls(store)
+
+    def serve_liveness(self, host: str) -> None:
+        """Node 0: the port every other agent connects to (liveness.py), published on the store."""
+        server = LivenessServer(host, self._connection_closed)
+        self.store.set(LIVENESS_KEY, f"{host}:{server.port}".encode())
+
+    def _connection_closed(self, r: int) -> None:
+        """Node 0: node r's connection ended without a goodbye: its agent died with its processes.
+        It is dead in the verdict at once; the abort naming it follows CLOSED_GRACE_S later, so that
+        the survivors' workers, failing on the same closed connections in the same instant, publish
+        first and each survivor's `alive` check names node r as the cause, their errors its consequence."""
+        beats = self.beats
+        if beats is None or r not in self.members or r in beats.dead or self.lost:
+            return  # between attempts: the next join names it
+        try:
+            if self._liveness_store is None:
+                self._liveness_store = self._connection()
+            conn = self._liveness_store
+            if conn.get_if_set(beat_key(beats.k, r)) in SETTLED:
+                return
+            cause = self._silent(r, "its connection to node 0 closed without a goodbye")
+            beats.dead[r] = cause
+            self.gone.add(r)
+            conn.set(verdict_key(beats.k), orjson.dumps(beats.verdict()))
+        except RuntimeError as exc:
+            print(f"node agent: could not name node {r}: {_short(exc)}", file=sys.stderr, flush=True)
+            return
+        timer = threading.Timer(CLOSED_GRACE_S, self._publish_closed, args=(beats.k, r, cause, conn))
+        timer.daemon = True
+        timer.start()
+
+    def _publish_closed(self, k: int, r: int, cause: dict[str, Any], conn: StoreCalls) -> None:
+        try:
+            self._declare(k, r, cause, conn)
+        except RuntimeError as exc:
+            print(f"node agent: could not name node {r}: {_short(exc)}", file=sys.stderr, flush=True)
+
+    def _link_to_node0(self) -> None:
+        where = self.store.get_if_set(LIVENESS_KEY)
+        if where is None:
+            return  # node 0 has none (a test's store): the heartbeat silence rule still holds
+        host, _, port = where.decode(errors="replace").rpartition(":")
+        try:
+            self.liveness = LivenessLink(host, int(port), self.node_rank, self._node0_closed)
+        except (OSError, ValueError) as exc:
+            print(f"node agent: no direct connection to node 0's agent at {where!r} ({exc}); a dead node is "
+                  f"named after {SILENT_S:.0f} s of silence instead", file=sys.stderr, flush=True)
+
+    def _node0_closed(self) -> None:
+        self.lose(f"lost the job store at {self.where} (node 0 gone?): node 0's node agent closed its connection "
+                  "(node 0's supervisor or machine died)")
+
+    def watch_store(self) -> None:
+        """A node other than 0: a store call unanswered SILENT_S past its due time means node 0 (its
+        machine, or the network to it) is gone; this node names it within ~SILENT_S, as node 0 names
+        a node whose heartbeat stopped. A blocked call keeps the loop, so the verdict ends the agent too."""
+        while True:
+            time.sleep(BEAT_S)
+            if overdue(self.timed, SILENT_S) and not self.lost:
+                self.lose(f"lost the job store at {self.where} (node 0 gone?): no answer for {SILENT_S:.0f} s "
+                          "(node 0's machine, or the network to it)")
+                os._exit(1)
+
+    # ---------------------------------------------------------------- the loop
     def serve(self) -> None:
         sel = selectors.DefaultSelector()
         stdin = sys.stdin.buffer
@@ -404,7 +573,7 @@ class Agent:
         sel.register(stdin.fileno(), selectors.EVENT_READ)
         pending = b""
         while True:
-            if sel.select(POLL_S):
+            if sel.select(max(0.0, min(BEAT_S, self._next_beat - time.monotonic()))):
                 chunk = os.read(stdin.fileno(), 1 << 16)
                 if not chunk:
                     return  # the supervisor is gone or done with us
@@ -421,9 +590,11 @@ class Agent:
         try:
             action()
         except RuntimeError as exc:  # torch's DistError family: the store (node 0) is unreachable
-            self.lost = True
-            detail = " ".join(str(exc).split())[:200]
-            self.emit("lost", message=f"lost the job store at {self.where} (node 0 gone?): {detail}")
+            self.lose(f"lost the job store at {self.where} (node 0 gone?): {_short(exc)}")
+
+
+def _short(exc: BaseException) -> str:
+    return " ".join(str(exc).split("Exception raised from")[0].split())[:200]
 
 
 def _json_or_none(raw: bytes) -> Any:
@@ -441,27 +612,35 @@ def main(argv: list[str]) -> int:
     where = f"{host}:{port}"
     from torch.distributed import TCPStore
 
+    timeout = timedelta(seconds=join_timeout)
     try:
         if node_rank == 0:
-            store = TCPStore(host, port, None, True, timedelta(seconds=join_timeout), wait_for_workers=False,
-                             master_listen_fd=listen_fd)
+            store = TCPStore(host, port, None, True, timeout, wait_for_workers=False, master_listen_fd=listen_fd)
+            connect: Connect = lambda: TCPStore(host, port, None, False, timeout)  # noqa: E731
         else:
-            store = TimedStore(TCPStore(host, port, None, False, timedelta(seconds=join_timeout)))
+            store = TimedStore(TCPStore(host, port, None, False, timeout))
+            connect = lambda: TimedStore(TCPStore(host, port, None, False, timeout))  # noqa: E731
     except RuntimeError as exc:
-        detail = " ".join(str(exc).split("Exception raised from")[0].split())[:200]
         sys.stdout.buffer.write(orjson.dumps({"event": "join-timeout", "attempt": 0, "missing": [0],
                                               "timeout": join_timeout, "unreachable": True,
-                                              "detail": detail}) + b"\n")
+                                              "detail": _short(exc)}) + b"\n")
         sys.stdout.buffer.flush()
         return 5
     rounds = None
     if min_nodes < nnodes:
         rounds = ElasticRounds(store, node_rank, min_nodes, nnodes, join_timeout, last_call)
     agent = Agent(store, node_rank, nnodes, join_timeout, where, rounds)
-    if isinstance(store, TimedStore):
+    agent.connect = connect
+    if node_rank == 0:
+        agent.serve_liveness(host)
+    else:
+        agent.timed.append(store)
         threading.Thread(target=agent.watch_store, name="store-watchdog", daemon=True).start()
     agent.serve()
-    return 0
+    # Leave at once: an interpreter teardown would first wait out the abort wait blocked in the
+    # store (seconds), and the supervisor waits for this exit at the end of every job.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,106 @@
+"""The job store's keys per attempt, and node 0's one watch over every node's heartbeat.
+
+Every node writes its own beat key once a second (one request); node 0 alone reads them
+all, in one `multi_get` per second, and publishes one verdict (`a{k}/verdict`) that any
+node reads when it has to know who is alive. So the store serves about one request per
+node per second however many nodes there are (the old way, each node reading every
+other node's keys, grew with the square of the nodes and saturated the store near 100).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+BEAT_S = 1.0  # each agent sets its beat key this often while an attempt runs; node 0 reads them all as often
+SILENT_S = 10.0  # a beat that stood still this long is a node gone (its machine, or the network to it)
+SETTLED = (b"done", b"left", b"moved")  # a node's last beat: its workers finished, it left, it joined the next attempt
+JOINED = b"in"  # a{k}/all: every node's join record is there
+ABORTED = b"abort"  # a{k}/all: a node failed before the join completed (a{k}/abort says how)
+
+
+def node_key(k: int, r: int) -> str:
+    return f"a{k}/node{r}"
+
+
+def beat_key(k: int, r: int) -> str:
+    return f"a{k}/beat{r}"
+
+
+def abort_key(k: int) -> str:
+    return f"a{k}/abort"
+
+
+def all_key(k: int) -> str:
+    return f"a{k}/all"
+
+
+def done_key(k: int, r: int) -> str:
+    return f"a{k}/done{r}"
+
+
+def verdict_key(k: int) -> str:
+    return f"a{k}/verdict"
+
+
+def enter(store: Any, k: int, r: int, record: bytes) -> None:
+    """Node r's join record for attempt k, its beat key first: node 0's one read of every
+    member's beat (a multi_get, which waits for missing keys) never waits for a node."""
+    store.set(beat_key(k, r), b"0")
+    store.set(node_key(k, r), record)
+
+
+class BeatWatch:
+    """Node 0's view of attempt k: when each other node's beat last moved, counted in node 0's
+    own reads (`seq`), and the nodes found dead with the cause that names each."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.seq = 0
+        self._seen: dict[int, tuple[bytes, float, int]] = {}  # node -> (last value, when it changed, seq then)
+        self.dead: dict[int, dict[str, Any]] = {}
+
+    def observe(self, ranks: list[int], values: list[bytes], now: float) -> list[tuple[int, float]]:
+        """One read of their beats; returns (node, seconds still) for each that stood still past SILENT_S.
+        Values are compared as bytes, never parsed (a foreign value is just another value)."""
+        self.seq += 1
+        silent = []
+        for r, value in zip(ranks, values, strict=True):
+            last = self._seen.get(r)
+            if last is None or last[0] != value or value in SETTLED:
+                self._seen[r] = (value, now, self.seq)
+            elif now - last[1] > SILENT_S and r not in self.dead:
+                silent.append((r, now - last[1]))
+        return silent
+
+    def settled(self, r: int) -> bool:
+        last = self._seen.get(r)
+        return last is not None and last[0] in SETTLED
+
+    def verdict(self) -> dict[str, Any]:
+        return {"seq": self.seq, "moved": {str(r): s for r, (_, _, s) in self._seen.items()},
+                "dead": list(self.dead.values())}
+
+
+def parse_verdict(raw: bytes | None) -> dict[str, Any] | None:
+    """A verdict as node 0 writes it, or None for a value it never writes (a foreign writer)."""
+    if raw is None:
+        return {"seq": 0, "moved": {}, "dead": []}  # node 0 has read no beat yet
+    try:
+        v = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    ok = (isinstance(v, dict) and isinstance(v.get("seq"), int) and isinstance(v.get("moved"), dict)
+          and all(isinstance(s, int) for s in v["moved"].values()) and isinstance(v.get("dead"), list)
+          and all(isinstance(c, dict) and isinstance(c.get("node"), int) and isinstance(c.get("message"), str)
+                  for c in v["dead"]))
+    return v if ok else None
+
+
+def undecided(verdict: dict[str, Any], seq0: int, ranks: list[int]) -> list[int]:
+    """The nodes not yet proven alive since an `alive` check began (when node 0's verdict was
+    `seq0`): a node is alive once its beat moved in a read node 0 made after the check began
+    (seq0 + 2: read seq0 + 1 may have come just before), dead once named."""
+    dead = {c["node"] for c in verdict["dead"]}
+    return [r for r in ranks if r not in dead and verdict["moved"].get(str(r), 0) < seq0 + 2]

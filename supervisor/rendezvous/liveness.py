@@ -1,0 +1,101 @@
+"""A plain TCP connection from every node's agent to node 0's: a node whose processes died
+is seen the moment the kernel closes its socket, not after a silence.
+
+The job store cannot tell: torch's `TCPStore` server drops a closed client without a
+word. So node 0's agent listens on one more port of the same interface (published as the
+store key `liveness`), every other agent connects once it has joined and says
+`hello {rank}`, and says `bye` before it leaves. A connection that ends without `bye`
+is a node whose agent died (SIGKILL, OOM, its supervisor killed with it, its machine
+rebooted): node 0 names it at once. A node cut off without anything closing (a machine
+that lost power, a cable) still falls to the heartbeat silence rule. The other way
+round, a node whose connection to node 0 ends without node 0 having left is cut off
+from node 0's agent (it died) and says so at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import selectors
+import socket
+import threading
+from collections.abc import Callable
+
+LIVENESS_KEY = "liveness"  # node 0's "host:port" for these connections
+HELLO, BYE = b"hello ", b"bye"
+
+
+class LivenessServer:
+    """Node 0: accepts every node's connection; `on_closed(rank)` when one ends without `bye`."""
+
+    def __init__(self, host: str, on_closed: Callable[[int], None]) -> None:
+        self._on_closed = on_closed
+        self._listen = socket.create_server((host, 0), backlog=4096)
+        self.port = self._listen.getsockname()[1]
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._listen, selectors.EVENT_READ)
+        self._state: dict[socket.socket, list] = {}  # connection -> [rank or None, said bye, unparsed bytes]
+        threading.Thread(target=self._serve, name="liveness-server", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            for key, _ in self._sel.select():
+                if key.fileobj is self._listen:
+                    conn, _addr = self._listen.accept()
+                    self._state[conn] = [None, False, b""]
+                    self._sel.register(conn, selectors.EVENT_READ)
+                else:
+                    self._read(key.fileobj)
+
+    def _read(self, conn: socket.socket) -> None:
+        state = self._state[conn]
+        try:
+            chunk = conn.recv(4096)
+        except OSError:
+            chunk = b""
+        if chunk:
+            state[2] += chunk
+            *lines, state[2] = state[2].split(b"\n")
+            for line in lines:
+                if line.startswith(HELLO) and line[len(HELLO):].isdigit():
+                    state[0] = int(line[len(HELLO):])
+                elif line == BYE:
+                    state[1] = True
+            return
+        self._sel.unregister(conn)
+        conn.close()
+        del self._state[conn]
+        rank, said_bye = state[0], state[1]
+        if rank is not None and not said_bye:
+            self._on_closed(rank)
+
+
+class LivenessLink:
+    """A node other than 0: its connection to node 0's agent; `on_closed()` when node 0's end closes."""
+
+    def __init__(self, host: str, port: int, node_rank: int, on_closed: Callable[[], None]) -> None:
+        self._sock = socket.create_connection((host, port), timeout=10)
+        self._sock.settimeout(None)
+        self._sock.sendall(HELLO + str(node_rank).encode() + b"\n")
+        self._on_closed = on_closed
+        self._leaving = False
+        threading.Thread(target=self._watch, name="liveness-link", daemon=True).start()
+
+    def _watch(self) -> None:
+        with contextlib.suppress(OSError):
+            while self._sock.recv(4096):
+                pass
+        if not self._leaving:
+            self._on_closed()
+
+    def bye(self) -> None:
+        """This node leaves the job: its connection's end is no death."""
+        self._leaving = True
+        with contextlib.suppress(OSError):
+            self._sock.sendall(BYE + b"\n")
+
+    def drop(self) -> None:
+        """Close without a word, as a killed process's kernel does (the scale harness's node death)."""
+        self._leaving = True
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
