@@ -51,3 +51,18 @@ def enter_run_cgroup() -> Path | None:
         logger.debug(f"no cgroup of the run's own ({exc}): the orphan guard records the process tree instead")
         return None
     return group
+
+
+def leave_run_cgroup(group: Path) -> bool:
+    """At the run's end, every process it started reaped: move this process back to the cgroup
+    it came from and remove the run's. False (left to the orphan guard, which removes it once we
+    exited) when something is still in it or the move is refused."""
+    try:
+        (group.parent / "cgroup.procs").write_text(f"{os.getpid()}\n")
+        group.rmdir()
+    except FileNotFoundError:
+        return True
+    except OSError as exc:
+        logger.debug(f"the run's cgroup {group} stays for the orphan guard to remove ({exc})")
+        return False
+    return True

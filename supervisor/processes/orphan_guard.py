@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 
-from supervisor.processes.cgroup import enter_run_cgroup
+from supervisor.processes.cgroup import enter_run_cgroup, leave_run_cgroup
 
 GUARD_MAIN = Path(__file__).with_name("orphan_guard_main.py")  # imports os, signal and sys only
 REAP_WAIT_S = 5.0  # a released guard exits at once; this only bounds a machine that does not schedule it
@@ -47,24 +47,38 @@ class OrphanGuard:
         self._send(f"forget {pgid}\n")
 
     def release(self) -> None:
-        """The supervisor cleaned up itself; the guard exits on "done" without touching anything.
-        Not waited for here: its exit (a time slice on a busy node) overlaps the summary's
-        writing, and `reap` collects it just before the launcher's own exit."""
+        """The supervisor cleaned up itself; the guard is told "done" and touches nothing from
+        then on. Not waited for here: its exit (a time slice on a busy node) overlaps the
+        summary's writing, and `reap` collects it just before the launcher's own exit."""
         self._send("done\n")
-        try:
-            self._proc.stdin.close()
-        except OSError:
-            pass
+        if self.cgroup is None:
+            self._close()
         self._proc.poll()
 
     def reap(self, timeout: float = REAP_WAIT_S) -> None:
         """Released: wait for its exit, so the launcher's exit code comes after it (bounded: a
-        guard that does not end is killed)."""
+        guard that does not end is killed). With a cgroup, every process in it is reaped by now
+        (the dying store helper included): this process leaves it and removes it, and the guard
+        exits; a cgroup that cannot be removed yet the guard removes once we exited, so that
+        guard outlives us by design and is not waited for."""
+        if self.cgroup is not None:
+            removed = leave_run_cgroup(self.cgroup)
+            if removed:
+                self._send("uncgroup\n")
+            self._close()
+            if not removed:
+                return
         try:
             self._proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+
+    def _close(self) -> None:
+        try:
+            self._proc.stdin.close()
+        except OSError:
+            pass
 
     def _send(self, text: str) -> None:
         try:

@@ -16,7 +16,7 @@ this run's marker in its environment, and every descendant the supervisor had:
   and the supervisor killed all within one poll can still escape: only a cgroup closes that.
 
     python -I -S supervisor/processes/orphan_guard_main.py MARKER
-    (stdin: "cgroup PATH" / "pgid N" / "forget N" lines, then "done")
+    (stdin: "cgroup PATH" / "pgid N" / "forget N" / "uncgroup" lines, then "done")
 """
 
 from __future__ import annotations
@@ -162,6 +162,8 @@ def main(argv: list[str]) -> int:
                 done = True  # nothing to kill; stay until the supervisor exits to remove its cgroup
             elif line.startswith(b"cgroup "):
                 group = line.split(b" ", 1)[1].decode()
+            elif line == b"uncgroup":  # the supervisor removed its cgroup itself (every process reaped)
+                group = None
             elif line.startswith(b"pgid "):
                 pgids.append(int(line.split()[1]))
             elif line.startswith(b"forget "):  # that group is gone (an attempt ended): its id may be reused

@@ -143,8 +143,9 @@ def test_python_exec_without_gpuherds_dependencies_trains_with_heartbeats(tmp_pa
                       "for _ in range(3):\n    m(torch.ones(1, 2)).sum().backward(); opt.step()\n"
                       "import sys; sys.stdout.write('STEPS done\\n')\n")
     ours, theirs = both(tmp_path, "--nproc-per-node", "2", str(script), env={"PYTHON_EXEC": str(python)})
-    for result in (ok(ours), ok(theirs)):
-        assert result.stdout.count("STEPS done") == 2
+    assert ok(theirs).stdout.count("STEPS done") == 2
+    # gpuherd's console folds a line both ranks print alike (within 0.2 s) into one naming both
+    assert ok(ours).stdout.count("STEPS done") == 2 or "CPU[0-1]:STEPS done" in ours.stdout
     assert "WARNING" not in ours.stdout + ours.stderr.replace("supervisor:WARNING", "")
     run_dir = next((tmp_path / "ours" / "logs").iterdir())
     summary = orjson.loads((run_dir / "summary.json").read_bytes())

@@ -40,7 +40,8 @@ def test_a_stopped_rank_is_blamed_not_the_rank_waiting_for_it(tmp_path):
     assert r.summary["root_cause"]["rank"] == 1
     assert evidence[0].startswith("rank 1: process stopped (state T)")
     assert evidence[1].startswith("rank 0: waiting in all_reduce at step 20")
-    assert "collective trace: rank 0: inside gloo:all_reduce" in "\n".join(evidence)
+    # no collective trace is waited for here: the kernel already says which rank stopped, and the
+    # restart is not held up for evidence that adds nothing (a dump that comes in time is kept)
     assert "rank 1: process stopped (state T)" in r.err  # the root-cause block shows it
 
 

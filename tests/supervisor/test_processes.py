@@ -301,7 +301,7 @@ def test_collapse_logs_prints_identical_lines_once(tmp_path):
     (("--nproc", "0"), "system.nproc must be > 0"),
     (("--gpus", "a,b"), "argument --gpus"),
     (("--run-id", "../x"), "--run-id '../x'"),
-    (("--grace-period", "-1"), "system.grace_period must be > 0"),
+    (("--grace-period", "-1"), "system.grace_period must be within (0, "),
     (("--log-ranks", "5"), "--log-ranks 5"),
     (("--script", "missing.py"), "script not found: missing.py"),
     (("-m",), "-m needs a script or module to run"),
