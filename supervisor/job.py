@@ -278,7 +278,8 @@ class Job:
         try:
             open_data(Path(self.dataset_path))
         except DatasetError as exc:
-            message = f"{exc}: {cause.message.split(' after ')[0]} reading it (changed while the run read it)"
+            who = f"{cause.device} (rank {cause.rank})" if cause.device else f"rank {cause.rank}"
+            message = f"{exc}: {who} was killed by SIGBUS reading it (the cache changed while the run read it)"
             logger.error(message)
             return dataclasses.replace(cause, kind="dataset", exit_code=int(ExitCode.DATA), message=message)
         return cause
