@@ -76,7 +76,9 @@ def test_stacks_signal_dumps_stacks_then_teardown_signal_exits_143(tmp_path: Pat
         assert proc.finish(timeout=20) == 143
     finally:
         proc.kill()
-    assert "_train_step" in proc.stderr  # the dump shows where the loop was
+    # the dump shows the main thread inside the training loop (the signal may land between
+    # steps, in logging or data loading, so the step function itself need not be on the stack)
+    assert re.search(r'File ".*worker/train\.py", line \d+ in _train\n', proc.stderr)
     assert "tearing the run down: exiting now (143)" in proc.stderr
     assert not list((tmp_path / "ckpt").glob("step_*"))
 
