@@ -149,6 +149,7 @@ class Job:
         self.restarts_used = 0  # failures restarted (--max-restarts); an elastic membership change is not one
         self.dataset_s: float | None = None  # the first dataset build's seconds (goodput: `dataset`)
         self.goodput: goodput.Goodput | None = None  # the whole run's, every start's (summary.json)
+        self.goodput_charts = goodput.GoodputScalars(run_dir)  # imports tensorboard's writer in the background
 
     @property
     def mode(self) -> str:
@@ -252,6 +253,7 @@ class Job:
                                "after": final.message, "exit_code": final.exit_code, "resume": resume,
                                "membership": membership, "restarts_used": self.restarts_used,
                                "excluded_gpus": list(self.exclusion.excluded), "world_size": self.plan.world_size})
+                self._goodput_so_far()
                 signum = pause(delay)
                 if signum is not None:
                     final = _stop_cause(signum, f"during the pause before attempt {attempt + 1}")
@@ -260,11 +262,22 @@ class Job:
         except KeyboardInterrupt:  # Ctrl-C in the instant between an attempt's handlers and the pause
             final = _stop_cause(signal.SIGINT, "between attempts")
         finally:
-            self.goodput = goodput.account(goodput.read_events(self.run_dir / "metrics.jsonl"), time.time())
-            metrics.write({"type": "goodput", "time": time.time(), **self.goodput.to_dict()})
+            self.goodput = self._goodput_so_far(end_of_start=metrics)
             metrics.close()
             self.release_guard(dying=self.store_server.close(wait=False))
         return self.finish(final, attempts)
+
+    def _goodput_so_far(self, end_of_start: MetricsSink | None = None) -> goodput.Goodput:
+        """The whole run's goodput now (every start's), also a point in TensorBoard; at the end of
+        a start, also its `goodput` record in metrics.jsonl."""
+        events = goodput.read_events(self.run_dir / "metrics.jsonl")
+        now = time.time()
+        account = goodput.account(events, now)
+        self.goodput_charts.write(account, goodput.last_step(events), now)
+        if end_of_start is not None:
+            end_of_start.write({"type": "goodput", "time": now, **account.to_dict()})
+            self.goodput_charts.close()
+        return account
 
     def _blame_the_cache(self, cause: RootCause | None) -> RootCause | None:
         """A built-in worker killed by SIGBUS touched a page of its memory-mapped dataset cache that
