@@ -31,3 +31,10 @@ def test_a_stop_and_continue_costs_its_pause_and_an_undisturbed_run_nothing():
 
 def test_a_run_that_never_got_past_the_fault_has_no_cost():
     assert fault_cost(_steps(1, 0, 10, 0.0), 9.5) is None
+
+
+def test_the_dying_attempts_last_step_is_not_getting_past_it_when_nothing_came_after():
+    # rank 0 finished step 10 (rank 1 had joined its all-reduce) as rank 1 died; the restart hung
+    # before step 10 came round again
+    log = _steps(1, 0, 10, 0.0) + [Completion(9.6, 1, 10, 0.6)] + _steps(2, 5, 8, 20.0)
+    assert fault_cost(log, 9.5) is None
