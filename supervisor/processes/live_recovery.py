@@ -77,7 +77,6 @@ class Recovery:
     _reached: int = field(default=0, repr=False)  # the most completed steps any rank reported before
     _generation: int = field(default=1, repr=False)  # the rebuilt group of this attempt it forms
     _remote: bool = field(default=False, repr=False)  # another node's rank: this node's survivors end it
-    _rejoined: set[int] = field(default_factory=set, repr=False)  # this node's survivors in the rebuilt group
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
@@ -115,6 +114,9 @@ class LiveRecovery:
         # rebuilt group -> {survivor rank: completed steps}: its `lost_peer` records, which may come
         # before the supervisor has even reaped the lost rank
         self.left: dict[int, dict[int, int]] = {}
+        # rebuilt group -> {survivor rank: its `rejoined` record}: in a multi-node job a survivor may
+        # rejoin before the supervisor has heard of another node's claim
+        self.rejoined: dict[int, dict[int, dict]] = {}
 
     @property
     def in_flight(self) -> Recovery | None:
@@ -262,8 +264,10 @@ class LiveRecovery:
         rec = self.in_flight
         if kind == "step" and isinstance(record.get("step"), int) and rec is None:
             self.completed[rank] = max(self.completed.get(rank, 0), record["step"] + 1)
-        elif kind == "step" and rec is not None and rec._remote and rank in rec._rejoined:
-            self._finish(rec, time.monotonic())  # this node's first completed step in the rebuilt group
+        elif kind == "step" and rec is not None and rec._remote and rank in self.rejoined.get(rec._generation, {}):
+            joined = self.rejoined[rec._generation][rank]  # this node's first completed step in the rebuilt group
+            rec.resumed_step, rec.source_rank = joined.get("step"), joined.get("source")
+            self._finish(rec, time.monotonic())
         if kind != "live":
             return
         event = record.get("event")
@@ -275,9 +279,8 @@ class LiveRecovery:
             rec.resumed_step, rec.source_rank, rec.rejoin_s = record.get("step"), record.get("source"), \
                 record.get("seconds")
             self.able[rank] = None
-        elif event == "rejoined" and rec is not None and rec._remote:  # this node's survivors, in the new group
-            rec.resumed_step, rec.source_rank = record.get("step"), record.get("source")
-            rec._rejoined.add(rank)
+        elif event == "rejoined" and isinstance(record.get("generation"), int):  # a survivor, in the new group
+            self.rejoined.setdefault(record["generation"], {})[rank] = record
         elif event == "first_step" and rec is not None:
             self._finish(rec, time.monotonic())
 

@@ -103,3 +103,14 @@ def test_a_claim_this_node_cannot_take_part_in_ends_the_attempt_with_the_reason(
     why = live.heard(2, _claim(node=2, rank=2), [FakeProc(pid=10, rank=0)], now=2.0)
     assert "a second failure during a recovery" in why
     assert live.recoveries[0].outcome == "failed"  # the one in flight failed with it
+
+
+def test_a_survivor_that_rejoined_before_the_claim_was_heard_still_ends_the_recovery():
+    live, _ = _node(2, (2,))
+    live.observe({"type": "live", "rank": 2, "event": "lost_peer", "generation": 1, "step": 4})
+    live.observe({"type": "live", "rank": 2, "event": "rejoined", "generation": 1, "step": 4, "source": 0,
+                  "role": "survivor", "seconds": 0.3})
+    live.heard(1, _claim(), [FakeProc(pid=12, rank=2)], now=10.0)
+    live.observe({"type": "step", "rank": 2, "step": 4})
+    rec = live.recoveries[0]
+    assert rec.outcome == "recovered" and (rec.resumed_step, rec.source_rank) == (4, 0)
