@@ -30,6 +30,8 @@ from typing import Any, Protocol
 
 from loguru import logger
 
+from gpuherd.exit_codes import ExitCode
+
 from supervisor.gpus import DeviceSlot
 from supervisor.processes.spares import SparePool
 from supervisor.processes.spawn import WorkerProcess
@@ -86,16 +88,12 @@ class Recovery:
         where = f"node {self.node}'s " if self.node is not None else ""
         if self.outcome != "recovered":
             return f"live recovery {self.number}: {where}rank {self.rank} ({self.device}) {self.outcome}: {self.failed}"
-        if self._remote:
-            return (f"live recovery {self.number}: {where}rank {self.rank} ({self.device}, pid {self.lost_pid}) "
-                    f"replaced by that node's spare pid {self.replaced_by_pid}; this node's ranks rebuilt the group "
-                    f"with it in {self.seconds:.2f} s (loss -> next completed step), resumed at step "
-                    f"{self.resumed_step} from rank {self.source_rank}, {self.steps_redone} completed step(s) redone, "
-                    f"no checkpoint read; kept their processes: {survivors}")
-        return (f"live recovery {self.number}: {where}rank {self.rank} ({self.device}, pid {self.lost_pid}) replaced by spare "
-                f"pid {self.replaced_by_pid} in {self.seconds:.2f} s (loss -> next completed step), resumed at step "
-                f"{self.resumed_step} from rank {self.source_rank}, {self.steps_redone} completed step(s) redone, "
-                f"no checkpoint read; kept their processes: {survivors}")
+        how = (f"that node's spare pid {self.replaced_by_pid}; this node's ranks rebuilt the group with it"
+               if self._remote else f"spare pid {self.replaced_by_pid}")
+        return (f"live recovery {self.number}: {where}rank {self.rank} ({self.device}, pid {self.lost_pid}) replaced by "
+                f"{how} in {self.seconds:.2f} s (loss -> next completed step), resumed at step {self.resumed_step} "
+                f"from rank {self.source_rank}, {self.steps_redone} completed step(s) redone, no checkpoint read; "
+                f"kept their processes: {survivors}")
 
 
 class LiveRecovery:
@@ -189,7 +187,7 @@ class LiveRecovery:
         why = self._why_not_join(generation, claim, [w.slot.rank for w in survivors])
         if why is not None:
             why = f"live recovery not possible: {lost} was lost and is being replaced, but {why}; restarting every worker"
-            self._fail_in_flight(RootCause("rendezvous", 1, why))
+            self._fail_in_flight(RootCause("rendezvous", ExitCode.FAILURE, why))
             return why
         self.budget -= 1
         died_at = claim.get("died_at")
