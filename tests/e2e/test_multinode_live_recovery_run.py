@@ -19,7 +19,7 @@ import pytest
 from tests.e2e.helpers import records
 from tests.supervisor.helpers import finish, wait_for
 
-STEPS = 14
+STEPS = 20
 TINY = ["data.dataset=dummy", "data.tokenizer=byte", "data.context_length=32", "model.n_layers=2", "model.dim=32",
         "model.n_heads=4", "model.n_kv_heads=2", "model.multiple_of=16", "training.batch_size=2",
         "training.grad_accum_nums=1", f"training.max_steps={STEPS}", "training.warmup_steps=5",
@@ -85,7 +85,7 @@ def test_a_rank_lost_on_node_1_is_replaced_by_its_spare_while_every_other_node_k
         tmp_path, python_env, nnodes):
     expected = _uninterrupted(tmp_path, python_env, nnodes)
 
-    kill_at = random.randint(3, STEPS - 6)
+    kill_at = random.randint(3, STEPS - 10)  # steps left for the kill to land before the end
     procs = _start(tmp_path, python_env, "live", nnodes, "--max-restarts", "1")
     dirs = [_run_dir(tmp_path, "live", node) for node in range(nnodes)]
     try:
