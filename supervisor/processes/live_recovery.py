@@ -90,9 +90,10 @@ class Recovery:
             return f"live recovery {self.number}: {where}rank {self.rank} ({self.device}) {self.outcome}: {self.failed}"
         how = (f"that node's spare pid {self.replaced_by_pid}; this node's ranks rebuilt the group with it"
                if self._remote else f"spare pid {self.replaced_by_pid}")
-        return (f"live recovery {self.number}: {where}rank {self.rank} ({self.device}, pid {self.lost_pid}) replaced by "
-                f"{how} in {self.seconds:.2f} s (loss -> next completed step), resumed at step {self.resumed_step} "
-                f"from rank {self.source_rank}, {self.steps_redone} completed step(s) redone, no checkpoint read; "
+        return (f"live recovery {self.number}: {where}rank {self.rank} ({self.device}, pid {self.lost_pid}) "
+                f"replaced by {how} in {self.seconds:.2f} s (loss -> next completed step), resumed at step "
+                f"{self.resumed_step} from rank {self.source_rank}, {self.steps_redone} completed step(s) redone, "
+                "no checkpoint read; "
                 f"kept their processes: {survivors}")
 
 
@@ -186,7 +187,8 @@ class LiveRecovery:
         lost = f"node {claim.get('node')}'s rank {claim.get('rank')}" if claim else "a rank"
         why = self._why_not_join(generation, claim, [w.slot.rank for w in survivors])
         if why is not None:
-            why = f"live recovery not possible: {lost} was lost and is being replaced, but {why}; restarting every worker"
+            why = (f"live recovery not possible: {lost} was lost and is being replaced, but {why}; "
+                   "restarting every worker")
             self._fail_in_flight(RootCause("rendezvous", ExitCode.FAILURE, why))
             return why
         self.budget -= 1

@@ -35,7 +35,9 @@ import orjson
 if TYPE_CHECKING:
     from supervisor.rendezvous.node_agent_main import Agent
 
-WAIT_S = 5.0  # one server-side wait for the next claim; between two, the thread checks the round is still on
+# One server-side wait for the next claim, as long as the abort wait's (2 requests per 30 s while
+# nothing happens); between two, the thread checks that the round is still on.
+WAIT_S = 30.0
 
 
 def live_key(k: int, g: int) -> str:
