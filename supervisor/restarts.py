@@ -24,12 +24,12 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from loguru import logger
 
 from gpuherd.checkpoint_layout import fingerprint
 from gpuherd.exit_codes import ExitCode
+from gpuherd.status_records import Checkpoint, Record, Step
 from supervisor.gpus import DevicePlan, exclude_gpus
 from supervisor.processes import STOP_SIGNALS, honoured
 from supervisor.summary import RootCause, SuspectDevice
@@ -85,8 +85,8 @@ class Progress:
     def __init__(self) -> None:
         self.made = False
 
-    def observe(self, record: dict[str, Any]) -> None:
-        if record.get("type") == "step":
+    def observe(self, record: Record) -> None:
+        if isinstance(record, Step):
             self.made = True
 
 
@@ -126,19 +126,19 @@ class RunCheckpoints:
         self._saved: dict[Path, tuple[int, tuple[int, int, int]]] = {}  # path -> (step, stamp)
         self._reporters: dict[Path, set[int]] = {}  # ranks that reported the latest save of a path
 
-    def observe(self, record: dict[str, Any]) -> None:
+    def observe(self, record: Record) -> None:
         """A status record; `checkpoint` ones (step, path) are this run's saves. Every rank
         reports a save that rank 0 wrote: the stamp is taken at the first report, so one
         that comes late cannot adopt a file another run put there meanwhile."""
-        if record.get("type") != "checkpoint" or not isinstance(record.get("path"), str):
+        if not isinstance(record, Checkpoint) or record.path is None:
             return
-        path, rank = Path(record["path"]).absolute(), record.get("rank")
+        path, rank = Path(record.path).absolute(), record.rank
         reporters = self._reporters.setdefault(path, set())
         if path in self._saved and rank not in reporters:
             reporters.add(rank)  # another rank reporting the same save
             return
         try:
-            step, stamp = int(record.get("step") or 0), fingerprint(path)
+            step, stamp = record.step or 0, fingerprint(path)
         except (OSError, ValueError, TypeError):  # not there (a rank reporting a save it did not write)
             return
         self._saved[path] = (step, stamp)

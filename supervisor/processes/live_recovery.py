@@ -23,6 +23,7 @@ from typing import Any
 
 from loguru import logger
 
+from gpuherd.status_records import LiveAble, LiveFirstStep, LiveLostPeer, LiveRejoined, Record, Step
 from supervisor.gpus import DeviceSlot
 from supervisor.processes.spares import SparePool
 from supervisor.processes.spawn import WorkerProcess
@@ -171,27 +172,24 @@ class LiveRecovery:
             rec.failed += f"; then {cause.message} during the recovery"
             self.write_metric({"type": "recovery", "time": time.time(), **rec.to_dict()})
 
-    def observe(self, record: dict) -> None:
+    def observe(self, record: Record) -> None:
         """Every status record: who can be recovered live, steps completed, and the recovery's end."""
-        rank, kind = record.get("rank"), record.get("type")
-        if not isinstance(rank, int):
+        rank = record.rank
+        if rank is None:
             return
-        if kind == "step" and isinstance(record.get("step"), int) and self.in_flight is None:
-            self.completed[rank] = max(self.completed.get(rank, 0), record["step"] + 1)
-        if kind != "live":
-            return
-        event = record.get("event")
-        if event == "able":
-            self.able[rank] = None if record.get("able") else str(record.get("why") or "cannot be recovered live")
-        elif event == "lost_peer" and isinstance(record.get("step"), int) and isinstance(record.get("generation"), int):
-            self.left.setdefault(record["generation"], {})[rank] = record["step"]
-        elif event == "rejoined" and self.in_flight is not None and record.get("role") == "newcomer":
-            rec = self.in_flight
-            rec.resumed_step, rec.source_rank, rec.rejoin_s = record.get("step"), record.get("source"), \
-                record.get("seconds")
-            self.able[rank] = None
-        elif event == "first_step" and self.in_flight is not None:
-            self._finish(self.in_flight, time.monotonic())
+        match record:
+            case Step(step=int(step)) if self.in_flight is None:
+                self.completed[rank] = max(self.completed.get(rank, 0), step + 1)
+            case LiveAble():
+                self.able[rank] = None if record.able else (record.why or "cannot be recovered live")
+            case LiveLostPeer(step=int(step), generation=int(generation)):
+                self.left.setdefault(generation, {})[rank] = step
+            case LiveRejoined(role="newcomer") if self.in_flight is not None:
+                rec = self.in_flight
+                rec.resumed_step, rec.source_rank, rec.rejoin_s = record.step, record.source, record.seconds
+                self.able[rank] = None
+            case LiveFirstStep() if self.in_flight is not None:
+                self._finish(self.in_flight, time.monotonic())
 
     def _finish(self, rec: Recovery, now: float) -> None:
         rec.outcome = "recovered"
