@@ -33,7 +33,7 @@ except ImportError:  # a script's own interpreter (PYTHON_EXEC)
 LATEST_TIME = 1e11  # unix seconds, the year 5138: a later `time` is no clock's reading
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Record:
     """What every record carries (not listed in the per-type tables)."""
 
@@ -47,7 +47,7 @@ class Record:
 # ----------------------------------------------------------------------------- worker -> supervisor
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Ready(Record):
     """The worker is up on its device."""
 
@@ -57,7 +57,7 @@ class Ready(Record):
     pid: int | None = None  # the worker's process id
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Step(Record):
     """A logged step; without `loss` a heartbeat, sent at most every 5 s between logged steps."""
 
@@ -72,7 +72,7 @@ class Step(Record):
     mem_bytes: int | None = None  # device memory in use
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Eval(Record):
     """A validation result."""
 
@@ -81,7 +81,7 @@ class Eval(Record):
     val_loss: float | None = None  # validation loss
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Checkpoint(Record):
     """A checkpoint published ([Checkpoints](../design/checkpoints.md))."""
 
@@ -94,7 +94,7 @@ class Checkpoint(Record):
     mode: str | None = None  # `async` | `blocking`
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class CheckpointWrite(Record):
     """A checkpoint write in the background."""
 
@@ -104,7 +104,7 @@ class CheckpointWrite(Record):
     path: str | None = None  # where it is written
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Phase(Record):
     """Where the loop is; `rendezvous` comes right before process-group init."""
 
@@ -112,7 +112,7 @@ class Phase(Record):
     name: str | None = None  # `init`, `rendezvous`, `compile`, `train`, `eval`, `checkpoint`, `shutdown`
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class SuspiciousStep(Record):
     """What `nan` and `spike` share ([Suspicious steps](../design/suspicious-steps.md))."""
 
@@ -131,14 +131,14 @@ class SuspiciousStep(Record):
     replay_grad_norm: float | str | None = None  # transient: the replayed step's gradient norm
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Nan(SuspiciousStep):
     """A suspicious step: a non-finite loss or gradient ([Suspicious steps](../design/suspicious-steps.md))."""
 
     TYPE: ClassVar[str] = "nan"
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Spike(SuspiciousStep):
     """A suspicious step: a loss or gradient-norm spike; the fields of `nan`, and two more."""
 
@@ -147,7 +147,7 @@ class Spike(SuspiciousStep):
     threshold: float | None = None  # the value it passed
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Suspect(Record):
     """Sent by each rank blamed for a transient fault."""
 
@@ -160,7 +160,7 @@ class Suspect(Record):
     stopping: bool = False  # true: exit 8 follows
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Error(Record):
     """The worker fails with a known cause."""
 
@@ -169,7 +169,7 @@ class Error(Record):
     exit_code: int | None = None  # the exit code it ends with
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Done(Record):
     """The worker finished training."""
 
@@ -177,7 +177,7 @@ class Done(Record):
     step: int | None = None  # its last step
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Alive(Record):
     """Liveness, every second, from a thread of its own (gpuherd/liveness.py)."""
 
@@ -200,7 +200,7 @@ class Alive(Record):
     wait_s: float | None = None  # their time waiting in collectives
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Stop(Record):
     """A stop signal reached the worker itself; the supervisor stops every worker as if it had got that signal."""
 
@@ -208,7 +208,7 @@ class Stop(Record):
     signal: str | None = None  # the signal's name (`SIGTERM`)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Live(Record):
     """[Live recovery](../design/live-recovery.md): one class per `event`; an unknown event decodes to this one."""
 
@@ -217,7 +217,7 @@ class Live(Record):
     event: str | None = None  # which of the live-recovery events below
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class LiveAble(Live):
     """Whether a lost peer of this rank can be replaced live."""
 
@@ -226,7 +226,7 @@ class LiveAble(Live):
     why: str | None = None  # why not, when it cannot
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class LiveLostPeer(Live):
     """A collective broke: a peer was lost."""
 
@@ -235,7 +235,7 @@ class LiveLostPeer(Live):
     step: int | None = None  # completed steps when the collective broke
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class LiveRejoined(Live):
     """The group was rebuilt and this rank is in it."""
 
@@ -247,7 +247,7 @@ class LiveRejoined(Live):
     seconds: float | None = None  # this rank's join and state transfer
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class LiveFirstStep(Live):
     """The newcomer's first completed step."""
 
@@ -266,7 +266,7 @@ STATUS_RECORDS: tuple[type[Record], ...] = (Ready, Step, Eval, Checkpoint, Check
 # ----------------------------------------------------------------------------- the supervisor's own, in metrics.jsonl
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Timeline(Record):
     """What the workers cannot say (supervisor/goodput/marks.py): one class per `event`."""
 
@@ -275,7 +275,7 @@ class Timeline(Record):
     event: str | None = None  # which of the timeline events below
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TimelineStart(Timeline):
     """A start of the supervisor: the first, or a SLURM requeue continuing the run."""
 
@@ -284,7 +284,7 @@ class TimelineStart(Timeline):
     dataset_s: float | None = None  # seconds the dataset build took before it
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TimelineAttempt(Timeline):
     """An attempt's workers were spawned."""
 
@@ -293,7 +293,7 @@ class TimelineAttempt(Timeline):
     resumed: bool = False  # from a checkpoint
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TimelineAttemptEnd(Timeline):
     """An attempt ended."""
 
@@ -303,7 +303,7 @@ class TimelineAttemptEnd(Timeline):
     failed_at: float | None = None  # when its failure was known (null: not a failure)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TimelineProc(Timeline):
     """A rank's process entered or left state T (stopped)."""
 
@@ -314,7 +314,7 @@ class TimelineProc(Timeline):
 TIMELINE_EVENTS: tuple[type[Timeline], ...] = (TimelineStart, TimelineAttempt, TimelineAttemptEnd, TimelineProc)
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Restart(Record):
     """A restart of the job (a new attempt)."""
 
@@ -329,7 +329,7 @@ class Restart(Record):
     world_size: int | None = None  # the new attempt's
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Recovery(Record):
     """A live recovery began or ended (supervisor/processes/live_recovery.py)."""
 
@@ -349,7 +349,7 @@ class Recovery(Record):
     rejoin_s: float | None = None  # the newcomer's own join and state transfer
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class GpuEvent(Record):
     """An XID or double-bit ECC event the driver reported."""
 
@@ -359,7 +359,7 @@ class GpuEvent(Record):
     data: int | None = None  # the XID
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Host(Record):
     """A worker process's host sample."""
 
@@ -370,7 +370,7 @@ class Host(Record):
     threads: int | None = None  # its threads
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Gpu(Record):
     """A GPU sample (supervisor/gpus/monitor.py); "N/A" where the driver cannot say."""
 
@@ -388,10 +388,9 @@ class Gpu(Record):
     clock_events: tuple[str, ...] | str | None = None  # why its clocks are held back
     ecc_corrected: float | str | None = None  # corrected ECC errors since boot
     ecc_uncorrected: float | str | None = None  # uncorrected ECC errors since boot
-    foreign: tuple[dict[str, Any], ...] = ()  # processes on it that are not this run's ({pid, name, ...})
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Straggler(Record):
     """A rank computing slower than the others (supervisor/health/stragglers.py)."""
 
@@ -415,15 +414,16 @@ class Refused(enum.Enum):
     UNREADABLE = "not JSON"
     NOT_AN_OBJECT = "not a JSON object"
     UNKNOWN_TYPE = "a type no record class declares"
+    MALFORMED_FIELD = "a field of the wrong type"  # where a consumer takes a record whole or not at all (viewers)
 
 
 @dataclass(frozen=True)
 class Refusal:
     why: Refused
-    type: str | None = None  # the unknown type's name (UNKNOWN_TYPE)
+    detail: str | None = None  # the unknown type's name (UNKNOWN_TYPE), the fields (MALFORMED_FIELD)
 
     def __str__(self) -> str:
-        return f"{self.why.value}" + (f" ({self.type!r})" if self.type is not None else "")
+        return f"{self.why.value}" + (f" ({self.detail})" if self.detail is not None else "")
 
 
 class _Bad(Exception):
@@ -466,12 +466,6 @@ def _tuple_of(item: Any) -> Any:
     return convert
 
 
-def _objects(v: Any) -> tuple[dict[str, Any], ...]:
-    if not isinstance(v, list) or not all(isinstance(x, dict) for x in v):
-        raise _Bad
-    return tuple(v)
-
-
 def _took(v: Any) -> dict[str, tuple[int, float]]:
     """`{phase: [count, longest]}`: entries of another shape are dropped one by one."""
     if not isinstance(v, dict):
@@ -504,7 +498,7 @@ def _or_none(convert: Any) -> Any:
 _CONVERT: dict[str, Any] = {
     "int | None": _or_none(_int), "float | None": _or_none(_float), "str | None": _or_none(_str),
     "bool": _bool, "str": _str, "float": _float, "float | str | None": _or_none(_float_or_text),
-    "tuple[int, ...]": _tuple_of(_int), "tuple[dict[str, Any], ...]": _objects,
+    "tuple[int, ...]": _tuple_of(_int),
     "tuple[str, ...] | str | None": _or_none(lambda v: v if isinstance(v, str) else _tuple_of(_str)(v)),
     "dict[str, tuple[int, float]]": _took,
 }
