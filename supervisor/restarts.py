@@ -32,7 +32,7 @@ from gpuherd.exit_codes import ExitCode
 from gpuherd.status_records import Checkpoint, Record, Step
 from supervisor.gpus import DevicePlan, exclude_gpus
 from supervisor.processes import STOP_SIGNALS, honoured
-from supervisor.summary import RootCause, SuspectDevice
+from supervisor.summary import CauseKind, RootCause, SuspectDevice
 
 # SIGUSR1/2 too: SLURM's warning before the time limit may come between two attempts
 MAX_BACKOFF_S = 60.0
@@ -48,7 +48,7 @@ def refusal(cause: RootCause, restart_on_nan: bool) -> str | None:
     """Why this failure is not restarted (None: restart it). A failure that would only
     repeat (config, dataset) or that someone asked for (Ctrl-C, SIGTERM) ends the run.
     A user script's own exit code means what the script means by it: restarted like any crash."""
-    if cause.kind in ("interrupted", "terminated"):
+    if cause.kind in (CauseKind.INTERRUPTED, CauseKind.TERMINATED):
         return "the run was asked to stop"
     if cause.kind == "supervisor":
         return "the supervisor itself failed"
@@ -102,7 +102,7 @@ def plan_restart(cause: RootCause, *, stop_signal: str | None, attempt: int, max
     An elastic job's membership change (a node asks to join) is nobody's failure: restarted at
     once, whatever restarts are left, and not counted, unless the supervisor was asked to stop."""
     streak = 0 if ran_s >= STREAK_RESET_S or progressed else streak
-    if cause.kind == "membership":
+    if cause.kind == CauseKind.MEMBERSHIP:
         return RestartPlan(f"the supervisor received {stop_signal}" if stop_signal else None, streak=streak,
                            counted=False)
     why_not = refusal(cause, restart_on_nan)

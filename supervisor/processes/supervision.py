@@ -42,8 +42,7 @@ from loguru import logger
 
 from gpuherd.exit_codes import ExitCode
 from gpuherd.status_records import Record, Stop
-from supervisor.health import FatalCause, Heartbeats, MetricsSink, traces
-from supervisor.health.proc_state import PROC_SAMPLE_S, ProcReader
+from supervisor.health import PROC_SAMPLE_S, FatalCause, Heartbeats, MetricsSink, ProcReader, traces
 from supervisor.output import LogRouter, WorkerPipes
 from supervisor.processes import policy as pol
 from supervisor.processes.error_file import error_file_for, read_error_file
