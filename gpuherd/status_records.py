@@ -7,11 +7,12 @@ every consumer `match`es on the type. The supervisor's own records in `metrics.j
 same `decode`. docs/reference/status-records.md's field tables are generated from these
 classes (scripts/reference_pages.py): the comment beside each field is its documentation.
 
-Tolerance, as the channel always had it: a field of the wrong type is dropped (its
-default stands) and named in `refused` (a script writes records too, and nothing it sends
-may take the supervisor down; the viewers skip such a record as malformed); a field no
-class declares is ignored (a newer worker's record still decodes). Only a line that is not
-JSON, not an object, or of a type nobody declared is refused as a whole.
+Tolerance, as the channel always had it: a null field is not known (its default stands);
+a field of the wrong type is dropped (its default stands too) and named in `refused` (a
+script writes records too, and nothing it sends may take the supervisor down; the viewers
+skip such a record as malformed); a field no class declares is ignored (a newer worker's
+record still decodes). Only a line that is not JSON, not an object, or of a type nobody
+declared is refused as a whole.
 
 Only the standard library (and orjson where installed): the writer side imports this
 module in a script's own interpreter too.
@@ -33,7 +34,7 @@ except ImportError:  # a script's own interpreter (PYTHON_EXEC)
 LATEST_TIME = 1e11  # unix seconds, the year 5138: a later `time` is no clock's reading
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class Record:
     """What every record carries (not listed in the per-type tables)."""
 
@@ -47,7 +48,7 @@ class Record:
 # ----------------------------------------------------------------------------- worker -> supervisor
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class Ready(Record):
     """The worker is up on its device."""
 
@@ -57,7 +58,7 @@ class Ready(Record):
     pid: int | None = None  # the worker's process id
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class Step(Record):
     """A logged step; without `loss` a heartbeat, sent at most every 5 s between logged steps."""
 
@@ -72,7 +73,7 @@ class Step(Record):
     mem_bytes: int | None = None  # device memory in use
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class Eval(Record):
     """A validation result."""
 
@@ -81,7 +82,7 @@ class Eval(Record):
     val_loss: float | None = None  # validation loss
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class Checkpoint(Record):
     """A checkpoint published ([Checkpoints](../design/checkpoints.md))."""
 
@@ -94,7 +95,7 @@ class Checkpoint(Record):
     mode: str | None = None  # `async` | `blocking`
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class CheckpointWrite(Record):
     """A checkpoint write in the background."""
 
@@ -104,7 +105,7 @@ class CheckpointWrite(Record):
     path: str | None = None  # where it is written
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class Phase(Record):
     """Where the loop is; `rendezvous` comes right before process-group init."""
 
@@ -112,7 +113,7 @@ class Phase(Record):
     name: str | None = None  # `init`, `rendezvous`, `compile`, `train`, `eval`, `checkpoint`, `shutdown`
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class SuspiciousStep(Record):
     """What `nan` and `spike` share ([Suspicious steps](../design/suspicious-steps.md))."""
 
@@ -131,14 +132,14 @@ class SuspiciousStep(Record):
     replay_grad_norm: float | str | None = None  # transient: the replayed step's gradient norm
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class Nan(SuspiciousStep):
     """A suspicious step: a non-finite loss or gradient ([Suspicious steps](../design/suspicious-steps.md))."""
 
     TYPE: ClassVar[str] = "nan"
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class Spike(SuspiciousStep):
     """A suspicious step: a loss or gradient-norm spike; the fields of `nan`, and two more."""
 
@@ -147,7 +148,7 @@ class Spike(SuspiciousStep):
     threshold: float | None = None  # the value it passed
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class Suspect(Record):
     """Sent by each rank blamed for a transient fault."""
 
@@ -160,7 +161,7 @@ class Suspect(Record):
     stopping: bool = False  # true: exit 8 follows
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class Error(Record):
     """The worker fails with a known cause."""
 
@@ -169,7 +170,7 @@ class Error(Record):
     exit_code: int | None = None  # the exit code it ends with
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class Done(Record):
     """The worker finished training."""
 
@@ -177,7 +178,7 @@ class Done(Record):
     step: int | None = None  # its last step
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class Alive(Record):
     """Liveness, every second, from a thread of its own (gpuherd/liveness.py)."""
 
@@ -200,7 +201,7 @@ class Alive(Record):
     wait_s: float | None = None  # their time waiting in collectives
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class Stop(Record):
     """A stop signal reached the worker itself; the supervisor stops every worker as if it had got that signal."""
 
@@ -208,7 +209,7 @@ class Stop(Record):
     signal: str | None = None  # the signal's name (`SIGTERM`)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class Live(Record):
     """[Live recovery](../design/live-recovery.md): one class per `event`; an unknown event decodes to this one."""
 
@@ -217,7 +218,7 @@ class Live(Record):
     event: str | None = None  # which of the live-recovery events below
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class LiveAble(Live):
     """Whether a lost peer of this rank can be replaced live."""
 
@@ -226,7 +227,7 @@ class LiveAble(Live):
     why: str | None = None  # why not, when it cannot
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class LiveLostPeer(Live):
     """A collective broke: a peer was lost."""
 
@@ -235,7 +236,7 @@ class LiveLostPeer(Live):
     step: int | None = None  # completed steps when the collective broke
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class LiveRejoined(Live):
     """The group was rebuilt and this rank is in it."""
 
@@ -247,7 +248,7 @@ class LiveRejoined(Live):
     seconds: float | None = None  # this rank's join and state transfer
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class LiveFirstStep(Live):
     """The newcomer's first completed step."""
 
@@ -266,7 +267,7 @@ STATUS_RECORDS: tuple[type[Record], ...] = (Ready, Step, Eval, Checkpoint, Check
 # ----------------------------------------------------------------------------- the supervisor's own, in metrics.jsonl
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class Timeline(Record):
     """What the workers cannot say (supervisor/goodput/marks.py): one class per `event`."""
 
@@ -275,7 +276,7 @@ class Timeline(Record):
     event: str | None = None  # which of the timeline events below
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class TimelineStart(Timeline):
     """A start of the supervisor: the first, or a SLURM requeue continuing the run."""
 
@@ -284,7 +285,7 @@ class TimelineStart(Timeline):
     dataset_s: float | None = None  # seconds the dataset build took before it
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class TimelineAttempt(Timeline):
     """An attempt's workers were spawned."""
 
@@ -293,7 +294,7 @@ class TimelineAttempt(Timeline):
     resumed: bool = False  # from a checkpoint
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class TimelineAttemptEnd(Timeline):
     """An attempt ended."""
 
@@ -303,7 +304,7 @@ class TimelineAttemptEnd(Timeline):
     failed_at: float | None = None  # when its failure was known (null: not a failure)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class TimelineProc(Timeline):
     """A rank's process entered or left state T (stopped)."""
 
@@ -314,7 +315,7 @@ class TimelineProc(Timeline):
 TIMELINE_EVENTS: tuple[type[Timeline], ...] = (TimelineStart, TimelineAttempt, TimelineAttemptEnd, TimelineProc)
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class Restart(Record):
     """A restart of the job (a new attempt)."""
 
@@ -329,7 +330,7 @@ class Restart(Record):
     world_size: int | None = None  # the new attempt's
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class Recovery(Record):
     """A live recovery began or ended (supervisor/processes/live_recovery.py)."""
 
@@ -349,7 +350,7 @@ class Recovery(Record):
     rejoin_s: float | None = None  # the newcomer's own join and state transfer
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class GpuEvent(Record):
     """An XID or double-bit ECC event the driver reported."""
 
@@ -359,7 +360,7 @@ class GpuEvent(Record):
     data: int | None = None  # the XID
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class Host(Record):
     """A worker process's host sample."""
 
@@ -370,7 +371,7 @@ class Host(Record):
     threads: int | None = None  # its threads
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class Gpu(Record):
     """A GPU sample (supervisor/gpus/monitor.py); "N/A" where the driver cannot say."""
 
@@ -390,7 +391,7 @@ class Gpu(Record):
     ecc_uncorrected: float | str | None = None  # uncorrected ECC errors since boot
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
+@dataclass(frozen=True, kw_only=True)
 class Straggler(Record):
     """A rank computing slower than the others (supervisor/health/stragglers.py)."""
 
@@ -482,13 +483,6 @@ def _took(v: Any) -> dict[str, tuple[int, float]]:
     return out
 
 
-def _clock(v: Any) -> float:
-    t = _float(v)
-    if not 0 <= t < LATEST_TIME:
-        raise _Bad
-    return t
-
-
 def _or_none(convert: Any) -> Any:
     return lambda v: None if v is None else convert(v)
 
@@ -502,26 +496,66 @@ _CONVERT: dict[str, Any] = {
     "tuple[str, ...] | str | None": _or_none(lambda v: v if isinstance(v, str) else _tuple_of(_str)(v)),
     "dict[str, tuple[int, float]]": _took,
 }
-_HEADER = {"rank": _or_none(_int), "time": _or_none(_clock), "truncated": _bool}
+_HEADER = {"rank": "int | None", "time": "float | None", "truncated": "bool"}  # `time` is range-checked too
+# Values whose exact type each annotation takes as it is (the common case, no call): a record
+# of a viewer's file is one of hundreds of thousands.
+_AS_IS: dict[str, frozenset[type]] = {
+    "int | None": frozenset({int, type(None)}), "float | None": frozenset({float, type(None)}),
+    "str | None": frozenset({str, type(None)}), "bool": frozenset({bool}), "str": frozenset({str}),
+    "float": frozenset({float}), "float | str | None": frozenset({float, str, type(None)}),
+}
 
 
-def _fields(cls: type[Record]) -> dict[str, tuple[Any, Any]]:
-    """name -> (converter, default) of every field a line may set."""
-    out = {}
+@dataclass(frozen=True)
+class _Shape:
+    """How one record class is decoded: per field the exact types taken as they are (the common
+    case: one set lookup), the converter for the rest, and the values of fields a line leaves out."""
+
+    accept: dict[str, frozenset[type]]
+    convert: dict[str, tuple[bool, Any]]  # name -> (an int is made a float, converter)
+    defaults: dict[str, Any]
+    factories: dict[str, Any]
+
+
+def _shape(cls: type[Record]) -> _Shape:
+    accept, convert, defaults, factories = {}, {}, {}, {}
     for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            defaults[f.name] = f.default
+        else:
+            factories[f.name] = f.default_factory
         if f.name == "refused":
             continue
-        convert = _HEADER.get(f.name) or _CONVERT[f.type]  # type: ignore[index]
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        out[f.name] = (convert, default)
-    return out
+        annotation = _HEADER.get(f.name, f.type)
+        as_is = _AS_IS.get(annotation, frozenset())  # type: ignore[arg-type]
+        if f.default is not None:  # null leaves the default: never stored in its place
+            as_is = as_is - {type(None)}
+        accept[f.name] = as_is
+        convert[f.name] = (annotation.startswith("float"), _CONVERT[annotation])  # type: ignore[union-attr,index]
+    return _Shape(accept, convert, defaults, factories)
+
+
+def _convert(shape: _Shape, key: str, value: Any, values: dict[str, Any], refused: list[str]) -> None:
+    """A field whose value's type is not simply taken: null, an int for a float, or a shape to check."""
+    if value is None:  # not known: its absent value stands
+        return
+    to_float, convert = shape.convert[key]
+    if to_float and type(value) is int:  # JSON has one kind of number
+        values[key] = float(value)
+        return
+    try:
+        values[key] = convert(value)
+    except _Bad as bad:
+        refused.append(key)
+        if bad.args:  # what could be kept of it
+            values[key] = bad.args[0]
 
 
 _STATUS: dict[str, type[Record]] = {cls.TYPE: cls for cls in STATUS_RECORDS}
 _ALL: dict[str, type[Record]] = {**_STATUS, **{cls.TYPE: cls for cls in SUPERVISOR_RECORDS}}
 _BY_EVENT: dict[type[Record], dict[str, type[Record]]] = {
     Live: {cls.EVENT: cls for cls in LIVE_EVENTS}, Timeline: {cls.EVENT: cls for cls in TIMELINE_EVENTS}}
-_FIELDS = {cls: _fields(cls) for cls in {*_ALL.values(), *LIVE_EVENTS, *TIMELINE_EVENTS}}
+_SHAPES = {cls: _shape(cls) for cls in {*_ALL.values(), *LIVE_EVENTS, *TIMELINE_EVENTS}}
 RECORD_TYPES: tuple[str, ...] = tuple(_STATUS)
 
 
@@ -543,18 +577,30 @@ def from_object(obj: Any, supervisor: bool = False) -> Record | Refusal:
     by_event = _BY_EVENT.get(cls)
     if by_event is not None:
         cls = by_event.get(obj.get("event"), cls)  # type: ignore[arg-type]
-    values: dict[str, Any] = {}
-    refused = []
-    for key, (convert, _default) in _FIELDS[cls].items():
-        if key not in obj:
+    shape = _SHAPES[cls]
+    values = shape.defaults.copy()
+    for name, make in shape.factories.items():
+        values[name] = make()
+    refused: list[str] = []
+    accept = shape.accept
+    for key, value in obj.items():
+        taken = accept.get(key)
+        if taken is None:  # `type`, or a field no class declares (a newer writer's): ignored
             continue
-        try:
-            values[key] = convert(obj[key])
-        except _Bad as bad:
-            refused.append(key)
-            if bad.args:  # what could be kept of it
-                values[key] = bad.args[0]
-    return cls(**values, refused=tuple(refused))
+        if type(value) in taken:
+            values[key] = value
+        else:
+            _convert(shape, key, value, values, refused)
+    when = values["time"]
+    if when is not None and not 0 <= when < LATEST_TIME:  # no clock reads that
+        values["time"] = None
+        refused.append("time")
+    values["refused"] = tuple(refused)
+    # The values are checked: set them as the instance's own, without the frozen __init__'s
+    # object.__setattr__ per field (it would cost three times the parsing of the line).
+    record = object.__new__(cls)
+    record.__dict__.update(values)
+    return record
 
 
 def decode(line: bytes, supervisor: bool = False) -> Record | Refusal:

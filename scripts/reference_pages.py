@@ -211,8 +211,9 @@ def status_records() -> str:
             "`rank` and `time` (unix seconds); a record that would be longer is sent with those and `truncated: true` "
             "alone. The types are declared in `gpuherd/status_records.py`, which the supervisor decodes each line "
             "with, once: a line that is not JSON, not an object, or of another type is refused (dropped); a field "
-            "no type declares is ignored; a field of the wrong type is dropped (its absent value stands) and named "
-            "in the record's `refused`, and the record still counts as a sign of life.")
+            "no type declares is ignored; a null field is not known (its absent value stands); a field of the wrong "
+            "type is dropped (its absent value stands) and named in the record's `refused`, and the record still "
+            "counts as a sign of life.")
     return "\n".join([head, "", *_records(STATUS_RECORDS, {Live: LIVE_EVENTS})]).rstrip()
 
 

@@ -7,7 +7,9 @@ step) changed (its `for_s` dates the change), any other record always (a script
 without liveness records says nothing else). A rank without progress for longer than
 its phase's allowance (timeouts.py: learned per phase, startup phases get the startup
 allowance) triggers the hang verdict; evidence.py decides whom to blame, with the
-kernel's view of every worker (proc_state.py). While a rank saves a checkpoint, the
+kernel's view of every worker: the /proc samples `check` is given (proc_state.py; the
+supervision loop reads them), so a verdict is a function of its inputs and a test can
+write them by hand. Records come decoded (gpuherd/status_records.py) and are matched by type. While a rank saves a checkpoint, the
 ranks that may be waiting for it in a collective get the checkpoint allowance too.
 Ranks that never write a record (a script that steps no torch optimizer, or runs with
 `--no-auto-heartbeat` and no status records) are judged only when the run expects

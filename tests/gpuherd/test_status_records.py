@@ -33,6 +33,8 @@ def test_an_unknown_field_is_ignored_and_a_wrong_typed_one_dropped_and_named():
     assert isinstance(step, sr.Step) and step.step == 4 and step.loss is None and step.refused == ("loss",)
     assert decode(_line(type="step", rank=0, time=1e300)).refused == ("time",)  # no clock reads that
     assert decode(_line(type="nan", loss="inf", grad_norm=2)).loss == "inf"  # non-finite values come as words
+    alive = decode(_line(type="alive", phase=None, collective=None, where_s=None))  # null: not known
+    assert (alive.phase, alive.collective, alive.where_s, alive.refused) == ("unknown", False, 0.0, ())
 
 
 def test_nan_and_spike_share_their_fields_but_match_apart():
