@@ -5,6 +5,10 @@ for people: no decision reads a fact back out of its words."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
+import subprocess
+import sys
 
 import orjson
 import pytest
@@ -12,6 +16,7 @@ import pytest
 from supervisor.rendezvous import slurm_env
 from supervisor.rendezvous.multi import MultiNode
 from supervisor.summary import CauseKind, RootCause
+from tests.supervisor import helpers as sh
 
 PREEMPTED_JOB = {"JobState": "COMPLETING", "PreemptTime": "2026-11-25T16:00:00"}
 
@@ -48,3 +53,34 @@ def test_a_job_wide_slurm_stop_names_no_node_by_its_field_not_its_words():
     assert node._as_job_cause(job_wide)["message"] == "words that say nothing of SLURM"
     own = RootCause("terminated", 143, "stopped by SLURM: but only in words", signal="SIGTERM")
     assert node._as_job_cause(own)["message"] == "node 2 (h2): stopped by SLURM: but only in words"
+
+
+def test_a_preempted_slurm_job_is_named_and_requeued_from_the_causes_fields(tmp_path):
+    """The whole path in one run: the supervisor's SIGTERM is a cause whose `signal` field makes
+    it ask SLURM why (here: a preemption), the published cause says so in words and fields, and
+    its `preempted` field (never its message) makes node 0 ask for the requeue."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol-calls"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(
+        f'#!/bin/sh\necho "$*" >> {calls}\n'
+        'case "$1 $2" in\n'
+        '  "show job") echo "JobId=4242 JobState=COMPLETING Reason=None PreemptTime=2026-11-25T16:00:00 Restarts=0 '
+        'Requeue=1 Partition=debug";;\n'
+        '  "show partition") echo "PartitionName=debug PreemptMode=REQUEUE";;\n'
+        'esac\nexit 0\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    env = {**sh.env(), "PATH": f"{bin_dir}{os.pathsep}{sh.env()['PATH']}", "SLURM_JOB_ID": "4242"}
+    cmd = [sys.executable, "-m", "supervisor", "--set", "system.device=cpu", "--no-report", "--nproc", "1",
+           "--script", str(sh.SCENARIO), "forever"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if not sh.wait_for(lambda: sh.workers_started(proc, 1, tmp_path)):
+        proc.kill()
+        raise AssertionError(f"the worker never started: {proc.communicate()[1][-3000:]}")
+    proc.send_signal(signal.SIGTERM)
+    code, _, err = sh.finish(proc, timeout=60)
+    assert code == 143, err[-3000:]
+    cause = orjson.loads((sh.run_dir_of(tmp_path) / "summary.json").read_bytes())["root_cause"]
+    assert cause["message"].startswith("stopped by SLURM: preemption (SIGTERM)"), cause["message"]
+    assert (cause["kind"], cause["signal"], cause["slurm_stop"], cause["preempted"]) == \
+        ("terminated", "SIGTERM", True, True)
+    assert "requeue 4242" in calls.read_text().splitlines()
