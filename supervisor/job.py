@@ -86,7 +86,7 @@ from supervisor.rendezvous import (
     training_fingerprint,
 )
 from supervisor.restarts import Progress, RestartPlan, RunCheckpoints, SuspectExclusion, pause, plan_restart
-from supervisor.summary import AttemptReport, CauseKind, RootCause, Summary, WorkerReport, how_it_ended, now_iso, shell_code
+from supervisor.summary import AttemptReport, RootCause, Summary, WorkerReport, how_it_ended, now_iso, shell_code
 from supervisor.torchrun import (
     FileTimer,
     bound,
@@ -478,7 +478,7 @@ class Job:
 
         def announce(cause: RootCause) -> RootCause:
             signame, job_id = cause.signal, os.environ.get("SLURM_JOB_ID")
-            if cause.kind == CauseKind.TERMINATED and signame and job_id:
+            if cause.kind == "terminated" and signame and job_id:
                 job = job_info(job_id) if signame not in ("SIGUSR1", "SIGUSR2") else {}
                 logger.debug(f"{signame} under SLURM: job {job_id}: " + " ".join(
                     f"{k}={job.get(k)}" for k in ("JobState", "Reason", "PreemptTime", "Restarts")))

@@ -6,8 +6,9 @@ the checker below finds, in every module of the product, the names that hold a d
 `readable(...)` of the decoding modules; a loop over what a metrics reader yields) and fails on
 a dict read of any of them. Nor may any module read the `"type"` of a dict it parsed from JSON
 itself (`orjson.loads`, `json.loads`): that is a record decoded outside the decoder. Other dicts
-(summary.json, the node agent's messages, a sample the supervisor built itself) are not flagged. At run time a record has no `get` and no `[]` at all, so the two checks together leave
-no dict reading of a record that passes.
+(summary.json, the node agent's messages, a sample the supervisor built itself) are not flagged.
+At run time a record has no `get` and no `[]` at all, so the two checks together leave no dict
+reading of a record that passes.
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ def _call_name(node: ast.expr) -> str | None:
     return None
 
 
+def _names_loads(node: ast.AST) -> bool:
+    """`orjson.loads` / `loads` named (a call or a function passed on, as to `map`)."""
+    return (isinstance(node, ast.Attribute) and node.attr == "loads") or (isinstance(node, ast.Name)
+                                                                         and node.id == "loads")
+
+
 def _parsed_names(function: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
     """The names in `function` bound to JSON it parsed itself."""
     names = set()
@@ -59,8 +66,7 @@ def _parsed_names(function: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names |= {t.id for t in targets if isinstance(t, ast.Name)}
         elif isinstance(node, ast.For | ast.comprehension) and isinstance(node.target, ast.Name) and \
-                any((isinstance(c, ast.Attribute) and c.attr == "loads") or (isinstance(c, ast.Name) and c.id == "loads")
-                    for c in ast.walk(node.iter)):
+                any(_names_loads(c) for c in ast.walk(node.iter)):
             names.add(node.target.id)
     return names
 

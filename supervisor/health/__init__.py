@@ -18,7 +18,8 @@ from supervisor.health.timeouts import HangPolicy, LearnedTimeouts, previous_lea
 from supervisor.health.watchers import FatalCause, RunContext, RunWatcher
 
 __all__ = [
-    "FAIL", "PASS", "PROC_SAMPLE_S", "WARN", "CheckReport", "FatalCause", "HangPolicy", "HangVerdict", "Heartbeats", "LearnedTimeouts",
-    "MetricsSink", "NcclTransportWatch", "ProcReader", "ProcSample", "ProcTracker", "RunContext", "RunWatcher", "Stragglers", "SuspectWatch", "announce_devices",
+    "FAIL", "PASS", "PROC_SAMPLE_S", "WARN", "CheckReport", "FatalCause", "HangPolicy", "HangVerdict", "Heartbeats",
+    "LearnedTimeouts", "MetricsSink", "NcclTransportWatch", "ProcReader", "ProcSample", "ProcTracker", "RunContext",
+    "RunWatcher", "Stragglers", "SuspectWatch", "announce_devices",
     "gpu_watcher", "hang_timeouts", "previous_learned", "run_checks", "traces",
 ]
