@@ -75,7 +75,6 @@ from supervisor.processes import (
     worker_env,
 )
 from supervisor.rendezvous import (
-    PREEMPTION,
     NodeLinkError,
     Rendezvous,
     Setup,
@@ -83,7 +82,7 @@ from supervisor.rendezvous import (
     StoreServer,
     job_info,
     requeue_after_preemption,
-    stop_reason,
+    slurm_stop,
     training_fingerprint,
 )
 from supervisor.restarts import Progress, RestartPlan, RunCheckpoints, SuspectExclusion, pause, plan_restart
@@ -492,13 +491,14 @@ class Job:
         publish = self.rendezvous.publisher(attempt)
 
         def announce(cause: RootCause) -> RootCause:
-            signame = cause.message.rsplit(" ", 1)[-1]  # the supervision says "... received SIGTERM"
-            job_id = os.environ.get("SLURM_JOB_ID")
-            if cause.kind == "terminated" and signame.startswith("SIG") and job_id:
+            signame, job_id = cause.signal, os.environ.get("SLURM_JOB_ID")
+            if cause.kind == "terminated" and signame and job_id:
                 job = job_info(job_id) if signame not in ("SIGUSR1", "SIGUSR2") else {}
                 logger.debug(f"{signame} under SLURM: job {job_id}: " + " ".join(
                     f"{k}={job.get(k)}" for k in ("JobState", "Reason", "PreemptTime", "Restarts")))
-                cause = dataclasses.replace(cause, message=stop_reason(signame, job, self.requeue) or cause.message)
+                stop = slurm_stop(signame, job, self.requeue)
+                if stop is not None:
+                    cause = dataclasses.replace(cause, message=stop.message, slurm_stop=True, preempted=stop.preempted)
             if publish is not None:
                 publish(cause)
             return cause
@@ -637,7 +637,7 @@ class Job:
         """Node 0 of a preempted requeueable job, once every node has ended and written its
         summary: the requeue SLURM does not do for a job that stopped within its GraceTime."""
         job_id = os.environ.get("SLURM_JOB_ID")
-        if self.rendezvous.node_rank != 0 or not job_id or cause is None or not cause.message.startswith(PREEMPTION):
+        if self.rendezvous.node_rank != 0 or not job_id or cause is None or not cause.preempted:
             return
         requeued = requeue_after_preemption(job_id, job_info(job_id))
         if requeued is not None:
@@ -708,8 +708,8 @@ def _save_cut(cause: RootCause, unfinished: tuple[str, ...], newest: Path | None
 def _stop_cause(signum: int, when: str) -> RootCause:
     name = signal.Signals(signum).name
     if signum == signal.SIGINT:
-        return RootCause("interrupted", ExitCode.SIGINT, f"interrupted by Ctrl-C (SIGINT) {when}")
-    return RootCause("terminated", stop_exit_code(signum), f"the supervisor received {name} {when}")
+        return RootCause("interrupted", ExitCode.SIGINT, f"interrupted by Ctrl-C (SIGINT) {when}", signal=name)
+    return RootCause("terminated", stop_exit_code(signum), f"the supervisor received {name} {when}", signal=name)
 
 
 def _start_watchers(cfg: Config, plan: DevicePlan, run_dir: Path, sup: Supervision, att: Attempt,

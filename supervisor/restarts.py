@@ -24,15 +24,15 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from loguru import logger
 
 from gpuherd.checkpoint_layout import fingerprint
 from gpuherd.exit_codes import ExitCode
+from gpuherd.status_records import Checkpoint, Record, Step
 from supervisor.gpus import DevicePlan, exclude_gpus
 from supervisor.processes import STOP_SIGNALS, honoured
-from supervisor.summary import RootCause, SuspectDevice
+from supervisor.summary import CauseKind, RootCause, SuspectDevice
 
 # SIGUSR1/2 too: SLURM's warning before the time limit may come between two attempts
 MAX_BACKOFF_S = 60.0
@@ -48,7 +48,7 @@ def refusal(cause: RootCause, restart_on_nan: bool) -> str | None:
     """Why this failure is not restarted (None: restart it). A failure that would only
     repeat (config, dataset) or that someone asked for (Ctrl-C, SIGTERM) ends the run.
     A user script's own exit code means what the script means by it: restarted like any crash."""
-    if cause.kind in ("interrupted", "terminated"):
+    if cause.kind in (CauseKind.INTERRUPTED, CauseKind.TERMINATED):
         return "the run was asked to stop"
     if cause.kind == "supervisor":
         return "the supervisor itself failed"
@@ -85,8 +85,8 @@ class Progress:
     def __init__(self) -> None:
         self.made = False
 
-    def observe(self, record: dict[str, Any]) -> None:
-        if record.get("type") == "step":
+    def observe(self, record: Record) -> None:
+        if isinstance(record, Step):
             self.made = True
 
 
@@ -102,7 +102,7 @@ def plan_restart(cause: RootCause, *, stop_signal: str | None, attempt: int, max
     An elastic job's membership change (a node asks to join) is nobody's failure: restarted at
     once, whatever restarts are left, and not counted, unless the supervisor was asked to stop."""
     streak = 0 if ran_s >= STREAK_RESET_S or progressed else streak
-    if cause.kind == "membership":
+    if cause.kind == CauseKind.MEMBERSHIP:
         return RestartPlan(f"the supervisor received {stop_signal}" if stop_signal else None, streak=streak,
                            counted=False)
     why_not = refusal(cause, restart_on_nan)
@@ -126,19 +126,19 @@ class RunCheckpoints:
         self._saved: dict[Path, tuple[int, tuple[int, int, int]]] = {}  # path -> (step, stamp)
         self._reporters: dict[Path, set[int]] = {}  # ranks that reported the latest save of a path
 
-    def observe(self, record: dict[str, Any]) -> None:
+    def observe(self, record: Record) -> None:
         """A status record; `checkpoint` ones (step, path) are this run's saves. Every rank
         reports a save that rank 0 wrote: the stamp is taken at the first report, so one
         that comes late cannot adopt a file another run put there meanwhile."""
-        if record.get("type") != "checkpoint" or not isinstance(record.get("path"), str):
+        if not isinstance(record, Checkpoint) or record.path is None:
             return
-        path, rank = Path(record["path"]).absolute(), record.get("rank")
+        path, rank = Path(record.path).absolute(), record.rank
         reporters = self._reporters.setdefault(path, set())
         if path in self._saved and rank not in reporters:
             reporters.add(rank)  # another rank reporting the same save
             return
         try:
-            step, stamp = int(record.get("step") or 0), fingerprint(path)
+            step, stamp = record.step or 0, fingerprint(path)
         except (OSError, ValueError, TypeError):  # not there (a rank reporting a save it did not write)
             return
         self._saved[path] = (step, stamp)

@@ -525,7 +525,8 @@ def _quit(s: State, v: View, r: Rules) -> Result:
     s = replace(s, terminations=s.terminations + 1, stop_signal=s.stop_signal or signal.SIGQUIT)
     if s.cause is not None:
         return _kill_now(s, v, r, [Log("warning", "SIGQUIT during the teardown: killing every worker now")])
-    s, actions = _set_cause(s, RootCause("terminated", stop_exit_code(signal.SIGQUIT), "the supervisor received SIGQUIT"), v.now)
+    s, actions = _set_cause(s, RootCause("terminated", stop_exit_code(signal.SIGQUIT), "the supervisor received SIGQUIT",
+                                     signal="SIGQUIT"), v.now)
     actions.append(Log("warning", f"supervisor received SIGQUIT: {signal.Signals(r.teardown_signal).name} to every "
                                   f"worker (no save), SIGKILL after "
                                   f"{r.grace:g} s; SIGQUIT again to kill them now"))
@@ -543,8 +544,8 @@ def _stop_request(s: State, v: View, r: Rules, signum: int) -> Result:
     s = replace(s, stop_signal=s.stop_signal or signum, terminations=s.terminations + int(terminating))
     if s.cause is None:  # the workers first: publishing the cause may ask SLURM what it was (a second or so)
         s, actions = _save_and_stop(s, v, r, f"supervisor received {name}")
-        s, more = _set_cause(s, RootCause("terminated", stop_exit_code(signum), f"the supervisor received {name}"),
-                             v.now)
+        s, more = _set_cause(s, RootCause("terminated", stop_exit_code(signum), f"the supervisor received {name}",
+                                          signal=name), v.now)
         return s, actions + more
     if repeated:
         return _kill_now(s, v, r, [Log("warning", f"{name} again: killing every worker now")])
@@ -565,7 +566,8 @@ def _worker_stop(s: State, e: WorkerStop, r: Rules) -> Result:
     else:
         s, actions = _save_and_stop(s, v, r, f"{who} received {e.signame}")
     cause = RootCause("interrupted" if interrupted else "terminated",
-                      int(ExitCode.SIGINT if interrupted else ExitCode.SIGTERM), f"{who} received {e.signame}")
+                      int(ExitCode.SIGINT if interrupted else ExitCode.SIGTERM), f"{who} received {e.signame}",
+                      signal=e.signame if e.signame in signal.Signals.__members__ else None)
     s, more = _set_cause(s, cause, v.now)
     return s, actions + more
 

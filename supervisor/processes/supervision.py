@@ -41,7 +41,8 @@ from pathlib import Path
 from loguru import logger
 
 from gpuherd.exit_codes import ExitCode
-from supervisor.health import FatalCause, Heartbeats, MetricsSink, traces
+from gpuherd.status_records import Record, Stop
+from supervisor.health import PROC_SAMPLE_S, FatalCause, Heartbeats, MetricsSink, ProcReader, traces
 from supervisor.output import LogRouter, WorkerPipes
 from supervisor.processes import policy as pol
 from supervisor.processes.error_file import error_file_for, read_error_file
@@ -62,7 +63,7 @@ class Supervision:
     def __init__(self, workers: list[WorkerProcess], router: LogRouter, heartbeats: Heartbeats,
                  metrics: MetricsSink, stop: StopRules, finish_window: float,
                  on_cause: Callable[[RootCause], RootCause | None] | None = None,
-                 on_record: Callable[[dict], None] | None = None, script: bool = False,
+                 on_record: Callable[[Record], None] | None = None, script: bool = False,
                  unwatched_why: str | None = None, trace_dir: Path | None = None,
                  live: LiveRecovery | None = None) -> None:
         """`on_cause`: told this node's root cause the moment it is set (multi-node: the job's
@@ -96,6 +97,8 @@ class Supervision:
         self._reap_due = True
         self._last_reap = 0.0
         self._last_check = 0.0
+        self.procs = ProcReader()  # the kernel's view of each worker, handed to the hang judge
+        self._proc_read = float("-inf")
         self._old_handlers: dict[int, object] = {}
         self._helpers: list[tuple[str, subprocess.Popen, Callable[[], str]]] = []
         self._old_wakeup = -1
@@ -125,7 +128,7 @@ class Supervision:
     def add_worker(self, w: WorkerProcess) -> None:
         self.workers[w.slot.rank] = w
         self.heartbeats.ranks[w.slot.rank].spawned = w.started
-        self.heartbeats.watch_pid(w.slot.rank, w.pid)
+        self.procs.watch(w.slot.rank, w.pid)
 
     def install_signal_handlers(self) -> None:
         """Before the first spawn: a SIGCHLD or Ctrl-C from then on is never missed."""
@@ -214,12 +217,12 @@ class Supervision:
         except BlockingIOError:
             pass
 
-    def _record(self, rank: int, record: dict, now: float) -> None:
+    def _record(self, rank: int, record: Record, now: float) -> None:
         """A status record from `rank`: the heartbeat judge's, then whoever else listens."""
         self.heartbeats.record(rank, record, now)
-        if record.get("type") == "stop" and rank in self.workers:
+        if isinstance(record, Stop) and rank in self.workers:
             w = self.workers[rank]
-            self._decide(pol.WorkerStop(self._view(now), rank, w.slot.tag, str(record.get("signal"))))
+            self._decide(pol.WorkerStop(self._view(now), rank, w.slot.tag, str(record.signal)))
         if self._on_record is not None:
             self._on_record(record)
 
@@ -234,7 +237,7 @@ class Supervision:
             ranks.append(pol.Rank(
                 w.slot.rank, w.slot.tag, handles=w.handles((self.stop.stacks_signal, signal.SIGUSR1, signal.SIGUSR2)),
                 saving=st.saving,
-                writing=st.writing, in_step=live is not None and live.get("phase") == "step",
+                writing=st.writing, in_step=live is not None and live.phase == "step",
                 leaving=st.phase == "shutdown", save_ended=st.save_ended,
                 heard=bool(st.records or self.heartbeats.expect)))
         return pol.View(now, tuple(ranks), step_s=self.heartbeats.longest_step())
@@ -365,7 +368,10 @@ class Supervision:
         if unwatched and self.unwatched_why:
             logger.info(f"rank(s) {', '.join(map(str, unwatched))} sent no heartbeat in their first "
                         f"{self.heartbeats.timeouts.allowance('startup'):g} s: {self.unwatched_why}")
-        verdict = self.heartbeats.check(now, alive)
+        samples = ()
+        if now - self._proc_read >= PROC_SAMPLE_S:
+            self._proc_read, samples = now, self.procs.read()
+        verdict = self.heartbeats.check(now, alive, samples)
         while self.heartbeats.notices:
             logger.info(self.heartbeats.notices.pop(0))
         if verdict is None:
@@ -412,7 +418,8 @@ class Supervision:
             self._decide(pol.ReplaceFailed(self._view(now), action.rank, action.cause))
             return
         self.workers[action.rank] = new
-        self.heartbeats.rejoin(action.rank, new.pid, now)
+        self.heartbeats.rejoin(action.rank, now)
+        self.procs.watch(action.rank, new.pid)
         self.pipes.replace(action.rank, new.popen.stdout, new.popen.stderr, new.status_fd)
 
     # ------------------------------------------------------------------ helpers

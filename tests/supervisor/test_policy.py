@@ -13,7 +13,7 @@ import pytest
 
 from supervisor.processes import policy as pol
 from supervisor.processes.policy import Phase
-from supervisor.summary import RootCause
+from supervisor.summary import CauseKind, RootCause
 
 RULES = pol.Rules(grace=5.0, stop_timeout=120.0, save_signal=signal.SIGUSR2, finish_window=60.0)
 SCRIPT = pol.Rules(grace=5.0, stop_timeout=120.0, save_signal=None, finish_window=60.0)
@@ -282,6 +282,7 @@ def test_sigterm_saves_and_stops_within_the_stop_timeout_and_a_second_one_kills(
     starting = rank(1, handles=frozenset({signal.SIGUSR1}))  # no handler yet: nothing to save, SIGTERM
     actions = run(pol.SignalReceived(view(0.0, rank(0), starting), signal.SIGTERM))
     assert run.phase is Phase.STOPPING and run.state.deadline == 120.0 and run.state.cause.exit_code == 143
+    assert (run.state.cause.kind, run.state.cause.signal) == (CauseKind.TERMINATED, "SIGTERM")
     assert sends(actions) == [((0,), signal.SIGUSR2, False), ((1,), signal.SIGTERM, True)]
     assert run(pol.SignalReceived(view(1.0, rank(0)), signal.SIGUSR1)) == []  # a later USR1 changes nothing
     actions = run(pol.SignalReceived(view(2.0, rank(0)), signal.SIGHUP))
@@ -292,6 +293,7 @@ def test_sigusr1_to_a_built_in_run_is_a_stop_request_with_exit_143():
     run = Run()
     run(pol.SignalReceived(view(0.0, *TWO), signal.SIGUSR1))
     assert run.phase is Phase.STOPPING and run.state.cause.exit_code == 143
+    assert run.state.cause.signal == "SIGUSR1"  # SLURM's warning before the time limit: named by this field
 
 
 def test_a_script_gets_sigterm_and_the_stop_timeout_and_its_usr_signals_forwarded():
@@ -525,6 +527,7 @@ def test_a_stop_signal_that_reached_a_worker_stops_every_worker_as_the_superviso
     actions = run(pol.WorkerStop(view(10.0, *TWO), 1, "CPU1", "SIGTERM"))
     assert run.phase is Phase.STOPPING and run.state.cause.exit_code == 143
     assert run.state.cause.message == "CPU1 (rank 1) received SIGTERM" and run.state.stop_signal == signal.SIGTERM
+    assert run.state.cause.signal == "SIGTERM"  # a field: naming a SLURM stop reads it, never the message
     assert sends(actions) == [((0, 1), signal.SIGUSR2, False)]
     # the workers are signalled before the cause is published (naming it may ask SLURM)
     kinds = [type(a) for a in actions]

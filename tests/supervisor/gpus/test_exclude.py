@@ -11,6 +11,7 @@ import pytest
 
 from gpuherd.config import SystemConfig
 from gpuherd.exit_codes import ExitCode
+from gpuherd.status_records import from_object as rec
 from supervisor.gpus import DeviceError, exclude_gpus, plan_devices, release_claims
 from supervisor.health import SuspectWatch
 from supervisor.restarts import SuspectExclusion
@@ -32,8 +33,8 @@ def lock_dir(tmp_path, monkeypatch):
 def _suspects(plan, *rank_faults: tuple[int, int]):
     watch = SuspectWatch(plan, attempt=0)
     for rank, faults in rank_faults:
-        watch.observe({"type": "suspect", "rank": rank, "step": 11, "device": "cuda:0", "host": "h1",
-                       "transient_faults": faults, "limit": 2, "stopping": True})
+        watch.observe(rec({"type": "suspect", "rank": rank, "step": 11, "device": "cuda:0", "host": "h1",
+                       "transient_faults": faults, "limit": 2, "stopping": True}))
     return watch.devices(exclusion_on=True)
 
 
