@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 
 from gpuherd.exit_codes import ExitCode
 from supervisor.gpus import DevicePlan
-from supervisor.processes.stopping import stop_exit_code
+from supervisor.processes import stop_exit_code
 from supervisor.rendezvous import PREEMPTION
 from supervisor.restarts import RestartPlan, exclude_suspects, plan_restart
 from supervisor.summary import RootCause, SuspectDevice

@@ -222,7 +222,7 @@ class TracesRead:
 
 @dataclass(frozen=True)
 class Published:
-    """The root cause as whoever listens published it (job.py names a stop SLURM sent): it
+    """The root cause as whoever listens published it (attempt_run.py names a stop SLURM sent): it
     becomes the root cause. Publishing runs off the loop, so events may have completed the
     cause meanwhile (`of`: the cause as it was published): then only its words are taken."""
 

@@ -17,10 +17,10 @@ traces read, a replacement that failed, the cause as published) is queued as a n
 decided after the current actions, never by calling back into the policy from inside them.
 The time is the injected clock's (`time.monotonic` by default), so a test can drive it.
 
-Publishing the root cause may be slow (under SLURM, job.py asks `scontrol` why the job was
-stopped, up to its timeout; multi-node, the cause goes to the store): it runs on a worker
-thread, its answer comes back through the wake-up pipe as a `Published` event, and the loop
-never blocks on it. At the end the loop waits for it at most ANNOUNCE_WAIT.
+Publishing the root cause may be slow (under SLURM, attempt_run.py asks `scontrol` why the
+job was stopped, up to its timeout; multi-node, the cause goes to the store): it runs on a
+worker thread, its answer comes back through the wake-up pipe as a `Published` event, and
+the loop never blocks on it. At the end the loop waits for it at most ANNOUNCE_WAIT.
 
 Teardown: the teardown signal (gpuherd's worker: TEARDOWN_SIGNAL, which only the supervisor
 sends; a --script: SIGTERM) (+ SIGCONT, so a stopped worker can act on it) to every worker's
@@ -123,7 +123,7 @@ class Supervision:
         self.trace_dir = trace_dir
         self.live = live
 
-    # the policy's state, as the loop reads it (job.py reads `state` itself)
+    # the policy's state, as the loop reads it (attempt_run.py reads `state` itself)
     @property
     def phase(self) -> Phase:
         return self.state.phase

@@ -26,7 +26,7 @@ def _shell(on_cause, now: float = 100.0) -> Supervision:
 def test_publishing_the_cause_never_holds_the_loop_and_its_answer_becomes_the_cause():
     asked, answer = threading.Event(), threading.Event()
 
-    def slow_slurm(cause):  # what job.py's announcer does under SLURM: scontrol, then the name
+    def slow_slurm(cause):  # what attempt_run.py's announcer does under SLURM: scontrol, then the name
         asked.set()
         answer.wait(30)
         return replace(cause, message=NAMED)
