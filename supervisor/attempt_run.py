@@ -153,7 +153,6 @@ class AttemptRunner:
             return dataclasses.replace(cause, kind="dataset", exit_code=int(ExitCode.DATA), message=message)
         return cause
 
-
     def run(self, order: AttemptOrder, guard: OrphanGuard, metrics: MetricsSink) -> AttemptReport:
         """Start every worker once, supervise them to the end, clean up everything but the job's files."""
         report = self._run(order, guard, metrics)
@@ -211,7 +210,8 @@ class AttemptRunner:
             recoveries=recoveries,
             stop_signal=signal.Signals(sup.state.stop_signal).name if sup.state.stop_signal else None,
             final_save=final_save,
-            suspect_devices=att.suspects.devices(self.cfg.system.exclude_suspect_gpus), excluded_gpus=list(order.excluded))
+            suspect_devices=att.suspects.devices(self.cfg.system.exclude_suspect_gpus),
+            excluded_gpus=list(order.excluded))
 
     def _log_dir(self, attempt: int) -> Path:
         """Where an attempt's worker logs go: the run directory (requeue-N/ for start N of a SLURM

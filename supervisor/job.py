@@ -150,7 +150,6 @@ class Job:
                     f"({info.train_tokens:,} train / {info.val_tokens:,} val tokens, {info.seconds:.1f} s)")
         return None, rebuilt
 
-
     def run(self) -> int:
         """Every attempt until one succeeds, a failure is not worth restarting, or
         `system.max_restarts` restarts are used up: the attempt policy's decisions, carried out."""
@@ -257,7 +256,6 @@ class Job:
         if self._released_guard is not None:
             self._released_guard.reap()
             self._released_guard = None
-
 
     def finish(self, cause: RootCause | None, attempts: list[AttemptReport]) -> int:
         exit_code = int(cause.exit_code) if cause is not None else 0

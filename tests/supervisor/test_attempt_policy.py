@@ -86,8 +86,10 @@ def test_restarts_used_up_give_up_with_the_last_cause_and_say_why():
 @pytest.mark.parametrize(("cause", "stop_signal", "why"), [
     (RootCause("worker-exit", 143, "CPU0 (rank 0) killed by SIGTERM"), "SIGTERM", "the supervisor received SIGTERM"),
     (RootCause("interrupted", 130, "interrupted by Ctrl-C (SIGINT)"), "SIGINT", "the supervisor received SIGINT"),
-    (RootCause("worker-exit", int(ExitCode.USAGE), "x"), None, "a usage or config error fails every attempt the same way"),
-    (RootCause("worker-exit", int(ExitCode.NAN), "x"), None, "a NaN stop is not restarted unless --restart-on-nan is given"),
+    (RootCause("worker-exit", int(ExitCode.USAGE), "x"), None,
+     "a usage or config error fails every attempt the same way"),
+    (RootCause("worker-exit", int(ExitCode.NAN), "x"), None,
+     "a NaN stop is not restarted unless --restart-on-nan is given"),
 ])
 def test_a_stop_or_a_failure_that_would_repeat_gives_up(cause, stop_signal, why):
     loop = Loop()
@@ -110,7 +112,8 @@ def test_a_dataset_error_restarts_only_once_the_cache_was_rebuilt():
     damaged = RootCause("dataset", int(ExitCode.DATA), "the cache is truncated: CPU0 (rank 0) was killed by SIGBUS")
     loop = Loop(TRAIN)
     assert loop.fails(damaged) == ap.CheckDataset()
-    assert loop(ap.DatasetChecked(rebuilt=False)) == ap.Stop(damaged, "a dataset error fails every attempt the same way")
+    assert loop(ap.DatasetChecked(rebuilt=False)) == ap.Stop(damaged,
+                                                             "a dataset error fails every attempt the same way")
     loop = Loop(TRAIN)
     loop.fails(damaged)
     assert isinstance(loop(ap.DatasetChecked(rebuilt=True)), ap.Restart)
