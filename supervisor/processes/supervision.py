@@ -114,6 +114,8 @@ class Supervision:
         self._remote: queue.SimpleQueue[RootCause] = queue.SimpleQueue()
         self._published: queue.SimpleQueue[tuple[RootCause, RootCause | None]] = queue.SimpleQueue()
         self._announcing: list[threading.Thread] = []
+        self._announce_lock = threading.Lock()  # an answer after the wait is over is dropped, never woken for
+        self._announce_open = True
         self._events: deque[pol.Event] = deque()  # the policy's events not decided yet, oldest first
         self._deciding = False
         self._clock = clock
@@ -298,10 +300,14 @@ class Supervision:
         """`on_cause` on a worker thread: it may ask SLURM (a subprocess, seconds) or the store."""
         def publish() -> None:
             try:
-                self._published.put((cause, self._on_cause(cause)))
+                published = self._on_cause(cause)
             except Exception as exc:  # noqa: BLE001 - the cause stands as it is; the run goes on
                 logger.warning(f"the root cause could not be published: {type(exc).__name__}: {exc}")
-            self._wake()
+                published = None
+            with self._announce_lock:
+                if self._announce_open:  # else the loop is over and its wake-up pipe may be closed
+                    self._published.put((cause, published))
+                    self._wake()
 
         thread = threading.Thread(target=publish, name="gpuherd-publish", daemon=True)
         self._announcing.append(thread)
@@ -315,9 +321,11 @@ class Supervision:
 
     def _await_announcements(self) -> None:
         """The root cause as published becomes the attempt's, so its answer is waited for (bounded)."""
-        deadline = self._clock() + ANNOUNCE_WAIT
+        deadline = time.monotonic() + ANNOUNCE_WAIT  # a real wait, whatever clock the policy is given
         for thread in self._announcing:
-            thread.join(timeout=max(0.0, deadline - self._clock()))
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        with self._announce_lock:
+            self._announce_open = False
         if any(thread.is_alive() for thread in self._announcing):
             logger.warning(f"publishing the root cause took over {ANNOUNCE_WAIT:g} s: it stands as this node saw it")
         self._handle_published(self._clock())

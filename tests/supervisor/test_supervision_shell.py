@@ -10,6 +10,7 @@ from dataclasses import replace
 from types import SimpleNamespace
 
 from supervisor.processes import policy as pol
+from supervisor.processes import supervision
 from supervisor.processes.stopping import StopRules
 from supervisor.processes.supervision import Supervision
 
@@ -56,3 +57,25 @@ def test_a_publisher_that_fails_leaves_the_cause_as_this_node_saw_it():
         assert sup.cause.message == "the supervisor received SIGTERM"
     finally:
         sup.restore_signal_handlers()
+
+
+def test_an_answer_later_than_the_wait_is_dropped(monkeypatch):
+    monkeypatch.setattr(supervision, "ANNOUNCE_WAIT", 0.2)
+    answer, answered = threading.Event(), threading.Event()
+
+    def hung_slurm(cause):
+        answer.wait(30)
+        answered.set()
+        return replace(cause, message=NAMED)
+
+    sup = _shell(hung_slurm)
+    try:
+        sup._decide(pol.SignalReceived(sup._view(sup._clock()), signal.SIGTERM))
+        sup._await_announcements()  # gives up after ANNOUNCE_WAIT: the cause stands as this node saw it
+        assert sup.cause.message == "the supervisor received SIGTERM"
+    finally:
+        sup.restore_signal_handlers()  # the wake-up pipe is closed: the late answer must not write to it
+    answer.set()
+    assert answered.wait(10)
+    sup._announcing[0].join(10)
+    assert sup.cause.message == "the supervisor received SIGTERM" and sup._published.empty()
