@@ -34,7 +34,7 @@ from gpuherd.exit_codes import ExitCode
 from supervisor.gpus import DevicePlan
 from supervisor.processes import stop_exit_code
 from supervisor.rendezvous import PREEMPTION
-from supervisor.restarts import RestartPlan, exclude_suspects, plan_restart
+from supervisor.restarts import Exclusion, RestartPlan, exclude_suspects, plan_restart
 from supervisor.summary import RootCause, SuspectDevice
 
 # ---------------------------------------------------------------------------- inputs
@@ -197,27 +197,23 @@ def _restart(s: State, r: Rules, why_not: str | None) -> Result:
         return _stop(s, r, why_not)
     ended, plan = s.waiting.ended, s.waiting.plan
     membership, number = not plan.counted, s.attempt + 1
-    exclusion = None
-    if not membership:
-        exclusion = exclude_suspects(s.plan, ended.cause, ended.suspects, number, enabled=r.exclude_suspect_gpus,
-                                     multi_node=r.multi_node, cpu_told=s.cpu_told)
-        s = replace(s, cpu_told=exclusion.cpu_told)
-        if exclusion.refused:
-            return _stop(s, r, exclusion.refused)
+    exclusion = Exclusion(s.plan, cpu_told=s.cpu_told) if membership else exclude_suspects(
+        s.plan, ended.cause, ended.suspects, number, enabled=r.exclude_suspect_gpus, multi_node=r.multi_node,
+        cpu_told=s.cpu_told)
+    s = replace(s, cpu_told=exclusion.cpu_told)
+    if exclusion.refused:
+        return _stop(s, r, exclusion.refused)
     used = s.used
-    s = replace(s, attempt=number, waiting=None,
-                streak=s.streak if membership else plan.streak,
-                restarts_used=s.restarts_used + (0 if membership else 1),
-                plan=exclusion.plan if exclusion else s.plan,
-                excluded=s.excluded + (exclusion.gpus if exclusion else ()))
+    s = replace(s, attempt=number, waiting=None, plan=exclusion.plan, excluded=s.excluded + exclusion.gpus,
+                streak=s.streak if membership else plan.streak,  # a membership change is no failure in a row
+                restarts_used=s.restarts_used + (0 if membership else 1))
     message = (f"attempt {number - 1} " + ("ended" if membership else "failed") + f" ({ended.cause.message}); "
                + ("restarting" if membership else f"restart {used + 1} of {r.max_restarts}")
                + f" in {plan.delay:g} s, "
                + (f"resuming from {ended.newest}" if ended.newest else "starting as the first attempt did "
                   "(no checkpoint written yet)"))
     return s, Restart(number, plan.delay, ended.newest, s.plan, ended.cause, membership=membership,
-                      exclude_gpus=exclusion.gpus if exclusion else (), said=exclusion.said if exclusion else (),
-                      message=message)
+                      exclude_gpus=exclusion.gpus, said=exclusion.said, message=message)
 
 
 def _stop(s: State, r: Rules, why_not: str) -> Result:
