@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.compare import Comparison, Side, write_results  # noqa: E402
-from bench.goodput_accounting import Kept, from_metrics, from_steps_log, kept  # noqa: E402
+from bench.goodput_accounting import Kept, fault_cost, from_metrics, from_steps_log, kept  # noqa: E402
 from bench.launchers import Launchers, kill_tree, worker_env  # noqa: E402
 
 WORKER = ROOT / "bench" / "goodput_worker.py"
@@ -148,8 +148,13 @@ def _summary_goodput(run: Run) -> dict | None:
         return None
 
 
-def once(ln: Launchers, run: Run, faults: list[tuple[str, float]], cap: float) -> tuple[Kept, float, dict | None]:
-    """(the benchmark's accounting, training seconds from the first step to the exit, gpuherd's goodput block)."""
+Costs = list[tuple[str, float | None]]  # per fault fired, in order: (what, seconds it cost; None: never got past)
+
+
+def once(ln: Launchers, run: Run, faults: list[tuple[str, float]],
+         cap: float) -> tuple[Kept, float, dict | None, Costs]:
+    """(the benchmark's accounting, training seconds from the first step to the exit, gpuherd's
+    goodput block, what each fault cost)."""
     ln = Launchers(run.work, ln.script, grace_period=ln.grace)  # its own logs: two runs never share a run id
     started = time.time()
     proc = subprocess.Popen(run.command(ln), cwd=run.work, env=worker_env(), stdout=subprocess.DEVNULL,
@@ -158,6 +163,7 @@ def once(ln: Launchers, run: Run, faults: list[tuple[str, float]], cap: float) -
     pending = list(faults)
     resume: list[tuple[float, psutil.Process]] = []
     hung: set[int] = set()
+    fired: list[tuple[str, float]] = []
     try:
         while proc.poll() is None and time.time() - started < cap:
             time.sleep(0.05)
@@ -178,6 +184,7 @@ def once(ln: Launchers, run: Run, faults: list[tuple[str, float]], cap: float) -
                     break
                 sig = {"kill": signal.SIGKILL, "hang": signal.SIGSTOP, "stop-continue": signal.SIGSTOP}[what]
                 _signal(victim, sig)
+                fired.append((what, now))
                 if what == "hang":
                     hung.add(victim.pid)
                 if what == "stop-continue":
@@ -190,7 +197,8 @@ def once(ln: Launchers, run: Run, faults: list[tuple[str, float]], cap: float) -
     ended = time.time()
     completions, saves = run.completions()
     return kept(completions, ended - started, saves), ended - (first or started), \
-        _summary_goodput(run) if run.kind.startswith("gpuherd") else None
+        _summary_goodput(run) if run.kind.startswith("gpuherd") else None, \
+        [(what, fault_cost(completions, at)) for what, at in fired]
 
 
 def _signal(p: psutil.Process, sig: int) -> None:
@@ -210,26 +218,27 @@ def main() -> int:
     args = parser.parse_args()
     rounds, steps = (1, 300) if args.quick else (2, 600)
     rng = random.Random(SEED)
-    results: dict[str, list[tuple[Kept, Kept, dict | None]]] = {k: [] for k in KINDS}
+    results: dict[str, list[tuple[Kept, Kept, dict | None, Costs]]] = {k: [] for k in KINDS}
     with tempfile.TemporaryDirectory(prefix="bench-goodput-") as tmp:
         ln = Launchers(Path(tmp), WORKER, grace_period=2)
         for i in range(rounds):
             faults_for = None
             for kind in KINDS[i % len(KINDS):] + KINDS[:i % len(KINDS)]:
                 base_steps = steps * 4 if kind.startswith("gpuherd built-in") else steps  # its steps are ~4x faster
-                calm, training_s, _ = once(ln, Run(kind, Path(tempfile.mkdtemp(dir=tmp)), base_steps), [], 900)
+                calm, training_s, _, _ = once(ln, Run(kind, Path(tempfile.mkdtemp(dir=tmp)), base_steps), [], 900)
                 faults_for = schedule(training_s, random.Random(rng.random()))
                 cap = max(120.0, 4 * calm.wall_s)
-                faulted, _, block = once(ln, Run(kind, Path(tempfile.mkdtemp(dir=tmp)), base_steps), faults_for, cap)
-                results[kind].append((calm, faulted, block))
+                faulted, _, block, costs = once(ln, Run(kind, Path(tempfile.mkdtemp(dir=tmp)), base_steps),
+                                                faults_for, cap)
+                results[kind].append((calm, faulted, block, costs))
                 print(f"{kind}: undisturbed {calm.ratio:.3f}, faulted {faulted.ratio:.3f} "
                       f"(gpuherd's own: {block.get('ratio') if block else '-'})", flush=True)
     _write(results, rounds, steps)
     return 0
 
 
-def _write(results: dict[str, list[tuple[Kept, Kept, dict | None]]], rounds: int, steps: int) -> None:
-    kept_share = {k: Side(k, [f.ratio / c.ratio for c, f, _ in v if c.ratio]) for k, v in results.items()}
+def _write(results: dict[str, list[tuple[Kept, Kept, dict | None, Costs]]], rounds: int, steps: int) -> None:
+    kept_share = {k: Side(k, [f.ratio / c.ratio for c, f, _, _ in v if c.ratio]) for k, v in results.items()}
     comparisons = [Comparison(f"faulted goodput / its own undisturbed goodput: {ours} vs {theirs}", "x",
                               kept_share[ours], kept_share[theirs], lower_is_better=False)
                    for ours in ("gpuherd built-in live", "gpuherd run") for theirs in ("ft_launcher", "torchrun")]
@@ -237,13 +246,14 @@ def _write(results: dict[str, list[tuple[Kept, Kept, dict | None]]], rounds: int
             "saves s | startup, detection, restarts, stops s | wall s | gpuherd's summary.json ratio |",
             "|---|---|---|---|---|---|---|---|---|---|"]
     for kind, runs in results.items():
-        for calm, f, block in runs:
+        for calm, f, block, _ in runs:
             rows.append(f"| {kind} | {calm.ratio:.3f} | {f.ratio:.3f} | {f.ratio / calm.ratio if calm.ratio else 0:.2f} "
                         f"| {f.productive_s:.1f} | {f.redone_s:.1f} ({f.steps_redone}) | {f.checkpoint_s:.1f} | "
                         f"{f.rest_s:.1f} | {f.wall_s:.1f} | {block['ratio'] if block else '-'} |")
+    rows += _per_fault(results)
     causes = {}
     for kind, runs in results.items():
-        for _, _, block in runs:
+        for _, _, block, _ in runs:
             if block:
                 causes[kind] = ", ".join(f"{c} {s:.1f} s" for c, s in block["badput_s"].items() if s >= 0.05)
     write_results("goodput", "Goodput under one fault schedule (2 ranks, gloo)", comparisons, notes=[
@@ -253,6 +263,23 @@ def _write(results: dict[str, list[tuple[Kept, Kept, dict | None]]], rounds: int
         "undisturbed wall (at least 120 s).",
         *(f"gpuherd's badput by cause, {k}: {v}" for k, v in causes.items()),
     ], extra_rows=rows)
+
+
+def _per_fault(results: dict[str, list[tuple[Kept, Kept, dict | None, Costs]]]) -> list[str]:
+    """Per launcher and fault: seconds from the fault until training got past where it was
+    (less one step), each round's figure."""
+    rows = ["", "Per fault: seconds from the fault until training first got past the step it had reached "
+            "(less one undisturbed step): detection + restart or recovery + steps trained again; "
+            "`never`: the run did not get past it before its end or cap.", "",
+            "| launcher | " + " | ".join(f"{i + 1}. {what}" for i, (what, _) in enumerate(SCHEDULE)) + " |",
+            "|---|" + "---|" * len(SCHEDULE)]
+    for kind, runs in results.items():
+        cells = [[] for _ in SCHEDULE]
+        for *_, costs in runs:
+            for i, (_, cost) in enumerate(costs[:len(SCHEDULE)]):
+                cells[i].append("never" if cost is None else f"{cost:.1f} s")
+        rows.append(f"| {kind} | " + " | ".join(", ".join(c) or "not fired" for c in cells) + " |")
+    return rows
 
 
 if __name__ == "__main__":

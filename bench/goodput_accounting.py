@@ -83,10 +83,16 @@ def from_metrics(path: Path) -> list[Completion]:
     return completions
 
 
-def kept(completions: list[Completion], wall_s: float, checkpoint_s: float = 0.0) -> Kept:
+def _final(completions: list[Completion]) -> dict[int, Completion]:
+    """Of every step index its last completion: the run's final lineage."""
     final: dict[int, Completion] = {}
     for c in sorted(completions, key=lambda c: c.time):
         final[c.step] = c
+    return final
+
+
+def kept(completions: list[Completion], wall_s: float, checkpoint_s: float = 0.0) -> Kept:
+    final = _final(completions)
     kept_ids = {id(c) for c in final.values()}
     timed = [c.seconds for c in completions if c.seconds is not None]
     most = STALL * statistics.median(timed) if timed else 0.0
@@ -97,3 +103,26 @@ def kept(completions: list[Completion], wall_s: float, checkpoint_s: float = 0.0
     replaced = [c for c in completions if id(c) not in kept_ids]
     return Kept(wall_s=wall_s, productive_s=worked(list(final.values())), redone_s=worked(replaced),
                 checkpoint_s=checkpoint_s, steps_redone=len(replaced), last_step=max(final, default=None))
+
+
+def fault_cost(completions: list[Completion], at: float) -> float | None:
+    """What one fault at wall time `at` cost the run: the seconds from the fault until training
+    first went past the furthest step completed before it, less one median step (what that
+    step takes undisturbed). It holds the detection, the restart or recovery and the steps
+    trained again; None when the run never got past that step (it ended or was capped)."""
+    timed = [c.seconds for c in completions if c.seconds is not None]
+    step_s = statistics.median(timed) if timed else 0.0
+    before = max((c.step for c in completions if c.time <= at), default=-1)
+
+    def went_on(c: Completion) -> bool:
+        """Not the dying attempt's last gasp: the logging rank can still finish the step whose
+        all-reduce the killed rank had joined; that process must have trained on for it to count
+        (a fault in a run's very last step therefore has no cost: the schedule never fires one there)."""
+        return any(d.pid == c.pid and d.step > c.step for d in completions)
+
+    # the run's final lineage only: a step a dying attempt still completed, then trained again
+    # after its restart, is not where the run got past the fault
+    after = min((c.time for c in _final(completions).values() if c.time > at and c.step > before and went_on(c)),
+                default=None)
+    return None if after is None else max(0.0, after - at - step_s)
+

@@ -273,7 +273,8 @@ class AttemptRunner:
             AttemptLive(cfg, self.command, plan, run_env, python_env(), log_dir, guard.watch),
             budget=order.live_budget, attempt=attempt,
             numbered_from=len(self.recoveries), script=self.mode == "script", multi_node=self.launch.node.multi,
-            write_metric=metrics.write)
+            write_metric=metrics.write, regroup=self.rendezvous.regroup(attempt),
+            node=self.rendezvous.node_rank if multi else None)
         observers = [self.checkpoints.observe, suspects.observe, self.progress.observe] + (
             [live.observe] if live is not None else [])
         sup = Supervision([], router, heartbeats, metrics, stop, finish_window=self.timeouts.policy.step_default,
@@ -311,6 +312,8 @@ class AttemptRunner:
         cause: RootCause | None = None
         sup.install_signal_handlers()
         self.rendezvous.watch(att.number, on_remote=sup.report_remote)
+        if att.live is not None and att.live.regroup is not None:  # the other nodes' live recoveries
+            att.live.regroup.follow(sup.report_regroup)
         try:
             if att.timer is not None:  # before any rank: a rank's first timer needs the server's FIFO
                 guard.watch(att.timer.start(sys.executable, python_env(), self.run_id, die_with_parent()))
@@ -356,6 +359,8 @@ class AttemptRunner:
     def _end_attempt(self, att: Attempt, guard: OrphanGuard, watchers: list[RunWatcher]) -> None:
         store, sup = att.setup.store, att.sup
         self.rendezvous.unwatch()
+        if att.live is not None and att.live.regroup is not None:
+            att.live.regroup.stop()
         sup.force_kill_everything()
         if att.timer is not None and att.timer.proc is not None:
             guard.forget(att.timer.proc.pid)

@@ -85,6 +85,7 @@ class Job:
         self._released_guard: OrphanGuard | None = None  # told to exit; reaped just before ours (reap_helpers)
         self.dataset_s: float | None = None  # the first dataset build's seconds (goodput: `dataset`)
         self.goodput: goodput.Goodput | None = None  # the whole run's, every start's (summary.json)
+        self.goodput_charts = goodput.GoodputScalars(run_dir)  # imports tensorboard's writer in the background
 
     @property
     def mode(self) -> str:
@@ -178,8 +179,7 @@ class Job:
         except KeyboardInterrupt:  # Ctrl-C in the instant between an attempt's handlers and the pause
             final = self._decide(Interrupted(signal.SIGINT, in_pause=False)).cause
         finally:
-            self.goodput = goodput.account(goodput.read_events(self.run_dir / "metrics.jsonl"), time.time())
-            metrics.write({"type": "goodput", "time": time.time(), **self.goodput.to_dict()})
+            self.goodput = self._goodput_so_far(end_of_start=metrics)
             metrics.close()
             self.release_guard(dying=self.attempts.store_server.close(wait=False))
         return self.finish(final, attempts)
@@ -212,7 +212,20 @@ class Job:
                        "after": restart.after.message, "exit_code": restart.after.exit_code, "resume": restart.resume,
                        "membership": restart.membership, "restarts_used": self.state.restarts_used,
                        "excluded_gpus": list(self.state.excluded), "world_size": restart.plan.world_size})
+        self._goodput_so_far()
         return pause(restart.delay)
+
+    def _goodput_so_far(self, end_of_start: MetricsSink | None = None) -> goodput.Goodput:
+        """The whole run's goodput now (every start's), also a point in TensorBoard; at the end of
+        a start, also its `goodput` record in metrics.jsonl."""
+        events = goodput.read_events(self.run_dir / "metrics.jsonl")
+        now = time.time()
+        account = goodput.account(events, now)
+        self.goodput_charts.write(account, goodput.last_step(events), now)
+        if end_of_start is not None:
+            end_of_start.write({"type": "goodput", "time": now, **account.to_dict()})
+            self.goodput_charts.close()
+        return account
 
     def _requeue_resume(self, metrics: MetricsSink) -> str | None:
         """The first attempt of a SLURM job started again (requeued, or its script submitted

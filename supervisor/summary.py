@@ -216,12 +216,13 @@ class Summary:
     def _recovery_lines(self) -> list[str]:
         lines = []
         for r in self.recoveries:
+            where = f"node {r['node']}'s " if r.get("node") is not None else ""  # multi-node: that node's spare
             if r.get("outcome") == "recovered":
-                lines.append(f"live recovery {r['number']}: rank {r['rank']} ({r['device']}) {r['failed']} -> spare pid "
+                lines.append(f"live recovery {r['number']}: {where}rank {r['rank']} ({r['device']}) {r['failed']} -> spare pid "
                              f"{r['replaced_by_pid']}, {r['seconds']:.2f} s to the next completed step, "
                              f"{r['steps_redone']} completed step(s) redone, no checkpoint read")
             else:
-                lines.append(f"live recovery {r['number']} of rank {r['rank']} ({r['device']}) failed: {r['failed']}")
+                lines.append(f"live recovery {r['number']} of {where}rank {r['rank']} ({r['device']}) failed: {r['failed']}")
         return lines
 
     def _stopped_block(self) -> str:

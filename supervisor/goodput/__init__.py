@@ -7,6 +7,8 @@ defines the causes and their boundaries.
 
 from supervisor.goodput.account import CAUSES, PRODUCTIVE, Goodput, account, painted
 from supervisor.goodput.line import console_line
+from supervisor.goodput.tensorboard import GoodputScalars, last_step
 from supervisor.goodput.timeline import Event, decode, read_events
 
-__all__ = ["CAUSES", "PRODUCTIVE", "Event", "Goodput", "account", "console_line", "decode", "painted", "read_events"]
+__all__ = ["CAUSES", "PRODUCTIVE", "Event", "Goodput", "GoodputScalars", "account", "console_line", "decode",
+           "last_step", "painted", "read_events"]

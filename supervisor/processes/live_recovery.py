@@ -12,6 +12,13 @@ restart is left for another recovery), so --spares K spares stand by after every
 
 Its clock runs from the death to the newcomer's first completed step (`first_step` record);
 steps redone are the completed steps any rank reported beyond the step the group resumed at.
+
+In a multi-node job (`regroup`: the job's control plane, supervisor/rendezvous/regroup_link.py)
+the node that lost a rank claims rebuilt group g before it promotes its own spare (first
+claim wins: a node losing a rank in the same instant falls back to the job-wide restart), and
+every other node hears of the claim (`heard`): it records the same recovery (numbered alike,
+counted against --max-restarts alike, its own ranks as the survivors), watches its own
+survivors leave the broken group (`stuck`), and ends it at their first completed step.
 """
 
 from __future__ import annotations
@@ -19,9 +26,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from loguru import logger
+
+from gpuherd.exit_codes import ExitCode
 
 from supervisor.gpus import DeviceSlot
 from supervisor.processes.spares import SparePool
@@ -29,6 +38,19 @@ from supervisor.processes.spawn import WorkerProcess
 from supervisor.summary import RootCause, now_iso
 
 STUCK_S = 10.0  # after a loss, every survivor has left the broken group's collective by then, or never will
+
+
+class Regroup(Protocol):
+    """A multi-node job's control plane for live recovery (supervisor/rendezvous/regroup_link.py)."""
+
+    def claim(self, generation: int, claim: dict[str, Any]) -> str | None:
+        """None: rebuilt group `generation` is this node's to form; else why not."""
+
+    def follow(self, on_claim: Callable[[int, dict[str, Any] | None], None]) -> None:
+        """Every node's claims of this attempt from now on, to `on_claim` (any thread)."""
+
+    def stop(self) -> None:
+        """No call of `on_claim` after this returns."""
 
 
 @dataclass
@@ -52,37 +74,48 @@ class Recovery:
     seconds: float | None = None  # death -> the newcomer's first completed step
     rejoin_s: float | None = None  # the newcomer's own join + state transfer
     checkpoint_reads: int = 0
+    node: int | None = None  # multi-node: the node whose rank was lost (it promoted its own spare)
     _died: float = field(default=0.0, repr=False)
     _reached: int = field(default=0, repr=False)  # the most completed steps any rank reported before
     _generation: int = field(default=1, repr=False)  # the rebuilt group of this attempt it forms
+    _remote: bool = field(default=False, repr=False)  # another node's rank: this node's survivors end it
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
 
     def line(self) -> str:
-        survivors = ", ".join(f"rank {s['rank']} pid {s['pid']}" for s in self.survivors)
+        survivors = ", ".join(f"rank {s['rank']} pid {s['pid']}" for s in self.survivors) or "none on this node"
+        where = f"node {self.node}'s " if self.node is not None else ""
         if self.outcome != "recovered":
-            return (f"live recovery {self.number}: rank {self.rank} ({self.device}) {self.outcome}: {self.failed}")
-        return (f"live recovery {self.number}: rank {self.rank} ({self.device}, pid {self.lost_pid}) replaced by spare "
-                f"pid {self.replaced_by_pid} in {self.seconds:.2f} s (loss -> next completed step), resumed at step "
+            return f"live recovery {self.number}: {where}rank {self.rank} ({self.device}) {self.outcome}: {self.failed}"
+        how = (f"that node's spare pid {self.replaced_by_pid}; this node's ranks rebuilt the group with it"
+               if self._remote else f"spare pid {self.replaced_by_pid}")
+        return (f"live recovery {self.number}: {where}rank {self.rank} ({self.device}, pid {self.lost_pid}) "
+                f"replaced by {how} in {self.seconds:.2f} s (loss -> next completed step), resumed at step "
                 f"{self.resumed_step} from rank {self.source_rank}, {self.steps_redone} completed step(s) redone, "
-                f"no checkpoint read; kept their processes: {survivors}")
+                "no checkpoint read; "
+                f"kept their processes: {survivors}")
 
 
 class LiveRecovery:
     def __init__(self, pool: SparePool, budget: int, attempt: int, env_for: Callable[[DeviceSlot, WorkerProcess, int],
                  Mapping[str, str]], numbered_from: int, write_metric: Callable[[dict], None],
-                 off: str | None = None) -> None:
+                 off: str | None = None, regroup: Regroup | None = None, node: int | None = None) -> None:
         """`budget`: recoveries allowed (what --max-restarts leaves); `env_for(slot, spare)`: the lost
-        rank's environment for the spare, joining rebuilt group n; `off`: why live recovery is off for the whole attempt."""
+        rank's environment for the spare, joining rebuilt group n; `off`: why live recovery is off for
+        the whole attempt; `regroup`, `node`: a multi-node job's control plane, and this node's rank."""
         self.pool, self.budget, self.attempt, self.env_for = pool, budget, attempt, env_for
         self.off, self.numbered_from, self.write_metric = off, numbered_from, write_metric
+        self.regroup, self.node = regroup, node
         self.able: dict[int, str | None] = {}  # rank -> None (can be recovered live) or why not
         self.completed: dict[int, int] = {}  # rank -> completed steps it reported
         self.recoveries: list[Recovery] = []
         # rebuilt group -> {survivor rank: completed steps}: its `lost_peer` records, which may come
         # before the supervisor has even reaped the lost rank
         self.left: dict[int, dict[int, int]] = {}
+        # rebuilt group -> {survivor rank: its `rejoined` record}: in a multi-node job a survivor may
+        # rejoin before the supervisor has heard of another node's claim
+        self.rejoined: dict[int, dict[int, dict]] = {}
 
     @property
     def in_flight(self) -> Recovery | None:
@@ -97,7 +130,7 @@ class LiveRecovery:
             return f"a second failure during a recovery (rank {self.in_flight.rank} was being replaced)"
         if self.budget <= 0:
             return "no restart left for it (--max-restarts counts recoveries and restarts alike)"
-        if not survivors:
+        if not survivors and self.regroup is None:  # multi-node: the other nodes' ranks survive
             return "every rank was lost: no survivor holds the state"
         for r in [rank, *survivors]:
             if r not in self.able:
@@ -111,29 +144,81 @@ class LiveRecovery:
         """The spare now serving `lost`'s rank, or None (said why, in one line)."""
         why = self.why_not(lost.slot.rank, [w.slot.rank for w in survivors])
         spare = None
+        generation = len(self.recoveries) + 1
         if why is None:
             spare, why = self.pool.take()
+        if spare is not None and self.regroup is not None:
+            why = self.regroup.claim(generation, {
+                "rank": lost.slot.rank, "device": lost.slot.tag, "failed": cause.message, "kind": cause.kind,
+                "lost_pid": lost.pid, "replaced_by_pid": spare.pid, "died_at": time.time() - (time.monotonic() - now)})
+            if why is not None:
+                self.pool.put_back(spare)
+                spare = None
         if spare is None:
             self._fail_in_flight(cause)
             logger.warning(f"live recovery not possible: {why}")
             return None
-        generation = len(self.recoveries) + 1
         new = self.pool.promote(spare, lost.slot, lost.log_path, self.env_for(lost.slot, spare, generation))
         self.budget -= 1
         rec = Recovery(number=self.numbered_from + len(self.recoveries) + 1, attempt=self.attempt, rank=lost.slot.rank,
                        device=lost.slot.tag, failed=cause.message, kind=cause.kind, lost_pid=lost.pid,
-                       replaced_by_pid=new.pid, survivors=[{"rank": w.slot.rank, "pid": w.pid} for w in sorted(survivors, key=lambda w: w.slot.rank)],
-                       started_at=now_iso(), _died=now, _reached=max(self.completed.values(), default=0),
+                       replaced_by_pid=new.pid, survivors=_ranks_and_pids(survivors), started_at=now_iso(),
+                       node=self.node, _died=now, _reached=max(self.completed.values(), default=0),
                        _generation=generation)
         self.recoveries.append(rec)
+        others = f"the other {len(survivors)} worker(s)" if self.regroup is None else \
+            f"every other node's workers and this node's {len(survivors)} other worker(s)"
         logger.warning(f"{cause.message}: live recovery {rec.number}: warm spare pid {new.pid} takes rank "
-                       f"{rec.rank}; the other {len(survivors)} worker(s) keep running and rebuild the group with it")
+                       f"{rec.rank}; {others} keep running and rebuild the group with it")
         if self.budget > 0:  # a spare for the next failure, warming up at a low priority meanwhile
             started = self.pool.fill()
             if started:
                 logger.info(f"new warm spare(s) pid {', '.join(str(s.pid) for s in started)} started in the "
                             "background (the pool of --spares refills)")
         return new
+
+    def heard(self, generation: int, claim: dict[str, Any] | None, survivors: list[WorkerProcess],
+              now: float) -> str | None:
+        """Multi-node: a node claimed rebuilt group `generation` (this node's own claims come back
+        too). Another node's is recorded as this node's recovery too, its ranks as the survivors;
+        returns why this node cannot take part (the attempt must end: a job-wide restart)."""
+        if claim is not None and claim.get("node") == self.node:
+            return None
+        lost = f"node {claim.get('node')}'s rank {claim.get('rank')}" if claim else "a rank"
+        why = self._why_not_join(generation, claim, [w.slot.rank for w in survivors])
+        if why is not None:
+            why = (f"live recovery not possible: {lost} was lost and is being replaced, but {why}; "
+                   "restarting every worker")
+            self._fail_in_flight(RootCause("rendezvous", ExitCode.FAILURE, why))
+            return why
+        self.budget -= 1
+        died_at = claim.get("died_at")
+        ago = max(0.0, time.time() - died_at) if isinstance(died_at, (int, float)) else 0.0
+        rec = Recovery(number=self.numbered_from + len(self.recoveries) + 1, attempt=self.attempt, rank=claim["rank"],
+                       device=str(claim.get("device")), failed=str(claim.get("failed")), kind=str(claim.get("kind")),
+                       lost_pid=int(claim.get("lost_pid") or 0), replaced_by_pid=int(claim.get("replaced_by_pid") or 0),
+                       survivors=_ranks_and_pids(survivors), started_at=now_iso(), node=claim["node"],
+                       _died=now - min(ago, STUCK_S), _reached=max(self.completed.values(), default=0),
+                       _generation=generation, _remote=True)
+        self.recoveries.append(rec)
+        logger.warning(f"node {rec.node}: {rec.failed}: live recovery {rec.number}: its warm spare pid "
+                       f"{rec.replaced_by_pid} takes rank {rec.rank}; this node's {len(survivors)} worker(s) keep "
+                       "running and rebuild the group with it")
+        return None
+
+    def _why_not_join(self, generation: int, claim: dict[str, Any] | None, ranks: list[int]) -> str | None:
+        if claim is None:
+            return f"the claim of rebuilt group {generation} on the job store is unreadable"
+        if generation != len(self.recoveries) + 1:
+            return f"this node expected rebuilt group {len(self.recoveries) + 1}, not {generation}"
+        if self.off or self.in_flight is not None or self.budget <= 0:
+            return f"on this node: {self.why_not(claim['rank'], ranks)}"
+        for r in ranks:  # the lost rank is the other node's to judge
+            if r not in self.able:
+                return f"this node's rank {r} had not started training yet (no state to hand over)"
+            if self.able[r] is not None:
+                return f"this node's rank {r}: {self.able[r]}"
+        return None
 
     def stuck(self, now: float, step_allowance: float) -> tuple[str, int] | None:
         """(why, a rank) when a survivor is still inside a collective of the broken group a step's
@@ -176,8 +261,13 @@ class LiveRecovery:
         rank, kind = record.get("rank"), record.get("type")
         if not isinstance(rank, int):
             return
-        if kind == "step" and isinstance(record.get("step"), int) and self.in_flight is None:
+        rec = self.in_flight
+        if kind == "step" and isinstance(record.get("step"), int) and rec is None:
             self.completed[rank] = max(self.completed.get(rank, 0), record["step"] + 1)
+        elif kind == "step" and rec is not None and rec._remote and rank in self.rejoined.get(rec._generation, {}):
+            joined = self.rejoined[rec._generation][rank]  # this node's first completed step in the rebuilt group
+            rec.resumed_step, rec.source_rank = joined.get("step"), joined.get("source")
+            self._finish(rec, time.monotonic())
         if kind != "live":
             return
         event = record.get("event")
@@ -185,13 +275,14 @@ class LiveRecovery:
             self.able[rank] = None if record.get("able") else str(record.get("why") or "cannot be recovered live")
         elif event == "lost_peer" and isinstance(record.get("step"), int) and isinstance(record.get("generation"), int):
             self.left.setdefault(record["generation"], {})[rank] = record["step"]
-        elif event == "rejoined" and self.in_flight is not None and record.get("role") == "newcomer":
-            rec = self.in_flight
+        elif event == "rejoined" and rec is not None and record.get("role") == "newcomer":
             rec.resumed_step, rec.source_rank, rec.rejoin_s = record.get("step"), record.get("source"), \
                 record.get("seconds")
             self.able[rank] = None
-        elif event == "first_step" and self.in_flight is not None:
-            self._finish(self.in_flight, time.monotonic())
+        elif event == "rejoined" and isinstance(record.get("generation"), int):  # a survivor, in the new group
+            self.rejoined.setdefault(record["generation"], {})[rank] = record
+        elif event == "first_step" and rec is not None:
+            self._finish(rec, time.monotonic())
 
     def _finish(self, rec: Recovery, now: float) -> None:
         rec.outcome = "recovered"
@@ -201,3 +292,7 @@ class LiveRecovery:
         rec.steps_redone = max(0, reached - resumed)
         logger.warning(rec.line())
         self.write_metric({"type": "recovery", "time": time.time(), **rec.to_dict()})
+
+
+def _ranks_and_pids(workers: list[WorkerProcess]) -> list[dict[str, int]]:
+    return [{"rank": w.slot.rank, "pid": w.pid} for w in sorted(workers, key=lambda w: w.slot.rank)]

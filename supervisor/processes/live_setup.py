@@ -2,8 +2,10 @@
 
 `live_for_attempt` returns None when there is nothing to decide (no --max-restarts, or
 --spares 0) and when live recovery cannot apply to the run at all (a --script run, a
-multi-node job, a single worker: known at launch, said once then, and no spare is started
-that could never be used): the attempt then behaves exactly as without the feature.
+single worker: known at launch, said once then, and no spare is started that could never
+be used): the attempt then behaves exactly as without the feature. A multi-node job's
+attempt gets the job's control plane (`regroup`): each node keeps its own spares and
+replaces its own lost ranks, the rebuilt group agreed on through the job store.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from gpuherd import contract
 from gpuherd.config import Config
 from supervisor.gpus import DevicePlan, DeviceSlot
 from supervisor.processes.error_file import error_file_for
-from supervisor.processes.live_recovery import LiveRecovery
+from supervisor.processes.live_recovery import LiveRecovery, Regroup
 from supervisor.processes.spares import SparePool
 from supervisor.processes.spawn import WorkerProcess, spawn
 from supervisor.processes.worker_env import RunEnv, worker_env
@@ -39,9 +41,7 @@ def why_off(cfg: Config, script: bool, multi_node: bool, world_size: int) -> str
     """Why no rank of this attempt can be replaced live, whatever happens (None: it can)."""
     if script:
         return "a --script run (live recovery hands over the built-in trainer's state; a script's is its own)"
-    if multi_node:
-        return "a multi-node job (spares replace ranks within a single-node job for now)"
-    if world_size < 2:
+    if world_size < 2 and not multi_node:  # a multi-node job's other nodes hold the state
         return "a single worker: no survivor holds the state"
     return None
 
@@ -74,7 +74,9 @@ class AttemptLive:
 
 
 def live_for_attempt(parts: AttemptLive, budget: int, attempt: int, numbered_from: int, script: bool,
-                     multi_node: bool, write_metric: Callable[[dict], None]) -> LiveRecovery | None:
+                     multi_node: bool, write_metric: Callable[[dict], None], regroup: Regroup | None = None,
+                     node: int | None = None) -> LiveRecovery | None:
+    """`regroup`, `node`: a multi-node job's control plane, and this node's rank."""
     count = spare_count(parts.cfg)
     if count == 0 or parts.cfg.system.max_restarts == 0:
         return None
@@ -85,7 +87,7 @@ def live_for_attempt(parts: AttemptLive, budget: int, attempt: int, numbered_fro
                         "no warm spare is started")
         return None
     return LiveRecovery(SparePool(count, parts.start_spare), budget, attempt, parts.env_for, numbered_from,
-                        write_metric)
+                        write_metric, regroup=regroup, node=node)
 
 
 def discard_spares(pool: SparePool, forget: Callable[[int], None]) -> None:

@@ -52,6 +52,10 @@ class SparePool:
             return None, f"the warm spare is gone ({'; '.join(gone)})"
         return None, "no warm spare left (--spares)"
 
+    def put_back(self, spare: WorkerProcess) -> None:
+        """A spare taken for a recovery that could not go ahead waits again (first in line)."""
+        self.spares.insert(0, spare)
+
     @staticmethod
     def promote(spare: WorkerProcess, slot: DeviceSlot, log_path, env: Mapping[str, str]) -> WorkerProcess:
         """Hand `spare` the rank of `slot`: its environment (but its own status fd) on stdin."""

@@ -112,6 +112,7 @@ class Supervision:
         self._helpers: list[tuple[str, subprocess.Popen, Callable[[], str]]] = []
         self._old_wakeup = -1
         self._remote: queue.SimpleQueue[RootCause] = queue.SimpleQueue()
+        self._regroups: queue.SimpleQueue[tuple[int, dict | None]] = queue.SimpleQueue()
         self._published: queue.SimpleQueue[tuple[RootCause, RootCause | None]] = queue.SimpleQueue()
         self._announcing: list[threading.Thread] = []
         self._announce_lock = threading.Lock()  # an answer after the wait is over is dropped, never woken for
@@ -170,6 +171,11 @@ class Supervision:
     def report_remote(self, cause: RootCause) -> None:
         """Thread-safe: the job failed elsewhere (another node); tear this node down."""
         self._remote.put(cause)
+        self._wake()
+
+    def report_regroup(self, generation: int, claim: dict | None) -> None:
+        """Thread-safe: a node of the job claimed rebuilt group `generation` (a multi-node live recovery)."""
+        self._regroups.put((generation, claim))
         self._wake()
 
     def _wake(self) -> None:
@@ -349,6 +355,8 @@ class Supervision:
                        if action.skipped else ""))
 
     def _handle_fatal(self, now: float) -> None:
+        while not self._regroups.empty():
+            self._heard_regroup(*self._regroups.get(), now)
         while not self._remote.empty():
             self._decide(pol.Fatal(self._view(now), self._remote.get(), remote=True))
         while not self._fatal.empty():
@@ -448,6 +456,15 @@ class Supervision:
             message, rank = stuck
             self._decide(pol.RecoveryStuck(self._view(now), self._worker_cause("hang", ExitCode.HANG, message,
                                                                                self.workers[rank])))
+
+    def _heard_regroup(self, generation: int, claim: dict | None, now: float) -> None:
+        """Another node replaces a lost rank of its own: this node's ranks survive and rebuild the
+        group; one that cannot (said why) ends the attempt, and with it the job's (a restart)."""
+        if self.live is None or self.cause is not None:
+            return
+        why = self.live.heard(generation, claim, self._alive(), now)
+        if why is not None:
+            self._decide(pol.RecoveryStuck(self._view(now), RootCause("rendezvous", ExitCode.FAILURE, why)))
 
     def _replace_live(self, action: pol.ReplaceLive, now: float) -> None:
         """The policy's `ReplaceLive`: a warm spare takes the lost rank, whose pipes and heartbeats

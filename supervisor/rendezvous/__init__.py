@@ -6,6 +6,8 @@
       node_agent_main.py, a helper process), global ranks, cross-node root causes
     ElasticRounds (elastic_rounds.py, inside the agent): --nnodes MIN:MAX, who node 0 admits to
       each round, and a late node's wait for the next one
+    RegroupLink (regroup_link.py -> regroup_agent.py, inside the agent): a live recovery's rebuilt
+      group, claimed by the node that lost a rank and heard of by every other node
   HostedStore, StoreServer (store.py -> store_main.py, a helper process kept warm across
     attempts): each attempt's torch TCPStore, on a socket the supervisor bound first
   NodeSpec, bind_master, NodeLinkError (nodes.py): multi-node addresses and errors;

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from supervisor.gpus import DevicePlan
+from supervisor.rendezvous.regroup_link import RegroupLink
 from supervisor.rendezvous.store import HostedStore
 from supervisor.summary import RootCause
 
@@ -49,6 +50,10 @@ class Rendezvous(Protocol):
 
     def unwatch(self) -> None:
         """Stop calling `on_remote`; returns after a call in progress finished."""
+
+    def regroup(self, attempt: int) -> RegroupLink | None:
+        """Where a live recovery claims its rebuilt group and hears of the other nodes' (None:
+        one node, nobody to agree with)."""
 
     def fail_before_start(self, cause: RootCause) -> RootCause:
         """This node failed before it could join; the cause the job ends with."""

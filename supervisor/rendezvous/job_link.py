@@ -54,6 +54,7 @@ class JobLink:
         self.lost: str | None = None
         self._on_lost: Callable[[str], None] | None = None
         self._callbacks = threading.Lock()  # unwatch() waits for a callback in progress
+        self._listeners: dict[str, Callable[[dict[str, Any]], None]] = {}  # other events by kind (listen())
         self._log = os.fdopen(open_log(log_path), "ab")  # the agent writes to it for the whole job
         argv = [python, "-m", "supervisor.rendezvous.node_agent_main", str(spec.node_rank),
                 f"{spec.min_nodes or spec.nnodes}:{spec.nnodes}", spec.master_addr, str(spec.master_port),
@@ -86,6 +87,8 @@ class JobLink:
                 self._record_abort(int(event["attempt"]), event["cause"])
             elif kind == "lost":
                 self._set_lost(event["message"])
+            elif kind in self._listeners:
+                self._listeners[kind](event)
             else:
                 self._replies.put(event)
         self._set_lost(f"the node agent (job store link to {self.where}) exited")
@@ -118,6 +121,14 @@ class JobLink:
         if event.get("event") == "lost":
             raise NodeLinkError(event["message"])
         return event
+
+    def listen(self, kind: str, callback: Callable[[dict[str, Any]], None]) -> None:
+        """Agent events of `kind` go to `callback` (the reader thread) instead of the replies;
+        `command` sends what asks for them (regroup_link.py: a live recovery's control plane)."""
+        self._listeners[kind] = callback
+
+    def command(self, cmd: str, attempt: int, **fields: Any) -> None:
+        self._send(cmd, attempt, **fields)
 
     # ---------------------------------------------------------------- per attempt
     def join(self, attempt: int, record: dict[str, Any]) -> tuple[int, list[dict[str, Any]]]:

@@ -18,6 +18,7 @@ from supervisor.gpus import DevicePlan
 from supervisor.rendezvous.api import OnCause, Setup
 from supervisor.rendezvous.job_link import JobLink
 from supervisor.rendezvous.nodes import NodeLinkError, NodeSpec, layout, training_fingerprint
+from supervisor.rendezvous.regroup_link import RegroupLink
 from supervisor.rendezvous.slurm_env import SLURM_STOP
 from supervisor.rendezvous.store import HostedStore
 from supervisor.summary import RootCause
@@ -83,6 +84,9 @@ class MultiNode:
 
     def unwatch(self) -> None:
         self.link.unwatch()
+
+    def regroup(self, attempt: int) -> RegroupLink:
+        return RegroupLink(self.link, self._round(attempt), self.node_rank)
 
     def fail_before_start(self, cause: RootCause) -> RootCause:
         """This node cannot even join (its dataset failed): tell the others, who are waiting

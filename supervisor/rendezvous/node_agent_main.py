@@ -53,6 +53,7 @@ events on stdout (stderr is torch's own chatter, kept in the run's agent log).
     {"cmd": "outcomes", "timeout": s}                -> outcomes {nodes: [outcome or null for nodes 1..]}
     {"cmd": "leave"}                                 (a node other than 0 is done with the store)
     {"cmd": "linger", "timeout": s}                  -> lingered {missing}: node 0 waited for every leave
+    {"cmd": "regroup-claim" | "regroup-watch", ...}  a live recovery's rebuilt group (regroup_agent.py)
     (always possible)                                -> lost {message}: the store is gone
 
     python -m supervisor.rendezvous.node_agent_main NODE_RANK MIN_NODES:NNODES HOST PORT JOIN_TIMEOUT_S
@@ -76,6 +77,7 @@ from gpuherd.exit_codes import ExitCode
 from supervisor.rendezvous.beat_watch import (ABORTED, BEAT_S, JOINED, SETTLED, SILENT_S, BeatWatch, abort_key,
                                               all_key, beat_key, done_key, enter, node_key, parse_verdict,
                                               undecided, verdict_key)
+from supervisor.rendezvous import regroup_agent
 from supervisor.rendezvous.elastic_rounds import ElasticRounds, refused_key
 from supervisor.rendezvous.nodes import settings_problem
 from supervisor.rendezvous.liveness import LIVENESS_KEY, LivenessLink, LivenessServer
@@ -119,6 +121,8 @@ class Agent:
             "join": self._join, "watch": self._watch, "abort": self._abort, "done": self._done,
             "wait-done": self._wait_done, "alive": self._alive, "outcome": self._outcome,
             "outcomes": self._outcomes, "leave": self._leave, "linger": self._linger,
+            "regroup-claim": lambda k, msg: regroup_agent.claim(self, k, msg),  # a multi-node live recovery
+            "regroup-watch": lambda k, msg: regroup_agent.watch(self, k, msg),
         }
 
     # ---------------------------------------------------------------- events

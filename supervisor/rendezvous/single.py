@@ -48,6 +48,9 @@ class SingleNode:
     def unwatch(self) -> None:
         pass
 
+    def regroup(self, attempt: int) -> None:
+        return None
+
     def fail_before_start(self, cause: RootCause) -> RootCause:
         return cause
 

@@ -63,7 +63,8 @@ def event_of(record: dict[str, Any]) -> Event | None:
                                       f"{record.get('after')}{without}")
     if kind == "recovery":
         if record.get("outcome") == "recovered":
-            return Event(when, "recovery", f"live recovery {record.get('number')}: rank {record.get('rank')} replaced by "
+            where = f"node {record.get('node')}'s " if record.get("node") is not None else ""
+            return Event(when, "recovery", f"live recovery {record.get('number')}: {where}rank {record.get('rank')} replaced by "
                                            f"spare pid {record.get('replaced_by_pid')} in {_num(record.get('seconds'))} s, "
                                            f"{record.get('steps_redone')} step(s) redone: {record.get('failed')}",
                          record.get("rank"))

@@ -2,7 +2,7 @@
 sbatch` for CPU-only nodes, end to end: a clean job, scancel, `scancel --signal=USR1`, the time
 limit with its warning, `scontrol requeue`, a preemption by a higher partition tier (requeued),
 the script submitted again, a node's supervisor SIGKILLed, a network partition, a worker
-failure restarted with --max-restarts 1. Every job must leave nothing running on any node
+failure restarted with --max-restarts 1 (--spares 0), and replaced live by its node's spare. Every job must leave nothing running on any node
 and the same outcome on every node.
 
 Opt-in and slow (tests/slurm/conftest.py): GPUHERD_SLURM_TESTS=1 pytest -m slurm -n 0 tests/slurm
@@ -319,8 +319,22 @@ def test_partitioned_node_is_named_from_both_sides(cluster: Cluster, workdir: Pa
     assert max(took.values()) <= 20, f"summaries {took} s after the cut (at most 20 s)"
 
 
+def _workers(cluster: Cluster, node: str) -> tuple[list[int], list[int]]:
+    """(training workers, warm spares) among the `python -m worker` processes of `node`."""
+    workers, spares = [], []
+    for pid in cluster.processes(node):
+        try:
+            if b"worker" not in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                continue
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        (spares if b"GPUHERD_SPARE=1" in environ else workers).append(pid)
+    return workers, spares
+
+
 def test_worker_failure_is_restarted_across_nodes(cluster: Cluster, workdir: Path, uninterrupted: Job):
-    job = submit(cluster, workdir, "--max-restarts", "1", steps=STEPS)
+    job = submit(cluster, workdir, "--max-restarts", "1", "--spares", "0", steps=STEPS)  # no live recovery
     job.wait_step(2)
     worker = next(pid for pid in cluster.processes(cluster.names[1])
                   if b"worker" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))
@@ -330,3 +344,25 @@ def test_worker_failure_is_restarted_across_nodes(cluster: Cluster, workdir: Pat
     for node in (0, 1):
         assert job.summary(node)["restarts"] == 1 and job.summary(node)["exit_code"] == 0
     assert job.steps()[STEPS - 1] == uninterrupted.steps()[STEPS - 1]  # the restart lost nothing
+
+
+def test_worker_lost_on_node_1_is_replaced_live_by_that_nodes_spare(cluster: Cluster, workdir: Path,
+                                                                    uninterrupted: Job):
+    """Node 1 claims the rebuilt group on the job store and promotes its own warm spare; node 0's
+    worker keeps its process and hands the state over; nobody restarts, the losses are the same."""
+    job = submit(cluster, workdir, "--max-restarts", "1", steps=STEPS)
+    job.wait_step(2)
+    (survivor,), _ = _workers(cluster, cluster.names[0])
+    (victim,), (spare,) = _workers(cluster, cluster.names[1])
+    cluster.on(cluster.names[1], "kill", "-9", str(victim))
+    info = job.wait_done(timeout=400)
+    assert info["JobState"] == "COMPLETED", job.output()[-3000:]
+    for node in (0, 1):
+        summary = job.summary(node)
+        assert summary["restarts"] == 0 and summary["exit_code"] == 0 and len(summary["attempts"]) == 1
+        (rec,) = summary["recoveries"]
+        assert rec["outcome"] == "recovered" and rec["node"] == 1 and rec["rank"] == 1
+        assert rec["lost_pid"] == victim and rec["replaced_by_pid"] == spare and rec["steps_redone"] <= 1
+    assert job.summary(0)["workers"][0]["pid"] == survivor  # node 0's worker kept its process
+    got, expected = job.steps(), uninterrupted.steps()
+    assert len(got) == STEPS and got == expected  # bit for bit, every step

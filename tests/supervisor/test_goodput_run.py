@@ -58,3 +58,15 @@ def test_summary_goodput_agrees_with_the_steps_the_script_logged(tmp_path):
     assert ours["wall_s"] == pytest.approx(bench.wall_s, rel=0.05, abs=0.5)  # the launcher's start and exit
     assert ours["badput_s"]["redone"] == pytest.approx(bench.redone_s, rel=0.25, abs=0.55)  # heartbeats: every 0.5 s
     assert ours["badput_s"]["restart"] > 0 and ours["badput_s"]["failure_detection"] >= 0
+    # TensorBoard: a point at the restart and one at the end, the last one summary.json's
+    points = charted(tmp_path / "logs" / "g" / "tensorboard" / "goodput", "goodput/ratio")
+    assert len(points) == 2 and points[0].step < points[1].step <= STEPS
+    assert points[-1].value == pytest.approx(ours["ratio"], abs=1e-6)
+
+
+def charted(where, tag: str) -> list:
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(where))
+    events.Reload()
+    return events.Scalars(tag)

@@ -1,0 +1,116 @@
+"""A multi-node job's live recovery, the supervisor's side, in milliseconds: the node that lost a
+rank claims the rebuilt group before its spare is promoted (a lost claim falls back, the spare
+kept), and every other node records the same recovery with its own ranks as the survivors
+(the real processes: tests/e2e/test_multinode_live_recovery_run.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from supervisor.processes import LiveRecovery
+from tests.supervisor.test_live_recovery import FakePool, FakeProc, _cause, warnings  # noqa: F401 - a fixture
+
+
+class FakeRegroup:
+    """The job store's claims: first writer of a generation wins."""
+
+    def __init__(self, taken: dict[int, dict] | None = None) -> None:
+        self.claims: dict[int, dict] = dict(taken or {})
+
+    def claim(self, generation: int, claim: dict[str, Any]) -> str | None:
+        if generation in self.claims:
+            return f"node {self.claims[generation]['node']} claimed rebuilt group {generation} first"
+        self.claims[generation] = {**claim, "node": 1}
+        return None
+
+    def follow(self, on_claim) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+def _node(node: int, ranks: tuple[int, ...], regroup: FakeRegroup | None = None, budget: int = 2,
+          pool: FakePool | None = None) -> tuple[LiveRecovery, list[dict]]:
+    metrics: list[dict] = []
+    live = LiveRecovery(pool or FakePool(), budget, attempt=0, env_for=lambda slot, spare, g: {"GEN": str(g)},
+                        numbered_from=0, write_metric=metrics.append, regroup=regroup or FakeRegroup(), node=node)
+    for rank in ranks:
+        live.observe({"type": "live", "rank": rank, "event": "able", "able": True, "why": None})
+    return live, metrics
+
+
+def _claim(**more: Any) -> dict[str, Any]:
+    return {"node": 1, "rank": 1, "device": "CPU0", "failed": "CPU0 (rank 1) killed by SIGKILL after 3.0 s",
+            "kind": "worker-exit", "lost_pid": 11, "replaced_by_pid": 900, **more}
+
+
+def test_the_node_that_lost_its_only_rank_claims_the_group_and_promotes_its_spare():
+    regroup = FakeRegroup()
+    live, _ = _node(1, (1,), regroup)
+    assert live.why_not(1, []) is None  # the other nodes' ranks hold the state
+    new = live.replace(FakeProc(pid=11, rank=1), _cause(), [], now=100.0)
+    assert new is not None and new.pid == 900 and live.pool.promoted == [(1, {"GEN": "1"})]
+    claim = regroup.claims[1]
+    assert (claim["rank"], claim["lost_pid"], claim["replaced_by_pid"]) == (1, 11, 900)
+    assert live.in_flight.node == 1 and live.budget == 1
+
+
+def test_a_claim_another_node_made_first_falls_back_and_keeps_the_spare(warnings):
+    pool = FakePool()
+    live, metrics = _node(1, (1,), FakeRegroup({1: {"node": 2}}), pool=pool)
+    assert live.replace(FakeProc(pid=11, rank=1), _cause(), [], now=100.0) is None
+    assert warnings == ["live recovery not possible: node 2 claimed rebuilt group 1 first"]
+    assert pool.promoted == [] and [s.pid for s in pool.spares] == [900]  # waits for the next failure
+    assert live.recoveries == [] and live.budget == 2
+
+
+def test_another_nodes_claim_is_this_nodes_recovery_too_ended_by_its_own_survivors(warnings):
+    live, metrics = _node(0, (0,))
+    for step in range(6):
+        live.observe({"type": "step", "rank": 0, "step": step})
+    assert live.heard(1, _claim(), [FakeProc(pid=10, rank=0)], now=50.0) is None
+    rec = live.in_flight
+    assert (rec.number, rec.node, rec.rank, rec.replaced_by_pid) == (1, 1, 1, 900)
+    assert rec.survivors == [{"rank": 0, "pid": 10}] and live.budget == 1  # counted alike on every node
+    assert "node 1: CPU0 (rank 1) killed by SIGKILL after 3.0 s: live recovery 1" in warnings[0]
+    live.observe({"type": "live", "rank": 0, "event": "lost_peer", "generation": 1, "step": 6})
+    live.observe({"type": "step", "rank": 0, "step": 6})  # before the rebuilt group: not its end
+    assert live.in_flight is rec
+    live.observe({"type": "live", "rank": 0, "event": "rejoined", "generation": 1, "step": 6, "source": 0,
+                  "role": "source", "seconds": 0.4})
+    live.observe({"type": "step", "rank": 0, "step": 6})
+    assert rec.outcome == "recovered" and rec.resumed_step == 6 and rec.source_rank == 0
+    assert rec.steps_redone == 0 and metrics[-1]["type"] == "recovery" and metrics[-1]["node"] == 1
+    assert "live recovery 1: node 1's rank 1 (CPU0, pid 11) replaced by that node's spare pid 900" in warnings[-1]
+
+
+def test_this_nodes_own_claim_coming_back_is_not_a_second_recovery():
+    live, _ = _node(1, (1,))
+    live.replace(FakeProc(pid=11, rank=1), _cause(), [], now=100.0)
+    assert live.heard(1, _claim(), [], now=100.1) is None and len(live.recoveries) == 1
+
+
+def test_a_claim_this_node_cannot_take_part_in_ends_the_attempt_with_the_reason():
+    live, _ = _node(0, (0,))
+    assert "the claim of rebuilt group 1 on the job store is unreadable" in live.heard(1, None, [], now=1.0)
+    live, _ = _node(0, ())  # rank 0 never said it could be recovered: it had not started training
+    why = live.heard(1, _claim(), [FakeProc(pid=10, rank=0)], now=1.0)
+    assert why.startswith("live recovery not possible: node 1's rank 1 was lost and is being replaced, but this "
+                          "node's rank 0 had not started training yet")
+    live, _ = _node(0, (0,))
+    live.heard(1, _claim(), [FakeProc(pid=10, rank=0)], now=1.0)
+    why = live.heard(2, _claim(node=2, rank=2), [FakeProc(pid=10, rank=0)], now=2.0)
+    assert "a second failure during a recovery" in why
+    assert live.recoveries[0].outcome == "failed"  # the one in flight failed with it
+
+
+def test_a_survivor_that_rejoined_before_the_claim_was_heard_still_ends_the_recovery():
+    live, _ = _node(2, (2,))
+    live.observe({"type": "live", "rank": 2, "event": "lost_peer", "generation": 1, "step": 4})
+    live.observe({"type": "live", "rank": 2, "event": "rejoined", "generation": 1, "step": 4, "source": 0,
+                  "role": "survivor", "seconds": 0.3})
+    live.heard(1, _claim(), [FakeProc(pid=12, rank=2)], now=10.0)
+    live.observe({"type": "step", "rank": 2, "step": 4})
+    rec = live.recoveries[0]
+    assert rec.outcome == "recovered" and (rec.resumed_step, rec.source_rank) == (4, 0)
