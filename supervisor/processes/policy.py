@@ -222,11 +222,13 @@ class TracesRead:
 
 @dataclass(frozen=True)
 class Published:
-    """The root cause as whoever listens published it (job.py names a stop SLURM sent): it
-    becomes the root cause."""
+    """The root cause as whoever listens published it (attempt_run.py names a stop SLURM sent): it
+    becomes the root cause. Publishing runs off the loop, so events may have completed the
+    cause meanwhile (`of`: the cause as it was published): then only its words are taken."""
 
     view: View
     cause: RootCause
+    of: RootCause | None = None
 
 
 @dataclass(frozen=True)
@@ -542,7 +544,7 @@ def _stop_request(s: State, v: View, r: Rules, signum: int) -> Result:
     terminating = signum in (signal.SIGTERM, signal.SIGHUP)
     repeated = terminating and s.terminations > 0
     s = replace(s, stop_signal=s.stop_signal or signum, terminations=s.terminations + int(terminating))
-    if s.cause is None:  # the workers first: publishing the cause may ask SLURM what it was (a second or so)
+    if s.cause is None:  # the workers first, then the cause (its publishing asks SLURM what it was)
         s, actions = _save_and_stop(s, v, r, f"supervisor received {name}")
         s, more = _set_cause(s, RootCause("terminated", stop_exit_code(signum), f"the supervisor received {name}",
                                           signal=name), v.now)
@@ -650,7 +652,11 @@ def _traces_read(s: State, e: TracesRead, r: Rules) -> Result:
 
 
 def _published(s: State, e: Published, r: Rules) -> Result:
-    return (s if s.cause is None else replace(s, cause=e.cause)), []
+    if s.cause is None:
+        return s, []
+    if e.of is None or e.of == s.cause:
+        return replace(s, cause=e.cause), []
+    return replace(s, cause=replace(s.cause, message=e.cause.message)), []
 
 
 def _tails_read(s: State, e: TailsRead, r: Rules) -> Result:

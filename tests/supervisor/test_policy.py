@@ -471,6 +471,17 @@ def test_the_cause_as_published_becomes_the_root_cause():
     assert Run()(pol.Published(view(1.0), named)) == []  # no cause: nothing to rename
 
 
+def test_a_cause_published_late_keeps_what_the_attempt_learned_meanwhile():
+    """Publishing runs off the loop: the evidence read before its answer came stays; its words are taken."""
+    run = Run()
+    actions = run(pol.SignalReceived(view(1.0, *TWO), signal.SIGTERM))
+    published = [a.cause for a in actions if isinstance(a, pol.Publish)][0]
+    run(pol.TracesRead(view(1.5, *TWO), ("rank 0: in all_reduce #7",)))
+    named = replace(published, message="stopped by SLURM: scancel (SIGTERM)")
+    assert run(pol.Published(view(2.0, *TWO), named, of=published)) == []
+    assert run.state.cause.message == named.message and run.state.cause.evidence == ["rank 0: in all_reduce #7"]
+
+
 def test_once_drained_a_local_cause_gets_its_ranks_complete_stderr_tail():
     tails = ((0, ("a",)), (1, ("Traceback", "ValueError: x")))
     run = Run()
