@@ -25,6 +25,7 @@ from collections import deque
 from dataclasses import dataclass
 
 QUIET_STEPS = 32  # the recent quiet intervals whose median is the typical step
+WARMUP_STEPS = 2  # the first intervals (allocation, first collectives, lazy imports) are no typical step
 
 
 @dataclass
@@ -39,6 +40,7 @@ class LoopCost:
         self._quiet: deque[float] = deque(maxlen=QUIET_STEPS)
         self._last_tick: float | None = None
         self._touched = False  # a save or a write touched the interval since the last tick
+        self._intervals = 0
         self.window: Window | None = None
 
     @property
@@ -47,8 +49,10 @@ class LoopCost:
 
     def tick(self, now: float) -> None:
         """A step boundary (the loop is about to train its next step)."""
-        if self._last_tick is not None and not self._touched and self.window is None:
-            self._quiet.append(now - self._last_tick)
+        if self._last_tick is not None:
+            self._intervals += 1
+            if not self._touched and self.window is None and self._intervals > WARMUP_STEPS:
+                self._quiet.append(now - self._last_tick)
         self._last_tick, self._touched = now, self.window is not None
         if self.window is not None:
             self.window.ticks += 1

@@ -1,0 +1,76 @@
+"""What periodic saves cost a real multi-rank run, read from its step records: the 2-rank
+DDP run of the built-in trainer under `gpuherd` (gloo, CPU), a save every SAVE_EVERY steps,
+blocking or async, and the trainer's own account of each save (its `checkpoint_write`
+`accounted` records, worker/save_cost.py) beside it.
+
+The loss of one save, from rank 0's step records (rank 0 writes; the other rank waits for it
+at every all-reduce): the records' interval from the step before the save to the first step
+record after the save was published, minus the steps in it at the run's typical step (the
+median of the intervals outside every such window, the first two steps left out):
+
+    loss = (t[end] - t[save step]) - (end - save step) x median quiet interval
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+
+from bench.launchers import kill_tree, worker_env
+
+SAVE_EVERY = 6
+WARMUP = 2  # the first steps' intervals (allocation, first all-reduce) are nobody's typical step
+
+
+def run_ddp(work: Path, model: list[str], steps: int, mode: str, cap: float = 900) -> list[dict]:
+    """One 2-rank CPU run; its metrics.jsonl records (empty: it failed)."""
+    cmd = [sys.executable, "-m", "supervisor", "--debug", "--no-report", "--run-id", "r", "--nproc", "2",
+           "--spares", "0", "--set", "system.device=cpu", "--set", f"system.run_root={work / 'logs'}",
+           "--set", f"system.checkpoint_dir={work / 'ckpt'}"]
+    for item in [*model, "data.dataset=dummy", f"training.max_steps={steps}", f"training.save_every={SAVE_EVERY}",
+                 "training.eval_every=0", "training.log_every=1", "training.keep_last=2",
+                 f"training.async_save={'true' if mode == 'async' else 'false'}"]:
+        cmd += ["--set", item]
+    proc = subprocess.Popen(cmd, cwd=work, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        if proc.wait(timeout=cap) != 0:
+            return []
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        return []
+    out = []
+    for line in (work / "logs" / "r" / "metrics.jsonl").read_bytes().splitlines():
+        try:
+            out.append(orjson.loads(line))
+        except orjson.JSONDecodeError:
+            continue
+    return out
+
+
+def save_losses(records: list[dict], rank: int = 0) -> dict:
+    """Per periodic save of `rank`: the loss read from its step records and the trainer's own
+    account of it (`cost_s`), and the typical step."""
+    times = {r["step"]: r["time"] for r in records if r.get("type") == "step" and r.get("rank") == rank}
+    published = {r["step"]: r["time"] for r in records if r.get("type") == "checkpoint" and r.get("rank") == rank}
+    accounted = {r["step"]: r["cost_s"] for r in records
+                 if r.get("type") == "checkpoint_write" and r.get("state") == "accounted" and r.get("rank") == rank}
+    last = max(times)
+    windows = []
+    for step, when in sorted(published.items()):
+        before = step - 1  # the step record right before the save of step `step` (records count from 0)
+        if before not in times or step > last:
+            continue
+        end = min((k for k, t in times.items() if k > before and t > when), default=None)
+        if end is not None:
+            windows.append((step, before, end))
+    inside = {k for _, before, end in windows for k in range(before + 1, end + 1)}
+    quiet = [times[k] - times[k - 1] for k in times if k - 1 in times and k > WARMUP and k not in inside]
+    typical = statistics.median(quiet)
+    rows = [{"step": step, "records_s": (times[end] - times[before]) - (end - before) * typical,
+             "trainer_s": accounted.get(step)} for step, before, end in windows]
+    return {"typical_step_s": typical, "saves": rows}
