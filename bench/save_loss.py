@@ -5,8 +5,9 @@ blocking or async, and the trainer's own account of each save (its `checkpoint_w
 
 The loss of one save, from rank 0's step records (rank 0 writes; the other rank waits for it
 at every all-reduce): the records' interval from the step before the save to the first step
-record after the save was published, minus the steps in it at the run's typical step (the
-median of the intervals outside every such window, the first two steps left out):
+record after the save was published, minus the steps in it at the typical step before it
+(the median of the last QUIET intervals before the save that lie outside every such window,
+the first two steps left out; a trailing median, as the load of a shared machine drifts):
 
     loss = (t[end] - t[save step]) - (end - save step) x median quiet interval
 """
@@ -24,6 +25,7 @@ from bench.launchers import kill_tree, worker_env
 
 SAVE_EVERY = 6
 WARMUP = 2  # the first steps' intervals (allocation, first all-reduce) are nobody's typical step
+QUIET = 32
 
 
 def run_ddp(work: Path, model: list[str], steps: int, mode: str, cap: float = 900) -> list[dict]:
@@ -69,8 +71,12 @@ def save_losses(records: list[dict], rank: int = 0) -> dict:
         if end is not None:
             windows.append((step, before, end))
     inside = {k for _, before, end in windows for k in range(before + 1, end + 1)}
-    quiet = [times[k] - times[k - 1] for k in times if k - 1 in times and k > WARMUP and k not in inside]
-    typical = statistics.median(quiet)
-    rows = [{"step": step, "records_s": (times[end] - times[before]) - (end - before) * typical,
+    quiet = {k: times[k] - times[k - 1] for k in sorted(times) if k - 1 in times and k > WARMUP and k not in inside}
+
+    def typical(before: int) -> float:
+        recent = [v for k, v in quiet.items() if k <= before][-QUIET:]
+        return statistics.median(recent or list(quiet.values()))
+
+    rows = [{"step": step, "records_s": (times[end] - times[before]) - (end - before) * typical(before),
              "trainer_s": accounted.get(step)} for step, before, end in windows]
-    return {"typical_step_s": typical, "saves": rows}
+    return {"typical_step_s": statistics.median(quiet.values()), "saves": rows}

@@ -54,15 +54,16 @@ Work = Callable[[Path, int, Snapshot], Path]  # in the writer: (path, step, the 
 class WriterProcess:
     """The loop's handle on its writer (the calls come from one thread at a time)."""
 
-    def __init__(self, work: Work) -> None:
+    def __init__(self, work: Work, prepare: Callable[[], None] = lambda: None) -> None:
         """Forks now: call it before training, from the thread that lives as long as the run
-        (PR_SET_PDEATHSIG follows the thread that forked)."""
+        (PR_SET_PDEATHSIG follows the thread that forked). `prepare` runs first in the writer,
+        at its low priority (backing the shared buffer with memory)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         parent = os.getpid()
         pid = os.fork()
         if pid == 0:
             ours.close()
-            _serve(theirs, work, parent)  # never returns
+            _serve(theirs, work, prepare, parent)  # never returns
         theirs.close()
         self.pid, self._sock, self._exit_status = pid, ours, None
 
@@ -142,10 +143,11 @@ def _send_frame(sock: socket.socket, data: bytes) -> None:
 # --------------------------------------------------------------------------- the child
 
 
-def _serve(sock: socket.socket, work: Work, parent: int) -> None:
+def _serve(sock: socket.socket, work: Work, prepare: Callable[[], None], parent: int) -> None:
     code = 0
     try:
         _deaf_and_low(parent)
+        prepare()
         while (request := _read_frame(sock)) is not None:
             _send_frame(sock, pickle.dumps(_write_one(request, work)))
     except BaseException:  # noqa: BLE001 - the loop names a writer that is gone by its exit status

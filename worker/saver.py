@@ -78,13 +78,16 @@ class Saver:
         self.stager = HostStager(engine.device) if sharded else None
         self.snapshots = None
         if self.background and not sharded and checkpointer.rank == 0:  # the rank that writes one-file layouts
-            self.snapshots = SnapshotTaker(engine.device, reserve_bytes(checkpoint_bytes(engine.n_params),
-                                                                        checkpointer.world_size))
+            expected = checkpoint_bytes(engine.n_params)
+            self.snapshots = SnapshotTaker(engine.device, reserve_bytes(expected, checkpointer.world_size), expected)
         # DCP's collectives from a writer thread need a group of their own (gloo: DCP
         # coordinates on the CPU), created now, at the same point on every rank.
         self.group = dist.new_group(backend="gloo") if self.background and engine.sharded and wdist.active() else None
         # before training: the writer shares only the pages of this moment (worker/save_writer.py)
-        self.writer = WriterProcess(self._write_snapshot) if self.snapshots is not None else None
+        self.writer = None
+        if self.snapshots is not None:
+            self.writer = WriterProcess(self._write_snapshot, lambda: self.snapshots.region.populate(
+                self.snapshots.expected))
         wsignals.before_exit_now(self._before_exit)
 
     def _why_blocking(self, want_async: bool) -> str | None:

@@ -92,8 +92,9 @@ def rehearse_first_step(config_path: str, data_vocab: int | None) -> str:
     vocab = cfg.model.vocab_size or data_vocab or 256
     t = cfg.training
     batch = (t.batch_size, cfg.data.context_length)
-    # weights, gradients, two AdamW moments, and the activations of one micro-batch (generously)
-    need = 16 * count_params(cfg.model, vocab) + 64 * batch[0] * batch[1] * cfg.model.dim * cfg.model.n_layers
+    # weights, gradients, two AdamW moments, and one micro-batch's activations and logits (generously)
+    tokens = batch[0] * batch[1]
+    need = 16 * count_params(cfg.model, vocab) + 64 * tokens * cfg.model.dim * cfg.model.n_layers + 12 * tokens * vocab
     real = cfg.system.device == "cpu" and need <= REHEARSAL_SHARE * psutil.virtual_memory().available
     if not real:
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, n_layers=1, dim=cfg.model.n_heads * 8),
