@@ -3,13 +3,14 @@ DDP run of the built-in trainer under `gpuherd` (gloo, CPU), a save every SAVE_E
 blocking or async, and the trainer's own account of each save (its `checkpoint_write`
 `accounted` records, worker/save_cost.py) beside it.
 
-The loss of one save, from rank 0's step records (rank 0 writes; the other rank waits for it
-at every all-reduce): the records' interval from the step before the save to the first step
-record after the save was published, minus the steps in it at the typical step before it
-(the median of the last QUIET intervals before the save that lie outside every such window,
-the first two steps left out; a trailing median, as the load of a shared machine drifts):
+The loss of one save, from rank 0's records (rank 0 writes; the other rank waits for it at
+every all-reduce): the window from the save's `phase checkpoint` record to the first step
+record after the save was published (a blocking save: to its publication), minus the steps
+recorded in it at the typical step before it (the median of the last QUIET step intervals
+before the save that lie outside every window, the first two steps left out; a trailing
+median, as the load of a shared machine drifts):
 
-    loss = (t[end] - t[save step]) - (end - save step) x median quiet interval
+    loss = (window end - save start) - (steps in the window) x median quiet interval
 """
 
 from __future__ import annotations
@@ -59,24 +60,30 @@ def save_losses(records: list[dict], rank: int = 0) -> dict:
     account of it (`cost_s`), and the typical step."""
     times = {r["step"]: r["time"] for r in records if r.get("type") == "step" and r.get("rank") == rank}
     published = {r["step"]: r["time"] for r in records if r.get("type") == "checkpoint" and r.get("rank") == rank}
+    started = sorted(r["time"] for r in records
+                     if r.get("type") == "phase" and r.get("name") == "checkpoint" and r.get("rank") == rank)
     accounted = {r["step"]: r["cost_s"] for r in records
                  if r.get("type") == "checkpoint_write" and r.get("state") == "accounted" and r.get("rank") == rank}
     last = max(times)
-    windows = []
+    windows = []  # (step, start, end, the step records in it)
     for step, when in sorted(published.items()):
         before = step - 1  # the step record right before the save of step `step` (records count from 0)
-        if before not in times or step > last:
+        start = min((t for t in started if t > times.get(before, float("inf"))), default=None)
+        if start is None or step > last:
             continue
-        end = min((k for k, t in times.items() if k > before and t > when), default=None)
+        if not any(start < times[k] < when for k in times):  # written while the loop waited
+            windows.append((step, start, when, []))
+            continue
+        end = min((k for k, t in times.items() if t > when), default=None)
         if end is not None:
-            windows.append((step, before, end))
-    inside = {k for _, before, end in windows for k in range(before + 1, end + 1)}
+            windows.append((step, start, times[end], list(range(step, end + 1))))
+    inside = {k for *_, steps in windows for k in steps} | {step for step, *_ in windows}
     quiet = {k: times[k] - times[k - 1] for k in sorted(times) if k - 1 in times and k > WARMUP and k not in inside}
 
     def typical(before: int) -> float:
         recent = [v for k, v in quiet.items() if k <= before][-QUIET:]
         return statistics.median(recent or list(quiet.values()))
 
-    rows = [{"step": step, "records_s": (times[end] - times[before]) - (end - before) * typical(before),
-             "trainer_s": accounted.get(step)} for step, before, end in windows]
+    rows = [{"step": step, "records_s": (end - start) - len(steps) * typical(step - 1),
+             "trainer_s": accounted.get(step)} for step, start, end, steps in windows]
     return {"typical_step_s": statistics.median(quiet.values()), "saves": rows}
