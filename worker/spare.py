@@ -83,8 +83,7 @@ def rehearse_first_step(config_path: str, data_vocab: int | None) -> str:
     from gpuherd.model_size import count_params
     from worker import rng
     from worker.attention import resolve_backend
-    from worker.engines.factory import build_engine
-    from worker.engines.precision import Precision
+    from worker.engines import Precision, build_engine
     from worker.model import ModelArgs
 
     cfg = Config.load(Path(config_path))

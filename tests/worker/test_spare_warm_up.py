@@ -24,16 +24,16 @@ def _config_file(tmp_path: Path, *extra: str) -> tuple[Path, object]:
 
 def test_the_rehearsal_runs_the_runs_own_shapes_within_memory_reason(tmp_path: Path, monkeypatch):
     path, _ = _config_file(tmp_path)
-    from worker.engines import factory
+    from worker import engines
 
     built = []
-    real_build = factory.build_engine
+    real_build = engines.build_engine
 
     def recording(cfg, args, *rest, **kw):
         built.append((args.n_layers, args.dim, args.vocab_size, args.max_seq_len))
         return real_build(cfg, args, *rest, **kw)
 
-    monkeypatch.setattr(factory, "build_engine", recording)
+    monkeypatch.setattr(engines, "build_engine", recording)
     assert spare.rehearse_first_step(str(path), h.VOCAB) == "real"
     cfg = h.tiny_config(tmp_path)
     assert built[-1] == (cfg.model.n_layers, cfg.model.dim, h.VOCAB, cfg.data.context_length)
