@@ -62,6 +62,8 @@ def save_losses(records: list[dict], rank: int = 0) -> dict:
     published = {r["step"]: r["time"] for r in records if r.get("type") == "checkpoint" and r.get("rank") == rank}
     started = sorted(r["time"] for r in records
                      if r.get("type") == "phase" and r.get("name") == "checkpoint" and r.get("rank") == rank)
+    resumed = sorted(r["time"] for r in records
+                     if r.get("type") == "phase" and r.get("name") == "train" and r.get("rank") == rank)
     accounted = {r["step"]: r["cost_s"] for r in records
                  if r.get("type") == "checkpoint_write" and r.get("state") == "accounted" and r.get("rank") == rank}
     last = max(times)
@@ -71,7 +73,8 @@ def save_losses(records: list[dict], rank: int = 0) -> dict:
         start = min((t for t in started if t > times.get(before, float("inf"))), default=None)
         if start is None or step > last:
             continue
-        if not any(start < times[k] < when for k in times):  # written while the loop waited
+        back = min((t for t in resumed if t > start), default=float("inf"))  # the loop trains on
+        if when < back:  # written while the loop waited
             windows.append((step, start, when, []))
             continue
         end = min((k for k, t in times.items() if t > when), default=None)
