@@ -11,8 +11,8 @@ first step, and the child holds no more than the state as it was then.
 
 Each save's tensors reach the writer through shared memory (worker/save_snapshot.py: the
 loop copies them into a buffer mapped before the fork, so both see it), its other values as
-a small pickle over a Unix socket. The writer answers with the path it published, or the failure with its exit code. It runs at the
-lowest CPU priority (nice 19): where training keeps every core busy it takes the cycles
+a small pickle over a Unix socket. The writer answers with the path it published, or the
+failure with its exit code. It runs at the lowest CPU priority (nice 19): where training keeps every core busy it takes the cycles
 training leaves (the waits in collectives, the data loading), so its work is not the
 loop's; on an idle CPU (a GPU run) it changes nothing.
 

@@ -60,8 +60,10 @@ from worker.staging import HostStager, memory_problem, stager_missing
 class Saver:
     def __init__(self, checkpointer: Checkpointer, status: StatusWriter, live: Liveness, bracket: str,
                  want_async: bool, exit_wait_s: float, agreed: tuple[str | None] | None = None) -> None:
-        """`agreed`: the ranks' verdict on blocking saves, when it was taken without this rank (a
-        spare replacing a lost rank: worker/live_recovery.py), instead of agreeing on it now."""
+        """`want_async`: off where no save is periodic (the final one blocks anyway, and no writer
+        process is started for nothing). `agreed`: the ranks' verdict on blocking saves, when it
+        was taken without this rank (a spare replacing a lost rank: worker/live_recovery.py),
+        instead of agreeing on it now."""
         self.ckpt, self.status, self.live, self.bracket = checkpointer, status, live, bracket
         self.exit_wait_s = exit_wait_s
         self.stats = SaveStats()
