@@ -97,12 +97,15 @@ class Checkpoint(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointWrite(Record):
-    """A checkpoint write in the background."""
+    """A checkpoint write in the background; `accounted`: what a save (async or blocking) cost the
+    loop in all, measured on its step times once its write ended (docs/design/checkpoints.md)."""
 
     TYPE: ClassVar[str] = "checkpoint_write"
-    state: str | None = None  # `started` | `failed`
+    state: str | None = None  # `started` | `failed` | `accounted`
     step: int | None = None  # the step it holds
     path: str | None = None  # where it is written
+    cost_s: float | None = None  # accounted: the save's whole cost to the loop (its window less the steps in it)
+    steps: int | None = None  # accounted: the steps its window held
 
 
 @dataclass(frozen=True, kw_only=True)
