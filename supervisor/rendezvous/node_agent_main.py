@@ -6,7 +6,10 @@ bound, so a busy port fails before anything starts) and every node's agent uses 
 a client. Keys, per attempt k (names in beat_watch.py):
 
     a{k}/node{r}   node r's join record (JSON: host, nproc, config hash, ...)
-    a{k}/all       the join is decided: "in" (set by the node whose record came last) or "abort"
+    a{k}/nodes     every node's join record in one value (a JSON list), written by the node whose
+                   record came last: each node then reads one key, not N
+    a{k}/all       the join is decided: "in" (set by the node whose record came last, after a{k}/nodes)
+                   or "abort"
     a{k}/abort     the job's root cause: the first failure any node publishes
                    (compare_set: first writer wins, everyone reads the same one)
     a{k}/done{r}   node r's workers all finished
@@ -74,8 +77,8 @@ import orjson
 
 from gpuherd.exit_codes import ExitCode
 from supervisor.rendezvous.beat_watch import (ABORTED, BEAT_S, JOINED, SETTLED, SILENT_S, BeatWatch, abort_key,
-                                              all_key, beat_key, done_key, enter, node_key, parse_verdict,
-                                              undecided, verdict_key)
+                                              all_key, beat_key, done_key, enter, node_key, nodes_key,
+                                              parse_verdict, undecided, verdict_key)
 from supervisor.rendezvous.elastic_rounds import ElasticRounds, refused_key
 from supervisor.rendezvous.nodes import settings_problem
 from supervisor.rendezvous.liveness import LIVENESS_KEY, LivenessLink, LivenessServer
@@ -83,7 +86,7 @@ from supervisor.rendezvous.store_calls import Connect, StoreCalls, TimedStore, o
 
 WAIT_SLICE_S = 5.0  # a long server-side wait is asked in pieces this long: the watchdog sees a partition in it
 ABORT_WAIT_S = 30.0  # the abort wait's pieces (two requests each: the wait, and its cancel when it ran out)
-CLOSED_GRACE_S = 5.0  # a closed connection is published as the abort this long after (see _connection_closed)
+CLOSED_GRACE_S = 2.0  # a closed connection is published as the abort this long after (see _connection_closed)
 
 
 class Agent:
@@ -187,20 +190,38 @@ class Agent:
         self.last_join = k
         keys = [node_key(k, i) for i in range(self.nnodes)]
         enter(self.store, k, self.node_rank, record)
-        if self.store.check(keys):  # this record came last: everyone waiting on a{k}/all goes on
-            self.store.compare_set(all_key(k), "", JOINED)
+        if self.store.check(keys):  # this record came last: it gathers them all, and everyone waiting goes on
+            self._gather(k, keys)
         if not self._wait_long([all_key(k)], self.join_timeout):
             self.emit("join-timeout", attempt=k, missing=self.store.missing(keys), timeout=self.join_timeout)
             return
         decided = self.store.get(all_key(k))
         cause = self.store.get_if_set(abort_key(k))
         if decided == JOINED:
-            self._joined(k, keys)
+            raw = self.store.get(nodes_key(k))
+            records = _json_or_none(raw)
+            if not (isinstance(records, list) and len(records) == self.nnodes):
+                records = [None] * self.nnodes
+            self._joined(k, list(range(self.nnodes)), records, lambda i: (nodes_key(k), raw))
         elif cause is not None:  # a node failed before the join completed (its dataset, say)
             self._join_aborted(k, cause)
         else:
             malformed = self._malformed(all_key(k), decided, f'"{JOINED.decode()}" or "{ABORTED.decode()}"')
             self._join_aborted(k, self._publish(k, malformed, self.store))
+
+    def _gather(self, k: int, keys: list[str]) -> None:
+        """The node whose record came last reads every record (one request) and writes them as one
+        value: every node then reads one key, where each reading all N records would make the
+        store serve N x N records (200 MB at 1,024 nodes, all of it on node 0's one store thread).
+        A record no gpuherd node writes is named here, with its key, as the job's cause."""
+        raws = self.store.multi_get(keys)
+        records = [_json_or_none(raw) for raw in raws]
+        for i, (key, raw, record) in enumerate(zip(keys, raws, records, strict=True)):
+            if not _is_record(record):
+                self._publish(k, self._malformed(key, raw, f"node {i}'s join record (host, nproc, settings)"), self.store)
+                return
+        self.store.compare_set(nodes_key(k), "", orjson.dumps(records))
+        self.store.compare_set(all_key(k), "", JOINED)
 
     def _wait_long(self, keys: list[str], timeout: float) -> bool:
         """A server-side wait of up to `timeout` s, in pieces the store watchdog can judge."""
@@ -214,26 +235,25 @@ class Agent:
         self.emit("abort", attempt=k, cause=self._cause(abort_key(k), raw))
         self.emit("join-aborted", attempt=k)
 
-    def _joined(self, k: int, keys: list[str], members: list[int] | None = None) -> None:
-        """Every node's join record (one request), each checked: a value no gpuherd node writes is
-        named (key, and the node whose key it is) as the job's cause instead of crashing this agent."""
-        members = list(range(len(keys))) if members is None else members
-        nodes = []
-        for i, key, raw in zip(members, keys, self.store.multi_get(keys), strict=True):
-            record = _json_or_none(raw)
-            if not (isinstance(record, dict) and isinstance(record.get("nproc"), int) and record["nproc"] > 0):
-                cause = self._malformed(key, raw, f"node {i}'s join record (host, nproc, settings)")
+    def _joined(self, k: int, members: list[int], records: list[Any],
+                source: Callable[[int], tuple[str, bytes]]) -> None:
+        """The members' join records, each checked: a value no gpuherd node writes is named
+        (`source(i)`: the key it came from, and that key's value) as the job's cause instead of
+        crashing this agent."""
+        for i, record in enumerate(records):
+            if not _is_record(record):
+                key, raw = source(i)
+                cause = self._malformed(key, raw, f"node {members[i]}'s join record (host, nproc, settings)")
                 self._join_aborted(k, self._publish(k, cause, self.store))
                 return
-            nodes.append(record)
-        self.hosts = {i: str(n.get("host", "?")) for i, n in zip(members, nodes, strict=True)}
+        self.hosts = {i: str(n.get("host", "?")) for i, n in zip(members, records, strict=True)}
         self.members = members
         self.beating, self._beat_sent = k, b"0"  # from now on: node 0 reads this node's beat
         if self.node_rank == 0:
             self.beats = BeatWatch(k)  # from the join on: a node dying before its workers start is named too
         elif self.connect is not None and self.liveness is None:
             self._link_to_node0()
-        self.emit("joined", attempt=k, round=k, members=members, nodes=nodes)
+        self.emit("joined", attempt=k, round=k, members=members, nodes=records)
 
     def _move_on(self) -> None:
         """Joining again: the attempt this node beat for stops expecting its beat."""
@@ -348,7 +368,9 @@ class Agent:
         if members is None:
             self._join_aborted(k, self.store.get(abort_key(k)))
         else:
-            self._joined(k, [node_key(k, r) for r in members], members)
+            keys = [node_key(k, r) for r in members]
+            raws = self.store.multi_get(keys)
+            self._joined(k, members, [_json_or_none(raw) for raw in raws], lambda i: (keys[i], raws[i]))
 
     def _say_waiting(self, k: int, members: list[int]) -> None:
         self.emit("waiting", attempt=k, round=k, members=members)
@@ -409,9 +431,13 @@ class Agent:
             self.report_abort(self.watching, self.store.get(abort_key(self.watching)))  # no abort-wait thread
             return
         now = time.monotonic()
-        if now < self._next_beat or (self.beating is None and self.verifying is None and self.beats is None):
+        if now < self._next_beat:
             return
+        # Set even when there is nothing to do: the loop sleeps until it (a deadline left in the
+        # past made the loop spin, a core per idle agent, before its join and between attempts).
         self._next_beat = now + BEAT_S
+        if self.beating is None and self.verifying is None and self.beats is None:
+            return
         if self.beating is not None:
             self._beat()
         if self.beats is not None:
@@ -470,10 +496,10 @@ class Agent:
                                                                   "node 0's reading of the heartbeats")])
             return
         ranks = [r for r in self.members if r not in (0, self.node_rank) and r not in self.gone]
-        if undecided(verdict, seq0, ranks) and now - began < SILENT_S + 2:
-            return
-        self.verifying = None
         silent = [c for c in verdict["dead"] if c["node"] != self.node_rank]
+        if not silent and undecided(verdict, seq0, ranks) and now - began < SILENT_S + 2:
+            return  # a node named dead answers at once: the first one is the cause, whoever else is alive
+        self.verifying = None
         self.gone.update(c["node"] for c in silent)
         self.emit("alive", attempt=k, silent=silent)
 
@@ -511,8 +537,11 @@ class Agent:
     def _connection_closed(self, r: int) -> None:
         """Node 0: node r's connection ended without a goodbye: its agent died with its processes.
         It is dead in the verdict at once; the abort naming it follows CLOSED_GRACE_S later, so that
-        the survivors' workers, failing on the same closed connections in the same instant, publish
-        first and each survivor's `alive` check names node r as the cause, their errors its consequence."""
+        the survivors' workers, failing on the same closed connections in the same instant (at their
+        next collective: within a second or so), publish first and each survivor's `alive` check
+        names node r as the cause (at once: the verdict has it), their errors its consequence. A
+        survivor whose workers did not fail has node r as the cause from the abort: within
+        CLOSED_GRACE_S plus one fan-out, under the 3 s a dead node's processes are named in."""
         beats = self.beats
         if beats is None or r not in self.members or r in beats.dead or self.lost:
             return  # between attempts: the next join names it
@@ -595,6 +624,10 @@ class Agent:
 
 def _short(exc: BaseException) -> str:
     return " ".join(str(exc).split("Exception raised from")[0].split())[:200]
+
+
+def _is_record(record: Any) -> bool:
+    return isinstance(record, dict) and isinstance(record.get("nproc"), int) and record["nproc"] > 0
 
 
 def _json_or_none(raw: bytes) -> Any:
