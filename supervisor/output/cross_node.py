@@ -50,10 +50,13 @@ class Group:
             return b"n%d/%s%d:" % (self.node, self.kind.encode(), self.devices[0]) + self.text + b"\n"
         return f"n{self.node}/{rank_set.devices(self.kind, self.devices)}:".encode() + self.key + b"\n"
 
+    def as_record(self) -> dict[str, Any]:
+        """The wire form: JSON-ready, bytes as latin-1 (any output round-trips)."""
+        return {"fd": self.fd, "node": self.node, "kind": self.kind, "devices": self.devices, "ranks": self.ranks,
+                "key": self.key.decode("latin-1"), "text": self.text.decode("latin-1")}
+
     def encode(self) -> bytes:
-        return orjson.dumps({"fd": self.fd, "node": self.node, "kind": self.kind, "devices": self.devices,
-                             "ranks": self.ranks, "key": self.key.decode("latin-1"),
-                             "text": self.text.decode("latin-1")})
+        return orjson.dumps(self.as_record())
 
 
 def decode(raw: bytes | dict[str, Any]) -> Group | None:

@@ -54,6 +54,7 @@ class JobLink:
         self.lost: str | None = None
         self._on_lost: Callable[[str], None] | None = None
         self._callbacks = threading.Lock()  # unwatch() waits for a callback in progress
+        self._on_lines: Callable[[int, list[Any]], None] | None = None  # node 0: every node's folded lines
         self._log = os.fdopen(open_log(log_path), "ab")  # the agent writes to it for the whole job
         argv = [python, "-m", "supervisor.rendezvous.node_agent_main", str(spec.node_rank),
                 f"{spec.min_nodes or spec.nnodes}:{spec.nnodes}", spec.master_addr, str(spec.master_port),
@@ -86,6 +87,9 @@ class JobLink:
                 self._record_abort(int(event["attempt"]), event["cause"])
             elif kind == "lost":
                 self._set_lost(event["message"])
+            elif kind == "lines":
+                if self._on_lines is not None and isinstance(event.get("records"), list):
+                    self._on_lines(int(event.get("node", -1)), event["records"])
             else:
                 self._replies.put(event)
         self._set_lost(f"the node agent (job store link to {self.where}) exited")
@@ -199,6 +203,15 @@ class JobLink:
                                 ExitCode.HANG)
         with self._abort_seen:
             return self._aborts.get(attempt)
+
+    def share_lines(self, records: list[dict[str, Any]]) -> None:
+        """Console lines this node held for folding across nodes (supervisor/output/cross_node.py
+        `Group.encode`), to node 0's folding point over the agents' direct connection."""
+        self._send("lines", records=records)
+
+    def receive_lines(self, callback: Callable[[int, list[Any]], None]) -> None:
+        """Node 0: `callback(node, records)` from the reader thread for every node's lines (its own too)."""
+        self._on_lines = callback
 
     def share_outcome(self, outcome: dict[str, Any]) -> None:
         """A node other than 0: how it ended, for node 0's summary."""

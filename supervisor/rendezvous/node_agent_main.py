@@ -55,6 +55,9 @@ events on stdout (stderr is torch's own chatter, kept in the run's agent log).
     {"cmd": "outcome", "outcome": {...}}             (a node other than 0: how it ended)
     {"cmd": "outcomes", "timeout": s}                -> outcomes {nodes: [outcome or null for nodes 1..]}
     {"cmd": "leave"}                                 (a node other than 0 is done with the store)
+    {"cmd": "lines", "records": [...]}               console lines held for folding across nodes (cross_node.py):
+                                                     to node 0 over the direct connection; on node 0 ->
+                                                     lines {node, records} for each node's (its own too)
     {"cmd": "linger", "timeout": s}                  -> lingered {missing}: node 0 waited for every leave
     (always possible)                                -> lost {message}: the store is gone
 
@@ -117,11 +120,13 @@ class Agent:
         self.timed: list[TimedStore] = []  # the connections the watchdog looks at
         self._spare: list[StoreCalls] = []  # an abort wait's connection once that wait ended: the next one's
         self.liveness: LivenessLink | None = None
+        self.liveness_at: str | None = None  # node 0: its liveness server's "host:port"
         self._liveness_store: StoreCalls | None = None  # node 0: the connection its liveness thread names nodes on
         self._commands: dict[str, Callable[[int, dict[str, Any]], None]] = {
             "join": self._join, "watch": self._watch, "abort": self._abort, "done": self._done,
             "wait-done": self._wait_done, "alive": self._alive, "outcome": self._outcome,
             "outcomes": self._outcomes, "leave": self._leave, "linger": self._linger,
+            "lines": self._lines,
         }
 
     # ---------------------------------------------------------------- events
@@ -182,7 +187,10 @@ class Agent:
     def _join(self, k: int, msg: dict[str, Any]) -> None:
         if not self._claim_rank(k, msg["record"]):
             return
-        record = orjson.dumps(msg["record"])
+        fields = msg["record"]
+        if self.liveness_at is not None:  # node 0: where the direct connections go, read with the records
+            fields = {**fields, LIVENESS_KEY: self.liveness_at}
+        record = orjson.dumps(fields)
         self._move_on()
         if self.rounds is not None:
             self._join_elastic(record)
@@ -196,14 +204,13 @@ class Agent:
             self.emit("join-timeout", attempt=k, missing=self.store.missing(keys), timeout=self.join_timeout)
             return
         decided = self.store.get(all_key(k))
-        cause = self.store.get_if_set(abort_key(k))
         if decided == JOINED:
             raw = self.store.get(nodes_key(k))
             records = _json_or_none(raw)
             if not (isinstance(records, list) and len(records) == self.nnodes):
                 records = [None] * self.nnodes
             self._joined(k, list(range(self.nnodes)), records, lambda i: (nodes_key(k), raw))
-        elif cause is not None:  # a node failed before the join completed (its dataset, say)
+        elif (cause := self.store.get_if_set(abort_key(k))) is not None:  # a node failed before the join completed
             self._join_aborted(k, cause)
         else:
             malformed = self._malformed(all_key(k), decided, f'"{JOINED.decode()}" or "{ABORTED.decode()}"')
@@ -252,7 +259,7 @@ class Agent:
         if self.node_rank == 0:
             self.beats = BeatWatch(k)  # from the join on: a node dying before its workers start is named too
         elif self.connect is not None and self.liveness is None:
-            self._link_to_node0()
+            self._link_to_node0(records[members.index(0)].get(LIVENESS_KEY) if 0 in members else None)
         self.emit("joined", attempt=k, round=k, members=members, nodes=records)
 
     def _move_on(self) -> None:
@@ -315,6 +322,24 @@ class Agent:
         found = dict(zip(present, self.store.multi_get(present), strict=True))
         outcomes = [_json_or_none(found[key]) if key in found else None for key in keys]
         self.emit("outcomes", ranks=others, nodes=[o if isinstance(o, dict) else None for o in outcomes])
+
+    def _lines(self, k: int, msg: dict[str, Any]) -> None:
+        """Console lines this node's supervisor held for folding across nodes: to node 0's folding
+        point over the direct connection (never the store); node 0's own, and a node without that
+        connection's, come straight back as a `lines` event for its supervisor to print."""
+        records = msg.get("records")
+        if not isinstance(records, list) or not records:
+            return
+        if self.liveness is not None:
+            self.liveness.send_lines(orjson.dumps(records))
+        else:
+            self.emit("lines", node=self.node_rank, records=records)
+
+    def _node_lines(self, r: int, payload: bytes) -> None:
+        """Node 0: another node's console lines, for its supervisor's folding point."""
+        records = _json_or_none(payload)
+        if isinstance(records, list):
+            self.emit("lines", node=r, records=records)
 
     def _leave(self, k: int, msg: dict[str, Any]) -> None:
         self.leaving = True
@@ -531,8 +556,9 @@ class Agent:
 
     def serve_liveness(self, host: str) -> None:
         """Node 0: the port every other agent connects to (liveness.py), published on the store."""
-        server = LivenessServer(host, self._connection_closed)
-        self.store.set(LIVENESS_KEY, f"{host}:{server.port}".encode())
+        server = LivenessServer(host, self._connection_closed, self._node_lines)
+        self.liveness_at = f"{host}:{server.port}"
+        self.store.set(LIVENESS_KEY, self.liveness_at.encode())
 
     def _connection_closed(self, r: int) -> None:
         """Node 0: node r's connection ended without a goodbye: its agent died with its processes.
@@ -568,11 +594,14 @@ class Agent:
         except RuntimeError as exc:
             print(f"node agent: could not name node {r}: {_short(exc)}", file=sys.stderr, flush=True)
 
-    def _link_to_node0(self) -> None:
-        where = self.store.get_if_set(LIVENESS_KEY)
-        if where is None:
-            return  # node 0 has none (a test's store): the heartbeat silence rule still holds
-        host, _, port = where.decode(errors="replace").rpartition(":")
+    def _link_to_node0(self, where: str | None = None) -> None:
+        """`where`: node 0's "host:port" as its join record carries it (no request); else the store's key."""
+        if not isinstance(where, str):
+            raw = self.store.get_if_set(LIVENESS_KEY)
+            if raw is None:
+                return  # node 0 has none (a test's store): the heartbeat silence rule still holds
+            where = raw.decode(errors="replace")
+        host, _, port = where.rpartition(":")
         try:
             self.liveness = LivenessLink(host, int(port), self.node_rank, self._node0_closed)
         except (OSError, ValueError) as exc:

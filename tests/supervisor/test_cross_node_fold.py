@@ -5,9 +5,14 @@ are printed where they happen, and every rank's log file keeps every line."""
 
 from __future__ import annotations
 
+import queue
+
+import orjson
+
 from supervisor.output.console import STDERR, STDOUT
 from supervisor.output.cross_node import CrossNodeFolder, Group, decode
 from supervisor.output.router import LogRouter, WorkerLog
+from supervisor.rendezvous.liveness import LivenessLink, LivenessServer
 from tests.supervisor.test_console_fold import WARNING, FakeConsole
 
 NODES, PER_NODE = 256, 8
@@ -79,3 +84,16 @@ def test_a_record_no_node_wrote_is_left_out():
     assert decode(b'{"fd": 1, "node": 0, "kind": "GPU", "devices": [0], "ranks": [], "key": "", "text": ""}') is None
     group = Group(STDERR, 3, "GPU", (1,), (25,), b"\xff\xfe bytes [GPU *]", b"\xff\xfe bytes [GPU 1]")
     assert decode(group.encode()) == group  # any output round-trips
+
+
+def test_a_nodes_lines_reach_node_0_over_its_direct_connection_not_the_store():
+    got: queue.SimpleQueue = queue.SimpleQueue()
+    server = LivenessServer("127.0.0.1", on_closed=lambda r: got.put(("closed", r)),
+                            on_lines=lambda r, payload: got.put((r, payload)))
+    link = LivenessLink("127.0.0.1", server.port, 7, on_closed=lambda: None)
+    group = Group(STDERR, 7, "GPU", (0, 1), (56, 57), b"warn [GPU *]", b"warn [GPU 0]")
+    link.send_lines(b"[" + group.encode() + b"]")
+    rank, payload = got.get(timeout=10)
+    assert rank == 7 and [decode(d) for d in orjson.loads(payload)] == [group]
+    link.bye()
+    link.drop()
