@@ -36,6 +36,7 @@ from gpuherd.files import open_log
 from supervisor.rendezvous.nodes import NodeLinkError, NodeSpec
 
 SILENT_CHECK_S = 30.0  # the agent answers an "alive" check within its SILENT_S + 2 s
+STOP_AFTER_MAX_S = 30.0  # a cause's `stop_after_s` beyond this is not node 0's agent's: stop at once
 
 
 class JobLink:
@@ -99,9 +100,23 @@ class JobLink:
             first = attempt not in self._aborts
             self._aborts.setdefault(attempt, cause)
             self._abort_seen.notify_all()
+        if not first:
+            return
+        # A node named dead by its closed connection is the cause at once (`winner`), but this node's
+        # workers are stopped a few seconds later: failing first on the dead node's connections, they
+        # are recorded as its consequence instead of being cut short by the stop.
+        delay = cause.get("stop_after_s")
+        if isinstance(delay, int | float) and 0 < delay <= STOP_AFTER_MAX_S:
+            timer = threading.Timer(delay, self._call_back, args=(attempt, cause))
+            timer.daemon = True
+            timer.start()
+        else:
+            self._call_back(attempt, cause)
+
+    def _call_back(self, attempt: int, cause: dict[str, Any]) -> None:
         with self._callbacks:
             callback = self._on_abort.get(attempt)
-            if first and callback is not None:
+            if callback is not None:
                 callback(cause)
 
     def _set_lost(self, message: str) -> None:

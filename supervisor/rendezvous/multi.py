@@ -111,7 +111,7 @@ class MultiNode:
         if winner["message"] != ours["message"] and not (winner.get("kind") in asked and cause.kind in asked):
             # A failure here after another node was found dead broke on that node's closed connections.
             dead = winner.get("kind") == "node" and winner.get("node") != self.node_rank
-            notes.append(f"a consequence of that, not the cause: {cause.message}" if dead
+            notes.append(f"a consequence of that, not the cause: {ours['message']}" if dead
                          else f"also on this node, after the job's first failure: {cause.message}")
         if winner.get("node") == self.node_rank and cause.node is None:
             winner["stderr_tail"] = cause.stderr_tail  # complete now that every pipe is drained

@@ -89,7 +89,7 @@ from supervisor.rendezvous.store_calls import Connect, StoreCalls, TimedStore, o
 
 WAIT_SLICE_S = 5.0  # a long server-side wait is asked in pieces this long: the watchdog sees a partition in it
 ABORT_WAIT_S = 30.0  # the abort wait's pieces (two requests each: the wait, and its cancel when it ran out)
-CLOSED_GRACE_S = 2.0  # a closed connection is published as the abort this long after (see _connection_closed)
+CLOSED_GRACE_S = 5.0  # a node named dead by its closed connection: survivors stop their workers this long after
 
 
 class Agent:
@@ -562,12 +562,11 @@ class Agent:
 
     def _connection_closed(self, r: int) -> None:
         """Node 0: node r's connection ended without a goodbye: its agent died with its processes.
-        It is dead in the verdict at once; the abort naming it follows CLOSED_GRACE_S later, so that
-        the survivors' workers, failing on the same closed connections in the same instant (at their
-        next collective: within a second or so), publish first and each survivor's `alive` check
-        names node r as the cause (at once: the verdict has it), their errors its consequence. A
-        survivor whose workers did not fail has node r as the cause from the abort: within
-        CLOSED_GRACE_S plus one fan-out, under the 3 s a dead node's processes are named in."""
+        It is dead in the verdict and published as every node's root cause at once (named on every
+        survivor within one fan-out). The cause carries `stop_after_s` (CLOSED_GRACE_S): each
+        survivor's supervisor stops its workers only that long after, so that its workers, failing
+        on the same closed connections at their next collective, fail first and are recorded as
+        the dead node's consequence, not cut short by the stop."""
         beats = self.beats
         if beats is None or r not in self.members or r in beats.dead or self.lost:
             return  # between attempts: the next join names it
@@ -577,20 +576,12 @@ class Agent:
             conn = self._liveness_store
             if conn.get_if_set(beat_key(beats.k, r)) in SETTLED:
                 return
-            cause = self._silent(r, "its connection to node 0 closed without a goodbye")
+            cause = {**self._silent(r, "its connection to node 0 closed without a goodbye"),
+                     "stop_after_s": CLOSED_GRACE_S}
             beats.dead[r] = cause
             self.gone.add(r)
             conn.set(verdict_key(beats.k), orjson.dumps(beats.verdict()))
-        except RuntimeError as exc:
-            print(f"node agent: could not name node {r}: {_short(exc)}", file=sys.stderr, flush=True)
-            return
-        timer = threading.Timer(CLOSED_GRACE_S, self._publish_closed, args=(beats.k, r, cause, conn))
-        timer.daemon = True
-        timer.start()
-
-    def _publish_closed(self, k: int, r: int, cause: dict[str, Any], conn: StoreCalls) -> None:
-        try:
-            self._declare(k, r, cause, conn)
+            self._declare(beats.k, r, cause, conn)
         except RuntimeError as exc:
             print(f"node agent: could not name node {r}: {_short(exc)}", file=sys.stderr, flush=True)
 
