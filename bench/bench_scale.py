@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The multi-node control plane at scale: N simulated nodes (bench/scale_sim.py: the real node
-agent per node, ranks replaced by nothing, processes of 128 nodes each, one real TCPStore
+agent per node, ranks replaced by nothing, processes of 64 nodes each, one real TCPStore
 server in a process of its own), gpuherd vs torchrun's c10d rendezvous, for N = 8 ... 1,024.
 
 Per N: join time, store requests per node per second in a steady attempt, and (gpuherd;

@@ -48,7 +48,7 @@ from supervisor.rendezvous.node_agent_main import Agent
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
-NODES_PER_SHARD = 128  # simulated nodes per process (a shard)
+NODES_PER_SHARD = 64  # simulated nodes per process (a shard)
 SHARD_START_S = 600.0  # a shard's store connections: about 3 % of torch's client connects take 5 s here
 JOIN_TIMEOUT_S = 600.0
 STACK = 512 * 1024  # thousands of threads: a small stack each

@@ -536,7 +536,9 @@ class Agent:
             conn = self._connection()
             while not self.lost and k not in self._reported:
                 if conn.wait([abort_key(k)], ABORT_WAIT_S):
-                    self.report_abort(k, conn.get(abort_key(k)))
+                    # The key exists now: compare_set with "" expected returns its value untouched, in one
+                    # round trip (torch's `get` is two: a wait, then the get), for every node at once.
+                    self.report_abort(k, conn.compare_set(abort_key(k), "", b""))
                     break
                 if self.leaving or (self.last_join is not None and self.last_join > k):
                     break
