@@ -112,7 +112,10 @@ class MultiNode:
         winner = self.link.winner(attempt) or ours
         asked = (CauseKind.TERMINATED, CauseKind.INTERRUPTED)  # a stop every node was asked for: one event, not two
         if winner["message"] != ours["message"] and not (winner.get("kind") in asked and cause.kind in asked):
-            notes.append(f"also on this node, after the job's first failure: {cause.message}")
+            # A failure here after another node was found dead broke on that node's closed connections.
+            dead = winner.get("kind") == "node" and winner.get("node") != self.node_rank
+            notes.append(f"a consequence of that, not the cause: {ours['message']}" if dead
+                         else f"also on this node, after the job's first failure: {cause.message}")
         if winner.get("node") == self.node_rank and cause.node is None:
             winner["stderr_tail"] = cause.stderr_tail  # complete now that every pipe is drained
         return self._blame_dead_node(attempt, RootCause.from_dict(winner), notes)
