@@ -25,7 +25,7 @@ try:
 except ImportError:  # a script's own interpreter (PYTHON_EXEC): json writes the same records
     orjson = None  # type: ignore[assignment]
 
-RECORD_TYPES = ("ready", "step", "eval", "checkpoint", "checkpoint_write", "phase", "nan", "spike", "suspect", "done",
+RECORD_TYPES = ("ready", "step", "eval", "checkpoint", "checkpoint_write", "phase", "nan", "spike", "suspect", "sdc", "done",
                 "error", "alive", "stop", "live")
 PIPE_BUF = 4096
 
