@@ -36,7 +36,8 @@ class SuspectWatch:
             return
         self._latest[rank] = SuspectDevice(
             attempt=self.attempt, rank=rank, device=str(record.get("device", "?")), gpu=self._gpu_of.get(rank),
-            host=str(record.get("host", "?")), transient_faults=faults, limit=limit, step=step)
+            host=str(record.get("host", "?")), transient_faults=faults, limit=limit, step=step,
+            cause=str(record.get("cause") or "transient fault"))
 
     def devices(self, exclusion_on: bool) -> list[SuspectDevice]:
         """Every suspect of the attempt, by rank. A GPU over the limit gets the hint to exclude
