@@ -59,8 +59,7 @@ class SdcCheck:
         cfg = t.cfg.training
         self.every, self.optim_every = cfg.sdc_check_every, cfg.sdc_optim_check_every
         self.replicated = REPLICATED.get(t.strategy, ()) if self.world > 1 and self.every else ()
-        flip = injector.from_env(self.world)
-        if flip is not None:
+        for flip in injector.from_env(self.world):
             if self.rank == 0:
                 logger.warning(f"{t.identity.bracket} {flip.describe()}: rank {flip.rank} flips one bit of its "
                                f"{flip.target} at step {flip.step} (a test fault)")

@@ -1,4 +1,5 @@
-"""A fault for tests: `GPUHERD_INJECT_BITFLIP=RANK:STEP:TARGET` flips one bit on one rank, once.
+"""A fault for tests: `GPUHERD_INJECT_BITFLIP=RANK:STEP:TARGET` flips one bit on one rank, once
+(several faults: comma-separated).
 
 TARGET `param`: a parameter value, right after optimizer step STEP (memory corrupted at rest);
 `grad`: a gradient value, after the all-reduce and just before step STEP's update (a wrong
@@ -52,9 +53,9 @@ def parse(text: str, world_size: int) -> Bitflip:
     return Bitflip(rank, step, target)
 
 
-def from_env(world_size: int) -> Bitflip | None:
+def from_env(world_size: int) -> list[Bitflip]:
     text = os.environ.get(contract.INJECT_BITFLIP, "")
-    return parse(text, world_size) if text else None
+    return [parse(part.strip(), world_size) for part in text.split(",")] if text.strip() else []
 
 
 def flip_top_mantissa_bit(t: torch.Tensor) -> tuple[int, int]:
