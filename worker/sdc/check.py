@@ -51,6 +51,13 @@ class Pending:
     widths: list[int]
 
 
+def gather_rows(sums: torch.Tensor, world: int) -> list[tuple[int, ...]]:
+    """Every rank's sums, by rank: one all_gather of a few hundred bytes."""
+    out = [torch.empty_like(sums) for _ in range(world)]
+    dist.all_gather(out, sums)
+    return [tuple(row.cpu().tolist()) for row in out]  # the one host sync of a check
+
+
 class SdcCheck:
     def __init__(self, trainer: Any) -> None:
         t = trainer
@@ -104,10 +111,8 @@ class SdcCheck:
         return self.t.device if dist.get_backend() == "nccl" else torch.device("cpu")
 
     def _gather(self, fp: Fingerprint) -> list[tuple[int, ...]]:
-        out = [torch.empty_like(fp.sums) for _ in range(self.world)]
         with self.t.live.collective("all_gather (sdc fingerprint)"):
-            dist.all_gather(out, fp.sums)
-        return [tuple(row.cpu().tolist()) for row in out]  # the one host sync of a check
+            return gather_rows(fp.sums, self.world)
 
     def _mismatch(self, step: int, fp: Fingerprint, widths: list[int], rows: list[tuple[int, ...]],
                   verdict: blame.Verdict, with_optim: bool) -> bool:
