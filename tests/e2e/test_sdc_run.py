@@ -1,6 +1,6 @@
 """Silent data corruption through the whole product: one bit flipped in one replica's parameter,
 gradient or optimizer state (GPUHERD_INJECT_BITFLIP) with 2, 3 and 4 DDP ranks is detected at the
-step it happened, the right rank is named, the run heals without restarting a process, and every
+gradient or optimizer state (GPUHERD_INJECT_BITFLIP) with 2, 3 and 4 DDP ranks, or 2 FSDP ranks, is detected at the
 loss equals an undisturbed run's, bit for bit; a second strike on the same device ends the run."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _losses(run_dir) -> dict[tuple[int, int], float]:
     return {(r["rank"], r["step"]): r["loss"] for r in records(run_dir, "step") if "loss" in r}
 
 
-_UNDISTURBED: dict[int, dict[tuple[int, int], float]] = {}
+_UNDISTURBED: dict[int | str, dict[tuple[int, int], float]] = {}
 
 
 def _undisturbed(tmp_path_factory, env, nproc: int) -> dict[tuple[int, int], float]:
@@ -88,3 +88,26 @@ def test_a_second_strike_on_the_same_device_ends_its_use_with_exit_8(tmp_path, p
     summary = orjson.loads((tmp_path / "logs" / "twice" / "summary.json").read_bytes())
     (suspect,) = summary["suspect_devices"]
     assert suspect["rank"] == 2 and suspect["transient_faults"] == 2 and suspect["step"] == 3
+
+
+FSDP = ["training.strategy=fsdp"]
+
+
+@pytest.mark.parametrize("flips", ["1:1:param,0:3:optim", "1:5:grad"])
+def test_fsdp_shards_are_checked_by_recomputing_the_step_which_names_and_heals_the_flip(
+        tmp_path, tmp_path_factory, python_env, flips):
+    """Nothing is replicated: at the optimizer-state interval each rank recomputes its step."""
+    if "fsdp" not in _UNDISTURBED:
+        cwd = tmp_path_factory.mktemp("plainfsdp")
+        plain = _run(cwd, python_env, "plain", 2, "", *FSDP, "training.sdc_check_every=0")
+        assert plain.returncode == 0, plain.stderr[-3000:]
+        _UNDISTURBED["fsdp"] = _losses(cwd / "logs" / "plain")
+    run = _run(tmp_path, python_env, "r", 2, flips, *FSDP)
+    assert run.returncode == 0, run.stderr[-3000:]
+    run_dir = tmp_path / "logs" / "r"
+    wanted = [(int(step), [int(rank)]) for rank, step, _ in (f.split(":") for f in flips.split(","))]
+    found = [(r["step"], r["culprits"]) for r in records(run_dir, "sdc")]
+    assert found == wanted and {r["blamed_by"] for r in records(run_dir, "sdc")} == {"recompute"}
+    if "param" in flips:  # the value and bit the injector flipped, named
+        assert "layers.1.attention.wq.weight[" in run.stderr and "] bit 22: " in run.stderr
+    assert _losses(run_dir) == _UNDISTURBED["fsdp"]

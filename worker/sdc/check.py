@@ -32,9 +32,10 @@ import torch.distributed as dist
 from loguru import logger
 
 from gpuherd.exit_codes import ExitCode
-from worker.distributed import WorkerError
+from worker.distributed import WorkerError, gather_objects
 from worker.sdc import blame, heal, injector
 from worker.sdc.fingerprint import Fingerprint, optimizer_state, parameters
+from worker.sdc.recompute import StepRecompute
 
 # Strategies whose ranks hold replicas: what of their state is replicated.
 REPLICATED = {"ddp": ("param", "optim"), "zero1": ("param",)}
@@ -66,6 +67,10 @@ class SdcCheck:
         cfg = t.cfg.training
         self.every, self.optim_every = cfg.sdc_check_every, cfg.sdc_optim_check_every
         self.replicated = REPLICATED.get(t.strategy, ()) if self.world > 1 and self.every else ()
+        # nothing replicated (FSDP): the step is recomputed at the optimizer-state interval instead
+        recompute = t.strategy == "fsdp" and self.world > 1 and self.every and self.optim_every
+        self.recompute = StepRecompute(t.engine.inner, t.engine.optimizer,
+                                       lambda: self._due(t.step + 1, self.optim_every)) if recompute else None
         for flip in injector.from_env(self.world):
             if self.rank == 0:
                 logger.warning(f"{t.identity.bracket} {flip.describe()}: rank {flip.rank} flips one bit of its "
@@ -81,13 +86,12 @@ class SdcCheck:
     def after_step(self, step: int) -> bool:
         """After optimizer step `step` (0-based). True: the trainer was rolled back (heal.Kept)
         and its loop goes on from there."""
-        if not self.replicated:
+        done = step + 1
+        if self.recompute is not None and self._due(done, self.optim_every):
+            self._recompute(step)
+        if not self.replicated or not self._due(done, self.every):
             return False
-        done, t = step + 1, self.t.cfg.training
-        saving = done == t.max_steps or bool(t.save_every and done % t.save_every == 0)
-        if not (done % self.every == 0 or saving):
-            return False
-        with_optim = "optim" in self.replicated and bool(self.optim_every and (done % self.optim_every == 0 or saving))
+        with_optim = "optim" in self.replicated and self._due(done, self.optim_every)
         fp, widths = self._fingerprint(with_optim)
         rows = self._gather(fp)
         verdict = blame.judge(rows)
@@ -100,6 +104,26 @@ class SdcCheck:
         return self._mismatch(step, fp, widths, rows, verdict, with_optim)
 
     # ------------------------------------------------------------------ pieces
+    def _due(self, done: int, every: int) -> bool:
+        """A check after `done` completed steps: every `every`-th, and before each checkpoint."""
+        t = self.t.cfg.training
+        saving = done == t.max_steps or bool(t.save_every and done % t.save_every == 0)
+        return bool(every) and (done % every == 0 or saving)
+
+    def _recompute(self, step: int) -> None:
+        started = time.perf_counter()
+        found = self.recompute.verify()
+        (flags,) = zip(*self._gather(Fingerprint([], torch.tensor([int(bool(found))], device=self._wire()))),
+                       strict=True)
+        culprits = tuple(r for r, bad in enumerate(flags) if bad)
+        if culprits:
+            self.t.status.send("phase", name="sdc")
+            healthy = min(set(range(self.world)) - set(culprits), default=None)
+            evidence = [line for lines in gather_objects(found) for line in lines]  # for the sdc record
+            self._strike(step, culprits, healthy, "recompute", "the recomputed step, kept in place",
+                         found or evidence, time.perf_counter() - started)
+            self.t.status.send("phase", name="train")
+
     def _fingerprint(self, with_optim: bool) -> tuple[Fingerprint, list[int]]:
         engine = self.t.engine
         named = parameters(engine.inner)
@@ -175,9 +199,12 @@ class SdcCheck:
         if self.rank in culprits:
             from worker.nan.consensus import device_label, hostname
 
+            differed = ("its replica differed from the others" if self.replicated else
+                        "its optimizer step's result differed from a recompute of the step")
+
             device, host = device_label(t.device, t.identity.bracket), hostname()
             logger.error(f"{t.identity.bracket} SILENT DATA CORRUPTION on {device}, host {host}, rank {self.rank}, "
-                         f"step {step}: its replica differed from the others ({'; '.join(found[:2]) or 'see the sdc record'})"
+                         f"step {step}: {differed} ({'; '.join(found[:2]) or 'see the sdc record'})"
                          f"; named by {blamed_by}, healed by {healed}; strike {self.strikes[self.rank]} of "
                          f"{STRIKES_ALLOWED + 1}")
             t.status.send("suspect", step=step, device=device, host=host, transient_faults=self.strikes[self.rank],
