@@ -1,7 +1,8 @@
 """Silent data corruption through the whole product: one bit flipped in one replica's parameter,
-gradient or optimizer state (GPUHERD_INJECT_BITFLIP) with 2, 3 and 4 DDP ranks is detected at the
-gradient or optimizer state (GPUHERD_INJECT_BITFLIP) with 2, 3 and 4 DDP ranks, or 2 FSDP ranks, is detected at the
-loss equals an undisturbed run's, bit for bit; a second strike on the same device ends the run."""
+gradient or optimizer state (GPUHERD_INJECT_BITFLIP) with 2, 3 and 4 DDP ranks, or 2 FSDP ranks,
+is detected at the step it happened, the right rank is named, the run heals without restarting a
+process, and every loss equals an undisturbed run's, bit for bit; a second strike on the same
+device ends the run."""
 
 from __future__ import annotations
 
