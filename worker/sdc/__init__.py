@@ -4,6 +4,7 @@ optimizer steps, a corrupted one is named and healed in place (docs/guide/silent
 fingerprint.py  a tensor -> the wrapping sum of its raw 64-bit words (exact, order-free)
 blame.py        every rank's sums -> who is wrong (majority; recompute evidence for two)
 heal.py         a healthy rank's state by broadcast; the kept state a rollback recomputes from
+recompute.py    FSDP (nothing replicated): the optimizer step recomputed and compared bit for bit
 injector.py     GPUHERD_INJECT_BITFLIP: one flipped bit, for tests
 check.py        the trainer's hook tying them together (SdcCheck)
 """

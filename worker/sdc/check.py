@@ -14,6 +14,10 @@ state is ever saved. On a mismatch (phase `sdc` while it is handled):
   disagrees again the fault is persistent: every disagreeing rank is suspect and the run stops
   (exit 8) rather than training on an unknown replica.
 
+FSDP holds no replicas: there each rank recomputes its optimizer step at the optimizer-state
+interval instead (recompute.py) and a rank whose first result differs is named and keeps the
+recomputed one.
+
 Each corrupted rank says so in one console banner (device, host, rank, step) and a `suspect`
 status record (the supervisor's suspect list: summary.json, `gpuherd report`, a restart with
 --exclude-suspect-gpus), and the lowest healthy rank sends one `sdc` record with the evidence.
