@@ -157,7 +157,6 @@ class Trainer:
         if joining is not None:
             self.recovery.join(joining)
             self.reporter.restart_window(self.step)
-        self.sdc = SdcCheck(self)  # replicas compared after optimizer steps (worker/sdc/)
 
     def _log_rank0(self, message: str) -> None:
         if self.identity.rank == 0:
@@ -249,6 +248,7 @@ class Trainer:
         t = self.cfg.training
         self.status.send("phase", name="train")
         self.engine.train()
+        self.sdc = SdcCheck(self)  # replicas compared after optimizer steps (worker/sdc/)
         self.recovery.announce()
         self.recovery.mark()
         stopped = False

@@ -131,7 +131,8 @@ class _Attempt:
                 continue
             segs.append([since, e.time, cur])
             since = e.time
-            cur = {"rendezvous": self.label("rendezvous"), "checkpoint": "checkpoint_save", "eval": "eval", "sdc": "sdc",
+            cur = {"rendezvous": self.label("rendezvous"), "checkpoint": "checkpoint_save", "eval": "eval",
+                   "sdc": "sdc",
                    "shutdown": "other",
                    "init": "checkpoint_restore" if self.resumed else self.label("warmup"),
                    }.get(e.name or "", PRODUCTIVE if stepped else self.label("warmup"))

@@ -20,7 +20,8 @@ from supervisor.views.run_files import LogLine
 @dataclass(frozen=True)
 class Event:
     time: float  # unix seconds
-    kind: str  # checkpoint | nan (also spikes) | suspect | sdc | error | restart | recovery | xid | ecc | eval | warning
+    # checkpoint | nan (also spikes) | suspect | sdc | error | restart | recovery | xid | ecc | eval | warning
+    kind: str
     text: str  # one short line
     rank: int | None = None
 
@@ -51,13 +52,16 @@ def event_of(record: dict[str, Any]) -> Event | None:
         return _suspicious_step(record, when, rank)
     if kind == "suspect":
         return Event(when, "suspect", f"device {record.get('device')} ({record.get('host')}) suspect: "
-                                      f"{record.get('transient_faults')} {record.get('cause') or 'transient fault'}(s), limit {record.get('limit')}"
+                                      f"{record.get('transient_faults')} "
+                                      f"{record.get('cause') or 'transient fault'}(s), "
+                                      f"limit {record.get('limit')}"
                                       + (": stopping the run" if record.get("stopping") else ""), rank)
     if kind == "sdc":
         evidence = record.get("evidence") or ["-"]
-        return Event(when, "sdc", f"silent data corruption after step {record.get('step')}: rank(s) "
-                                  f"{', '.join(map(str, record.get('culprits') or []))} named by {record.get('blamed_by')}, "
-                                  f"healed by {record.get('healed')}: {evidence[0]}", rank)
+        culprits = ", ".join(map(str, record.get("culprits") or []))
+        how = f"named by {record.get('blamed_by')}, healed by {record.get('healed')}"
+        return Event(when, "sdc", f"silent data corruption after step {record.get('step')}: rank(s) {culprits} "
+                                  f"{how}: {evidence[0]}", rank)
     if kind == "error":
         return Event(when, "error", f"rank {rank}: {error_line(record)[:160]}", rank)
     if kind == "restart":

@@ -32,7 +32,8 @@ FLIPS = {
 CASES = [(n, flips) for n, runs in FLIPS.items() for flips in runs]
 
 
-def _run(cwd, env: dict[str, str], run_id: str, nproc: int, flips: str = "", *extra: str) -> subprocess.CompletedProcess:
+def _run(cwd, env: dict[str, str], run_id: str, nproc: int, flips: str = "",
+         *extra: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "supervisor", "--debug", "--no-report", "--nproc", str(nproc), "--run-id", run_id]
     for item in [*SETTINGS, *extra]:
         cmd += ["--set", item]

@@ -34,7 +34,8 @@ def judge(rows: list[tuple[int, ...]]) -> Verdict:
     row, n = counts.most_common(1)[0]
     if 2 * n <= len(rows):
         return Verdict(False)
-    return Verdict(False, tuple(r for r, x in enumerate(rows) if x != row), tuple(r for r, x in enumerate(rows) if x == row))
+    return Verdict(False, tuple(r for r, x in enumerate(rows) if x != row),
+                   tuple(r for r, x in enumerate(rows) if x == row))
 
 
 def against(first: list[tuple[int, ...]], recomputed: tuple[int, ...]) -> tuple[int, ...]:

@@ -155,8 +155,9 @@ class SdcCheck:
             return False
         if self.kept is None or self.pending is not None:
             suspects = tuple(range(self.world)) if self.pending is None else blame.against(self.pending.rows, rows[0])
-            self._stop(step, suspects or tuple(range(self.world)), "the replicas disagree and nothing decides which is right"
-                       if self.pending is None else "the recomputed step disagrees again: a persistent fault")
+            why = ("the replicas disagree and nothing decides which is right" if self.pending is None
+                   else "the recomputed step disagrees again: a persistent fault")
+            self._stop(step, suspects or tuple(range(self.world)), why)
         self.pending = Pending(step, rows, fp.names, widths)
         if self.rank == 0:
             logger.warning(f"{t.identity.bracket} silent data corruption check: the 2 replicas disagree after step "
@@ -201,7 +202,7 @@ class SdcCheck:
             self.strikes[r] += 1
             self.struck_at.setdefault(r, []).append(step)
         if self.rank in culprits:
-            from worker.nan.consensus import device_label, hostname
+            from worker.nan import device_label, hostname
 
             differed = ("its replica differed from the others" if self.replicated else
                         "its optimizer step's result differed from a recompute of the step")

@@ -83,7 +83,8 @@ def locate(mine: dict[str, torch.Tensor], healthy: dict[str, torch.Tensor], limi
 def named_optimizer_state(engine: Engine, state: dict[str, Any]) -> dict[str, torch.Tensor]:
     """An optimizer state dict's tensors under `param:key` names (state dicts key them by index)."""
     names = {id(p): n for n, p in engine.inner.named_parameters()}
-    order = [names.get(id(p), str(i)) for i, p in enumerate(p for g in engine.optimizer.param_groups for p in g["params"])]
+    params = [p for g in engine.optimizer.param_groups for p in g["params"]]
+    order = [names.get(id(p), str(i)) for i, p in enumerate(params)]
     return {f"{order[i]}:{key}": v for i, entry in state["state"].items() for key, v in entry.items()
             if isinstance(v, torch.Tensor) and i < len(order)}
 
