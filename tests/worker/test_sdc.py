@@ -10,6 +10,7 @@ from torch import nn
 from worker.distributed import WorkerError
 from worker.sdc import blame, heal, injector
 from worker.sdc.fingerprint import Fingerprint, optimizer_state, parameters, word_sum
+from worker.sdc.recompute import StepRecompute
 
 
 def _flip(t: torch.Tensor, index: int, bit: int) -> torch.Tensor:
@@ -123,3 +124,39 @@ def test_a_flip_fires_once_on_its_rank_at_its_step_only(target):
         if not same and diverged_at is None:
             diverged_at = n
     assert diverged_at == 1
+
+
+def _pair():
+    torch.manual_seed(0)
+    models = [nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2)) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    return models, [torch.optim.AdamW(m.parameters(), lr=0.1) for m in models]
+
+
+def _train_step(model: nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor) -> None:
+    model(x).pow(2).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def test_the_recompute_of_a_clean_step_changes_nothing_step_after_step():
+    (model, twin), (opt, twin_opt) = _pair()
+    check = StepRecompute(model, opt, due=lambda: True)
+    for n in range(4):  # every step recomputed: each one from its own inputs, never an earlier step's
+        x = torch.randn(3, 4, generator=torch.Generator().manual_seed(n))
+        _train_step(model, opt, x)
+        _train_step(twin, twin_opt, x)
+        assert check.verify() == []
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters(), strict=True))
+
+
+def test_a_value_corrupted_right_after_the_step_is_named_and_replaced_by_the_recomputed_one():
+    (model, twin), (opt, twin_opt) = _pair()
+    check = StepRecompute(model, opt, due=lambda: True)
+    x = torch.randn(3, 4)
+    _train_step(model, opt, x)
+    _train_step(twin, twin_opt, x)
+    index, bit = injector.flip_top_mantissa_bit(model[1].weight)
+    (line,) = check.verify()
+    assert line.startswith(f"1.weight[{index}] bit {bit}: ")
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters(), strict=True))

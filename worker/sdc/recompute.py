@@ -43,6 +43,8 @@ class StepRecompute:
             "params": {n: local(p).detach().clone() for n, p in self._named()},
             "grads": {n: p.grad.detach().clone() for n, p in self._named() if p.grad is not None},
             "state": {k: v.detach().clone() for k, v in self._state().items()},
+            # no state yet (the first step creates it): the recompute must start from none too
+            "fresh": [n for n, p in self._named() if not self.optimizer.state.get(p)],
         }
 
     def verify(self) -> list[str]:
@@ -60,6 +62,9 @@ class StepRecompute:
                 p.grad = given["grads"].get(n)  # the engine dropped them after the step
             for k, v in given["state"].items():
                 state[k].copy_(v)
+            params = dict(self._named())
+            for n in given["fresh"]:
+                self.optimizer.state.pop(params[n], None)
         self.optimizer.step()  # with `_given` still set, the pre-hook keeps nothing of this step
         self.optimizer.zero_grad(set_to_none=True)
         self._given = None
