@@ -41,8 +41,10 @@ from worker.sdc import blame, heal, injector
 from worker.sdc.fingerprint import Fingerprint, optimizer_state, parameters
 from worker.sdc.recompute import StepRecompute
 
-# Strategies whose ranks hold replicas: what of their state is replicated.
-REPLICATED = {"ddp": ("param", "optim"), "zero1": ("param",)}
+# Strategies whose ranks hold replicas: what of their state is replicated. Not ZeRO-1: each rank
+# updates its own shard of the parameters and broadcasts it, so a fault in that update reaches
+# every replica alike, and its optimizer state exists once.
+REPLICATED = {"ddp": ("param", "optim")}
 STRIKES_ALLOWED = 1
 
 
@@ -83,8 +85,12 @@ class SdcCheck:
         self.strikes: Counter[int] = Counter()
         self.struck_at: dict[int, list[int]] = {}
         self.pending: Pending | None = None
-        # no majority can decide between two replicas: keep a verified state to recompute from
-        self.kept = heal.Kept.take(t, t.step) if self.world == 2 and self.replicated else None
+        # no majority can decide between two replicas: keep a verified state to recompute from. A
+        # kept state belongs to one process group (live recovery builds new ones, and a spare's
+        # peers kept theirs earlier): a rollback needs every rank at the same one.
+        self.generation = self._generation()
+        first = self.world == 2 and self.replicated and self.generation == 0
+        self.kept = heal.Kept.take(t, t.step) if first else None
 
     # ------------------------------------------------------------------ the hook
     def after_step(self, step: int) -> bool:
@@ -99,10 +105,12 @@ class SdcCheck:
         fp, widths = self._fingerprint(with_optim)
         rows = self._gather(fp)
         verdict = blame.judge(rows)
+        if self.generation != self._generation():  # a rebuilt group: keep nothing from the old one
+            self.generation, self.kept, self.pending = self._generation(), None, None
         if verdict.agree:
             if self.pending is not None and self.pending.step == step:
                 self._settled(rows[0])
-            if self.kept is not None and (with_optim or "optim" not in self.replicated):
+            if self.world == 2 and (with_optim or "optim" not in self.replicated or self.kept is None):
                 self.kept = heal.Kept.take(self.t, done)
             return False
         return self._mismatch(step, fp, widths, rows, verdict, with_optim)
@@ -134,6 +142,9 @@ class SdcCheck:
         if with_optim:
             named += optimizer_state(engine.inner, engine.optimizer)
         return Fingerprint.of(named, self._wire()), [8 * t.element_size() for _, t in named]
+
+    def _generation(self) -> int:
+        return self.t.recovery.generation
 
     def _wire(self) -> torch.device:
         return self.t.device if dist.get_backend() == "nccl" else torch.device("cpu")
