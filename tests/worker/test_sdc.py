@@ -160,3 +160,14 @@ def test_a_value_corrupted_right_after_the_step_is_named_and_replaced_by_the_rec
     (line,) = check.verify()
     assert line.startswith(f"1.weight[{index}] bit {bit}: ")
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), twin.parameters(), strict=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_a_gpu_the_sum_equals_the_cpu_one_and_sees_a_flip(dtype):
+    """The same bits give the same number on any device (integer sums: no reduction-order rounding)."""
+    t = torch.randn(75_000_001, generator=torch.Generator().manual_seed(1)).to(dtype)  # odd: both paths
+    gpu = t.cuda()
+    assert int(word_sum(gpu)) == int(word_sum(t)) and int(word_sum(gpu[:-1])) == int(word_sum(t[:-1]))
+    flipped = _flip(t[:-1], 12345, 3).cuda()
+    assert blame.single_bit(int(word_sum(flipped)) - int(word_sum(gpu[:-1]))) is not None
