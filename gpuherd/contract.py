@@ -34,6 +34,8 @@ TRACE_DIR = "GPUHERD_TRACE_DIR"  # where a rank dumps its collective trace when 
 LIVE_RECOVERY = "GPUHERD_LIVE_RECOVERY"  # "1": a warm spare stands by; a rank that loses a peer rejoins a rebuilt group
 SPARE = "GPUHERD_SPARE"  # "1": a warm spare: import, map the dataset, then wait on stdin for the rank it replaces
 JOIN_GENERATION = "GPUHERD_JOIN_GENERATION"  # in a spare's assignment: the rebuilt group it joins (1, 2, ...)
+# Set by a user, never by gpuherd: a test fault, RANK:STEP:TARGET (worker/sdc/injector.py)
+INJECT_BITFLIP = "GPUHERD_INJECT_BITFLIP"
 
 # What the supervisor sends gpuherd's own worker (worker/signals.py). Real-time signals, which no
 # shell, terminal or SLURM ever sends: SLURM signals every process of a job step on scancel, a

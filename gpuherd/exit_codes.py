@@ -25,7 +25,7 @@ class ExitCode(enum.IntEnum):
     # Cannot write: no space, quota, file too large, read-only filesystem. A restart
     # would only fail the same way, so this is never restarted.
     STORAGE = 7
-    DEVICE_SUSPECT = 8  # one device kept producing transient faults (replays came out clean)
+    DEVICE_SUSPECT = 8  # one device kept producing transient faults (replays came out clean), or corrupted its replica
     DATA_MODEL = 9  # a suspicious step reproduced on replay: the batch or the model, not the device
     HANG = 124  # a worker stopped sending heartbeats (same number as timeout(1))
     SIGINT = 130  # 128 + SIGINT: the user pressed Ctrl-C

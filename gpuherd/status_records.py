@@ -113,7 +113,7 @@ class Phase(Record):
     """Where the loop is; `rendezvous` comes right before process-group init."""
 
     TYPE: ClassVar[str] = "phase"
-    name: str | None = None  # `init`, `rendezvous`, `compile`, `train`, `eval`, `checkpoint`, `shutdown`
+    name: str | None = None  # `init`, `rendezvous`, `compile`, `train`, `eval`, `checkpoint`, `sdc`, `shutdown`
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,7 +153,7 @@ class Spike(SuspiciousStep):
 
 @dataclass(frozen=True, kw_only=True)
 class Suspect(Record):
-    """Sent by each rank blamed for a transient fault."""
+    """Sent by each rank blamed for a transient fault or a silent data corruption."""
 
     TYPE: ClassVar[str] = "suspect"
     step: int | None = None  # the step of the fault
@@ -162,6 +162,21 @@ class Suspect(Record):
     transient_faults: int | None = None  # its count of transient faults in this attempt
     limit: int | None = None  # debug.max_transient_faults
     stopping: bool = False  # true: exit 8 follows
+    cause: str | None = None  # `silent data corruption` when replicas disagreed; absent: a transient fault
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sdc(Record):
+    """Replicas disagreed and the culprits were named and healed; sent once, by the lowest healthy
+    rank (docs/guide/silent-data-corruption.md)."""
+
+    TYPE: ClassVar[str] = "sdc"
+    step: int | None = None  # the step after which the replicas disagreed (0-based)
+    culprits: tuple[int, ...] = ()  # the ranks named
+    blamed_by: str | None = None  # `majority` | `recompute`
+    healed: str | None = None  # how the culprits were healed
+    evidence: tuple[str, ...] = ()  # at most 4 lines: bucket, value and bit
+    seconds: float | None = None  # detection, blame and heal
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -264,7 +279,7 @@ LIVE_EVENTS: tuple[type[Live], ...] = (LiveAble, LiveLostPeer, LiveRejoined, Liv
 
 # The status channel's types, in the order the reference lists them; `StatusWriter.send` accepts these.
 STATUS_RECORDS: tuple[type[Record], ...] = (Ready, Step, Eval, Checkpoint, CheckpointWrite, Phase, Nan, Spike,
-                                            Suspect, Done, Error, Alive, Stop, Live)
+                                            Suspect, Sdc, Done, Error, Alive, Stop, Live)
 
 
 # ----------------------------------------------------------------------------- the supervisor's own, in metrics.jsonl
@@ -496,7 +511,7 @@ def _or_none(convert: Any) -> Any:
 _CONVERT: dict[str, Any] = {
     "int | None": _or_none(_int), "float | None": _or_none(_float), "str | None": _or_none(_str),
     "bool": _bool, "str": _str, "float": _float, "float | str | None": _or_none(_float_or_text),
-    "tuple[int, ...]": _tuple_of(_int),
+    "tuple[int, ...]": _tuple_of(_int), "tuple[str, ...]": _tuple_of(_str),
     "tuple[str, ...] | str | None": _or_none(lambda v: v if isinstance(v, str) else _tuple_of(_str)(v)),
     "dict[str, tuple[int, float]]": _took,
 }

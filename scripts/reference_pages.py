@@ -150,7 +150,7 @@ def environment() -> str:
 _JSON_TYPES = {
     "int | None": "int or null", "float | None": "number or null", "str | None": "string or null",
     "bool": "bool", "str": "string", "float": "number", "float | str | None": "number, string or null",
-    "tuple[int, ...]": "list of int", "tuple[str, ...] | str | None": "list of strings, string or null",
+    "tuple[int, ...]": "list of int", "tuple[str, ...]": "list of strings", "tuple[str, ...] | str | None": "list of strings, string or null",
     "dict[str, tuple[int, float]]": "{phase: [count, seconds]}",
 }
 
@@ -178,7 +178,7 @@ def _record_table(cls: type) -> list[str]:
         if owner.__module__ == cls.__module__ and owner.__name__ != "object":
             notes.update(source_comments(ROOT / "gpuherd" / "status_records.py", owner.__name__))
     title = f"{cls.TYPE} {cls.EVENT}" if getattr(cls, "EVENT", "") else cls.TYPE
-    out = [f"### {title}", "", f"{(cls.__doc__ or '').strip()} (`{cls.__name__}`)", ""]
+    out = [f"### {title}", "", f"{' '.join((cls.__doc__ or '').split())} (`{cls.__name__}`)", ""]
     own = fields_of(cls)
     if not own:
         return out
@@ -198,7 +198,7 @@ def _records(classes: tuple, events: dict) -> list[str]:
         kinds = [cls, *events.get(cls, ())]
         for kind in kinds:
             names = ", ".join(f.name for f in fields_of(kind))
-            rows.append(f"| {_record_name(kind)} | {cell(names)} | {cell((kind.__doc__ or '').strip())} |")
+            rows.append(f"| {_record_name(kind)} | {cell(names)} | {cell(' '.join((kind.__doc__ or '').split()))} |")
             sections += _record_table(kind)
     return [*rows, "", *sections]
 

@@ -119,6 +119,7 @@ class SuspectDevice:
     limit: int  # debug.max_transient_faults
     step: int | None  # of the last transient fault
     then: str = ""  # what came of it: "excluded from attempt 2", a hint, or nothing
+    cause: str = "transient fault"  # or "silent data corruption": replicas that disagreed (worker/sdc/)
 
     @property
     def over_limit(self) -> bool:
@@ -129,7 +130,7 @@ class SuspectDevice:
         where = f"GPU {self.gpu}" if self.gpu is not None else self.device
         attempt = f", attempt {self.attempt}" if name_attempt else ""
         return (f"suspect device: {where} (host {self.host}, rank {self.rank}{attempt}): {self.transient_faults} "
-                f"transient fault(s), limit {self.limit}, last at step {self.step}"
+                f"{self.cause}(s), limit {self.limit}, last at step {self.step}"
                 + (f" — {self.then}" if self.then else ""))
 
 

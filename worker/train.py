@@ -34,6 +34,7 @@ from worker.model import ModelArgs
 from worker.reporting import ScalarSinks, StepReporter, TensorBoard
 from worker.saver import Saver
 from worker.schedule import WarmupCosine
+from worker.sdc import SdcCheck
 from worker.wandb_log import WandbLog
 from worker.collectives import GradientSync, dump_collective_trace
 
@@ -247,6 +248,7 @@ class Trainer:
         t = self.cfg.training
         self.status.send("phase", name="train")
         self.engine.train()
+        self.sdc = SdcCheck(self)  # replicas compared after optimizer steps (worker/sdc/)
         self.recovery.announce()
         self.recovery.mark()
         stopped = False
@@ -295,6 +297,8 @@ class Trainer:
             return True
         self.saver.poll()  # a background write that failed (a full disk) ends the run here
         self._train_step()
+        if self.sdc.after_step(self.step):  # silent data corruption: rolled back to the replicas' last agreed state
+            return False
         self.step += 1
         self.recovery.mark()
         self.owed = self._due_after(self.step)

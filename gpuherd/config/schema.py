@@ -114,6 +114,9 @@ class TrainingConfig:
     gradient_checkpointing: bool = False
     compile: bool | None = None  # torch.compile per block; None = on for CUDA, off on CPU
     resume: str | None = None  # None | "auto" | path to a checkpoint
+    # Silent data corruption (worker/sdc/): data-parallel replicas compare fingerprints of their state
+    sdc_check_every: int = limited(1, ge=0)  # parameters, every N optimizer steps and before each save; 0 = off
+    sdc_optim_check_every: int = limited(10, ge=0)  # optimizer state too (FSDP: a recompute of the step); 0 = never
 
 
 @dataclass

@@ -14,7 +14,8 @@ weakest claim to the strongest (a later paint wins where they overlap):
    `warmup` (the first step compiles and warms caches); then each interval that ends in a
    completed step (a `step` record) `productive`; phases `checkpoint` -> `checkpoint_save`
    (what the loop was blocked for: an asynchronous save's write is not in it), `eval` ->
-   `eval`; the tail after the leader's last record `other`. A script says nothing before
+   `eval`, `sdc` (replicas found to disagree: naming and healing one, up to the next completed
+   step) -> `sdc`; the tail after the leader's last record `other`. A script says nothing before
    its first optimizer step: all of that is `launch`. In an attempt after a failure (or in a
    start that continues a run) launch, rendezvous and warm-up are `restart`;
 3. a rank the kernel shows stopped (state T) until it runs again: `stopped`;
@@ -37,7 +38,7 @@ from supervisor.goodput.timeline import Event
 
 PRODUCTIVE = "productive"
 CAUSES = ("launch", "dataset", "rendezvous", "warmup", "checkpoint_save", "checkpoint_restore", "eval",
-          "failure_detection", "restart", "redone", "stopped", "other")
+          "failure_detection", "restart", "redone", "sdc", "stopped", "other")
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,7 @@ class _Attempt:
             segs.append([since, e.time, cur])
             since = e.time
             cur = {"rendezvous": self.label("rendezvous"), "checkpoint": "checkpoint_save", "eval": "eval",
+                   "sdc": "sdc",
                    "shutdown": "other",
                    "init": "checkpoint_restore" if self.resumed else self.label("warmup"),
                    }.get(e.name or "", PRODUCTIVE if stepped else self.label("warmup"))

@@ -8,7 +8,7 @@ from supervisor.goodput.account import Goodput
 GROUPS = {"startup": ("launch", "dataset", "rendezvous", "warmup"),
           "checkpoints": ("checkpoint_save", "checkpoint_restore"), "eval": ("eval",),
           "failure detection": ("failure_detection",), "restarts": ("restart",), "steps redone": ("redone",),
-          "stopped": ("stopped",), "other": ("other",)}
+          "silent data corruption": ("sdc",), "stopped": ("stopped",), "other": ("other",)}
 
 
 def shares(g: Goodput) -> list[tuple[str, float]]:

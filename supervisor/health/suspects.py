@@ -31,7 +31,8 @@ class SuspectWatch:
             case Suspect(rank=int(rank), transient_faults=int(faults), limit=int(limit)):
                 self._latest[rank] = SuspectDevice(
                     attempt=self.attempt, rank=rank, device=record.device or "?", gpu=self._gpu_of.get(rank),
-                    host=record.host or "?", transient_faults=faults, limit=limit, step=record.step)
+                    host=record.host or "?", transient_faults=faults, limit=limit, step=record.step,
+                    cause=record.cause or "transient fault")
 
     def devices(self, exclusion_on: bool) -> list[SuspectDevice]:
         """Every suspect of the attempt, by rank. A GPU over the limit gets the hint to exclude

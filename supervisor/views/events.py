@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuherd.status_records import (Checkpoint, CheckpointWrite, Error, Eval, GpuEvent, Nan, Record, Recovery,
-                                    Restart, Suspect, SuspiciousStep)
+                                    Restart, Sdc, Suspect, SuspiciousStep)
 from supervisor.output import rank_set
 from supervisor.views.run_files import LogLine
 
@@ -22,7 +22,8 @@ from supervisor.views.run_files import LogLine
 @dataclass(frozen=True)
 class Event:
     time: float  # unix seconds
-    kind: str  # checkpoint | nan (also spikes) | suspect | error | restart | recovery | xid | ecc | eval | warning
+    # checkpoint | nan (also spikes) | suspect | sdc | error | restart | recovery | xid | ecc | eval | warning
+    kind: str
     text: str  # one short line
     rank: int | None = None
 
@@ -53,8 +54,15 @@ def event_of(record: Record) -> Event | None:
             return _suspicious_step(record, when, rank)
         case Suspect():
             return Event(when, "suspect", f"device {record.device} ({record.host}) suspect: "
-                                          f"{record.transient_faults} transient fault(s), limit {record.limit}"
-                                          + (": stopping the run" if record.stopping else ""), rank)
+                                          f"{record.transient_faults} {record.cause or 'transient fault'}(s), "
+                                          f"limit {record.limit}" + (": stopping the run" if record.stopping else ""),
+                         rank)
+        case Sdc():
+            evidence = record.evidence or ("-",)
+            culprits = ", ".join(map(str, record.culprits))
+            how = f"named by {record.blamed_by}, healed by {record.healed}"
+            return Event(when, "sdc", f"silent data corruption after step {record.step}: rank(s) {culprits} "
+                                      f"{how}: {evidence[0]}", rank)
         case Error():
             return Event(when, "error", f"rank {rank}: {error_line(record)[:160]}", rank)
         case Restart():

@@ -147,7 +147,7 @@ def _suspects(run: RunData) -> str:
     found = (run.summary or {}).get("suspect_devices") or []
     return "; ".join(
         f"{'GPU ' + str(d['gpu']) if d.get('gpu') is not None else d.get('device')} (rank {d.get('rank')}, "
-        f"attempt {d.get('attempt')}: {d.get('transient_faults')} transient faults, limit {d.get('limit')})"
+        f"attempt {d.get('attempt')}: {d.get('transient_faults')} {d.get('cause', 'transient fault')}s, limit {d.get('limit')})"
         + (f", {d['then']}" if d.get("then") else "") for d in found) or "-"
 
 

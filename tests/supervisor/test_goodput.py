@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from supervisor.goodput import CAUSES, Goodput, account, console_line, decode
+from supervisor.goodput.line import shares
 from supervisor.goodput.timeline import decode_all
 
 
@@ -178,3 +179,14 @@ def test_records_of_the_wrong_shape_are_skipped_and_the_console_line_names_the_w
                                      "checkpoint_restore": 1.2, "launch": 1.3, "rendezvous": 0.5, "other": 0.2})
     assert console_line(g) == "goodput 0.93 (badput: 3% restarts, 2% checkpoints, 2% startup)"
     assert console_line(Goodput(1.0, 10.0, 10.0, dict.fromkeys(CAUSES, 0.0))) == "goodput 1.00"
+
+
+def test_healing_a_silently_corrupted_replica_is_its_own_badput_cause():
+    tl = Timeline().first_attempt(steps=5)
+    tl.phase(0.05, "sdc")  # the check found a mismatch after step 4: naming and healing until step 5 completes
+    tl.steps(5, 1, step_s=0.4)
+    tl.steps(6, 3)
+    g = tl.account()
+    _sums_to_wall(g)
+    assert g.badput_s["sdc"] == pytest.approx(0.4)
+    assert dict(shares(g))["silent data corruption"] == pytest.approx(0.4 / g.wall_s)  # its own console group

@@ -1,0 +1,240 @@
+"""The trainer's side of silent-data-corruption checks: after each optimizer step (at the
+interval), fingerprint, compare across the data-parallel group, name, heal, count strikes.
+
+The healthy path costs one pass over the parameters (fingerprint.py), one all_gather of a few
+hundred bytes and one host sync; the optimizer state (AdamW: twice the parameters) is added at
+its own, longer interval. A check is also due right before every checkpoint, so no unchecked
+state is ever saved. On a mismatch (phase `sdc` while it is handled):
+
+- a strict majority names the odd ranks; they take a healthy rank's state by broadcast and the
+  run goes on; the replicas are compared again to confirm;
+- two replicas (or no majority): every rank rolls back to the state kept where the replicas
+  last agreed (heal.Kept) and recomputes the steps since; at the same check the recomputed
+  sums agree, and the rank whose first sums differ from them is named; if the recompute
+  disagrees again the fault is persistent: every disagreeing rank is suspect and the run stops
+  (exit 8) rather than training on an unknown replica.
+
+FSDP holds no replicas: there each rank recomputes its optimizer step at the optimizer-state
+interval instead (recompute.py) and a rank whose first result differs is named and keeps the
+recomputed one.
+
+Each corrupted rank says so in one console banner (device, host, rank, step) and a `suspect`
+status record (the supervisor's suspect list: summary.json, `gpuherd report`, a restart with
+--exclude-suspect-gpus), and the lowest healthy rank sends one `sdc` record with the evidence.
+A second strike on the same rank's device ends the run's use of it: exit 8.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from loguru import logger
+
+from gpuherd.exit_codes import ExitCode
+from worker.distributed import WorkerError, gather_objects
+from worker.sdc import blame, heal, injector
+from worker.sdc.fingerprint import Fingerprint, optimizer_state, parameters
+from worker.sdc.recompute import StepRecompute
+
+# Strategies whose ranks hold replicas: what of their state is replicated. Not ZeRO-1: each rank
+# updates its own shard of the parameters and broadcasts it, so a fault in that update reaches
+# every replica alike, and its optimizer state exists once.
+REPLICATED = {"ddp": ("param", "optim")}
+STRIKES_ALLOWED = 1
+
+
+@dataclass
+class Pending:
+    """A two-replica mismatch being recomputed: the first sums of every rank at `step`."""
+
+    step: int
+    rows: list[tuple[int, ...]]
+    names: list[str]
+    widths: list[int]
+
+
+def gather_rows(sums: torch.Tensor, world: int) -> list[tuple[int, ...]]:
+    """Every rank's sums, by rank: one all_gather of a few hundred bytes."""
+    out = [torch.empty_like(sums) for _ in range(world)]
+    dist.all_gather(out, sums)
+    return [tuple(row.cpu().tolist()) for row in out]  # the one host sync of a check
+
+
+class SdcCheck:
+    def __init__(self, trainer: Any) -> None:
+        t = trainer
+        self.t = t
+        self.rank, self.world = t.identity.rank, t.identity.world_size
+        cfg = t.cfg.training
+        self.every, self.optim_every = cfg.sdc_check_every, cfg.sdc_optim_check_every
+        self.replicated = REPLICATED.get(t.strategy, ()) if self.world > 1 and self.every else ()
+        # nothing replicated (FSDP): the step is recomputed at the optimizer-state interval instead
+        recompute = t.strategy == "fsdp" and self.world > 1 and self.every and self.optim_every
+        self.recompute = StepRecompute(t.engine.inner, t.engine.optimizer,
+                                       lambda: self._due(t.step + 1, self.optim_every)) if recompute else None
+        for flip in injector.from_env(self.world):
+            if self.rank == 0:
+                logger.warning(f"{t.identity.bracket} {flip.describe()}: rank {flip.rank} flips one bit of its "
+                               f"{flip.target} at step {flip.step} (a test fault)")
+            injector.arm(flip, self.rank, t.engine.inner, t.engine.optimizer, lambda: t.step)
+        self.strikes: Counter[int] = Counter()
+        self.struck_at: dict[int, list[int]] = {}
+        self.pending: Pending | None = None
+        # no majority can decide between two replicas: keep a verified state to recompute from. A
+        # kept state belongs to one process group (live recovery builds new ones, and a spare's
+        # peers kept theirs earlier): a rollback needs every rank at the same one.
+        self.generation = self._generation()
+        first = self.world == 2 and self.replicated and self.generation == 0
+        self.kept = heal.Kept.take(t, t.step) if first else None
+
+    # ------------------------------------------------------------------ the hook
+    def after_step(self, step: int) -> bool:
+        """After optimizer step `step` (0-based). True: the trainer was rolled back (heal.Kept)
+        and its loop goes on from there."""
+        done = step + 1
+        if self.recompute is not None and self._due(done, self.optim_every):
+            self._recompute(step)
+        if not self.replicated or not self._due(done, self.every):
+            return False
+        with_optim = "optim" in self.replicated and self._due(done, self.optim_every)
+        fp, widths = self._fingerprint(with_optim)
+        rows = self._gather(fp)
+        verdict = blame.judge(rows)
+        if self.generation != self._generation():  # a rebuilt group: keep nothing from the old one
+            self.generation, self.kept, self.pending = self._generation(), None, None
+        if verdict.agree:
+            if self.pending is not None and self.pending.step == step:
+                self._settled(rows[0])
+            if self.world == 2 and (with_optim or "optim" not in self.replicated or self.kept is None):
+                self.kept = heal.Kept.take(self.t, done)
+            return False
+        return self._mismatch(step, fp, widths, rows, verdict, with_optim)
+
+    # ------------------------------------------------------------------ pieces
+    def _due(self, done: int, every: int) -> bool:
+        """A check after `done` completed steps: every `every`-th, and before each checkpoint."""
+        t = self.t.cfg.training
+        saving = done == t.max_steps or bool(t.save_every and done % t.save_every == 0)
+        return bool(every) and (done % every == 0 or saving)
+
+    def _recompute(self, step: int) -> None:
+        started = time.perf_counter()
+        found = self.recompute.verify()
+        (flags,) = zip(*self._gather(Fingerprint([], torch.tensor([int(bool(found))], device=self._wire()))),
+                       strict=True)
+        culprits = tuple(r for r, bad in enumerate(flags) if bad)
+        if culprits:
+            self.t.status.send("phase", name="sdc")
+            healthy = min(set(range(self.world)) - set(culprits), default=None)
+            evidence = [line for lines in gather_objects(found) for line in lines]  # for the sdc record
+            self._strike(step, culprits, healthy, "recompute", "the recomputed step, kept in place",
+                         found or evidence, time.perf_counter() - started)
+            self.t.status.send("phase", name="train")
+
+    def _fingerprint(self, with_optim: bool) -> tuple[Fingerprint, list[int]]:
+        engine = self.t.engine
+        named = parameters(engine.inner)
+        if with_optim:
+            named += optimizer_state(engine.inner, engine.optimizer)
+        return Fingerprint.of(named, self._wire()), [8 * t.element_size() for _, t in named]
+
+    def _generation(self) -> int:
+        return self.t.recovery.generation
+
+    def _wire(self) -> torch.device:
+        return self.t.device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+    def _gather(self, fp: Fingerprint) -> list[tuple[int, ...]]:
+        with self.t.live.collective("all_gather (sdc fingerprint)"):
+            return gather_rows(fp.sums, self.world)
+
+    def _mismatch(self, step: int, fp: Fingerprint, widths: list[int], rows: list[tuple[int, ...]],
+                  verdict: blame.Verdict, with_optim: bool) -> bool:
+        t, started = self.t, time.perf_counter()
+        t.status.send("phase", name="sdc")
+        if verdict.culprits:
+            good = rows[verdict.healthy[0]]
+            found = [d.describe() for r in verdict.culprits
+                     for d in blame.differences(fp.names, widths, rows[r], good)]
+            self._heal_by_broadcast(step, verdict, found, with_optim, started)
+            t.status.send("phase", name="train")
+            return False
+        if self.kept is None or self.pending is not None:
+            suspects = tuple(range(self.world)) if self.pending is None else blame.against(self.pending.rows, rows[0])
+            why = ("the replicas disagree and nothing decides which is right" if self.pending is None
+                   else "the recomputed step disagrees again: a persistent fault")
+            self._stop(step, suspects or tuple(range(self.world)), why)
+        self.pending = Pending(step, rows, fp.names, widths)
+        if self.rank == 0:
+            logger.warning(f"{t.identity.bracket} silent data corruption check: the 2 replicas disagree after step "
+                           f"{step}; rolling back to step {self.kept.step} (the last state they agreed on) to "
+                           f"recompute {step + 1 - self.kept.step} step(s) and see whose result changes")
+        self.kept.restore(t)
+        t.reporter.exclude_pause(time.perf_counter() - started)
+        return True
+
+    def _heal_by_broadcast(self, step: int, verdict: blame.Verdict, found: list[str], with_optim: bool,
+                           started: float) -> None:
+        t = self.t
+        source = verdict.healthy[0]
+        corrupted = self.rank in verdict.culprits
+        mine = heal.engine_state(t.engine) if corrupted else None
+        mine = heal.host_copy(mine) if mine is not None else None
+        received = heal.take_from(t.engine, source, self.rank, corrupted, t.device)
+        located = []
+        if received is not None and mine is not None:
+            located = heal.locate(mine["model"], received["model"]) or heal.locate(
+                heal.named_optimizer_state(t.engine, mine["optimizer"]),
+                heal.named_optimizer_state(t.engine, received["optimizer"]))
+        after = blame.judge(self._gather(self._fingerprint(with_optim)[0]))
+        if not after.agree:
+            self._stop(step, verdict.culprits, "the replicas still disagree after the healthy state was broadcast")
+        self._strike(step, verdict.culprits, source, "majority", f"broadcast from rank {source}",
+                     located or found, time.perf_counter() - started)
+
+    def _settled(self, agreed: tuple[int, ...]) -> None:
+        """The recompute of a two-replica mismatch agreed: name who changed."""
+        p, self.pending = self.pending, None
+        culprits = blame.against(p.rows, agreed)
+        found = [d.describe() for r in culprits for d in blame.differences(p.names, p.widths, p.rows[r], agreed)]
+        self._strike(p.step, culprits, min(set(range(self.world)) - set(culprits), default=None), "recompute",
+                     f"rollback to step {self.kept.step} and recompute", found, 0.0)
+        self.t.status.send("phase", name="train")
+
+    def _strike(self, step: int, culprits: tuple[int, ...], healthy: int | None, blamed_by: str, healed: str,
+                found: list[str], seconds: float) -> None:
+        t = self.t
+        for r in culprits:
+            self.strikes[r] += 1
+            self.struck_at.setdefault(r, []).append(step)
+        if self.rank in culprits:
+            from worker.nan import device_label, hostname
+
+            differed = ("its replica differed from the others" if self.replicated else
+                        "its optimizer step's result differed from a recompute of the step")
+
+            device, host = device_label(t.device, t.identity.bracket), hostname()
+            logger.error(f"{t.identity.bracket} SILENT DATA CORRUPTION on {device}, host {host}, rank {self.rank}, "
+                         f"step {step}: {differed} ({'; '.join(found[:2]) or 'see the sdc record'})"
+                         f"; named by {blamed_by}, healed by {healed}; strike {self.strikes[self.rank]} of "
+                         f"{STRIKES_ALLOWED + 1}")
+            t.status.send("suspect", step=step, device=device, host=host, transient_faults=self.strikes[self.rank],
+                          limit=STRIKES_ALLOWED, cause="silent data corruption")
+        if healthy is not None and self.rank == healthy:
+            t.status.send("sdc", step=step, culprits=list(culprits), blamed_by=blamed_by, healed=healed,
+                          evidence=found[:4], seconds=round(seconds, 4))
+        twice = [r for r in culprits if self.strikes[r] > STRIKES_ALLOWED]
+        if twice:
+            r = twice[0]
+            raise WorkerError(f"silent data corruption: rank {r}'s device disagreed with its replicas "
+                              f"{self.strikes[r]} times (steps {', '.join(map(str, self.struck_at[r]))}): "
+                              "not used again in this run", ExitCode.DEVICE_SUSPECT)
+
+    def _stop(self, step: int, suspects: tuple[int, ...], why: str) -> None:
+        raise WorkerError(f"silent data corruption after step {step}: {why}; suspect ranks "
+                          f"{', '.join(map(str, suspects))}", ExitCode.DEVICE_SUSPECT)
