@@ -42,7 +42,7 @@ from supervisor.health import (
     SuspectWatch,
     gpu_watcher,
 )
-from supervisor.output import Console, LogRouter, WorkerLog
+from supervisor.output import Console, FoldingPoint, Group, LogRouter, WorkerLog
 from supervisor.processes import (
     LIVE_ENV,
     SAVE_AND_STOP,
@@ -130,6 +130,21 @@ class AttemptRunner:
         self.notes: list[str] = []  # every attempt's, for the summary
         self.stragglers: list[dict] = []  # every attempt's straggler warnings
         self.recoveries: list[dict] = []  # every live recovery of every attempt (summary.json)
+        self.folding: FoldingPoint | None = None  # multi-node: lines merged across nodes (node 0's print them)
+
+    def _line_relay(self, world_size: int) -> Callable[[Group], None] | None:
+        """Where this node's held console lines go to be folded with the other nodes' (the node
+        agents carry them to node 0, whose folding point prints each merged line once)."""
+        if self.folding is None:
+            self.folding = FoldingPoint(self.console.write, world_size)
+        self.folding.set_world_size(world_size)
+        send = self.rendezvous.lines(self.folding.receive)
+        return None if send is None else (lambda group: send([group.as_record()]))
+
+    def close_folding(self) -> None:
+        """The job's end: every line still held across nodes is printed (before the summary)."""
+        if self.folding is not None:
+            self.folding.close()
 
     @property
     def mode(self) -> str:
@@ -247,7 +262,7 @@ class AttemptRunner:
                                   or (f"n{node}/{s.tag}:" if multi else None)) for s in plan.slots}
         log_ranks = [0] if multi and self.mode == "train" and cfg.system.log_ranks is None else cfg.system.log_ranks
         router = LogRouter(list(logs.values()), self.console, log_ranks, cfg.system.collapse_logs,
-                           nccl_watch=_nccl_watch(plan))
+                           nccl_watch=_nccl_watch(plan), relay=self._line_relay(setup.world_size) if multi else None)
         stragglers = Stragglers(cfg.system.straggler_factor, cfg.system.straggler_windows, metrics.write)
         heartbeats = Heartbeats([s.rank for s in plan.slots], time.monotonic(), self.timeouts,
                              cfg.system.rendezvous_timeout, expect_heartbeats=self.mode == "train",

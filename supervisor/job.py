@@ -294,5 +294,6 @@ class Job:
             requeues=self.earlier_starts,
             goodput=self.goodput.to_dict() if self.goodput else None,
         )
+        self.attempts.close_folding()
         RunEnd(self.rendezvous, self.console, self.run_dir, self.cfg.system.report).close(summary, cause)
         return exit_code

@@ -4,16 +4,18 @@
   LineSplitter, Severity (lines.py): bytes -> whole lines, `\\r` progress, line severity
   Console (console.py): the non-blocking console writer
   LineFolder, Source (fold.py): lines several ranks print alike -> one line with the rank set
+  FoldingPoint, Group (cross_node.py): a multi-node job's held lines merged across nodes on node 0
   rank_set.py: the compact rank-set spelling, `GPU[0-3,5]`, `n[0-255]/r[0-2047]`
   WorkerPipes (pipes.py): an attempt's pipes read from one selector: lines to the router,
     status records decoded and handed on
 """
 
 from supervisor.output.console import STDERR, STDOUT, Console
+from supervisor.output.cross_node import FoldingPoint, Group
 from supervisor.output.fold import LineFolder, Source
 from supervisor.output.lines import LineSplitter, Severity
 from supervisor.output.pipes import WorkerPipes
 from supervisor.output.router import LogRouter, WorkerLog
 
-__all__ = ["STDERR", "STDOUT", "Console", "LineFolder", "LineSplitter", "LogRouter", "Severity", "Source",
+__all__ = ["STDERR", "STDOUT", "Console", "FoldingPoint", "Group", "LineFolder", "LineSplitter", "LogRouter", "Severity", "Source",
            "WorkerLog", "WorkerPipes"]

@@ -22,8 +22,10 @@ output round-trips); the transport is the node agents' direct connection to node
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,7 +91,7 @@ class CrossNodeFolder:
     """Node 0's folding point for every node's held lines."""
 
     def __init__(self, world_size: int, gap: float = 0.2, longest: float = 1.0, max_held: int = 4 << 20) -> None:
-        self._world = world_size
+        self.world_size = world_size
         self._gap, self._longest, self._max_held = gap, longest, max_held
         self._queue: deque[_Merged] = deque()  # first-seen order
         self._open: dict[tuple[int, bytes], list[_Merged]] = {}
@@ -109,7 +111,7 @@ class CrossNodeFolder:
         merged.groups.append(group)
         merged.nodes.add(group.node)
         merged.ranks += len(group.ranks)
-        if merged.ranks >= self._world:
+        if merged.ranks >= self.world_size:
             merged.deadline = now  # every rank of the job said it: no reason to wait
             self._close(merged)
 
@@ -145,3 +147,53 @@ def _render(groups: Iterable[Group]) -> bytes:
     nodes = [g.node for g in groups for _ in g.ranks]
     ranks = [r for g in groups for r in g.ranks]
     return rank_set.node_ranks(nodes, ranks).encode() + b":" + groups[0].key + b"\n"
+
+
+class FoldingPoint:
+    """A multi-node job's end of the fold on each node: the node agent hands it every node's
+    records (node 0's folds them all; any other node gets its own back only when it has no
+    direct connection to node 0), and a small thread prints each merged line when it is due,
+    so no line waits on the supervision loop. `close` prints whatever is still held."""
+
+    TICK_S = 0.05
+    # Nodes start their workers at their own pace and each holds its lines 0.2 s first, so twins
+    # from other nodes arrive later than a node's own: a line waits up to 1 s for the next node's
+    # copy, at most 3 s in all, and is printed at once when every rank of the job said it.
+    GAP_S, LONGEST_S = 1.0, 3.0
+
+    def __init__(self, write: Callable[[int, bytes], None], world_size: int) -> None:
+        self._write = write
+        self.folder = CrossNodeFolder(world_size, gap=self.GAP_S, longest=self.LONGEST_S)
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cross-node-fold", daemon=True)
+        self._thread.start()
+
+    def set_world_size(self, world_size: int) -> None:
+        with self._lock:
+            self.folder.world_size = world_size
+
+    def receive(self, node: int, records: list[Any]) -> None:
+        """From the agent link's reader thread; a record that does not decode is left out."""
+        now = time.monotonic()
+        with self._lock:
+            for record in records:
+                group = decode(record) if isinstance(record, dict) else None
+                if group is not None:
+                    self.folder.add(group, now)
+        self._flush(everything=False)
+
+    def close(self) -> None:
+        self._closed.set()
+        self._thread.join(timeout=1.0)
+        self._flush(everything=True)
+
+    def _run(self) -> None:
+        while not self._closed.wait(self.TICK_S):
+            self._flush(everything=False)
+
+    def _flush(self, everything: bool) -> None:
+        with self._lock:
+            lines = self.folder.due(time.monotonic(), everything=everything)
+        for fd, line in lines:
+            self._write(fd, line)

@@ -55,6 +55,11 @@ class Rendezvous(Protocol):
         """Where a live recovery claims its rebuilt group and hears of the other nodes' (None:
         one node, nobody to agree with)."""
 
+    def lines(self, receive: Callable[[int, list], None]) -> Callable[[list], None] | None:
+        """A multi-node job's console lines held for folding across nodes: `receive(node, records)`
+        is called (any thread) with what reaches this node (node 0: every node's); returns how this
+        node sends its own (None: one node, nothing to fold with)."""
+
     def fail_before_start(self, cause: RootCause) -> RootCause:
         """This node failed before it could join; the cause the job ends with."""
 

@@ -87,6 +87,10 @@ class MultiNode:
     def regroup(self, attempt: int) -> RegroupLink:
         return RegroupLink(self.link, self._round(attempt), self.node_rank)
 
+    def lines(self, receive: Callable[[int, list], None]) -> Callable[[list], None]:
+        self.link.receive_lines(receive)
+        return self.link.share_lines
+
     def fail_before_start(self, cause: RootCause) -> RootCause:
         """This node cannot even join (its dataset failed): tell the others, who are waiting
         to join, so they stop with this cause instead of a join timeout. In an elastic job only

@@ -51,6 +51,9 @@ class SingleNode:
     def regroup(self, attempt: int) -> None:
         return None
 
+    def lines(self, receive) -> None:
+        return None
+
     def fail_before_start(self, cause: RootCause) -> RootCause:
         return cause
 

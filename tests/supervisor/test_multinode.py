@@ -387,3 +387,30 @@ def test_a_second_node_with_a_node_rank_already_taken_is_refused_alone(tmp_path)
             proc.send_signal(signal.SIGTERM)
         for proc in (n0, n1):
             sh.finish(proc, timeout=120)
+
+
+WARN_EVERYWHERE = """
+import sys, time
+time.sleep(2 - time.time() % 2 + 1)  # every rank at one moment: nodes start their workers at their own pace
+print("UserWarning: the same words from every rank of every node", file=sys.stderr, flush=True)
+time.sleep(1.5)
+"""
+
+
+def test_a_warning_every_rank_of_every_node_prints_is_one_line_on_node_0(tmp_path):
+    """Cross-node folding in a real job: 2 nodes x 2 ranks print the same warning; node 0's
+    console shows it once with the job's rank set, node 1's not at all, every log file has it."""
+    script = tmp_path / "warn.py"
+    script.write_text(WARN_EVERYWHERE)
+    port = _port()
+    procs = [_node(tmp_path, r, port, nproc=2, script=script) for r in (0, 1)]
+    results = [sh.finish(p, timeout=240) for p in procs]
+    for code, _out, err in results:
+        assert code == 0, err[-3000:]
+    words = "UserWarning: the same words from every rank of every node"
+    node0 = results[0][1] + results[0][2]
+    node1 = results[1][1] + results[1][2]
+    assert [line for line in node0.splitlines() if words in line] == [f"n[0-1]/r[0-3]:{words}"], node0[-2000:]
+    assert words not in node1
+    logs = sorted((tmp_path / "logs").glob("job-node*/worker-rank*.log"))
+    assert len(logs) == 4 and all(words in log.read_text() for log in logs)
