@@ -62,6 +62,11 @@ def event_of(record: dict[str, Any]) -> Event | None:
         return Event(when, "restart", f"restart {record.get('attempt')} after exit code {record.get('exit_code')}: "
                                       f"{record.get('after')}{without}")
     if kind == "recovery":
+        if record.get("outcome") == "recovered" and record.get("action") == "shrink":
+            return Event(when, "recovery", f"live recovery {record.get('number')}: rank {record.get('rank')} lost with "
+                                           f"no spare left: {record.get('replicas')} process(es) went on with its data "
+                                           f"slot in {_num(record.get('seconds'))} s: {record.get('failed')}",
+                         record.get("rank"))
         if record.get("outcome") == "recovered":
             where = f"node {record.get('node')}'s " if record.get("node") is not None else ""
             return Event(when, "recovery", f"live recovery {record.get('number')}: {where}rank {record.get('rank')} replaced by "
