@@ -220,7 +220,8 @@ class Summary:
             where = f"node {r['node']}'s " if r.get("node") is not None else ""  # multi-node: that node's spare
             if r.get("outcome") == "recovered" and r.get("action") == "shrink":
                 lines.append(f"live recovery {r['number']}: rank {r['rank']} ({r['device']}) {r['failed']} -> no spare "
-                             f"left: {r['replicas']} process(es) went on with its data slot (same global batch), "
+                             f"left: {r['replicas']} process(es) went on with its data slot (same global batch) for "
+                             f"{r.get('shrunk_s') or 0:.1f} s, "
                              f"{r['seconds']:.2f} s to the next completed step, {r['steps_redone']} completed step(s) "
                              "redone, no checkpoint read")
             elif r.get("outcome") == "recovered":

@@ -87,6 +87,7 @@ class Recovery:
     node: int | None = None  # multi-node: the node whose rank was lost (it promoted its own spare)
     action: str = "replaced"  # replaced (by a warm spare) | shrink (the survivors went on without it)
     replicas: int | None = None  # shrink: the processes training on (one of them carries the lost data slot)
+    shrunk_s: float | None = None  # shrink: from the loss to the attempt's end (summary.json only), the time shrunk
     _died: float = field(default=0.0, repr=False)
     _reached: int = field(default=0, repr=False)  # the most completed steps any rank reported before
     _generation: int = field(default=1, repr=False)  # the rebuilt group of this attempt it forms
@@ -309,6 +310,9 @@ class LiveRecovery:
 
     def settle(self) -> list[dict[str, Any]]:
         """The attempt is over: its recoveries for summary.json (one still in flight failed)."""
+        now = time.monotonic()
+        for shrunk in (r for r in self.recoveries if r.action == "shrink" and r.outcome == "recovered"):
+            shrunk.shrunk_s = round(now - shrunk._died, 3)
         rec = self.in_flight
         if rec is not None:
             rec.outcome = "failed"

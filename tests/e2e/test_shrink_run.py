@@ -47,6 +47,7 @@ def test_a_rank_lost_with_no_spare_left_shrinks_the_group_with_the_same_samples_
     survivors = {rank: pid for rank, pid in pids.items() if rank != lost}
     assert rec["outcome"] == "recovered" and rec["action"] == "shrink" and rec["rank"] == lost
     assert rec["replicas"] == 3 and rec["replaced_by_pid"] == 0 and rec["checkpoint_reads"] == 0
+    assert 0 < rec["seconds"] < rec["shrunk_s"] < summary["duration_s"]
     assert rec["survivors"] == [{"rank": rank, "pid": pid} for rank, pid in survivors.items()]
     assert {w["rank"]: w["pid"] for w in summary["workers"] if w["exit_code"] == 0} == survivors  # kept their pids
     assert "3 worker(s) exited 0" in err and "went on with its data slot" in err

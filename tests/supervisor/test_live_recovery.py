@@ -3,6 +3,7 @@ not otherwise, and what a recovery records (the real processes: tests/e2e/test_l
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -219,6 +220,8 @@ def test_with_no_spare_left_a_lost_rank_shrinks_the_group_and_the_survivors_are_
     assert rec.outcome == "recovered" and rec.resumed_step == 8 and rec.source_rank == 0 and rec.steps_redone == 0
     assert metrics[-1]["action"] == "shrink" and metrics[-1]["replaced_by_pid"] == 0
     assert "3 process(es) train on with its data slot carried" in warnings[-1]
+    (settled,) = live.settle()  # the attempt ends: how long it trained shrunk, from the loss
+    assert abs(settled["shrunk_s"] - (time.monotonic() - 100.0)) < 5
 
 
 def test_a_shrunk_group_shrinks_again_even_when_a_spare_is_back_since_no_spare_can_join_it():
