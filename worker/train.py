@@ -343,7 +343,7 @@ class Trainer:
         batches = [self._next_batch() for _ in range(t.grad_accum_nums)]
         carried = [self._next_batch(source) for _, source in self.carried for _ in range(t.grad_accum_nums)]
         loss = self._micro_steps(batches, carried)
-        check = None if self.guard is None else self._step_check(step, loss, batches, lr)
+        check = None if self.guard is None else self._step_check(step, loss, batches, lr, carried)
         self.live.doing("optimizer step")
         grad_norm, applied = engine.step(lr, t.max_grad_norm, check)
         if self.guard is not None:
@@ -373,11 +373,11 @@ class Trainer:
         return torch.stack(losses[:len(batches)]).mean()
 
     def _step_check(self, step: int, loss: torch.Tensor, batches: list[tuple[torch.Tensor, torch.Tensor]],
-                    lr: float) -> StepCheck:
+                    lr: float, carried: list[tuple[torch.Tensor, torch.Tensor]] = ()) -> StepCheck:
         """The guard's verdict, which the engine asks for once the step's gradient norm is known.
         `clip_again` (None once the optimizer has stepped) lets the guard replay the step."""
         def check(grad_norm: torch.Tensor | None, clip_again: Callable[[], torch.Tensor] | None) -> bool:
-            replay = None if clip_again is None else (lambda: (self._micro_steps(batches), clip_again()))
+            replay = None if clip_again is None else (lambda: (self._micro_steps(batches, carried), clip_again()))
             return self.guard.check(step=step, loss=loss, grad_norm=grad_norm, batches=batches, lr=lr, replay=replay)
         return check
 
