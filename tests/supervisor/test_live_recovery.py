@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from pathlib import Path
 
 import orjson
 import pytest
 from loguru import logger
 
+from gpuherd import contract
 from gpuherd.config import Config, ConfigError, validate
 from supervisor.gpus import DeviceSlot
 from supervisor.processes import LiveRecovery
-from supervisor.processes.live_setup import spare_count, why_off
+from supervisor.processes.live_setup import AttemptLive, live_for_attempt, spare_count, why_off
 from supervisor.processes.spares import SparePool
 from supervisor.summary import RootCause
 
@@ -255,3 +257,32 @@ def test_min_replicas_needs_restarts():
     cfg.system.min_replicas = 2
     with pytest.raises(ConfigError, match="min_replicas=2 needs system.max_restarts"):
         validate(cfg)
+
+
+def _attempt_live(spares: int, multi_node: bool, lines: list[str]) -> LiveRecovery | None:
+    cfg = Config()
+    cfg.system.max_restarts, cfg.system.spares, cfg.system.min_replicas = 2, spares, 2
+    parts = AttemptLive(cfg, ["python", "-m", "worker"], SimpleNamespace(world_size=4), None, {}, Path("/nonexistent"),
+                        watch=lambda pgid: None, tell=None if multi_node else (lambda key, value: True))
+    handler = logger.add(lambda m: lines.append(m.record["message"]), level="INFO")
+    try:
+        return live_for_attempt(parts, budget=2, attempt=0, numbered_from=0, script=False, multi_node=multi_node,
+                                write_metric=lambda record: None)
+    finally:
+        logger.remove(handler)
+
+
+def test_min_replicas_alone_turns_live_recovery_on_to_shrink_and_tells_every_worker_to_wait_for_the_decision():
+    lines: list[str] = []
+    live = _attempt_live(spares=0, multi_node=False, lines=lines)
+    assert live is not None and live.shrink_floor == 2 and live.shrinks()
+    assert live.worker_env == {contract.LIVE_RECOVERY: "1", contract.SHRINK: "1"} and not lines
+
+
+@pytest.mark.parametrize("spares", [0, 1])
+def test_a_multi_node_job_says_once_that_it_does_not_shrink(spares):
+    lines: list[str] = []
+    live = _attempt_live(spares=spares, multi_node=True, lines=lines)
+    assert lines == ["--min-replicas: shrinking is built for a single node only; a multi-node job with no spare "
+                     "left restarts"]
+    assert (live is None) if spares == 0 else (live.shrink_floor == 0 and contract.SHRINK not in live.worker_env)
