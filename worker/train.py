@@ -96,6 +96,7 @@ def _join_if_spare(cfg: Config, identity: WorkerIdentity, device: torch.device, 
 
 
 class Trainer:
+    carried: list[tuple[int, BatchSource]]  # a shrunk group: the lost ranks' data slots this one trains too
     def __init__(self, cfg: Config, identity: WorkerIdentity, device: torch.device, layout: Layout, data: DataBundle,
                  status: StatusWriter, run_dir: Path | None, sig: wsignals.SignalState, live: Liveness,
                  layout_note: str | None = None, run_id: str = "", joining: Joining | None = None) -> None:
@@ -150,9 +151,8 @@ class Trainer:
                                      self.tb, device, self.start_step, note=self.saver.step_note)
         if data.describe is not None:  # what this run reads: sources, shares, epochs over max_steps
             self._log_rank0(f"{identity.bracket} {data.describe(tokens_per_step * identity.world_size * t.max_steps)}")
-        self.skipped_steps = 0
+        self.skipped_steps, self.carried = 0, []
         self.owed: list[str] = []  # "eval", "checkpoint": due after the last completed step, not done yet
-        self.carried: list[tuple[int, BatchSource]] = []  # a shrunk group: lost ranks' data slots this one trains
         self.recovery = LiveRecovery(self, joining)
         if joining is not None:
             self.recovery.join(joining)
