@@ -13,7 +13,13 @@ blocking (CPU, a 75M-parameter model saved every 3 steps).
 GPU (only with CUDA; skipped and said so otherwise): the same row for a 1B model
 (bench_worker's 1B shape, bf16), `python -m bench --gpu`.
 
-    PYTHONPATH=. python bench/bench_checkpoint.py [--quick] [--gpu-only]
+The DDP rows (bench/save_loss.py): a 2-rank run of the built-in trainer under `gpuherd` on the
+CPU (the debug preset, and with `--ddp-75m` the 75M model above), a save every 6 steps,
+async against blocking, interleaved; each save's loss read from rank 0's step records, and
+the trainer's own account of it (its `accounted` records) beside it. Goal: async <= 0.2x
+blocking, the account within 10% of the records.
+
+    PYTHONPATH=. python bench/bench_checkpoint.py [--quick] [--gpu-only] [--ddp-only] [--ddp-75m]
 Writes bench/results/checkpoint.md and bench/results/checkpoint.json.
 """
 
@@ -37,6 +43,8 @@ import torch  # noqa: E402
 
 from bench.bench_worker import GPU_MODELS, GPU_VOCAB  # noqa: E402
 from bench.compare import Comparison, Side, write_results  # noqa: E402
+from bench.save_loss import SAVE_EVERY as DDP_SAVE_EVERY  # noqa: E402
+from bench.save_loss import run_ddp, save_losses  # noqa: E402
 from gpuherd.config import resolve  # noqa: E402
 from gpuherd.contract import WorkerIdentity  # noqa: E402
 from gpuherd.model_size import count_params  # noqa: E402
@@ -47,6 +55,7 @@ from worker.train import run  # noqa: E402
 CPU_MODEL = ["model.n_layers=10", "model.dim=768", "model.n_heads=12", "model.n_kv_heads=4", "model.multiple_of=64",
              "data.context_length=128", "training.batch_size=1", "training.use_amp=false"]
 CPU_VOCAB = 8192
+CPU_MODEL_DDP = [*CPU_MODEL, "data.tokenizer=byte", f"model.vocab_size={CPU_VOCAB}"]  # under gpuherd: the dummy set
 SAVE_EVERY = 3
 MODES = {"none": ["training.save_every=0"],
          "blocking": [f"training.save_every={SAVE_EVERY}", "training.async_save=false"],
@@ -107,13 +116,60 @@ def compare(device: str, model: list[str], vocab: int, steps: int, repeats: int,
     return comparisons, detail
 
 
+DDP_STEPS = 4 * DDP_SAVE_EVERY + 1  # 4 periodic saves, the final one (blocking in both) after the last step
+
+
+def compare_ddp(model: list[str], what: str, repeats: int) -> tuple[list[Comparison], str, dict]:
+    """Interleaved 2-rank runs, async and blocking: each save's loss from the step records, and
+    the trainer's account of the async ones against them."""
+    losses: dict[str, list[float]] = {"async": [], "blocking": []}
+    account: dict[str, list[tuple[float, float]]] = {"async": [], "blocking": []}
+    typical: list[float] = []
+    failed = 0
+    with tempfile.TemporaryDirectory(prefix="bench-ckpt-ddp-") as tmp:
+        for i in range(repeats):
+            for mode in (("async", "blocking") if i % 2 == 0 else ("blocking", "async")):
+                records = run_ddp(Path(tempfile.mkdtemp(dir=tmp)), model, DDP_STEPS, mode)
+                if not records:
+                    failed += 1
+                    continue
+                got = save_losses(records)
+                typical.append(got["typical_step_s"])
+                losses[mode] += [row["records_s"] for row in got["saves"]]
+                account[mode] += [(row["records_s"], row["trainer_s"]) for row in got["saves"]
+                                  if row["trainer_s"] is not None]
+    rows = [Comparison(f"2-rank DDP on the CPU, {what}: the loop's loss per save, from its step records", "s",
+                       Side("async", losses["async"] or [float("nan")]),
+                       Side("blocking", losses["blocking"] or [float("nan")]))]
+    mean = {m: statistics.fmean(v) if v else float("nan") for m, v in losses.items()}
+    sums = {m: (sum(r for r, _ in v), sum(t for _, t in v)) for m, v in account.items()}
+    note = (f"2-rank DDP, {what}: {repeats} interleaved runs per mode ({failed} failed), saves every "
+            f"{DDP_SAVE_EVERY} steps, typical step {statistics.median(typical) if typical else float('nan'):.2f} s; "
+            f"mean loss per save async {mean['async']:.3f} s vs blocking {mean['blocking']:.3f} s "
+            f"(ratio {mean['async'] / mean['blocking']:.2f}); the trainer's own account over all saves: async "
+            f"{sums['async'][1]:.2f} s against {sums['async'][0]:.2f} s from the records, blocking "
+            f"{sums['blocking'][1]:.2f} s against {sums['blocking'][0]:.2f} s")
+    return rows, note, {"losses": losses, "account": account, "typical_step_s": typical}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 repeat instead of 3")
     parser.add_argument("--gpu-only", action="store_true", help="only the GPU row")
+    parser.add_argument("--ddp-only", action="store_true", help="only the 2-rank DDP rows")
+    parser.add_argument("--ddp-75m", action="store_true", help="a 2-rank DDP row for the 75M model too")
     args = parser.parse_args()
     repeats = 1 if args.quick else 3
     comparisons, notes, details = [], [], {}
+    if not args.gpu_only:
+        ddp_rows = [([], "debug preset")] + ([(CPU_MODEL_DDP, "75M model")] if args.ddp_75m else [])
+        for model, what in ddp_rows:
+            rows, note, details[f"ddp {what}"] = compare_ddp(model, what, 2 if args.quick else 4)
+            comparisons += rows
+            notes.append(note)
+    if args.ddp_only:
+        write_results("checkpoint", "Checkpoints: blocking vs async save (training.async_save)", comparisons, notes)
+        return 0
     steps = 2 * SAVE_EVERY + 1  # periodic saves after steps 3 and 6, both inside the timed loop; the final one
     # (after step 7, blocking in every loop) is outside it
     rows = [] if args.gpu_only else [("cpu", "CPU", CPU_MODEL, CPU_VOCAB)]

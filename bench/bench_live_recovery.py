@@ -11,7 +11,12 @@ next completed training step, and completed steps trained again.
 
 Rounds alternate the sides. Writes bench/results/live_recovery.md.
 
-    python3 bench/bench_live_recovery.py [--quick] [--gpu-only]
+`--first-step`: the debug preset (2 ranks), rank 1 SIGKILLed at step 30 and recovered live:
+the first step after the rebuilt group formed (from each rank's `live` `rejoined` record to
+its next step record, the slower rank's) against the median step before the kill. Goal:
+<= 1.3x (the spare rehearsed that step before it was needed: worker/spare.py).
+
+    python3 bench/bench_live_recovery.py [--quick] [--gpu-only] [--first-step]
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,6 +45,9 @@ TINY = ["data.dataset=dummy", "data.tokenizer=byte", "data.context_length=32", "
         "model.n_heads=4", "model.n_kv_heads=2", "model.multiple_of=16", "training.batch_size=2",
         "training.grad_accum_nums=1", "training.max_steps=45", "training.warmup_steps=5", "training.log_every=1",
         "training.eval_every=0", "training.save_every=10"]
+DEBUG_PRESET = ["data.dataset=dummy", "training.max_steps=40", "training.log_every=1", "training.eval_every=0",
+                "training.save_every=0"]
+DEBUG_KILL_AT = 30
 FT_STEPS_REDONE = 40  # bench/blame_worker.py is killed at step 40 and starts again from 0
 
 
@@ -52,26 +61,28 @@ def _records(path: Path) -> list[dict]:
     return out
 
 
-def _command(work: Path, n: int, device: str, live: bool) -> list[str]:
+def _command(work: Path, n: int, device: str, live: bool, overrides: list[str] = TINY) -> list[str]:
     cmd = [sys.executable, "-m", "supervisor", "--debug", "--no-report", "--run-id", "r", "--max-restarts", "1",
            "--set", f"system.run_root={work / 'logs'}", "--set", f"system.checkpoint_dir={work / 'ckpt'}"]
     cmd += ["--set", "system.device=cpu", "--nproc", str(n)] if device == "cpu" else ["--gpus", ",".join(
         map(str, range(n)))]
     if not live:
         cmd += ["--spares", "0"]
-    for item in TINY:
+    for item in overrides:
         cmd += ["--set", item]
     return cmd
 
 
-def trained(work: Path, n: int, device: str, live: bool, cap: float = 300) -> tuple[float, int] | None:
-    """(seconds from the kill to the next completed step, completed steps trained again), or None."""
+def trained(work: Path, n: int, device: str, live: bool, cap: float = 300, overrides: list[str] = TINY,
+            kill_at: int = KILL_AT) -> tuple[float, int, list[dict]] | None:
+    """(seconds from the kill to the next completed step, completed steps trained again, the
+    run's records), or None."""
     metrics = work / "logs" / "r" / "metrics.jsonl"
-    proc = subprocess.Popen(_command(work, n, device, live), cwd=work, env=worker_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(_command(work, n, device, live, overrides), cwd=work, env=worker_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + cap
-        while not any(r.get("type") == "step" and r.get("step", -1) >= KILL_AT for r in _records(metrics)):
+        while not any(r.get("type") == "step" and r.get("step", -1) >= kill_at for r in _records(metrics)):
             if time.monotonic() > deadline or proc.poll() is not None:
                 return None
             time.sleep(0.01)
@@ -86,7 +97,7 @@ def trained(work: Path, n: int, device: str, live: bool, cap: float = 300) -> tu
         # step in flight may still complete after the kill, which is no recovery)
         after = [r for r in steps if r["time"] > killed and r["rank"] == 1]
         first = min(after, key=lambda r: r["time"])
-        return first["time"] - killed, max(0, before - first["step"])
+        return first["time"] - killed, max(0, before - first["step"]), _records(metrics)
     except subprocess.TimeoutExpired:
         return None
     finally:
@@ -94,12 +105,63 @@ def trained(work: Path, n: int, device: str, live: bool, cap: float = 300) -> tu
             kill_tree(proc)
 
 
+def first_step(records: list[dict]) -> tuple[float, float, float] | None:
+    """(the first step after the rebuilt group formed, the slower rank's; the median step before
+    the failure; the median step after that first one), from a live recovery's records. Both
+    medians: on a shared machine the load drifts over a run."""
+    rejoined = {r["rank"]: r["time"] for r in records if r.get("type") == "live" and r.get("event") == "rejoined"}
+    steps = [r for r in records if r.get("type") == "step" and "loss" in r]
+    if not rejoined or not steps:
+        return None
+    firsts = [min((r["time"] for r in steps if r["rank"] == rank and r["time"] > t), default=None)
+              for rank, t in rejoined.items()]
+    if None in firsts:
+        return None
+    rank0 = sorted(r["time"] for r in steps if r["rank"] == 0)
+    before = [t for t in rank0 if t < min(rejoined.values())]
+    after = [t for t in rank0 if t >= max(firsts)]
+    ahead = [b - a for a, b in zip(before[2:], before[3:])]  # the first steps are no typical step
+    behind = [b - a for a, b in zip(after, after[1:])]
+    if not ahead or not behind:
+        return None
+    first = max(f - rejoined[rank] for f, rank in zip(firsts, rejoined, strict=True))
+    return first, statistics.median(ahead), statistics.median(behind)
+
+
+def first_step_rows(device: str, rounds: int) -> None:
+    seconds: dict[str, list[float]] = {"first": [], "before": [], "after": []}
+    with tempfile.TemporaryDirectory(prefix="bench-live-first-") as tmp:
+        for _ in range(rounds):
+            got = trained(Path(tempfile.mkdtemp(dir=tmp)), 2, device, True, cap=900, overrides=DEBUG_PRESET,
+                          kill_at=DEBUG_KILL_AT)
+            measured = None if got is None else first_step(got[2])
+            if measured is not None:
+                for key, value in zip(seconds, measured, strict=True):
+                    seconds[key].append(value)
+    ratios = [(f / b, f / a) for f, b, a in zip(seconds["first"], seconds["before"], seconds["after"], strict=True)]
+    write_results("live_recovery_first_step", "Live recovery: the first step after the rebuilt group", [
+        Comparison(f"{device}, debug preset, 2 ranks, rank 1 SIGKILLed at step {DEBUG_KILL_AT}: the first step "
+                   f"after the rebuilt group vs the median step {which}", "s",
+                   Side("first step", seconds["first"] or [float("nan")]),
+                   Side(f"median step {which}", seconds[key] or [float("nan")]))
+        for key, which in (("before", "before the kill"), ("after", "after the recovery"))],
+        notes=[f"{rounds} runs, {len(ratios)} measured; first step / median step (before the kill, after the "
+               f"recovery) per run: {', '.join(f'{b:.2f}, {a:.2f}' for b, a in ratios)} (goal <= 1.3)",
+               "first step: from each rank's `live` `rejoined` record (group formed, state handed over) to its next "
+               "step record, the slower rank's; medians: rank 0's step intervals before the kill (the first two "
+               "left out) and after the first step that followed the recovery."])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 rounds instead of 4")
     parser.add_argument("--gpu-only", action="store_true", help="the GPU rows: NCCL on 2 GPUs (needs 2 CUDA GPUs)")
+    parser.add_argument("--first-step", action="store_true", help="only the first step after a recovery (debug preset)")
     args = parser.parse_args()
     rounds, device = (2 if args.quick else 4), ("cuda" if args.gpu_only else "cpu")
+    if args.first_step:
+        first_step_rows(device, rounds)
+        return 0
     sizes = (2,) if args.gpu_only else (2, 4)
     seconds: dict[str, list[float]] = {}
     redone: dict[str, list[int]] = {}

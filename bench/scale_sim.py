@@ -1,7 +1,14 @@
-"""N simulated nodes on one host, sharing one process: the real node agent's decision code
+"""N simulated nodes on one host: the real node agent's decision code
 (supervisor/rendezvous/node_agent_main.py `Agent`), one agent per simulated node with its
 own store connections, its own threads and its own protocol state, against one real
 `TCPStore` server (libuv) in a process of its own, as node 0's machine serves it.
+
+The nodes are spread over processes (shards of NODES_PER_SHARD), as a cluster gives each
+node a CPU of its own: 1,024 agents in one process measured its GIL (thousands of threads
+taking turns, each waiting thread waking every 5 ms to ask for it), not the protocol. The
+store is the one resource every node shares on a cluster too, and it has a process (one
+libuv thread) to itself here as there. Timestamps are the system-wide monotonic clock,
+comparable across the shards.
 
 What is replaced: the supervisor and its ranks. Each simulated node's thread feeds its
 agent the commands its supervisor sends (join, watch, abort, ...) and records the events
@@ -32,11 +39,17 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
+
+import orjson
 
 from supervisor.rendezvous.node_agent_main import Agent
 
+ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
+NODES_PER_SHARD = 64  # simulated nodes per process (a shard)
+SHARD_START_S = 600.0  # a shard's store connections: about 3 % of torch's client connects take 5 s here
 JOIN_TIMEOUT_S = 600.0
 STACK = 512 * 1024  # thousands of threads: a small stack each
 
@@ -105,16 +118,32 @@ def roomy() -> None:
 
 
 # ---------------------------------------------------------------------------- gpuherd
-class SimNode:
+class _Events:
+    """What one node's agent answered, each with the (system-wide monotonic) time it did."""
+
+    r: int
+    events: list[tuple[float, dict[str, Any]]]
+
+    def first(self, event: str, attempt: int, since: float = 0.0) -> tuple[float, dict[str, Any]] | None:
+        for t, e in list(self.events):
+            if e["event"] == event and e.get("attempt") == attempt and t >= since:
+                return t, e
+        return None
+
+
+class SimNode(_Events):
     """One simulated node: its agent, driven like its supervisor drives it, in a thread of its own."""
 
-    def __init__(self, r: int, n: int, port: int, requests: Requests, conns: list[Any]) -> None:
-        """`conns`: this node's store connections, made beforehand (the first is its main one)."""
+    def __init__(self, r: int, n: int, port: int, requests: Requests, conns: list[Any],
+                 forward: Any = None) -> None:
+        """`conns`: this node's store connections, made beforehand (the first is its main one);
+        `forward(r, t, event)`: where each event goes too (its shard's pipe to the harness)."""
         self.r = r
         self.agent = Agent(Counted(conns.pop(), requests), r, n, JOIN_TIMEOUT_S, f"{HOST}:{port}")
         self.agent.connect = lambda: Counted(conns.pop() if conns else client(port), requests)
         self.agent.emit = self._on_event
-        self.events: list[tuple[float, dict[str, Any]]] = []
+        self.events = []
+        self.forward = forward
         self.commands: queue.SimpleQueue[dict[str, Any] | None] = queue.SimpleQueue()
         self.paused = False  # a dead node: no beat, no command
         if r == 0:
@@ -123,8 +152,15 @@ class SimNode:
         self.thread.start()
 
     def _on_event(self, event: str, **fields: Any) -> None:
+        if "nodes" in fields and isinstance(fields["nodes"], list):
+            # Its supervisor parses the N join records in a process of its own; here a shard's
+            # nodes would keep N records each (gigabytes at 1,024) in one heap.
+            fields["nodes"] = len(fields["nodes"])
         if not self.paused:
-            self.events.append((time.monotonic(), {"event": event, **fields}))
+            t, e = time.monotonic(), {"event": event, **fields}
+            self.events.append((t, e))
+            if self.forward is not None:
+                self.forward(self.r, t, e)
 
     def _serve(self) -> None:
         """The agent's own loop (`Agent.serve`), commands from a queue instead of stdin."""
@@ -143,12 +179,6 @@ class SimNode:
     def send(self, cmd: str, attempt: int, **fields: Any) -> None:
         self.commands.put({"cmd": cmd, "attempt": attempt, **fields})
 
-    def first(self, event: str, attempt: int, since: float = 0.0) -> tuple[float, dict[str, Any]] | None:
-        for t, e in list(self.events):
-            if e["event"] == event and e.get("attempt") == attempt and t >= since:
-                return t, e
-        return None
-
     def die(self, close_sockets: bool) -> None:
         """Its processes die (the kernel closes its connection to node 0), or its machine vanishes."""
         self.paused = True
@@ -156,19 +186,127 @@ class SimNode:
             self.agent.liveness.drop()
             self.agent.liveness = None
 
-    def revive(self) -> None:
+    def revive(self, relink: bool) -> None:
         self.paused = False
+        if relink:
+            self.agent._link_to_node0()  # its supervisor restarted: a new connection
+
+
+def shard_main(argv: list[str]) -> int:
+    """One shard: simulated nodes FIRST..LAST-1 of N, driven by JSON lines on stdin, their
+    events as JSON lines on stdout.  python -m bench.scale_sim PORT N FIRST LAST"""
+    port, n, first, last = (int(a) for a in argv)
+    roomy()
+    requests = Requests()
+    made = clients(port, 2 * (last - first) + (first == 0))  # each node: its main connection and its abort wait's
+    conns = {r: [made.pop(), made.pop()] for r in range(first, last)}
+    if first == 0:
+        conns[0].append(made.pop())  # node 0: the one its liveness thread names dead nodes on
+    out = sys.stdout.buffer
+    writing = threading.Lock()
+
+    def say(msg: dict[str, Any]) -> None:
+        with writing:
+            out.write(orjson.dumps(msg) + b"\n")
+            out.flush()
+
+    nodes = {r: SimNode(r, n, port, requests, conns[r], lambda r, t, e: say({"node": r, "t": t, "event": e}))
+             for r in range(first, last)}
+    say({"ready": True})
+    for line in sys.stdin.buffer:
+        msg = orjson.loads(line)
+        targets = [nodes[msg["node"]]] if "node" in msg else list(nodes.values())
+        if "cmd" in msg:
+            for node in targets:
+                node.commands.put(msg["cmd"])
+        elif "die" in msg:
+            targets[0].die(msg["die"])
+        elif "revive" in msg:
+            targets[0].revive(msg["revive"])
+        elif "requests" in msg:
+            say({"requests": dict(requests.by_op)})
+    os._exit(0)  # the agents' threads block in the store: no interpreter teardown waits for them
+
+
+class Shard:
+    """A process of `NODES_PER_SHARD` simulated nodes, as a cluster gives each node its own CPU:
+    one process of 1,024 nodes spends its time handing one GIL to thousands of threads, which
+    measures Python, not the protocol."""
+
+    def __init__(self, port: int, n: int, first: int, last: int) -> None:
+        self.nodes = {r: RemoteNode(r, self) for r in range(first, last)}
+        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.scale_sim", str(port), str(n), str(first),
+                                      str(last)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, cwd=ROOT, env=env)
+        self.ready = threading.Event()
+        self._counts: queue.SimpleQueue[dict[str, int]] = queue.SimpleQueue()
+        self._writing = threading.Lock()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            msg = orjson.loads(line)
+            if "node" in msg:
+                self.nodes[msg["node"]].events.append((msg["t"], msg["event"]))
+            elif "requests" in msg:
+                self._counts.put(msg["requests"])
+            elif "ready" in msg:
+                self.ready.set()
+
+    def put(self, msg: dict[str, Any]) -> None:
+        with self._writing:
+            self.proc.stdin.write(orjson.dumps(msg) + b"\n")
+            self.proc.stdin.flush()
+
+    def requests(self) -> dict[str, int]:
+        self.put({"requests": True})
+        return self._counts.get(timeout=60)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class RemoteNode(_Events):
+    """A simulated node in a shard, as the harness drives and watches it."""
+
+    def __init__(self, r: int, shard: Shard) -> None:
+        self.r, self.shard = r, shard
+        self.events = []
+
+    def send(self, cmd: str, attempt: int, **fields: Any) -> None:
+        self.shard.put({"node": self.r, "cmd": {"cmd": cmd, "attempt": attempt, **fields}})
+
+    def die(self, close_sockets: bool) -> None:
+        self.shard.put({"node": self.r, "die": close_sockets})
+
+    def revive(self, relink: bool) -> None:
+        self.shard.put({"node": self.r, "revive": relink})
 
 
 class GpuherdJob:
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, per_shard: int = NODES_PER_SHARD) -> None:
         self.n = n
         self.server, self.port = start_store_server()
-        self.requests = Requests()
-        made = clients(self.port, 2 * n + 1)  # each node: its main connection and its abort wait's
-        conns = [[made.pop(), made.pop()] for _ in range(n)]
-        conns[0].append(made.pop())  # node 0: the one its liveness thread names dead nodes on
-        self.nodes = [SimNode(r, n, self.port, self.requests, conns[r]) for r in range(n)]
+        self.shards = [Shard(self.port, n, first, min(n, first + per_shard)) for first in range(0, n, per_shard)]
+        for shard in self.shards:
+            if not shard.ready.wait(SHARD_START_S):
+                self.close()
+                raise TimeoutError(f"a shard of simulated nodes did not start within {SHARD_START_S:g} s")
+        self.nodes = [node for shard in self.shards for node in shard.nodes.values()]
+
+    def requests(self) -> Counter[str]:
+        """Store calls of every simulated node so far, by operation."""
+        total: Counter[str] = Counter()
+        for shard in self.shards:
+            total.update(shard.requests())
+        return total
 
     def join(self, attempt: int, timeout: float) -> float:
         """Every node joins; seconds until the last one has."""
@@ -185,9 +323,9 @@ class GpuherdJob:
     def steady(self, seconds: float) -> tuple[float, int]:
         """(store requests per node per second, abort events seen) over `seconds` of a running attempt."""
         time.sleep(min(3.0, seconds))  # the first beats and watches settle
-        before, aborts_before = self.requests.total(), self._aborts()
+        before, aborts_before = sum(self.requests().values()), self._aborts()
         time.sleep(seconds)
-        return (self.requests.total() - before) / seconds / self.n, self._aborts() - aborts_before
+        return (sum(self.requests().values()) - before) / seconds / self.n, self._aborts() - aborts_before
 
     def _aborts(self) -> int:
         return sum(1 for nd in self.nodes for _, e in list(nd.events) if e["event"] == "abort")
@@ -209,9 +347,7 @@ class GpuherdJob:
         self._until(lambda: all(nd.first("abort", attempt) for nd in survivors), timeout, "node death")
         seen = [nd.first("abort", attempt) for nd in survivors]
         named = all(e["cause"].get("node") == victim and e["cause"].get("kind") == "node" for _, e in seen)
-        self.nodes[victim].revive()
-        if close_sockets:
-            self.nodes[victim].agent._link_to_node0()  # its supervisor restarted: a new connection
+        self.nodes[victim].revive(relink=close_sockets)  # its supervisor restarted: a new connection
         return max(t for t, _ in seen) - killed, named
 
     def _until(self, done: Any, timeout: float, what: str) -> None:
@@ -222,8 +358,8 @@ class GpuherdJob:
             time.sleep(0.01)
 
     def close(self) -> None:
-        for node in self.nodes:
-            node.commands.put(None)
+        for shard in self.shards:
+            shard.close()
         self.server.kill()
         self.server.wait()
 
@@ -231,7 +367,7 @@ class GpuherdJob:
 def run_gpuherd(n: int, steady_s: float) -> dict[str, Any]:
     job = GpuherdJob(n)
     try:
-        out: dict[str, Any] = {"nodes": n, "join_s": job.join(0, JOIN_TIMEOUT_S)}
+        out: dict[str, Any] = {"nodes": n, "shards": len(job.shards), "join_s": job.join(0, JOIN_TIMEOUT_S)}
         out["requests_per_node_s"], out["false_verdicts"] = job.steady(steady_s)
         out["steady_s"] = steady_s
         out["abort_fanout_s"] = job.abort_fanout(0)
@@ -239,7 +375,7 @@ def run_gpuherd(n: int, steady_s: float) -> dict[str, Any]:
         out["closed_named_s"], out["closed_named_ok"] = job.kill(1, min(3, n - 1), close_sockets=True)
         job.join(2, JOIN_TIMEOUT_S)
         out["vanished_named_s"], out["vanished_named_ok"] = job.kill(2, min(5, n - 1), close_sockets=False)
-        out["requests_by_op"] = dict(job.requests.by_op)
+        out["requests_by_op"] = dict(job.requests())
         return out
     finally:
         job.close()
@@ -293,3 +429,7 @@ def run_c10d(n: int, steady_s: float, monitor_interval: float = 0.1) -> dict[str
                 h._stop_heartbeats()
         server.kill()
         server.wait()
+
+
+if __name__ == "__main__":
+    raise SystemExit(shard_main(sys.argv[1:]))

@@ -3,7 +3,8 @@
 The worker writes one JSON object per line to the pipe whose write end the
 supervisor passed as fd `GPUHERD_STATUS_FD`. Each record is one `os.write` of
 less than PIPE_BUF bytes, so records from one worker never tear. Every record
-carries `type`, `rank` and `time`; the types and their fields are listed in
+carries `type`, `rank` and `time`; the types and their fields are declared in
+gpuherd/status_records.py (which also decodes them, on the supervisor's side) and listed in
 docs/reference/status-records.md.
 
 The writer needs only the standard library: a user's script may run in another interpreter
@@ -19,14 +20,13 @@ import time
 from typing import Any
 
 from gpuherd import contract
+from gpuherd.status_records import RECORD_TYPES
 
 try:
     import orjson
 except ImportError:  # a script's own interpreter (PYTHON_EXEC): json writes the same records
     orjson = None  # type: ignore[assignment]
 
-RECORD_TYPES = ("ready", "step", "eval", "checkpoint", "checkpoint_write", "phase", "nan", "spike", "suspect", "done",
-                "error", "alive", "stop", "live")
 PIPE_BUF = 4096
 
 
@@ -87,14 +87,3 @@ def _plain(value: Any) -> Any:
         if hasattr(value, convert):
             return getattr(value, convert)()
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-def decode(line: bytes) -> dict[str, Any] | None:
-    """Supervisor side: one line -> record, or None for a malformed line."""
-    try:
-        record = orjson.loads(line) if orjson is not None else json.loads(line)
-    except ValueError:  # orjson.JSONDecodeError and json's are both ValueErrors
-        return None
-    if not isinstance(record, dict) or record.get("type") not in RECORD_TYPES:
-        return None
-    return record

@@ -13,8 +13,9 @@ renamed config key, a new exit code or a new status record cannot leave the docs
 
 Sources: gpuherd/exit_codes.py (ExitCode and its words), gpuherd/config/schema.py (every
 section's fields, defaults, limits and the comment beside each), gpuherd/contract.py (the
-environment a worker gets), gpuherd/status_channel.py (the record types), and the parsers of
-`gpuherd` and `gpuherd run`.
+environment a worker gets: torchrun's variables and gpuherd's own), gpuherd/status_records.py
+(every record type, its fields and the comment beside each), and the parsers of `gpuherd` and
+`gpuherd run`.
 """
 
 from __future__ import annotations
@@ -144,12 +145,88 @@ def environment() -> str:
     return "\n".join(rows)
 
 
-def status_records() -> str:
-    from gpuherd.status_channel import PIPE_BUF, RECORD_TYPES
+# How each declared annotation of gpuherd/status_records.py reads as JSON (a new shape fails here,
+# KeyError, until it is given its words).
+_JSON_TYPES = {
+    "int | None": "int or null", "float | None": "number or null", "str | None": "string or null",
+    "bool": "bool", "str": "string", "float": "number", "float | str | None": "number, string or null",
+    "tuple[int, ...]": "list of int", "tuple[str, ...] | str | None": "list of strings, string or null",
+    "dict[str, tuple[int, float]]": "{phase: [count, seconds]}",
+}
 
-    types = ", ".join(f"`{t}`" for t in RECORD_TYPES)
-    return (f"Every record is one line of at most {PIPE_BUF} bytes (`PIPE_BUF`: written atomically) with `type`, "
-            f"`rank` and `time`. The types (`RECORD_TYPES`; a line of any other type is dropped at decoding): {types}.")
+
+def _record_default(field: dataclasses.Field) -> str:
+    if field.default is not dataclasses.MISSING:
+        value = field.default
+    else:
+        value = field.default_factory()  # type: ignore[misc]
+    return f"`{json.dumps(list(value) if isinstance(value, tuple) else value)}`"
+
+
+def _record_name(cls: type) -> str:
+    event = getattr(cls, "EVENT", "")
+    return f"`{cls.TYPE}` `{event}`" if event else f"`{cls.TYPE}`"
+
+
+def _record_table(cls: type) -> list[str]:
+    """One record type's section: what it is, then its fields with their JSON types, absent
+    value and meaning (the comment beside each in gpuherd/status_records.py)."""
+    from gpuherd.status_records import fields_of
+
+    notes = {}
+    for owner in reversed(cls.__mro__):  # a field declared in a base (`nan`'s in SuspiciousStep) keeps its comment
+        if owner.__module__ == cls.__module__ and owner.__name__ != "object":
+            notes.update(source_comments(ROOT / "gpuherd" / "status_records.py", owner.__name__))
+    title = f"{cls.TYPE} {cls.EVENT}" if getattr(cls, "EVENT", "") else cls.TYPE
+    out = [f"### {title}", "", f"{(cls.__doc__ or '').strip()} (`{cls.__name__}`)", ""]
+    own = fields_of(cls)
+    if not own:
+        return out
+    out += ["| field | JSON type | when absent | meaning |", "|---|---|---|---|"]
+    for field in own:
+        out.append(f"| `{field.name}` | {cell(_JSON_TYPES[field.type])} | {cell(_record_default(field))} "
+                   f"| {cell(notes.get(field.name, ''))} |")
+    return out + [""]
+
+
+def _records(classes: tuple, events: dict) -> list[str]:
+    rows = ["| type | fields (besides `type`, `rank`, `time`) | meaning |", "|---|---|---|"]
+    sections: list[str] = []
+    from gpuherd.status_records import fields_of
+
+    for cls in classes:
+        kinds = [cls, *events.get(cls, ())]
+        for kind in kinds:
+            names = ", ".join(f.name for f in fields_of(kind))
+            rows.append(f"| {_record_name(kind)} | {cell(names)} | {cell((kind.__doc__ or '').strip())} |")
+            sections += _record_table(kind)
+    return [*rows, "", *sections]
+
+
+def status_records() -> str:
+    from gpuherd.status_channel import PIPE_BUF
+    from gpuherd.status_records import LIVE_EVENTS, STATUS_RECORDS, Live
+
+    head = (f"Every record is one line of at most {PIPE_BUF} bytes (`PIPE_BUF`: written atomically) with `type`, "
+            "`rank` and `time` (unix seconds); a record that would be longer is sent with those and `truncated: true` "
+            "alone. The types are declared in `gpuherd/status_records.py`, which the supervisor decodes each line "
+            "with, once: a line that is not JSON, not an object, or of another type is refused (dropped); a field "
+            "no type declares is ignored; a null field is not known (its absent value stands); a field of the wrong "
+            "type is dropped (its absent value stands) and named in the record's `refused`, and the record still "
+            "counts as a sign of life.")
+    return "\n".join([head, "", *_records(STATUS_RECORDS, {Live: LIVE_EVENTS})]).rstrip()
+
+
+def metrics_records() -> str:
+    from gpuherd.status_records import SUPERVISOR_RECORDS, TIMELINE_EVENTS, Timeline
+
+    return "\n".join(_records(SUPERVISOR_RECORDS, {Timeline: TIMELINE_EVENTS})).rstrip()
+
+
+def torchrun_environment() -> str:
+    from gpuherd import contract
+
+    return ", ".join(f"`{name}`" for name in contract.TORCHRUN_VARS)
 
 
 def _help(argv: list[str]) -> str:
@@ -175,6 +252,8 @@ PAGES: dict[str, tuple[str, Callable[[], str]]] = {
     "config_keys": ("docs/reference/config.md", config_keys),
     "environment": ("docs/reference/environment.md", environment),
     "status_records": ("docs/reference/status-records.md", status_records),
+    "metrics_records": ("docs/reference/status-records.md", metrics_records),
+    "environment_torchrun": ("docs/reference/environment.md", torchrun_environment),
     "cli_help": ("docs/reference/cli.md", cli_help),
 }
 

@@ -33,6 +33,7 @@ import orjson
 
 from gpuherd.config import Config
 from gpuherd.errors import ConfigError
+from gpuherd.status_records import Refusal, decode
 from supervisor.restarts import RunCheckpoints
 
 SUMMARY_KEYS = ("started_at", "duration_s", "exit_code", "outcome", "final_save", "slurm_job_id")
@@ -96,10 +97,7 @@ def replay_checkpoints(run_dir: Path, checkpoints: RunCheckpoints) -> Path | Non
     for line in lines:
         if b'"checkpoint"' not in line:
             continue
-        try:
-            record = orjson.loads(line)
-        except orjson.JSONDecodeError:  # the last line of a start that was killed mid-write
-            continue
-        if isinstance(record, dict):
+        record = decode(line, supervisor=True)
+        if not isinstance(record, Refusal):  # a refusal: the last line of a start killed mid-write
             checkpoints.observe(record)
     return checkpoints.newest_of_this_run()

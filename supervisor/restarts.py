@@ -24,15 +24,13 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-from loguru import logger
 
 from gpuherd.checkpoint_layout import fingerprint
 from gpuherd.exit_codes import ExitCode
-from supervisor.gpus import DevicePlan, exclude_gpus
+from gpuherd.status_records import Checkpoint, Record, Step
+from supervisor.gpus import DeviceError, DevicePlan, exclude_gpus
 from supervisor.processes import STOP_SIGNALS, honoured
-from supervisor.summary import RootCause, SuspectDevice
+from supervisor.summary import CauseKind, RootCause, SuspectDevice
 
 # SIGUSR1/2 too: SLURM's warning before the time limit may come between two attempts
 MAX_BACKOFF_S = 60.0
@@ -48,7 +46,7 @@ def refusal(cause: RootCause, restart_on_nan: bool) -> str | None:
     """Why this failure is not restarted (None: restart it). A failure that would only
     repeat (config, dataset) or that someone asked for (Ctrl-C, SIGTERM) ends the run.
     A user script's own exit code means what the script means by it: restarted like any crash."""
-    if cause.kind in ("interrupted", "terminated"):
+    if cause.kind in (CauseKind.INTERRUPTED, CauseKind.TERMINATED):
         return "the run was asked to stop"
     if cause.kind == "supervisor":
         return "the supervisor itself failed"
@@ -85,8 +83,8 @@ class Progress:
     def __init__(self) -> None:
         self.made = False
 
-    def observe(self, record: dict[str, Any]) -> None:
-        if record.get("type") == "step":
+    def observe(self, record: Record) -> None:
+        if isinstance(record, Step):
             self.made = True
 
 
@@ -102,7 +100,7 @@ def plan_restart(cause: RootCause, *, stop_signal: str | None, attempt: int, max
     An elastic job's membership change (a node asks to join) is nobody's failure: restarted at
     once, whatever restarts are left, and not counted, unless the supervisor was asked to stop."""
     streak = 0 if ran_s >= STREAK_RESET_S or progressed else streak
-    if cause.kind == "membership":
+    if cause.kind == CauseKind.MEMBERSHIP:
         return RestartPlan(f"the supervisor received {stop_signal}" if stop_signal else None, streak=streak,
                            counted=False)
     why_not = refusal(cause, restart_on_nan)
@@ -126,19 +124,19 @@ class RunCheckpoints:
         self._saved: dict[Path, tuple[int, tuple[int, int, int]]] = {}  # path -> (step, stamp)
         self._reporters: dict[Path, set[int]] = {}  # ranks that reported the latest save of a path
 
-    def observe(self, record: dict[str, Any]) -> None:
+    def observe(self, record: Record) -> None:
         """A status record; `checkpoint` ones (step, path) are this run's saves. Every rank
         reports a save that rank 0 wrote: the stamp is taken at the first report, so one
         that comes late cannot adopt a file another run put there meanwhile."""
-        if record.get("type") != "checkpoint" or not isinstance(record.get("path"), str):
+        if not isinstance(record, Checkpoint) or record.path is None:
             return
-        path, rank = Path(record["path"]).absolute(), record.get("rank")
+        path, rank = Path(record.path).absolute(), record.rank
         reporters = self._reporters.setdefault(path, set())
         if path in self._saved and rank not in reporters:
             reporters.add(rank)  # another rank reporting the same save
             return
         try:
-            step, stamp = int(record.get("step") or 0), fingerprint(path)
+            step, stamp = record.step or 0, fingerprint(path)
         except (OSError, ValueError, TypeError):  # not there (a rank reporting a save it did not write)
             return
         self._saved[path] = (step, stamp)
@@ -159,44 +157,51 @@ class RunCheckpoints:
         return None
 
 
-class SuspectExclusion:
-    """`--exclude-suspect-gpus` (`system.exclude_suspect_gpus`): the devices of the attempt
-    after an exit 8."""
+@dataclass(frozen=True)
+class Exclusion:
+    """`--exclude-suspect-gpus` (`system.exclude_suspect_gpus`) after a failed attempt: the
+    devices of the next one (`exclude_suspects`)."""
 
-    def __init__(self, enabled: bool, multi_node: bool = False) -> None:
-        """`multi_node`: this node's workers shrink; the job's world size is agreed at the join."""
-        self.enabled, self.multi_node = enabled, multi_node
-        self.excluded: list[int] = []  # every GPU left out so far, in the order they were
-        self._cpu_told = False
+    plan: DevicePlan  # the next attempt's (the same plan when nothing is left out)
+    gpus: tuple[int, ...] = ()  # the GPUs left out from the next attempt on
+    said: tuple[str, ...] = ()  # warnings for the log
+    refused: str | None = None  # no GPU would be left: why the run ends (exit 8)
+    cpu_told: bool = False  # "CPU workers, nothing to exclude" was said (once a run)
 
-    def next_plan(self, plan: DevicePlan, cause: RootCause, suspects: list[SuspectDevice],
-                  next_attempt: int) -> DevicePlan:
-        """The plan for attempt `next_attempt`: `plan` without the suspect GPUs over the limit
-        (marked on `suspects`). Raises DeviceError (exit 8) when no GPU would be left."""
-        if not self.enabled or cause.exit_code != ExitCode.DEVICE_SUSPECT:
-            return plan
-        if plan.kind != "cuda":
-            if not self._cpu_told:
-                logger.warning("--exclude-suspect-gpus: CPU workers, nothing to exclude")
-                self._cpu_told = True
-            return plan
-        if cause.script_code and not suspects:  # a script's own exit 8, not a suspect device
-            return plan
-        blamed = [d for d in suspects if d.gpu is not None and d.over_limit]
-        if not blamed:  # no rank could be blamed, or (multi-node) the faults were on another node
-            logger.warning("--exclude-suspect-gpus: no GPU of this node went over the limit of transient "
-                           "faults: restarting on the same GPUs")
-            return plan
+
+def exclude_suspects(plan: DevicePlan, cause: RootCause, suspects: tuple[SuspectDevice, ...] | list[SuspectDevice],
+                     next_attempt: int, *, enabled: bool, multi_node: bool = False,
+                     cpu_told: bool = False) -> Exclusion:
+    """After an exit 8: `plan` without the suspect GPUs over the limit, pure. `multi_node`:
+    this node's workers shrink; the job's world size is agreed at the join."""
+    if not enabled or cause.exit_code != ExitCode.DEVICE_SUSPECT:
+        return Exclusion(plan, cpu_told=cpu_told)
+    if plan.kind != "cuda":
+        said = () if cpu_told else ("--exclude-suspect-gpus: CPU workers, nothing to exclude",)
+        return Exclusion(plan, said=said, cpu_told=True)
+    if cause.script_code and not suspects:  # a script's own exit 8, not a suspect device
+        return Exclusion(plan, cpu_told=cpu_told)
+    blamed = [d for d in suspects if d.gpu is not None and d.over_limit]
+    if not blamed:  # no rank could be blamed, or (multi-node) the faults were on another node
+        return Exclusion(plan, said=("--exclude-suspect-gpus: no GPU of this node went over the limit of transient "
+                                     "faults: restarting on the same GPUs",), cpu_told=cpu_told)
+    try:
         shrunk = exclude_gpus(plan, {d.gpu for d in blamed})
-        for d in blamed:
+    except DeviceError as exc:
+        return Exclusion(plan, refused=str(exc), cpu_told=cpu_told)
+    left_out = ", ".join(f"GPU {d.gpu} ({d.transient_faults} transient faults, limit {d.limit})" for d in blamed)
+    size = "this node's workers" if multi_node else "world size"
+    kept = ", ".join(f"GPU {s.device_id}" for s in shrunk.slots)
+    return Exclusion(shrunk, gpus=tuple(sorted({d.gpu for d in blamed if d.gpu is not None})), cpu_told=cpu_told,
+                     said=(f"--exclude-suspect-gpus: attempt {next_attempt} runs without {left_out}: "
+                           f"{size} {plan.world_size} -> {shrunk.world_size} ({kept})",))
+
+
+def mark_excluded(suspects: list[SuspectDevice], gpus: tuple[int, ...], next_attempt: int) -> None:
+    """What came of each suspect device left out, for the summary and the report."""
+    for d in suspects:
+        if d.gpu in gpus and d.over_limit:
             d.then = f"excluded from attempt {next_attempt} on"
-        self.excluded += sorted({d.gpu for d in blamed if d.gpu is not None})
-        left_out = ", ".join(f"GPU {d.gpu} ({d.transient_faults} transient faults, limit {d.limit})" for d in blamed)
-        size = "this node's workers" if self.multi_node else "world size"
-        kept = ", ".join(f"GPU {s.device_id}" for s in shrunk.slots)
-        logger.warning(f"--exclude-suspect-gpus: attempt {next_attempt} runs without {left_out}: "
-                       f"{size} {plan.world_size} -> {shrunk.world_size} ({kept})")
-        return shrunk
 
 
 def pause(seconds: float) -> int | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import enum
 import signal
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,12 +38,31 @@ def how_it_ended(returncode: int | None, script: bool = False) -> str:
     return f"exit code {returncode} ({describe(returncode)})"
 
 
+class CauseKind(enum.StrEnum):
+    """What kind of event ended an attempt (summary.json's `root_cause.kind`, an attempt's `outcome`)."""
+
+    WORKER_EXIT = "worker-exit"  # a worker failed
+    EARLY_EXIT = "early-exit"  # a worker left cleanly while the others hung on it
+    HANG = "hang"  # no progress, by the evidence
+    RENDEZVOUS = "rendezvous"  # the process group never formed
+    WATCHER = "watcher"  # a run watcher (the GPU watch) found the run cannot go on
+    INTERRUPTED = "interrupted"  # Ctrl-C
+    TERMINATED = "terminated"  # a stop signal (scancel, a preemption, a worker's own)
+    SUPERVISOR = "supervisor"  # the supervisor itself could not go on
+    NODE = "node"  # multi-node: another node failed or was lost
+    STORE = "store"  # multi-node: the rendezvous store failed
+    MEMBERSHIP = "membership"  # an elastic job's membership changed: nobody's failure
+    DATASET = "dataset"  # the dataset cache is missing or damaged
+
+
 @dataclass(frozen=True)
 class RootCause:
     """Immutable once built (the supervision policy holds it in its frozen state): a change is a
-    `dataclasses.replace`, never an assignment; its lists are never appended to either."""
+    `dataclasses.replace`, never an assignment; its lists are never appended to either. The facts
+    a decision needs are fields (`kind`, `signal`, `preempted`, `node`, `rank`): `message` is for
+    people, and no code reads a fact back out of it."""
 
-    kind: str  # worker-exit | early-exit | hang | rendezvous | watcher | interrupted | terminated | supervisor | node
+    kind: CauseKind  # a plain string is taken too, and checked (one of CauseKind's values)
     exit_code: int  # what the supervisor exits with
     message: str  # one line
     rank: int | None = None  # global rank
@@ -53,13 +73,20 @@ class RootCause:
     traceback: list[str] = field(default_factory=list)  # from the rank's error file (torch's @record)
     script_code: bool = False  # exit_code is a user script's own: no gpuherd label for it
     evidence: list[str] = field(default_factory=list)  # a hang: one line per rank, blamed first; collective traces
+    signal: str | None = None  # a stop: the signal's name (`SIGTERM`), whoever received it
+    slurm_stop: bool = False  # SLURM stopped the whole job (the same words on every node, no node named)
+    preempted: bool = False  # ... for a preemption (node 0 asks SLURM for the requeue)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", CauseKind(self.kind))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RootCause:
-        keys = ("kind", "exit_code", "message", "rank", "device", "node", "host")
+        keys = ("kind", "exit_code", "message", "rank", "device", "node", "host", "signal")
         return cls(**{k: d.get(k) for k in keys}, stderr_tail=list(d.get("stderr_tail") or []),
                    traceback=list(d.get("traceback") or []), script_code=bool(d.get("script_code")),
-                   evidence=list(d.get("evidence") or []))
+                   evidence=list(d.get("evidence") or []), slurm_stop=bool(d.get("slurm_stop")),
+                   preempted=bool(d.get("preempted")))
 
 
 @dataclass
@@ -182,7 +209,7 @@ class Summary:
             return "\n".join(lines + self._recovery_lines() + self._attempt_lines() + self._straggler_lines()
                              + self._goodput_lines() + [f"note: {n}" for n in self.notes] + self._node_lines())
         rc = self.root_cause
-        if rc.kind in ("terminated", "interrupted") and self.exit_code != ExitCode.FAILURE:
+        if rc.kind in (CauseKind.TERMINATED, CauseKind.INTERRUPTED) and self.exit_code != ExitCode.FAILURE:
             return self._stopped_block()
         label = describe(self.exit_code, rc.script_code)
         label = "" if label == f"exit code {self.exit_code}" else f" ({label})"  # a script's code: no label

@@ -92,3 +92,11 @@ def test_mkdocs_build_strict_passes(tmp_path):
                            env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert build.returncode == 0, build.stdout + build.stderr
     assert (tmp_path / "site" / "reference" / "exit-codes" / "index.html").exists()
+
+
+def test_every_record_field_says_what_it_means():
+    """The status-records page's field tables come from gpuherd/status_records.py's comments:
+    a field declared without one would leave its row empty."""
+    page = (ROOT / "docs" / "reference" / "status-records.md").read_text()
+    empty = [line for line in page.splitlines() if line.startswith("| `") and line.rstrip().endswith("|  |")]
+    assert not empty, f"record fields without a comment in gpuherd/status_records.py: {empty}"

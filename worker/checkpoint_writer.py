@@ -1,8 +1,8 @@
 """One checkpoint being written in the background while the loop trains on
 (worker/saver.py starts at most one at a time).
 
-A thread of its own waits for the write; the write itself runs in a forked child process
-(worker/forked_write.py: one-file checkpoints, rank 0 alone) or, where every rank must take
+A thread of its own waits for the write; the write itself runs in the rank's writer process
+(worker/save_writer.py: one-file checkpoints, rank 0 alone) or, where every rank must take
 part in the write's collectives (FSDP's sharded checkpoints through DCP), in the thread,
 which then runs at a lower CPU priority (nice +WRITER_NICE for this thread only): where the
 cores are busy with training, the loop keeps them and the write takes the rest; on an idle
@@ -18,20 +18,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from worker.forked_write import write_in_child
-
 WRITER_NICE = 5
 
 
 class BackgroundWrite:
     def __init__(self, step: int, path: Path, write: Callable[[], Path],
-                 on_done: Callable[[BackgroundWrite], None], forked: bool = False) -> None:
-        """`forked`: `write` runs in a child process (worker/forked_write.py), this thread only waits."""
-        self.step, self.path, self.forked = step, path, forked
+                 on_done: Callable[[BackgroundWrite], None], writer_pid: int | None = None) -> None:
+        """`writer_pid`: `write` hands the save to that writer process (worker/save_writer.py) and
+        this thread only waits for its answer; None: the thread writes, at a lower priority."""
+        self.step, self.path = step, path
         self.published: Path | None = None
         self.error: BaseException | None = None
         self.write_s: float | None = None  # set once it ended, either way
-        self.writer_pid: int | None = None  # the forked writer process, once it runs
+        self.writer_pid = writer_pid
         self._write, self._on_done = write, on_done
         self._done = threading.Event()
         self._started = time.perf_counter()
@@ -53,11 +52,9 @@ class BackgroundWrite:
 
     def _run(self) -> None:
         try:
-            if self.forked:
-                self.published = write_in_child(self._write, self.step, lambda pid: setattr(self, "writer_pid", pid))
-            else:
+            if self.writer_pid is None:
                 _lower_priority()
-                self.published = self._write()
+            self.published = self._write()
         except BaseException as exc:  # noqa: BLE001 - handed to the loop, which raises it there
             self.error = exc
         finally:

@@ -1,7 +1,8 @@
 """What checkpoints cost the loop, counted per save (worker/saver.py): the stall (the loop
 blocked: capture, copy to host memory, and any wait for the previous write), the wait
-alone, and the write itself (in the background, or the blocking save's whole time).
-Shown on the next step line (`| Ckpt: ...`) and in one line at the end of the run."""
+alone, the write itself (in the background, or the blocking save's whole time), and what
+each save cost the loop in all, measured on its step times (worker/save_cost.py). Shown on
+the next step line (`| Ckpt: ...`) and in one line at the end of the run."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ class SaveStats:
     written: int = 0  # writes this rank published
     background: int = 0  # of them, written in the background
     write_s: float = 0.0
+    accounted: int = 0  # saves whose cost to the loop was measured
+    cost_s: float = 0.0
     _note_stall: list[float] = field(default_factory=list)  # since the last step line
     _note_write: list[float] = field(default_factory=list)
     _note_wait: float = 0.0
@@ -42,6 +45,11 @@ class SaveStats:
         self.background += background
         self.write_s += write_s
         self._note_write.append(write_s)
+
+    def account(self, cost_s: float) -> None:
+        """A save's whole cost to the loop, measured once its write ended."""
+        self.accounted += 1
+        self.cost_s += cost_s
 
     def _waited(self, wait_s: float) -> None:
         if wait_s > 0:
@@ -72,4 +80,7 @@ class SaveStats:
                      f"{self.write_s / self.written:.2f} s per write")
         if self.waits:
             line += f"; {self.waits} waited {self.wait_s:.2f} s in all for the previous write"
+        if self.accounted:
+            line += (f"; measured on the step times, {self.accounted} cost the loop {self.cost_s:.2f} s in all "
+                     f"({self.cost_s / self.accounted:.3f} s per save)")
         return line

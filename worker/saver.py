@@ -1,13 +1,15 @@
 """The training loop's one door to checkpoints (docs/design/checkpoints.md).
 
 `training.async_save` (on by default): a periodic save blocks the loop only while the
-state is captured (the collectives that gather it) and copied to host memory
-(worker/staging.py); a background write (worker/checkpoint_writer.py) then writes, fsyncs,
-checksums and publishes it with its manifest while training goes on. One-file layouts
-(single, ddp, zero1) are written by rank 0 alone, in a forked child process
-(worker/forked_write.py: it needs none of the loop's GIL or CPU priority); sharded ones
-(fsdp) by every rank, in writer threads that agree through a gloo process group of their
-own, so the loop's collectives and theirs never share a connection.
+state is captured (the collectives that gather it) and copied to host memory; a background
+write (worker/checkpoint_writer.py) then writes, fsyncs, checksums and publishes it with its
+manifest while training goes on. One-file layouts (single, ddp, zero1) are written by rank 0
+alone: the copy goes into shared buffers kept from save to save (worker/save_snapshot.py),
+which the writer process forked once at the start (worker/save_writer.py: none of the
+loop's GIL, the lowest CPU priority) writes from. Sharded ones (fsdp) are copied by torch's
+stager (worker/staging.py) and written by every rank, in writer threads that agree through
+a gloo process group of their own, so the loop's collectives and theirs never share a
+connection.
 
 - At most one write is in flight: the next save first waits for it (counted, said, and
   in its `checkpoint` record as `wait_s`).
@@ -23,7 +25,10 @@ own, so the loop's collectives and theirs never share a connection.
 The checkpoint becomes visible to `--resume` only once published (manifest included); the
 `checkpoint` status record, sent then, carries `stall_s` (the loop blocked), `wait_s`
 (the part of it spent waiting for the previous write), `write_s` (the write itself) and
-`mode` (`async` | `blocking`).
+`mode` (`async` | `blocking`). What the save cost the loop in all, its slower steps while the
+write was in flight included, is measured on the loop's step times (worker/save_cost.py)
+and sent once known, at the step boundary after the write ended: a `checkpoint_write`
+record with `state` `accounted` and `cost_s`.
 """
 
 from __future__ import annotations
@@ -45,15 +50,20 @@ from worker import save_phases
 from worker import signals as wsignals
 from worker.checkpoint import Capture, Checkpointer
 from worker.checkpoint_writer import BackgroundWrite
+from worker.save_cost import LoopCost
+from worker.save_snapshot import Snapshot, SnapshotTaker, TooLarge, rebuild, reserve_bytes
 from worker.save_stats import SaveStats
+from worker.save_writer import WriterProcess
 from worker.staging import HostStager, memory_problem, stager_missing
 
 
 class Saver:
     def __init__(self, checkpointer: Checkpointer, status: StatusWriter, live: Liveness, bracket: str,
                  want_async: bool, exit_wait_s: float, agreed: tuple[str | None] | None = None) -> None:
-        """`agreed`: the ranks' verdict on blocking saves, when it was taken without this rank (a
-        spare replacing a lost rank: worker/live_recovery.py), instead of agreeing on it now."""
+        """`want_async`: off where no save is periodic (the final one blocks anyway, and no writer
+        process is started for nothing). `agreed`: the ranks' verdict on blocking saves, when it
+        was taken without this rank (a spare replacing a lost rank: worker/live_recovery.py),
+        instead of agreeing on it now."""
         self.ckpt, self.status, self.live, self.bracket = checkpointer, status, live, bracket
         self.exit_wait_s = exit_wait_s
         self.stats = SaveStats()
@@ -65,10 +75,21 @@ class Saver:
         if why_not and want_async:
             self._log0(f"{bracket} checkpoints are written while the loop waits: {why_not}")
         engine = checkpointer.engine
-        self.stager = HostStager(engine.device) if self.background else None
+        self.cost = LoopCost()
+        sharded = self.background and engine.sharded
+        self.stager = HostStager(engine.device) if sharded else None
+        self.snapshots = None
+        if self.background and not sharded and checkpointer.rank == 0:  # the rank that writes one-file layouts
+            expected = checkpoint_bytes(engine.n_params)
+            self.snapshots = SnapshotTaker(engine.device, reserve_bytes(expected, checkpointer.world_size), expected)
         # DCP's collectives from a writer thread need a group of their own (gloo: DCP
         # coordinates on the CPU), created now, at the same point on every rank.
         self.group = dist.new_group(backend="gloo") if self.background and engine.sharded and wdist.active() else None
+        # before training: the writer shares only the pages of this moment (worker/save_writer.py)
+        self.writer = None
+        if self.snapshots is not None:
+            self.writer = WriterProcess(self._write_snapshot, lambda: self.snapshots.region.populate(
+                self.snapshots.expected))
         wsignals.before_exit_now(self._before_exit)
 
     def _why_blocking(self, want_async: bool) -> str | None:
@@ -79,12 +100,12 @@ class Saver:
             mine = "training.async_save is off"
         elif not engine.async_capable:
             mine = f"strategy {engine.strategy} saves through its own engine"
-        elif missing := stager_missing():
+        elif engine.sharded and (missing := stager_missing()):  # one-file layouts copy without it
             mine = missing
         else:
             share = checkpoint_bytes(engine.n_params) // (self.ckpt.world_size if engine.sharded else 1)
-            # A forked writer (one-file layouts) on a CPU run also shares the live state's pages:
-            # each one training rewrites during the write is copied once more.
+            # The writer process (one-file layouts) on a CPU run also shares the pages the state
+            # had when it was forked: each one training rewrites is copied once more.
             forked_on_cpu = not engine.sharded and engine.device.type == "cpu"
             mine = memory_problem(share if engine.sharded or self.ckpt.rank == 0 else 0, copies=2 if forked_on_cpu else 1)
         reasons = [r for r in wdist.gather_objects(mine) if r]
@@ -99,11 +120,15 @@ class Saver:
         """Save the state after `step` (a collective: all ranks call). `final`: the last save
         of this run, written before returning."""
         started = time.perf_counter()
+        self._account(started, at_tick=False)  # the previous save's window ends where this one begins
+        self.cost.open(step, started)
         wait_s = self.drain_or_raise()
         if not self.background or final:
             path = self.ckpt.write(self.ckpt.capture(step, sampler_state))
             stall = time.perf_counter() - started
             self._published(step, path, stall_s=stall, wait_s=wait_s, write_s=stall - wait_s, mode="blocking")
+            if final:  # no step follows: what it cost is what the loop waited
+                self._account(time.perf_counter(), at_tick=False)
             return
         save_phases.reached("staging", step)
         with self.live.collective("the state capture (every rank's data position and RNG)"):
@@ -112,23 +137,44 @@ class Saver:
         if capture.states is None and not self.ckpt.engine.sharded:
             self._staged(time.perf_counter() - started, wait_s)  # rank 0 writes this one alone
             return
-        capture = dataclasses.replace(capture, meta=self.stager.copy(capture.meta),
-                                      states=self.stager.copy(capture.states))
+        if self.writer is not None:
+            try:
+                snapshot = self.snapshots.take({"meta": capture.meta, "states": capture.states})
+            except TooLarge as exc:  # a state that outgrew its estimate: this save is written now
+                self._log0(f"{self.bracket} checkpoint of step {step} written while the loop waits: {exc}")
+                path = self.ckpt.write(capture, collective=False)
+                stall = time.perf_counter() - started
+                self._published(step, path, stall_s=stall, wait_s=wait_s, write_s=stall - wait_s, mode="blocking")
+                return
+            write, pid = (lambda: self.writer.write(capture.path, step, snapshot)), self.writer.pid
+        else:
+            copied = dataclasses.replace(capture, meta=self.stager.copy(capture.meta),
+                                         states=self.stager.copy(capture.states))
+            write, pid = (lambda: self._write(copied)), None
         stall = time.perf_counter() - started
         self._staged(stall, wait_s)
         self.status.send("checkpoint_write", state="started", step=step, path=str(capture.path))
-        self.inflight = BackgroundWrite(step, capture.path, lambda: self._write(capture),
-                                        lambda write: self._written(write, stall, wait_s),
-                                        forked=not self.ckpt.engine.sharded)
+        self.inflight = BackgroundWrite(step, capture.path, write, lambda done: self._written(done, stall, wait_s),
+                                        writer_pid=pid)
+
+    def _write_snapshot(self, path: Path, step: int, snapshot: Snapshot) -> Path:
+        """In the writer process: one save, rebuilt from the shared buffer."""
+        state = rebuild(snapshot, self.snapshots.region.map)
+        return self._write(Capture(path=path, step=step, meta=state["meta"], states=state["states"]))
 
     def _write(self, capture: Capture) -> Path:
         save_phases.reached("staged", capture.step)
         return self.ckpt.write(capture, self.group, collective=self.ckpt.engine.sharded)
 
     def poll(self) -> None:
-        """At a step boundary: a finished write is collected, a failed one raised here."""
-        if self.inflight is not None and self.inflight.done:
-            self._collect()
+        """At a step boundary: a finished write is collected, a failed one raised here, and the
+        save whose write ended is accounted."""
+        now = time.perf_counter()
+        self.cost.tick(now)
+        if self.inflight is not None and not self.inflight.done:
+            return
+        self._collect()
+        self._account(now, at_tick=True)
 
     def drain_or_raise(self) -> float:
         """Wait for the write in flight (the loop is blocked meanwhile); its failure is raised.
@@ -156,9 +202,12 @@ class Saver:
         """Leaving the loop, whichever way: the write in flight gets to finish (bounded). The
         SIGTERM hook stays until then: a teardown during this wait must not cut it short."""
         self._wait_in_flight("the run ends")
+        if self.inflight is None or self.inflight.done:
+            self._account(time.perf_counter(), at_tick=False)
         wsignals.forget_before_exit(self._before_exit)
-        if self.stager is not None:
-            self.stager.close()
+        for part in (self.writer, self.snapshots, self.stager):
+            if part is not None:
+                part.close()
 
     def _before_exit(self) -> None:
         self._wait_in_flight("SIGTERM (a teardown)")
@@ -184,6 +233,16 @@ class Saver:
             return self.stats.summary()
 
     # ------------------------------------------------------------------ outcomes
+    def _account(self, now: float, at_tick: bool) -> None:
+        """The open save's cost to the loop, once its window closes (worker/save_cost.py)."""
+        closed = self.cost.close(now, at_tick)
+        if closed is None:
+            return
+        step, cost, steps = closed
+        with self._lock:
+            self.stats.account(cost)
+        self.status.send("checkpoint_write", state="accounted", step=step, cost_s=round(cost, 4), steps=steps)
+
     def _staged(self, stall_s: float, wait_s: float) -> None:
         with self._lock:
             self.stats.staged(stall_s, wait_s)

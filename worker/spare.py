@@ -12,6 +12,11 @@ the ranks leave idle, and the process's main thread, the one that trains once pr
 the priority the supervisor gave it (lowering a nice value back needs CAP_SYS_NICE). Threads
 the warm-up starts (torch's intra-op pool) inherit its nice; the main thread's own pool is
 started at its first step, at its own priority.
+
+The warm-up ends with a rehearsal of the first training step on the run's own model and
+shapes (`rehearse_first_step`), compiled as the run compiles it: what a newcomer would
+otherwise pay in its first step after the rebuilt group (the lazy imports, the kernels of
+those shapes, the allocator's pool, the compiled graphs) is paid before it is needed.
 """
 
 from __future__ import annotations
@@ -28,54 +33,80 @@ from gpuherd import contract
 WARM_UP_NICE = 19  # the warm-up yields to every training rank (bench/bench_live_recovery.py: step time at a refill)
 
 
+REHEARSAL_SHARE = 0.25  # of the available host memory a real-shaped rehearsal may take; past it, a stand-in
+
+
 def warm_up() -> None:
     """What a replacement would otherwise pay after the failure: the interpreter's imports of
-    torch and the trainer, torch's lazy imports on the way through one training step, and the
-    dataset cache opened (its files mapped, pages cached)."""
+    torch and the trainer, the dataset cache opened (its files mapped, pages cached), and a
+    rehearsal of the first training step (`rehearse_first_step`)."""
     import torch  # noqa: F401 - imported for its start-up cost, now rather than after a failure
     from torch.nn.parallel import DistributedDataParallel  # noqa: F401
 
     import worker.train  # noqa: F401 - the trainer's whole import graph
 
+    vocab = None
+    cache = os.environ.get(contract.DATASET_CACHE)
+    if cache:
+        from dataset_cache import open_data, padded_vocab_size
+
+        try:
+            vocab = padded_vocab_size(open_data(Path(cache)).vocab_size)
+        except Exception:  # noqa: BLE001 - the rank it replaces will report the cache's problem itself
+            pass
     path = os.environ.get(contract.CONFIG_PATH)
     if path:
         try:
-            _one_tiny_step(path)
+            rehearse_first_step(path, vocab)
         except Exception:  # noqa: BLE001 - a warm-up only: the real build reports real problems
             pass
-    cache = os.environ.get(contract.DATASET_CACHE)
-    if cache:
-        from dataset_cache import open_data
-
-        try:
-            open_data(Path(cache))
-        except Exception:  # noqa: BLE001 - the rank it replaces will report the cache's problem itself
-            pass
 
 
-def _one_tiny_step(config_path: str) -> None:
-    """One CPU training step of a one-layer model shaped like the run's: the first model built on
-    the meta device imports torch._dynamo & co. lazily (13 s on a loaded 2-core machine), and the
-    first backward and optimizer step their own. CPU only: CUDA is not touched before the
-    assignment says which GPU."""
+def rehearse_first_step(config_path: str, data_vocab: int | None) -> str:
+    """One training step of the run's own model on a dummy batch of its shapes, built as the
+    trainer builds it (worker/engines/factory.py, strategy `single`): the lazy imports of the
+    meta-device build, the forward, backward and optimizer kernels of those shapes, the
+    allocator's pool at the size a step needs, and, where the run compiles its blocks
+    (`training.compile`), their compiled graphs: torch.compile's caches live in this process,
+    which becomes the rank, so the trainer's compile of the same blocks finds them. CPU runs
+    only for the real shapes and the compile: CUDA is not touched before the assignment says
+    which GPU, and graphs compiled for the CPU are no GPU's. Where the real shapes would take
+    more than REHEARSAL_SHARE of the available memory, or on a GPU run, a one-layer stand-in
+    still pays the lazy imports. Returns which it ran (`real` | `stand-in`)."""
     import dataclasses
 
+    import psutil
     import torch
 
     from gpuherd.config import Config
-    from worker.model import ModelArgs, Transformer
+    from gpuherd.memory_plan import Layout
+    from gpuherd.model_size import count_params
+    from worker import rng
+    from worker.attention import resolve_backend
+    from worker.engines import Precision, build_engine
+    from worker.model import ModelArgs
 
     cfg = Config.load(Path(config_path))
-    shape = dataclasses.replace(cfg.model, n_layers=1, dim=cfg.model.n_heads * 8)
-    args = ModelArgs.from_config(shape, 64, 16)
-    with torch.device("meta"):
-        model = Transformer(args)
-    model.to_empty(device="cpu")
-    model.init_weights(cfg.system.seed, torch.device("cpu"))
-    tokens = torch.zeros((1, 16), dtype=torch.int64)
-    model(tokens, tokens).backward()
-    torch.optim.AdamW(model.parameters()).step()
-    torch.manual_seed(cfg.system.seed)  # leaves no trace: the trainer seeds everything itself anyway
+    cpu = torch.device("cpu")
+    vocab = cfg.model.vocab_size or data_vocab or 256
+    t = cfg.training
+    batch = (t.batch_size, cfg.data.context_length)
+    # weights, gradients, two AdamW moments, and one micro-batch's activations and logits (generously)
+    tokens = batch[0] * batch[1]
+    need = 16 * count_params(cfg.model, vocab) + 64 * tokens * cfg.model.dim * cfg.model.n_layers + 12 * tokens * vocab
+    real = cfg.system.device == "cpu" and need <= REHEARSAL_SHARE * psutil.virtual_memory().available
+    if not real:
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, n_layers=1, dim=cfg.model.n_heads * 8),
+                                  training=dataclasses.replace(t, compile=False))
+        vocab, batch = 64, (1, 16)
+    args = ModelArgs.from_config(cfg.model, vocab, batch[1])
+    attention, _ = resolve_backend(cfg.model.attention, cpu, Precision.choose(cfg, cpu).autocast_dtype)
+    engine = build_engine(cfg, args, Layout("single", t.gradient_checkpointing), cpu, attention, world_size=1)
+    tokens = torch.zeros(batch, dtype=torch.int64)
+    engine.micro_step(tokens, tokens, is_last=True)
+    engine.step(t.learning_rate, t.max_grad_norm, None)
+    rng.seed_everything(cfg.system.seed)  # leaves no trace: the trainer seeds everything itself anyway
+    return "real" if real else "stand-in"
 
 
 def _warm_up_yielding() -> None:

@@ -137,8 +137,8 @@ class Trainer:
             self.engine, Path(cfg.system.checkpoint_dir), t.keep_last, identity.rank, identity.world_size,
             meta_base(self.args, cfg.to_dict(), self.schedule.state_dict(), data.tokenizer), run_id)
         self.start_step = self._resume() if joining is None else 0
-        self.saver = Saver(self.checkpointer, status, live, identity.bracket, t.async_save, cfg.system.stop_timeout,
-                           agreed=None if joining is None else (joining.saves_blocking,))
+        self.saver = Saver(self.checkpointer, status, live, identity.bracket, t.async_save and t.save_every > 0,
+                           cfg.system.stop_timeout, agreed=None if joining is None else (joining.saves_blocking,))
         self.step = self.saved_step = self.start_step
         if t.num_workers:  # after the resume: the sampler is at its restored position
             data.train = Prefetched(data.train, t.num_workers, pin=device.type == "cuda")

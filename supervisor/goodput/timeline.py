@@ -4,8 +4,8 @@ Worker records (`phase`, `step`, `checkpoint`) place the loop; the supervisor's 
 `timeline` records mark what the workers cannot see: a start of the supervisor (the first
 one, or a SLURM requeue/resubmission continuing the run), each attempt's spawn and end (with
 the moment the failure was known), and a rank the kernel shows stopped (state T) or running
-again; `recovery` records close a live recovery. Anything else is skipped, and so is a
-record with a field of the wrong type: a script writes records too.
+again; `recovery` records close a live recovery. Anything else is skipped; a field of the
+wrong type was dropped at decoding (gpuherd/status_records.py): a script writes records too.
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
+from gpuherd.status_records import (Checkpoint, Phase, Record, Recovery, Refusal, Step, TimelineAttempt,
+                                    TimelineAttemptEnd, TimelineProc, TimelineStart, from_object)
+from gpuherd.status_records import decode as decode_line
 
 KINDS = ("phase", "step", "checkpoint", "timeline", "recovery")
 WANTED = tuple(f'"type":"{kind}"'.encode() for kind in KINDS)  # records are compact JSON (status_channel)
@@ -32,41 +34,35 @@ class Event:
     flag: bool = False  # attempt: resumed from a checkpoint; recovery: recovered
 
 
-def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def decode(record: Any) -> Event | None:
-    """One record -> an Event, or None when the accounting does not use it."""
-    if not isinstance(record, dict) or record.get("type") not in KINDS:
-        return None
-    t = _num(record.get("time"))
+def event_of(record: Record | Refusal) -> Event | None:
+    """One decoded record -> an Event, or None when the accounting does not use it."""
+    t = None if isinstance(record, Refusal) else record.time
     if t is None:
         return None
-    kind, rank = record["type"], _int(record.get("rank"))
-    if kind == "phase":
-        return Event(t, "phase", rank, name=str(record.get("name")))
-    if kind in ("step", "checkpoint"):
-        return Event(t, kind, rank, step=_int(record.get("step")))
-    if kind == "recovery":
-        if record.get("outcome") not in ("recovered", "failed"):
-            return None
-        return Event(t, "recovery", _int(record.get("rank")), step=_int(record.get("steps_redone")),
-                     value=_num(record.get("seconds")), flag=record.get("outcome") == "recovered")
-    event = record.get("event")
-    if event == "start":
-        return Event(t, "start", step=_int(record.get("start")), value=_num(record.get("dataset_s")))
-    if event == "attempt":
-        return Event(t, "attempt", step=_int(record.get("attempt")), flag=record.get("resumed") is True)
-    if event == "attempt_end":
-        return Event(t, "attempt_end", step=_int(record.get("attempt")), value=_num(record.get("failed_at")))
-    if event == "proc" and rank is not None:
-        return Event(t, "proc", rank, name=str(record.get("state")))
+    match record:
+        case Phase(rank=rank, name=name):
+            return Event(t, "phase", rank, name=str(name))
+        case Step(rank=rank, step=step):
+            return Event(t, "step", rank, step=step)
+        case Checkpoint(rank=rank, step=step):
+            return Event(t, "checkpoint", rank, step=step)
+        case Recovery(outcome="recovered" | "failed" as outcome):
+            return Event(t, "recovery", record.rank, step=record.steps_redone, value=record.seconds,
+                         flag=outcome == "recovered")
+        case TimelineStart():
+            return Event(t, "start", step=record.start, value=record.dataset_s)
+        case TimelineAttempt():
+            return Event(t, "attempt", step=record.attempt, flag=record.resumed)
+        case TimelineAttemptEnd():
+            return Event(t, "attempt_end", step=record.attempt, value=record.failed_at)
+        case TimelineProc(rank=int(rank)):
+            return Event(t, "proc", rank, name=str(record.state))
     return None
+
+
+def decode(obj: Any) -> Event | None:
+    """A parsed metrics.jsonl line (a dict) -> an Event, or None."""
+    return event_of(from_object(obj, supervisor=True))
 
 
 def decode_all(records: Iterable[Any]) -> list[Event]:
@@ -84,10 +80,7 @@ def read_events(path: Path) -> list[Event]:
     for line in lines:
         if not any(k in line for k in WANTED):  # most lines are liveness and device samples: not parsed
             continue
-        try:
-            event = decode(orjson.loads(line))
-        except orjson.JSONDecodeError:
-            continue
+        event = event_of(decode_line(line, supervisor=True))
         if event is not None:
             events.append(event)
     return events

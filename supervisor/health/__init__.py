@@ -11,13 +11,15 @@ from supervisor.health.items import FAIL, PASS, WARN
 from supervisor.health.metrics import MetricsSink
 from supervisor.health.nccl_transport import NcclTransportWatch
 from supervisor.health.preflight import CheckReport, run_checks
+from supervisor.health.proc_state import PROC_SAMPLE_S, ProcReader, ProcSample, ProcTracker
 from supervisor.health.stragglers import Stragglers
 from supervisor.health.suspects import SuspectWatch
 from supervisor.health.timeouts import HangPolicy, LearnedTimeouts, previous_learned
 from supervisor.health.watchers import FatalCause, RunContext, RunWatcher
 
 __all__ = [
-    "FAIL", "PASS", "WARN", "CheckReport", "FatalCause", "HangPolicy", "HangVerdict", "Heartbeats", "LearnedTimeouts",
-    "MetricsSink", "NcclTransportWatch", "RunContext", "RunWatcher", "Stragglers", "SuspectWatch", "announce_devices",
+    "FAIL", "PASS", "PROC_SAMPLE_S", "WARN", "CheckReport", "FatalCause", "HangPolicy", "HangVerdict", "Heartbeats",
+    "LearnedTimeouts", "MetricsSink", "NcclTransportWatch", "ProcReader", "ProcSample", "ProcTracker", "RunContext",
+    "RunWatcher", "Stragglers", "SuspectWatch", "announce_devices",
     "gpu_watcher", "hang_timeouts", "previous_learned", "run_checks", "traces",
 ]

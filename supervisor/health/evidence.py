@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuherd.status_records import Alive
 from supervisor.health.proc_state import BUSY_FRACTION, ProcState
 
 COMPUTING = ("forward/backward", "optimizer step", "data loading")  # `where` values that are work
@@ -55,7 +56,7 @@ class RankSnapshot:
     rank: int
     step: int | None  # the furthest step any of its records reported
     silent_s: float  # since its last record of any kind
-    live: dict | None  # its last `alive` record (None: it sends none)
+    live: Alive | None  # its last `alive` record (None: it sends none)
     live_age_s: float | None  # since that record
     live_latest: bool  # that record is its newest record (its `where` is not stale)
     proc: ProcState | None
@@ -72,10 +73,10 @@ class Evidence:
 
 def _last_seen(v: RankSnapshot) -> str:
     """Where its records last placed it: `step 27, forward/backward`."""
-    live = v.live or {}
-    at = f"step {v.step}" if v.step is not None else str(live.get("phase", "startup"))
-    if v.live_latest and live.get("where"):
-        return f"{at}, {'in ' if live.get('collective') else ''}{live['where']}"
+    live = v.live
+    at = f"step {v.step}" if v.step is not None else (live.phase if live is not None else "startup")
+    if v.live_latest and live is not None and live.where:
+        return f"{at}, {'in ' if live.collective else ''}{live.where}"
     return at
 
 
@@ -89,7 +90,7 @@ def judge(v: RankSnapshot, now: float) -> Evidence:
         level = HARD if v.proc is not None and v.proc.hard else BEHIND
         return Evidence(v.rank, level, False, v.step, f"{head} ({detail})")
     live = v.live
-    step = live.get("step", v.step)
+    step = live.step
     if v.proc is not None and v.proc.hard:
         return Evidence(v.rank, HARD, False, step, f"rank {v.rank}: {proc}; last seen at {_last_seen(v)}")
     if v.live_age_s is not None and v.live_age_s > LIVENESS_SILENT_S:
@@ -97,13 +98,13 @@ def judge(v: RankSnapshot, now: float) -> Evidence:
                         f"rank {v.rank}: no liveness record for {v.live_age_s:.0f} s although the process runs "
                         f"({proc or 'state unknown'}): wedged; last seen at {_last_seen(v)}")
     suffix = f" ({proc})" if proc else ""
-    there = f"{live.get('where_s', 0) + (v.live_age_s or 0):.0f} s"
-    at = f"at step {step}" if step is not None else f"in {live.get('phase')}"
-    if live.get("collective"):
-        return Evidence(v.rank, WAITING, True, step, f"rank {v.rank}: waiting in {live.get('where')} {at} for {there}"
+    there = f"{live.where_s + (v.live_age_s or 0):.0f} s"
+    at = f"at step {step}" if step is not None else f"in {live.phase}"
+    if live.collective:
+        return Evidence(v.rank, WAITING, True, step, f"rank {v.rank}: waiting in {live.where} {at} for {there}"
                                                      f"{suffix}")
     return Evidence(v.rank, ELSEWHERE, False, step,
-                    f"rank {v.rank}: in {live.get('where')} {at} for {there}, not in a collective{suffix}")
+                    f"rank {v.rank}: in {live.where} {at} for {there}, not in a collective{suffix}")
 
 
 def computing(v: RankSnapshot) -> str | None:
@@ -111,13 +112,13 @@ def computing(v: RankSnapshot) -> str | None:
     live, proc = v.live, v.proc
     if live is None or proc is None or proc.hard or v.live_age_s is None or v.live_age_s > LIVENESS_SILENT_S:
         return None
-    if live.get("collective") or not (live.get("where") in COMPUTING or live.get("phase") == "compile"):
+    if live.collective or not (live.where in COMPUTING or live.phase == "compile"):
         return None
     if proc.letter != "R" and (proc.cpu_busy is None or proc.cpu_busy < BUSY_FRACTION):
         return None
-    doing = live.get("where") or live.get("phase")
-    at = f"step {live.get('step')}" if live.get("step") is not None else str(live.get("phase"))
-    return f"rank {v.rank}: {doing} at {at} for {live.get('where_s', 0) + v.live_age_s:.0f} s, {proc.describe(0.0)}"
+    doing = live.where or live.phase
+    at = f"step {live.step}" if live.step is not None else live.phase
+    return f"rank {v.rank}: {doing} at {at} for {live.where_s + v.live_age_s:.0f} s, {proc.describe(0.0)}"
 
 
 def progressing(views: list[RankSnapshot]) -> dict[int, str]:
@@ -127,14 +128,14 @@ def progressing(views: list[RankSnapshot]) -> dict[int, str]:
     if not busy:
         return {}
     slowest = min((_step(v) for v in views if v.rank in busy), default=0)
-    waiting = {v.rank: f"rank {v.rank}: waiting in {v.live.get('where')} for the computing rank(s)"
-               for v in views if v.rank not in busy and v.live is not None and v.live.get("collective")
+    waiting = {v.rank: f"rank {v.rank}: waiting in {v.live.where} for the computing rank(s)"
+               for v in views if v.rank not in busy and v.live is not None and v.live.collective
                and v.live_age_s is not None and v.live_age_s <= LIVENESS_SILENT_S and _step(v) >= slowest}
     return busy | waiting
 
 
 def _step(v: RankSnapshot) -> int:
-    step = (v.live or {}).get("step", v.step)
+    step = v.live.step if v.live is not None else v.step
     return step if isinstance(step, int) else -1
 
 
@@ -158,11 +159,11 @@ def _wedged(v: RankSnapshot, now: float, floor: float) -> bool:
         return False
     silent_since = max(now - v.live_age_s, floor)
     return (now - silent_since >= DECISIVE_SILENT_S and v.proc.letter == "S" and v.proc.cpu_busy is not None
-            and v.proc.cpu_busy < BUSY_FRACTION and v.live.get("phase") not in NOT_DECISIVE_PHASES)
+            and v.proc.cpu_busy < BUSY_FRACTION and v.live.phase not in NOT_DECISIVE_PHASES)
 
 
 def _waiting(v: RankSnapshot) -> bool:
-    return (v.live is not None and v.live.get("collective") is True and v.live_age_s is not None
+    return (v.live is not None and v.live.collective and v.live_age_s is not None
             and v.live_age_s <= LIVENESS_SILENT_S)
 
 

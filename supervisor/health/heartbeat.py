@@ -7,7 +7,9 @@ step) changed (its `for_s` dates the change), any other record always (a script
 without liveness records says nothing else). A rank without progress for longer than
 its phase's allowance (timeouts.py: learned per phase, startup phases get the startup
 allowance) triggers the hang verdict; evidence.py decides whom to blame, with the
-kernel's view of every worker (proc_state.py). While a rank saves a checkpoint, the
+kernel's view of every worker: the /proc samples `check` is given (proc_state.py; the
+supervision loop reads them), so a verdict is a function of its inputs and a test can
+write them by hand. Records come decoded (gpuherd/status_records.py) and are matched by type. While a rank saves a checkpoint, the
 ranks that may be waiting for it in a collective get the checkpoint allowance too.
 Ranks that never write a record (a script that steps no torch optimizer, or runs with
 `--no-auto-heartbeat` and no status records) are judged only when the run expects
@@ -22,13 +24,15 @@ healthy worker look hung.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from gpuherd.status_records import (Alive, Checkpoint, CheckpointWrite, Done, Error, Eval, Nan, Phase, Record,
+                                    Step)
 from supervisor.goodput import marks
 from supervisor.health import evidence as ev
-from supervisor.health.proc_state import ProcWatch
+from supervisor.health.proc_state import ProcSample, ProcTracker
 from supervisor.health.stragglers import Stragglers
 from supervisor.health.timeouts import LearnedTimeouts
 
@@ -39,7 +43,6 @@ STARTUP_PHASES = ("init", "rendezvous", "compile", "shutdown")
 # step plus its logging can take minutes on one GPU; a --script's steps are unknown.
 HANG_DEFAULTS = {"debug": 60.0, "gpt2-small": 300.0, "production": 600.0}
 SCRIPT_HANG_DEFAULT = 300.0
-PROC_SAMPLE_S = 0.5  # /proc is read this often
 
 
 def hang_timeouts(preset: str, hang_timeout: float, startup_timeout: float, script: bool) -> tuple[float, float]:
@@ -47,27 +50,6 @@ def hang_timeouts(preset: str, hang_timeout: float, startup_timeout: float, scri
     hang = hang_timeout or (SCRIPT_HANG_DEFAULT if script else HANG_DEFAULTS.get(preset, 600.0))
     startup = startup_timeout or max(3 * hang, 300.0)
     return hang, startup
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def clean_alive(rec: dict[str, Any]) -> dict[str, Any]:
-    """An `alive` record with every field of the wrong type dropped: a script writes them too,
-    and nothing it sends may take the supervisor down."""
-    out: dict[str, Any] = {"phase": str(rec.get("phase") or "unknown"),
-                           "step": rec["step"] if isinstance(rec.get("step"), int) else None,
-                           "for_s": _number(rec.get("for_s")) or 0.0, "where": str(rec.get("where") or ""),
-                           "where_s": _number(rec.get("where_s")) or 0.0, "collective": rec.get("collective") is True}
-    took = rec.get("took")
-    if isinstance(took, dict):
-        out["took"] = {str(phase): (int(v[0]), float(v[1])) for phase, v in took.items()
-                       if isinstance(v, list) and len(v) == 2 and None not in (_number(v[0]), _number(v[1]))}
-    steps, compute = _number(rec.get("steps")), _number(rec.get("compute_s"))
-    if steps and compute is not None:
-        out.update(steps=int(steps), compute_s=compute)
-    return out
 
 
 def timed_phase(phase: str | None, step: int | None) -> str:
@@ -95,7 +77,7 @@ class RankState:
     progress_at: float | None = None  # when it last moved on
     progress_key: tuple | None = None  # (phase, step) of its last `alive` record
     timed: str = "startup"  # the phase its allowance comes from
-    live: dict[str, Any] | None = None  # its last `alive` record
+    live: Alive | None = None  # its last `alive` record
     live_at: float | None = None
     unwatched_told: bool = False  # the supervisor said this rank is not judged by heartbeat
     saving: bool = False  # in phase checkpoint, its `checkpoint` record not sent yet
@@ -130,75 +112,70 @@ class Heartbeats:
         self.expect = expect_heartbeats
         self.stragglers = stragglers
         self.write_metric = write_metric
-        self.procs = ProcWatch()
+        self.procs = ProcTracker()  # the kernel's view, from the samples `check` is given
         self._rendezvous_started: float | None = None
-        self._last_sample = float("-inf")
         self._clock_floor = now  # no silence counts from before this (restart_clocks)
         self.notices: list[str] = []  # INFO lines for the supervisor to say (taken by it)
         self._told_working: set[tuple[int, float]] = set()
 
-    def watch_pid(self, rank: int, pid: int) -> None:
-        self.procs.watch(rank, pid)
-
-    def rejoin(self, rank: int, pid: int, now: float) -> None:
-        """A warm spare took `rank` (live recovery): judged afresh, and the rebuilt group gets a
-        whole rendezvous allowance from the survivors' first `rendezvous` phase on."""
+    def rejoin(self, rank: int, now: float) -> None:
+        """A warm spare took `rank` (live recovery): judged afresh (its process too: the samples
+        of the lost one are forgotten), and the rebuilt group gets a whole rendezvous allowance
+        from the survivors' first `rendezvous` phase on."""
         self.ranks[rank] = RankState(rank, now)
-        self.watch_pid(rank, pid)
+        self.procs.forget(rank)
         self._rendezvous_started = None
 
-    def record(self, rank: int, rec: dict[str, Any], now: float) -> None:
+    def record(self, rank: int, rec: Record, now: float) -> None:
         st = self.ranks.get(rank)
         if st is None:
             return
         st.last_record, st.records = now, st.records + 1
-        if rec.get("type") == "alive":
+        if isinstance(rec, Alive):
             self._alive(st, rec, now)
             return
-        if rec.get("type") in ("phase", "checkpoint", "checkpoint_write"):
+        if isinstance(rec, (Phase, Checkpoint, CheckpointWrite)):
             self._track_save(st, rec, now)
         self._status(st, rec, now)
         st.progress_at = now
         st.timed = timed_phase(st.phase, st.step)
 
-    def _status(self, st: RankState, rec: dict[str, Any], now: float) -> None:
-        kind = rec.get("type")
+    def _status(self, st: RankState, rec: Record, now: float) -> None:
         if st.phase == "rendezvous":  # anything a rank says after entering rendezvous means it got through
             st.joined = True
-        if kind == "phase":
-            st.phase = str(rec.get("name"))
-            if st.phase == "rendezvous":
-                st.joined = False
-                if self._rendezvous_started is None:
-                    self._rendezvous_started = now
-        elif kind == "step":
-            step = rec.get("step")
-            # Step records alone teach the timeouts nothing: between two of them a script may
-            # evaluate, save or reshuffle for minutes unannounced; `alive` records name the phase.
-            st.step, st.max_steps, st.loss = step, rec.get("max_steps"), rec.get("loss")
-            st.joined = True
-            if st.phase in ("init", "rendezvous", None):
-                st.phase = "train"
-        elif kind in ("eval", "checkpoint", "nan"):
-            st.joined = True
-            if rec.get("step") is not None:
-                st.step = rec["step"]
-        elif kind == "done":
-            st.done = st.joined = True
-            if rec.get("step") is not None:
-                st.step = rec["step"]
-        elif kind == "error":
-            st.error = str(rec.get("message"))
+        match rec:
+            case Phase(name=name):
+                st.phase = str(name)
+                if st.phase == "rendezvous":
+                    st.joined = False
+                    if self._rendezvous_started is None:
+                        self._rendezvous_started = now
+            case Step():
+                # Step records alone teach the timeouts nothing: between two of them a script may
+                # evaluate, save or reshuffle for minutes unannounced; `alive` records name the phase.
+                st.step, st.max_steps, st.loss = rec.step, rec.max_steps, rec.loss
+                st.joined = True
+                if st.phase in ("init", "rendezvous", None):
+                    st.phase = "train"
+            case Eval(step=step) | Checkpoint(step=step) | Nan(step=step):
+                st.joined = True
+                if step is not None:
+                    st.step = step
+            case Done(step=step):
+                st.done = st.joined = True
+                if step is not None:
+                    st.step = step
+            case Error(message=message):
+                st.error = str(message)
 
-    def _alive(self, st: RankState, raw: dict[str, Any], now: float) -> None:
+    def _alive(self, st: RankState, rec: Alive, now: float) -> None:
         """A liveness record: progress only if the loop moved on; what it timed is learned."""
-        rec = clean_alive(raw)
         st.live, st.live_at = rec, now
-        for phase, (count, longest) in rec.get("took", {}).items():
+        for phase, (count, longest) in rec.took.items():
             self.timeouts.observe(phase, longest, count)
-        if self.stragglers is not None and rec.get("steps"):
+        if self.stragglers is not None and rec.steps and rec.compute_s is not None:
             self.stragglers.add(st.rank, rec, now)
-        phase, step = rec.get("phase"), rec.get("step")
+        phase, step = rec.phase, rec.step
         if step is not None and (not isinstance(st.step, int) or step > st.step):
             st.step = step  # steps reached, between the (rarer) step records
         if step is None and phase not in STARTUP_PHASES:  # nothing to measure progress by: a heartbeat
@@ -206,22 +183,22 @@ class Heartbeats:
             return
         if (phase, step) != st.progress_key:
             st.progress_key = (phase, step)
-            st.progress_at = max(st.spawned, now - rec["for_s"])
+            st.progress_at = max(st.spawned, now - rec.for_s)
             st.timed = timed_phase(phase, step)
 
     @staticmethod
-    def _track_save(st: RankState, rec: dict[str, Any], now: float) -> None:
-        if rec.get("type") == "checkpoint_write":  # a background write started, or failed
-            st.writing = str(rec.get("path")) if rec.get("state") == "started" else None
+    def _track_save(st: RankState, rec: Phase | Checkpoint | CheckpointWrite, now: float) -> None:
+        if isinstance(rec, CheckpointWrite):  # a background write started, or failed
+            st.writing = str(rec.path) if rec.state == "started" else None
             return
-        if rec.get("type") == "checkpoint":
+        if isinstance(rec, Checkpoint):
             st.writing = None
-        starts = rec.get("type") == "phase" and rec.get("name") == "checkpoint"
+        starts = isinstance(rec, Phase) and rec.name == "checkpoint"
         if st.saving and not starts:
             st.saving, st.save_ended = False, now
         if starts:
             st.saving = True
-        if rec.get("type") == "checkpoint":
+        if isinstance(rec, Checkpoint):
             st.saved_at = now
 
     def longest_step(self) -> float | None:
@@ -248,13 +225,13 @@ class Heartbeats:
         own = self.timeouts.allowance(st.timed)
         return max(own, self.timeouts.allowance("checkpoint")) if saving else own
 
-    def check(self, now: float, alive: set[int]) -> HangVerdict | None:
-        """A hang or a failed rendezvous among the ranks still running, or None."""
-        if now - self._last_sample >= PROC_SAMPLE_S:
-            self._last_sample = now
-            for rank, letter in self.procs.sample(now):
-                if self.write_metric is not None:
-                    self.write_metric(marks.proc(rank, letter, now))
+    def check(self, now: float, alive: set[int], samples: Iterable[ProcSample] = ()) -> HangVerdict | None:
+        """A hang or a failed rendezvous among the ranks still running, or None. `samples`: the
+        kernel's view of the workers read since the last check (proc_state.read), the only
+        /proc the verdict knows: it reads nothing itself."""
+        for rank, letter in self.procs.add(samples, now):
+            if self.write_metric is not None:
+                self.write_metric(marks.proc(rank, letter, now))
         if self.stragglers is not None:
             self.stragglers.tick(now)
         running = [st for st in self.ranks.values() if st.rank in alive and not st.done]

@@ -4,12 +4,15 @@ A rank's own records say where its loop is; they cannot say that the process is
 stopped (SIGSTOP, a debugger: state T/t, its liveness thread is frozen too), sleeping
 uninterruptibly in the kernel (state D: I/O, a wedged driver), a zombie, or burning CPU
 without progress. `/proc/<pid>/stat` (read through psutil) can: the state letter,
-since when it has held, and whether CPU time still advances.
+since when it has held, and whether CPU time still advances. `ProcReader` reads (the
+supervision loop calls it every PROC_SAMPLE_S); `ProcTracker` makes states of the samples
+it is given, so the hang verdict is a function of samples a test can write by hand.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import psutil
@@ -26,6 +29,7 @@ HARD_STATES = frozenset(MEANING)  # states that alone explain a hang
 FROZEN_STATES = frozenset("TtZX")
 CPU_WINDOW_S = 3.0  # CPU time is judged over about this long
 BUSY_FRACTION = 0.05  # of one core: below this the process counts as idle
+PROC_SAMPLE_S = 0.5  # /proc is read this often
 
 
 @dataclass(frozen=True)
@@ -52,55 +56,82 @@ class ProcState:
         return f"state {self.letter}{cpu}"
 
 
-class _Proc:
-    def __init__(self, pid: int) -> None:
-        self.process = psutil.Process(pid)
+@dataclass(frozen=True)
+class ProcSample:
+    """One reading of one worker's /proc entry: what `ProcReader` gives the hang judge."""
+
+    rank: int
+    letter: str  # R S D T t Z X I, "?" when unreadable
+    cpu_s: float | None  # user + system CPU seconds so far (None: gone, or not readable)
+
+
+class ProcReader:
+    """Reads each watched worker's /proc entry (through psutil): the only I/O of the kernel's view."""
+
+    def __init__(self) -> None:
+        self._procs: dict[int, psutil.Process] = {}
+
+    def watch(self, rank: int, pid: int) -> None:
+        try:
+            self._procs[rank] = psutil.Process(pid)
+        except psutil.Error:
+            self._procs.pop(rank, None)
+
+    def read(self) -> list[ProcSample]:
+        samples = []
+        for rank, process in self._procs.items():
+            try:
+                with process.oneshot():
+                    letter = LETTER.get(process.status(), "?")
+                    times = process.cpu_times()
+                samples.append(ProcSample(rank, letter, times.user + times.system))
+            except psutil.ZombieProcess:
+                samples.append(ProcSample(rank, "Z", None))
+            except psutil.Error:
+                samples.append(ProcSample(rank, "X", None))
+        return samples
+
+
+class _Track:
+    def __init__(self) -> None:
         self.letter: str | None = None
         self.since = 0.0
         self.cpu: deque[tuple[float, float]] = deque()  # (monotonic time, CPU seconds)
 
 
-class ProcWatch:
-    """Samples each worker's /proc entry; `state(rank, now)` answers from the latest sample."""
+class ProcTracker:
+    """The samples it is given, per rank: since when each state holds, and how busy the CPU is.
+    No I/O: the hang judge's view of the kernel is exactly the samples passed in."""
 
     def __init__(self) -> None:
-        self._procs: dict[int, _Proc] = {}
+        self._tracks: dict[int, _Track] = {}
 
-    def watch(self, rank: int, pid: int) -> None:
-        try:
-            self._procs[rank] = _Proc(pid)
-        except psutil.Error:
-            self._procs.pop(rank, None)
+    def forget(self, rank: int) -> None:
+        """`rank` has a new process: its old one's states say nothing about it."""
+        self._tracks.pop(rank, None)
 
-    def sample(self, now: float) -> list[tuple[int, str]]:
-        """Reads every watched process; returns (rank, state letter) of each one that entered or
-        left state T (stopped) since the last sample."""
+    def add(self, samples: Iterable[ProcSample], now: float) -> list[tuple[int, str]]:
+        """Takes the samples read at `now`; returns (rank, state letter) of each one that
+        entered or left state T (stopped) since its previous sample."""
         changes = []
-        for rank, proc in self._procs.items():
-            try:
-                with proc.process.oneshot():
-                    letter = LETTER.get(proc.process.status(), "?")
-                    times = proc.process.cpu_times()
-            except psutil.ZombieProcess:
-                letter, times = "Z", None
-            except psutil.Error:
-                letter, times = "X", None
-            if letter != proc.letter:
-                if "T" in (letter, proc.letter):
-                    changes.append((rank, letter))
-                proc.letter, proc.since = letter, now
-            if times is not None:
-                proc.cpu.append((now, times.user + times.system))
-                while len(proc.cpu) > 2 and now - proc.cpu[1][0] >= CPU_WINDOW_S:
-                    proc.cpu.popleft()
+        for sample in samples:
+            track = self._tracks.setdefault(sample.rank, _Track())
+            if sample.letter != track.letter:
+                if "T" in (sample.letter, track.letter):
+                    changes.append((sample.rank, sample.letter))
+                track.letter, track.since = sample.letter, now
+            if sample.cpu_s is not None:
+                track.cpu.append((now, sample.cpu_s))
+                while len(track.cpu) > 2 and now - track.cpu[1][0] >= CPU_WINDOW_S:
+                    track.cpu.popleft()
         return changes
 
     def state(self, rank: int) -> ProcState | None:
-        proc = self._procs.get(rank)
-        if proc is None or proc.letter is None:
+        track = self._tracks.get(rank)
+        if track is None or track.letter is None:
             return None
         busy = None
-        if len(proc.cpu) >= 2 and proc.cpu[-1][0] - proc.cpu[0][0] > 0.5:
-            (t0, c0), (t1, c1) = proc.cpu[0], proc.cpu[-1]
+        if len(track.cpu) >= 2 and track.cpu[-1][0] - track.cpu[0][0] > 0.5:
+            (t0, c0), (t1, c1) = track.cpu[0], track.cpu[-1]
             busy = max(0.0, (c1 - c0) / (t1 - t0))
-        return ProcState(proc.letter, proc.since, busy)
+        return ProcState(track.letter, track.since, busy)

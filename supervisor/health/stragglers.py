@@ -23,6 +23,8 @@ from typing import Any
 
 from loguru import logger
 
+from gpuherd.status_records import Alive
+
 WINDOW_S = 5.0
 MIN_STEPS = 2  # a window closes only once every rank finished this many steps in it
 LESS_CPU = 0.7  # a rank's CPU share below this fraction of the others' is a likely reason
@@ -64,13 +66,13 @@ class Stragglers:
         self._samples: dict[tuple[str, int], dict[str, Any]] = {}  # (gpu|host, rank) -> latest sample
         self._lock = threading.Lock()
 
-    def add(self, rank: int, rec: dict[str, Any], now: float) -> None:
+    def add(self, rank: int, rec: Alive, now: float) -> None:
         """An `alive` record's step timings (steps, compute_s)."""
         if self._window_start is None:
             self._window_start = now
         acc = self._acc.setdefault(rank, [0, 0.0])
-        acc[0] += int(rec.get("steps") or 0)
-        acc[1] += float(rec.get("compute_s") or 0.0)
+        acc[0] += rec.steps or 0
+        acc[1] += rec.compute_s or 0.0
 
     def sample(self, rec: dict[str, Any]) -> None:
         """Thread-safe: a GPU or host sample from the monitor, kept for the reasons."""

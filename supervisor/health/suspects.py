@@ -9,8 +9,7 @@ its latest one carries its count, so that is the one kept.
 
 from __future__ import annotations
 
-from typing import Any
-
+from gpuherd.status_records import Record, Suspect
 from supervisor.gpus import DevicePlan
 from supervisor.summary import SuspectDevice
 
@@ -24,19 +23,15 @@ class SuspectWatch:
         self._gpu_of = {s.rank: s.device_id for s in plan.slots if s.kind == "cuda"}
         self._latest: dict[int, SuspectDevice] = {}
 
-    def observe(self, record: dict[str, Any]) -> None:
-        """Any status record; `suspect` ones are kept. A record with unreadable fields (a
-        user script's) is ignored: it must not break the supervision loop."""
-        if record.get("type") != "suspect":
-            return
-        try:
-            rank, faults, limit = int(record["rank"]), int(record["transient_faults"]), int(record["limit"])
-            step = int(record["step"]) if record.get("step") is not None else None
-        except (KeyError, TypeError, ValueError):
-            return
-        self._latest[rank] = SuspectDevice(
-            attempt=self.attempt, rank=rank, device=str(record.get("device", "?")), gpu=self._gpu_of.get(rank),
-            host=str(record.get("host", "?")), transient_faults=faults, limit=limit, step=step)
+    def observe(self, record: Record) -> None:
+        """Any status record; `suspect` ones are kept. One without its rank, count or limit (a
+        user script's, or a field of the wrong type: dropped at decoding) is ignored: it must
+        not break the supervision loop."""
+        match record:
+            case Suspect(rank=int(rank), transient_faults=int(faults), limit=int(limit)):
+                self._latest[rank] = SuspectDevice(
+                    attempt=self.attempt, rank=rank, device=record.device or "?", gpu=self._gpu_of.get(rank),
+                    host=record.host or "?", transient_faults=faults, limit=limit, step=record.step)
 
     def devices(self, exclusion_on: bool) -> list[SuspectDevice]:
         """Every suspect of the attempt, by rank. A GPU over the limit gets the hint to exclude

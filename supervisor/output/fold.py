@@ -18,10 +18,11 @@ never kept. Only the console is folded; the per-rank log files get every line as
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from supervisor.output import rank_set
+from supervisor.output.cross_node import Group
 
 @dataclass(frozen=True)
 class Source:
@@ -53,7 +54,10 @@ class _Group:
 
 class LineFolder:
     def __init__(self, sources: Iterable[Source], gap: float = 0.2, longest: float = 1.0,
-                 max_held: int = 4 << 20) -> None:
+                 max_held: int = 4 << 20, relay: Callable[[Group], None] | None = None) -> None:
+        """`relay`: a multi-node job's way to node 0's folding point (cross_node.py): each held
+        group, once due, goes there instead of to the console (what is not held never does)."""
+        self._relay = relay
         self._all = len({s.rank for s in sources})
         self._gap, self._longest, self._max_held = gap, longest, max_held
         self._queue: deque[_Group | tuple[int, bytes]] = deque()  # first-seen order; (fd, line): not held
@@ -102,6 +106,9 @@ class LineFolder:
             self._held -= len(group.first_line)
             if group.open:
                 self._close(group)
+            if self._relay is not None and group.members[0].node is not None:
+                self._relay(_as_group(group))
+                continue
             out.append((group.fd, _render(group)))
         return out
 
@@ -137,3 +144,10 @@ def _render(group: _Group) -> bytes:
     if len(group.members) == 1:
         return group.members[0].prefix + group.first_line + b"\n"
     return who(group.members).encode() + b":" + group.key + b"\n"
+
+
+def _as_group(group: _Group) -> Group:
+    """A held group as node 0's folding point receives it (every member is on this node)."""
+    first = group.members[0]
+    return Group(group.fd, first.node, first.kind, tuple(m.device for m in group.members),
+                 tuple(m.rank for m in group.members), group.key, group.first_line)

@@ -1,7 +1,7 @@
 """An attempt's worker pipes, read without blocking from one selector.
 
 stdout and stderr become whole prefixed lines (the log router); the status pipe's
-records are decoded, handed to `on_record` one by one, and appended to metrics.jsonl as
+records are decoded (gpuherd/status_records.py: once, here), handed to `on_record` one by one, and appended to metrics.jsonl as
 they came. A wake-up fd (signal handlers, watcher threads) shares the selector, so one
 `wait` sleeps until a worker writes, a signal arrives or a thread has news. Each read
 takes a bounded number of chunks, so one flooding worker cannot starve the others.
@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import IO
 
-from gpuherd.status_channel import decode
+from gpuherd.status_records import Record, Refusal, decode
 from supervisor.output.console import STDERR, STDOUT
 from supervisor.output.router import LogRouter
 
@@ -24,7 +24,7 @@ STATUS = "status"
 
 
 class WorkerPipes:
-    def __init__(self, router: LogRouter, on_record: Callable[[int, dict, float], None],
+    def __init__(self, router: LogRouter, on_record: Callable[[int, Record, float], None],
                  write_metrics: Callable[[bytes], None]) -> None:
         self.router = router
         self._on_record = on_record
@@ -123,7 +123,7 @@ class WorkerPipes:
         good = []
         for line in lines:
             record = decode(line)
-            if record is None:
+            if isinstance(record, Refusal):  # not a record: neither a sign of life nor a metric
                 continue
             self._on_record(rank, record, now)
             good.append(line)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from loguru import logger
 from gpuherd.log_writes import LOG_WRITES
 from supervisor.health import NcclTransportWatch
 from supervisor.output.console import STDERR, STDOUT, Console
+from supervisor.output.cross_node import Group
 from supervisor.output.fold import LineFolder, Source
 from supervisor.output.lines import ERROR, QUIET, LineSplitter, Severity, is_progress, may_be_progress
 
@@ -57,20 +59,23 @@ class WorkerLog:
 
 class LogRouter:
     def __init__(self, logs: list[WorkerLog], console: Console, log_ranks: list[int] | None = None,
-                 collapse: bool = False, nccl_watch: NcclTransportWatch | None = None) -> None:
-        """`collapse` (`--collapse-logs`): step lines are folded too."""
+                 collapse: bool = False, nccl_watch: NcclTransportWatch | None = None,
+                 relay: Callable[[Group], None] | None = None) -> None:
+        """`collapse` (`--collapse-logs`): step lines are folded too. `relay` (a multi-node job):
+        where this node's held lines go to be folded with the other nodes' (cross_node.py)."""
         self.logs = {log.rank: log for log in logs}
         self._nccl = nccl_watch  # NCCL_DEBUG=INFO: the transports NCCL chose, warned about when slow
         self.console = console
         self._shown = set(log_ranks) if log_ranks is not None else None
         self._fold_progress = collapse
         named = {log.rank: _source(log) for log in logs}
-        foldable = len(logs) > 1 and None not in named.values()
+        foldable = (len(logs) > 1 or relay is not None) and None not in named.values()
         self._sources = {rank: s for rank, s in named.items() if s is not None} if foldable else {}
         # Asked for (`--collapse-logs`): each line waits up to a second for its twins, since ranks
         # rarely print their step lines within 0.2 s of each other; by default a lone line waits 0.2 s.
         gap = 1.0 if collapse else 0.2
-        self._folder = LineFolder(self._sources.values(), gap=gap, longest=max(gap, 1.0)) if foldable else None
+        self._folder = LineFolder(self._sources.values(), gap=gap, longest=max(gap, 1.0),
+                                  relay=relay) if foldable else None
 
     def feed(self, rank: int, fd: int, data: bytes, now: float) -> None:
         log = self.logs[rank]

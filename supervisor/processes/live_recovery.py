@@ -41,6 +41,7 @@ from loguru import logger
 
 from gpuherd import contract
 from gpuherd.exit_codes import ExitCode
+from gpuherd.status_records import LiveAble, LiveFirstStep, LiveLostPeer, LiveRejoined, Record, Step
 
 from supervisor.gpus import DeviceSlot
 from supervisor.processes.spares import SparePool
@@ -141,7 +142,7 @@ class LiveRecovery:
         self.left: dict[int, dict[int, int]] = {}
         # rebuilt group -> {survivor rank: its `rejoined` record}: in a multi-node job a survivor may
         # rejoin before the supervisor has heard of another node's claim
-        self.rejoined: dict[int, dict[int, dict]] = {}
+        self.rejoined: dict[int, dict[int, LiveRejoined]] = {}
 
     @property
     def in_flight(self) -> Recovery | None:
@@ -327,34 +328,31 @@ class LiveRecovery:
             rec.failed += f"; then {cause.message} during the recovery"
             self.write_metric({"type": "recovery", "time": time.time(), **rec.to_dict()})
 
-    def observe(self, record: dict) -> None:
+    def observe(self, record: Record) -> None:
         """Every status record: who can be recovered live, steps completed, and the recovery's end."""
-        rank, kind = record.get("rank"), record.get("type")
-        if not isinstance(rank, int):
+        rank = record.rank
+        if rank is None:
             return
         rec = self.in_flight
-        if kind == "step" and isinstance(record.get("step"), int) and rec is None:
-            self.completed[rank] = max(self.completed.get(rank, 0), record["step"] + 1)
-        elif kind == "step" and rec is not None and (rec._remote or rec.action == "shrink") and \
-                rank in self.rejoined.get(rec._generation, {}):
-            joined = self.rejoined[rec._generation][rank]  # a survivor's first completed step in the rebuilt group
-            rec.resumed_step, rec.source_rank = joined.get("step"), joined.get("source")
-            self._finish(rec, time.monotonic())
-        if kind != "live":
-            return
-        event = record.get("event")
-        if event == "able":
-            self.able[rank] = None if record.get("able") else str(record.get("why") or "cannot be recovered live")
-        elif event == "lost_peer" and isinstance(record.get("step"), int) and isinstance(record.get("generation"), int):
-            self.left.setdefault(record["generation"], {})[rank] = record["step"]
-        elif event == "rejoined" and rec is not None and record.get("role") == "newcomer":
-            rec.resumed_step, rec.source_rank, rec.rejoin_s = record.get("step"), record.get("source"), \
-                record.get("seconds")
-            self.able[rank] = None
-        elif event == "rejoined" and isinstance(record.get("generation"), int):  # a survivor, in the new group
-            self.rejoined.setdefault(record["generation"], {})[rank] = record
-        elif event == "first_step" and rec is not None:
-            self._finish(rec, time.monotonic())
+        match record:
+            case Step(step=int(step)) if rec is None:
+                self.completed[rank] = max(self.completed.get(rank, 0), step + 1)
+            case Step() if rec is not None and (rec._remote or rec.action == "shrink") and \
+                    rank in self.rejoined.get(rec._generation, {}):
+                joined = self.rejoined[rec._generation][rank]  # a survivor's first completed step in the rebuilt group
+                rec.resumed_step, rec.source_rank = joined.step, joined.source
+                self._finish(rec, time.monotonic())
+            case LiveAble():
+                self.able[rank] = None if record.able else (record.why or "cannot be recovered live")
+            case LiveLostPeer(step=int(step), generation=int(generation)):
+                self.left.setdefault(generation, {})[rank] = step
+            case LiveRejoined(role="newcomer") if rec is not None:
+                rec.resumed_step, rec.source_rank, rec.rejoin_s = record.step, record.source, record.seconds
+                self.able[rank] = None
+            case LiveRejoined(generation=int(generation)):  # a survivor, in the new group
+                self.rejoined.setdefault(generation, {})[rank] = record
+            case LiveFirstStep() if rec is not None:
+                self._finish(rec, time.monotonic())
 
     def _finish(self, rec: Recovery, now: float) -> None:
         rec.outcome = "recovered"

@@ -222,11 +222,13 @@ class TracesRead:
 
 @dataclass(frozen=True)
 class Published:
-    """The root cause as whoever listens published it (job.py names a stop SLURM sent): it
-    becomes the root cause."""
+    """The root cause as whoever listens published it (attempt_run.py names a stop SLURM sent): it
+    becomes the root cause. Publishing runs off the loop, so events may have completed the
+    cause meanwhile (`of`: the cause as it was published): then only its words are taken."""
 
     view: View
     cause: RootCause
+    of: RootCause | None = None
 
 
 @dataclass(frozen=True)
@@ -525,7 +527,8 @@ def _quit(s: State, v: View, r: Rules) -> Result:
     s = replace(s, terminations=s.terminations + 1, stop_signal=s.stop_signal or signal.SIGQUIT)
     if s.cause is not None:
         return _kill_now(s, v, r, [Log("warning", "SIGQUIT during the teardown: killing every worker now")])
-    s, actions = _set_cause(s, RootCause("terminated", stop_exit_code(signal.SIGQUIT), "the supervisor received SIGQUIT"), v.now)
+    s, actions = _set_cause(s, RootCause("terminated", stop_exit_code(signal.SIGQUIT), "the supervisor received SIGQUIT",
+                                     signal="SIGQUIT"), v.now)
     actions.append(Log("warning", f"supervisor received SIGQUIT: {signal.Signals(r.teardown_signal).name} to every "
                                   f"worker (no save), SIGKILL after "
                                   f"{r.grace:g} s; SIGQUIT again to kill them now"))
@@ -541,10 +544,10 @@ def _stop_request(s: State, v: View, r: Rules, signum: int) -> Result:
     terminating = signum in (signal.SIGTERM, signal.SIGHUP)
     repeated = terminating and s.terminations > 0
     s = replace(s, stop_signal=s.stop_signal or signum, terminations=s.terminations + int(terminating))
-    if s.cause is None:  # the workers first: publishing the cause may ask SLURM what it was (a second or so)
+    if s.cause is None:  # the workers first, then the cause (its publishing asks SLURM what it was)
         s, actions = _save_and_stop(s, v, r, f"supervisor received {name}")
-        s, more = _set_cause(s, RootCause("terminated", stop_exit_code(signum), f"the supervisor received {name}"),
-                             v.now)
+        s, more = _set_cause(s, RootCause("terminated", stop_exit_code(signum), f"the supervisor received {name}",
+                                          signal=name), v.now)
         return s, actions + more
     if repeated:
         return _kill_now(s, v, r, [Log("warning", f"{name} again: killing every worker now")])
@@ -565,7 +568,8 @@ def _worker_stop(s: State, e: WorkerStop, r: Rules) -> Result:
     else:
         s, actions = _save_and_stop(s, v, r, f"{who} received {e.signame}")
     cause = RootCause("interrupted" if interrupted else "terminated",
-                      int(ExitCode.SIGINT if interrupted else ExitCode.SIGTERM), f"{who} received {e.signame}")
+                      int(ExitCode.SIGINT if interrupted else ExitCode.SIGTERM), f"{who} received {e.signame}",
+                      signal=e.signame if e.signame in signal.Signals.__members__ else None)
     s, more = _set_cause(s, cause, v.now)
     return s, actions + more
 
@@ -648,7 +652,11 @@ def _traces_read(s: State, e: TracesRead, r: Rules) -> Result:
 
 
 def _published(s: State, e: Published, r: Rules) -> Result:
-    return (s if s.cause is None else replace(s, cause=e.cause)), []
+    if s.cause is None:
+        return s, []
+    if e.of is None or e.of == s.cause:
+        return replace(s, cause=e.cause), []
+    return replace(s, cause=replace(s.cause, message=e.cause.message)), []
 
 
 def _tails_read(s: State, e: TailsRead, r: Rules) -> Result:

@@ -12,7 +12,15 @@ This class owns the attempt's processes: it reaps, signals, asks the heartbeat j
 and turns what it saw into the policy's events (with a `View` of the live ranks);
 `policy.decide` answers with the next state and the actions (signals to send, lines to
 log, the root cause to publish), which `_apply` carries out. Every decision, and so every
-phase transition, lives in policy.py.
+phase transition, lives in policy.py. What came of an action that the policy must know (the
+traces read, a replacement that failed, the cause as published) is queued as a new event and
+decided after the current actions, never by calling back into the policy from inside them.
+The time is the injected clock's (`time.monotonic` by default), so a test can drive it.
+
+Publishing the root cause may be slow (under SLURM, attempt_run.py asks `scontrol` why the
+job was stopped, up to its timeout; multi-node, the cause goes to the store): it runs on a
+worker thread, its answer comes back through the wake-up pipe as a `Published` event, and
+the loop never blocks on it. At the end the loop waits for it at most ANNOUNCE_WAIT.
 
 Teardown: the teardown signal (gpuherd's worker: TEARDOWN_SIGNAL, which only the supervisor
 sends; a --script: SIGTERM) (+ SIGCONT, so a stopped worker can act on it) to every worker's
@@ -34,14 +42,17 @@ import os
 import queue
 import signal
 import subprocess
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
 from loguru import logger
 
 from gpuherd.exit_codes import ExitCode
-from supervisor.health import FatalCause, Heartbeats, MetricsSink, traces
+from gpuherd.status_records import Record, Stop
+from supervisor.health import PROC_SAMPLE_S, FatalCause, Heartbeats, MetricsSink, ProcReader, traces
 from supervisor.output import LogRouter, WorkerPipes
 from supervisor.processes import policy as pol
 from supervisor.processes.error_file import error_file_for, read_error_file
@@ -56,15 +67,16 @@ LOOP_GAP = 1.0  # the loop slept this much longer than it asked to: the supervis
 CATCH_UP_CHUNKS = 256  # per pipe after a stop: 16 MiB, so a flooding worker cannot hold the loop
 LIVE_STEP_S = 5.0  # a rank's liveness record this fresh saying phase `step`: it is inside a step
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGCHLD, signal.SIGCONT, QUIT, *STOP_REQUESTS)
+ANNOUNCE_WAIT = 8.0  # at the end: the longest wait for a root cause still being published (scontrol's 5 s)
 
 
 class Supervision:
     def __init__(self, workers: list[WorkerProcess], router: LogRouter, heartbeats: Heartbeats,
                  metrics: MetricsSink, stop: StopRules, finish_window: float,
                  on_cause: Callable[[RootCause], RootCause | None] | None = None,
-                 on_record: Callable[[dict], None] | None = None, script: bool = False,
+                 on_record: Callable[[Record], None] | None = None, script: bool = False,
                  unwatched_why: str | None = None, trace_dir: Path | None = None,
-                 live: LiveRecovery | None = None) -> None:
+                 live: LiveRecovery | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         """`on_cause`: told this node's root cause the moment it is set (multi-node: the job's
         rendezvous offers it to the other nodes); what it returns, if not None, is the cause as
         published (a SLURM stop named as such), and becomes the root cause. `on_record`: every
@@ -73,7 +85,8 @@ class Supervision:
         progress. `script`: the workers run a user's script, whose exit codes are its own.
         `unwatched_why`: said once for ranks that never send a heartbeat. `trace_dir`: where
         workers dump their collective traces when asked (None: no traces asked for). `live`: a lost
-        rank may be replaced by a warm spare instead of ending the attempt (live_recovery.py)."""
+        rank may be replaced by a warm spare instead of ending the attempt (live_recovery.py).
+        `clock`: monotonic seconds (a test's fake clock)."""
         self.workers = {w.slot.rank: w for w in workers}
         self.router = router
         self.heartbeats = heartbeats
@@ -96,18 +109,27 @@ class Supervision:
         self._reap_due = True
         self._last_reap = 0.0
         self._last_check = 0.0
+        self.procs = ProcReader()  # the kernel's view of each worker, handed to the hang judge
+        self._proc_read = float("-inf")
         self._old_handlers: dict[int, object] = {}
         self._helpers: list[tuple[str, subprocess.Popen, Callable[[], str]]] = []
         self._old_wakeup = -1
         self._remote: queue.SimpleQueue[RootCause] = queue.SimpleQueue()
         self._regroups: queue.SimpleQueue[tuple[int, dict | None]] = queue.SimpleQueue()
+        self._published: queue.SimpleQueue[tuple[RootCause, RootCause | None]] = queue.SimpleQueue()
+        self._announcing: list[threading.Thread] = []
+        self._announce_lock = threading.Lock()  # an answer after the wait is over is dropped, never woken for
+        self._announce_open = True
+        self._events: deque[pol.Event] = deque()  # the policy's events not decided yet, oldest first
+        self._deciding = False
+        self._clock = clock
         self._on_cause = on_cause
         self._on_record = on_record
         self._resumed = False  # SIGCONT came: the supervisor itself was stopped meanwhile (I/O, not policy)
         self.trace_dir = trace_dir
         self.live = live
 
-    # the policy's state, as the loop reads it (job.py reads `state` itself)
+    # the policy's state, as the loop reads it (attempt_run.py reads `state` itself)
     @property
     def phase(self) -> Phase:
         return self.state.phase
@@ -125,7 +147,7 @@ class Supervision:
     def add_worker(self, w: WorkerProcess) -> None:
         self.workers[w.slot.rank] = w
         self.heartbeats.ranks[w.slot.rank].spawned = w.started
-        self.heartbeats.watch_pid(w.slot.rank, w.pid)
+        self.procs.watch(w.slot.rank, w.pid)
 
     def install_signal_handlers(self) -> None:
         """Before the first spawn: a SIGCHLD or Ctrl-C from then on is never missed."""
@@ -172,15 +194,16 @@ class Supervision:
             self.pipes.add(rank, w.popen.stdout, w.popen.stderr, w.status_fd)
         self.pipes.wake_on(self._wake_r, self._drain_wakeups)
         while True:
-            before = time.monotonic()
+            before = self._clock()
             timeout = self._timeout(before)
             self.pipes.wait(timeout)
-            now = time.monotonic()
+            now = self._clock()
             self._handle_signals(now)
             if self._resumed or now - before > timeout + LOOP_GAP:
                 self._catch_up()
-                now = time.monotonic()
+                now = self._clock()
             self._handle_fatal(now)
+            self._handle_published(now)
             if self._reap_due or now - self._last_reap > 0.5:
                 self._reap(now)
             self._timers(now)
@@ -188,9 +211,10 @@ class Supervision:
             if self.phase is Phase.DONE:
                 break
         self.pipes.close()
+        self._await_announcements()
         tails = tuple((rank, tuple(line.decode(errors="replace") for line in log.stderr_tail))
                       for rank, log in self.router.logs.items())
-        self._decide(pol.TailsRead(self._view(time.monotonic()), tails))  # complete, now that every pipe is drained
+        self._decide(pol.TailsRead(self._view(self._clock()), tails))  # complete, now that every pipe is drained
         return self.cause
 
     def _catch_up(self) -> None:
@@ -198,7 +222,7 @@ class Supervision:
         meanwhile is still in the pipes. Read it all, then count silence from now only."""
         self._resumed = False
         self.pipes.read_all(CATCH_UP_CHUNKS)
-        self.heartbeats.restart_clocks(time.monotonic())
+        self.heartbeats.restart_clocks(self._clock())
 
     def _timeout(self, now: float) -> float:
         deadlines = [now + 0.5]
@@ -214,12 +238,12 @@ class Supervision:
         except BlockingIOError:
             pass
 
-    def _record(self, rank: int, record: dict, now: float) -> None:
+    def _record(self, rank: int, record: Record, now: float) -> None:
         """A status record from `rank`: the heartbeat judge's, then whoever else listens."""
         self.heartbeats.record(rank, record, now)
-        if record.get("type") == "stop" and rank in self.workers:
+        if isinstance(record, Stop) and rank in self.workers:
             w = self.workers[rank]
-            self._decide(pol.WorkerStop(self._view(now), rank, w.slot.tag, str(record.get("signal"))))
+            self._decide(pol.WorkerStop(self._view(now), rank, w.slot.tag, str(record.signal)))
         if self._on_record is not None:
             self._on_record(record)
 
@@ -234,17 +258,27 @@ class Supervision:
             ranks.append(pol.Rank(
                 w.slot.rank, w.slot.tag, handles=w.handles((self.stop.stacks_signal, signal.SIGUSR1, signal.SIGUSR2)),
                 saving=st.saving,
-                writing=st.writing, in_step=live is not None and live.get("phase") == "step",
+                writing=st.writing, in_step=live is not None and live.phase == "step",
                 leaving=st.phase == "shutdown", save_ended=st.save_ended,
                 heard=bool(st.records or self.heartbeats.expect)))
         return pol.View(now, tuple(ranks), step_s=self.heartbeats.longest_step())
 
     def _decide(self, event: pol.Event) -> None:
-        self.state, actions = pol.decide(self.state, event, self.rules)
-        self._apply(actions, event.view.now)
+        """The policy decides `event`, then every follow-up event its actions queued, in order."""
+        self._events.append(event)
+        if self._deciding:  # an action's follow-up: decided once the actions under way are carried out
+            return
+        self._deciding = True
+        try:
+            while self._events:
+                event = self._events.popleft()
+                self.state, actions = pol.decide(self.state, event, self.rules)
+                self._apply(actions, event.view.now)
+        finally:
+            self._deciding = False
 
     def _apply(self, actions: list[pol.Action], now: float) -> None:
-        """Carry the policy's actions out; what came of one it must know is a new event."""
+        """Carry the policy's actions out; what came of one it must know is queued as a new event."""
         for action in actions:
             if isinstance(action, pol.Send):
                 for rank in action.ranks:
@@ -257,20 +291,53 @@ class Supervision:
             elif isinstance(action, pol.Note):
                 self.notes.append(action.message)
             elif isinstance(action, pol.Publish):
-                published = self._on_cause(action.cause) if self._on_cause is not None else None
-                if published is not None and published != action.cause:
-                    self._decide(pol.Published(self._view(now), published))
+                if self._on_cause is not None:
+                    self._announce(action.cause)
             elif isinstance(action, pol.RequestTraces):
                 traces.request(self.trace_dir)
             elif isinstance(action, pol.AnalyseTraces):  # the collective traces are in (or their wait is over)
                 lines = traces.analyse(self.trace_dir, sorted(self.workers))
-                self._decide(pol.TracesRead(self._view(now), tuple(lines)))
+                self._decide(pol.TracesRead(self._view(now), tuple(lines)))  # queued: decided after these actions
             elif isinstance(action, pol.Forward):
                 self._forward(action)
             elif isinstance(action, pol.ReplaceLive):
                 self._replace_live(action, now)
             elif isinstance(action, pol.GiveUpLive) and self.live is not None:
                 self.live.give_up(action.cause)
+
+    def _announce(self, cause: RootCause) -> None:
+        """`on_cause` on a worker thread: it may ask SLURM (a subprocess, seconds) or the store."""
+        def publish() -> None:
+            try:
+                published = self._on_cause(cause)
+            except Exception as exc:  # noqa: BLE001 - the cause stands as it is; the run goes on
+                logger.warning(f"the root cause could not be published: {type(exc).__name__}: {exc}")
+                published = None
+            with self._announce_lock:
+                if self._announce_open:  # else the loop is over and its wake-up pipe may be closed
+                    self._published.put((cause, published))
+                    self._wake()
+
+        thread = threading.Thread(target=publish, name="gpuherd-publish", daemon=True)
+        self._announcing.append(thread)
+        thread.start()
+
+    def _handle_published(self, now: float) -> None:
+        while not self._published.empty():
+            cause, published = self._published.get()
+            if published is not None and published != cause:
+                self._decide(pol.Published(self._view(now), published, of=cause))
+
+    def _await_announcements(self) -> None:
+        """The root cause as published becomes the attempt's, so its answer is waited for (bounded)."""
+        deadline = time.monotonic() + ANNOUNCE_WAIT  # a real wait, whatever clock the policy is given
+        for thread in self._announcing:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        with self._announce_lock:
+            self._announce_open = False
+        if any(thread.is_alive() for thread in self._announcing):
+            logger.warning(f"publishing the root cause took over {ANNOUNCE_WAIT:g} s: it stands as this node saw it")
+        self._handle_published(self._clock())
 
     def _handle_signals(self, now: float) -> None:
         while self._signals:
@@ -365,7 +432,10 @@ class Supervision:
         if unwatched and self.unwatched_why:
             logger.info(f"rank(s) {', '.join(map(str, unwatched))} sent no heartbeat in their first "
                         f"{self.heartbeats.timeouts.allowance('startup'):g} s: {self.unwatched_why}")
-        verdict = self.heartbeats.check(now, alive)
+        samples = ()
+        if now - self._proc_read >= PROC_SAMPLE_S:
+            self._proc_read, samples = now, self.procs.read()
+        verdict = self.heartbeats.check(now, alive, samples)
         while self.heartbeats.notices:
             logger.info(self.heartbeats.notices.pop(0))
         if verdict is None:
@@ -417,7 +487,8 @@ class Supervision:
             self._decide(pol.ReplaceFailed(self._view(now), action.rank, action.cause))
             return
         self.workers[action.rank] = new
-        self.heartbeats.rejoin(action.rank, new.pid, now)
+        self.heartbeats.rejoin(action.rank, now)
+        self.procs.watch(action.rank, new.pid)
         self.pipes.replace(action.rank, new.popen.stdout, new.popen.stderr, new.status_fd)
 
     # ------------------------------------------------------------------ helpers

@@ -12,7 +12,7 @@
     attempts): each attempt's torch TCPStore, on a socket the supervisor bound first
   NodeSpec, bind_master, NodeLinkError (nodes.py): multi-node addresses and errors;
     training_fingerprint: what must match between nodes (and between runs sharing learned timeouts)
-  read_slurm, kill_wait, stop_reason, requeue_after_preemption (slurm_env.py): this node's place in
+  read_slurm, kill_wait, slurm_stop, requeue_after_preemption (slurm_env.py): this node's place in
     a SLURM allocation; SLURM's KillWait; why SLURM stopped the job; requeueing a preempted job
 """
 
@@ -21,19 +21,19 @@ from supervisor.rendezvous.multi import MultiNode
 from supervisor.rendezvous.nodes import DEFAULT_PORT, NodeLinkError, NodeSpec, bind_master, training_fingerprint
 from supervisor.rendezvous.single import SingleNode, SingleStore
 from supervisor.rendezvous.slurm_env import (
-    PREEMPTION,
     SLURM_STOP,
     SlurmError,
+    SlurmStop,
     job_info,
     kill_wait,
     read_slurm,
     requeue_after_preemption,
-    stop_reason,
+    slurm_stop,
 )
 from supervisor.rendezvous.store import HostedStore, StoreServer
 
 __all__ = [
-    "DEFAULT_PORT", "PREEMPTION", "SLURM_STOP", "HostedStore", "MultiNode", "NodeLinkError", "NodeSpec", "OnCause", "Rendezvous", "Setup",
+    "DEFAULT_PORT", "SLURM_STOP", "HostedStore", "MultiNode", "NodeLinkError", "NodeSpec", "OnCause", "Rendezvous", "Setup",
     "SingleNode", "SingleStore", "SlurmError", "StoreServer", "bind_master", "job_info", "kill_wait", "read_slurm",
-    "requeue_after_preemption", "stop_reason", "training_fingerprint",
+    "SlurmStop", "requeue_after_preemption", "slurm_stop", "training_fingerprint",
 ]

@@ -24,6 +24,10 @@ def node_key(k: int, r: int) -> str:
     return f"a{k}/node{r}"
 
 
+def nodes_key(k: int) -> str:
+    return f"a{k}/nodes"
+
+
 def beat_key(k: int, r: int) -> str:
     return f"a{k}/beat{r}"
 

@@ -36,6 +36,7 @@ from gpuherd.files import open_log
 from supervisor.rendezvous.nodes import NodeLinkError, NodeSpec
 
 SILENT_CHECK_S = 30.0  # the agent answers an "alive" check within its SILENT_S + 2 s
+STOP_AFTER_MAX_S = 30.0  # a cause's `stop_after_s` beyond this is not node 0's agent's: stop at once
 
 
 class JobLink:
@@ -55,6 +56,7 @@ class JobLink:
         self._on_lost: Callable[[str], None] | None = None
         self._callbacks = threading.Lock()  # unwatch() waits for a callback in progress
         self._listeners: dict[str, Callable[[dict[str, Any]], None]] = {}  # other events by kind (listen())
+        self._on_lines: Callable[[int, list[Any]], None] | None = None  # node 0: every node's folded lines
         self._log = os.fdopen(open_log(log_path), "ab")  # the agent writes to it for the whole job
         argv = [python, "-m", "supervisor.rendezvous.node_agent_main", str(spec.node_rank),
                 f"{spec.min_nodes or spec.nnodes}:{spec.nnodes}", spec.master_addr, str(spec.master_port),
@@ -87,6 +89,9 @@ class JobLink:
                 self._record_abort(int(event["attempt"]), event["cause"])
             elif kind == "lost":
                 self._set_lost(event["message"])
+            elif kind == "lines":
+                if self._on_lines is not None and isinstance(event.get("records"), list):
+                    self._on_lines(int(event.get("node", -1)), event["records"])
             elif kind in self._listeners:
                 self._listeners[kind](event)
             else:
@@ -98,9 +103,23 @@ class JobLink:
             first = attempt not in self._aborts
             self._aborts.setdefault(attempt, cause)
             self._abort_seen.notify_all()
+        if not first:
+            return
+        # A node named dead by its closed connection is the cause at once (`winner`), but this node's
+        # workers are stopped a few seconds later: failing first on the dead node's connections, they
+        # are recorded as its consequence instead of being cut short by the stop.
+        delay = cause.get("stop_after_s")
+        if isinstance(delay, int | float) and 0 < delay <= STOP_AFTER_MAX_S:
+            timer = threading.Timer(delay, self._call_back, args=(attempt, cause))
+            timer.daemon = True
+            timer.start()
+        else:
+            self._call_back(attempt, cause)
+
+    def _call_back(self, attempt: int, cause: dict[str, Any]) -> None:
         with self._callbacks:
             callback = self._on_abort.get(attempt)
-            if first and callback is not None:
+            if callback is not None:
                 callback(cause)
 
     def _set_lost(self, message: str) -> None:
@@ -210,6 +229,15 @@ class JobLink:
                                 ExitCode.HANG)
         with self._abort_seen:
             return self._aborts.get(attempt)
+
+    def share_lines(self, records: list[dict[str, Any]]) -> None:
+        """Console lines this node held for folding across nodes (supervisor/output/cross_node.py
+        `Group.encode`), to node 0's folding point over the agents' direct connection."""
+        self._send("lines", records=records)
+
+    def receive_lines(self, callback: Callable[[int, list[Any]], None]) -> None:
+        """Node 0: `callback(node, records)` from the reader thread for every node's lines (its own too)."""
+        self._on_lines = callback
 
     def share_outcome(self, outcome: dict[str, Any]) -> None:
         """A node other than 0: how it ended, for node 0's summary."""

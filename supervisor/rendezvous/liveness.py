@@ -10,6 +10,9 @@ rebooted): node 0 names it at once. A node cut off without anything closing (a m
 that lost power, a cable) still falls to the heartbeat silence rule. The other way
 round, a node whose connection to node 0 ends without node 0 having left is cut off
 from node 0's agent (it died) and says so at once.
+
+The same connection carries each node's console lines for folding across nodes
+(`lines {JSON list}`, supervisor/output/cross_node.py), so the job store never does.
 """
 
 from __future__ import annotations
@@ -21,14 +24,16 @@ import threading
 from collections.abc import Callable
 
 LIVENESS_KEY = "liveness"  # node 0's "host:port" for these connections
-HELLO, BYE = b"hello ", b"bye"
+HELLO, BYE, LINES = b"hello ", b"bye", b"lines "
 
 
 class LivenessServer:
     """Node 0: accepts every node's connection; `on_closed(rank)` when one ends without `bye`."""
 
-    def __init__(self, host: str, on_closed: Callable[[int], None]) -> None:
-        self._on_closed = on_closed
+    def __init__(self, host: str, on_closed: Callable[[int], None],
+                 on_lines: Callable[[int, bytes], None] | None = None) -> None:
+        """`on_lines(rank, payload)`: a node's console lines (the JSON list it sent)."""
+        self._on_closed, self._on_lines = on_closed, on_lines
         self._listen = socket.create_server((host, 0), backlog=4096)
         self.port = self._listen.getsockname()[1]
         self._sel = selectors.DefaultSelector()
@@ -60,6 +65,8 @@ class LivenessServer:
                     state[0] = int(line[len(HELLO):])
                 elif line == BYE:
                     state[1] = True
+                elif line.startswith(LINES) and state[0] is not None and self._on_lines is not None:
+                    self._on_lines(state[0], line[len(LINES):])
             return
         self._sel.unregister(conn)
         conn.close()
@@ -86,6 +93,11 @@ class LivenessLink:
                 pass
         if not self._leaving:
             self._on_closed()
+
+    def send_lines(self, payload: bytes) -> None:
+        """This node's console lines for node 0's folding point (one JSON list, no newline in it)."""
+        with contextlib.suppress(OSError):
+            self._sock.sendall(LINES + payload + b"\n")
 
     def bye(self) -> None:
         """This node leaves the job: its connection's end is no death."""

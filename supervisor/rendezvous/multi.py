@@ -19,9 +19,8 @@ from supervisor.rendezvous.api import OnCause, Setup
 from supervisor.rendezvous.job_link import JobLink
 from supervisor.rendezvous.nodes import NodeLinkError, NodeSpec, layout, training_fingerprint
 from supervisor.rendezvous.regroup_link import RegroupLink
-from supervisor.rendezvous.slurm_env import SLURM_STOP
 from supervisor.rendezvous.store import HostedStore
-from supervisor.summary import RootCause
+from supervisor.summary import CauseKind, RootCause
 
 OUTCOME_WAIT_S = 10.0  # node 0's wait for the other nodes' outcomes (each sends it as it ends)
 
@@ -71,7 +70,7 @@ class MultiNode:
     def _as_job_cause(self, cause: RootCause) -> dict:
         d = dataclasses.asdict(cause)
         d.update(node=self.node_rank, host=self.host)
-        if not cause.message.startswith(SLURM_STOP):  # SLURM stopped every node: no node to name
+        if not cause.slurm_stop:  # SLURM stopped every node: no node to name
             d["message"] = f"node {self.node_rank} ({self.host}): {cause.message}"
         return d
 
@@ -107,13 +106,16 @@ class MultiNode:
             except NodeLinkError as exc:
                 return RootCause("node", exc.exit_code, str(exc), node=self.node_rank, host=self.host)
             return RootCause.from_dict(remote) if remote is not None else None
-        if cause.kind == "membership":  # node 0's agent published it for every node: nobody's failure
+        if cause.kind == CauseKind.MEMBERSHIP:  # node 0's agent published it for every node: nobody's failure
             return cause
         ours = self._as_job_cause(cause) if cause.node is None else dataclasses.asdict(cause)
         winner = self.link.winner(attempt) or ours
-        asked = ("terminated", "interrupted")  # a stop every node was asked for is one event, not two
+        asked = (CauseKind.TERMINATED, CauseKind.INTERRUPTED)  # a stop every node was asked for: one event, not two
         if winner["message"] != ours["message"] and not (winner.get("kind") in asked and cause.kind in asked):
-            notes.append(f"also on this node, after the job's first failure: {cause.message}")
+            # A failure here after another node was found dead broke on that node's closed connections.
+            dead = winner.get("kind") == "node" and winner.get("node") != self.node_rank
+            notes.append(f"a consequence of that, not the cause: {ours['message']}" if dead
+                         else f"also on this node, after the job's first failure: {cause.message}")
         if winner.get("node") == self.node_rank and cause.node is None:
             winner["stderr_tail"] = cause.stderr_tail  # complete now that every pipe is drained
         return self._blame_dead_node(attempt, RootCause.from_dict(winner), notes)
@@ -123,7 +125,7 @@ class MultiNode:
         is that death's consequence: the dead node is the job's cause on every survivor. So is
         a stop signal then (srun's --kill-on-bad-exit, SLURM ending the step of a lost node),
         and, on a node that lost the job store meanwhile, a hang across the cut."""
-        if cause.kind in ("node", "store", "interrupted", "membership"):
+        if cause.kind in (CauseKind.NODE, CauseKind.STORE, CauseKind.INTERRUPTED, CauseKind.MEMBERSHIP):
             return cause
         silent = [d for d in self.link.silent_nodes(attempt) if d.get("node") != cause.node]
         if silent:

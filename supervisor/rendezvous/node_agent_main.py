@@ -6,7 +6,10 @@ bound, so a busy port fails before anything starts) and every node's agent uses 
 a client. Keys, per attempt k (names in beat_watch.py):
 
     a{k}/node{r}   node r's join record (JSON: host, nproc, config hash, ...)
-    a{k}/all       the join is decided: "in" (set by the node whose record came last) or "abort"
+    a{k}/nodes     every node's join record in one value (a JSON list), written by the node whose
+                   record came last: each node then reads one key, not N
+    a{k}/all       the join is decided: "in" (set by the node whose record came last, after a{k}/nodes)
+                   or "abort"
     a{k}/abort     the job's root cause: the first failure any node publishes
                    (compare_set: first writer wins, everyone reads the same one)
     a{k}/done{r}   node r's workers all finished
@@ -52,6 +55,9 @@ events on stdout (stderr is torch's own chatter, kept in the run's agent log).
     {"cmd": "outcome", "outcome": {...}}             (a node other than 0: how it ended)
     {"cmd": "outcomes", "timeout": s}                -> outcomes {nodes: [outcome or null for nodes 1..]}
     {"cmd": "leave"}                                 (a node other than 0 is done with the store)
+    {"cmd": "lines", "records": [...]}               console lines held for folding across nodes (cross_node.py):
+                                                     to node 0 over the direct connection; on node 0 ->
+                                                     lines {node, records} for each node's (its own too)
     {"cmd": "linger", "timeout": s}                  -> lingered {missing}: node 0 waited for every leave
     {"cmd": "regroup-claim" | "regroup-watch", ...}  a live recovery's rebuilt group (regroup_agent.py)
     (always possible)                                -> lost {message}: the store is gone
@@ -75,8 +81,8 @@ import orjson
 
 from gpuherd.exit_codes import ExitCode
 from supervisor.rendezvous.beat_watch import (ABORTED, BEAT_S, JOINED, SETTLED, SILENT_S, BeatWatch, abort_key,
-                                              all_key, beat_key, done_key, enter, node_key, parse_verdict,
-                                              undecided, verdict_key)
+                                              all_key, beat_key, done_key, enter, node_key, nodes_key,
+                                              parse_verdict, undecided, verdict_key)
 from supervisor.rendezvous import regroup_agent
 from supervisor.rendezvous.elastic_rounds import ElasticRounds, refused_key
 from supervisor.rendezvous.nodes import settings_problem
@@ -85,7 +91,7 @@ from supervisor.rendezvous.store_calls import Connect, StoreCalls, TimedStore, o
 
 WAIT_SLICE_S = 5.0  # a long server-side wait is asked in pieces this long: the watchdog sees a partition in it
 ABORT_WAIT_S = 30.0  # the abort wait's pieces (two requests each: the wait, and its cancel when it ran out)
-CLOSED_GRACE_S = 5.0  # a closed connection is published as the abort this long after (see _connection_closed)
+CLOSED_GRACE_S = 5.0  # a node named dead by its closed connection: survivors stop their workers this long after
 
 
 class Agent:
@@ -116,11 +122,13 @@ class Agent:
         self.timed: list[TimedStore] = []  # the connections the watchdog looks at
         self._spare: list[StoreCalls] = []  # an abort wait's connection once that wait ended: the next one's
         self.liveness: LivenessLink | None = None
+        self.liveness_at: str | None = None  # node 0: its liveness server's "host:port"
         self._liveness_store: StoreCalls | None = None  # node 0: the connection its liveness thread names nodes on
         self._commands: dict[str, Callable[[int, dict[str, Any]], None]] = {
             "join": self._join, "watch": self._watch, "abort": self._abort, "done": self._done,
             "wait-done": self._wait_done, "alive": self._alive, "outcome": self._outcome,
             "outcomes": self._outcomes, "leave": self._leave, "linger": self._linger,
+            "lines": self._lines,
             "regroup-claim": lambda k, msg: regroup_agent.claim(self, k, msg),  # a multi-node live recovery
             "regroup-watch": lambda k, msg: regroup_agent.watch(self, k, msg),
         }
@@ -183,7 +191,10 @@ class Agent:
     def _join(self, k: int, msg: dict[str, Any]) -> None:
         if not self._claim_rank(k, msg["record"]):
             return
-        record = orjson.dumps(msg["record"])
+        fields = msg["record"]
+        if self.liveness_at is not None:  # node 0: where the direct connections go, read with the records
+            fields = {**fields, LIVENESS_KEY: self.liveness_at}
+        record = orjson.dumps(fields)
         self._move_on()
         if self.rounds is not None:
             self._join_elastic(record)
@@ -191,20 +202,37 @@ class Agent:
         self.last_join = k
         keys = [node_key(k, i) for i in range(self.nnodes)]
         enter(self.store, k, self.node_rank, record)
-        if self.store.check(keys):  # this record came last: everyone waiting on a{k}/all goes on
-            self.store.compare_set(all_key(k), "", JOINED)
+        if self.store.check(keys):  # this record came last: it gathers them all, and everyone waiting goes on
+            self._gather(k, keys)
         if not self._wait_long([all_key(k)], self.join_timeout):
             self.emit("join-timeout", attempt=k, missing=self.store.missing(keys), timeout=self.join_timeout)
             return
         decided = self.store.get(all_key(k))
-        cause = self.store.get_if_set(abort_key(k))
         if decided == JOINED:
-            self._joined(k, keys)
-        elif cause is not None:  # a node failed before the join completed (its dataset, say)
+            raw = self.store.get(nodes_key(k))
+            records = _json_or_none(raw)
+            if not (isinstance(records, list) and len(records) == self.nnodes):
+                records = [None] * self.nnodes
+            self._joined(k, list(range(self.nnodes)), records, lambda i: (nodes_key(k), raw))
+        elif (cause := self.store.get_if_set(abort_key(k))) is not None:  # a node failed before the join completed
             self._join_aborted(k, cause)
         else:
             malformed = self._malformed(all_key(k), decided, f'"{JOINED.decode()}" or "{ABORTED.decode()}"')
             self._join_aborted(k, self._publish(k, malformed, self.store))
+
+    def _gather(self, k: int, keys: list[str]) -> None:
+        """The node whose record came last reads every record (one request) and writes them as one
+        value: every node then reads one key, where each reading all N records would make the
+        store serve N x N records (200 MB at 1,024 nodes, all of it on node 0's one store thread).
+        A record no gpuherd node writes is named here, with its key, as the job's cause."""
+        raws = self.store.multi_get(keys)
+        records = [_json_or_none(raw) for raw in raws]
+        for i, (key, raw, record) in enumerate(zip(keys, raws, records, strict=True)):
+            if not _is_record(record):
+                self._publish(k, self._malformed(key, raw, f"node {i}'s join record (host, nproc, settings)"), self.store)
+                return
+        self.store.compare_set(nodes_key(k), "", orjson.dumps(records))
+        self.store.compare_set(all_key(k), "", JOINED)
 
     def _wait_long(self, keys: list[str], timeout: float) -> bool:
         """A server-side wait of up to `timeout` s, in pieces the store watchdog can judge."""
@@ -218,26 +246,25 @@ class Agent:
         self.emit("abort", attempt=k, cause=self._cause(abort_key(k), raw))
         self.emit("join-aborted", attempt=k)
 
-    def _joined(self, k: int, keys: list[str], members: list[int] | None = None) -> None:
-        """Every node's join record (one request), each checked: a value no gpuherd node writes is
-        named (key, and the node whose key it is) as the job's cause instead of crashing this agent."""
-        members = list(range(len(keys))) if members is None else members
-        nodes = []
-        for i, key, raw in zip(members, keys, self.store.multi_get(keys), strict=True):
-            record = _json_or_none(raw)
-            if not (isinstance(record, dict) and isinstance(record.get("nproc"), int) and record["nproc"] > 0):
-                cause = self._malformed(key, raw, f"node {i}'s join record (host, nproc, settings)")
+    def _joined(self, k: int, members: list[int], records: list[Any],
+                source: Callable[[int], tuple[str, bytes]]) -> None:
+        """The members' join records, each checked: a value no gpuherd node writes is named
+        (`source(i)`: the key it came from, and that key's value) as the job's cause instead of
+        crashing this agent."""
+        for i, record in enumerate(records):
+            if not _is_record(record):
+                key, raw = source(i)
+                cause = self._malformed(key, raw, f"node {members[i]}'s join record (host, nproc, settings)")
                 self._join_aborted(k, self._publish(k, cause, self.store))
                 return
-            nodes.append(record)
-        self.hosts = {i: str(n.get("host", "?")) for i, n in zip(members, nodes, strict=True)}
+        self.hosts = {i: str(n.get("host", "?")) for i, n in zip(members, records, strict=True)}
         self.members = members
         self.beating, self._beat_sent = k, b"0"  # from now on: node 0 reads this node's beat
         if self.node_rank == 0:
             self.beats = BeatWatch(k)  # from the join on: a node dying before its workers start is named too
         elif self.connect is not None and self.liveness is None:
-            self._link_to_node0()
-        self.emit("joined", attempt=k, round=k, members=members, nodes=nodes)
+            self._link_to_node0(records[members.index(0)].get(LIVENESS_KEY) if 0 in members else None)
+        self.emit("joined", attempt=k, round=k, members=members, nodes=records)
 
     def _move_on(self) -> None:
         """Joining again: the attempt this node beat for stops expecting its beat."""
@@ -300,6 +327,24 @@ class Agent:
         outcomes = [_json_or_none(found[key]) if key in found else None for key in keys]
         self.emit("outcomes", ranks=others, nodes=[o if isinstance(o, dict) else None for o in outcomes])
 
+    def _lines(self, k: int, msg: dict[str, Any]) -> None:
+        """Console lines this node's supervisor held for folding across nodes: to node 0's folding
+        point over the direct connection (never the store); node 0's own, and a node without that
+        connection's, come straight back as a `lines` event for its supervisor to print."""
+        records = msg.get("records")
+        if not isinstance(records, list) or not records:
+            return
+        if self.liveness is not None:
+            self.liveness.send_lines(orjson.dumps(records))
+        else:
+            self.emit("lines", node=self.node_rank, records=records)
+
+    def _node_lines(self, r: int, payload: bytes) -> None:
+        """Node 0: another node's console lines, for its supervisor's folding point."""
+        records = _json_or_none(payload)
+        if isinstance(records, list):
+            self.emit("lines", node=r, records=records)
+
     def _leave(self, k: int, msg: dict[str, Any]) -> None:
         self.leaving = True
         if self.beating is not None:
@@ -352,7 +397,9 @@ class Agent:
         if members is None:
             self._join_aborted(k, self.store.get(abort_key(k)))
         else:
-            self._joined(k, [node_key(k, r) for r in members], members)
+            keys = [node_key(k, r) for r in members]
+            raws = self.store.multi_get(keys)
+            self._joined(k, members, [_json_or_none(raw) for raw in raws], lambda i: (keys[i], raws[i]))
 
     def _say_waiting(self, k: int, members: list[int]) -> None:
         self.emit("waiting", attempt=k, round=k, members=members)
@@ -413,9 +460,13 @@ class Agent:
             self.report_abort(self.watching, self.store.get(abort_key(self.watching)))  # no abort-wait thread
             return
         now = time.monotonic()
-        if now < self._next_beat or (self.beating is None and self.verifying is None and self.beats is None):
+        if now < self._next_beat:
             return
+        # Set even when there is nothing to do: the loop sleeps until it (a deadline left in the
+        # past made the loop spin, a core per idle agent, before its join and between attempts).
         self._next_beat = now + BEAT_S
+        if self.beating is None and self.verifying is None and self.beats is None:
+            return
         if self.beating is not None:
             self._beat()
         if self.beats is not None:
@@ -474,10 +525,10 @@ class Agent:
                                                                   "node 0's reading of the heartbeats")])
             return
         ranks = [r for r in self.members if r not in (0, self.node_rank) and r not in self.gone]
-        if undecided(verdict, seq0, ranks) and now - began < SILENT_S + 2:
-            return
-        self.verifying = None
         silent = [c for c in verdict["dead"] if c["node"] != self.node_rank]
+        if not silent and undecided(verdict, seq0, ranks) and now - began < SILENT_S + 2:
+            return  # a node named dead answers at once: the first one is the cause, whoever else is alive
+        self.verifying = None
         self.gone.update(c["node"] for c in silent)
         self.emit("alive", attempt=k, silent=silent)
 
@@ -489,7 +540,9 @@ class Agent:
             conn = self._connection()
             while not self.lost and k not in self._reported:
                 if conn.wait([abort_key(k)], ABORT_WAIT_S):
-                    self.report_abort(k, conn.get(abort_key(k)))
+                    # The key exists now: compare_set with "" expected returns its value untouched, in one
+                    # round trip (torch's `get` is two: a wait, then the get), for every node at once.
+                    self.report_abort(k, conn.compare_set(abort_key(k), "", b""))
                     break
                 if self.leaving or (self.last_join is not None and self.last_join > k):
                     break
@@ -509,14 +562,17 @@ class Agent:
 
     def serve_liveness(self, host: str) -> None:
         """Node 0: the port every other agent connects to (liveness.py), published on the store."""
-        server = LivenessServer(host, self._connection_closed)
-        self.store.set(LIVENESS_KEY, f"{host}:{server.port}".encode())
+        server = LivenessServer(host, self._connection_closed, self._node_lines)
+        self.liveness_at = f"{host}:{server.port}"
+        self.store.set(LIVENESS_KEY, self.liveness_at.encode())
 
     def _connection_closed(self, r: int) -> None:
         """Node 0: node r's connection ended without a goodbye: its agent died with its processes.
-        It is dead in the verdict at once; the abort naming it follows CLOSED_GRACE_S later, so that
-        the survivors' workers, failing on the same closed connections in the same instant, publish
-        first and each survivor's `alive` check names node r as the cause, their errors its consequence."""
+        It is dead in the verdict and published as every node's root cause at once (named on every
+        survivor within one fan-out). The cause carries `stop_after_s` (CLOSED_GRACE_S): each
+        survivor's supervisor stops its workers only that long after, so that its workers, failing
+        on the same closed connections at their next collective, fail first and are recorded as
+        the dead node's consequence, not cut short by the stop."""
         beats = self.beats
         if beats is None or r not in self.members or r in beats.dead or self.lost:
             return  # between attempts: the next join names it
@@ -526,28 +582,23 @@ class Agent:
             conn = self._liveness_store
             if conn.get_if_set(beat_key(beats.k, r)) in SETTLED:
                 return
-            cause = self._silent(r, "its connection to node 0 closed without a goodbye")
+            cause = {**self._silent(r, "its connection to node 0 closed without a goodbye"),
+                     "stop_after_s": CLOSED_GRACE_S}
             beats.dead[r] = cause
             self.gone.add(r)
             conn.set(verdict_key(beats.k), orjson.dumps(beats.verdict()))
-        except RuntimeError as exc:
-            print(f"node agent: could not name node {r}: {_short(exc)}", file=sys.stderr, flush=True)
-            return
-        timer = threading.Timer(CLOSED_GRACE_S, self._publish_closed, args=(beats.k, r, cause, conn))
-        timer.daemon = True
-        timer.start()
-
-    def _publish_closed(self, k: int, r: int, cause: dict[str, Any], conn: StoreCalls) -> None:
-        try:
-            self._declare(k, r, cause, conn)
+            self._declare(beats.k, r, cause, conn)
         except RuntimeError as exc:
             print(f"node agent: could not name node {r}: {_short(exc)}", file=sys.stderr, flush=True)
 
-    def _link_to_node0(self) -> None:
-        where = self.store.get_if_set(LIVENESS_KEY)
-        if where is None:
-            return  # node 0 has none (a test's store): the heartbeat silence rule still holds
-        host, _, port = where.decode(errors="replace").rpartition(":")
+    def _link_to_node0(self, where: str | None = None) -> None:
+        """`where`: node 0's "host:port" as its join record carries it (no request); else the store's key."""
+        if not isinstance(where, str):
+            raw = self.store.get_if_set(LIVENESS_KEY)
+            if raw is None:
+                return  # node 0 has none (a test's store): the heartbeat silence rule still holds
+            where = raw.decode(errors="replace")
+        host, _, port = where.rpartition(":")
         try:
             self.liveness = LivenessLink(host, int(port), self.node_rank, self._node0_closed)
         except (OSError, ValueError) as exc:
@@ -599,6 +650,10 @@ class Agent:
 
 def _short(exc: BaseException) -> str:
     return " ".join(str(exc).split("Exception raised from")[0].split())[:200]
+
+
+def _is_record(record: Any) -> bool:
+    return isinstance(record, dict) and isinstance(record.get("nproc"), int) and record["nproc"] > 0
 
 
 def _json_or_none(raw: bytes) -> Any:

@@ -91,22 +91,42 @@ def kill_wait() -> float | None:
 
 
 SLURM_STOP = "stopped by SLURM"  # a job-wide stop: the same words on every node, no node named
-PREEMPTION = f"{SLURM_STOP}: preemption"
+PREEMPTION_EVENT = "preemption"
+WARNING_EVENT = "the time limit is near"  # SIGUSR1/2: the job's --signal warning
 
 
-def stop_reason(signame: str, job: dict[str, str], restart_count: int = 0) -> str | None:
-    """Why SLURM stopped the job, for the outcome every node reports the same way:
-    "stopped by SLURM: scancel (SIGTERM)"; None when SLURM does not say (a SIGTERM while the
-    job still runs: someone's `kill`). `job`: `job_info(job id)`. While the job's processes
-    are being signalled its state reads COMPLETING; the cause is in its other fields (a requeue
-    has already counted itself in Restarts, past this start's `restart_count`)."""
+@dataclass(frozen=True)
+class SlurmStop:
+    """Why SLURM stopped the job: `event` (the time limit, preemption, a node failure, requeue,
+    scancel) and the signal that came."""
+
+    event: str
+    signame: str
+
+    @property
+    def preempted(self) -> bool:
+        return self.event == PREEMPTION_EVENT
+
+    @property
+    def message(self) -> str:
+        """The outcome every node reports the same way: "stopped by SLURM: scancel (SIGTERM)"."""
+        if self.event == WARNING_EVENT:
+            return f"{SLURM_STOP}: the time limit is near ({self.signame}, the job's --signal warning)"
+        return f"{SLURM_STOP}: {self.event} ({self.signame})"
+
+
+def slurm_stop(signame: str, job: dict[str, str], restart_count: int = 0) -> SlurmStop | None:
+    """Why SLURM stopped the job; None when SLURM does not say (a SIGTERM while the job still
+    runs: someone's `kill`). `job`: `job_info(job id)`. While the job's processes are being
+    signalled its state reads COMPLETING; the cause is in its other fields (a requeue has
+    already counted itself in Restarts, past this start's `restart_count`)."""
     if signame in ("SIGUSR1", "SIGUSR2"):
-        return f"{SLURM_STOP}: the time limit is near ({signame}, the job's --signal warning)"
+        return SlurmStop(WARNING_EVENT, signame)
     state, reason = job.get("JobState", ""), job.get("Reason", "")
     if state == "TIMEOUT" or reason == "TimeLimit":
         event = "the time limit"
     elif preempted(job):
-        event = "preemption"
+        event = PREEMPTION_EVENT
     elif state == "NODE_FAIL" or reason.startswith("Node"):
         event = "a node failure"
     elif state.startswith("REQUEUE") or state == "PENDING" or _restarts(job) > restart_count:
@@ -115,7 +135,13 @@ def stop_reason(signame: str, job: dict[str, str], restart_count: int = 0) -> st
         event = "scancel"
     else:
         return None
-    return f"{SLURM_STOP}: {event} ({signame})"
+    return SlurmStop(event, signame)
+
+
+def stop_reason(signame: str, job: dict[str, str], restart_count: int = 0) -> str | None:
+    """`slurm_stop`'s words, or None."""
+    stop = slurm_stop(signame, job, restart_count)
+    return stop.message if stop is not None else None
 
 
 def _restarts(job: dict[str, str]) -> int:

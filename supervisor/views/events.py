@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuherd.status_records import (Checkpoint, CheckpointWrite, Error, Eval, GpuEvent, Nan, Record, Recovery,
+                                    Restart, Suspect, SuspiciousStep)
 from supervisor.output import rank_set
 from supervisor.views.run_files import LogLine
 
@@ -25,72 +27,69 @@ class Event:
     rank: int | None = None
 
 
-def save_cost(record: dict[str, Any]) -> str:
+def save_cost(record: Checkpoint) -> str:
     """` (async: loop blocked 0.05 s, written in 2.31 s)` from a `checkpoint` record ("" from an
     older gpuherd's, which carried no costs)."""
-    stall, write = record.get("stall_s"), record.get("write_s")
-    if not isinstance(stall, (int, float)) or not isinstance(write, (int, float)):
+    stall, write, wait = record.stall_s, record.write_s, record.wait_s
+    if stall is None or write is None:
         return ""
-    wait = record.get("wait_s")
-    waited = f", {wait:.2f} s of it waiting for the previous write" if isinstance(wait, (int, float)) and wait else ""
-    if record.get("mode") == "async":
+    waited = f", {wait:.2f} s of it waiting for the previous write" if wait else ""
+    if record.mode == "async":
         return f" (async: loop blocked {stall:.2f} s{waited}, written in {write:.2f} s)"
     return f" (loop blocked {stall:.2f} s{waited})"
 
 
-def event_of(record: dict[str, Any]) -> Event | None:
+def event_of(record: Record) -> Event | None:
     """The event a metrics record stands for, or None for samples and heartbeats."""
-    kind, when, rank = record.get("type"), _time(record), record.get("rank")
-    if kind == "checkpoint":
-        return Event(when, "checkpoint", f"checkpoint saved at step {record.get('step')}: "
-                                         f"{Path(str(record.get('path', '?'))).name}{save_cost(record)}")
-    if kind == "checkpoint_write" and record.get("state") == "failed":
-        return Event(when, "error", f"rank {rank}: the background write of "
-                                    f"{Path(str(record.get('path', '?'))).name} failed", rank)
-    if kind in ("nan", "spike"):
-        return _suspicious_step(record, when, rank)
-    if kind == "suspect":
-        return Event(when, "suspect", f"device {record.get('device')} ({record.get('host')}) suspect: "
-                                      f"{record.get('transient_faults')} transient fault(s), limit {record.get('limit')}"
-                                      + (": stopping the run" if record.get("stopping") else ""), rank)
-    if kind == "error":
-        return Event(when, "error", f"rank {rank}: {error_line(record)[:160]}", rank)
-    if kind == "restart":
-        excluded = record.get("excluded_gpus") or []
-        without = (f"; without suspect GPU {', '.join(map(str, excluded))}, world size {record.get('world_size')}"
-                   if excluded else "")
-        return Event(when, "restart", f"restart {record.get('attempt')} after exit code {record.get('exit_code')}: "
-                                      f"{record.get('after')}{without}")
-    if kind == "recovery":
-        if record.get("outcome") == "recovered" and record.get("action") == "shrink":
-            return Event(when, "recovery", f"live recovery {record.get('number')}: rank {record.get('rank')} lost with "
-                                           f"no spare left: {record.get('replicas')} process(es) went on with its data "
-                                           f"slot in {_num(record.get('seconds'))} s: {record.get('failed')}",
-                         record.get("rank"))
-        if record.get("outcome") == "recovered":
-            where = f"node {record.get('node')}'s " if record.get("node") is not None else ""
-            return Event(when, "recovery", f"live recovery {record.get('number')}: {where}rank {record.get('rank')} replaced by "
-                                           f"spare pid {record.get('replaced_by_pid')} in {_num(record.get('seconds'))} s, "
-                                           f"{record.get('steps_redone')} step(s) redone: {record.get('failed')}",
-                         record.get("rank"))
-        return Event(when, "recovery", f"live recovery {record.get('number')} failed: {record.get('failed')}",
-                     record.get("rank"))
-    if kind == "gpu_event":
-        name = "xid" if record.get("event") == "xid" else "ecc"
-        what = f"XID {record.get('data')}" if name == "xid" else "double-bit ECC error"
-        return Event(when, name, f"GPU {record.get('gpu')}: {what}", rank)
-    if kind == "eval":
-        return Event(when, "eval", f"validation loss {_num(record.get('val_loss'))} at step {record.get('step')}", rank)
+    when, rank = record.time or 0.0, record.rank
+    match record:
+        case Checkpoint():
+            return Event(when, "checkpoint", f"checkpoint saved at step {record.step}: "
+                                             f"{Path(record.path or '?').name}{save_cost(record)}")
+        case CheckpointWrite(state="failed"):
+            return Event(when, "error", f"rank {rank}: the background write of "
+                                        f"{Path(record.path or '?').name} failed", rank)
+        case SuspiciousStep():
+            return _suspicious_step(record, when, rank)
+        case Suspect():
+            return Event(when, "suspect", f"device {record.device} ({record.host}) suspect: "
+                                          f"{record.transient_faults} transient fault(s), limit {record.limit}"
+                                          + (": stopping the run" if record.stopping else ""), rank)
+        case Error():
+            return Event(when, "error", f"rank {rank}: {error_line(record)[:160]}", rank)
+        case Restart():
+            excluded = record.excluded_gpus
+            without = (f"; without suspect GPU {', '.join(map(str, excluded))}, world size {record.world_size}"
+                       if excluded else "")
+            return Event(when, "restart", f"restart {record.attempt} after exit code {record.exit_code}: "
+                                          f"{record.after}{without}")
+        case Recovery(outcome="recovered", action="shrink"):
+            return Event(when, "recovery", f"live recovery {record.number}: rank {rank} lost with no spare left: "
+                                           f"{record.replicas} process(es) went on with its data slot in "
+                                           f"{_num(record.seconds)} s: {record.failed}", rank)
+        case Recovery(outcome="recovered"):
+            where = f"node {record.node}'s " if record.node is not None else ""
+            return Event(when, "recovery", f"live recovery {record.number}: {where}rank {rank} replaced by "
+                                           f"spare pid {record.replaced_by_pid} in {_num(record.seconds)} s, "
+                                           f"{record.steps_redone} step(s) redone: {record.failed}", rank)
+        case Recovery():
+            return Event(when, "recovery", f"live recovery {record.number} failed: {record.failed}", rank)
+        case GpuEvent():
+            name = "xid" if record.event == "xid" else "ecc"
+            what = f"XID {record.data}" if name == "xid" else "double-bit ECC error"
+            return Event(when, name, f"GPU {record.gpu}: {what}", rank)
+        case Eval():
+            return Event(when, "eval", f"validation loss {_num(record.val_loss)} at step {record.step}", rank)
     return None
 
 
-def error_line(record: dict[str, Any]) -> str:
+def error_line(record: Error) -> str:
     """An `error` record's first line. The status channel keeps each record under 4 KB by
     dropping a longer one's fields (`truncated`), so a long error can arrive without its message."""
-    lines = str(record.get("message") or "").strip().splitlines()
+    lines = (record.message or "").strip().splitlines()
     if lines:
         return lines[0]
-    if record.get("truncated"):
+    if record.truncated:
         return "error (its message was too long for the status channel: see the rank's log)"
     return "error (no message)"
 
@@ -99,13 +98,13 @@ _ACTIONS = {"skip": "skipped", "retried": "retried (the replay came out clean)",
 _WHAT = {"nonfinite": "non-finite loss/gradient", "loss_spike": "loss spike", "grad_norm_spike": "grad-norm spike"}
 
 
-def _suspicious_step(record: dict[str, Any], when: float, rank: Any) -> Event:
+def _suspicious_step(record: SuspiciousStep, when: float, rank: int | None) -> Event:
     """A `nan` or `spike` record: what was suspicious, and what the policy did about it."""
-    what = _WHAT.get(str(record.get("kind")), "non-finite loss/gradient" if record.get("type") == "nan" else "spike")
-    action = _ACTIONS.get(str(record.get("action")), "stopped the run")
-    if record.get("classification"):
-        action += f"; {record['classification']}"
-    return Event(when, "nan", f"{what} at step {record.get('step')} (loss {record.get('loss')}): {action}", rank)
+    what = _WHAT.get(str(record.kind), "non-finite loss/gradient" if isinstance(record, Nan) else "spike")
+    action = _ACTIONS.get(str(record.action), "stopped the run")
+    if record.classification:
+        action += f"; {record.classification}"
+    return Event(when, "nan", f"{what} at step {record.step} (loss {record.loss}): {action}", rank)
 
 
 FOLD_S = 10.0  # the same event from several ranks within this long of the first: one event
@@ -136,12 +135,12 @@ class EventLog:
         self._seen: set[tuple[str, Any]] = set()
         self._folds: dict[tuple[str, str], _Fold] = {}
 
-    def add(self, record: dict[str, Any]) -> None:
+    def add(self, record: Record) -> None:
         event = event_of(record)
         if event is None:
             return
         if event.kind in ("checkpoint", "nan", "eval"):
-            key = (event.kind, record.get("step"))
+            key = (event.kind, record.step if isinstance(record, (Checkpoint, SuspiciousStep, Eval)) else None)
             if key in self._seen:
                 return
             self._seen.add(key)
@@ -166,18 +165,13 @@ class EventLog:
         return sorted((e.event() if isinstance(e, _Fold) else e for e in self._events), key=lambda e: e.time)
 
 
-def collect(records: list[dict[str, Any]], warnings: list[LogLine]) -> list[Event]:
+def collect(records: list[Record], warnings: list[LogLine]) -> list[Event]:
     """Every event of a run, oldest first; one per (kind, step) for what all ranks report alike."""
     log = EventLog()
     for record in records:
         log.add(record)
     log.add_warnings(warnings)
     return log.events()
-
-
-def _time(record: dict[str, Any]) -> float:
-    value = record.get("time")
-    return float(value) if isinstance(value, (int, float)) else 0.0
 
 
 def _log_time(text: str) -> float:

@@ -144,10 +144,10 @@ def devices(runs: list[RunData]) -> Figure:
     fig = _figure(len(panels), 9.0)
     for ax, (key, title, scale) in zip(fig.axes, panels, strict=True):
         for i, run in enumerate(runs):
-            many(ax, [(_label(runs, run, f"GPU{gpu}" + (f" (rank {samples[-1]['rank']})"
-                                                         if samples[-1].get("rank") is not None else "")),
-                       [(run.since_start(s["time"]), s[key] / scale) for s in samples
-                        if isinstance(s.get(key), (int, float))])
+            many(ax, [(_label(runs, run, f"GPU{gpu}" + (f" (rank {samples[-1].rank})"
+                                                         if samples[-1].rank is not None else "")),
+                       [(run.since_start(s.time), getattr(s, key) / scale) for s in samples
+                        if isinstance(getattr(s, key), float)])
                       for gpu, samples in sorted(run.gpus.items())], RUN_STYLES[i % len(RUN_STYLES)])
         ax.set(title=title, ylabel=title.split(" (")[0])
         _finish(ax, "n/a on these GPUs", "x-small", ncol=4)
@@ -162,7 +162,7 @@ def _hosts(runs: list[RunData]) -> Figure:
         style = RUN_STYLES[i % len(RUN_STYLES)]
         for ax, key, scale in ((cpu_ax, "cpu_percent", 1), (rss_ax, "rss", GIB)):
             many(ax, [(_label(runs, run, f"rank {rank} {run.devices.get(rank, '')}"),
-                       [(run.since_start(s["time"]), (s.get(key) or 0) / scale) for s in samples])
+                       [(run.since_start(s.time), (getattr(s, key) or 0) / scale) for s in samples])
                       for rank, samples in sorted(run.hosts.items())], style)
     cpu_ax.set(title="No GPU samples in this run: CPU % per worker process", ylabel="CPU %")
     rss_ax.set(title="Resident memory per worker process", xlabel="seconds since the run started", ylabel="GiB")

@@ -135,10 +135,10 @@ def _save_costs(run: RunData) -> str:
     """The loop's stall and the write per save, from the writing ranks' `checkpoint` records."""
     if not run.saves:
         return "-"
-    background = [r for r in run.saves if r.get("mode") == "async"]
-    waits = [r for r in run.saves if r.get("wait_s")]
-    return (f"{len(run.saves)} saves: loop blocked {_median([r['stall_s'] for r in run.saves]):.3f} s, "
-            f"write {_median([r.get('write_s', 0.0) for r in run.saves]):.2f} s; {len(background)} in the background"
+    background = [r for r in run.saves if r.mode == "async"]
+    waits = [r for r in run.saves if r.wait_s]
+    return (f"{len(run.saves)} saves: loop blocked {_median([r.stall_s for r in run.saves]):.3f} s, "
+            f"write {_median([r.write_s or 0.0 for r in run.saves]):.2f} s; {len(background)} in the background"
             + (f", {len(waits)} waited for the previous write" if waits else ""))
 
 

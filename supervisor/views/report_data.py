@@ -14,12 +14,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuherd.status_records import Checkpoint, Eval, Gpu, Host, Record, Restart, Step
 from supervisor.views.events import Event, EventLog
 from supervisor.views.run_files import RunFiles, RunFilesError, is_run_dir
 
 
-GPU_FIELDS = ("time", "rank", "util", "mem_used", "temp", "power_w")  # what the figures draw of a sample:
-HOST_FIELDS = ("time", "cpu_percent", "rss")  # a sample's other fields would only take memory
+@dataclass(frozen=True, slots=True)
+class GpuPoint:
+    """What the figures draw of a GPU sample: its other fields would only take memory."""
+
+    time: float
+    rank: int | None
+    util: float | str | None
+    mem_used: float | str | None
+    temp: float | str | None
+    power_w: float | str | None
+
+
+@dataclass(frozen=True, slots=True)
+class HostPoint:
+    """What the figures draw of a host sample."""
+
+    time: float
+    cpu_percent: float | None
+    rss: float | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,10 +68,10 @@ class RunData:
     start: float
     steps: dict[int, list[StepPoint]] = field(default_factory=dict)  # rank -> logged steps
     evals: list[tuple[float, int, float]] = field(default_factory=list)  # (time, step, val_loss)
-    gpus: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # GPU index -> samples
-    hosts: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # rank -> host samples
+    gpus: dict[int, list[GpuPoint]] = field(default_factory=dict)  # GPU index -> samples
+    hosts: dict[int, list[HostPoint]] = field(default_factory=dict)  # rank -> host samples
     events: list[Event] = field(default_factory=list)
-    saves: list[dict[str, Any]] = field(default_factory=list)  # `checkpoint` records with their costs
+    saves: list[Checkpoint] = field(default_factory=list)  # `checkpoint` records with their costs
     attempts: list[Span] = field(default_factory=list)
     devices: dict[int, str] = field(default_factory=dict)  # rank -> GPU3 / CPU0
     malformed: int = 0
@@ -90,7 +108,7 @@ def load_run(run_dir: Path) -> RunData:
     files = RunFiles(run_dir, keep_records=False)  # each record is folded into the series as it is read
     data = RunData(run_dir=run_dir, config={}, summary=None, start=0.0)
     per_step: int | None = None
-    seen_evals: set[int] = set()
+    seen_evals: set[int | None] = set()
     log = EventLog()
     restarts: list[float] = []
     last = None
@@ -99,10 +117,10 @@ def load_run(run_dir: Path) -> RunData:
             per_step = tokens_per_step(files.config or {})
         _add(data, r, per_step, seen_evals)
         log.add(r)
-        when = r.get("time")
-        if isinstance(when, (int, float)):
+        when = r.time
+        if when is not None:
             last = when if last is None else max(last, when)
-            if r.get("type") == "restart":
+            if isinstance(r, Restart):
                 restarts.append(when)
     log.add_warnings(files.warnings)
     data.config, data.summary, data.start = files.config or {}, files.summary, _start(files)
@@ -111,25 +129,24 @@ def load_run(run_dir: Path) -> RunData:
     return data
 
 
-def _add(data: RunData, r: dict[str, Any], per_step: int | None, seen_evals: set[int]) -> None:
-    kind, rank = r.get("type"), r.get("rank")
-    when = r.get("time")
-    if not isinstance(when, (int, float)):
+def _add(data: RunData, r: Record, per_step: int | None, seen_evals: set[int | None]) -> None:
+    when, rank = r.time, r.rank
+    if when is None:
         return
-    if kind == "step" and isinstance(r.get("loss"), (int, float)) and isinstance(rank, int):
-        tps = r.get("tokens_per_s")
-        step_time = per_step / tps if per_step and isinstance(tps, (int, float)) and tps > 0 else None
-        data.steps.setdefault(rank, []).append(StepPoint(when, int(r.get("step") or 0), float(r["loss"]),
-                                                         tps, r.get("mfu"), step_time))
-    elif kind == "eval" and isinstance(r.get("val_loss"), (int, float)) and r.get("step") not in seen_evals:
-        seen_evals.add(r.get("step"))
-        data.evals.append((when, int(r.get("step") or 0), float(r["val_loss"])))
-    elif kind == "checkpoint" and isinstance(r.get("stall_s"), (int, float)):
-        data.saves.append(r)
-    elif kind == "gpu" and isinstance(r.get("gpu"), int):
-        data.gpus.setdefault(r["gpu"], []).append({k: r[k] for k in GPU_FIELDS if k in r})
-    elif kind == "host" and isinstance(rank, int):
-        data.hosts.setdefault(rank, []).append({k: r[k] for k in HOST_FIELDS if k in r})
+    match r:
+        case Step(loss=float(loss)) if rank is not None:
+            tps = r.tokens_per_s
+            step_time = per_step / tps if per_step and tps is not None and tps > 0 else None
+            data.steps.setdefault(rank, []).append(StepPoint(when, r.step or 0, loss, tps, r.mfu, step_time))
+        case Eval(val_loss=float(val_loss)) if r.step not in seen_evals:
+            seen_evals.add(r.step)
+            data.evals.append((when, r.step or 0, val_loss))
+        case Checkpoint(stall_s=float()):
+            data.saves.append(r)
+        case Gpu(gpu=int(gpu)):
+            data.gpus.setdefault(gpu, []).append(GpuPoint(when, rank, r.util, r.mem_used, r.temp, r.power_w))
+        case Host() if rank is not None:
+            data.hosts.setdefault(rank, []).append(HostPoint(when, r.cpu_percent, r.rss))
 
 
 def tokens_per_step(cfg: dict[str, Any]) -> int | None:

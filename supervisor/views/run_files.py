@@ -20,6 +20,7 @@ import orjson
 
 from gpuherd.errors import GpuherdError
 from gpuherd.exit_codes import ExitCode
+from gpuherd.status_records import Record, Refusal, Refused, decode
 
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
@@ -109,54 +110,35 @@ class _LineTail:
                 yield [line for line in lines if line.strip()]
 
 
-# The fields the views compute with, and the types they must have: a record where one of
-# them holds something else (a hostile or damaged file: `"step": "x"`, `"time": 1e300`) is
-# unreadable as a whole, counted and skipped here, so no view meets it half-checked later.
-# null stays allowed (a field that is not known); fields that are only shown need no check.
-_INT = (int,)
-_NUMBER = (int, float)
-_FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "type": (str,), "message": (str,), "name": (str,), "path": (str,), "mode": (str,),
-    "rank": _INT, "step": _INT, "max_steps": _INT, "attempt": _INT, "gpu": _INT, "pid": _INT,
-    "time": _NUMBER, "loss": _NUMBER, "tokens_per_s": _NUMBER, "mfu": _NUMBER, "val_loss": _NUMBER,
-    "stall_s": _NUMBER, "write_s": _NUMBER, "wait_s": _NUMBER, "rss": _NUMBER, "cpu_percent": _NUMBER,
-}
-_LATEST_TIME = 1e11  # unix seconds, the year 5138: later is no clock's reading
-
-
-def readable(record: Any) -> bool:
-    """A metrics record every view can use as it is."""
-    if not isinstance(record, dict):
-        return False
-    for name, value in record.items():  # a record has fewer fields than the table
-        types = _FIELD_TYPES.get(name)
-        if types is not None and value is not None and (not isinstance(value, types) or isinstance(value, bool)):
-            return False
-    when = record.get("time")
-    return when is None or 0 <= when < _LATEST_TIME
+def readable(line: bytes) -> Record | Refusal | None:
+    """One metrics.jsonl line as the views use it: its record; a refusal when it is unreadable
+    (not JSON, not an object, or a field of the wrong type: `"step": "x"`, `"time": 1e300`),
+    so no view meets a half-checked record later; None for a type no view knows (the
+    supervisor's own bookkeeping: `goodput`, `requeue`)."""
+    record = decode(line, supervisor=True)
+    if isinstance(record, Refusal):
+        return None if record.why is Refused.UNKNOWN_TYPE else record
+    return Refusal(Refused.MALFORMED_FIELD, ", ".join(record.refused)) if record.refused else record
 
 
 class JsonlTail(_LineTail):
-    """metrics.jsonl: one dict per complete line; malformed lines are counted, not fatal."""
+    """metrics.jsonl: one typed record per complete line; unreadable lines are counted, not fatal."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
         self.malformed = 0
 
-    def read_new(self) -> list[dict[str, Any]]:
+    def read_new(self) -> list[Record]:
         return list(self.each_new())
 
-    def each_new(self) -> Iterator[dict[str, Any]]:
+    def each_new(self) -> Iterator[Record]:
         for chunk in self.each_chunk():
             for line in chunk:
-                try:
-                    record = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    record = None
-                if readable(record):
-                    yield record
-                else:
+                record = readable(line)
+                if isinstance(record, Refusal):
                     self.malformed += 1
+                elif record is not None:
+                    yield record
 
 
 @dataclass(frozen=True)
@@ -211,7 +193,7 @@ class RunFiles:
     """Everything a viewer reads from one run directory, refreshed by `poll()`."""
 
     run_dir: Path
-    records: list[dict[str, Any]] = field(default_factory=list)  # every metrics record so far, in file order
+    records: list[Record] = field(default_factory=list)  # every metrics record so far, in file order
     keep_records: bool = True  # False: `records` stays empty (a view that folds each record in as it comes)
     warnings: list[LogLine] = field(default_factory=list)
     summary: dict[str, Any] | None = None
@@ -226,11 +208,11 @@ class RunFiles:
     def malformed(self) -> int:
         return self._metrics.malformed
 
-    def poll(self) -> list[dict[str, Any]]:
+    def poll(self) -> list[Record]:
         """Read what was appended since the last poll; returns the new metrics records."""
         return list(self.poll_each())
 
-    def poll_each(self) -> Iterator[dict[str, Any]]:
+    def poll_each(self) -> Iterator[Record]:
         """`poll`, one record at a time: the memory a reader needs is its own, not the file's."""
         if self.config is None:  # first: a step's time per step needs the config
             self.config = read_json(self.run_dir / CONFIG)

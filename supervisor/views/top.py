@@ -87,13 +87,13 @@ def _device_cells(view: RankView) -> list[str]:
     """util, memory, temp, power, clock: the GPU's sample, or the process's CPU and RSS."""
     g = view.gpu
     if g is not None:
-        mem = "n/a" if not all(isinstance(g.get(k), (int, float)) for k in ("mem_used", "mem_total")) else \
-            f"{g['mem_used'] / GIB:.1f}/{g['mem_total'] / GIB:.0f}G"
-        return [_fmt(g.get("util"), ".0f", "%"), mem, _fmt(g.get("temp"), ".0f", "C"),
-                _fmt(g.get("power_w"), ".0f", "W"), _fmt(g.get("sm_clock_mhz"), ".0f", "MHz")]
+        used, total = g.mem_used, g.mem_total
+        mem = f"{used / GIB:.1f}/{total / GIB:.0f}G" if isinstance(used, float) and isinstance(total, float) else "n/a"
+        return [_fmt(g.util, ".0f", "%"), mem, _fmt(g.temp, ".0f", "C"),
+                _fmt(g.power_w, ".0f", "W"), _fmt(g.sm_clock_mhz, ".0f", "MHz")]
     h = view.host
     if h is not None:
-        return [_fmt(h.get("cpu_percent"), ".0f", "% cpu"), _size(h.get("rss")) + " rss", "-", "-", "-"]
+        return [_fmt(h.cpu_percent, ".0f", "% cpu"), _size(h.rss) + " rss", "-", "-", "-"]
     return ["-"] * 5
 
 

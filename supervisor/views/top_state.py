@@ -18,6 +18,7 @@ from typing import Any
 
 import psutil
 
+from gpuherd.status_records import Done, Error, Gpu, Host, Phase, Ready, Record, Restart, Step
 from supervisor.views.events import Event, EventLog, error_line
 from supervisor.views.goodput_panel import GoodputTrack
 from supervisor.views.report_data import tokens_per_step
@@ -45,8 +46,8 @@ class RankView:
     last_record: float | None = None  # unix time of its newest status record
     done: bool = False
     error: str | None = None
-    gpu: dict[str, Any] | None = None  # newest GPU sample of its device
-    host: dict[str, Any] | None = None  # newest host sample (CPU %, RSS) of its process
+    gpu: Gpu | None = None  # newest GPU sample of its device
+    host: Host | None = None  # newest host sample (CPU %, RSS) of its process
 
 
 @dataclass(frozen=True)
@@ -83,41 +84,43 @@ class RunState:
             self.ranks[rank] = RankView(rank)
         return self.ranks[rank]
 
-    def _apply(self, r: dict[str, Any]) -> None:
-        kind, rank = r.get("type"), r.get("rank")
-        if kind == "restart":
-            self.restarts = max(self.restarts, int(r.get("attempt") or 0))
+    def _apply(self, r: Record) -> None:
+        if isinstance(r, Restart):
+            self.restarts = max(self.restarts, r.attempt or 0)
             for view in self.ranks.values():  # a new attempt: old errors and done flags are history
                 view.done, view.error = False, None
                 view.phase = None if view.phase == "done" else view.phase
             return
-        if not isinstance(rank, int):
+        if r.rank is None:
             return
-        view = self._rank(rank)
-        if kind == "gpu":
-            view.gpu = r
-        elif kind == "host":
-            view.host, view.pid = r, r.get("pid") or view.pid
-        else:
-            self._status(view, kind, r)
+        view = self._rank(r.rank)
+        match r:
+            case Gpu():
+                view.gpu = r
+            case Host():
+                view.host, view.pid = r, r.pid or view.pid
+            case _:
+                self._status(view, r)
 
-    def _status(self, view: RankView, kind: Any, r: dict[str, Any]) -> None:
-        view.last_record = r.get("time", view.last_record)
-        if kind == "ready":
-            view.pid = r.get("pid") or view.pid
-        elif kind == "phase":
-            view.phase = r.get("name")
-        elif kind == "step":
-            view.step, view.max_steps = r.get("step", view.step), r.get("max_steps", view.max_steps)
-            if r.get("loss") is not None:
-                view.loss, view.tokens_per_s, view.mfu = r.get("loss"), r.get("tokens_per_s"), r.get("mfu")
-                view.step_time = self._step_time(view.tokens_per_s)
-        elif kind == "done":
-            # A finished rank's last phase is often its final save's `checkpoint` (no phase
-            # record follows it): left standing, it reads as if the rank were still saving.
-            view.done, view.step, view.phase = True, r.get("step", view.step), "done"
-        elif kind == "error":
-            view.error = error_line(r)
+    def _status(self, view: RankView, r: Record) -> None:
+        view.last_record = r.time if r.time is not None else view.last_record
+        match r:
+            case Ready():
+                view.pid = r.pid or view.pid
+            case Phase():
+                view.phase = r.name
+            case Step():
+                view.step = r.step if r.step is not None else view.step
+                view.max_steps = r.max_steps if r.max_steps is not None else view.max_steps
+                if r.loss is not None:
+                    view.loss, view.tokens_per_s, view.mfu = r.loss, r.tokens_per_s, r.mfu
+                    view.step_time = self._step_time(view.tokens_per_s)
+            case Done():
+                # A finished rank's last phase is often its final save's `checkpoint` (no phase
+                # record follows it): left standing, it reads as if the rank were still saving.
+                view.done, view.step, view.phase = True, r.step if r.step is not None else view.step, "done"
+            case Error():
+                view.error = error_line(r)
 
     def _step_time(self, tokens_per_s: Any) -> float | None:
         """tokens per optimizer step (from the run's config) / tokens/s: eval and

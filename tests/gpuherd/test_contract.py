@@ -10,7 +10,8 @@ import pytest
 
 from gpuherd import contract
 from gpuherd.exit_codes import ExitCode, describe, from_signal
-from gpuherd.status_channel import PIPE_BUF, StatusWriter, decode
+from gpuherd.status_channel import PIPE_BUF, StatusWriter
+from gpuherd.status_records import Nan, Refusal, Refused, Step, decode
 
 
 def test_torchrun_variables_are_all_present():
@@ -51,8 +52,8 @@ def test_status_records_cross_a_real_pipe():
     finally:
         os.close(read_fd)
     first, second = (decode(line) for line in lines)
-    assert first["type"] == "step" and first["rank"] == 3 and first["step"] == 5 and first["loss"] == 2.5
-    assert second == {"type": "nan", "rank": 3, "time": second["time"], "truncated": True}
+    assert isinstance(first, Step) and first.rank == 3 and first.step == 5 and first.loss == 2.5
+    assert second == Nan(rank=3, time=second.time, truncated=True)
 
 
 def test_status_writer_without_supervisor_is_silent():
@@ -80,9 +81,11 @@ def test_unknown_record_type_is_a_programming_error():
 
 
 def test_decode_rejects_garbage():
-    assert decode(b"not json") is None
-    assert decode(orjson.dumps([1])) is None
-    assert decode(orjson.dumps({"type": "bogus"})) is None
+    assert decode(b"not json") == Refusal(Refused.UNREADABLE)
+    assert decode(orjson.dumps([1])) == Refusal(Refused.NOT_AN_OBJECT)
+    assert decode(orjson.dumps({"type": "bogus"})) == Refusal(Refused.UNKNOWN_TYPE, "bogus")
+    # the supervisor's own records are no worker's to send: refused on a worker's pipe
+    assert decode(orjson.dumps({"type": "restart", "attempt": 2})) == Refusal(Refused.UNKNOWN_TYPE, "restart")
 
 
 def test_exit_codes_are_documented_and_distinct():

@@ -12,6 +12,7 @@ import time
 import orjson
 import psutil
 
+from gpuherd.status_records import Alive, from_object as rec
 from supervisor.health import HangPolicy, Heartbeats, LearnedTimeouts
 from supervisor.health.evidence import DECISIVE_STOP_S, RankSnapshot, decisive
 from supervisor.health.proc_state import ProcState
@@ -25,12 +26,13 @@ def stopped(since: float) -> ProcState:
     return ProcState("T", since, 0.0)
 
 
-def live(step: int, where: str, collective: bool = False, phase: str = "step") -> dict:
-    return {"phase": phase, "step": step, "for_s": 1.0, "where": where, "where_s": 1.0, "collective": collective}
+def live(step: int, where: str, collective: bool = False, phase: str = "step") -> Alive:
+    return Alive(phase=phase, step=step, for_s=1.0, where=where, where_s=1.0, collective=collective)
 
 
-def snap(rank: int, proc: ProcState | None, rec: dict | None = None, age: float = 0.5) -> RankSnapshot:
-    return RankSnapshot(rank, 7, silent_s=age, live=rec, live_age_s=age if rec else None, live_latest=True, proc=proc)
+def snap(rank: int, proc: ProcState | None, live: Alive | None = None, age: float = 0.5) -> RankSnapshot:
+    return RankSnapshot(rank, 7, silent_s=age, live=live, live_age_s=age if live else None, live_latest=True,
+                        proc=proc)
 
 
 WAITING = live(7, "all_reduce (gradients)", collective=True)
@@ -71,9 +73,8 @@ def test_slow_but_alive_ranks_are_never_decisive():
 
 def test_the_monitor_names_a_stopped_rank_long_before_any_allowance():
     hb = Heartbeats([0, 1], 0.0, LearnedTimeouts(POLICY), rendezvous=600, expect_heartbeats=False)
-    hb.procs.sample = lambda now: []
     for rank in (0, 1):
-        hb.record(rank, {"type": "step", "rank": rank, "step": 7}, 1.0)
+        hb.record(rank, rec({"type": "step", "rank": rank, "step": 7}), 1.0)
     hb.procs.state = {0: IDLE, 1: stopped(2.0)}.get
     assert hb.check(4.0, {0, 1}) is None
     verdict = hb.check(5.0, {0, 1})

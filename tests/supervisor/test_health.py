@@ -7,14 +7,16 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import timedelta
 
 import orjson
 import pytest
 
+from gpuherd.status_records import Alive, from_object as rec
 from supervisor.health import HangPolicy, Heartbeats, LearnedTimeouts, Stragglers, previous_learned, traces
 from supervisor.health.evidence import RankSnapshot, blame, judge
-from supervisor.health.proc_state import ProcState, ProcWatch
+from supervisor.health.proc_state import ProcReader, ProcState, ProcTracker
 from supervisor.health.timeouts import FILE_NAME, read_learned
 from supervisor.processes import die_with_parent, python_env
 from supervisor.rendezvous import HostedStore, StoreServer
@@ -25,8 +27,8 @@ POLICY = HangPolicy(step_default=60, startup=300, factor=5, floor=10)
 
 
 def _alive(step, where, collective=False, **extra):
-    return {"type": "alive", "phase": "step", "step": step, "for_s": 0.1, "where": where, "where_s": 0.1,
-            "collective": collective, **extra}
+    return rec({"type": "alive", "phase": "step", "step": step, "for_s": 0.1, "where": where, "where_s": 0.1,
+                "collective": collective, **extra})
 
 
 # ---------------------------------------------------------------------------- evidence
@@ -81,8 +83,8 @@ def test_the_verdict_lists_the_blamed_rank_first_and_explains_the_allowance():
     hb.record(0, _alive(8, "all_reduce", True), 8.0)
     hb.record(1, _alive(8, "data loading"), 8.0)
     for t in (9.0, 12.0, 15.0, 17.5):  # both stuck since 7.9 s; the allowance is 10 s
-        hb.record(0, {**_alive(8, "all_reduce", True), "for_s": t - 7.9, "where_s": t - 7.9}, t)
-        hb.record(1, {**_alive(8, "data loading"), "for_s": t - 7.9, "where_s": t - 7.9}, t)
+        hb.record(0, replace(_alive(8, "all_reduce", True), for_s=t - 7.9, where_s=t - 7.9), t)
+        hb.record(1, replace(_alive(8, "data loading"), for_s=t - 7.9, where_s=t - 7.9), t)
         assert hb.check(t, {0, 1}) is None
     v = hb.check(18.0, {0, 1})
     assert v.kind == "hang" and v.rank == 1
@@ -97,10 +99,11 @@ def test_malformed_liveness_records_from_a_script_are_shrugged_off():
     for junk in ({"type": "alive", "took": {"step": 5}, "for_s": "soon", "steps": "many"},
                  {"type": "alive", "took": [1, 2], "step": "7", "where_s": None, "compute_s": 1.0, "steps": 3},
                  {"type": "alive", "took": {"step": ["a", 1.0]}, "collective": "yes"}):
-        hb.record(0, junk, 1.0)
-        hb.record(0, {"type": "step", "step": "eight"}, 1.5)
+        hb.record(0, rec(junk), 1.0)
+        hb.record(0, rec({"type": "step", "step": "eight"}), 1.5)
         assert hb.check(2.0, {0}) is None
-    assert hb.ranks[0].live["collective"] is False and hb.ranks[0].live["step"] is None
+    assert hb.ranks[0].live.collective is False and hb.ranks[0].live.step is None
+    assert set(hb.ranks[0].live.refused) == {"took", "collective"}  # each dropped field is named
 
 
 # ---------------------------------------------------------------------------- learned timeouts
@@ -142,8 +145,8 @@ def test_a_rank_slower_for_enough_windows_is_warned_about_once_with_the_reason()
     s.sample({"type": "host", "rank": 0, "cpu_percent": 99.0})
     s.sample({"type": "host", "rank": 1, "cpu_percent": 40.0})
     for second in range(1, 31):
-        s.add(0, {"steps": 10, "compute_s": 0.5}, float(second))
-        s.add(1, {"steps": 10, "compute_s": 1.0 if second > 10 else 0.5}, float(second))
+        s.add(0, Alive(steps=10, compute_s=0.5), float(second))
+        s.add(1, Alive(steps=10, compute_s=1.0 if second > 10 else 0.5), float(second))
         s.tick(float(second))
     assert len(warned) == 1 and "rank 1 computes 2.00x slower" in warned[0] and "less CPU" in warned[0]
     assert written == s.found and written[0]["rank"] == 1 and written[0]["slowdown"] == 2.0
@@ -155,7 +158,7 @@ def test_gpu_samples_name_thermal_slowdown_and_a_recovered_rank_is_reported_agai
     s.sample({"type": "gpu", "rank": 2, "clock_events": ["sw_thermal"], "temp": 91, "temp_slowdown": 90})
     for second, slow in enumerate([2.0, 2.0, 1.0, 2.0], start=1):
         for r in range(3):
-            s.add(r, {"steps": 5, "compute_s": slow if r == 2 else 1.0}, float(second))
+            s.add(r, Alive(steps=5, compute_s=slow if r == 2 else 1.0), float(second))
         s.tick(float(second) + 1.0)
     assert len(warned) == 2 and all("thermal slowdown (91 C" in w for w in warned)
 
@@ -190,19 +193,19 @@ def test_trace_analysis_names_who_never_joined_and_who_waits(tmp_path):
 def test_proc_watch_sees_a_stopped_process_and_idle_cpu():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        watch = ProcWatch()
-        watch.watch(0, child.pid)
-        watch.sample(1.0)
+        reader, watch = ProcReader(), ProcTracker()
+        reader.watch(0, child.pid)
+        watch.add(reader.read(), 1.0)
         child.send_signal(signal.SIGSTOP)
-        assert wait_for(lambda: (watch.sample(2.0), watch.state(0).letter)[1] == "T", timeout=10)
-        watch.sample(5.0)
+        assert wait_for(lambda: (watch.add(reader.read(), 2.0), watch.state(0).letter)[1] == "T", timeout=10)
+        watch.add(reader.read(), 5.0)
         state = watch.state(0)
         assert state.hard and state.frozen and state.since == 2.0
         assert state.describe(14.0) == "process stopped (state T) for 12 s"
     finally:
         child.kill()
         child.wait()
-    watch.sample(20.0)
+    watch.add(reader.read(), 20.0)
     assert watch.state(0).letter in ("Z", "X")
 
 

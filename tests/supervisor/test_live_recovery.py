@@ -14,6 +14,7 @@ from loguru import logger
 
 from gpuherd import contract
 from gpuherd.config import Config, ConfigError, validate
+from gpuherd.status_records import from_object as record
 from supervisor.gpus import DeviceSlot
 from supervisor.processes import LiveRecovery
 from supervisor.processes.live_setup import AttemptLive, live_for_attempt, spare_count, why_off
@@ -55,7 +56,7 @@ def _live(budget: int = 2, off: str | None = None, pool: FakePool | None = None)
     live = LiveRecovery(pool or FakePool(), budget, attempt=0, env_for=lambda slot, spare, g: {"GEN": str(g)},
                         numbered_from=0, write_metric=metrics.append, off=off)
     for rank in (0, 1):
-        live.observe({"type": "live", "rank": rank, "event": "able", "able": True, "why": None})
+        live.observe(record({"type": "live", "rank": rank, "event": "able", "able": True, "why": None}))
     return live, metrics
 
 
@@ -74,15 +75,15 @@ def _cause(rank: int = 1) -> RootCause:
 def test_a_spare_takes_the_lost_rank_and_the_recovery_is_accounted_from_the_ranks_records():
     live, metrics = _live()
     for step in range(7):  # step records carry the 0-based index of the completed step
-        live.observe({"type": "step", "rank": 0, "step": step})
+        live.observe(record({"type": "step", "rank": 0, "step": step}))
     new = live.replace(FakeProc(pid=11, rank=1), _cause(), [FakeProc(pid=10, rank=0)], now=100.0)
     assert new is not None and new.pid == 900 and new.slot.rank == 1
     assert live.pool.promoted == [(1, {"GEN": "1"})]  # the first rebuilt group of the attempt
     assert live.budget == 1 and live.in_flight is not None
-    live.observe({"type": "live", "rank": 0, "event": "lost_peer", "generation": 1, "step": 8})
-    live.observe({"type": "live", "rank": 1, "event": "rejoined", "generation": 1, "step": 7, "source": 0,
-                  "role": "newcomer", "seconds": 0.2})
-    live.observe({"type": "live", "rank": 1, "event": "first_step", "generation": 1, "step": 8})
+    live.observe(record({"type": "live", "rank": 0, "event": "lost_peer", "generation": 1, "step": 8}))
+    live.observe(record({"type": "live", "rank": 1, "event": "rejoined", "generation": 1, "step": 7, "source": 0,
+                     "role": "newcomer", "seconds": 0.2}))
+    live.observe(record({"type": "live", "rank": 1, "event": "first_step", "generation": 1, "step": 8}))
     (rec,) = live.recoveries
     assert rec.outcome == "recovered" and rec.resumed_step == 7 and rec.source_rank == 0
     assert rec.steps_redone == 1  # rank 0 said it had completed 8 when the collective broke
@@ -95,7 +96,7 @@ def _recover(live: LiveRecovery, number: int, now: float) -> FakeProc | None:
     """Rank 1 lost and, when a spare took it, its first step completed in rebuilt group `number`."""
     new = live.replace(FakeProc(pid=10 + number, rank=1), _cause(), [FakeProc(pid=10, rank=0)], now=now)
     if new is not None:
-        live.observe({"type": "live", "rank": 1, "event": "first_step", "generation": number, "step": 8})
+        live.observe(record({"type": "live", "rank": 1, "event": "first_step", "generation": number, "step": 8}))
     return new
 
 
@@ -120,8 +121,8 @@ def test_no_new_spare_is_started_once_no_restart_is_left_for_it():
     (lambda live: setattr(live, "off", "a --script run (x)"), "a --script run (x)"),
     (lambda live: setattr(live, "budget", 0), "no restart left for it"),
     (lambda live: live.able.pop(0), "rank 0 had not started training yet"),
-    (lambda live: live.observe({"type": "live", "rank": 0, "event": "able", "able": False,
-                                "why": "strategy fsdp shards its state"}), "rank 0: strategy fsdp shards its state"),
+    (lambda live: live.observe(record({"type": "live", "rank": 0, "event": "able", "able": False,
+                                "why": "strategy fsdp shards its state"})), "rank 0: strategy fsdp shards its state"),
     (lambda live: live.pool.spares.clear(), "no warm spare left"),
     (lambda live: setattr(live.pool.spares[0], "returncode", -9), "the warm spare is gone (pid 900 killed by SIGKILL)"),
 ])
@@ -179,9 +180,9 @@ def test_attempts_where_no_rank_can_be_replaced_live_say_why_up_front():
 
 def test_a_survivor_that_never_leaves_the_broken_group_ends_the_recovery_after_a_step_allowance():
     live, metrics = _live(pool=FakePool())
-    live.observe({"type": "live", "rank": 2, "event": "able", "able": True, "why": None})
+    live.observe(record({"type": "live", "rank": 2, "event": "able", "able": True, "why": None}))
     # a survivor may notice the loss before the supervisor has reaped the lost rank
-    live.observe({"type": "live", "rank": 0, "event": "lost_peer", "generation": 1, "step": 5})
+    live.observe(record({"type": "live", "rank": 0, "event": "lost_peer", "generation": 1, "step": 5}))
     live.replace(FakeProc(pid=11, rank=1), _cause(), [FakeProc(pid=10, rank=0), FakeProc(pid=12, rank=2)], now=100.0)
     assert live.stuck(105.0, step_allowance=2.0) is None  # at least STUCK_S
     assert live.stuck(115.0, step_allowance=30.0) is None  # a step's allowance when longer
@@ -200,7 +201,7 @@ def _shrinking(floor: int = 2, spares: int = 0, ranks: int = 4) -> tuple[LiveRec
                         numbered_from=0, write_metric=metrics.append, shrink_floor=floor,
                         tell=lambda key, value: told.append((key, orjson.loads(value))) or True)
     for rank in range(ranks):
-        live.observe({"type": "live", "rank": rank, "event": "able", "able": True, "why": None})
+        live.observe(record({"type": "live", "rank": rank, "event": "able", "able": True, "why": None}))
     return live, metrics, told
 
 
@@ -215,10 +216,10 @@ def test_with_no_spare_left_a_lost_rank_shrinks_the_group_and_the_survivors_are_
     assert rec.action == "shrink" and rec.replicas == 3 and rec.survivors == [
         {"rank": r, "pid": 10 + r} for r in (0, 1, 3)]
     for r in (0, 1, 3):
-        live.observe({"type": "live", "rank": r, "event": "lost_peer", "generation": 1, "step": 8})
-        live.observe({"type": "live", "rank": r, "event": "rejoined", "generation": 1, "step": 8, "source": 0,
-                      "role": "source" if r == 0 else "survivor", "seconds": 0.3, "replicas": 3})
-    live.observe({"type": "step", "rank": 1, "step": 8})  # a survivor's first completed step in the shrunk group
+        live.observe(record({"type": "live", "rank": r, "event": "lost_peer", "generation": 1, "step": 8}))
+        live.observe(record({"type": "live", "rank": r, "event": "rejoined", "generation": 1, "step": 8, "source": 0,
+                      "role": "source" if r == 0 else "survivor", "seconds": 0.3, "replicas": 3}))
+    live.observe(record({"type": "step", "rank": 1, "step": 8}))  # a survivor's first completed step in the shrunk group
     assert rec.outcome == "recovered" and rec.resumed_step == 8 and rec.source_rank == 0 and rec.steps_redone == 0
     assert metrics[-1]["action"] == "shrink" and metrics[-1]["replaced_by_pid"] == 0
     assert "3 process(es) train on with its data slot carried" in warnings[-1]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuherd.status_records import from_object as record
 from supervisor.processes import LiveRecovery
 from tests.supervisor.test_live_recovery import FakePool, FakeProc, _cause, warnings  # noqa: F401 - a fixture
 
@@ -36,7 +37,7 @@ def _node(node: int, ranks: tuple[int, ...], regroup: FakeRegroup | None = None,
     live = LiveRecovery(pool or FakePool(), budget, attempt=0, env_for=lambda slot, spare, g: {"GEN": str(g)},
                         numbered_from=0, write_metric=metrics.append, regroup=regroup or FakeRegroup(), node=node)
     for rank in ranks:
-        live.observe({"type": "live", "rank": rank, "event": "able", "able": True, "why": None})
+        live.observe(record({"type": "live", "rank": rank, "event": "able", "able": True, "why": None}))
     return live, metrics
 
 
@@ -68,18 +69,18 @@ def test_a_claim_another_node_made_first_falls_back_and_keeps_the_spare(warnings
 def test_another_nodes_claim_is_this_nodes_recovery_too_ended_by_its_own_survivors(warnings):
     live, metrics = _node(0, (0,))
     for step in range(6):
-        live.observe({"type": "step", "rank": 0, "step": step})
+        live.observe(record({"type": "step", "rank": 0, "step": step}))
     assert live.heard(1, _claim(), [FakeProc(pid=10, rank=0)], now=50.0) is None
     rec = live.in_flight
     assert (rec.number, rec.node, rec.rank, rec.replaced_by_pid) == (1, 1, 1, 900)
     assert rec.survivors == [{"rank": 0, "pid": 10}] and live.budget == 1  # counted alike on every node
     assert "node 1: CPU0 (rank 1) killed by SIGKILL after 3.0 s: live recovery 1" in warnings[0]
-    live.observe({"type": "live", "rank": 0, "event": "lost_peer", "generation": 1, "step": 6})
-    live.observe({"type": "step", "rank": 0, "step": 6})  # before the rebuilt group: not its end
+    live.observe(record({"type": "live", "rank": 0, "event": "lost_peer", "generation": 1, "step": 6}))
+    live.observe(record({"type": "step", "rank": 0, "step": 6}))  # before the rebuilt group: not its end
     assert live.in_flight is rec
-    live.observe({"type": "live", "rank": 0, "event": "rejoined", "generation": 1, "step": 6, "source": 0,
-                  "role": "source", "seconds": 0.4})
-    live.observe({"type": "step", "rank": 0, "step": 6})
+    live.observe(record({"type": "live", "rank": 0, "event": "rejoined", "generation": 1, "step": 6, "source": 0,
+                  "role": "source", "seconds": 0.4}))
+    live.observe(record({"type": "step", "rank": 0, "step": 6}))
     assert rec.outcome == "recovered" and rec.resumed_step == 6 and rec.source_rank == 0
     assert rec.steps_redone == 0 and metrics[-1]["type"] == "recovery" and metrics[-1]["node"] == 1
     assert "live recovery 1: node 1's rank 1 (CPU0, pid 11) replaced by that node's spare pid 900" in warnings[-1]
@@ -107,10 +108,10 @@ def test_a_claim_this_node_cannot_take_part_in_ends_the_attempt_with_the_reason(
 
 def test_a_survivor_that_rejoined_before_the_claim_was_heard_still_ends_the_recovery():
     live, _ = _node(2, (2,))
-    live.observe({"type": "live", "rank": 2, "event": "lost_peer", "generation": 1, "step": 4})
-    live.observe({"type": "live", "rank": 2, "event": "rejoined", "generation": 1, "step": 4, "source": 0,
-                  "role": "survivor", "seconds": 0.3})
+    live.observe(record({"type": "live", "rank": 2, "event": "lost_peer", "generation": 1, "step": 4}))
+    live.observe(record({"type": "live", "rank": 2, "event": "rejoined", "generation": 1, "step": 4, "source": 0,
+                  "role": "survivor", "seconds": 0.3}))
     live.heard(1, _claim(), [FakeProc(pid=12, rank=2)], now=10.0)
-    live.observe({"type": "step", "rank": 2, "step": 4})
+    live.observe(record({"type": "step", "rank": 2, "step": 4}))
     rec = live.recoveries[0]
     assert rec.outcome == "recovered" and (rec.resumed_step, rec.source_rank) == (4, 0)

@@ -13,7 +13,7 @@ import pytest
 
 from supervisor.processes import policy as pol
 from supervisor.processes.policy import Phase
-from supervisor.summary import RootCause
+from supervisor.summary import CauseKind, RootCause
 
 RULES = pol.Rules(grace=5.0, stop_timeout=120.0, save_signal=signal.SIGUSR2, finish_window=60.0)
 SCRIPT = pol.Rules(grace=5.0, stop_timeout=120.0, save_signal=None, finish_window=60.0)
@@ -282,6 +282,7 @@ def test_sigterm_saves_and_stops_within_the_stop_timeout_and_a_second_one_kills(
     starting = rank(1, handles=frozenset({signal.SIGUSR1}))  # no handler yet: nothing to save, SIGTERM
     actions = run(pol.SignalReceived(view(0.0, rank(0), starting), signal.SIGTERM))
     assert run.phase is Phase.STOPPING and run.state.deadline == 120.0 and run.state.cause.exit_code == 143
+    assert (run.state.cause.kind, run.state.cause.signal) == (CauseKind.TERMINATED, "SIGTERM")
     assert sends(actions) == [((0,), signal.SIGUSR2, False), ((1,), signal.SIGTERM, True)]
     assert run(pol.SignalReceived(view(1.0, rank(0)), signal.SIGUSR1)) == []  # a later USR1 changes nothing
     actions = run(pol.SignalReceived(view(2.0, rank(0)), signal.SIGHUP))
@@ -292,6 +293,7 @@ def test_sigusr1_to_a_built_in_run_is_a_stop_request_with_exit_143():
     run = Run()
     run(pol.SignalReceived(view(0.0, *TWO), signal.SIGUSR1))
     assert run.phase is Phase.STOPPING and run.state.cause.exit_code == 143
+    assert run.state.cause.signal == "SIGUSR1"  # SLURM's warning before the time limit: named by this field
 
 
 def test_a_script_gets_sigterm_and_the_stop_timeout_and_its_usr_signals_forwarded():
@@ -469,6 +471,17 @@ def test_the_cause_as_published_becomes_the_root_cause():
     assert Run()(pol.Published(view(1.0), named)) == []  # no cause: nothing to rename
 
 
+def test_a_cause_published_late_keeps_what_the_attempt_learned_meanwhile():
+    """Publishing runs off the loop: the evidence read before its answer came stays; its words are taken."""
+    run = Run()
+    actions = run(pol.SignalReceived(view(1.0, *TWO), signal.SIGTERM))
+    published = [a.cause for a in actions if isinstance(a, pol.Publish)][0]
+    run(pol.TracesRead(view(1.5, *TWO), ("rank 0: in all_reduce #7",)))
+    named = replace(published, message="stopped by SLURM: scancel (SIGTERM)")
+    assert run(pol.Published(view(2.0, *TWO), named, of=published)) == []
+    assert run.state.cause.message == named.message and run.state.cause.evidence == ["rank 0: in all_reduce #7"]
+
+
 def test_once_drained_a_local_cause_gets_its_ranks_complete_stderr_tail():
     tails = ((0, ("a",)), (1, ("Traceback", "ValueError: x")))
     run = Run()
@@ -525,6 +538,7 @@ def test_a_stop_signal_that_reached_a_worker_stops_every_worker_as_the_superviso
     actions = run(pol.WorkerStop(view(10.0, *TWO), 1, "CPU1", "SIGTERM"))
     assert run.phase is Phase.STOPPING and run.state.cause.exit_code == 143
     assert run.state.cause.message == "CPU1 (rank 1) received SIGTERM" and run.state.stop_signal == signal.SIGTERM
+    assert run.state.cause.signal == "SIGTERM"  # a field: naming a SLURM stop reads it, never the message
     assert sends(actions) == [((0, 1), signal.SIGUSR2, False)]
     # the workers are signalled before the cause is published (naming it may ask SLURM)
     kinds = [type(a) for a in actions]

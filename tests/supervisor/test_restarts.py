@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 from gpuherd.exit_codes import ExitCode
+from gpuherd.status_records import from_object as rec
 from supervisor.restarts import STREAK_RESET_S, RestartPlan, RunCheckpoints, pause, plan_restart, refusal
 from supervisor.summary import RootCause
 from tests.supervisor.helpers import finish, run, start, wait_for
@@ -166,7 +167,7 @@ def test_a_membership_change_restarts_at_once_uncounted_even_with_no_restarts_le
 
 
 def _saved(path, step: int, rank: int = 0) -> dict:
-    return {"type": "checkpoint", "rank": rank, "time": 0.0, "step": step, "path": str(path)}
+    return rec({"type": "checkpoint", "rank": rank, "time": 0.0, "step": step, "path": str(path)})
 
 
 def _rewrite(path, data: bytes) -> None:
@@ -184,7 +185,7 @@ def test_checkpoints_come_from_this_runs_own_reports(tmp_path):
     ours.write_bytes(b"ours")
     watch.observe(_saved(ours, 2))
     watch.observe(_saved(ours, 2, rank=1))  # every rank reports the save rank 0 wrote
-    watch.observe({"type": "step", "rank": 0, "step": 3, "path": str(tmp_path / "step_0000009.pt")})
+    watch.observe(rec({"type": "step", "rank": 0, "step": 3, "path": str(tmp_path / "step_0000009.pt")}))
     watch.observe(_saved(tmp_path / "step_0000003", 3))  # a directory without meta.pt: never complete
     assert watch.newest_of_this_run() == ours
     sharded = tmp_path / "step_0000004"

@@ -5,6 +5,7 @@ state S, one blocked in a collective the computing ranks already left."""
 
 from __future__ import annotations
 
+from gpuherd.status_records import from_object as rec
 from supervisor.health import HangPolicy, Heartbeats, LearnedTimeouts
 from supervisor.health.evidence import RankSnapshot, progressing
 from supervisor.health.proc_state import ProcState
@@ -14,12 +15,12 @@ RUNNING, IDLE, STOPPED = ProcState("R", 0.0, 0.33), ProcState("S", 0.0, 0.0), Pr
 
 
 def alive(step, where, collective=False, phase="step", where_s=1.0):
-    return {"phase": phase, "step": step, "for_s": where_s, "where": where, "where_s": where_s,
-            "collective": collective}
+    return rec({"type": "alive", "phase": phase, "step": step, "for_s": where_s, "where": where, "where_s": where_s,
+                "collective": collective})
 
 
 def view(rank, live, proc, age=0.5):
-    return RankSnapshot(rank, live.get("step"), silent_s=age, live=live, live_age_s=age, live_latest=True, proc=proc)
+    return RankSnapshot(rank, live.step, silent_s=age, live=live, live_age_s=age, live_latest=True, proc=proc)
 
 
 def test_ranks_computing_their_first_step_are_working():
@@ -53,15 +54,14 @@ def test_a_rank_blocked_in_a_collective_the_computing_rank_left_is_not_excused()
 
 def _monitor(states: dict[int, ProcState]) -> Heartbeats:
     hb = Heartbeats([0, 1], 0.0, LearnedTimeouts(POLICY), rendezvous=600, expect_heartbeats=True)
-    hb.procs.state = states.get  # the kernel's view, as the sampler would have it
-    hb.procs.sample = lambda now: []
+    hb.procs.state = states.get  # the kernel's view, as the samples would make it
     return hb
 
 
 def _first_step(hb: Heartbeats, now: float, where0: str, where1: str, collective1: bool = False) -> None:
     for rank, where, coll in ((0, where0, False), (1, where1, collective1)):
-        hb.record(rank, {"type": "alive", "rank": rank, "phase": "step", "step": 0, "for_s": now - 1.0,
-                         "where": where, "where_s": now - 1.0, "collective": coll}, now)
+        hb.record(rank, rec({"type": "alive", "rank": rank, "phase": "step", "step": 0, "for_s": now - 1.0,
+                             "where": where, "where_s": now - 1.0, "collective": coll}), now)
 
 
 def test_a_first_step_longer_than_the_initial_allowance_is_waited_for_and_said_once():
@@ -98,7 +98,7 @@ def test_a_rank_idle_in_state_s_is_still_a_hang_at_the_allowance():
 def test_a_stopped_rank_is_still_a_hang_at_the_allowance():
     hb = _monitor({0: STOPPED, 1: IDLE})
     _first_step(hb, 5.0, "forward/backward", "all_reduce (gradients)", collective1=True)
-    hb.record(1, {"type": "alive", "rank": 1, "phase": "step", "step": 0, "for_s": 60.0,
-                  "where": "all_reduce (gradients)", "where_s": 60.0, "collective": True}, 61.0)
+    hb.record(1, rec({"type": "alive", "rank": 1, "phase": "step", "step": 0, "for_s": 60.0,
+                      "where": "all_reduce (gradients)", "where_s": 60.0, "collective": True}), 61.0)
     verdict = hb.check(62.0, {0, 1})
     assert verdict is not None and verdict.rank == 0 and "process stopped" in verdict.message

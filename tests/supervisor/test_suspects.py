@@ -10,6 +10,7 @@ import orjson
 import pytest
 
 from gpuherd.config import SystemConfig
+from gpuherd.status_records import from_object as rec
 from supervisor.cli import parse
 from supervisor.gpus import DevicePlan, DeviceSlot, plan_devices
 from supervisor.health import SuspectWatch
@@ -67,7 +68,7 @@ def test_suspects_map_ranks_to_physical_gpus_and_keep_each_ranks_latest_count():
     watch = SuspectWatch(_gpu_plan(3, 5), attempt=1)
     for record in (_suspect(1, 1, step=4), {"type": "step", "rank": 0, "step": 5}, _suspect(1, 3, step=9),
                    _suspect(0, 1), _suspect(0, "many"), {"type": "suspect", "rank": 0}):  # the last two: unreadable
-        watch.observe(record)
+        watch.observe(rec(record))
     first, second = watch.devices(exclusion_on=False)
     assert (first.rank, first.gpu, first.transient_faults, first.over_limit, first.then) == (0, 3, 1, False, "")
     assert (second.rank, second.gpu, second.transient_faults, second.step, second.attempt) == (1, 5, 3, 9, 1)
@@ -75,13 +76,13 @@ def test_suspects_map_ranks_to_physical_gpus_and_keep_each_ranks_latest_count():
     assert second.line() == ("suspect device: GPU 5 (host h1, rank 1): 3 transient fault(s), limit 2, last at step 9"
                              " — exclude it with --exclude-suspect-gpus (with --max-restarts)")
     on = SuspectWatch(_gpu_plan(3, 5), attempt=0)
-    on.observe(_suspect(1, 3))
+    on.observe(rec(_suspect(1, 3)))
     assert on.devices(exclusion_on=True)[0].then == ""  # the restart says what it did
 
 
 def test_cpu_workers_have_no_gpu_to_name():
     watch = SuspectWatch(plan_devices(SystemConfig(device="cpu", nproc=2), None, nproc_explicit=True), attempt=0)
-    watch.observe(_suspect(1, 3, device="cpu"))
+    watch.observe(rec(_suspect(1, 3, device="cpu")))
     (d,) = watch.devices(exclusion_on=False)
     assert (d.gpu, d.device, d.then) == (None, "cpu", "")
 

@@ -12,11 +12,13 @@ import psutil
 import pytest
 
 from gpuherd.config import SystemConfig, preset
+from gpuherd.status_records import from_object as rec
 from supervisor.cli import parse
 from supervisor.output.fold import LineFolder, Source
 from supervisor.gpus import DeviceError, plan_devices
 from supervisor.gpus import release_claims
 from supervisor.health import HangPolicy, Heartbeats, LearnedTimeouts, hang_timeouts
+from supervisor.health.proc_state import ProcReader
 from supervisor.output.lines import LineSplitter, Severity
 from supervisor.processes.worker_env import RunEnv, worker_env
 from tests.fake_nvml import GIB, FakeProcess, installed, machine, no_nvml
@@ -126,14 +128,14 @@ def test_heartbeats_name_the_straggler_and_rendezvous_stragglers():
     hb = _heartbeats([0, 1], hang=10, startup=100, rendezvous=30, expect=True)
     assert hb.check(50.0, {0, 1}) is None  # startup allowance
     for r in (0, 1):
-        hb.record(r, {"type": "step", "step": 1}, 60.0)
-    hb.record(0, {"type": "step", "step": 2}, 75.0)
+        hb.record(r, rec({"type": "step", "step": 1}), 60.0)
+    hb.record(0, rec({"type": "step", "step": 2}), 75.0)
     v = hb.check(75.0, {0, 1})
     assert v.kind == "hang" and v.rank == 1 and "rank 0=2, rank 1=1" in v.message
     hb = _heartbeats([0, 1], hang=10, startup=1000, rendezvous=30, expect=True)
-    hb.record(0, {"type": "phase", "name": "rendezvous"}, 1.0)
-    hb.record(0, {"type": "phase", "name": "init"}, 2.0)
-    hb.record(1, {"type": "ready"}, 2.0)
+    hb.record(0, rec({"type": "phase", "name": "rendezvous"}), 1.0)
+    hb.record(0, rec({"type": "phase", "name": "init"}), 2.0)
+    hb.record(1, rec({"type": "ready"}), 2.0)
     v = hb.check(40.0, {0, 1})
     assert v.kind == "rendezvous" and v.rank == 1 and "rank 1 (no step yet) never joined" in v.message
     silent = _heartbeats([0], hang=1, startup=1, rendezvous=1, expect=False)
@@ -143,23 +145,24 @@ def test_heartbeats_name_the_straggler_and_rendezvous_stragglers():
 def test_heartbeats_wait_for_a_saver_name_a_stopped_rank_and_say_who_is_unwatched():
     hb = _heartbeats([0, 1], hang=10, startup=100, rendezvous=30, expect=False)
     for r in (0, 1):
-        hb.record(r, {"type": "step", "step": 1}, 1.0)
-    hb.record(0, {"type": "phase", "name": "checkpoint"}, 2.0)
+        hb.record(r, rec({"type": "step", "step": 1}), 1.0)
+    hb.record(0, rec({"type": "phase", "name": "checkpoint"}), 2.0)
     assert hb.check(50.0, {0, 1}) is None  # rank 1 may be waiting for the saver: the long allowance
-    hb.record(0, {"type": "phase", "name": "train"}, 60.0)
+    hb.record(0, rec({"type": "phase", "name": "train"}), 60.0)
     assert hb.check(75.0, {0, 1}).rank == 1  # stuck longest
     stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         os.kill(stopped.pid, signal.SIGSTOP)
-        hb.watch_pid(0, stopped.pid)
+        reader = ProcReader()
+        reader.watch(0, stopped.pid)
         assert wait_for(lambda: psutil.Process(stopped.pid).status() == psutil.STATUS_STOPPED)
-        v = hb.check(76.0, {0, 1})  # the kernel's view is read now
+        v = hb.check(76.0, {0, 1}, reader.read())  # the kernel's view, read now
         assert v.rank == 0 and "process stopped (state T)" in v.message  # evidence beats step counts
     finally:
         stopped.kill()
         stopped.wait()
     silent = _heartbeats([0, 1], hang=1, startup=5, rendezvous=1, expect=False)
-    silent.record(1, {"type": "step", "step": 1}, 1.0)
+    silent.record(1, rec({"type": "step", "step": 1}), 1.0)
     assert silent.newly_unwatched(4.0, {0, 1}) == []
     assert silent.newly_unwatched(6.0, {0, 1}) == [0] and silent.newly_unwatched(9.0, {0, 1}) == []  # once
 

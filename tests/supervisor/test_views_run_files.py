@@ -10,11 +10,17 @@ import orjson
 import pytest
 
 from gpuherd.exit_codes import ExitCode
+from gpuherd.status_records import from_object
 from supervisor.views.events import collect
 from supervisor.views.run_files import JsonlTail, LogTail, RunFiles, RunFilesError, resolve_run
 from supervisor.views.top_state import RunState
 
 CONFIG = {"training": {"batch_size": 4, "grad_accum_nums": 2, "max_restarts": 0}, "data": {"context_length": 128}}
+
+
+def _decoded(records: list[dict]) -> list:
+    """Records as the views get them from metrics.jsonl: decoded once."""
+    return [from_object(r, supervisor=True) for r in records]
 
 
 def _line(**record) -> bytes:
@@ -26,11 +32,11 @@ def test_a_half_written_last_line_waits_for_its_newline(tmp_path):
     whole = _line(type="step", rank=0, time=1.0, step=3, loss=2.5)
     path.write_bytes(whole + whole[:17])
     tail = JsonlTail(path)
-    assert [r["step"] for r in tail.read_new()] == [3]
+    assert [r.step for r in tail.read_new()] == [3]
     assert tail.read_new() == []
     with path.open("ab") as f:
         f.write(whole[17:] + b"not json\n" + b"[1, 2]\n")
-    assert [r["loss"] for r in tail.read_new()] == [2.5]
+    assert [r.loss for r in tail.read_new()] == [2.5]
     assert tail.malformed == 2
 
 
@@ -40,7 +46,7 @@ def test_a_replaced_file_is_read_from_its_start(tmp_path):
     tail = JsonlTail(path)
     assert len(tail.read_new()) == 3
     path.write_bytes(_line(type="done", rank=1, time=2.0, step=2))
-    assert [r["rank"] for r in tail.read_new()] == [1]
+    assert [r.rank for r in tail.read_new()] == [1]
 
 
 def test_supervisor_log_gives_its_warnings_and_errors_only(tmp_path):
@@ -127,7 +133,7 @@ def test_events_collapse_what_every_rank_reports_alike(tmp_path):
     records += [{"type": "nan", "rank": 1, "time": now + 1, "step": 11, "action": "skip", "loss": "nan"},
                 {"type": "restart", "time": now + 2, "attempt": 1, "after": "rank 1 crashed", "exit_code": 1},
                 {"type": "gpu_event", "time": now + 3, "gpu": 2, "rank": 1, "event": "xid", "data": 79}]
-    events = collect(records, [])
+    events = collect(_decoded(records), [])
     assert [(e.kind, e.text) for e in events] == [
         ("checkpoint", "checkpoint saved at step 10: step_0000010.pt"),
         ("nan", "non-finite loss/gradient at step 11 (loss nan): skipped"),
@@ -145,7 +151,7 @@ def test_checkpoint_events_say_what_each_save_cost_the_loop(tmp_path):
                 "path": "/c/step_0000006.pt"},
                {"type": "checkpoint", "rank": 0, "time": now + 3, "step": 9, "path": "/c/step_0000009.pt",
                 "stall_s": 1.5, "wait_s": 1.2, "write_s": 0.3, "mode": "blocking"}]
-    assert [(e.kind, e.text) for e in collect(records, [])] == [
+    assert [(e.kind, e.text) for e in collect(_decoded(records), [])] == [
         ("checkpoint", "checkpoint saved at step 3: step_0000003.pt (async: loop blocked 0.05 s, written in 2.31 s)"),
         ("error", "rank 0: the background write of step_0000006.pt failed"),
         ("checkpoint", "checkpoint saved at step 9: step_0000009.pt (loop blocked 1.50 s, 1.20 s of it waiting for "

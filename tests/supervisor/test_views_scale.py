@@ -11,6 +11,7 @@ from contextlib import redirect_stdout
 import pytest
 
 from bench.bench_views import FAILED_RANK, SLOW_RANKS, synthesize
+from gpuherd.status_records import from_object
 from supervisor.commands import report as report_command
 from supervisor.commands import top as top_command
 from supervisor.views.events import collect
@@ -22,6 +23,11 @@ def big_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("views") / "run-2048"
     synthesize(run_dir, 2048, steps=3)
     return run_dir
+
+
+def _decoded(records: list[dict]) -> list:
+    """Records as the views get them from metrics.jsonl: decoded once."""
+    return [from_object(r, supervisor=True) for r in records]
 
 
 def _top(*args: str) -> str:
@@ -89,6 +95,6 @@ def test_an_error_every_rank_reports_is_one_event_with_the_rank_set():
                for r in range(2048) if r != 5]
     records.append({"type": "error", "rank": 5, "time": 100.5, "message": "CUDA error: an illegal memory access"})
     records.append({"type": "error", "rank": 0, "time": 200.0, "message": "NCCL watchdog timeout"})  # later: its own
-    assert [e.text for e in collect(records, [])] == [
+    assert [e.text for e in collect(_decoded(records), [])] == [
         "ranks 0-4,6-2047: NCCL watchdog timeout", "rank 5: CUDA error: an illegal memory access",
         "rank 0: NCCL watchdog timeout"]

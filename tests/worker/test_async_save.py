@@ -44,8 +44,13 @@ def test_periodic_saves_are_written_in_the_background_and_the_final_one_before_t
     saves = checkpoints(records)
     assert [(r["step"], r["mode"]) for r in saves] == [(2, "async"), (4, "async"), (6, "blocking")]
     assert all(r["stall_s"] >= 0 and r["write_s"] > 0 and r["wait_s"] >= 0 for r in saves)
-    started = [r for r in records if r["type"] == "checkpoint_write"]
-    assert [(r["state"], r["step"]) for r in started] == [("started", 2), ("started", 4)]
+    writes = [r for r in records if r["type"] == "checkpoint_write"]
+    assert [(r["state"], r["step"]) for r in writes if r["state"] != "accounted"] == [("started", 2), ("started", 4)]
+    # each save's whole cost to the loop, once its write ended: step 2's by step 4's save at the latest
+    accounted = [r for r in writes if r["state"] == "accounted"]
+    assert [r["step"] for r in accounted] == [2, 4, 6] and all(isinstance(r["cost_s"], float) for r in accounted)
+    assert accounted[-1]["steps"] == 0  # the final save: no step follows it
+    assert records.index(accounted[0]) < records.index(saves[1])
     # each async checkpoint is announced only once it is published, manifest included
     assert [step for step, _ in list_checkpoints(tmp_path / "ckpt")] == [6]  # keep_last=1
     assert read_manifest(tmp_path / "ckpt" / "step_0000006.pt").step == 6
@@ -54,6 +59,7 @@ def test_periodic_saves_are_written_in_the_background_and_the_final_one_before_t
     assert re.search(r"checkpoint saved: .*step_0000002\.pt \(written in the background in \d+\.\d\d s, "
                      r"the loop blocked \d+\.\d\d s\)", err), err
     assert "checkpoints: 3 saved, the loop blocked" in err and "(2 in the background)" in err
+    assert re.search(r"measured on the step times, 3 cost the loop -?\d+\.\d\d s in all", err), err
 
 
 def test_async_save_off_blocks_every_save(tmp_path: Path, capfd):
@@ -129,7 +135,8 @@ def test_a_full_disk_during_a_background_write_is_exit_7_at_the_next_step(tmp_pa
     assert len(errors) == 1 and "cannot save checkpoint to" in errors[0] and "file too large" in errors[0], errors
     assert "Traceback" not in proc.stderr
     assert list((tmp_path / "ckpt").iterdir()) == []  # no half-written checkpoint, no temp file
-    started = [r for r in h.read_status(tmp_path / "full-rank0.jsonl") if r["type"] == "checkpoint_write"]
+    started = [r for r in h.read_status(tmp_path / "full-rank0.jsonl")
+               if r["type"] == "checkpoint_write" and r["state"] != "accounted"]
     assert [r["state"] for r in started] == ["started", "failed"]  # it was the background write that failed
 
 

@@ -12,7 +12,8 @@ import orjson
 import pytest
 
 from gpuherd.liveness import Liveness
-from gpuherd.status_channel import StatusWriter, decode
+from gpuherd.status_channel import StatusWriter
+from gpuherd.status_records import Alive, decode
 
 
 class Clock:
@@ -35,7 +36,7 @@ def pipe():
             pass
 
 
-def _records(fd: int) -> list[dict]:
+def _records(fd: int) -> list:
     try:
         data = os.read(fd, 1 << 16)
     except BlockingIOError:
@@ -89,9 +90,9 @@ def test_the_thread_reports_while_the_loop_is_blocked(pipe):
         blocked.wait(0.3)  # the "loop" makes no progress; the thread must not care
     live.stop()
     records = _records(r)
-    assert len(records) >= 3 and all(rec["type"] == "alive" and rec["rank"] == 3 for rec in records)
-    waiting = [rec for rec in records if rec["collective"]]
-    assert waiting and waiting[-1]["where"] == "all_reduce" and waiting[-1]["step"] == 40
+    assert len(records) >= 3 and all(isinstance(rec, Alive) and rec.rank == 3 for rec in records)
+    waiting = [rec for rec in records if rec.collective]
+    assert waiting and waiting[-1].where == "all_reduce" and waiting[-1].step == 40
 
 
 def test_without_a_supervisor_no_thread_is_started():

@@ -11,12 +11,12 @@ import pytest
 
 from gpuherd.config import SystemConfig
 from gpuherd.exit_codes import ExitCode
+from gpuherd.status_records import from_object as rec
 from supervisor.gpus import DeviceError, exclude_gpus, plan_devices, release_claims
 from supervisor.health import SuspectWatch
-from supervisor.restarts import SuspectExclusion
+from supervisor.restarts import exclude_suspects, mark_excluded
 from supervisor.summary import RootCause
 from tests.fake_nvml import installed, machine, subprocess_env
-from tests.supervisor.gpus.helpers import captured_log
 from tests.supervisor.helpers import SCENARIO, env, run_dir_of
 
 EXIT_8 = RootCause("worker-exit", ExitCode.DEVICE_SUSPECT, "GPU2 (rank 2) exit code 8")
@@ -32,8 +32,8 @@ def lock_dir(tmp_path, monkeypatch):
 def _suspects(plan, *rank_faults: tuple[int, int]):
     watch = SuspectWatch(plan, attempt=0)
     for rank, faults in rank_faults:
-        watch.observe({"type": "suspect", "rank": rank, "step": 11, "device": "cuda:0", "host": "h1",
-                       "transient_faults": faults, "limit": 2, "stopping": True})
+        watch.observe(rec({"type": "suspect", "rank": rank, "step": 11, "device": "cuda:0", "host": "h1",
+                       "transient_faults": faults, "limit": 2, "stopping": True}))
     return watch.devices(exclusion_on=True)
 
 
@@ -51,28 +51,31 @@ def test_exit_8_restarts_without_the_gpus_over_the_limit(tmp_path):
     with installed(machine(4)):
         plan = plan_devices(SystemConfig(), None, nproc_explicit=False)
     suspects = _suspects(plan, (2, 3), (0, 1))  # rank 0's GPU had one fault: under the limit, kept
-    exclusion = SuspectExclusion(enabled=True)
-    with captured_log() as log:
-        shrunk = exclusion.next_plan(plan, EXIT_8, suspects, next_attempt=1)
+    exclusion = exclude_suspects(plan, EXIT_8, suspects, 1, enabled=True)
+    shrunk = exclusion.plan
     assert [s.device_id for s in shrunk.slots] == [0, 1, 3] and shrunk.world_size == 3
-    assert exclusion.excluded == [2]
-    assert log == ["--exclude-suspect-gpus: attempt 1 runs without GPU 2 (3 transient faults, limit 2): "
-                   "world size 4 -> 3 (GPU 0, GPU 1, GPU 3)"]
+    assert exclusion.gpus == (2,) and exclusion.refused is None
+    assert exclusion.said == ("--exclude-suspect-gpus: attempt 1 runs without GPU 2 (3 transient faults, limit 2): "
+                              "world size 4 -> 3 (GPU 0, GPU 1, GPU 3)",)
+    mark_excluded(suspects, exclusion.gpus, 1)
     assert [d.then for d in suspects] == ["", "excluded from attempt 1 on"]
     # without the flag, or after another failure, the devices stay as they were
-    assert SuspectExclusion(enabled=False).next_plan(plan, EXIT_8, suspects, 1) is plan
+    assert exclude_suspects(plan, EXIT_8, suspects, 1, enabled=False).plan is plan
     crash = RootCause("worker-exit", ExitCode.FAILURE, "GPU2 (rank 2) exit code 1")
-    assert SuspectExclusion(enabled=True).next_plan(plan, crash, suspects, 1) is plan
+    assert exclude_suspects(plan, crash, suspects, 1, enabled=True).plan is plan
 
 
 def test_no_gpu_left_is_refused_with_exit_8():
     with installed(machine(4)):
         plan = plan_devices(SystemConfig(gpus=[1, 3]), None, nproc_explicit=False)
     with pytest.raises(DeviceError) as err:
-        SuspectExclusion(enabled=True).next_plan(plan, EXIT_8, _suspects(plan, (0, 3), (1, 4)), 1)
+        exclude_gpus(plan, {1, 3})
     assert err.value.exit_code == ExitCode.DEVICE_SUSPECT
-    assert str(err.value).startswith("--exclude-suspect-gpus: no GPU left for another attempt: every GPU this "
-                                     "attempt ran on is suspect (GPU 1, GPU 3)")
+    exclusion = exclude_suspects(plan, EXIT_8, _suspects(plan, (0, 3), (1, 4)), 1, enabled=True)
+    assert exclusion.plan is plan and exclusion.gpus == ()
+    assert exclusion.refused.startswith("--exclude-suspect-gpus: no GPU left for another attempt: every GPU this "
+                                        "attempt ran on is suspect (GPU 1, GPU 3)")
+    assert exclusion.refused == str(err.value)
 
 
 def _supervise(tmp_path, n_gpus: int, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
