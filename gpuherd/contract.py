@@ -36,6 +36,10 @@ SPARE = "GPUHERD_SPARE"  # "1": a warm spare: import, map the dataset, then wait
 JOIN_GENERATION = "GPUHERD_JOIN_GENERATION"  # in a spare's assignment: the rebuilt group it joins (1, 2, ...)
 # Set by a user, never by gpuherd: a test fault, RANK:STEP:TARGET (worker/sdc/injector.py)
 INJECT_BITFLIP = "GPUHERD_INJECT_BITFLIP"
+SHRINK = "GPUHERD_SHRINK"  # "1": after a lost peer, read the supervisor's decision (a spare, or shrink) first
+# that decision, in the workers' store (MASTER_ADDR:MASTER_PORT): {"spare": lost rank} or
+# {"shrink": lost rank, "ranks": [the surviving ranks, in order: their ranks in the shrunk group]}
+DECISION_KEY = "gpuherd-live/{generation}/decision"
 
 # What the supervisor sends gpuherd's own worker (worker/signals.py). Real-time signals, which no
 # shell, terminal or SLURM ever sends: SLURM signals every process of a job step on scancel, a
@@ -46,7 +50,7 @@ STACKS_SIGNAL = signal.SIGRTMAX  # a hang verdict: dump every thread's Python st
 
 GPUHERD_VARS = (
     GPU_RANK, DEVICE_KIND, DEVICE_ID, DEVICE_UUID, CONFIG_PATH, RUN_DIR, DATASET_CACHE,
-    STATUS_FD, SUPERVISOR_PID, SUPERVISED, RESUME, TRACE_DIR, LIVE_RECOVERY, SPARE, JOIN_GENERATION,
+    STATUS_FD, SUPERVISOR_PID, SUPERVISED, RESUME, TRACE_DIR, LIVE_RECOVERY, SPARE, JOIN_GENERATION, SHRINK,
 )
 
 

@@ -264,6 +264,8 @@ class LiveRejoined(Live):
     source: int | None = None  # the rank whose state the newcomer took
     role: str | None = None  # `newcomer` | `source` | `survivor`
     seconds: float | None = None  # this rank's join and state transfer
+    replicas: int | None = None  # the processes in the rebuilt group (fewer than the ranks after a shrink)
+    slots: tuple[int, ...] = ()  # the data slots this rank trains (its own, and a lost rank's it carries)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -367,6 +369,8 @@ class Recovery(Record):
     steps_redone: int | None = None  # completed steps trained again
     seconds: float | None = None  # death -> the newcomer's first completed step
     rejoin_s: float | None = None  # the newcomer's own join and state transfer
+    action: str | None = None  # `replaced` (by a warm spare) | `shrink` (no spare left: the survivors went on)
+    replicas: int | None = None  # a shrink: the processes training on
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -44,7 +44,6 @@ from supervisor.health import (
 )
 from supervisor.output import Console, FoldingPoint, Group, LogRouter, WorkerLog
 from supervisor.processes import (
-    LIVE_ENV,
     SAVE_AND_STOP,
     AttemptLive,
     LiveRecovery,
@@ -285,7 +284,8 @@ class AttemptRunner:
                          timer_file=str(timer_fifo(os.environ, log_dir)) if file_timer_wanted(os.environ) else "")
         timer = FileTimer(Path(run_env.timer_file), log_dir / "file-timer.log") if run_env.timer_file else None
         live = live_for_attempt(
-            AttemptLive(cfg, self.command, plan, run_env, python_env(), log_dir, guard.watch),
+            AttemptLive(cfg, self.command, plan, run_env, python_env(), log_dir, guard.watch,
+                        tell=self.store_server.set if setup.store is not None and not multi else None),
             budget=order.live_budget, attempt=attempt,
             numbered_from=len(self.recoveries), script=self.mode == "script", multi_node=self.launch.node.multi,
             write_metric=metrics.write, regroup=self.rendezvous.regroup(attempt),
@@ -338,7 +338,7 @@ class AttemptRunner:
                 error_file = error_file_for(att.logs[slot.rank].path)
                 error_file.unlink(missing_ok=True)  # only what this attempt's rank writes may be read back
                 binding = bindings[i] if bindings else None
-                extra = LIVE_ENV if att.live is not None and not att.live.off else {}
+                extra = att.live.worker_env if att.live is not None and not att.live.off else {}
                 w = spawn(bound(binding, self._command_of(slot.local)), lambda fd, slot=slot, ef=str(error_file),
                           extra=extra: {**worker_env(base_env, plan, slot, att.run_env, fd, error_file=ef), **extra},
                           slot, att.logs[slot.rank].path)

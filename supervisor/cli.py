@@ -149,6 +149,10 @@ def _add_restart_flags(parser: argparse.ArgumentParser) -> None:
                    help="warm spare workers per node (default 1 with --max-restarts > 0, 0 turns live recovery "
                         "off): a lost rank of the built-in DDP trainer is replaced by one while the others keep "
                         "running, with no checkpoint read; otherwise every worker restarts")
+    r.add_argument("--min-replicas", type=int, default=None, metavar="N",
+                   help="a rank lost with no warm spare left: the N or more survivors go on without it (one "
+                        "carries its data slot: same global batch, same data order) instead of a restart "
+                        "(default 0: never; single node, built-in DDP trainer, not when rank 0 is lost)")
     r.add_argument("--restart-on-nan", action="store_true",
                    help="restart after a NaN stop (exit 6) too; by default a NaN stop ends the run")
     r.add_argument("--exclude-suspect-gpus", action="store_true",
@@ -187,7 +191,7 @@ def _add_script_flags(parser: argparse.ArgumentParser) -> None:
 
 # flags whose value goes to `system.<same name>` (store_true flags only when given)
 _SYSTEM_FLAGS = ("nproc", "gpus", "isolate", "hang_timeout", "grace_period", "stop_timeout", "log_ranks",
-                 "collapse_logs", "max_restarts", "spares", "restart_backoff", "restart_on_nan", "exclude_suspect_gpus",
+                 "collapse_logs", "max_restarts", "spares", "min_replicas", "restart_backoff", "restart_on_nan", "exclude_suspect_gpus",
                  "preflight", "report")
 
 

@@ -203,7 +203,8 @@ class Summary:
             done = [f"{n} {what}" for n, what in ((self.restarts, "restart(s)"), (self._recovered(), "live recovery(ies)"))
                     if n]
             after = f" after {' and '.join(done)}" if done else ""
-            lines = [f"gpuherd: run {self.run_id} finished: {len(self.workers)} worker(s) exited 0 in "
+            ok = sum(1 for w in self.workers if w.exit_code == 0)  # a shrunk group's lost rank did not
+            lines = [f"gpuherd: run {self.run_id} finished: {ok} worker(s) exited 0 in "
                      f"{self.duration_s:.1f} s{after}; logs in {self.run_dir}"]
             lines += [d.line(name_attempt=self.max_restarts > 0) for d in self.suspect_devices]
             return "\n".join(lines + self._recovery_lines() + self._attempt_lines() + self._straggler_lines()
@@ -245,7 +246,13 @@ class Summary:
         lines = []
         for r in self.recoveries:
             where = f"node {r['node']}'s " if r.get("node") is not None else ""  # multi-node: that node's spare
-            if r.get("outcome") == "recovered":
+            if r.get("outcome") == "recovered" and r.get("action") == "shrink":
+                lines.append(f"live recovery {r['number']}: rank {r['rank']} ({r['device']}) {r['failed']} -> no spare "
+                             f"left: {r['replicas']} process(es) went on with its data slot (same global batch) for "
+                             f"{r.get('shrunk_s') or 0:.1f} s, "
+                             f"{r['seconds']:.2f} s to the next completed step, {r['steps_redone']} completed step(s) "
+                             "redone, no checkpoint read")
+            elif r.get("outcome") == "recovered":
                 lines.append(f"live recovery {r['number']}: {where}rank {r['rank']} ({r['device']}) {r['failed']} -> spare pid "
                              f"{r['replaced_by_pid']}, {r['seconds']:.2f} s to the next completed step, "
                              f"{r['steps_redone']} completed step(s) redone, no checkpoint read")

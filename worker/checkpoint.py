@@ -101,9 +101,10 @@ class Checkpointer:
         """What a save of the state after `step` writes (a collective: all ranks call), before
         anything is written. `to_host` False: the tensors may be the live ones (see Engine)."""
         path = path or self.directory / checkpoint_name(step, self.engine.sharded)
+        samplers, rngs = per_slot(wdist.gather_objects((self.rank, sampler_state, rng.capture(self.engine.device))),
+                                  self.world_size)
         meta = dict(self.meta_base, step=step, run_id=self.run_id, world_size=self.world_size,
-                    strategy=self.engine.strategy, sampler=wdist.gather_objects(sampler_state),
-                    rng=wdist.gather_objects(rng.capture(self.engine.device)))
+                    strategy=self.engine.strategy, sampler=samplers, rng=rngs)
         return Capture(path=path, step=step, meta=meta, states=self.engine.capture_states(self.rank, to_host))
 
     def write(self, capture: Capture, group: Any = None, collective: bool = True) -> Path:
@@ -166,6 +167,23 @@ class Checkpointer:
             diff = sorted(k for k in want if (have or {}).get(k) != want[k])
             raise WorkerError(f"checkpoint {path} holds a different model ({', '.join(diff) or 'unknown layout'} differ); "
                               "use the config it was trained with or start without training.resume", ExitCode.USAGE)
+
+
+def per_slot(gathered: list[tuple[int, Any, Any]], world_size: int) -> tuple[list[Any], list[Any]]:
+    """Every rank's (rank, sampler state, RNG state) -> the samplers and RNG states of all
+    `world_size` data slots, by rank. A shrunk group (worker/data_slots.py) has fewer processes
+    than slots: a lost rank's slot is at the same position as every other (only its `rank`
+    differs), so a restart from this checkpoint resumes every slot exactly."""
+    by_rank = {rank: (sampler, rng_state) for rank, sampler, rng_state in gathered}
+    first = by_rank[min(by_rank)]
+    samplers, rngs = [], []
+    for slot in range(world_size):
+        sampler, rng_state = by_rank.get(slot, first)
+        if slot not in by_rank and isinstance(sampler, dict) and "rank" in sampler:
+            sampler = {**sampler, "rank": slot}
+        samplers.append(sampler)
+        rngs.append(rng_state)
+    return samplers, rngs
 
 
 def meta_base(model_args: ModelArgs, cfg_dict: dict[str, Any], schedule: dict[str, Any], tokenizer: str) -> dict[str, Any]:

@@ -36,6 +36,8 @@ class DataBundle:
     vocab_size: int  # the model's (padded) vocabulary
     tokenizer: str  # spec string, saved in checkpoints for generate.py
     describe: Callable[[int], str] | None = None  # tokens the run will draw -> the start-up "data:" line
+    # data slot r's train batches at position 0 (a shrunk group carries a lost rank's slot); None: cannot
+    for_slot: Callable[[int], BatchSource] | None = None
 
 
 class ArraySampler:
@@ -178,4 +180,5 @@ def cache_bundle(cache_dir: Path, model_vocab: int, batch_size: int, context_len
         vocab_size=vocab,
         tokenizer=data.tokenizer,
         describe=lambda planned_tokens: describe_data(data, planned_tokens),
+        for_slot=lambda slot: TensorBatches(sampler(data, "train", batch_size, context_length, slot, world_size, seed)),
     )

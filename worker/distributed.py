@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
+import orjson
 import psutil
 import torch
 import torch.distributed as dist
@@ -130,6 +131,21 @@ def join_generation(cfg: Config, identity: WorkerIdentity, device: torch.device,
                           f"{identity.world_size} waited at {where}; {detail}", ExitCode.RENDEZVOUS) from None
     if hasattr(dist.distributed_c10d, "_set_pg_timeout"):
         dist.distributed_c10d._set_pg_timeout(COLLECTIVE_TIMEOUT)
+
+
+def read_decision(cfg: Config, generation: int) -> dict[str, Any]:
+    """The supervisor's word on rebuilt group `generation` (contract.DECISION_KEY): a spare takes
+    the lost rank, or the survivors shrink. Waits for it up to system.rendezvous_timeout."""
+    timeout = timedelta(seconds=cfg.system.rendezvous_timeout)
+    try:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
+                              timeout=timeout, wait_for_workers=False)
+        return orjson.loads(store.get(contract.DECISION_KEY.format(generation=generation)))
+    except (RuntimeError, ValueError, TimeoutError, KeyError, orjson.JSONDecodeError) as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise WorkerError(f"live recovery: no word from the supervisor on rebuilt group {generation} within "
+                          f"{cfg.system.rendezvous_timeout:g}s (system.rendezvous_timeout); {detail}",
+                          ExitCode.RENDEZVOUS) from None
 
 
 def leave_broken_group() -> None:

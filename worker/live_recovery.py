@@ -12,6 +12,12 @@ The supervisor decides (supervisor/processes/live_recovery.py); the ranks only a
 - the newcomer (a warm spare, worker/spare.py) joins generation g at its start, learns the
   layout from the same exchange, builds its engine without collectives, and takes the state.
 
+With --min-replicas (contract.SHRINK) a survivor first reads the supervisor's decision: a
+spare comes (as above), or none is left and the survivors rebuild the group without the lost
+rank (`on_shrink`: a survivor may carry the lost rank's data slot, worker/data_slots.py).
+The rank in the rebuilt group (`group_rank`) is then no longer `identity.rank`, which stays
+what the supervisor keys logs and clocks by and the data slot each process owns.
+
 Every rank keeps the data position and RNG state of its last completed step (`mark()`: a
 few KB, no device sync), so the step in flight, cut short, is done again from exactly where
 it began: losses after the recovery equal an uninterrupted run's, bit for bit. Only
@@ -24,7 +30,7 @@ from __future__ import annotations
 import gc
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -33,6 +39,7 @@ from loguru import logger
 from gpuherd import contract
 from worker import distributed as wdist
 from worker import rng
+from worker.data_slots import loss_scale, slots_of
 from worker.distributed import is_peer_loss
 from worker.state_broadcast import broadcast_state
 
@@ -73,6 +80,7 @@ class Recoverable(Protocol):
     def on_group_lost(self) -> None: ...
     def on_regroup(self, buckets: Buckets | None) -> None: ...
     def rewind_data(self, sampler: dict[str, Any]) -> None: ...
+    def on_shrink(self, carried: list[int], scale: float) -> None: ...
 
 
 _OWED = {"eval": "evaluation", "checkpoint": "periodic checkpoint"}
@@ -135,6 +143,12 @@ class LiveRecovery:
         self.why_not = why_not_live(trainer.strategy, trainer.engine.live_recoverable, trainer.identity.world_size)
         self._mark: Mark | None = None
         self._joined_at: int | None = None  # the step this rank (re)joined at, until its first step after
+        self.ranks = list(range(trainer.identity.world_size))  # the group's members, in group order
+
+    @property
+    def group_rank(self) -> int:
+        """This process's rank in the current group (identity.rank until a shrink)."""
+        return self.ranks.index(self.t.identity.rank)
 
     @property
     def enabled(self) -> bool:
@@ -169,14 +183,22 @@ class LiveRecovery:
         t.status.send("phase", name="rendezvous")
         t.live.at("rendezvous")
         self._leave()
-        wdist.join_generation(t.cfg, t.identity, t.device, self.generation)
+        decision = wdist.read_decision(t.cfg, self.generation) if os.environ.get(contract.SHRINK) == "1" else {}
+        if "shrink" in decision:
+            self.ranks = [int(r) for r in decision["ranks"]]
+            world = t.identity.world_size
+            t.on_shrink(slots_of(t.identity.rank, self.ranks, world)[1:], loss_scale(len(self.ranks), world))
+            logger.warning(f"{t.identity.bracket} no spare left for rank {decision['shrink']}: rebuilding the group "
+                           f"with {len(self.ranks)} rank(s) (this one as rank {self.group_rank} of it)")
+        wdist.join_generation(t.cfg, replace(t.identity, rank=self.group_rank, world_size=len(self.ranks)), t.device,
+                              self.generation)
         infos = wdist.gather_objects({"step": self._mark.step, "layout": t.layout, "note": t.layout_note,
                                       "saves_blocking": t.saver.why_blocking, "buckets": t.engine.buckets})
         source = _source(infos)
         t.on_regroup(infos[source]["buckets"])
-        behind = infos[t.identity.rank]["step"] < infos[source]["step"]
+        behind = infos[self.group_rank]["step"] < infos[source]["step"]
         self._take_state(source, behind)
-        self._rejoined(started, source, "source" if t.identity.rank == source else "survivor")
+        self._rejoined(started, source, "source" if self.group_rank == source else "survivor")
 
     def _leave(self) -> None:
         """Destroy the broken group for real: a peer still waiting in a collective on this rank (a
@@ -197,7 +219,7 @@ class LiveRecovery:
         """The source's state by broadcast; a rank already at its step keeps its own (the same
         bits) and only rewinds its data position and RNG to its mark."""
         t = self.t
-        mine = self._state() if t.identity.rank == source else None
+        mine = self._state() if self.group_rank == source else None
         state = broadcast_state(mine, source, t.device)
         if behind:
             self._load(state)
@@ -237,11 +259,12 @@ class LiveRecovery:
     def _rejoined(self, started: float, source: int, role: str) -> None:
         t = self.t
         seconds = time.perf_counter() - started
-        t.status.send("live", event="rejoined", generation=self.generation, step=t.step, source=source, role=role,
-                      seconds=round(seconds, 4))
+        t.status.send("live", event="rejoined", generation=self.generation, step=t.step, source=self.ranks[source],
+                      role=role, seconds=round(seconds, 4), replicas=len(self.ranks),
+                      slots=slots_of(t.identity.rank, self.ranks, t.identity.world_size))
         t.status.send("phase", name="train")
         t.reporter.exclude_pause(seconds)
-        if t.identity.rank == source:
+        if self.group_rank == source:
             logger.info(f"{t.identity.bracket} rebuilt group {self.generation} formed: continuing from step {t.step} "
                         f"with this rank's state ({seconds:.2f} s, no checkpoint read)")
 

@@ -24,7 +24,7 @@ from worker import rng
 from worker import signals as wsignals
 from worker.attention import resolve_backend
 from worker.checkpoint import Checkpointer, meta_base, run_id_from_env
-from worker.data import DataBundle, Prefetched, cache_bundle
+from worker.data import BatchSource, DataBundle, Prefetched, cache_bundle
 from worker.distributed import StopVote, WorkerError
 from worker.engines import Engine, Precision, StepCheck, build_engine, compile_enabled, needs_process_group, plan_layout
 from worker.live_recovery import Joining, LiveRecovery, join_as_newcomer
@@ -97,6 +97,7 @@ def _join_if_spare(cfg: Config, identity: WorkerIdentity, device: torch.device, 
 
 
 class Trainer:
+    carried: list[tuple[int, BatchSource]]  # a shrunk group: the lost ranks' data slots this one trains too
     def __init__(self, cfg: Config, identity: WorkerIdentity, device: torch.device, layout: Layout, data: DataBundle,
                  status: StatusWriter, run_dir: Path | None, sig: wsignals.SignalState, live: Liveness,
                  layout_note: str | None = None, run_id: str = "", joining: Joining | None = None) -> None:
@@ -151,7 +152,7 @@ class Trainer:
                                      self.tb, device, self.start_step, note=self.saver.step_note)
         if data.describe is not None:  # what this run reads: sources, shares, epochs over max_steps
             self._log_rank0(f"{identity.bracket} {data.describe(tokens_per_step * identity.world_size * t.max_steps)}")
-        self.skipped_steps = 0
+        self.skipped_steps, self.carried = 0, []
         self.owed: list[str] = []  # "eval", "checkpoint": due after the last completed step, not done yet
         self.recovery = LiveRecovery(self, joining)
         if joining is not None:
@@ -190,9 +191,24 @@ class Trainer:
         if self.guard is not None:
             self.guard.model = self.engine.model
 
+    def on_shrink(self, carried: list[int], scale: float) -> None:
+        """The group shrank (no spare left): this process also trains the lost ranks' data slots
+        `carried`, and every loss is multiplied by `scale` so DDP's mean over the shrunk group is
+        the mean over all slots (worker/data_slots.py); `rewind_data` puts them at the group's position."""
+        if carried and self.data.for_slot is None:
+            raise WorkerError(f"{self.identity.bracket} cannot carry data slot(s) {carried}: this data source has "
+                              "no per-slot sampler", ExitCode.FAILURE)
+        self.carried = [(slot, self.data.for_slot(slot)) for slot in carried]
+        self.engine.grad_accum = self.cfg.training.grad_accum_nums / scale
+        if carried:
+            logger.info(f"{self.identity.bracket} carries the data slot(s) of rank(s) {', '.join(map(str, carried))} "
+                        f"too: {len(carried) + 1} x {self.cfg.training.grad_accum_nums} micro-batch(es) per step")
+
     def rewind_data(self, sampler: dict[str, Any]) -> None:
         """The training data back at `sampler`'s position; a prefetching thread that drew ahead is
         replaced by a fresh one over the rewound source."""
+        for slot, carried in self.carried:  # every slot is at the same position, but for its rank
+            carried.load_state_dict({**sampler, "rank": slot})
         source = self.data.train
         if isinstance(source, Prefetched):
             source.close()
@@ -329,8 +345,9 @@ class Trainer:
             self.guard.begin_step(self.data.train)  # where the batches come from (+ RNG state for a replay)
         self.live.doing("data loading")
         batches = [self._next_batch() for _ in range(t.grad_accum_nums)]
-        loss = self._micro_steps(batches)
-        check = None if self.guard is None else self._step_check(step, loss, batches, lr)
+        carried = [self._next_batch(source) for _, source in self.carried for _ in range(t.grad_accum_nums)]
+        loss = self._micro_steps(batches, carried)
+        check = None if self.guard is None else self._step_check(step, loss, batches, lr, carried)
         self.live.doing("optimizer step")
         grad_norm, applied = engine.step(lr, t.max_grad_norm, check)
         if self.guard is not None:
@@ -339,29 +356,32 @@ class Trainer:
             self.skipped_steps += 1
         self.reporter.after_step(step, loss, lr, grad_norm)
 
-    def _next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        inputs, targets = self.data.train.next_batch()
+    def _next_batch(self, source: BatchSource | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = (source or self.data.train).next_batch()
         if self.device.type == "cuda":  # pinned (by the prefetcher, or here): the copy overlaps compute
             inputs, targets = (x if x.is_pinned() else x.pin_memory() for x in (inputs, targets))
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
         return inputs, targets
 
-    def _micro_steps(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """Forward + backward of every micro-batch; their mean loss."""
+    def _micro_steps(self, batches: list[tuple[torch.Tensor, torch.Tensor]],
+                     carried: list[tuple[torch.Tensor, torch.Tensor]] = ()) -> torch.Tensor:
+        """Forward + backward of every micro-batch (`carried`: a lost rank's slot, after this rank's
+        own, before the one synchronised backward); the mean loss of this rank's own."""
         self.live.doing("forward/backward")
-        last, losses = len(batches) - 1, []
-        for i, (x, y) in enumerate(batches):
+        every = [*batches, *carried]
+        last, losses = len(every) - 1, []
+        for i, (x, y) in enumerate(every):
             with self.sync.micro_step(syncs=i == last):
                 losses.append(self.engine.micro_step(x, y, is_last=i == last))
-        return torch.stack(losses).mean()
+        return torch.stack(losses[:len(batches)]).mean()
 
     def _step_check(self, step: int, loss: torch.Tensor, batches: list[tuple[torch.Tensor, torch.Tensor]],
-                    lr: float) -> StepCheck:
+                    lr: float, carried: list[tuple[torch.Tensor, torch.Tensor]] = ()) -> StepCheck:
         """The guard's verdict, which the engine asks for once the step's gradient norm is known.
         `clip_again` (None once the optimizer has stepped) lets the guard replay the step."""
         def check(grad_norm: torch.Tensor | None, clip_again: Callable[[], torch.Tensor] | None) -> bool:
-            replay = None if clip_again is None else (lambda: (self._micro_steps(batches), clip_again()))
+            replay = None if clip_again is None else (lambda: (self._micro_steps(batches, carried), clip_again()))
             return self.guard.check(step=step, loss=loss, grad_norm=grad_norm, batches=batches, lr=lr, replay=replay)
         return check
 

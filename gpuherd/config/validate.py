@@ -82,6 +82,9 @@ def _check_relations(cfg: Config) -> None:
     if cfg.system.spares > 0 and cfg.system.max_restarts == 0:
         raise ConfigError(f"system.spares={cfg.system.spares} needs system.max_restarts > 0 (--max-restarts N): each "
                           "live recovery uses one restart")
+    if cfg.system.min_replicas > 0 and cfg.system.max_restarts == 0:
+        raise ConfigError(f"system.min_replicas={cfg.system.min_replicas} needs system.max_restarts > 0 (--max-restarts "
+                          "N): each shrink uses one restart")
     if 0 < cfg.system.straggler_factor <= 1:
         raise ConfigError(f"system.straggler_factor must be 0 (off) or > 1, got {cfg.system.straggler_factor}")
     d = cfg.debug

@@ -19,17 +19,27 @@ claim wins: a node losing a rank in the same instant falls back to the job-wide 
 every other node hears of the claim (`heard`): it records the same recovery (numbered alike,
 counted against --max-restarts alike, its own ranks as the survivors), watches its own
 survivors leave the broken group (`stuck`), and ends it at their first completed step.
+
+With --min-replicas N (one node), a loss with no warm spare left shrinks the group instead
+(`shrinks`, `shrink`): the decision goes into the workers' store (contract.DECISION_KEY,
+which the survivors read before they rebuild the group; a spare's promotion is written there
+too), the survivors rebuild it without the lost rank and one of them carries its data slot
+(worker/data_slots.py), so the global batch and the data order stay the same. Once shrunk,
+the attempt stays shrunk: a later loss shrinks again or restarts (no regrow yet).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+
+import orjson
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from loguru import logger
 
+from gpuherd import contract
 from gpuherd.exit_codes import ExitCode
 from gpuherd.status_records import LiveAble, LiveFirstStep, LiveLostPeer, LiveRejoined, Record, Step
 
@@ -76,6 +86,9 @@ class Recovery:
     rejoin_s: float | None = None  # the newcomer's own join + state transfer
     checkpoint_reads: int = 0
     node: int | None = None  # multi-node: the node whose rank was lost (it promoted its own spare)
+    action: str = "replaced"  # replaced (by a warm spare) | shrink (the survivors went on without it)
+    replicas: int | None = None  # shrink: the processes training on (one of them carries the lost data slot)
+    shrunk_s: float | None = None  # shrink: from the loss to the attempt's end (summary.json only), the time shrunk
     _died: float = field(default=0.0, repr=False)
     _reached: int = field(default=0, repr=False)  # the most completed steps any rank reported before
     _generation: int = field(default=1, repr=False)  # the rebuilt group of this attempt it forms
@@ -89,6 +102,12 @@ class Recovery:
         where = f"node {self.node}'s " if self.node is not None else ""
         if self.outcome != "recovered":
             return f"live recovery {self.number}: {where}rank {self.rank} ({self.device}) {self.outcome}: {self.failed}"
+        if self.action == "shrink":
+            return (f"live recovery {self.number}: rank {self.rank} ({self.device}, pid {self.lost_pid}) lost with no "
+                    f"spare left: {self.replicas} process(es) train on with its data slot carried (same global "
+                    f"batch and data order) after {self.seconds:.2f} s (loss -> next completed step), resumed at "
+                    f"step {self.resumed_step} from rank {self.source_rank}, {self.steps_redone} completed step(s) "
+                    f"redone, no checkpoint read; kept their processes: {survivors}")
         how = (f"that node's spare pid {self.replaced_by_pid}; this node's ranks rebuilt the group with it"
                if self._remote else f"spare pid {self.replaced_by_pid}")
         return (f"live recovery {self.number}: {where}rank {self.rank} ({self.device}, pid {self.lost_pid}) "
@@ -101,13 +120,20 @@ class Recovery:
 class LiveRecovery:
     def __init__(self, pool: SparePool, budget: int, attempt: int, env_for: Callable[[DeviceSlot, WorkerProcess, int],
                  Mapping[str, str]], numbered_from: int, write_metric: Callable[[dict], None],
-                 off: str | None = None, regroup: Regroup | None = None, node: int | None = None) -> None:
+                 off: str | None = None, regroup: Regroup | None = None, node: int | None = None,
+                 shrink_floor: int = 0, tell: Callable[[str, str], bool] | None = None,
+                 worker_env: Mapping[str, str] | None = None) -> None:
         """`budget`: recoveries allowed (what --max-restarts leaves); `env_for(slot, spare)`: the lost
         rank's environment for the spare, joining rebuilt group n; `off`: why live recovery is off for
-        the whole attempt; `regroup`, `node`: a multi-node job's control plane, and this node's rank."""
+        the whole attempt; `regroup`, `node`: a multi-node job's control plane, and this node's rank;
+        `shrink_floor`: --min-replicas (0: never shrink); `tell(key, value)`: a key into the workers'
+        store; `worker_env`: what every worker of the attempt gets in its environment."""
         self.pool, self.budget, self.attempt, self.env_for = pool, budget, attempt, env_for
         self.off, self.numbered_from, self.write_metric = off, numbered_from, write_metric
         self.regroup, self.node = regroup, node
+        self.shrink_floor, self.tell = shrink_floor, tell
+        self.worker_env = dict(worker_env or {contract.LIVE_RECOVERY: "1"})
+        self.group: list[int] | None = None  # shrunk: the ranks training on (a spare can no longer join)
         self.able: dict[int, str | None] = {}  # rank -> None (can be recovered live) or why not
         self.completed: dict[int, int] = {}  # rank -> completed steps it reported
         self.recoveries: list[Recovery] = []
@@ -138,7 +164,47 @@ class LiveRecovery:
                 return f"rank {r} had not started training yet (no state to hand over)"
             if self.able[r] is not None:
                 return f"rank {r}: {self.able[r]}"
+        if self.shrinks():
+            return self.why_not_shrink(rank, survivors)
         return None
+
+    def shrinks(self) -> bool:
+        """A loss now shrinks the group: --min-replicas, and no warm spare (or shrunk already)."""
+        return self.shrink_floor > 0 and (self.group is not None or not self.pool.ready())
+
+    def why_not_shrink(self, rank: int, survivors: list[int]) -> str | None:
+        if rank == 0:
+            return ("rank 0 was lost and no spare is left: a shrunk group needs rank 0 (it logs and writes the "
+                    "checkpoints), so the run restarts instead")
+        if len(survivors) < self.shrink_floor:
+            return (f"no spare left, and {len(survivors)} survivor(s) are fewer than --min-replicas "
+                    f"{self.shrink_floor}")
+        return None
+
+    def shrink(self, lost: WorkerProcess, cause: RootCause, survivors: list[WorkerProcess], now: float) -> bool:
+        """No spare left: the survivors rebuild the group without `lost`, one of them carrying its
+        data slot. False (said why): the decision could not reach them."""
+        generation = len(self.recoveries) + 1
+        ranks = sorted(w.slot.rank for w in survivors)
+        told = self.tell is not None and self.tell(contract.DECISION_KEY.format(generation=generation),
+                                                   orjson.dumps({"shrink": lost.slot.rank, "ranks": ranks}).decode())
+        if not told:
+            self._fail_in_flight(cause)
+            logger.warning("live recovery not possible: the rendezvous store is gone, so the survivors cannot be "
+                           "told to shrink")
+            return False
+        self.budget -= 1
+        self.group = ranks
+        rec = Recovery(number=self.numbered_from + len(self.recoveries) + 1, attempt=self.attempt, rank=lost.slot.rank,
+                       device=lost.slot.tag, failed=cause.message, kind=cause.kind, lost_pid=lost.pid,
+                       replaced_by_pid=0, survivors=_ranks_and_pids(survivors), started_at=now_iso(),
+                       action="shrink", replicas=len(ranks), _died=now,
+                       _reached=max(self.completed.values(), default=0), _generation=generation)
+        self.recoveries.append(rec)
+        logger.warning(f"{cause.message}: live recovery {rec.number}: no warm spare left: the other {len(ranks)} "
+                       f"worker(s) keep running and go on without rank {rec.rank}, one of them carrying its data "
+                       "slot (same global batch and data order; --min-replicas)")
+        return True
 
     def replace(self, lost: WorkerProcess, cause: RootCause, survivors: list[WorkerProcess],
                 now: float) -> WorkerProcess | None:
@@ -160,6 +226,8 @@ class LiveRecovery:
             logger.warning(f"live recovery not possible: {why}")
             return None
         new = self.pool.promote(spare, lost.slot, lost.log_path, self.env_for(lost.slot, spare, generation))
+        if self.shrink_floor and self.tell is not None:  # the survivors wait for the word before they rebuild
+            self.tell(contract.DECISION_KEY.format(generation=generation), orjson.dumps({"spare": lost.slot.rank}).decode())
         self.budget -= 1
         rec = Recovery(number=self.numbered_from + len(self.recoveries) + 1, attempt=self.attempt, rank=lost.slot.rank,
                        device=lost.slot.tag, failed=cause.message, kind=cause.kind, lost_pid=lost.pid,
@@ -243,6 +311,9 @@ class LiveRecovery:
 
     def settle(self) -> list[dict[str, Any]]:
         """The attempt is over: its recoveries for summary.json (one still in flight failed)."""
+        now = time.monotonic()
+        for shrunk in (r for r in self.recoveries if r.action == "shrink" and r.outcome == "recovered"):
+            shrunk.shrunk_s = round(now - shrunk._died, 3)
         rec = self.in_flight
         if rec is not None:
             rec.outcome = "failed"
@@ -266,8 +337,9 @@ class LiveRecovery:
         match record:
             case Step(step=int(step)) if rec is None:
                 self.completed[rank] = max(self.completed.get(rank, 0), step + 1)
-            case Step() if rec is not None and rec._remote and rank in self.rejoined.get(rec._generation, {}):
-                joined = self.rejoined[rec._generation][rank]  # this node's first completed step in the rebuilt group
+            case Step() if rec is not None and (rec._remote or rec.action == "shrink") and \
+                    rank in self.rejoined.get(rec._generation, {}):
+                joined = self.rejoined[rec._generation][rank]  # a survivor's first completed step in the rebuilt group
                 rec.resumed_step, rec.source_rank = joined.step, joined.source
                 self._finish(rec, time.monotonic())
             case LiveAble():

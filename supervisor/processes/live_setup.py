@@ -1,7 +1,7 @@
 """An attempt's live recovery, put together: whether it applies, its spares, their environment.
 
 `live_for_attempt` returns None when there is nothing to decide (no --max-restarts, or
---spares 0) and when live recovery cannot apply to the run at all (a --script run, a
+--spares 0 without --min-replicas) and when live recovery cannot apply to the run at all (a --script run, a
 single worker: known at launch, said once then, and no spare is started that could never
 be used): the attempt then behaves exactly as without the feature. A multi-node job's
 attempt gets the job's control plane (`regroup`): each node keeps its own spares and
@@ -28,6 +28,9 @@ from supervisor.processes.spawn import WorkerProcess, spawn
 from supervisor.processes.worker_env import RunEnv, worker_env
 
 LIVE_ENV = {contract.LIVE_RECOVERY: "1"}  # in every worker's environment while spares stand by
+SHRINK_ENV = {**LIVE_ENV, contract.SHRINK: "1"}  # ... and when a loss with no spare left may shrink the group
+
+
 
 
 def spare_count(cfg: Config) -> int:
@@ -57,10 +60,16 @@ class AttemptLive:
     base_env: Mapping[str, str]
     log_dir: Path
     watch: Callable[[int], None]  # the orphan guard's: every spare's process group is guarded too
+    tell: Callable[[str, str], bool] | None = None  # a key into the workers' store (None: multi-node, no shrink)
+    shrink: bool = False  # set by live_for_attempt: --min-replicas applies to this attempt
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(SHRINK_ENV if self.shrink else LIVE_ENV)
 
     def start_spare(self, number: int) -> WorkerProcess:
         slot = self.plan.slots[0]  # a placeholder: the real rank comes with the assignment
-        env = {**worker_env(self.base_env, self.plan, slot, self.run_env, 0), **LIVE_ENV, contract.SPARE: "1"}
+        env = {**worker_env(self.base_env, self.plan, slot, self.run_env, 0), **self.env, contract.SPARE: "1"}
         spare = spawn(self.command, lambda fd: {**env, contract.STATUS_FD: str(fd)}, slot,
                       self.log_dir / f"spare-{number}.log", stdin_pipe=True)
         self.watch(spare.pgid)
@@ -70,15 +79,15 @@ class AttemptLive:
         error_file = error_file_for(spare.log_path.parent / f"worker-rank{slot.rank}-{slot.tag}.log")
         error_file.unlink(missing_ok=True)  # the lost rank's account was read already
         return {**worker_env(self.base_env, self.plan, slot, self.run_env, 0, error_file=str(error_file)),
-                **LIVE_ENV, contract.JOIN_GENERATION: str(generation)}
+                **self.env, contract.JOIN_GENERATION: str(generation)}
 
 
 def live_for_attempt(parts: AttemptLive, budget: int, attempt: int, numbered_from: int, script: bool,
                      multi_node: bool, write_metric: Callable[[dict], None], regroup: Regroup | None = None,
                      node: int | None = None) -> LiveRecovery | None:
     """`regroup`, `node`: a multi-node job's control plane, and this node's rank."""
-    count = spare_count(parts.cfg)
-    if count == 0 or parts.cfg.system.max_restarts == 0:
+    count, floor = spare_count(parts.cfg), parts.cfg.system.min_replicas
+    if (count == 0 and floor == 0) or parts.cfg.system.max_restarts == 0:
         return None
     off = why_off(parts.cfg, script, multi_node, parts.plan.world_size)
     if off:
@@ -86,8 +95,17 @@ def live_for_attempt(parts: AttemptLive, budget: int, attempt: int, numbered_fro
             logger.info(f"live recovery off: {off}; a failure restarts every worker (--max-restarts), "
                         "no warm spare is started")
         return None
+    if floor and (multi_node or parts.tell is None):
+        if attempt == 0:
+            logger.info("--min-replicas: shrinking is built for a single node only; a multi-node job with no "
+                        "spare left restarts")
+        floor = 0
+        if count == 0:
+            return None
+    parts.shrink = floor > 0
     return LiveRecovery(SparePool(count, parts.start_spare), budget, attempt, parts.env_for, numbered_from,
-                        write_metric, regroup=regroup, node=node)
+                        write_metric, regroup=regroup, node=node, shrink_floor=floor, tell=parts.tell,
+                        worker_env=parts.env)
 
 
 def discard_spares(pool: SparePool, forget: Callable[[int], None]) -> None:

@@ -40,6 +40,10 @@ class SparePool:
             self.started += 1
         return new
 
+    def ready(self) -> bool:
+        """A live spare waits (without taking it)."""
+        return any(s.poll() is None for s in self.spares)
+
     def take(self) -> tuple[WorkerProcess | None, str]:
         """A live spare, or None and why there is none."""
         gone = []

@@ -474,10 +474,15 @@ class Supervision:
 
     def _replace_live(self, action: pol.ReplaceLive, now: float) -> None:
         """The policy's `ReplaceLive`: a warm spare takes the lost rank, whose pipes and heartbeats
-        are read as the rank's from now on; if none can be taken (said why), the policy decides."""
+        are read as the rank's from now on, or (--min-replicas, no spare left) the survivors go on
+        without it; if neither can be done (said why), the policy decides."""
         lost = self.workers[action.rank]
-        new = None if self.live is None else self.live.replace(lost, action.cause, [
-            o for o in self._alive() if o is not lost], now)
+        survivors = [o for o in self._alive() if o is not lost]
+        if self.live is not None and self.live.shrinks():  # no spare left: the survivors go on without it
+            if not self.live.shrink(lost, action.cause, survivors, now):
+                self._decide(pol.ReplaceFailed(self._view(now), action.rank, action.cause))
+            return
+        new = None if self.live is None else self.live.replace(lost, action.cause, survivors, now)
         if new is None:
             self._decide(pol.ReplaceFailed(self._view(now), action.rank, action.cause))
             return

@@ -92,6 +92,16 @@ class StoreServer:
         self._serving = f"{store.addr}:{store.port}"
         return self.proc
 
+    def set(self, key: str, value: str) -> bool:
+        """Write `key` into the store being served (the workers read it); False: the helper is gone."""
+        if self._ctl is None or self.proc is None or self.proc.poll() is not None:
+            return False
+        try:
+            self._ctl.send(orjson.dumps({"set": {key: value}}))
+        except OSError:
+            return False
+        return True
+
     def drop(self) -> None:
         """The attempt is over: its store stops serving (the port is free again)."""
         if self._ctl is not None and self.proc is not None and self.proc.poll() is None:

@@ -5,7 +5,9 @@ socket the supervisor bound and handed over (`supervisor.rendezvous.store.StoreS
 
 CONTROL_FD is a SOCK_SEQPACKET socket. Each message is a JSON object; one that carries
 a file descriptor (a listening socket) with {"addr", "port", "timeout_s"} replaces the
-store being served by a fresh one on that socket; `{}` alone just stops the current one.
+store being served by a fresh one on that socket; `{"set": {KEY: VALUE}}` writes keys into the
+store being served (the supervisor's word to the workers, e.g. a live recovery's decision: the
+supervisor itself stays torch-free); `{}` alone just stops the current one.
 End of file (the supervisor is gone) ends the process.
 """
 
@@ -32,8 +34,13 @@ def serve(control_fd: int) -> None:
         message, fds, _flags, _addr = socket.recv_fds(control, MAX_MESSAGE, 1)
         if not message:
             return
-        serving.clear()  # the previous attempt's store: its server stops and closes its socket
         spec = orjson.loads(message)
+        if "set" in spec and not fds:
+            for key, value in spec["set"].items():
+                if serving:
+                    serving[-1].set(key, value)
+            continue
+        serving.clear()  # the previous attempt's store: its server stops and closes its socket
         if fds:
             # The store owns the listening fd from here and closes it when replaced.
             serving.append(TCPStore(spec["addr"], spec["port"], None, True, timedelta(seconds=spec["timeout_s"]),

@@ -71,6 +71,10 @@ def event_of(record: Record) -> Event | None:
                        if excluded else "")
             return Event(when, "restart", f"restart {record.attempt} after exit code {record.exit_code}: "
                                           f"{record.after}{without}")
+        case Recovery(outcome="recovered", action="shrink"):
+            return Event(when, "recovery", f"live recovery {record.number}: rank {rank} lost with no spare left: "
+                                           f"{record.replicas} process(es) went on with its data slot in "
+                                           f"{_num(record.seconds)} s: {record.failed}", rank)
         case Recovery(outcome="recovered"):
             where = f"node {record.node}'s " if record.node is not None else ""
             return Event(when, "recovery", f"live recovery {record.number}: {where}rank {rank} replaced by "

@@ -69,6 +69,7 @@ def _reached(run_dir, step: int) -> bool:
 
 
 _PLAIN: dict[int, dict[tuple[int, int], float]] = {}  # ranks -> one uninterrupted run, for every test of this module
+PLAIN_RUNS: dict[int, object] = {}  # ranks -> that run's directory (its other records)
 
 
 def _uninterrupted(tmp_path_factory, python_env, nproc: int) -> dict[tuple[int, int], float]:
@@ -78,6 +79,7 @@ def _uninterrupted(tmp_path_factory, python_env, nproc: int) -> dict[tuple[int, 
                              timeout=300)
         assert run.returncode == 0, run.stderr[-3000:]
         _PLAIN[nproc] = _losses(cwd / "logs" / "plain")
+        PLAIN_RUNS[nproc] = cwd / "logs" / "plain"
     assert len(_PLAIN[nproc]) == nproc * STEPS
     return _PLAIN[nproc]
 

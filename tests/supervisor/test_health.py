@@ -235,3 +235,22 @@ def test_one_warm_store_helper_serves_each_attempt_a_fresh_store():
         assert len(pids) == 1 and server.proc.poll() is None  # the same process, still up
     finally:
         server.close()
+
+
+def test_the_supervisor_writes_a_key_the_workers_read_through_the_store_helper():
+    """The supervisor stays torch-free: a live recovery's decision reaches the workers' store
+    through the helper that serves it."""
+    torch_dist = pytest.importorskip("torch.distributed")
+    server = StoreServer(sys.executable, python_env(), die_with_parent())
+    assert not server.set("gpuherd-live/1/decision", "{}")  # no helper yet: nothing to write through
+    try:
+        store = HostedStore(timeout_s=30)
+        server.serve(store)
+        client = torch_dist.TCPStore(store.addr, store.port, None, False, timedelta(seconds=60))
+        assert server.set("gpuherd-live/1/decision", '{"shrink": 2, "ranks": [0, 1, 3]}')
+        assert client.get("gpuherd-live/1/decision") == b'{"shrink": 2, "ranks": [0, 1, 3]}'  # waits until set
+        assert server.proc.poll() is None  # a write does not replace the store being served
+        del client
+        store.stop()
+    finally:
+        server.close()

@@ -3,17 +3,21 @@ not otherwise, and what a recovery records (the real processes: tests/e2e/test_l
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from pathlib import Path
 
+import orjson
 import pytest
 from loguru import logger
 
+from gpuherd import contract
 from gpuherd.config import Config, ConfigError, validate
 from gpuherd.status_records import from_object as record
 from supervisor.gpus import DeviceSlot
 from supervisor.processes import LiveRecovery
-from supervisor.processes.live_setup import spare_count, why_off
+from supervisor.processes.live_setup import AttemptLive, live_for_attempt, spare_count, why_off
 from supervisor.processes.spares import SparePool
 from supervisor.summary import RootCause
 
@@ -187,3 +191,99 @@ def test_a_survivor_that_never_leaves_the_broken_group_ends_the_recovery_after_a
     live.give_up(_cause(2))
     assert live.recoveries[0].outcome == "failed" and metrics[-1]["outcome"] == "failed"
     assert live.stuck(200.0, step_allowance=2.0) is None  # nothing in flight any more
+
+
+def _shrinking(floor: int = 2, spares: int = 0, ranks: int = 4) -> tuple[LiveRecovery, list[dict], list[tuple]]:
+    """Live recovery with --min-replicas `floor` and `spares` warm spares; what it tells the store."""
+    told: list[tuple[str, dict]] = []
+    metrics: list[dict] = []
+    live = LiveRecovery(FakePool(spares), 3, attempt=0, env_for=lambda slot, spare, g: {"GEN": str(g)},
+                        numbered_from=0, write_metric=metrics.append, shrink_floor=floor,
+                        tell=lambda key, value: told.append((key, orjson.loads(value))) or True)
+    for rank in range(ranks):
+        live.observe(record({"type": "live", "rank": rank, "event": "able", "able": True, "why": None}))
+    return live, metrics, told
+
+
+def test_with_no_spare_left_a_lost_rank_shrinks_the_group_and_the_survivors_are_told_in_the_store(warnings):
+    live, metrics, told = _shrinking()
+    assert live.shrinks() and live.why_not(2, [0, 1, 3]) is None
+    survivors = [FakeProc(pid=10 + r, rank=r) for r in (0, 1, 3)]
+    assert live.shrink(FakeProc(pid=12, rank=2), _cause(2), survivors, now=100.0)
+    assert told == [("gpuherd-live/1/decision", {"shrink": 2, "ranks": [0, 1, 3]})]
+    assert live.budget == 2 and live.group == [0, 1, 3] and live.pool.promoted == []
+    rec = live.in_flight
+    assert rec.action == "shrink" and rec.replicas == 3 and rec.survivors == [
+        {"rank": r, "pid": 10 + r} for r in (0, 1, 3)]
+    for r in (0, 1, 3):
+        live.observe(record({"type": "live", "rank": r, "event": "lost_peer", "generation": 1, "step": 8}))
+        live.observe(record({"type": "live", "rank": r, "event": "rejoined", "generation": 1, "step": 8, "source": 0,
+                      "role": "source" if r == 0 else "survivor", "seconds": 0.3, "replicas": 3}))
+    live.observe(record({"type": "step", "rank": 1, "step": 8}))  # a survivor's first completed step in the shrunk group
+    assert rec.outcome == "recovered" and rec.resumed_step == 8 and rec.source_rank == 0 and rec.steps_redone == 0
+    assert metrics[-1]["action"] == "shrink" and metrics[-1]["replaced_by_pid"] == 0
+    assert "3 process(es) train on with its data slot carried" in warnings[-1]
+    (settled,) = live.settle()  # the attempt ends: how long it trained shrunk, from the loss
+    assert abs(settled["shrunk_s"] - (time.monotonic() - 100.0)) < 5
+
+
+def test_a_shrunk_group_shrinks_again_even_when_a_spare_is_back_since_no_spare_can_join_it():
+    live, _metrics, told = _shrinking(floor=2, spares=1)
+    assert not live.shrinks()  # a warm spare waits: it takes the lost rank, and the survivors are told so
+    new = live.replace(FakeProc(pid=12, rank=2), _cause(2), [FakeProc(pid=10 + r, rank=r) for r in (0, 1, 3)], 1.0)
+    assert new is not None and told == [("gpuherd-live/1/decision", {"spare": 2})]
+    live.recoveries[-1].outcome = "recovered"
+    live.group = [0, 1, 3]  # as after a shrink
+    assert live.shrinks() and live.pool.ready()
+
+
+@pytest.mark.parametrize(("rank", "survivors", "why"), [
+    (0, [1, 2, 3], "rank 0 was lost and no spare is left: a shrunk group needs rank 0"),
+    (3, [0], "1 survivor(s) are fewer than --min-replicas 2"),
+])
+def test_shrinking_is_refused_in_one_line_below_the_floor_or_without_rank_0(rank, survivors, why):
+    live, _metrics, _told = _shrinking(floor=2)
+    assert why in live.why_not(rank, survivors)
+
+
+def test_without_min_replicas_no_spare_left_stays_a_restart():
+    live, _metrics, told = _shrinking(floor=0)
+    assert not live.shrinks() and live.why_not(2, [0, 1, 3]) is None  # the pool says why, at the replacement
+    assert live.replace(FakeProc(pid=12, rank=2), _cause(2), [FakeProc(pid=10, rank=0)], 1.0) is None
+    assert told == []
+
+
+def test_min_replicas_needs_restarts():
+    cfg = Config()
+    cfg.system.min_replicas = 2
+    with pytest.raises(ConfigError, match="min_replicas=2 needs system.max_restarts"):
+        validate(cfg)
+
+
+def _attempt_live(spares: int, multi_node: bool, lines: list[str]) -> LiveRecovery | None:
+    cfg = Config()
+    cfg.system.max_restarts, cfg.system.spares, cfg.system.min_replicas = 2, spares, 2
+    parts = AttemptLive(cfg, ["python", "-m", "worker"], SimpleNamespace(world_size=4), None, {}, Path("/nonexistent"),
+                        watch=lambda pgid: None, tell=None if multi_node else (lambda key, value: True))
+    handler = logger.add(lambda m: lines.append(m.record["message"]), level="INFO")
+    try:
+        return live_for_attempt(parts, budget=2, attempt=0, numbered_from=0, script=False, multi_node=multi_node,
+                                write_metric=lambda record: None)
+    finally:
+        logger.remove(handler)
+
+
+def test_min_replicas_alone_turns_live_recovery_on_to_shrink_and_tells_every_worker_to_wait_for_the_decision():
+    lines: list[str] = []
+    live = _attempt_live(spares=0, multi_node=False, lines=lines)
+    assert live is not None and live.shrink_floor == 2 and live.shrinks()
+    assert live.worker_env == {contract.LIVE_RECOVERY: "1", contract.SHRINK: "1"} and not lines
+
+
+@pytest.mark.parametrize("spares", [0, 1])
+def test_a_multi_node_job_says_once_that_it_does_not_shrink(spares):
+    lines: list[str] = []
+    live = _attempt_live(spares=spares, multi_node=True, lines=lines)
+    assert lines == ["--min-replicas: shrinking is built for a single node only; a multi-node job with no spare "
+                     "left restarts"]
+    assert (live is None) if spares == 0 else (live.shrink_floor == 0 and contract.SHRINK not in live.worker_env)
