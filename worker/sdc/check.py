@@ -69,7 +69,6 @@ class SdcCheck:
     def __init__(self, trainer: Any) -> None:
         t = trainer
         self.t = t
-        self.rank, self.world = t.identity.rank, t.identity.world_size
         cfg = t.cfg.training
         self.every, self.optim_every = cfg.sdc_check_every, cfg.sdc_optim_check_every
         self.replicated = REPLICATED.get(t.strategy, ()) if self.world > 1 and self.every else ()
@@ -81,7 +80,7 @@ class SdcCheck:
             if self.rank == 0:
                 logger.warning(f"{t.identity.bracket} {flip.describe()}: rank {flip.rank} flips one bit of its "
                                f"{flip.target} at step {flip.step} (a test fault)")
-            injector.arm(flip, self.rank, t.engine.inner, t.engine.optimizer, lambda: t.step)
+            injector.arm(flip, t.identity.rank, t.engine.inner, t.engine.optimizer, lambda: t.step)
         self.strikes: Counter[int] = Counter()
         self.struck_at: dict[int, list[int]] = {}
         self.pending: Pending | None = None
@@ -91,6 +90,24 @@ class SdcCheck:
         self.generation = self._generation()
         first = self.world == 2 and self.replicated and self.generation == 0
         self.kept = heal.Kept.take(t, t.step) if first else None
+
+    # The group the replicas are compared in: after a shrink (worker/data_slots.py) it has fewer
+    # members than the job's ranks, each at its own place in it. Rows, culprits and broadcast
+    # sources are places in the group; strikes, records and messages name the job's ranks.
+    @property
+    def members(self) -> list[int]:
+        return self.t.recovery.ranks
+
+    @property
+    def rank(self) -> int:
+        return self.members.index(self.t.identity.rank)
+
+    @property
+    def world(self) -> int:
+        return len(self.members)
+
+    def _named(self, places: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(self.members[p] for p in places)
 
     # ------------------------------------------------------------------ the hook
     def after_step(self, step: int) -> bool:
@@ -209,9 +226,11 @@ class SdcCheck:
     def _strike(self, step: int, culprits: tuple[int, ...], healthy: int | None, blamed_by: str, healed: str,
                 found: list[str], seconds: float) -> None:
         t = self.t
-        for r in culprits:
+        named = self._named(culprits)
+        for r in named:
             self.strikes[r] += 1
             self.struck_at.setdefault(r, []).append(step)
+        me = t.identity.rank
         if self.rank in culprits:
             from worker.nan import device_label, hostname
 
@@ -219,16 +238,16 @@ class SdcCheck:
                         "its optimizer step's result differed from a recompute of the step")
 
             device, host = device_label(t.device, t.identity.bracket), hostname()
-            logger.error(f"{t.identity.bracket} SILENT DATA CORRUPTION on {device}, host {host}, rank {self.rank}, "
+            logger.error(f"{t.identity.bracket} SILENT DATA CORRUPTION on {device}, host {host}, rank {me}, "
                          f"step {step}: {differed} ({'; '.join(found[:2]) or 'see the sdc record'})"
-                         f"; named by {blamed_by}, healed by {healed}; strike {self.strikes[self.rank]} of "
+                         f"; named by {blamed_by}, healed by {healed}; strike {self.strikes[me]} of "
                          f"{STRIKES_ALLOWED + 1}")
-            t.status.send("suspect", step=step, device=device, host=host, transient_faults=self.strikes[self.rank],
+            t.status.send("suspect", step=step, device=device, host=host, transient_faults=self.strikes[me],
                           limit=STRIKES_ALLOWED, cause="silent data corruption")
         if healthy is not None and self.rank == healthy:
-            t.status.send("sdc", step=step, culprits=list(culprits), blamed_by=blamed_by, healed=healed,
+            t.status.send("sdc", step=step, culprits=list(named), blamed_by=blamed_by, healed=healed,
                           evidence=found[:4], seconds=round(seconds, 4))
-        twice = [r for r in culprits if self.strikes[r] > STRIKES_ALLOWED]
+        twice = [r for r in named if self.strikes[r] > STRIKES_ALLOWED]
         if twice:
             r = twice[0]
             raise WorkerError(f"silent data corruption: rank {r}'s device disagreed with its replicas "
@@ -237,4 +256,4 @@ class SdcCheck:
 
     def _stop(self, step: int, suspects: tuple[int, ...], why: str) -> None:
         raise WorkerError(f"silent data corruption after step {step}: {why}; suspect ranks "
-                          f"{', '.join(map(str, suspects))}", ExitCode.DEVICE_SUSPECT)
+                          f"{', '.join(map(str, self._named(suspects)))}", ExitCode.DEVICE_SUSPECT)
