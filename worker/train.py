@@ -313,10 +313,13 @@ class Trainer:
             return True
         self.saver.poll()  # a background write that failed (a full disk) ends the run here
         self._train_step()
-        if self.sdc.after_step(self.step):  # silent data corruption: rolled back to the replicas' last agreed state
-            return False
         self.step += 1
+        # The mark comes before the SDC check's collective: a peer lost there is lost after a
+        # completed step, which the rebuilt group must not do again (its update is in the model).
         self.recovery.mark()
+        if self.sdc.after_step(self.step - 1):  # silent data corruption: rolled back to the replicas' last agreed state
+            self.recovery.mark()  # a rejoin now rewinds to that state
+            return False
         self.owed = self._due_after(self.step)
         self.settle_owed()
         return False
