@@ -82,3 +82,20 @@ class LogWrites:
 
 
 LOG_WRITES = LogWrites()  # one per process: the supervisor's log files all count here
+
+
+def quiet_writer_thread_disk_errors() -> None:
+    """A disk error that ends a log writer's own thread (TensorBoard's event thread) is not
+    printed as a traceback: the sink raises it again in the training thread, where it is
+    dropped and said once."""
+    if getattr(threading.excepthook, "gpuherd_quiet", False):
+        return
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if isinstance(args.exc_value, OSError) and args.exc_value.errno in DISK_ERRNOS:
+            return
+        previous(args)
+
+    hook.gpuherd_quiet = True  # type: ignore[attr-defined]
+    threading.excepthook = hook

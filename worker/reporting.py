@@ -7,7 +7,6 @@ since the previous logged step.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +17,7 @@ import torch
 from loguru import logger
 
 from gpuherd.contract import WorkerIdentity
-from gpuherd.log_writes import DISK_ERRNOS
+from gpuherd.log_writes import DISK_ERRNOS, quiet_writer_thread_disk_errors
 from gpuherd.status_channel import StatusWriter
 from gpuherd.text import format_duration
 from worker.mfu import FlopsModel
@@ -81,23 +80,6 @@ class TensorBoard:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
-
-
-def quiet_writer_thread_disk_errors() -> None:
-    """A disk error that ends a log writer's own thread (TensorBoard's event thread) is not
-    printed as a traceback: the sink raises it again in the training thread, where it is
-    dropped and said once."""
-    if getattr(threading.excepthook, "gpuherd_quiet", False):
-        return
-    previous = threading.excepthook
-
-    def hook(args: threading.ExceptHookArgs) -> None:
-        if isinstance(args.exc_value, OSError) and args.exc_value.errno in DISK_ERRNOS:
-            return
-        previous(args)
-
-    hook.gpuherd_quiet = True  # type: ignore[attr-defined]
-    threading.excepthook = hook
 
 
 class ScalarSinks:

@@ -19,6 +19,7 @@ from typing import Any
 
 from loguru import logger
 
+from gpuherd.log_writes import quiet_writer_thread_disk_errors
 from supervisor.goodput.account import Goodput
 from supervisor.goodput.timeline import Event
 
@@ -67,6 +68,8 @@ class GoodputScalars:
                                              for tag, value in scalars(g).items()])
         try:
             if self.writer is None:
+                # the writer's own thread meets a full disk first: said once below, not as its traceback
+                quiet_writer_thread_disk_errors()
                 self.where.mkdir(parents=True, exist_ok=True)
                 self.writer = event_file_writer.EventFileWriter(str(self.where))
             self.writer.add_event(event_pb2.Event(wall_time=wall_time or time.time(), step=step, summary=summary))

@@ -106,7 +106,9 @@ class LineFolder:
             self._held -= len(group.first_line)
             if group.open:
                 self._close(group)
-            if self._relay is not None and group.members[0].node is not None:
+            # stderr (warnings, logs) folds across nodes; stdout is a program's output and stays
+            # on its node, as under torchrun
+            if self._relay is not None and group.members[0].node is not None and group.fd == 2:
                 self._relay(_as_group(group))
                 continue
             out.append((group.fd, _render(group)))
