@@ -44,7 +44,9 @@ def enter_run_cgroup() -> Path | None:
         here = own_cgroup_path(Path("/proc/self/cgroup").read_text())
         if mount is None or here is None:
             return None
-        group = mount / here.lstrip("/") / f"gpuherd-{os.getpid()}"
+        parent = mount / here.lstrip("/")
+        remove_stale_run_cgroups(parent)
+        group = parent / f"gpuherd-{os.getpid()}"
         group.mkdir()
         (group / "cgroup.procs").write_text(f"{os.getpid()}\n")
     except OSError as exc:
@@ -66,3 +68,23 @@ def leave_run_cgroup(group: Path) -> bool:
         logger.debug(f"the run's cgroup {group} stays for the orphan guard to remove ({exc})")
         return False
     return True
+
+
+def remove_stale_run_cgroups(parent: Path) -> list[Path]:
+    """Earlier runs' cgroups whose supervisor is gone and that hold no process: a run whose
+    whole process tree was SIGKILLed at once (its orphan guard with it) leaves its cgroup
+    behind, and nothing else would ever remove it. An empty cgroup is removed with `rmdir`,
+    which the kernel refuses while anything is in it: a live run's is never touched."""
+    removed = []
+    for group in parent.glob("gpuherd-*"):
+        pid = group.name.removeprefix("gpuherd-")
+        if not pid.isdigit() or int(pid) == os.getpid() or Path(f"/proc/{pid}").exists():
+            continue
+        try:
+            group.rmdir()
+        except OSError:
+            continue  # still holds a process, or not ours to remove
+        removed.append(group)
+    if removed:
+        logger.debug(f"removed {len(removed)} cgroup(s) of earlier runs that ended without removing them")
+    return removed
