@@ -152,10 +152,9 @@ def _render(groups: Iterable[Group]) -> bytes:
 class FoldingPoint:
     """A multi-node job's end of the fold on each node: the node agent hands it every node's
     records (node 0's folds them all; any other node gets its own back only when it has no
-    direct connection to node 0), and a small thread prints each merged line when it is due,
-    so no line waits on the supervision loop. `close` prints whatever is still held."""
-
-    TICK_S = 0.05
+    direct connection to node 0), and a small thread prints each merged line when it is due
+    (it sleeps until the next deadline, or until a record comes while nothing is held), so no
+    line waits on the supervision loop. `close` prints whatever is still held."""
     # Nodes start their workers at their own pace and each holds its lines 0.2 s first, so twins
     # from other nodes arrive later than a node's own: a line waits up to 1 s for the next node's
     # copy, at most 3 s in all, and is printed at once when every rank of the job said it.
@@ -164,8 +163,8 @@ class FoldingPoint:
     def __init__(self, write: Callable[[int, bytes], None], world_size: int) -> None:
         self._write = write
         self.folder = CrossNodeFolder(world_size, gap=self.GAP_S, longest=self.LONGEST_S)
-        self._lock = threading.Lock()
-        self._closed = threading.Event()
+        self._lock = threading.Condition()
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name="cross-node-fold", daemon=True)
         self._thread.start()
 
@@ -181,15 +180,23 @@ class FoldingPoint:
                 group = decode(record) if isinstance(record, dict) else None
                 if group is not None:
                     self.folder.add(group, now)
+            self._lock.notify()  # a new deadline, or a line every rank said: due now
         self._flush(everything=False)
 
     def close(self) -> None:
-        self._closed.set()
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
         self._thread.join(timeout=1.0)
         self._flush(everything=True)
 
     def _run(self) -> None:
-        while not self._closed.wait(self.TICK_S):
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
+                deadline = self.folder.next_deadline()
+                self._lock.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
             self._flush(everything=False)
 
     def _flush(self, everything: bool) -> None:
