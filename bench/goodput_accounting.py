@@ -113,16 +113,15 @@ def fault_cost(completions: list[Completion], at: float) -> float | None:
     timed = [c.seconds for c in completions if c.seconds is not None]
     step_s = statistics.median(timed) if timed else 0.0
     before = max((c.step for c in completions if c.time <= at), default=-1)
-
-    def went_on(c: Completion) -> bool:
-        """Not the dying attempt's last gasp: the logging rank can still finish the step whose
-        all-reduce the killed rank had joined; that process must have trained on for it to count
-        (a fault in a run's very last step therefore has no cost: the schedule never fires one there)."""
-        return any(d.pid == c.pid and d.step > c.step for d in completions)
-
+    # Not the dying attempt's last gasp: the logging rank can still finish the step whose
+    # all-reduce the killed rank had joined; that process must have trained on for it to count
+    # (a fault in a run's very last step therefore has no cost: the schedule never fires one there).
+    furthest: dict[int, int] = {}
+    for c in completions:
+        furthest[c.pid] = max(furthest.get(c.pid, -1), c.step)
     # the run's final lineage only: a step a dying attempt still completed, then trained again
     # after its restart, is not where the run got past the fault
-    after = min((c.time for c in _final(completions).values() if c.time > at and c.step > before and went_on(c)),
-                default=None)
+    after = min((c.time for c in _final(completions).values()
+                 if c.time > at and c.step > before and furthest[c.pid] > c.step), default=None)
     return None if after is None else max(0.0, after - at - step_s)
 
