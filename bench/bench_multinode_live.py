@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,14 +29,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_live_recovery import KILL_AT, TINY, _records  # noqa: E402
+from bench.bench_multinode import _port  # noqa: E402
 from bench.compare import Comparison, Side, write_results  # noqa: E402
 from bench.launchers import kill_tree, worker_env  # noqa: E402
 
 
 def _commands(work: Path, nnodes: int, live: bool) -> list[list[str]]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _port()
     out = []
     for node in range(nnodes):
         cmd = [sys.executable, "-m", "supervisor", "--no-report", "--run-id", "r", "--max-restarts", "1",

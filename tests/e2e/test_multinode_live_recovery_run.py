@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import random
 import signal
-import socket
 import subprocess
 import sys
 
@@ -18,6 +17,7 @@ import pytest
 
 from tests.e2e.helpers import records
 from tests.supervisor.helpers import finish, wait_for
+from tests.worker.helpers import free_port
 
 STEPS = 20
 TINY = ["data.dataset=dummy", "data.tokenizer=byte", "data.context_length=32", "model.n_layers=2", "model.dim=32",
@@ -41,9 +41,7 @@ def _uninterrupted(tmp_path, python_env, world_size: int) -> dict[tuple[int, int
 
 
 def _start(tmp_path, python_env, run_id: str, nnodes: int, *extra: str) -> list[subprocess.Popen]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = []
     for node in range(nnodes):
         cmd = [sys.executable, "-m", "supervisor", "--set", "system.device=cpu", "--no-report", "--nproc", "1",
