@@ -1,10 +1,12 @@
 """Named points of a checkpoint save, where a test (or someone reproducing a crash) can
 freeze the save to kill the run exactly there.
 
-`GPUHERD_PAUSE_SAVE_AT=<phase>[:<step>[:<seconds>]]` makes the process that reaches
+`GPUHERD_PAUSE_SAVE_AT=<phase>[:<step>[:<seconds>|<file>]]` makes the process that reaches
 `<phase>` (of the save of `<step>`, or of any save) print `checkpoint save paused at <phase>
-(step N) [..., pid P]` on stderr (P: the process writing it, the loop's or its writer's) and sleep until it is killed (or for `<seconds>`, then go on: a slow
-disk). Phases, in order:
+(step N) [..., pid P]` on stderr (P: the process writing it, the loop's or its writer's) and
+sleep until it is killed, or for `<seconds>` then go on (a slow disk), or until `<file>`
+exists then go on (a slow disk that a test ends once it has seen what it waits for, rather
+than racing a fixed sleep on a loaded machine). Phases, in order:
 
 - `staging`: the loop is copying the state to host memory (the loop is blocked);
 - `staged`: the writer has the copy, nothing is written yet;
@@ -20,6 +22,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 
 PAUSE_VAR = "GPUHERD_PAUSE_SAVE_AT"
 PHASES = ("staging", "staged", "written", "manifest", "published")
@@ -35,7 +38,12 @@ def reached(phase: str, step: int | None) -> None:
     sys.stderr.write(f"checkpoint save paused at {phase} (step {step}) [{PAUSE_VAR}, pid {os.getpid()}]\n")
     sys.stderr.flush()
     if seconds:
-        time.sleep(float(seconds))
+        try:
+            time.sleep(float(seconds))
+        except ValueError:
+            release = Path(seconds)
+            while not release.exists():
+                time.sleep(0.05)
         return
     while True:
         time.sleep(3600)

@@ -40,10 +40,11 @@ def _worker_log(run_dir: Path, rank: int, attempt: int = 0) -> str:
 
 
 def test_a_teardown_waits_for_the_background_write_and_the_restart_resumes_from_it(tmp_path, python_env):
-    """Rank 0's write of step 6 is slow (8 s at `written`, longer than the 2 s grace period);
-    rank 1 is SIGKILLed meanwhile: rank 0 finishes the write before it exits, and the
-    restarted attempt resumes from step 6."""
-    env = dict(python_env, **{PAUSE_VAR: "written:6:8"})
+    """Rank 0's write of step 6 is slow (held at `written` until the supervisor has said it
+    waits for it, past the 2 s grace period); rank 1 is SIGKILLed meanwhile: rank 0 finishes
+    the write before it exits, and the restarted attempt resumes from step 6."""
+    release = tmp_path / "release-write"
+    env = dict(python_env, **{PAUSE_VAR: f"written:6:{release}"})
     proc = subprocess.Popen(_command("--run-id", "r", "--max-restarts", "1", "--grace-period", "2", "--spares", "0"), cwd=tmp_path,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_dir = tmp_path / "logs" / "r"
@@ -52,7 +53,11 @@ def test_a_teardown_waits_for_the_background_write_and_the_restart_resumes_from_
         victim = worker_of(proc.pid, 1)
         assert victim is not None
         victim.send_signal(signal.SIGKILL)
+        supervisor_log = run_dir / "supervisor.log"
+        assert wait_for(lambda: "still writing a checkpoint in the background: waiting for it"
+                        in supervisor_log.read_text(errors="replace"), timeout=60)
     finally:
+        release.touch()
         code, _out, err = finish(proc, timeout=300)
     assert code == 0, err[-3000:]
     assert "CPU0 still writing a checkpoint in the background: waiting for it" in err
