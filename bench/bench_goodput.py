@@ -6,7 +6,7 @@ every 20 steps, resume from the newest; STEPS steps of STEP_S) under torchrun
 (`--max-restarts 8`), NVIDIA's ft_launcher 0.4.1 (`--max-restarts 8`, its rank-monitor
 heartbeats from the script, no NIC monitor on CPU) and `gpuherd run` (`--max-restarts 8`),
 plus gpuherd's built-in trainer (a tiny Llama) with restarts (`--spares 0`) and with live
-recovery (`--spares 4`). Each launcher runs once undisturbed, then once under the schedule,
+recovery at the default settings (one warm spare, refilled after each recovery). Each launcher runs once undisturbed, then once under the schedule,
 interleaved round by round. The schedule, in fractions of that launcher's undisturbed
 training time (seeded jitter), each fault to whatever process is rank 1 by then:
 
@@ -85,8 +85,9 @@ class Run:
             return ln.ft_launcher(2, *args, flags=("--standalone", *restarts))
         if self.kind == "gpuherd run":
             return ln.gpuherd(2, *args, flags=("--run-id", "g", *restarts))
-        cmd = [sys.executable, "-m", "supervisor", "--debug", "--no-report", "--run-id", "g", *restarts,
-               "--spares", "4" if self.kind.endswith("live") else "0", "--nproc", "2",
+        spares = () if self.kind.endswith("live") else ("--spares", "0")  # live: the default pool of one
+        cmd = [sys.executable, "-m", "supervisor", "--debug", "--no-report", "--run-id", "g", *restarts, *spares,
+               "--nproc", "2",
                "--set", "system.device=cpu", "--set", f"system.run_root={self.work / 'logs'}",
                "--set", f"system.checkpoint_dir={self.work / 'ckpt'}", "--set", f"training.max_steps={self.steps}"]
         for item in BUILTIN:
