@@ -24,7 +24,10 @@ benchmark's own accounting (bench/goodput_accounting.py); for gpuherd's runs sum
 goodput block is shown beside it (they must agree within a few percent). Writes
 bench/results/goodput.md.
 
-    python3 bench/bench_goodput.py [--quick]
+    python3 bench/bench_goodput.py [--quick] [--rounds N]
+
+--quick halves the training, so its faults come twice as often as the full run's (one
+every ~6 s of training instead of ~12 s): its kept shares are the harsher figure.
 """
 
 from __future__ import annotations
@@ -216,8 +219,10 @@ def schedule(training_s: float, rng: random.Random) -> list[tuple[str, float]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 round of 300 steps instead of 2 of 600")
+    parser.add_argument("--rounds", type=int, help="interleaved rounds (overrides --quick's)")
     args = parser.parse_args()
     rounds, steps = (1, 300) if args.quick else (2, 600)
+    rounds = args.rounds or rounds
     rng = random.Random(SEED)
     results: dict[str, list[tuple[Kept, Kept, dict | None, Costs]]] = {k: [] for k in KINDS}
     with tempfile.TemporaryDirectory(prefix="bench-goodput-") as tmp:

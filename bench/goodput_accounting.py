@@ -107,21 +107,25 @@ def kept(completions: list[Completion], wall_s: float, checkpoint_s: float = 0.0
 
 def fault_cost(completions: list[Completion], at: float) -> float | None:
     """What one fault at wall time `at` cost the run: the seconds from the fault until training
-    first went past the furthest step completed before it, less one median step (what that
-    step takes undisturbed). It holds the detection, the restart or recovery and the steps
-    trained again; None when the run never got past that step (it ended or was capped)."""
+    completed the second step past the furthest one completed before it, less two median steps
+    (what those take undisturbed). It holds the detection, the restart or recovery and the steps
+    trained again; None when the run never got that far (it ended or was capped).
+
+    Two steps, not one: the step in flight at the fault may still complete at once (the faulted
+    rank had already joined its all-reduce), and under live recovery the same process then trains
+    on, so that completion says nothing of the fault; the stall shows in the step after it."""
     timed = [c.seconds for c in completions if c.seconds is not None]
     step_s = statistics.median(timed) if timed else 0.0
     before = max((c.step for c in completions if c.time <= at), default=-1)
     # Not the dying attempt's last gasp: the logging rank can still finish the step whose
     # all-reduce the killed rank had joined; that process must have trained on for it to count
-    # (a fault in a run's very last step therefore has no cost: the schedule never fires one there).
+    # (a fault in a run's last steps therefore has no cost: the schedule never fires one there).
     furthest: dict[int, int] = {}
     for c in completions:
         furthest[c.pid] = max(furthest.get(c.pid, -1), c.step)
     # the run's final lineage only: a step a dying attempt still completed, then trained again
     # after its restart, is not where the run got past the fault
     after = min((c.time for c in _final(completions).values()
-                 if c.time > at and c.step > before and furthest[c.pid] > c.step), default=None)
-    return None if after is None else max(0.0, after - at - step_s)
+                 if c.time > at and c.step >= before + 2 and furthest[c.pid] > c.step), default=None)
+    return None if after is None else max(0.0, after - at - 2 * step_s)
 
