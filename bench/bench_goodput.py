@@ -274,8 +274,8 @@ def _write(results: dict[str, list[tuple[Kept, Kept, dict | None, Costs]]], roun
 def _per_fault(results: dict[str, list[tuple[Kept, Kept, dict | None, Costs]]]) -> list[str]:
     """Per launcher and fault: seconds from the fault until training got past where it was
     (less one step), each round's figure."""
-    rows = ["", "Per fault: seconds from the fault until training first got past the step it had reached "
-            "(less one undisturbed step): detection + restart or recovery + steps trained again; "
+    rows = ["", "Per fault: seconds from the fault until training completed the second step past the one it had reached "
+            "(less two undisturbed steps): detection + restart or recovery + steps trained again; "
             "`never`: the run did not get past it before its end or cap.", "",
             "| launcher | " + " | ".join(f"{i + 1}. {what}" for i, (what, _) in enumerate(SCHEDULE)) + " |",
             "|---|" + "---|" * len(SCHEDULE)]
