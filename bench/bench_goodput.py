@@ -272,8 +272,8 @@ def _write(results: dict[str, list[tuple[Kept, Kept, dict | None, Costs]]], roun
 
 
 def _per_fault(results: dict[str, list[tuple[Kept, Kept, dict | None, Costs]]]) -> list[str]:
-    """Per launcher and fault: seconds from the fault until training got past where it was
-    (less one step), each round's figure."""
+    """Per launcher and fault: seconds from the fault until training was two steps past where it was
+    (less two steps), each round's figure."""
     rows = ["", "Per fault: seconds from the fault until training completed the second step past the one it had reached "
             "(less two undisturbed steps): detection + restart or recovery + steps trained again; "
             "`never`: the run did not get past it before its end or cap.", "",
