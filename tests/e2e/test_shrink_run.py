@@ -14,6 +14,7 @@ from collections import defaultdict
 
 import orjson
 import psutil
+import pytest
 
 from tests.e2e.helpers import records
 from tests.e2e.test_live_recovery_run import PLAIN_RUNS, STEPS, _command, _losses, _pid, _reached, _spare, \
@@ -118,6 +119,7 @@ def _undisturbed_to(step: int, cwd, python_env):
     return run_dir
 
 
+@pytest.mark.slow  # two 4-rank runs, and the spare's warm-up at nice 19 beside 3 busy ranks
 def test_a_shrunk_group_grows_back_when_the_pools_spare_is_warm_with_every_sample_trained_once(
         tmp_path, tmp_path_factory, python_env):
     """No spare (the standing one SIGKILLed), then one of ranks 1-3 SIGKILLed at a random step: 3
