@@ -37,9 +37,13 @@ JOIN_GENERATION = "GPUHERD_JOIN_GENERATION"  # in a spare's assignment: the rebu
 # Set by a user, never by gpuherd: a test fault, RANK:STEP:TARGET (worker/sdc/injector.py)
 INJECT_BITFLIP = "GPUHERD_INJECT_BITFLIP"
 SHRINK = "GPUHERD_SHRINK"  # "1": after a lost peer, read the supervisor's decision (a spare, or shrink) first
-# that decision, in the workers' store (MASTER_ADDR:MASTER_PORT): {"spare": lost rank} or
-# {"shrink": lost rank, "ranks": [the surviving ranks, in order: their ranks in the shrunk group]}
+# that decision, in the workers' store (MASTER_ADDR:MASTER_PORT): {"spare": lost rank},
+# {"shrink": lost rank, "ranks": [the surviving ranks, in order: their ranks in the shrunk group]},
+# or {"regrow": carried rank, "ranks": [...]} (a warm spare takes it back at a step boundary)
 DECISION_KEY = "gpuherd-live/{generation}/decision"
+# a regrow's answer from the shrunk group's first rank, which the newcomer waits for: "go" (the
+# group rebuilds with it at this step boundary) or "ended" (training ended first: it exits 0)
+REGROW_KEY = "gpuherd-live/{generation}/regrow"
 
 # What the supervisor sends gpuherd's own worker (worker/signals.py). Real-time signals, which no
 # shell, terminal or SLURM ever sends: SLURM signals every process of a job step on scancel, a

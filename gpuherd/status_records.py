@@ -71,6 +71,11 @@ class Step(Record):
     tokens_per_s: float | None = None  # throughput of this rank since the previous logged step
     mfu: float | None = None  # model FLOPs utilisation (fraction of the device's peak)
     mem_bytes: int | None = None  # device memory in use
+    carried: tuple[int, ...] = ()  # a shrunk group's carrier: the lost ranks' data slots it trains too
+    carried_loss: tuple[float, ...] = ()  # a carrier: the mean loss of each slot in `carried`, in that order
+    # with debug.record_samples: every micro-batch drawn, as (data slot, epoch, windows consumed
+    # in it after the draw) triples, flattened; the triple names the sampler's windows exactly
+    samples: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -269,6 +274,13 @@ class LiveRejoined(Live):
 
 
 @dataclass(frozen=True, kw_only=True)
+class LiveWarm(Live):
+    """A warm spare's warm-up ended (its pool reads it before the spare holds a rank; rank is a placeholder)."""
+
+    EVENT: ClassVar[str] = "warm"
+
+
+@dataclass(frozen=True, kw_only=True)
 class LiveFirstStep(Live):
     """The newcomer's first completed step."""
 
@@ -277,7 +289,7 @@ class LiveFirstStep(Live):
     step: int | None = None  # the step it completed
 
 
-LIVE_EVENTS: tuple[type[Live], ...] = (LiveAble, LiveLostPeer, LiveRejoined, LiveFirstStep)
+LIVE_EVENTS: tuple[type[Live], ...] = (LiveAble, LiveLostPeer, LiveRejoined, LiveFirstStep, LiveWarm)
 
 # The status channel's types, in the order the reference lists them; `StatusWriter.send` accepts these.
 STATUS_RECORDS: tuple[type[Record], ...] = (Ready, Step, Eval, Checkpoint, CheckpointWrite, Phase, Nan, Spike,
@@ -360,7 +372,7 @@ class Recovery(Record):
     node: int | None = None  # a multi-node job: the node whose rank was lost (null on one node)
     device: str | None = None  # the lost rank's device
     failed: str | None = None  # what happened to the lost rank
-    kind: str | None = None  # `worker-exit` | `hang`
+    kind: str | None = None  # `worker-exit` | `hang` | `regrow` (a warm spare took back a carried rank)
     outcome: str | None = None  # `in progress` | `recovered` | `failed`
     lost_pid: int | None = None  # the lost rank's process
     replaced_by_pid: int | None = None  # the spare that took its place
@@ -369,8 +381,9 @@ class Recovery(Record):
     steps_redone: int | None = None  # completed steps trained again
     seconds: float | None = None  # death -> the newcomer's first completed step
     rejoin_s: float | None = None  # the newcomer's own join and state transfer
-    action: str | None = None  # `replaced` (by a warm spare) | `shrink` (no spare left: the survivors went on)
-    replicas: int | None = None  # a shrink: the processes training on
+    action: str | None = None  # `replaced` (by a warm spare) | `shrink` (no spare left: the survivors went on) | `regrow`
+    replicas: int | None = None  # a shrink or a regrow: the processes training on
+    shrunk_s: float | None = None  # a regrow: how long the rank's data slot was carried (its shrink -> the regrow)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -515,7 +528,7 @@ def _or_none(convert: Any) -> Any:
 _CONVERT: dict[str, Any] = {
     "int | None": _or_none(_int), "float | None": _or_none(_float), "str | None": _or_none(_str),
     "bool": _bool, "str": _str, "float": _float, "float | str | None": _or_none(_float_or_text),
-    "tuple[int, ...]": _tuple_of(_int), "tuple[str, ...]": _tuple_of(_str),
+    "tuple[int, ...]": _tuple_of(_int), "tuple[str, ...]": _tuple_of(_str), "tuple[float, ...]": _tuple_of(_float),
     "tuple[str, ...] | str | None": _or_none(lambda v: v if isinstance(v, str) else _tuple_of(_str)(v)),
     "dict[str, tuple[int, float]]": _took,
 }

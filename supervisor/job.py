@@ -193,7 +193,9 @@ class Job:
         newest = self.attempts.checkpoints.newest_of_this_run()
         return AttemptEnded(report.root_cause, report.duration_s, stop_signal=report.stop_signal,
                             progressed=self.attempts.progress.made,
-                            recovered=sum(1 for r in report.recoveries if r["outcome"] == "recovered"),
+                            # a regrow used no restart: nothing failed
+                            recovered=sum(1 for r in report.recoveries
+                                          if r["outcome"] == "recovered" and r.get("action") != "regrow"),
                             suspects=tuple(report.suspect_devices), newest=str(newest) if newest is not None else None)
 
     def _order(self, resume: str | None) -> AttemptOrder:

@@ -200,8 +200,8 @@ class Summary:
     def block(self) -> str:
         """The console's root-cause block (or the one-line success note)."""
         if self.root_cause is None:
-            done = [f"{n} {what}" for n, what in ((self.restarts, "restart(s)"), (self._recovered(), "live recovery(ies)"))
-                    if n]
+            done = [f"{n} {what}" for n, what in ((self.restarts, "restart(s)"), (self._recovered(), "live recovery(ies)"),
+                                                  (self._recovered("regrow"), "regrow(s)")) if n]
             after = f" after {' and '.join(done)}" if done else ""
             ok = sum(1 for w in self.workers if w.exit_code == 0)  # a shrunk group's lost rank did not
             lines = [f"gpuherd: run {self.run_id} finished: {ok} worker(s) exited 0 in "
@@ -239,14 +239,21 @@ class Summary:
         lines += [f"details: {self.run_dir}/summary.json, worker logs in {self.run_dir}", RULE]
         return "\n".join(lines)
 
-    def _recovered(self) -> int:
-        return sum(1 for r in self.recoveries if r.get("outcome") == "recovered")
+    def _recovered(self, action: str | None = None) -> int:
+        """Recoveries that recovered: regrows (`action` "regrow") apart from the rest, which each had a loss."""
+        return sum(1 for r in self.recoveries if r.get("outcome") == "recovered" and
+                   (r.get("action") == "regrow") == (action == "regrow"))
 
     def _recovery_lines(self) -> list[str]:
         lines = []
         for r in self.recoveries:
             where = f"node {r['node']}'s " if r.get("node") is not None else ""  # multi-node: that node's spare
-            if r.get("outcome") == "recovered" and r.get("action") == "shrink":
+            if r.get("outcome") == "recovered" and r.get("action") == "regrow":
+                lines.append(f"live recovery {r['number']}: regrow: warm spare pid {r['replaced_by_pid']} took back rank "
+                             f"{r['rank']} ({r['device']}) after {r.get('shrunk_s') or 0:.1f} s shrunk: "
+                             f"{r['replicas']} process(es) trained on, its data slot no longer carried, "
+                             f"{r['seconds']:.2f} s to its first completed step, no checkpoint read")
+            elif r.get("outcome") == "recovered" and r.get("action") == "shrink":
                 lines.append(f"live recovery {r['number']}: rank {r['rank']} ({r['device']}) {r['failed']} -> no spare "
                              f"left: {r['replicas']} process(es) went on with its data slot (same global batch) for "
                              f"{r.get('shrunk_s') or 0:.1f} s, "

@@ -27,3 +27,10 @@ def loss_scale(survivors: int, world_size: int) -> float:
     """What each rank's loss is multiplied by so DDP's mean over `survivors` ranks equals the
     mean over `world_size` replicas."""
     return survivors / world_size
+
+
+def draw_position(slot: int, state: dict) -> list[int]:
+    """What names a draw exactly (debug.record_samples): the data slot, and its sampler's
+    position after the draw (dataset_cache's BatchSampler: epoch and windows consumed in it,
+    which fix the windows taken; a mixture: 0 and its position)."""
+    return [slot, int(state.get("epoch", 0)), int(state.get("consumed", state.get("position", -1)))]

@@ -133,9 +133,28 @@ def join_generation(cfg: Config, identity: WorkerIdentity, device: torch.device,
         dist.distributed_c10d._set_pg_timeout(COLLECTIVE_TIMEOUT)
 
 
+class RegrowEnded(Exception):
+    """A regrow's newcomer: the shrunk group ended its training before it could grow back."""
+
+
+def regrow_answer(cfg: Config, generation: int) -> str:
+    """A regrow's newcomer waits for the shrunk group's answer (contract.REGROW_KEY): "go" or "ended"."""
+    timeout = timedelta(seconds=cfg.system.rendezvous_timeout)
+    try:
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
+                              timeout=timeout, wait_for_workers=False)
+        return store.get(contract.REGROW_KEY.format(generation=generation)).decode()
+    except (RuntimeError, ValueError, TimeoutError, KeyError) as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise WorkerError(f"live recovery: no answer from the shrunk group on regrow {generation} within "
+                          f"{cfg.system.rendezvous_timeout:g}s (system.rendezvous_timeout); {detail}",
+                          ExitCode.RENDEZVOUS) from None
+
+
 def read_decision(cfg: Config, generation: int) -> dict[str, Any]:
     """The supervisor's word on rebuilt group `generation` (contract.DECISION_KEY): a spare takes
-    the lost rank, or the survivors shrink. Waits for it up to system.rendezvous_timeout."""
+    the lost rank, the survivors shrink, or a spare takes back a carried rank (a regrow). Waits
+    for it up to system.rendezvous_timeout."""
     timeout = timedelta(seconds=cfg.system.rendezvous_timeout)
     try:
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
@@ -146,6 +165,40 @@ def read_decision(cfg: Config, generation: int) -> dict[str, Any]:
         raise WorkerError(f"live recovery: no word from the supervisor on rebuilt group {generation} within "
                           f"{cfg.system.rendezvous_timeout:g}s (system.rendezvous_timeout); {detail}",
                           ExitCode.RENDEZVOUS) from None
+
+
+class DecisionWatch:
+    """A shrunk group's look, at each step boundary, for the supervisor's word that a warm spare
+    takes back a carried rank: one store connection, kept, and one `check` (no wait) per look."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self._store: Any = None
+
+    def regrow(self, generation: int) -> bool:
+        """True when rebuilt group `generation` is a regrow the supervisor decided."""
+        key = contract.DECISION_KEY.format(generation=generation)
+        try:
+            store = self._connect()
+            if not store.check([key]):
+                return False
+            return "regrow" in orjson.loads(store.get(key))
+        except (RuntimeError, ValueError, TimeoutError, orjson.JSONDecodeError):
+            return False  # the store is gone: the supervisor is ending the attempt anyway
+
+    def answer(self, generation: int, verdict: str) -> None:
+        """Tell the newcomer of rebuilt group `generation` (if one comes): "go" or "ended"."""
+        try:
+            self._connect().set(contract.REGROW_KEY.format(generation=generation), verdict)
+        except (RuntimeError, ValueError, TimeoutError):
+            pass  # the store is gone: the supervisor is ending the attempt anyway
+
+    def _connect(self) -> Any:
+        if self._store is None:
+            self._store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
+                                        timeout=timedelta(seconds=self.cfg.system.rendezvous_timeout),
+                                        wait_for_workers=False)
+        return self._store
 
 
 def leave_broken_group() -> None:
@@ -250,11 +303,13 @@ class StopVote:
             return cls(dist.group.WORLD)
         return cls(dist.new_group(backend="gloo"))
 
-    def highest(self, local: int) -> int:
-        """The largest of every rank's `local` (a stop's exit code, 0 for none): every rank
-        stops at the same step with the same code."""
+    def highest(self, local: int, regrow: int = 0) -> tuple[int, int]:
+        """The largest of every rank's `local` (a stop's exit code, 0 for none), and of `regrow`
+        (the rebuilt group a warm spare waits in, 0 for none): every rank stops, or regrows, at
+        the same step. One all-reduce carries both."""
         if self.group is None:
-            return local
-        value = torch.tensor([local], dtype=torch.int32)
+            return local, regrow
+        value = torch.tensor([local, regrow], dtype=torch.int32)
         dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.group)
-        return int(value.item())
+        stop, grow = value.tolist()
+        return int(stop), int(grow)

@@ -14,9 +14,13 @@ The supervisor decides (supervisor/processes/live_recovery.py); the ranks only a
 
 With --min-replicas (contract.SHRINK) a survivor first reads the supervisor's decision: a
 spare comes (as above), or none is left and the survivors rebuild the group without the lost
-rank (`on_shrink`: a survivor may carry the lost rank's data slot, worker/data_slots.py).
+rank (`on_slots`: a survivor may carry the lost rank's data slot, worker/data_slots.py).
 The rank in the rebuilt group (`group_rank`) is then no longer `identity.rank`, which stays
-what the supervisor keys logs and clocks by and the data slot each process owns.
+what the supervisor keys logs and clocks by and the data slot each process owns. While the
+group is shrunk its first rank looks, at every step boundary, for the supervisor's word that
+a warm spare takes back a carried rank (`regrow_due`); the stop vote carries it to every rank,
+so all leave the group at the same step boundary and rebuild it with the newcomer (`regrow`),
+which takes the state by the same broadcast; the carrier drops the slot.
 
 Every rank keeps the data position and RNG state of its last completed step (`mark()`: a
 few KB, no device sync), so the step in flight, cut short, is done again from exactly where
@@ -80,7 +84,7 @@ class Recoverable(Protocol):
     def on_group_lost(self) -> None: ...
     def on_regroup(self, buckets: Buckets | None) -> None: ...
     def rewind_data(self, sampler: dict[str, Any]) -> None: ...
-    def on_shrink(self, carried: list[int], scale: float) -> None: ...
+    def on_slots(self, carried: list[int], scale: float) -> None: ...
 
 
 _OWED = {"eval": "evaluation", "checkpoint": "periodic checkpoint"}
@@ -117,16 +121,26 @@ class Joining:
     note: str | None
     saves_blocking: str | None  # why checkpoints are written while the loop waits (None: in the background)
     buckets: Buckets | None  # the gradient buckets the survivors reduce in
+    ranks: list[int]  # the group's members in group order (fewer than the ranks: still shrunk after a regrow)
 
 
 def join_as_newcomer(cfg: Any, identity: Any, device: torch.device, generation: int) -> Joining:
     """A spare's start on rebuilt group `generation`: join it, then the survivors' exchange
-    (`LiveRecovery.rejoin`'s, from the newcomer's side), which names the layout and the source."""
-    wdist.join_generation(cfg, identity, device, generation)
+    (`LiveRecovery.rejoin`'s, from the newcomer's side), which names the layout and the source.
+    A regrow's group (the supervisor's decision) may still lack other ranks: the newcomer then
+    holds its index in it, as every member does."""
+    ranks = list(range(identity.world_size))
+    if os.environ.get(contract.SHRINK) == "1":
+        decision = wdist.read_decision(cfg, generation)
+        ranks = [int(r) for r in decision.get("ranks", ranks)]
+        if "regrow" in decision and wdist.regrow_answer(cfg, generation) != "go":
+            raise wdist.RegrowEnded(f"the shrunk group ended its training before rank {identity.rank} could rejoin")
+    wdist.join_generation(cfg, replace(identity, rank=ranks.index(identity.rank), world_size=len(ranks)), device,
+                          generation)
     infos = wdist.gather_objects(None)
     source = _source(infos)
     info = infos[source]
-    return Joining(generation, source, info["layout"], info["note"], info["saves_blocking"], info["buckets"])
+    return Joining(generation, source, info["layout"], info["note"], info["saves_blocking"], info["buckets"], ranks)
 
 
 def _source(infos: list[dict[str, Any] | None]) -> int:
@@ -143,7 +157,9 @@ class LiveRecovery:
         self.why_not = why_not_live(trainer.strategy, trainer.engine.live_recoverable, trainer.identity.world_size)
         self._mark: Mark | None = None
         self._joined_at: int | None = None  # the step this rank (re)joined at, until its first step after
-        self.ranks = list(range(trainer.identity.world_size))  # the group's members, in group order
+        # the group's members, in group order
+        self.ranks = list(joining.ranks) if joining is not None else list(range(trainer.identity.world_size))
+        self._watch = wdist.DecisionWatch(trainer.cfg) if os.environ.get(contract.SHRINK) == "1" else None
 
     @property
     def group_rank(self) -> int:
@@ -153,6 +169,23 @@ class LiveRecovery:
     @property
     def enabled(self) -> bool:
         return self.why_not is None
+
+    @property
+    def shrunk(self) -> bool:
+        return len(self.ranks) < self.t.identity.world_size
+
+    def regrow_due(self) -> int:
+        """At a step boundary: the rebuilt group a warm spare waits in, when the supervisor decided
+        to regrow (asked by the group's first rank only; the stop vote tells the others), else 0."""
+        if self._watch is None or not self.shrunk or self.group_rank != 0:
+            return 0
+        return self.generation + 1 if self._watch.regrow(self.generation + 1) else 0
+
+    def close_regrow(self) -> None:
+        """Training ended while shrunk: a warm spare the supervisor hands a carried rank from now
+        on finds the answer "ended" and exits 0 instead of waiting for a group that is gone."""
+        if self._watch is not None and self.shrunk and self.group_rank == 0:
+            self._watch.answer(self.generation + 1, "ended")
 
     def announce(self) -> None:
         """Tell the supervisor whether a lost peer of this rank can be replaced live."""
@@ -185,11 +218,44 @@ class LiveRecovery:
         self._leave()
         decision = wdist.read_decision(t.cfg, self.generation) if os.environ.get(contract.SHRINK) == "1" else {}
         if "shrink" in decision:
-            self.ranks = [int(r) for r in decision["ranks"]]
-            world = t.identity.world_size
-            t.on_shrink(slots_of(t.identity.rank, self.ranks, world)[1:], loss_scale(len(self.ranks), world))
+            self._resize(decision["ranks"])
             logger.warning(f"{t.identity.bracket} no spare left for rank {decision['shrink']}: rebuilding the group "
                            f"with {len(self.ranks)} rank(s) (this one as rank {self.group_rank} of it)")
+        self._rebuild(started)
+
+    def regrow(self, generation: int) -> None:
+        """Every rank of a shrunk group, at the same step boundary (the stop vote said so): leave
+        the group and rebuild it as rebuilt group `generation` with the warm spare that takes back
+        a carried rank; its carrier stops carrying that slot. The step boundary is the mark, so
+        nothing is redone and the data goes on where it was."""
+        t, started = self.t, time.perf_counter()
+        decision = wdist.read_decision(t.cfg, generation)
+        if self.group_rank == 0:
+            self._watch.answer(generation, "go")  # the newcomer waits for this before it joins
+        self.generation = generation
+        t.status.send("phase", name="rendezvous")
+        t.live.at("rendezvous")
+        self._leave()
+        before = slots_of(t.identity.rank, self.ranks, t.identity.world_size)
+        self._resize(decision["ranks"])
+        dropped = [s for s in before if s not in slots_of(t.identity.rank, self.ranks, t.identity.world_size)]
+        if t.identity.rank == 0 or dropped:
+            logger.info(f"{t.identity.bracket} a warm spare takes back rank {decision['regrow']}: rebuilding the "
+                        f"group with {len(self.ranks)} rank(s) at step {t.step}"
+                        + (f"; this rank no longer carries data slot(s) {', '.join(map(str, dropped))}"
+                           if dropped else ""))
+        self._rebuild(started)
+
+    def _resize(self, ranks: list[int]) -> None:
+        """The group's members are `ranks` from now on: the data slots this process trains, and its
+        loss scale, follow (worker/data_slots.py)."""
+        t, world = self.t, self.t.identity.world_size
+        self.ranks = [int(r) for r in ranks]
+        t.on_slots(slots_of(t.identity.rank, self.ranks, world)[1:], loss_scale(len(self.ranks), world))
+
+    def _rebuild(self, started: float) -> None:
+        """Join rebuilt group `generation` with the members `ranks`, agree on the source, take its state."""
+        t = self.t
         wdist.join_generation(t.cfg, replace(t.identity, rank=self.group_rank, world_size=len(self.ranks)), t.device,
                               self.generation)
         infos = wdist.gather_objects({"step": self._mark.step, "layout": t.layout, "note": t.layout_note,
@@ -209,8 +275,11 @@ class LiveRecovery:
         gc.collect()
 
     def join(self, joining: Joining) -> None:
-        """The newcomer, at the end of its trainer's construction: the survivors' state."""
+        """The newcomer, at the end of its trainer's construction: the survivors' state (a regrow
+        into a group still shrunk: the slots it carries too)."""
         started = time.perf_counter()
+        if self.shrunk:
+            self._resize(self.ranks)
         self._take_state(joining.source, behind=True)
         self._joined_at = self.t.step
         self._rejoined(started, joining.source, "newcomer")

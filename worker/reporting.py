@@ -8,7 +8,7 @@ since the previous logged step.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -137,17 +137,23 @@ class StepReporter:
     def should_log(self, step: int) -> bool:
         return step % self.log_every == 0 or step == self.max_steps - 1
 
-    def after_step(self, step: int, loss: torch.Tensor, lr: float, grad_norm: torch.Tensor | None) -> None:
-        """Called after optimizer step `step` (0-based)."""
+    def after_step(self, step: int, loss: torch.Tensor, lr: float, grad_norm: torch.Tensor | None,
+                   carried: Sequence[tuple[int, torch.Tensor]] = (), samples: Sequence[int] | None = None) -> None:
+        """Called after optimizer step `step` (0-based). `carried`: (data slot, mean loss) of each
+        slot a shrunk group's carrier trained besides its own; `samples`: its draws
+        (debug.record_samples, worker/data_slots.py: draw_position)."""
         if not self.should_log(step):
             if time.monotonic() - self.last_heartbeat > HEARTBEAT_S:
                 self.status.send("step", step=step, max_steps=self.max_steps)
                 self.last_heartbeat = time.monotonic()
             return
-        if grad_norm is None:
-            loss_v, norm_v = float(loss), None  # the one host sync of a logged step
-        else:  # both in one device-to-host copy: one sync, not two
-            loss_v, norm_v = torch.stack([loss.float(), grad_norm.float().to(loss.device)]).tolist()
+        slots = [slot for slot, _ in carried]
+        together = [loss.float(), *(c.float() for _, c in carried)]
+        if grad_norm is not None:
+            together.append(grad_norm.float().to(loss.device))
+        values = torch.stack(together).tolist()  # one device-to-host copy: the one host sync of a logged step
+        loss_v, carried_v = values[0], values[1:1 + len(slots)]
+        norm_v = values[-1] if grad_norm is not None else None
         now = time.perf_counter()
         steps = step + 1 - self.window_step
         elapsed = max(now - self.window_start, 1e-9)
@@ -156,10 +162,15 @@ class StepReporter:
         eta = per_step * (self.max_steps - step - 1)
         line = step_line(self.identity.bracket, step, self.max_steps, loss_v, lr, norm_v, eta, tokens_per_s, self.flops)
         note = self.note() if self.note is not None else None
+        if slots:  # the lost ranks' slots this rank trains too: their losses, which no one else logs
+            line += " | " + ", ".join(f"carried slot {s} Loss: {v:.4f}" for s, v in zip(slots, carried_v))
         logger.info(f"{line} | {note}" if note else line)
         mfu = self.flops.mfu(tokens_per_s)
+        more: dict[str, Any] = {"carried": slots, "carried_loss": carried_v} if slots else {}
+        if samples is not None:
+            more["samples"] = list(samples)
         self.status.send("step", step=step, max_steps=self.max_steps, loss=loss_v, lr=lr, grad_norm=norm_v,
-                         tokens_per_s=tokens_per_s, mfu=mfu, mem_bytes=memory_bytes(self.device))
+                         tokens_per_s=tokens_per_s, mfu=mfu, mem_bytes=memory_bytes(self.device), **more)
         self.tb.scalars(step, **{"train/loss": loss_v, "train/lr": lr, "train/grad_norm": norm_v,
                                  "perf/tokens_per_s": tokens_per_s, "perf/mfu": mfu,
                                  "perf/tflops": self.flops.tflops(tokens_per_s)})

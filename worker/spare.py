@@ -11,7 +11,9 @@ spare started while the job trains (the pool refilling after a recovery) takes o
 the ranks leave idle, and the process's main thread, the one that trains once promoted, keeps
 the priority the supervisor gave it (lowering a nice value back needs CAP_SYS_NICE). Threads
 the warm-up starts (torch's intra-op pool) inherit its nice; the main thread's own pool is
-started at its first step, at its own priority.
+started at its first step, at its own priority. Its end is said on the status channel (a
+`live`/`warm` record, which the pool reads before the spare holds a rank): a shrunk group
+grows back only with a spare that is warm, never waits for one's imports.
 
 The warm-up ends with a rehearsal of the first training step on the run's own model and
 shapes (`rehearse_first_step`), compiled as the run compiles it: what a newcomer would
@@ -109,21 +111,28 @@ def rehearse_first_step(config_path: str, data_vocab: int | None) -> str:
     return "real" if real else "stand-in"
 
 
-def _warm_up_yielding() -> None:
+def _warm_up_yielding(assigned: threading.Event) -> None:
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WARM_UP_NICE)  # this thread only
     except OSError:  # not permitted here: warm up at the process's priority
         pass
     warm_up()
+    fd = os.environ.get(contract.STATUS_FD)
+    if fd and not assigned.is_set():  # the pool may now hand it a carried rank (a regrow) without a wait
+        from gpuherd.status_channel import StatusWriter
+
+        StatusWriter(int(fd), 0).send("live", event="warm")
 
 
 def stand_by() -> bool:
     """Warm up (a low-priority thread), then wait for a rank; True once this process took one
     (os.environ updated). A rank assigned before the warm-up ended waits for its end: the CPU
     it needed is then idle anyway (the survivors wait for the newcomer)."""
-    warming = threading.Thread(target=_warm_up_yielding, name="spare-warm-up", daemon=True)
+    assigned = threading.Event()
+    warming = threading.Thread(target=_warm_up_yielding, args=(assigned,), name="spare-warm-up", daemon=True)
     warming.start()
     line = sys.stdin.buffer.readline()
+    assigned.set()
     if not line.strip():
         return False
     warming.join()

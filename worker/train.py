@@ -25,6 +25,7 @@ from worker import signals as wsignals
 from worker.attention import resolve_backend
 from worker.checkpoint import Checkpointer, meta_base, run_id_from_env
 from worker.data import BatchSource, DataBundle, Prefetched, cache_bundle
+from worker.data_slots import draw_position
 from worker.distributed import StopVote, WorkerError
 from worker.engines import Engine, Precision, StepCheck, build_engine, compile_enabled, needs_process_group, plan_layout
 from worker.live_recovery import Joining, LiveRecovery, join_as_newcomer
@@ -55,7 +56,12 @@ def run(cfg: Config, identity: WorkerIdentity, *, cache_dir: Path | None = None,
     trace_dir = os.environ.get(contract.TRACE_DIR)
     live = Liveness(status, trace_dir=Path(trace_dir) if trace_dir else None, dump=dump_collective_trace).start()
     try:
-        joining = _join_if_spare(cfg, identity, device, status, live)
+        try:
+            joining = _join_if_spare(cfg, identity, device, status, live)
+        except wdist.RegrowEnded as ended:  # a regrow came too late: nothing to take back
+            logger.info(f"{identity.bracket} {ended}: nothing to do")
+            status.send("done", step=None)
+            return int(ExitCode.OK)
         if identity.world_size > 1 and joining is None:
             _rendezvous(cfg, identity, device, status, live)
         if data is None:
@@ -98,6 +104,8 @@ def _join_if_spare(cfg: Config, identity: WorkerIdentity, device: torch.device, 
 
 class Trainer:
     carried: list[tuple[int, BatchSource]]  # a shrunk group: the lost ranks' data slots this one trains too
+    carried_micro_losses: list[torch.Tensor]  # the last step's micro-batch losses of the slots carried
+    drawn: list[int] | None  # debug.record_samples: the last step's draws (worker/data_slots.py: draw_position)
     def __init__(self, cfg: Config, identity: WorkerIdentity, device: torch.device, layout: Layout, data: DataBundle,
                  status: StatusWriter, run_dir: Path | None, sig: wsignals.SignalState, live: Liveness,
                  layout_note: str | None = None, run_id: str = "", joining: Joining | None = None) -> None:
@@ -152,7 +160,7 @@ class Trainer:
                                      self.tb, device, self.start_step, note=self.saver.step_note)
         if data.describe is not None:  # what this run reads: sources, shares, epochs over max_steps
             self._log_rank0(f"{identity.bracket} {data.describe(tokens_per_step * identity.world_size * t.max_steps)}")
-        self.skipped_steps, self.carried = 0, []
+        self.skipped_steps, self.carried, self.carried_micro_losses, self.drawn = 0, [], [], None
         self.owed: list[str] = []  # "eval", "checkpoint": due after the last completed step, not done yet
         self.recovery = LiveRecovery(self, joining)
         if joining is not None:
@@ -191,14 +199,16 @@ class Trainer:
         if self.guard is not None:
             self.guard.model = self.engine.model
 
-    def on_shrink(self, carried: list[int], scale: float) -> None:
-        """The group shrank (no spare left): this process also trains the lost ranks' data slots
-        `carried`, and every loss is multiplied by `scale` so DDP's mean over the shrunk group is
-        the mean over all slots (worker/data_slots.py); `rewind_data` puts them at the group's position."""
+    def on_slots(self, carried: list[int], scale: float) -> None:
+        """The group shrank (no spare left) or grew back (a regrow): this process also trains the
+        lost ranks' data slots `carried` (none: its own only), and every loss is multiplied by
+        `scale` so DDP's mean over the group is the mean over all slots (worker/data_slots.py);
+        `rewind_data` puts them at the group's position."""
         if carried and self.data.for_slot is None:
             raise WorkerError(f"{self.identity.bracket} cannot carry data slot(s) {carried}: this data source has "
                               "no per-slot sampler", ExitCode.FAILURE)
-        self.carried = [(slot, self.data.for_slot(slot)) for slot in carried]
+        kept = dict(self.carried)  # a slot carried already keeps its sampler (rewound all the same)
+        self.carried = [(slot, kept[slot] if slot in kept else self.data.for_slot(slot)) for slot in carried]
         self.engine.grad_accum = self.cfg.training.grad_accum_nums / scale
         if carried:
             logger.info(f"{self.identity.bracket} carries the data slot(s) of rank(s) {', '.join(map(str, carried))} "
@@ -283,6 +293,7 @@ class Trainer:
                 lost = " ".join(str(exc).split())[:200]
             # out of the handler: the exception's frames, which hold the broken group, are gone
             self.recovery.rejoin(lost)
+        self.recovery.close_regrow()
         if self.step != self.saved_step:  # a stop right after a save (or before any step) has nothing new to save
             self._paused("checkpoint", lambda: self.save(final=True), back_to=None)
         else:  # that save may still be on its way to disk: the run is not over before it is
@@ -306,11 +317,15 @@ class Trainer:
         """One step and what follows it (eval, save); True when the ranks agreed to stop."""
         t = self.cfg.training
         self.live.step(self.step)
+        regrow = self.recovery.regrow_due()  # a shrunk group: a warm spare waits to take back a carried rank
         with self.live.collective("all_reduce (stop vote)"):  # 143 wins over 130: a stop request is a stop request
-            stop_code = self.vote.highest(int(self.sig.stop_code) if self.sig.stop_requested else 0)
+            stop_code, regrow = self.vote.highest(int(self.sig.stop_code) if self.sig.stop_requested else 0, regrow)
         if stop_code:
             self.sig.stop_code = stop_code
             return True
+        if regrow:  # every rank heard it in the vote: all rebuild the group at this step boundary
+            self.recovery.regrow(regrow)
+            return False
         self.saver.poll()  # a background write that failed (a full disk) ends the run here
         self._train_step()
         self.step += 1
@@ -347,8 +362,9 @@ class Trainer:
         if self.guard is not None:
             self.guard.begin_step(self.data.train)  # where the batches come from (+ RNG state for a replay)
         self.live.doing("data loading")
-        batches = [self._next_batch() for _ in range(t.grad_accum_nums)]
-        carried = [self._next_batch(source) for _, source in self.carried for _ in range(t.grad_accum_nums)]
+        self.drawn = [] if self.cfg.debug.record_samples else None
+        batches = [self._next_batch(self.identity.rank) for _ in range(t.grad_accum_nums)]
+        carried = [self._next_batch(slot, source) for slot, source in self.carried for _ in range(t.grad_accum_nums)]
         loss = self._micro_steps(batches, carried)
         check = None if self.guard is None else self._step_check(step, loss, batches, lr, carried)
         self.live.doing("optimizer step")
@@ -357,10 +373,19 @@ class Trainer:
             loss, grad_norm = self.guard.retried or (loss, grad_norm)  # a retried step: the replay's values
         if not applied:
             self.skipped_steps += 1
-        self.reporter.after_step(step, loss, lr, grad_norm)
+        self.reporter.after_step(step, loss, lr, grad_norm, carried=self._carried_losses(), samples=self.drawn)
 
-    def _next_batch(self, source: BatchSource | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        inputs, targets = (source or self.data.train).next_batch()
+    def _carried_losses(self) -> list[tuple[int, torch.Tensor]]:
+        """(slot, mean loss) of every data slot carried in this step: logged beside the rank's own."""
+        n = self.cfg.training.grad_accum_nums
+        losses = self.carried_micro_losses
+        return [(slot, torch.stack(losses[i * n:(i + 1) * n]).mean()) for i, (slot, _) in enumerate(self.carried)]
+
+    def _next_batch(self, slot: int, source: BatchSource | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        source = source or self.data.train
+        inputs, targets = source.next_batch()
+        if self.drawn is not None:  # debug.record_samples: which windows, by the sampler's position after the draw
+            self.drawn += draw_position(slot, source.state_dict())
         if self.device.type == "cuda":  # pinned (by the prefetcher, or here): the copy overlaps compute
             inputs, targets = (x if x.is_pinned() else x.pin_memory() for x in (inputs, targets))
             inputs = inputs.to(self.device, non_blocking=True)
@@ -377,6 +402,7 @@ class Trainer:
         for i, (x, y) in enumerate(every):
             with self.sync.micro_step(syncs=i == last):
                 losses.append(self.engine.micro_step(x, y, is_last=i == last))
+        self.carried_micro_losses = losses[len(batches):]
         return torch.stack(losses[:len(batches)]).mean()
 
     def _step_check(self, step: int, loss: torch.Tensor, batches: list[tuple[torch.Tensor, torch.Tensor]],

@@ -157,6 +157,9 @@ class DebugConfig:
     spike_grad_norm: bool = True  # judge the gradient norm too, not only the loss
     max_transient_faults: int = limited(2, ge=0)  # per device; one more stops the run with exit 8
     rerun_deterministic: bool = True  # deterministic kernels while a rerun policy is on
+    # Each logged step record names every micro-batch drawn in it (`samples`: data slot, epoch,
+    # windows consumed): a test or an audit can check that no sample was skipped or repeated
+    record_samples: bool = False
 
 
 @dataclass

@@ -21,12 +21,17 @@ weakest claim to the strongest (a later paint wins where they overlap):
 3. a rank the kernel shows stopped (state T) until it runs again: `stopped`;
 4. a live recovery: from the loss to the rebuilt group's first completed step `restart`, and
    the productive time just before the loss that the recovery trained again (its steps
-   redone at the attempt's median step time) `redone`;
+   redone at the attempt's median step time) `redone` (a regrow lost nothing: its pause is
+   the leader's `rendezvous` phase of step 2);
 5. a failed attempt: from its leader's last record to the moment the supervisor knew
    (`failed_at`: the exit seen, the hang verdict) `failure_detection`; when the run went on
    (another attempt, another start), from there to the next attempt `restart`, and the
    productive time after the last state kept (the newest checkpoint completed before the
    failure; none: the whole attempt) `redone`.
+
+Time trained shrunk (a lost rank's data slot carried by a survivor, --min-replicas: from the
+loss to its regrow or the attempt's end) is productive, slower; `Goodput.shrunk_s` says how
+much of the wall time it was.
 """
 
 from __future__ import annotations
@@ -47,10 +52,11 @@ class Goodput:
     wall_s: float
     productive_s: float
     badput_s: dict[str, float] = field(default_factory=dict)  # every cause, in CAUSES order
+    shrunk_s: float = 0.0  # of the wall time: trained with a lost rank's data slot carried (a shrunk group)
 
     def to_dict(self) -> dict:
         return {"ratio": self.ratio, "wall_s": self.wall_s, "productive_s": self.productive_s,
-                "badput_s": dict(self.badput_s)}
+                "badput_s": dict(self.badput_s), "shrunk_s": self.shrunk_s}
 
 
 Segment = list  # [t0, t1, label]
@@ -198,7 +204,7 @@ def _start(mark: Event, events: list[Event], end: float, continues: bool, more_s
             paint(segs, a, b, "stopped")
         median = statistics.median(steps) if steps else 0.0
         for e in att.events:
-            if e.kind == "recovery" and e.flag and e.value:
+            if e.kind == "recovery" and e.flag and e.value and e.name != "regrow":
                 lost = e.time - e.value
                 paint(segs, att.progress_before(lost), lost, "failure_detection")  # a hang's verdict, a kill's exit
                 paint(segs, lost, e.time, "restart")
@@ -235,6 +241,33 @@ def painted(events: list[Event], end: float) -> list[Segment]:
     return segs
 
 
+def shrunk_spans(events: list[Event], end: float) -> list[tuple[float, float]]:
+    """(from, to) of every stretch a shrink lasted: its loss to the regrow that took its rank back
+    (the decision), else to its attempt's end (or `end`)."""
+    out: list[tuple[float, float]] = []
+    open_: dict[int | None, float] = {}  # a carried rank -> its loss
+    for e in sorted(events, key=lambda e: e.time):
+        if e.kind in ("start", "attempt", "attempt_end"):
+            out += [(t, e.time) for t in open_.values()]
+            open_.clear()
+        elif e.kind == "recovery" and e.flag and e.value is not None and e.name == "shrink":
+            open_.setdefault(e.rank, e.time - e.value)
+        elif e.kind == "recovery" and e.flag and e.value is not None and e.name == "regrow" and e.rank in open_:
+            out.append((open_.pop(e.rank), e.time - e.value))
+    return out + [(t, end) for t in open_.values()]
+
+
+def _covered(spans: list[tuple[float, float]], since: float | None, end: float) -> float:
+    """Seconds of [since, end] inside any of `spans` (overlaps counted once)."""
+    total, reach = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        a, b = max(a, reach, since if since is not None else a), min(b, end)
+        if b > a:
+            total += b - a
+        reach = max(reach, b)
+    return total
+
+
 def account(events: list[Event], end: float, since: float | None = None) -> Goodput:
     """Goodput of the run whose events these are, as of `end` (a wall-clock time); `since`:
     only the window [since, end] (the last 5 minutes of `gpuherd top`)."""
@@ -245,4 +278,5 @@ def account(events: list[Event], end: float, since: float | None = None) -> Good
             ms[label] += round((b - a) * 1000)
     wall = sum(ms.values())
     return Goodput(ratio=round(ms[PRODUCTIVE] / wall, 4) if wall else 0.0, wall_s=wall / 1000,
-                   productive_s=ms[PRODUCTIVE] / 1000, badput_s={c: ms[c] / 1000 for c in CAUSES})
+                   productive_s=ms[PRODUCTIVE] / 1000, badput_s={c: ms[c] / 1000 for c in CAUSES},
+                   shrunk_s=round(_covered(shrunk_spans(events, end), since, end), 3))

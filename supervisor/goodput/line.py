@@ -21,4 +21,5 @@ def shares(g: Goodput) -> list[tuple[str, float]]:
 
 def console_line(g: Goodput, most: int = 3) -> str:
     worst = [f"{share * 100:.0f}% {name}" for name, share in shares(g)[:most] if share >= 0.005]
-    return f"goodput {g.ratio:.2f}" + (f" (badput: {', '.join(worst)})" if worst else "")
+    shrunk = f"; {g.shrunk_s:.1f} s of it trained shrunk (a lost rank's data slot carried)" if g.shrunk_s else ""
+    return f"goodput {g.ratio:.2f}" + (f" (badput: {', '.join(worst)})" if worst else "") + shrunk

@@ -28,7 +28,7 @@ class Event:
     time: float  # wall clock (time.time()), as every record carries it
     kind: str  # phase | step | checkpoint | start | attempt | attempt_end | proc | recovery
     rank: int | None = None
-    name: str | None = None  # a phase's name; a proc event's state letter
+    name: str | None = None  # a phase's name; a proc event's state letter; a recovery's action (shrink, regrow, ...)
     step: int | None = None  # step / checkpoint step; an attempt's number; a recovery's steps redone
     value: float | None = None  # start: dataset build seconds; attempt_end: failed_at; recovery: seconds
     flag: bool = False  # attempt: resumed from a checkpoint; recovery: recovered
@@ -47,8 +47,8 @@ def event_of(record: Record | Refusal) -> Event | None:
         case Checkpoint(rank=rank, step=step):
             return Event(t, "checkpoint", rank, step=step)
         case Recovery(outcome="recovered" | "failed" as outcome):
-            return Event(t, "recovery", record.rank, step=record.steps_redone, value=record.seconds,
-                         flag=outcome == "recovered")
+            return Event(t, "recovery", record.rank, name=record.action, step=record.steps_redone,
+                         value=record.seconds, flag=outcome == "recovered")
         case TimelineStart():
             return Event(t, "start", step=record.start, value=record.dataset_s)
         case TimelineAttempt():

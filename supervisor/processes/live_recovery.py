@@ -24,8 +24,13 @@ With --min-replicas N (one node), a loss with no warm spare left shrinks the gro
 (`shrinks`, `shrink`): the decision goes into the workers' store (contract.DECISION_KEY,
 which the survivors read before they rebuild the group; a spare's promotion is written there
 too), the survivors rebuild it without the lost rank and one of them carries its data slot
-(worker/data_slots.py), so the global batch and the data order stay the same. Once shrunk,
-the attempt stays shrunk: a later loss shrinks again or restarts (no regrow yet).
+(worker/data_slots.py), so the global batch and the data order stay the same. The pool then
+starts its spares again (--spares K); once one says it is warm, the loop asks the policy
+(`regrow_candidate`, policy.py's `SpareReady`), and `regrow` hands it a carried rank: the
+decision goes into the store as for a shrink (`{"regrow": r, "ranks": [...]}`), the group's
+first rank reads it at its next step boundary and every rank rebuilds the group with the
+newcomer there; the carrier drops the slot. A regrow uses no --max-restarts (nothing failed).
+A later loss while shrunk shrinks again (or restarts).
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from loguru import logger
 
 from gpuherd import contract
 from gpuherd.exit_codes import ExitCode
-from gpuherd.status_records import LiveAble, LiveFirstStep, LiveLostPeer, LiveRejoined, Record, Step
+from gpuherd.status_records import Done, LiveAble, LiveFirstStep, LiveLostPeer, LiveRejoined, Record, Step
 
 from supervisor.gpus import DeviceSlot
 from supervisor.processes.spares import SparePool
@@ -73,7 +78,7 @@ class Recovery:
     rank: int
     device: str
     failed: str  # what happened to the lost rank (the cause's message)
-    kind: str  # worker-exit | hang
+    kind: str  # worker-exit | hang | regrow (a warm spare took back a carried rank: nothing failed)
     lost_pid: int
     replaced_by_pid: int
     survivors: list[dict[str, int]]  # [{"rank", "pid"}]: the ranks that kept their processes
@@ -86,9 +91,10 @@ class Recovery:
     rejoin_s: float | None = None  # the newcomer's own join + state transfer
     checkpoint_reads: int = 0
     node: int | None = None  # multi-node: the node whose rank was lost (it promoted its own spare)
-    action: str = "replaced"  # replaced (by a warm spare) | shrink (the survivors went on without it)
-    replicas: int | None = None  # shrink: the processes training on (one of them carries the lost data slot)
-    shrunk_s: float | None = None  # shrink: from the loss to the attempt's end (summary.json only), the time shrunk
+    action: str = "replaced"  # replaced (by a warm spare) | shrink (the survivors went on without it) | regrow
+    replicas: int | None = None  # shrink, regrow: the processes training on (after a shrink one carries the lost slot)
+    # shrink: from the loss to its regrow, or to the attempt's end; regrow: the same span (the rank's slot carried)
+    shrunk_s: float | None = None
     _died: float = field(default=0.0, repr=False)
     _reached: int = field(default=0, repr=False)  # the most completed steps any rank reported before
     _generation: int = field(default=1, repr=False)  # the rebuilt group of this attempt it forms
@@ -102,6 +108,13 @@ class Recovery:
         where = f"node {self.node}'s " if self.node is not None else ""
         if self.outcome != "recovered":
             return f"live recovery {self.number}: {where}rank {self.rank} ({self.device}) {self.outcome}: {self.failed}"
+        if self.action == "regrow":
+            return (f"live recovery {self.number}: regrow: warm spare pid {self.replaced_by_pid} took back rank "
+                    f"{self.rank} ({self.device}) after {self.shrunk_s:.1f} s shrunk: {self.replicas} process(es) "
+                    f"train again, its data slot no longer carried; {self.seconds:.2f} s from the decision to its "
+                    f"first completed step, joined at step {self.resumed_step} from rank {self.source_rank}, "
+                    f"{self.steps_redone} completed step(s) redone, no checkpoint read; kept their processes: "
+                    f"{survivors}")
         if self.action == "shrink":
             return (f"live recovery {self.number}: rank {self.rank} ({self.device}, pid {self.lost_pid}) lost with no "
                     f"spare left: {self.replicas} process(es) train on with its data slot carried (same global "
@@ -133,7 +146,9 @@ class LiveRecovery:
         self.regroup, self.node = regroup, node
         self.shrink_floor, self.tell = shrink_floor, tell
         self.worker_env = dict(worker_env or {contract.LIVE_RECOVERY: "1"})
-        self.group: list[int] | None = None  # shrunk: the ranks training on (a spare can no longer join)
+        self.group: list[int] | None = None  # shrunk: the ranks training on (a regrow adds one back)
+        self.shrunk_since: dict[int, Recovery] = {}  # a rank whose data slot is carried -> the shrink that lost it
+        self.finished = False  # a rank said `done`: training is over, no regrow any more
         self.able: dict[int, str | None] = {}  # rank -> None (can be recovered live) or why not
         self.completed: dict[int, int] = {}  # rank -> completed steps it reported
         self.recoveries: list[Recovery] = []
@@ -195,16 +210,60 @@ class LiveRecovery:
             return False
         self.budget -= 1
         self.group = ranks
+        started = self.pool.fill()  # a regrow's spare, warming up at a low priority (--spares K)
+        if started:
+            logger.info(f"new warm spare(s) pid {', '.join(str(s.pid) for s in started)} started in the background: "
+                        "the group grows back once one is warm")
         rec = Recovery(number=self.numbered_from + len(self.recoveries) + 1, attempt=self.attempt, rank=lost.slot.rank,
                        device=lost.slot.tag, failed=cause.message, kind=cause.kind, lost_pid=lost.pid,
                        replaced_by_pid=0, survivors=_ranks_and_pids(survivors), started_at=now_iso(),
                        action="shrink", replicas=len(ranks), _died=now,
                        _reached=max(self.completed.values(), default=0), _generation=generation)
         self.recoveries.append(rec)
+        self.shrunk_since[rec.rank] = rec
         logger.warning(f"{cause.message}: live recovery {rec.number}: no warm spare left: the other {len(ranks)} "
                        f"worker(s) keep running and go on without rank {rec.rank}, one of them carrying its data "
                        "slot (same global batch and data order; --min-replicas)")
         return True
+
+    def regrow_candidate(self) -> int | None:
+        """The carried rank a warm spare can take back now (the lowest), or None: the group is not
+        shrunk, a recovery is in flight, a rank finished training (`done`), or no spare is warm yet."""
+        if not self.shrunk_since or self.in_flight is not None or self.finished or self.pool.warm() is None:
+            return None
+        return min(self.shrunk_since)
+
+    def regrow(self, slot: DeviceSlot, log_path: Any, survivors: list[WorkerProcess],
+               now: float) -> WorkerProcess | None:
+        """A warm spare takes back carried rank `slot.rank`; the group rebuilds with it at its next
+        step boundary. None (said why): the decision could not reach the workers."""
+        spare = self.pool.take_warm()
+        shrink = self.shrunk_since.get(slot.rank)
+        if spare is None or shrink is None:
+            return None
+        generation = len(self.recoveries) + 1
+        ranks = sorted([*(self.group or []), slot.rank])
+        told = self.tell is not None and self.tell(contract.DECISION_KEY.format(generation=generation),
+                                                   orjson.dumps({"regrow": slot.rank, "ranks": ranks}).decode())
+        if not told:
+            self.pool.put_back(spare)
+            logger.warning(f"regrow not possible: the rendezvous store is gone, so the workers cannot be told that "
+                           f"warm spare pid {spare.pid} takes back rank {slot.rank}")
+            return None
+        new = self.pool.promote(spare, slot, log_path, self.env_for(slot, spare, generation))
+        del self.shrunk_since[slot.rank]
+        shrink.shrunk_s = round(now - shrink._died, 3)
+        self.group = ranks if self.shrunk_since else None
+        rec = Recovery(number=self.numbered_from + len(self.recoveries) + 1, attempt=self.attempt, rank=slot.rank,
+                       device=slot.tag, failed="", kind="regrow", lost_pid=0, replaced_by_pid=new.pid,
+                       survivors=_ranks_and_pids(survivors), started_at=now_iso(), action="regrow",
+                       replicas=len(ranks), shrunk_s=shrink.shrunk_s, _died=now,
+                       _reached=max(self.completed.values(), default=0), _generation=generation)
+        self.recoveries.append(rec)
+        logger.info(f"live recovery {rec.number}: warm spare pid {new.pid} takes back rank {rec.rank} "
+                    f"({rec.device}), whose data slot was carried for {shrink.shrunk_s:.1f} s: the {len(survivors)} "
+                    f"worker(s) rebuild the group with it at their next step boundary ({len(ranks)} process(es))")
+        return new
 
     def replace(self, lost: WorkerProcess, cause: RootCause, survivors: list[WorkerProcess],
                 now: float) -> WorkerProcess | None:
@@ -312,12 +371,14 @@ class LiveRecovery:
     def settle(self) -> list[dict[str, Any]]:
         """The attempt is over: its recoveries for summary.json (one still in flight failed)."""
         now = time.monotonic()
-        for shrunk in (r for r in self.recoveries if r.action == "shrink" and r.outcome == "recovered"):
-            shrunk.shrunk_s = round(now - shrunk._died, 3)
+        for shrunk in self.shrunk_since.values():  # not grown back: shrunk to the end
+            if shrunk.outcome == "recovered":
+                shrunk.shrunk_s = round(now - shrunk._died, 3)
         rec = self.in_flight
         if rec is not None:
             rec.outcome = "failed"
-            rec.failed += "; the attempt ended before the rebuilt group completed a step"
+            rec.failed = (f"{rec.failed}; " if rec.failed else "") + "the attempt ended before the rebuilt group " \
+                "completed a step"
             self.write_metric({"type": "recovery", "time": time.time(), **rec.to_dict()})
         return [r.to_dict() for r in self.recoveries]
 
@@ -325,7 +386,7 @@ class LiveRecovery:
         rec = self.in_flight
         if rec is not None:
             rec.outcome = "failed"
-            rec.failed += f"; then {cause.message} during the recovery"
+            rec.failed = (f"{rec.failed}; then " if rec.failed else "") + f"{cause.message} during the recovery"
             self.write_metric({"type": "recovery", "time": time.time(), **rec.to_dict()})
 
     def observe(self, record: Record) -> None:
@@ -344,6 +405,8 @@ class LiveRecovery:
                 self._finish(rec, time.monotonic())
             case LiveAble():
                 self.able[rank] = None if record.able else (record.why or "cannot be recovered live")
+            case Done():
+                self.finished = True
             case LiveLostPeer(step=int(step), generation=int(generation)):
                 self.left.setdefault(generation, {})[rank] = step
             case LiveRejoined(role="newcomer") if rec is not None:

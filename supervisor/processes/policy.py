@@ -29,6 +29,9 @@ milliseconds. The phases (docs/design/supervision.md):
     any --no worker left--> DRAINING --pipes closed or DRAIN_WAIT--> DONE
     RUNNING/FINISHING --a rank a warm spare can take fails--> (no phase change) ReplaceLive; a hang
         verdict on one: SIGKILL to it, its verdict kept as the cause of its exit (live recovery)
+    RUNNING --a warm spare can take back a shrunk group's carried rank--> (no phase change) Regrow;
+        in any other phase (a stop, a teardown, a rank finishing early) or with a hung rank being
+        killed for a recovery, nothing: the spare waits
 
 A teardown only ever moves to a harsher phase (`_escalate`). The event vocabulary is open:
 a new cause of teardown (a node lost, a planned stop by the scheduler, a spare ready) is
@@ -239,8 +242,17 @@ class TailsRead:
     tails: tuple[tuple[int, tuple[str, ...]], ...]
 
 
+@dataclass(frozen=True)
+class SpareReady:
+    """A warm spare stands by while the group is shrunk (live_recovery.py's `regrow_candidate`):
+    it can take back carried rank `rank`."""
+
+    view: View
+    rank: int
+
+
 Event = Tick | Exited | SignalReceived | WorkerStop | HangFound | Fatal | TracesIn | AllGone | PipesClosed | \
-    TracesRead | Published | TailsRead | ReplaceFailed | RecoveryStuck
+    TracesRead | Published | TailsRead | ReplaceFailed | RecoveryStuck | SpareReady
 
 
 # ---------------------------------------------------------------------------- outputs
@@ -304,7 +316,15 @@ class GiveUpLive:
     cause: RootCause
 
 
-Action = Send | Log | Note | Publish | RequestTraces | AnalyseTraces | Forward | ReplaceLive | GiveUpLive
+@dataclass(frozen=True)
+class Regrow:
+    """A warm spare takes back carried rank `rank` (live_recovery.py promotes it; the group
+    rebuilds with it at its next step boundary); its pipes and heartbeats are the rank's from now on."""
+
+    rank: int
+
+
+Action = Send | Log | Note | Publish | RequestTraces | AnalyseTraces | Forward | ReplaceLive | GiveUpLive | Regrow
 
 
 # ---------------------------------------------------------------------------- state
@@ -442,6 +462,15 @@ def _replace_failed(s: State, e: ReplaceFailed, r: Rules) -> Result:
     if s.cause is not None:
         return s, []
     return _failed(s, e.view, r, e.cause)
+
+
+def _spare_ready(s: State, e: SpareReady, r: Rules) -> Result:
+    """Grow back only while training runs undisturbed: a stop, a teardown, or an early exit ends
+    the attempt anyway, and a hung rank SIGKILLed for a recovery is about to be lost (its loss
+    shrinks or takes the spare): the spare waits for the next look."""
+    if s.cause is not None or s.phase is not Phase.RUNNING or s.condemned:
+        return s, []
+    return s, [Regrow(e.rank)]
 
 
 def _recovery_stuck(s: State, e: RecoveryStuck, r: Rules) -> Result:
@@ -672,7 +701,7 @@ def _tails_read(s: State, e: TailsRead, r: Rules) -> Result:
 _HANDLERS = {Tick: _tick, Exited: _exited, SignalReceived: _signal, WorkerStop: _worker_stop, HangFound: _hang,
              Fatal: _fatal, TracesIn: _traces_in, AllGone: _all_gone, PipesClosed: _pipes_closed,
              TracesRead: _traces_read, Published: _published, TailsRead: _tails_read, ReplaceFailed: _replace_failed,
-             RecoveryStuck: _recovery_stuck}
+             RecoveryStuck: _recovery_stuck, SpareReady: _spare_ready}
 
 
 # ---------------------------------------------------------------------------- steps

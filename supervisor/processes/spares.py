@@ -8,17 +8,22 @@ A spare is `python -m worker` with GPUHERD_SPARE=1 (worker/spare.py): it imports
 the trainer and opens the dataset cache, then waits on its stdin. Promotion writes the lost
 rank's environment there as one JSON line and closes the pipe; the process, its pipes and
 its status channel then serve as that rank's worker. Its own output before promotion stays
-in its pipes (a spare prints nothing while it waits) and is read as the rank's.
+in its pipes (a spare prints nothing while it waits) and is read as the rank's; its status
+channel carries one record before then, `live`/`warm` at the end of its warm-up, which the
+pool reads itself (`warm`): a regrow takes only a spare that said it.
 """
 
 from __future__ import annotations
 
+import os
+import select
 from collections.abc import Callable, Mapping
 
 import orjson
 from loguru import logger
 
 from gpuherd import contract
+from gpuherd.status_records import LiveWarm, decode
 from supervisor.gpus import DeviceSlot
 from supervisor.processes.spawn import WorkerProcess
 from supervisor.summary import how_it_ended
@@ -30,6 +35,7 @@ class SparePool:
         self.count, self._start = count, start
         self.spares: list[WorkerProcess] = []
         self.started = 0
+        self._warm: set[int] = set()  # pids of the spares whose warm-up ended
 
     def fill(self) -> list[WorkerProcess]:
         """Start spares until `count` are waiting; the ones started."""
@@ -43,6 +49,32 @@ class SparePool:
     def ready(self) -> bool:
         """A live spare waits (without taking it)."""
         return any(s.poll() is None for s in self.spares)
+
+    def warm(self) -> WorkerProcess | None:
+        """A live spare whose warm-up ended (without taking it), or None."""
+        for spare in self.spares:
+            if spare.poll() is None and (spare.pid in self._warm or self._heard_warm(spare)):
+                return spare
+        return None
+
+    def _heard_warm(self, spare: WorkerProcess) -> bool:
+        """Read what the spare said on its status channel (nothing blocks: a select first)."""
+        try:
+            if not select.select([spare.status_fd], [], [], 0)[0]:
+                return False
+            said = os.read(spare.status_fd, 65536)
+        except OSError:
+            return False
+        if any(isinstance(decode(line), LiveWarm) for line in said.splitlines()):
+            self._warm.add(spare.pid)
+        return spare.pid in self._warm
+
+    def take_warm(self) -> WorkerProcess | None:
+        """The warm spare `warm` names, out of the pool."""
+        spare = self.warm()
+        if spare is not None:
+            self.spares.remove(spare)
+        return spare
 
     def take(self) -> tuple[WorkerProcess | None, str]:
         """A live spare, or None and why there is none."""
@@ -60,9 +92,11 @@ class SparePool:
         """A spare taken for a recovery that could not go ahead waits again (first in line)."""
         self.spares.insert(0, spare)
 
-    @staticmethod
-    def promote(spare: WorkerProcess, slot: DeviceSlot, log_path, env: Mapping[str, str]) -> WorkerProcess:
-        """Hand `spare` the rank of `slot`: its environment (but its own status fd) on stdin."""
+    def promote(self, spare: WorkerProcess, slot: DeviceSlot, log_path, env: Mapping[str, str]) -> WorkerProcess:
+        """Hand `spare` the rank of `slot`: its environment (but its own status fd) on stdin. Its
+        `warm` record, if it came, is read here: the rank's channel starts with the rank's records."""
+        self._heard_warm(spare)
+        self._warm.discard(spare.pid)
         assignment = {name: value for name, value in env.items() if name not in (contract.STATUS_FD, contract.SPARE)}
         stdin = spare.popen.stdin
         stdin.write(orjson.dumps({"env": assignment}) + b"\n")

@@ -302,6 +302,8 @@ class Supervision:
                 self._forward(action)
             elif isinstance(action, pol.ReplaceLive):
                 self._replace_live(action, now)
+            elif isinstance(action, pol.Regrow):
+                self._regrow(action, now)
             elif isinstance(action, pol.GiveUpLive) and self.live is not None:
                 self.live.give_up(action.cause)
 
@@ -417,6 +419,8 @@ class Supervision:
             self._judge_live_recovery(now)  # first: a survivor stuck in the broken group is no hang of its own
             if self.cause is None:
                 self._judge_heartbeats(now)
+            if self.cause is None:
+                self._offer_regrow(now)
         if self.phase is Phase.DUMPING_TRACES:
             waited = set(self.state.trace_ranks) & {w.slot.rank for w in self._alive()}  # the dead answer nothing
             if traces.answered(self.trace_dir, waited) == waited:
@@ -486,10 +490,28 @@ class Supervision:
         if new is None:
             self._decide(pol.ReplaceFailed(self._view(now), action.rank, action.cause))
             return
-        self.workers[action.rank] = new
-        self.heartbeats.rejoin(action.rank, now)
-        self.procs.watch(action.rank, new.pid)
-        self.pipes.replace(action.rank, new.popen.stdout, new.popen.stderr, new.status_fd)
+        self._serve(action.rank, new, now)
+
+    def _offer_regrow(self, now: float) -> None:
+        """A shrunk group and a warm spare: the policy decides whether it takes back a carried rank now."""
+        rank = self.live.regrow_candidate() if self.live is not None else None
+        if rank is not None:
+            self._decide(pol.SpareReady(self._view(now), rank))
+
+    def _regrow(self, action: pol.Regrow, now: float) -> None:
+        """The policy's `Regrow`: a warm spare serves the carried rank from now on (its old process
+        is long gone); the group rebuilds with it at its next step boundary."""
+        carried = self.workers[action.rank]
+        new = self.live.regrow(carried.slot, carried.log_path, self._alive(), now)
+        if new is not None:
+            self._serve(action.rank, new, now)
+
+    def _serve(self, rank: int, new: WorkerProcess, now: float) -> None:
+        """`new` (a promoted spare) is `rank`'s worker: its pipes and heartbeats are read as the rank's."""
+        self.workers[rank] = new
+        self.heartbeats.rejoin(rank, now)
+        self.procs.watch(rank, new.pid)
+        self.pipes.replace(rank, new.popen.stdout, new.popen.stderr, new.status_fd)
 
     # ------------------------------------------------------------------ helpers
 

@@ -71,6 +71,11 @@ def event_of(record: Record) -> Event | None:
                        if excluded else "")
             return Event(when, "restart", f"restart {record.attempt} after exit code {record.exit_code}: "
                                           f"{record.after}{without}")
+        case Recovery(outcome="recovered", action="regrow"):
+            return Event(when, "recovery", f"live recovery {record.number}: regrow: warm spare pid "
+                                           f"{record.replaced_by_pid} took back rank {rank} after "
+                                           f"{_num(record.shrunk_s)} s shrunk: {record.replicas} process(es) again, "
+                                           f"its first step in {_num(record.seconds)} s", rank)
         case Recovery(outcome="recovered", action="shrink"):
             return Event(when, "recovery", f"live recovery {record.number}: rank {rank} lost with no spare left: "
                                            f"{record.replicas} process(es) went on with its data slot in "

@@ -190,3 +190,29 @@ def test_healing_a_silently_corrupted_replica_is_its_own_badput_cause():
     _sums_to_wall(g)
     assert g.badput_s["sdc"] == pytest.approx(0.4)
     assert dict(shares(g))["silent data corruption"] == pytest.approx(0.4 / g.wall_s)  # its own console group
+
+
+def test_the_time_trained_shrunk_is_shown_apart_from_the_loss_to_the_regrow_and_stays_productive():
+    tl = Timeline().first_attempt(steps=10)
+    tl.add(0.8, type="recovery", rank=2, outcome="recovered", action="shrink", seconds=0.8, steps_redone=0)
+    tl.steps(10, 30)  # 3 s shrunk (the loss was 0.8 s before the shrink's record)
+    tl.phase(0.0, "rendezvous")  # the regrow's pause: the leader rebuilds the group with the newcomer
+    tl.phase(0.3, "train")
+    tl.add(0.1, type="recovery", rank=2, outcome="recovered", action="regrow", seconds=0.4, steps_redone=0)
+    tl.steps(40, 10)
+    g = tl.account()
+    _sums_to_wall(g)
+    assert g.shrunk_s == pytest.approx(0.8 + 3.0 + 0.0, abs=1e-6)  # the loss -> the regrow's decision
+    # the shrink's loss -> its first step is a restart; the regrow lost nothing: its pause is the rendezvous
+    assert g.badput_s["restart"] == pytest.approx(0.8) and g.badput_s["rendezvous"] == pytest.approx(0.5 + 0.3)
+    plain = Timeline().first_attempt(steps=10)
+    plain.steps(10, 30)
+    assert plain.account().shrunk_s == 0.0
+    assert "trained shrunk" in console_line(g) and "shrunk" not in console_line(plain.account())
+
+
+def test_a_shrink_never_grown_back_counts_to_the_attempts_end():
+    tl = Timeline().first_attempt(steps=5)
+    tl.add(0.5, type="recovery", rank=3, outcome="recovered", action="shrink", seconds=0.5, steps_redone=0)
+    tl.steps(5, 20)
+    assert tl.account(end_dt=1.0).shrunk_s == pytest.approx(0.5 + 2.0 + 1.0, abs=1e-6)

@@ -3,6 +3,7 @@ not otherwise, and what a recovery records (the real processes: tests/e2e/test_l
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -49,6 +50,12 @@ class FakePool(SparePool):
     def promote(self, spare: FakeProc, slot: DeviceSlot, log_path: Path, env: dict) -> FakeProc:
         self.promoted.append((slot.rank, env))
         return FakeProc(pid=spare.pid, rank=slot.rank)
+
+    def _heard_warm(self, spare: FakeProc) -> bool:  # a fake spare has no status channel: `said_warm` says it
+        return spare.pid in self._warm
+
+    def said_warm(self, pid: int) -> None:
+        self._warm.add(pid)
 
 
 def _live(budget: int = 2, off: str | None = None, pool: FakePool | None = None) -> tuple[LiveRecovery, list[dict]]:
@@ -287,3 +294,94 @@ def test_a_multi_node_job_says_once_that_it_does_not_shrink(spares):
     assert lines == ["--min-replicas: shrinking is built for a single node only; a multi-node job with no spare "
                      "left restarts"]
     assert (live is None) if spares == 0 else (live.shrink_floor == 0 and contract.SHRINK not in live.worker_env)
+
+
+def _shrunk_without_rank_2(spares: int = 1) -> tuple[LiveRecovery, list[dict], list]:
+    """Four ranks, --min-replicas 2; the warm spare died, then rank 2 was lost: the group shrank."""
+    live, metrics, told = _shrinking(floor=2, spares=spares)
+    for spare in live.pool.spares:
+        spare.returncode = 137
+    assert live.shrinks()
+    assert live.shrink(FakeProc(pid=12, rank=2), _cause(2), [FakeProc(pid=10 + r, rank=r) for r in (0, 1, 3)], 100.0)
+    for r in (0, 1, 3):
+        live.observe(record({"type": "live", "rank": r, "event": "rejoined", "generation": 1, "step": 8, "source": 0,
+                             "role": "survivor", "seconds": 0.3, "replicas": 3}))
+    live.observe(record({"type": "step", "rank": 1, "step": 8}))
+    assert live.recoveries[-1].outcome == "recovered"
+    return live, metrics, told
+
+
+def test_after_a_shrink_the_pool_refills_and_once_warm_its_spare_takes_back_the_carried_rank(warnings):
+    live, metrics, told = _shrunk_without_rank_2()
+    assert [s.pid for s in live.pool.spares if s.poll() is None] == [901]  # the refill, warming up
+    assert live.regrow_candidate() is None  # not warm yet: the group stays shrunk meanwhile
+    for step in range(9, 20):
+        live.observe(record({"type": "step", "rank": 0, "step": step}))
+    live.pool.said_warm(901)
+    assert live.regrow_candidate() == 2
+    survivors = [FakeProc(pid=10 + r, rank=r) for r in (0, 1, 3)]
+    new = live.regrow(DeviceSlot(2, "cpu", 2), Path("/dev/null"), survivors, now=160.0)
+    assert new is not None and new.pid == 901 and live.pool.promoted == [(2, {"GEN": "2"})]
+    assert told[-1] == ("gpuherd-live/2/decision", {"regrow": 2, "ranks": [0, 1, 2, 3]})
+    assert live.group is None and live.budget == 2  # grown back whole; a regrow uses no restart
+    shrink, regrow = live.recoveries
+    assert shrink.shrunk_s == regrow.shrunk_s == 60.0  # from the loss to the regrow's decision
+    assert regrow.action == regrow.kind == "regrow" and regrow.replicas == 4 and regrow.lost_pid == 0
+    assert regrow.survivors == [{"rank": r, "pid": 10 + r} for r in (0, 1, 3)]
+    live.observe(record({"type": "live", "rank": 2, "event": "rejoined", "generation": 2, "step": 20, "source": 0,
+                         "role": "newcomer", "seconds": 0.2, "replicas": 4}))
+    live.observe(record({"type": "live", "rank": 2, "event": "first_step", "generation": 2, "step": 21}))
+    assert regrow.outcome == "recovered" and regrow.resumed_step == 20 and regrow.steps_redone == 0
+    assert metrics[-1]["action"] == "regrow" and metrics[-1]["shrunk_s"] == 60.0
+    assert "regrow: warm spare pid 901 took back rank 2" in warnings[-1]
+    assert [r["shrunk_s"] for r in live.settle()] == [60.0, 60.0]  # the shrink ended at the regrow
+    assert live.regrow_candidate() is None
+
+
+def test_a_group_shrunk_twice_grows_back_one_rank_at_a_time_and_stays_shrunk_until_the_last():
+    live, _metrics, told = _shrunk_without_rank_2(spares=1)
+    survivors = [FakeProc(pid=10 + r, rank=r) for r in (0, 1)]
+    assert live.shrink(FakeProc(pid=13, rank=3), _cause(3), survivors, now=110.0)
+    assert told[-1] == ("gpuherd-live/2/decision", {"shrink": 3, "ranks": [0, 1]})
+    live.recoveries[-1].outcome = "recovered"
+    live.pool.said_warm(901)
+    assert live.regrow_candidate() == 2
+    live.regrow(DeviceSlot(2, "cpu", 2), Path("/dev/null"), survivors, now=130.0)
+    assert told[-1] == ("gpuherd-live/3/decision", {"regrow": 2, "ranks": [0, 1, 2]}) and live.group == [0, 1, 2]
+    assert live.regrow_candidate() is None  # in flight, and no second spare warm
+
+
+def test_a_regrow_whose_decision_cannot_reach_the_workers_keeps_the_spare_and_the_shrunk_group(warnings):
+    live, _metrics, _told = _shrunk_without_rank_2()
+    live.tell = lambda key, value: False
+    live.pool.said_warm(901)
+    assert live.regrow(DeviceSlot(2, "cpu", 2), Path("/dev/null"), [], now=120.0) is None
+    assert live.pool.promoted == [] and live.group == [0, 1, 3] and live.regrow_candidate() == 2
+    assert "regrow not possible: the rendezvous store is gone" in warnings[-1]
+
+
+def test_the_pool_knows_a_spare_is_warm_from_its_status_channel_and_reads_it_before_a_promotion():
+    read, write = os.pipe()
+    spare = SimpleNamespace(pid=4242, status_fd=read, poll=lambda: None)
+    pool = SparePool(1, lambda n: spare)
+    pool.fill()
+    try:
+        assert pool.warm() is None  # still warming up: it said nothing yet
+        os.write(write, _status_line({"type": "live", "rank": 0, "event": "warm"}))
+        assert pool.warm() is spare and pool.warm() is spare  # read once, remembered
+        assert pool.take_warm() is spare and pool.spares == [] and pool.warm() is None
+    finally:
+        os.close(read)
+        os.close(write)
+
+
+def _status_line(record: dict) -> bytes:  # what a worker's StatusWriter writes: one JSON line
+    return orjson.dumps({**record, "time": time.time()}) + b"\n"
+
+
+def test_no_regrow_once_a_rank_finished_training():
+    live, _metrics, _told = _shrunk_without_rank_2()
+    live.pool.said_warm(901)
+    assert live.regrow_candidate() == 2
+    live.observe(record({"type": "done", "rank": 0, "step": 40}))
+    assert live.regrow_candidate() is None

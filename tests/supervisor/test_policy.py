@@ -720,3 +720,33 @@ def test_a_survivor_stuck_in_the_broken_group_fails_the_recovery_and_tears_down(
     assert actions[:2] == [pol.GiveUpLive(stuck), pol.Log("error", stuck.message)]
     assert run.state.cause == stuck and run.phase is Phase.TERMINATING
     assert run(pol.RecoveryStuck(view(26.0, rank(0)), stuck)) == []  # the attempt is ending already
+
+
+# ---- regrow: a warm spare back while the group is shrunk takes back a carried rank, only while training runs
+
+
+def test_a_warm_spare_back_while_shrunk_regrows_the_carried_rank_without_a_phase_change():
+    run = Run()
+    actions = run(pol.SpareReady(view(30.0, rank(0), rank(1), rank(3)), 2))
+    assert actions == [pol.Regrow(2)]
+    assert run.phase is Phase.RUNNING and run.state.cause is None and run.state.deadline is None
+
+
+def test_no_regrow_during_a_stop_a_teardown_or_an_early_exit_the_spare_waits():
+    stopping = Run()
+    stopping(pol.SignalReceived(view(10.0, *TWO), signal.SIGINT))
+    assert stopping.phase is Phase.STOPPING and stopping(pol.SpareReady(view(11.0, *TWO), 2)) == []
+    failed = Run()
+    failed(crash(10.0, 1, rank(0)))
+    assert failed.state.cause is not None and failed(pol.SpareReady(view(10.5, rank(0)), 2)) == []
+    finishing = Run()
+    finishing(pol.Exited(view(10.0, rank(0)), 1, "CPU1", 0, "exit code 0"))
+    assert finishing.phase is Phase.FINISHING and finishing(pol.SpareReady(view(10.5, rank(0)), 2)) == []
+
+
+def test_no_regrow_while_a_hung_rank_is_being_killed_for_a_recovery_then_it_may():
+    run = Run()
+    run(pol.HangFound(view(50.0, *TWO), hang_cause(), responsive=frozenset({0}), spare=CAN))
+    assert run.state.condemned and run(pol.SpareReady(view(50.2, *TWO), 2)) == []
+    run(lost(50.5, 1, rank(0), code=137))  # its loss is handled (replaced or shrunk): nothing condemned now
+    assert run(pol.SpareReady(view(60.0, rank(0)), 2)) == [pol.Regrow(2)]

@@ -12,7 +12,7 @@ import torch
 from dataset_cache import BatchSampler
 from tests.dataset_cache.test_sampler import B, T, PositionCache, window_starts
 from worker.checkpoint import per_slot
-from worker.data_slots import loss_scale, slots_of
+from worker.data_slots import draw_position, loss_scale, slots_of
 
 W, ACCUM = 4, 2
 
@@ -83,3 +83,31 @@ def test_a_checkpoint_written_while_shrunk_holds_every_slots_position():
     samplers, rngs = per_slot(gathered, 4)
     assert [s["rank"] for s in samplers] == [0, 1, 2, 3] and {s["consumed"] for s in samplers} == {96}
     assert rngs == ["rng0", "rng1", "rng0", "rng3"]
+
+
+def test_a_regrow_hands_the_carried_slot_to_the_newcomer_and_the_windows_go_on_unbroken():
+    """Shrunk for 4 steps (rank 2's slot carried by rank 3), then a spare takes rank 2 back at a step
+    boundary with the group's position: every step still draws the undisturbed run's windows."""
+    cache = PositionCache(train=20000)
+    plain = [BatchSampler(cache, "train", B, T, r, W, 7) for r in range(W)]
+    expected = [_step_windows(cache, plain) for _ in range(12)]
+    own = [BatchSampler(cache, "train", B, T, r, W, 7) for r in range(W)]
+    got = [_step_windows(cache, own) for _ in range(3)]
+    survivors = [0, 1, 3]
+    assert slots_of(3, survivors, W) == [3, 2]
+    carried = BatchSampler(cache, "train", B, T, 2, W, 7)
+    carried.load_state_dict({**own[3].state_dict(), "rank": 2})
+    got += [_step_windows(cache, [own[0], own[1], carried, own[3]]) for _ in range(4)]
+    assert [slots_of(r, list(range(W)), W) for r in range(W)] == [[r] for r in range(W)]  # nobody carries now
+    newcomer = BatchSampler(cache, "train", B, T, 2, W, 7)
+    newcomer.load_state_dict({**own[0].state_dict(), "rank": 2})  # the source's position, as the broadcast hands it
+    got += [_step_windows(cache, [own[0], own[1], newcomer, own[3]]) for _ in range(5)]
+    assert got == expected
+
+
+def test_a_draw_is_named_by_its_slot_and_the_samplers_position_after_it():
+    cache = PositionCache(train=20000)
+    sampler = BatchSampler(cache, "train", B, T, 1, W, 7)
+    sampler.next_batch()
+    assert draw_position(1, sampler.state_dict()) == [1, 0, W * B]
+    assert draw_position(2, {"kind": "mixture", "position": 40}) == [2, 0, 40]
