@@ -86,6 +86,7 @@ class Job:
         self.dataset_s: float | None = None  # the first dataset build's seconds (goodput: `dataset`)
         self.goodput: goodput.Goodput | None = None  # the whole run's, every start's (summary.json)
         self.goodput_charts = goodput.GoodputScalars(run_dir)  # imports tensorboard's writer in the background
+        self.timeline = goodput.TimelineReader(run_dir / "metrics.jsonl")  # every start's events, read as they come
 
     @property
     def mode(self) -> str:
@@ -218,7 +219,7 @@ class Job:
     def _goodput_so_far(self, end_of_start: MetricsSink | None = None) -> goodput.Goodput:
         """The whole run's goodput now (every start's), also a point in TensorBoard; at the end of
         a start, also its `goodput` record in metrics.jsonl."""
-        events = goodput.read_events(self.run_dir / "metrics.jsonl")
+        events = self.timeline.events()
         now = time.time()
         account = goodput.account(events, now)
         self.goodput_charts.write(account, goodput.last_step(events), now)
