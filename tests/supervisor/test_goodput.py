@@ -246,3 +246,23 @@ def test_the_timeline_reader_decodes_only_what_was_appended_and_never_half_a_lin
     assert reader.events() == read_events(path) == decode_all(line.records)
     path.write_bytes(lines[0] + b"\n")  # another file at the same path (shorter): read from its start
     assert [e.kind for e in reader.events()] == ["start"]
+
+
+@pytest.mark.integration
+def test_a_starts_mark_is_when_its_process_was_created_to_a_clock_tick():
+    """The launcher's own start (its interpreter and imports are launch time); psutil's
+    create_time, off by up to a second (the boot time in whole seconds), made a start longer or
+    shorter than it was."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.supervisor.helpers import env
+
+    code = ("import time; time.sleep(0.5); from supervisor.goodput import marks; "
+            "print(marks.start(0, time.monotonic(), None)['time'])")
+    before = time.time()
+    out = subprocess.run([sys.executable, "-c", code], env=env(), capture_output=True, text=True, timeout=60)
+    after = time.time()
+    created = float(out.stdout)
+    assert before - 0.02 <= created <= after - 0.5  # a clock tick before: the kernel counts whole ticks
