@@ -86,6 +86,7 @@ class Job:
         self.dataset_s: float | None = None  # the first dataset build's seconds (goodput: `dataset`)
         self.goodput: goodput.Goodput | None = None  # the whole run's, every start's (summary.json)
         self.goodput_charts = goodput.GoodputScalars(run_dir)  # imports tensorboard's writer in the background
+        self.timeline = goodput.TimelineReader(run_dir / "metrics.jsonl")  # every start's events, read as they come
 
     @property
     def mode(self) -> str:
@@ -163,6 +164,7 @@ class Job:
         try:
             while True:
                 report = self.attempts.run(order, guard, metrics)
+                ended = time.monotonic()
                 attempts.append(report)
                 decision = self._decide(self._ended(report))
                 if isinstance(decision, CheckDataset):
@@ -171,7 +173,7 @@ class Job:
                 if isinstance(decision, Stop):
                     final, report.not_restarted = decision.cause, decision.not_restarted
                     break
-                signum = self._restart(decision, report, metrics)
+                signum = self._restart(decision, report, metrics, ended)
                 if signum is not None:
                     final = self._decide(Interrupted(signum)).cause
                     break
@@ -204,8 +206,9 @@ class Job:
         return AttemptOrder(s.attempt, resume, s.plan, s.restarts_used, s.live_budget(self.rules), s.excluded,
                             self.dataset_path)
 
-    def _restart(self, restart: Restart, report: AttemptReport, metrics: MetricsSink) -> int | None:
-        """Say and record the restart, then pause; a stop signal during the pause is returned."""
+    def _restart(self, restart: Restart, report: AttemptReport, metrics: MetricsSink, ended: float) -> int | None:
+        """Say and record the restart, then pause what is left of the backoff since the attempt
+        `ended`; a stop signal during the pause is returned."""
         for line in restart.said:
             logger.warning(line)
         mark_excluded(report.suspect_devices, restart.exclude_gpus, restart.attempt)
@@ -215,12 +218,12 @@ class Job:
                        "membership": restart.membership, "restarts_used": self.state.restarts_used,
                        "excluded_gpus": list(self.state.excluded), "world_size": restart.plan.world_size})
         self._goodput_so_far()
-        return pause(restart.delay)
+        return pause(restart.delay, since=ended)
 
     def _goodput_so_far(self, end_of_start: MetricsSink | None = None) -> goodput.Goodput:
         """The whole run's goodput now (every start's), also a point in TensorBoard; at the end of
         a start, also its `goodput` record in metrics.jsonl."""
-        events = goodput.read_events(self.run_dir / "metrics.jsonl")
+        events = self.timeline.events()
         now = time.time()
         account = goodput.account(events, now)
         self.goodput_charts.write(account, goodput.last_step(events), now)

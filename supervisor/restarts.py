@@ -22,6 +22,7 @@ each, never a stand-in GPU, so the job's shape changes only by what was left out
 from __future__ import annotations
 
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,9 +205,13 @@ def mark_excluded(suspects: list[SuspectDevice], gpus: tuple[int, ...], next_att
             d.then = f"excluded from attempt {next_attempt} on"
 
 
-def pause(seconds: float) -> int | None:
+def pause(seconds: float, since: float | None = None) -> int | None:
     """Sleep between attempts; a Ctrl-C / SIGTERM / SIGHUP / SIGQUIT / SIGUSR1 / SIGUSR2 meanwhile ends
-    the wait and is returned (the run then stops with that signal's cause)."""
+    the wait and is returned (the run then stops with that signal's cause). `since`: when the
+    failed attempt ended (time.monotonic()): the backoff is a gap between attempts, not a wait
+    after the work between them (the dataset cache's check, the bookkeeping), which counts in it."""
+    if since is not None:
+        seconds -= time.monotonic() - since
     stops = honoured(STOP_SIGNALS)  # one inherited as ignored stays ignored here too
     old = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
     try:

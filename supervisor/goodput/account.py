@@ -79,6 +79,34 @@ def paint(segments: list[Segment], t0: float, t1: float, label: str, only: froze
     segments[:] = out
 
 
+def paint_tiles(segments: list[Segment], tiles: list[Segment]) -> None:
+    """`paint` each of `tiles` (sorted, none overlapping another: an attempt's loop) in one pass,
+    in place. An attempt's loop is a tile per status record, tens of thousands in a long run
+    (a script's heartbeats come twice a second): painted one at a time, each would rescan every
+    segment, and the run's end (or a restart) would wait minutes on a quadratic."""
+    out: list[Segment] = []
+    tiles = [t for t in tiles if t[1] > t[0]]
+    j = 0
+    for a, b, old in segments:
+        while j < len(tiles) and tiles[j][1] <= a:
+            j += 1
+        since, k = a, j  # `old` runs from `since` until a tile with another label
+        while k < len(tiles) and tiles[k][0] < b:
+            t0, t1, label = max(tiles[k][0], a), min(tiles[k][1], b), tiles[k][2]
+            if label != old:
+                if t0 > since:
+                    out.append([since, t0, old])
+                out.append([t0, t1, label])
+                since = t1
+            if tiles[k][1] > b:  # it goes on into the next segment
+                break
+            k += 1
+        if since < b:
+            out.append([since, b, old])
+        j = k
+    segments[:] = out
+
+
 def paint_back(segments: list[Segment], end: float, seconds: float, label: str) -> None:
     """Relabel the last `seconds` of productive time before `end` (skipping anything else), in place."""
     for seg in reversed([s for s in segments if s[0] < end and s[2] == PRODUCTIVE]):
@@ -198,8 +226,7 @@ def _start(mark: Event, events: list[Event], end: float, continues: bool, more_s
         attempts.append(_Attempt(m, evs, stop, again=continues or (m.step or 0) > 0))
     for i, att in enumerate(attempts):
         loop, steps = att.loop_segments()
-        for a, b, label in loop:
-            paint(segs, a, b, label)
+        paint_tiles(segs, loop)
         for a, b in att.stopped():
             paint(segs, a, b, "stopped")
         median = statistics.median(steps) if steps else 0.0

@@ -72,15 +72,44 @@ def decode_all(records: Iterable[Any]) -> list[Event]:
 def read_events(path: Path) -> list[Event]:
     """Every event of a `metrics.jsonl` (every start of the run: the file is appended to); a
     line cut short (a start killed mid-write) is skipped."""
-    try:
-        lines = path.read_bytes().splitlines()
-    except OSError:
-        return []
-    events = []
-    for line in lines:
-        if not any(k in line for k in WANTED):  # most lines are liveness and device samples: not parsed
-            continue
-        event = event_of(decode_line(line, supervisor=True))
-        if event is not None:
-            events.append(event)
-    return events
+    return TimelineReader(path).events()
+
+
+class TimelineReader:
+    """The events of a `metrics.jsonl` that grows while it is read: each call decodes only the
+    lines appended since the previous one, a few MiB at a time. The supervisor asks at every
+    restart and at the end of each start, and a long run's file holds millions of lines (a
+    script's heartbeats, liveness and device samples): decoding all of it each time was a stall
+    before every restart, growing with the run."""
+
+    CHUNK = 4 << 20
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0  # the file is read up to here: the end of its last complete line
+        self._events: list[Event] = []
+
+    def events(self) -> list[Event]:
+        try:
+            with self.path.open("rb") as f:
+                if f.seek(0, 2) < self._offset:  # not the file read before (replaced): from the start
+                    self._offset, self._events = 0, []
+                f.seek(self._offset)
+                tail = b""
+                while chunk := f.read(self.CHUNK):
+                    lines = (tail + chunk).split(b"\n")
+                    tail = lines.pop()  # after the last newline: a line still being written
+                    self._offset += len(chunk)
+                    self._decode(lines)
+                self._offset -= len(tail)
+        except OSError:
+            pass
+        return list(self._events)
+
+    def _decode(self, lines: list[bytes]) -> None:
+        for line in lines:
+            if not any(k in line for k in WANTED):  # most lines are liveness and device samples: not parsed
+                continue
+            event = event_of(decode_line(line, supervisor=True))
+            if event is not None:
+                self._events.append(event)

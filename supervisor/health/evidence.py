@@ -26,7 +26,9 @@ a collective the computing ranks already left still hang.
 Some evidence needs no allowance at all (`decisive`): while another rank still runs, a rank
 the kernel shows stopped by a signal (state T) for DECISIVE_STOP_S, or one whose liveness
 thread has been silent for DECISIVE_SILENT_S while its process sleeps with an idle CPU,
-outside a save or a startup phase, and every other rank waits in a collective for it. None
+outside a save or a startup phase (by its liveness thread's last word or its loop's own
+announcement, whichever is newer: a loop that holds the GIL from the moment it announced a
+save leaves its thread no chance to say so), and every other rank waits in a collective for it. None
 of the slow-but-alive cases looks like that: a GC pause, a long first step or a compile keep
 the CPU busy, a long eval or a slow save keep the liveness thread reporting (and a save is
 excluded outright), a debugger's brief look is state t, not T; every rank stopped at once
@@ -60,6 +62,10 @@ class RankSnapshot:
     live_age_s: float | None  # since that record
     live_latest: bool  # that record is its newest record (its `where` is not stale)
     proc: ProcState | None
+    # the phase its loop last announced (a `phase` record, sent by the loop itself): fresher than
+    # the `alive` record when the loop entered a save or a compile and blocked before its
+    # liveness thread reported again
+    announced: str | None = None
 
 
 @dataclass(frozen=True)
@@ -159,7 +165,8 @@ def _wedged(v: RankSnapshot, now: float, floor: float) -> bool:
         return False
     silent_since = max(now - v.live_age_s, floor)
     return (now - silent_since >= DECISIVE_SILENT_S and v.proc.letter == "S" and v.proc.cpu_busy is not None
-            and v.proc.cpu_busy < BUSY_FRACTION and v.live.phase not in NOT_DECISIVE_PHASES)
+            and v.proc.cpu_busy < BUSY_FRACTION and v.live.phase not in NOT_DECISIVE_PHASES
+            and v.announced not in NOT_DECISIVE_PHASES)
 
 
 def _waiting(v: RankSnapshot) -> bool:

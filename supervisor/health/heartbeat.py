@@ -292,7 +292,7 @@ class Heartbeats:
     def _views(self, running: list[RankState], now: float) -> list[ev.RankSnapshot]:
         return [ev.RankSnapshot(st.rank, st.step, now - (st.last_record or st.spawned), st.live,
                             None if st.live_at is None else now - st.live_at, st.live_at == st.last_record,
-                            self.procs.state(st.rank))
+                            self.procs.state(st.rank), announced=st.phase)
                 for st in running]
 
     def _hang(self, stale: list[RankState], views: list[ev.RankSnapshot], now: float,

@@ -11,10 +11,11 @@ import time
 
 import orjson
 import psutil
+import pytest
 
 from gpuherd.status_records import Alive, from_object as rec
 from supervisor.health import HangPolicy, Heartbeats, LearnedTimeouts
-from supervisor.health.evidence import DECISIVE_STOP_S, RankSnapshot, decisive
+from supervisor.health.evidence import DECISIVE_SILENT_S, DECISIVE_STOP_S, RankSnapshot, decisive
 from supervisor.health.proc_state import ProcState
 from tests.supervisor import helpers as sh
 
@@ -71,6 +72,18 @@ def test_slow_but_alive_ranks_are_never_decisive():
                      snap(1, IDLE, live(7, "forward/backward"), age=4.0)], now=100.0, floor=0.0) == ([], "")
 
 
+def test_a_rank_blocked_right_after_announcing_a_save_or_a_compile_is_not_decisive():
+    """Its liveness thread's last record still says `step` (the loop took the GIL before the
+    thread could report the new phase); the loop's own `phase` record is the newer word."""
+    for phase in ("checkpoint", "compile"):
+        blocked = RankSnapshot(1, 7, silent_s=4.0, live=live(7, "forward/backward"), live_age_s=4.0,
+                               live_latest=False, proc=IDLE, announced=phase)
+        assert decisive([snap(0, IDLE, WAITING), blocked], now=100.0, floor=0.0) == ([], "")
+    wedged = RankSnapshot(1, 7, silent_s=4.0, live=live(7, "forward/backward"), live_age_s=4.0, live_latest=True,
+                          proc=IDLE, announced="train")
+    assert decisive([snap(0, IDLE, WAITING), wedged], now=100.0, floor=0.0)[0] == [1]
+
+
 def test_the_monitor_names_a_stopped_rank_long_before_any_allowance():
     hb = Heartbeats([0, 1], 0.0, LearnedTimeouts(POLICY), rendezvous=600, expect_heartbeats=False)
     for rank in (0, 1):
@@ -98,3 +111,21 @@ def test_a_sigstopped_rank_of_a_script_run_is_named_within_5_s_with_default_sett
     ends = [r for r in map(orjson.loads, (run_dir / "metrics.jsonl").read_bytes().splitlines())
             if r.get("event") == "attempt_end"]
     assert ends[-1]["failed_at"] - stopped_at <= 5.0  # the verdict, not the teardown after it
+
+
+@pytest.mark.slow
+def test_slow_but_alive_stretches_of_a_real_rank_never_end_the_run_with_default_settings(tmp_path):
+    """Rank 1 of a real run, with gpuherd's liveness thread, goes through a slow first step and a
+    GC pause (the GIL held computing: its thread silent, the CPU busy), a compile and a slow save
+    (a C call holding the GIL waits: the thread silent, the CPU idle, the phase announced just
+    before) and a long eval (the GIL released: the thread reports, the CPU idle), each past the
+    decisive rules' 3 s, while rank 0 waits for it in a collective. None is a hang."""
+    seconds = DECISIVE_SILENT_S + 1.0
+    r = sh.run(tmp_path, "slow-alive:0", f"slow-alive:{seconds:g}", timeout=120)
+    assert r.code == 0, r.err[-3000:]
+    assert "hang" not in r.err.lower(), r.err[-3000:]
+    records = [orjson.loads(line) for line in (r.run_dir / "metrics.jsonl").read_bytes().splitlines()]
+    alive = sorted(x["time"] for x in records if x.get("type") == "alive" and x.get("rank") == 1)
+    frozen = sum(g for g in (b - a for a, b in zip(alive, alive[1:])) if g > 2.0)  # alive records come every 1 s
+    # the four GIL-held stretches froze the liveness thread (the evidence a wedged rank gives); the eval did not
+    assert 4 * seconds - 1.0 <= frozen < 5 * seconds - 1.0, frozen

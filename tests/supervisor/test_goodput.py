@@ -216,3 +216,79 @@ def test_a_shrink_never_grown_back_counts_to_the_attempts_end():
     tl.add(0.5, type="recovery", rank=3, outcome="recovered", action="shrink", seconds=0.5, steps_redone=0)
     tl.steps(5, 20)
     assert tl.account(end_dt=1.0).shrunk_s == pytest.approx(0.5 + 2.0 + 1.0, abs=1e-6)
+
+
+def test_painting_an_attempts_loop_in_one_pass_equals_painting_it_piece_by_piece():
+    import random
+
+    from supervisor.goodput.account import paint, paint_tiles
+
+    rng = random.Random(7)
+    labels = ("productive", "warmup", "checkpoint_save", "other")
+    for _ in range(200):
+        base = [[0.0, 10.0, "other"]]
+        for _ in range(rng.randrange(4)):  # what earlier paints left: segments of several labels
+            a = rng.uniform(0, 10)
+            paint(base, a, a + rng.uniform(0, 3), rng.choice(labels))
+        cuts = sorted(rng.uniform(-1, 11) for _ in range(rng.randrange(1, 12)))
+        tiles = [[a, b, rng.choice(labels)] for a, b in zip(cuts, cuts[1:])]  # contiguous, as a loop's are
+        one_by_one, at_once = [list(s) for s in base], [list(s) for s in base]
+        for a, b, label in tiles:
+            paint(one_by_one, a, b, label)
+        paint_tiles(at_once, tiles)
+        assert at_once == one_by_one, (base, tiles)
+
+
+def test_a_long_script_run_is_accounted_in_seconds_not_hours():
+    """A script's heartbeats come twice a second per rank: seven hours are 50k records of its
+    leader alone. Painted one at a time that was quadratic: the run's end, and each restart,
+    waited tens of minutes on it."""
+    import time
+
+    line = Timeline().first_attempt(50_000)
+    events = decode_all(line.records)
+    started = time.monotonic()
+    g = account(events, line.t + 1.0)
+    assert time.monotonic() - started < 15  # linear: a fraction of a second; quadratic: tens of minutes
+    _sums_to_wall(g)
+    assert g.productive_s == pytest.approx(0.1 * 50_000, abs=0.01)
+
+
+def test_the_timeline_reader_decodes_only_what_was_appended_and_never_half_a_line(tmp_path):
+    import orjson
+
+    from supervisor.goodput import TimelineReader, read_events
+
+    path = tmp_path / "metrics.jsonl"
+    line = Timeline().first_attempt(3)
+    lines = [orjson.dumps(r) for r in line.records]
+    alive = orjson.dumps({"type": "alive", "rank": 0, "time": 1.0, "phase": "step"})
+    path.write_bytes(b"\n".join([lines[0], alive, *lines[1:4]]) + b"\n" + lines[4][:7])  # the last one mid-write
+    reader = TimelineReader(path)
+    reader.CHUNK = 16  # lines span chunks
+    assert [e.kind for e in reader.events()] == ["start", "attempt", "phase", "phase"]
+    with path.open("ab") as f:
+        f.write(lines[4][7:] + b"\n" + b"\n".join(lines[5:]) + b"\n")
+    assert reader.events() == read_events(path) == decode_all(line.records)
+    path.write_bytes(lines[0] + b"\n")  # another file at the same path (shorter): read from its start
+    assert [e.kind for e in reader.events()] == ["start"]
+
+
+@pytest.mark.integration
+def test_a_starts_mark_is_when_its_process_was_created_to_a_clock_tick():
+    """The launcher's own start (its interpreter and imports are launch time); psutil's
+    create_time, off by up to a second (the boot time in whole seconds), made a start longer or
+    shorter than it was."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.supervisor.helpers import env
+
+    code = ("import time; time.sleep(0.5); from supervisor.goodput import marks; "
+            "print(marks.start(0, time.monotonic(), None)['time'])")
+    before = time.time()
+    out = subprocess.run([sys.executable, "-c", code], env=env(), capture_output=True, text=True, timeout=60)
+    after = time.time()
+    created = float(out.stdout)
+    assert before - 0.02 <= created <= after - 0.5  # a clock tick before: the kernel counts whole ticks

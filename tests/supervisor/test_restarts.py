@@ -222,6 +222,15 @@ def test_pause_returns_early_on_a_stop_signal():
     assert signal.getsignal(signal.SIGTERM) is not None
 
 
+def test_the_backoff_counts_from_the_attempts_end_not_after_the_work_between_attempts():
+    t0 = time.monotonic()
+    assert pause(30, since=t0 - 30) is None  # the dataset check and the bookkeeping took the whole backoff
+    assert time.monotonic() - t0 < 1
+    t0 = time.monotonic()
+    assert pause(0.3, since=t0 - 0.1) is None
+    assert 0.15 <= time.monotonic() - t0 < 5
+
+
 def test_restarted_attempt_env(tmp_path: Path):
     from supervisor.gpus.devices import DevicePlan, DeviceSlot
     from supervisor.processes.worker_env import RunEnv, worker_env

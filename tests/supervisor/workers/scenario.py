@@ -20,7 +20,9 @@ limit N-1, and exit 8; later attempts train and finish) |
 leave (train, note its pid in `left<RANK>`, exit 0 without 'done') | peer-gone:R (train, wait until rank
 R left and is reaped, then fail as gloo does: "Connection closed by peer") |
 slow-steps:S (liveness records; steps of S seconds computing; Ctrl-C: finish the step, save, exit 130) |
-slow-first-step:S (liveness records; the first step computes S seconds, then 3 quick steps, done).
+slow-first-step:S (liveness records; the first step computes S seconds, then 3 quick steps, done) |
+slow-alive:S (liveness records; S seconds of each slow-but-alive stretch in turn, `SLOW_ALIVE`, the
+other ranks waiting for it in a "collective" meanwhile; then done).
 Every rank registers faulthandler on SIGUSR1 (as gpuherd's own worker does) unless
 the behaviour ends in "+nofh".
 """
@@ -125,6 +127,8 @@ def more_behaviours() -> int:
         return leave_or_peer_gone()
     if NAME in ("slow-steps", "slow-first-step"):
         return slow_steps(float(ARG))
+    if NAME == "slow-alive":
+        return slow_alive(float(ARG))
     if NAME == "suspect":
         faults, _, until = ARG.partition(":")
         if until and int(os.environ["TORCHELASTIC_RESTART_COUNT"]) >= int(until):
@@ -180,6 +184,62 @@ def slow_steps(seconds: float) -> int:
             live.stop()
             status.send("done", step=i)
             return 0
+    return 0
+
+
+# What a rank of a real job does for seconds without a step, alive: (phase, activity, how). `busy`:
+# Python holds the GIL computing (a garbage collection, a first step's kernel selection): the
+# liveness thread cannot run, the CPU is busy. `gil-idle`: a C call holding the GIL waits (a
+# compile waiting on its workers, a write to a slow filesystem): the thread cannot run and the
+# CPU is idle. `sleep`: the main thread waits with the GIL released (an eval waiting on its
+# device): the thread reports, the CPU is idle.
+SLOW_ALIVE = (("train", "forward/backward", "busy", "a slow first step"),
+              ("train", "forward/backward", "busy", "a GC pause"),
+              ("compile", "compile", "gil-idle", "a compile"),
+              ("checkpoint", "torch.save", "gil-idle", "a slow save"),
+              ("eval", "eval", "sleep", "a long eval"))
+
+
+def slow_alive(seconds: float) -> int:
+    """Rank 1 goes through each stretch of SLOW_ALIVE at step 0 (the first) or after a quick step;
+    every other rank waits for it in a "collective" (state S, CPU idle, its liveness thread
+    reporting `collective`): the evidence a wedged rank would give, but for the stretch itself."""
+    import ctypes
+
+    from gpuherd.liveness import Liveness
+
+    live = Liveness(status).start()
+    status.send("phase", name="train")
+    for i, (phase, activity, how, what) in enumerate(SLOW_ALIVE):
+        live.step(i)
+        if RANK != 1:
+            with live.collective("all_reduce (gradients)"):
+                while not os.path.exists(f"stretch{i}"):
+                    time.sleep(0.05)
+        else:
+            if phase != "train":
+                live.at(phase, activity)
+                status.send("phase", name=phase)
+            live.doing(activity)
+            log(f"{what}: {seconds:g} s ({how})")
+            if how == "busy":
+                switch = sys.getswitchinterval()
+                sys.setswitchinterval(seconds + 5)  # no other thread runs until this loop is done
+                end = time.monotonic() + seconds
+                while time.monotonic() < end:
+                    sum(range(2000))
+                sys.setswitchinterval(switch)
+            elif how == "gil-idle":
+                ctypes.PyDLL(None).usleep(int(seconds * 1e6))  # PyDLL: the GIL stays held through the call
+            else:
+                time.sleep(seconds)
+            if phase != "train":
+                status.send("phase", name="train")
+            open(f"stretch{i}", "w").close()
+        log(f"Step [{i}/{len(SLOW_ALIVE)}] | Loss: {10 - i * 0.01:.4f}")
+        status.send("step", step=i, max_steps=len(SLOW_ALIVE), loss=10 - i * 0.01)
+    live.stop()
+    status.send("done", step=len(SLOW_ALIVE))
     return 0
 
 
