@@ -15,6 +15,7 @@ from typing import NoReturn
 
 from gpuherd.config import PRESETS, Config, ConfigError, resolve
 from gpuherd.exit_codes import ExitCode
+from gpuherd.text import one_line
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -25,7 +26,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def die(message: str, code: int = ExitCode.USAGE, prog: str = "gpuherd") -> NoReturn:
-    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    print(f"{prog}: error: {one_line(message)}", file=sys.stderr, flush=True)
     raise SystemExit(int(code))
 
 

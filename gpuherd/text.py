@@ -44,6 +44,16 @@ def printable(text: str) -> str:
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def one_line(text: str) -> str:
+    """`printable(text)` with every control character shown as its escape (`\\n`, `\\x00`): a
+    refusal quoting what the user gave (a --run-id with a newline, a config key with a NUL)
+    stays the one line it promises, and no terminal is handed a raw control byte."""
+    shown = printable(text)
+    if shown.isprintable():
+        return shown
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in shown)
+
+
 def printable_tree(value: Any) -> Any:
     """Every string in nested dicts/lists made `printable`: a record that must be written
     (summary.json, metadata.json) whatever file names it quotes."""

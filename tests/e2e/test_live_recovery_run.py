@@ -19,6 +19,7 @@ import pytest
 
 from tests.e2e.helpers import records
 from tests.supervisor.helpers import finish, wait_for
+from worker.save_phases import PAUSE_VAR
 
 STEPS = 40
 TINY = [
@@ -279,3 +280,37 @@ def test_an_evaluation_and_a_save_cut_short_by_a_lost_peer_are_done_by_the_rebui
     assert {r["step"] for r in records(run_dir, "eval")} == {10, 20}
     assert (tmp_path / ".checkpoints" / "step_0000010.pt").is_file()
     assert "the evaluation and the periodic checkpoint of step 10 was cut short by the lost peer" in err
+
+
+def test_a_periodic_save_cut_short_by_a_lost_peer_is_written_by_the_rebuilt_group(tmp_path, python_env):
+    """No evaluation: step 10's periodic save alone is due when rank 1 is lost (both ranks held at
+    the save's first phase, rank 1 SIGKILLed there, rank 0 then meets the lost peer in the state
+    capture's gather). The rebuilt group writes step 10's checkpoint and says so; before, it went
+    on to step 11 and a later restart resumed from step 0 with nothing said."""
+    release = tmp_path / "release-save"
+    env = dict(python_env, **{PAUSE_VAR: f"staging:10:{release}"})
+    cmd = _command("owedsave", "--max-restarts", "1")
+    for item in ("training.max_steps=20", "training.save_every=10", "training.keep_last=5"):
+        cmd += ["--set", item]  # after TINY's: the last one wins
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_dir = tmp_path / "logs" / "owedsave"
+
+    def paused(rank: int) -> bool:
+        logs = list(run_dir.glob(f"worker-rank{rank}-*.log"))
+        return bool(logs) and "checkpoint save paused at staging (step 10)" in logs[0].read_text(errors="replace")
+
+    try:
+        assert wait_for(lambda: paused(0) and paused(1), timeout=240)
+        psutil.Process(_pid(run_dir, 1)).send_signal(signal.SIGKILL)
+        # rank 0 is released only once the supervisor has handed rank 1 to the spare
+        assert wait_for(lambda: "live recovery 1: warm spare" in (run_dir / "supervisor.log").read_text(
+            errors="replace"), timeout=60)
+    finally:
+        release.touch()
+        code, _out, err = finish(proc, timeout=300)
+    assert code == 0, err[-3000:]
+    summary = orjson.loads((run_dir / "summary.json").read_bytes())
+    assert [r["outcome"] for r in summary["recoveries"]] == ["recovered"] and summary["restarts"] == 0
+    assert (tmp_path / ".checkpoints" / "step_0000010.pt").is_file()
+    assert {r["step"] for r in records(run_dir, "checkpoint")} >= {10, 20}
+    assert "the periodic checkpoint of step 10 was cut short by the lost peer" in err, err[-3000:]

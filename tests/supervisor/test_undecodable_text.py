@@ -8,7 +8,7 @@ import os
 import orjson
 
 from gpuherd.exit_codes import ExitCode
-from gpuherd.text import printable
+from gpuherd.text import one_line, printable
 from supervisor.summary import RootCause, Summary
 
 
@@ -21,3 +21,9 @@ def test_a_summary_quoting_an_undecodable_name_is_still_written(tmp_path):
     written = orjson.loads((tmp_path / "summary.json").read_bytes())
     assert written["root_cause"]["message"] == "dataset: cannot read /data/caf\\xe9.txt"
     assert written["command"][1] == printable(name) == "/data/caf\\xe9.txt"
+
+
+def test_one_line_shows_control_characters_and_undecodable_bytes_as_escapes():
+    assert one_line("a\nb\x00c\td") == "a\\nb\\x00c\\td"
+    assert one_line("caf\udce9") == "caf\\xe9"  # a non-UTF-8 byte, as printable() shows it
+    assert one_line("节点 3: 'ok'") == "节点 3: 'ok'"  # printable text, non-ASCII included, as it is

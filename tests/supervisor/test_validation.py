@@ -45,6 +45,8 @@ def _refused(done: subprocess.CompletedProcess, fragment: str) -> None:
     (("--set", "system.backend=nccl"), "system.backend=nccl needs CUDA GPUs, but this run's workers are on CPU"),
     (("--gpus", "0,1"), "system.gpus 0,1 (--gpus) names GPUs, but system.device=cpu runs CPU workers"),
     (("--run-id", "a", "--rdzv-id", "b"), "--run-id a and --rdzv-id b name the run twice, differently; give one"),
+    # the value quoted as typed would be two lines: its newline is shown, not printed
+    (("--run-id", "a\nb"), "--run-id 'a\\nb' must be 1-128 characters of letters, digits"),
     # each spare imports torch: far more than any host holds, refused before the first one starts
     (("--max-restarts", "1", "--spares", "100000"), "2 worker(s) and 100000 warm spare(s) (--spares) need about"),
 ])
@@ -134,6 +136,14 @@ def test_a_nul_byte_in_a_path_is_refused(tmp_path, section, key):
     (tmp_path / "nul.json").write_text(f'{{"{section}": {{"{key}": "x\\u0000y"}}}}')
     done = _supervisor(tmp_path, *TINY_TRAIN, "--config", "nul.json")
     _refused(done, f"{section}.{key} '{tmp_path}/x\\x00y' holds a NUL byte")
+    assert [p.name for p in tmp_path.iterdir()] == ["nul.json"]
+
+
+def test_a_nul_byte_in_a_config_key_is_shown_not_printed(tmp_path):
+    (tmp_path / "nul.json").write_text('{"training": {"lear\\u0000ning_rate": 1}}')
+    done = _supervisor(tmp_path, *TINY_TRAIN, "--config", "nul.json")
+    _refused(done, "unknown key 'training.lear\\x00ning_rate'")
+    assert "\x00" not in done.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["nul.json"]
 
 
