@@ -1,14 +1,16 @@
 """The suspect list that outlives a run: devices blamed for silent data corruption or transient
 faults, with their evidence, one JSON file per host under the run root.
 
-Where: `<system.run_root>/suspect-devices/<host>.json`. Beside the runs, not in a per-user
+Where: `<system.run_root>/.suspect-devices/<host>.json`. Beside the runs, not in a per-user
 state directory, because the runs are the evidence (each strike names its run id, whose
 summary.json and logs sit next to the list), every gpuherd command already takes the run root
 from the same configuration (`gpuherd check` reads what `gpuherd run` wrote with the same
 options), a team sharing a run root shares what it learned about its machines, and a test
 with its own run root never touches a user's list. One file per host: hosts sharing the run
 root over a network filesystem each write only their own (GPU numbers mean nothing across
-hosts), so no two writers ever race on one file across machines.
+hosts), so no two writers ever race on one file across machines. A dot folder: a run id must
+start with a letter or digit, so no run can ever own that name, and tools that take the newest
+entry of the run root still find a run.
 
 Written atomically (gpuherd/files.py); a device gains one strike per attempt it was blamed in.
 Read tolerantly: a missing file is an empty list; a damaged or foreign one (hand-edited, cut
@@ -41,7 +43,7 @@ from supervisor.gpus import DeviceError, DevicePlan, GpuInfo
 from supervisor.summary import SDC_CAUSE, SuspectDevice, now_iso
 
 FORMAT = 1
-FOLDER = "suspect-devices"
+FOLDER = ".suspect-devices"
 CLEAR_HINT = "`gpuherd check --clear-suspect {label}` to put it back for good, or --allow-suspect-gpus for one run"
 
 

@@ -177,7 +177,7 @@ def test_check_shows_the_list_and_clears_an_entry_or_refuses_bad_input_in_one_li
     err = capsys.readouterr().err
     assert bad.value.code == 2 and err.splitlines() == [
         f"gpuherd check: error: --clear-suspect GPU9: not on this host's suspect list "
-        f"{tmp_path / 'logs' / 'suspect-devices' / f'{host}.json'} (CPU1)"]
+        f"{tmp_path / 'logs' / '.suspect-devices' / f'{host}.json'} (CPU1)"]
     assert check.main([*args, "--clear-suspect", "cpu1"]) == 0
     assert "CPU1 taken off the suspect list" in capsys.readouterr().err
     assert SuspectList.load(list_path(tmp_path / "logs", host)).devices == []
