@@ -30,8 +30,8 @@ from supervisor import requeue as requeues
 from supervisor import run_dir as rundir
 from supervisor.cli import PROG, Launch, parse
 from supervisor.gpus import DeviceError, DevicePlan, plan_devices
-from supervisor.health import WARN, CheckReport, announce_devices, hang_timeouts, run_checks
-from supervisor.health.suspect_list import StartExclusion, SuspectList, at_start, avoid_listed, list_path
+from supervisor.health import (WARN, CheckReport, StartExclusion, SuspectList, announce_devices, at_start, avoid_listed,
+                               hang_timeouts, list_path, run_checks)
 from supervisor.job import Job
 from supervisor.output import STDERR, Console
 from supervisor.processes import (helper_preexec, ignored_notice, inherited_ignored, python_env, spare_count, why_off,

@@ -22,8 +22,7 @@ import orjson
 from gpuherd.cli import base_parser, config_from_args, die
 from gpuherd.config import Config
 from supervisor.gpus import DeviceError, NvmlUnavailable, allowed_gpus, read_inventory
-from supervisor.health import run_checks
-from supervisor.health.suspect_list import SuspectList, list_path
+from supervisor.health import SuspectList, list_path, run_checks
 
 PROG = "gpuherd check"
 
@@ -53,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.json:
         print(f"judged: {report.judged}")  # what `gpuherd run` with these options would train
     body = {**report.to_dict(), "suspect_list": {"path": str(listed.path), "devices": [
-        {"device": d.label, "uuid": d.uuid, "strikes": len(d.strikes), "last": d.strikes[-1].line() if d.strikes else ""}
+        {"device": d.label, "uuid": d.uuid, "strikes": len(d.strikes),
+         "last": d.strikes[-1].line() if d.strikes else ""}
         for d in listed.devices]}}
     print(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode() if args.json else report.table())
     if not args.json:

@@ -14,7 +14,7 @@ from supervisor.health.nccl_transport import NcclTransportWatch
 from supervisor.health.preflight import CheckReport, run_checks
 from supervisor.health.proc_state import PROC_SAMPLE_S, ProcReader, ProcSample, ProcTracker
 from supervisor.health.stragglers import Stragglers
-from supervisor.health.suspect_list import remember
+from supervisor.health.suspect_list import StartExclusion, SuspectList, at_start, avoid_listed, list_path, remember
 from supervisor.health.suspects import SuspectWatch, mark_moved
 from supervisor.health.timeouts import HangPolicy, LearnedTimeouts, previous_learned
 from supervisor.health.watchers import FatalCause, RunContext, RunWatcher
@@ -22,6 +22,7 @@ from supervisor.health.watchers import FatalCause, RunContext, RunWatcher
 __all__ = [
     "FAIL", "PASS", "PROC_SAMPLE_S", "WARN", "CheckReport", "FatalCause", "HangPolicy", "HangVerdict", "Heartbeats",
     "LearnedTimeouts", "MetricsSink", "NcclTransportWatch", "ProcReader", "ProcSample", "ProcTracker", "RunContext",
-    "RunWatcher", "Stragglers", "SuspectWatch", "announce_devices",
-    "gpu_watcher", "hang_timeouts", "mark_moved", "previous_learned", "remember", "run_checks", "traces",
+    "RunWatcher", "StartExclusion", "Stragglers", "SuspectList", "SuspectWatch", "announce_devices", "at_start",
+    "avoid_listed", "gpu_watcher", "hang_timeouts", "list_path", "mark_moved", "previous_learned", "remember",
+    "run_checks", "traces",
 ]

@@ -52,7 +52,8 @@ class SuspectWatch:
                     attempt=self.attempt, rank=rank, device=record.device or "?", gpu=self._gpu_of.get(rank),
                     host=record.host or "?", transient_faults=faults, limit=limit, step=record.step,
                     cause=record.cause or "transient fault", slot=slot, uuid=uuid, evidence=evidence,
-                    steps=(before.steps if before is not None else []) + ([record.step] if record.step is not None else []))
+                    steps=(before.steps if before is not None else [])
+                    + ([record.step] if record.step is not None else []))
 
     def devices(self, exclusion_on: bool) -> list[SuspectDevice]:
         """Every suspect of the attempt, by rank. A GPU over the limit gets the hint to exclude

@@ -102,7 +102,8 @@ def test_a_second_strike_moves_the_rank_to_a_warm_spare_and_the_next_start_sees_
                "training.max_steps=5")
     assert run.returncode == 0, run.stderr[-3000:]
     host = socket.gethostname()
-    assert f"SILENT DATA CORRUPTION on cpu, host {host}, rank 1, step 3:" in run.stderr and "strike 2 of 2" in run.stderr
+    assert f"SILENT DATA CORRUPTION on cpu, host {host}, rank 1, step 3:" in run.stderr
+    assert "strike 2 of 2" in run.stderr
     run_dir = tmp_path / "logs" / "moved"
     summary = orjson.loads((run_dir / "summary.json").read_bytes())
     (rec,) = summary["recoveries"]
