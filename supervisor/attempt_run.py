@@ -41,6 +41,8 @@ from supervisor.health import (
     Stragglers,
     SuspectWatch,
     gpu_watcher,
+    mark_moved,
+    remember,
 )
 from supervisor.output import Console, FoldingPoint, Group, LogRouter, WorkerLog
 from supervisor.processes import (
@@ -213,6 +215,9 @@ class AttemptRunner:
         self.notes += sup.notes
         recoveries = att.live.settle() if att.live is not None else []
         self.recoveries += recoveries
+        suspects = att.suspects.devices(self.cfg.system.exclude_suspect_gpus)
+        mark_moved(suspects, recoveries)
+        remember(self.cfg.system.run_root, self.run_id, suspects)  # the list that outlives the run
         teardown = None
         if sup.state.failed_at is not None and sup.all_gone_at is not None:
             teardown = round(max(0.0, sup.all_gone_at - sup.state.failed_at), 4)
@@ -224,7 +229,7 @@ class AttemptRunner:
             recoveries=recoveries,
             stop_signal=signal.Signals(sup.state.stop_signal).name if sup.state.stop_signal else None,
             final_save=final_save,
-            suspect_devices=att.suspects.devices(self.cfg.system.exclude_suspect_gpus),
+            suspect_devices=suspects,
             excluded_gpus=list(order.excluded))
 
     def _log_dir(self, attempt: int) -> Path:

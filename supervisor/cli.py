@@ -158,6 +158,10 @@ def _add_restart_flags(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--exclude-suspect-gpus", action="store_true",
                    help="after a suspect-device stop (exit 8), restart without the GPUs that had too many "
                         "transient faults: one worker fewer each (CPU workers: nothing to exclude)")
+    r.add_argument("--allow-suspect-gpus", action="store_true",
+                   help="start on GPUs this host's suspect list names (silent data corruption, or too many "
+                        "transient faults in an earlier run): by default they are left out, and an explicit "
+                        "--gpus naming one is refused; `gpuherd check` shows the list")
 
 
 def _add_node_flags(parser: argparse.ArgumentParser) -> None:
@@ -192,6 +196,7 @@ def _add_script_flags(parser: argparse.ArgumentParser) -> None:
 # flags whose value goes to `system.<same name>` (store_true flags only when given)
 _SYSTEM_FLAGS = ("nproc", "gpus", "isolate", "hang_timeout", "grace_period", "stop_timeout", "log_ranks",
                  "collapse_logs", "max_restarts", "spares", "min_replicas", "restart_backoff", "restart_on_nan", "exclude_suspect_gpus",
+                 "allow_suspect_gpus",
                  "preflight", "report")
 
 

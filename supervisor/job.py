@@ -60,9 +60,11 @@ from supervisor.summary import AttemptReport, RootCause, Summary
 
 class Job:
     def __init__(self, launch: Launch, plan: DevicePlan, run_id: str, run_dir: Path, command: list[str],
-                 started_at: str, t0: float, console: Console, stop_timeout: float) -> None:
+                 started_at: str, t0: float, console: Console, stop_timeout: float,
+                 excluded: tuple[int, ...] = ()) -> None:
         """`console`: the one writer of everything the supervisor prints (main.py);
-        `stop_timeout`: system.stop_timeout, shortened under SLURM to fit its KillWait."""
+        `stop_timeout`: system.stop_timeout, shortened under SLURM to fit its KillWait;
+        `excluded`: GPUs this host's suspect list left out of the plan at the start."""
         self.launch, self.run_id, self.run_dir = launch, run_id, run_dir
         self.cfg = launch.config
         self.command, self.started_at, self.t0 = command, started_at, t0
@@ -80,7 +82,7 @@ class Job:
         self.rules = Rules(max_restarts=system.max_restarts, train=self.mode == "train",
                            restart_on_nan=system.restart_on_nan, base_backoff=system.restart_backoff,
                            exclude_suspect_gpus=system.exclude_suspect_gpus, multi_node=launch.node.multi)
-        self.state = State(plan=plan)  # the attempt policy's: streak, restarts used, recoveries, devices
+        self.state = State(plan=plan, excluded=excluded)  # the attempt policy's: streak, restarts used, recoveries, devices
         self.guard: OrphanGuard | None = None  # started before the dataset build (start_guard)
         self._released_guard: OrphanGuard | None = None  # told to exit; reaped just before ours (reap_helpers)
         self.dataset_s: float | None = None  # the first dataset build's seconds (goodput: `dataset`)

@@ -30,7 +30,8 @@ from supervisor import requeue as requeues
 from supervisor import run_dir as rundir
 from supervisor.cli import PROG, Launch, parse
 from supervisor.gpus import DeviceError, DevicePlan, plan_devices
-from supervisor.health import WARN, CheckReport, announce_devices, hang_timeouts, run_checks
+from supervisor.health import (WARN, CheckReport, StartExclusion, SuspectList, announce_devices, at_start, avoid_listed,
+                               hang_timeouts, list_path, run_checks)
 from supervisor.job import Job
 from supervisor.output import STDERR, Console
 from supervisor.processes import (helper_preexec, ignored_notice, inherited_ignored, python_env, spare_count, why_off,
@@ -81,7 +82,7 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
             check_torch_version(installed_torch_version())
         except TorchTooOld as exc:
             _refuse(console, str(exc), exc.exit_code)
-    plan = _plan(launch, console)
+    plan, left_out = _plan(launch, console)
     try:  # before the pre-flight checks: they read these paths too, and would trip over a bad one
         validate_launch(cfg, plan, train=mode == "train")
     except LaunchError as exc:
@@ -99,6 +100,8 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
     for notice in [*launch.notices, ignored_notice()]:
         if notice:
             logger.info(notice)
+    for line in left_out.said:
+        logger.warning(line)
     command = launch.script.command() if launch.script else [sys.executable, "-m", "worker"]
     logger.debug(f"run {run_id}: {mode} mode, {plan.world_size} worker(s) on "
                  f"{', '.join(s.tag for s in plan.slots)}; isolate={plan.isolate}; command: {' '.join(command)}")
@@ -106,7 +109,8 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
         logger.info(plan.notice)
     announce_devices(plan)
 
-    job = Job(launch, plan, run_id, run_dir, command, started_at, t0, console, _stop_timeout(cfg.system.stop_timeout))
+    job = Job(launch, plan, run_id, run_dir, command, started_at, t0, console, _stop_timeout(cfg.system.stop_timeout),
+              excluded=left_out.gpus)
     job.start_guard()  # before any helper or the dataset build starts a process: none outlives us, ever
     if not node.multi and listen is not None:
         job.rendezvous = SingleNode(launch.store, listen)  # held for the job; every attempt serves from it
@@ -259,17 +263,25 @@ def _stop_timeout(configured: float) -> float:
     return limited
 
 
-def _plan(launch: Launch, console: Console) -> DevicePlan:
+def _plan(launch: Launch, console: Console) -> tuple[DevicePlan, StartExclusion]:
+    """The devices, chosen without the GPUs on this host's suspect list (unless
+    --allow-suspect-gpus; an explicit --gpus naming one is refused, exit 2; every GPU listed is
+    exit 8), and what to say about the list once the run directory exists."""
     cfg = launch.config
+    system = cfg.system
+    listed = SuspectList.load(list_path(system.run_root))
+    explicit = system.gpus is not None or system.device_id is not None
+    avoid = avoid_listed(listed) if listed.gpus() and not (system.allow_suspect_gpus or explicit) else None
     try:
-        plan = plan_devices(cfg.system, os.environ.get("CUDA_VISIBLE_DEVICES"),
-                            nproc_explicit=launch.nproc_explicit, force=launch.force)
+        plan = plan_devices(system, os.environ.get("CUDA_VISIBLE_DEVICES"),
+                            nproc_explicit=launch.nproc_explicit, force=launch.force, avoid=avoid)
+        found = at_start(plan, listed, allow=system.allow_suspect_gpus, explicit=explicit)
     except DeviceError as exc:
         _refuse(console, str(exc), exc.exit_code)
     for rank in cfg.system.log_ranks or []:
         if rank >= plan.world_size and not launch.node.multi:  # multi-node: global ranks, known at the join
             _refuse(console, f"--log-ranks {rank}: this run has ranks 0-{plan.world_size - 1}")
-    return plan
+    return plan, found
 
 
 def _preflight(launch: Launch, plan: DevicePlan, console: Console, master_bound: bool) -> CheckReport:

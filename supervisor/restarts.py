@@ -16,7 +16,9 @@ was not failing quickly: it starts the doubling over.
 
 After an exit 8 (a device kept producing transient faults), `--exclude-suspect-gpus`
 runs the next attempt without the GPUs that went over the limit: one worker fewer
-each, never a stand-in GPU, so the job's shape changes only by what was left out.
+each, never a stand-in GPU, so the job's shape changes only by what was left out. A GPU
+struck out by silent data corruption (its replica disagreed twice) is left out whatever
+the flag says: it computed wrong numbers without a sign, twice.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from gpuherd.exit_codes import ExitCode
 from gpuherd.status_records import Checkpoint, Record, Step
 from supervisor.gpus import DeviceError, DevicePlan, exclude_gpus
 from supervisor.processes import STOP_SIGNALS, honoured
-from supervisor.summary import CauseKind, RootCause, SuspectDevice
+from supervisor.summary import SDC_CAUSE, CauseKind, RootCause, SuspectDevice
 
 # SIGUSR1/2 too: SLURM's warning before the time limit may come between two attempts
 MAX_BACKOFF_S = 60.0
@@ -175,26 +177,28 @@ def exclude_suspects(plan: DevicePlan, cause: RootCause, suspects: tuple[Suspect
                      cpu_told: bool = False) -> Exclusion:
     """After an exit 8: `plan` without the suspect GPUs over the limit, pure. `multi_node`:
     this node's workers shrink; the job's world size is agreed at the join."""
-    if not enabled or cause.exit_code != ExitCode.DEVICE_SUSPECT:
+    struck_out = [d for d in suspects if d.cause == SDC_CAUSE and d.over_limit]  # left out whatever the flag says
+    if not (enabled or struck_out) or cause.exit_code != ExitCode.DEVICE_SUSPECT:
         return Exclusion(plan, cpu_told=cpu_told)
+    who = "--exclude-suspect-gpus" if enabled else "a second silent data corruption"
     if plan.kind != "cuda":
-        said = () if cpu_told else ("--exclude-suspect-gpus: CPU workers, nothing to exclude",)
+        said = () if cpu_told else (f"{who}: CPU workers, nothing to exclude",)
         return Exclusion(plan, said=said, cpu_told=True)
     if cause.script_code and not suspects:  # a script's own exit 8, not a suspect device
         return Exclusion(plan, cpu_told=cpu_told)
-    blamed = [d for d in suspects if d.gpu is not None and d.over_limit]
+    blamed = [d for d in suspects if d.gpu is not None and d.over_limit and (enabled or d.cause == SDC_CAUSE)]
     if not blamed:  # no rank could be blamed, or (multi-node) the faults were on another node
-        return Exclusion(plan, said=("--exclude-suspect-gpus: no GPU of this node went over the limit of transient "
+        return Exclusion(plan, said=(f"{who}: no GPU of this node went over the limit of transient "
                                      "faults: restarting on the same GPUs",), cpu_told=cpu_told)
     try:
         shrunk = exclude_gpus(plan, {d.gpu for d in blamed})
     except DeviceError as exc:
         return Exclusion(plan, refused=str(exc), cpu_told=cpu_told)
-    left_out = ", ".join(f"GPU {d.gpu} ({d.transient_faults} transient faults, limit {d.limit})" for d in blamed)
+    left_out = ", ".join(f"GPU {d.gpu} ({d.transient_faults} {d.cause}s, limit {d.limit})" for d in blamed)
     size = "this node's workers" if multi_node else "world size"
     kept = ", ".join(f"GPU {s.device_id}" for s in shrunk.slots)
     return Exclusion(shrunk, gpus=tuple(sorted({d.gpu for d in blamed if d.gpu is not None})), cpu_told=cpu_told,
-                     said=(f"--exclude-suspect-gpus: attempt {next_attempt} runs without {left_out}: "
+                     said=(f"{who}: attempt {next_attempt} runs without {left_out}: "
                            f"{size} {plan.world_size} -> {shrunk.world_size} ({kept})",))
 
 

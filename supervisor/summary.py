@@ -105,6 +105,9 @@ class WorkerReport:
     log: str
 
 
+SDC_CAUSE = "silent data corruption"  # a suspect's cause when replicas disagreed (worker/sdc/)
+
+
 @dataclass
 class SuspectDevice:
     """A device its rank blamed for transient faults (`suspect` status records; the latest one
@@ -120,6 +123,10 @@ class SuspectDevice:
     step: int | None  # of the last transient fault
     then: str = ""  # what came of it: "excluded from attempt 2", a hint, or nothing
     cause: str = "transient fault"  # or "silent data corruption": replicas that disagreed (worker/sdc/)
+    slot: int | None = None  # the plan's device id: the GPU index, or the CPU worker's slot
+    uuid: str = ""  # the GPU's NVML UUID ("" for a CPU worker, or unknown)
+    evidence: list[str] = field(default_factory=list)  # silent data corruption: bucket, value and bit
+    steps: list[int] = field(default_factory=list)  # every step it was blamed at in the attempt
 
     @property
     def over_limit(self) -> bool:

@@ -57,6 +57,7 @@ class SystemConfig:
     min_replicas: int = limited(0, ge=0)
     restart_on_nan: bool = False  # a NaN stop (exit 6) is restarted too, not only crashes and hangs
     exclude_suspect_gpus: bool = False  # after an exit 8, the restart runs without the suspect GPUs
+    allow_suspect_gpus: bool = False  # start on GPUs this host's suspect list names (left out by default)
     stop_timeout: float = limited(120.0, gt=0, le=LONGEST_WAIT_S)  # a graceful stop (SIGTERM, Ctrl-C) with its final save, at most
     preflight: bool = True  # GPU and host checks (`gpuherd check`) before anything starts
     # report.html + PNG figures rendered at the end, before the exit (matplotlib: about a second);

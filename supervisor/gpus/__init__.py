@@ -2,10 +2,10 @@
 
 Everything outside this package imports from here, never from the modules below.
 
-  plan_devices(system, cuda_visible_devices, nproc_explicit, force) -> DevicePlan   devices.py
+  plan_devices(system, cuda_visible_devices, nproc_explicit, force, avoid) -> DevicePlan   devices.py
   DevicePlan / DeviceSlot: the workers' devices in rank order                         devices.py
   exclude_gpus(plan, gpu_ids) -> DevicePlan: a restart without suspect GPUs            devices.py
-  plan_gpus(requested, allowed_env, force, first=) -> list[GpuInfo]                   plan.py
+  plan_gpus(requested, allowed_env, force, first=, avoid=) -> list[GpuInfo]           plan.py
   DeviceError(message, exit_code): 2 usage (ExitCode.BUSY_GPU too) / 4 device         gpuherd/errors.py
   format_device_table(gpus, rank_of_gpu) -> str                                       table.py
   GpuMonitor(gpus, rank_of_gpu, worker_pids, sink, warn, fatal, interval, verbose)    monitor.py

@@ -10,6 +10,7 @@ at all means `system.nproc` CPU workers with a one-line notice.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from gpuherd.config import SystemConfig
@@ -71,15 +72,17 @@ def plan_devices(
     cuda_visible_devices: str | None,
     nproc_explicit: bool,
     force: bool = False,
+    avoid: Callable[[GpuInfo], str | None] | None = None,
 ) -> DevicePlan:
     """Decide the workers before anything starts; raises DeviceError (exit 2 for a
-    wrong request or a busy GPU, 4 for broken hardware)."""
+    wrong request or a busy GPU, 4 for broken hardware, 8 when `avoid` leaves no GPU).
+    `avoid`: why a GPU is not to be chosen automatically (this host's suspect list), else None."""
     if system.device == "cpu":
         return _cpu_plan(system.nproc, None)
     requested = system.gpus if system.gpus is not None else (
         [system.device_id] if system.device_id is not None else None)
     first = system.nproc if requested is None and nproc_explicit else None
-    gpus = plan_gpus(requested, cuda_visible_devices, force, first=first)
+    gpus = plan_gpus(requested, cuda_visible_devices, force, first=first, avoid=avoid)
     if not gpus:
         why = (f"CUDA_VISIBLE_DEVICES={cuda_visible_devices!r} hides every GPU"
                if cuda_visible_devices is not None else "NVML unavailable or no GPU")

@@ -9,6 +9,7 @@ which of them may be used. Rank r runs on the r-th GPU of the returned list
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from gpuherd.errors import DeviceError
@@ -28,6 +29,7 @@ def plan_gpus(
     *,
     first: int | None = None,
     lock_dir: Path | None = None,
+    avoid: Callable[[GpuInfo], str | None] | None = None,
 ) -> list[GpuInfo]:
     """The GPUs to run on, claimed for the life of this process.
 
@@ -39,7 +41,9 @@ def plan_gpus(
     process or claimed by another gpuherd run (unless force); exit 4 for a lost GPU.
 
     `first=N` (with requested None): the first N allowed GPUs, from the same
-    inventory read.
+    inventory read. `avoid(gpu)`: why a GPU is not to be chosen (this host's suspect list),
+    else None; it only narrows the automatic choice (requested None), so `--nproc N` still
+    gets N GPUs where N healthy ones are allowed; every allowed GPU avoided is exit 8.
     """
     if requested is not None and not requested:
         raise DeviceError("--gpus is empty: name at least one GPU id", ExitCode.USAGE)
@@ -51,7 +55,7 @@ def plan_gpus(
         raise DeviceError(f"GPU {_ids(requested)} requested but no GPU is usable: {exc}", ExitCode.USAGE) from None
     allowed = allowed_gpus(inventory, allowed_env)
     if requested is None:
-        allowed = _without_unusable(allowed)
+        allowed = _avoided(_without_unusable(allowed), avoid)
         chosen = allowed
         if first is not None and allowed:
             if first > len(allowed):
@@ -88,6 +92,17 @@ def _without_unusable(allowed: list[GpuInfo]) -> list[GpuInfo]:
         raise DeviceError(f"no usable GPU: GPU {first.index} cannot be used: {first.unusable}"
                           + (f" (and {len(allowed) - 1} more)" if len(allowed) > 1 else ""), ExitCode.USAGE)
     return usable
+
+
+def _avoided(allowed: list[GpuInfo], avoid: Callable[[GpuInfo], str | None] | None) -> list[GpuInfo]:
+    """The allowed GPUs `avoid` has nothing against; none left is exit 8 (the suspect-device code)."""
+    if avoid is None:
+        return allowed
+    kept = [g for g in allowed if avoid(g) is None]
+    if allowed and not kept:
+        raise DeviceError(f"no GPU left to choose from {_ids([g.index for g in allowed])}: {avoid(allowed[0])}"
+                          + (f" (and {len(allowed) - 1} more)" if len(allowed) > 1 else ""), ExitCode.DEVICE_SUSPECT)
+    return kept
 
 
 def _pick(inventory: list[GpuInfo], allowed: list[GpuInfo], allowed_env: str | None, gpu_id: int) -> GpuInfo:

@@ -1,7 +1,8 @@
 """Is the run healthy: progress and liveness per rank (hangs blamed by evidence, early
 exits, a group that never forms), hang timeouts learned per phase, stragglers, collective
 traces on a hang, run watchers that may end it (the GPU watch), NCCL transport warnings,
-the devices blamed for transient faults (`suspect` records), the metrics.jsonl sink every
+the devices blamed for transient faults or silent data corruption (`suspect` records, and
+the per-host list that outlives the run), the metrics.jsonl sink every
 record goes to, and the pre-flight checks before a run."""
 
 from supervisor.health import traces
@@ -13,13 +14,15 @@ from supervisor.health.nccl_transport import NcclTransportWatch
 from supervisor.health.preflight import CheckReport, run_checks
 from supervisor.health.proc_state import PROC_SAMPLE_S, ProcReader, ProcSample, ProcTracker
 from supervisor.health.stragglers import Stragglers
-from supervisor.health.suspects import SuspectWatch
+from supervisor.health.suspect_list import StartExclusion, SuspectList, at_start, avoid_listed, list_path, remember
+from supervisor.health.suspects import SuspectWatch, mark_moved
 from supervisor.health.timeouts import HangPolicy, LearnedTimeouts, previous_learned
 from supervisor.health.watchers import FatalCause, RunContext, RunWatcher
 
 __all__ = [
     "FAIL", "PASS", "PROC_SAMPLE_S", "WARN", "CheckReport", "FatalCause", "HangPolicy", "HangVerdict", "Heartbeats",
     "LearnedTimeouts", "MetricsSink", "NcclTransportWatch", "ProcReader", "ProcSample", "ProcTracker", "RunContext",
-    "RunWatcher", "Stragglers", "SuspectWatch", "announce_devices",
-    "gpu_watcher", "hang_timeouts", "previous_learned", "run_checks", "traces",
+    "RunWatcher", "StartExclusion", "Stragglers", "SuspectList", "SuspectWatch", "announce_devices", "at_start",
+    "avoid_listed", "gpu_watcher", "hang_timeouts", "list_path", "mark_moved", "previous_learned", "remember",
+    "run_checks", "traces",
 ]

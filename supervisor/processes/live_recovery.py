@@ -164,8 +164,10 @@ class LiveRecovery:
         last = self.recoveries[-1] if self.recoveries else None
         return last if last is not None and last.outcome == "in progress" else None
 
-    def why_not(self, rank: int, survivors: list[int]) -> str | None:
-        """None when a spare can take `rank` now; else the reason, in words for the user."""
+    def why_not(self, rank: int, survivors: list[int], suspect_gpu: bool = False) -> str | None:
+        """None when a spare can take `rank` now; else the reason, in words for the user.
+        `suspect_gpu`: the rank left over its own GPU (exit 8): a spare promoted into its slot would
+        train on that same GPU, so only a shrink can go on without it."""
         if self.off:
             return self.off
         if self.in_flight is not None:
@@ -179,13 +181,17 @@ class LiveRecovery:
                 return f"rank {r} had not started training yet (no state to hand over)"
             if self.able[r] is not None:
                 return f"rank {r}: {self.able[r]}"
-        if self.shrinks():
+        if self.shrinks(suspect_gpu):
             return self.why_not_shrink(rank, survivors)
+        if suspect_gpu:
+            return (f"rank {rank}'s GPU is a suspect device and a warm spare takes a rank on the rank's own GPU "
+                    "(a spare on another GPU is not built; --min-replicas would go on without it)")
         return None
 
-    def shrinks(self) -> bool:
-        """A loss now shrinks the group: --min-replicas, and no warm spare (or shrunk already)."""
-        return self.shrink_floor > 0 and (self.group is not None or not self.pool.ready())
+    def shrinks(self, suspect_gpu: bool = False) -> bool:
+        """A loss now shrinks the group: --min-replicas, and no warm spare (or shrunk already, or
+        the lost rank's GPU is suspect: a spare would run on it)."""
+        return self.shrink_floor > 0 and (self.group is not None or suspect_gpu or not self.pool.ready())
 
     def why_not_shrink(self, rank: int, survivors: list[int]) -> str | None:
         if rank == 0:

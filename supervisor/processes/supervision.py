@@ -395,7 +395,8 @@ class Supervision:
         st = self.heartbeats.ranks[w.slot.rank]
         failure, spare = None, None
         if code != 0 and self.cause is None:
-            failure, spare = self._failure(w, code, now), self._spare(w.slot.rank)
+            failure = self._failure(w, code, now)
+            spare = self._spare(w.slot.rank, suspect_gpu=_suspect_gpu(w, failure))
         self._decide(pol.Exited(self._view(now), w.slot.rank, w.slot.tag, code, how_it_ended(w.returncode),
                                 done=st.done, killed_by_us="SIGKILL" in w.signalled, failure=failure,
                                 where=st.describe(), spare=spare))
@@ -453,11 +454,12 @@ class Supervision:
 
     # ------------------------------------------------------------------ live recovery (live_recovery.py)
 
-    def _spare(self, rank: int) -> pol.Spare | None:
+    def _spare(self, rank: int, suspect_gpu: bool = False) -> pol.Spare | None:
         """Can a warm spare take `rank` now, the other live ranks surviving (None: no live recovery)."""
         if self.live is None:
             return None
-        return pol.Spare(self.live.why_not(rank, [w.slot.rank for w in self._alive() if w.slot.rank != rank]))
+        return pol.Spare(self.live.why_not(rank, [w.slot.rank for w in self._alive() if w.slot.rank != rank],
+                                           suspect_gpu=suspect_gpu))
 
     def _judge_live_recovery(self, now: float) -> None:
         """A survivor that never left the broken group's collective: the policy ends the attempt."""
@@ -482,7 +484,8 @@ class Supervision:
         without it; if neither can be done (said why), the policy decides."""
         lost = self.workers[action.rank]
         survivors = [o for o in self._alive() if o is not lost]
-        if self.live is not None and self.live.shrinks():  # no spare left: the survivors go on without it
+        # no spare left (or the lost rank's GPU is suspect): the survivors go on without it
+        if self.live is not None and self.live.shrinks(_suspect_gpu(lost, action.cause)):
             if not self.live.shrink(lost, action.cause, survivors, now):
                 self._decide(pol.ReplaceFailed(self._view(now), action.rank, action.cause))
             return
@@ -537,3 +540,8 @@ class Supervision:
         for w in self.workers.values():
             w.signal_group(signal.SIGKILL)
             w.poll()
+
+
+def _suspect_gpu(w: WorkerProcess, cause: RootCause) -> bool:
+    """The rank left over its own GPU (exit 8, a suspect device): never replaced on the same GPU."""
+    return w.slot.kind == "cuda" and cause.exit_code == ExitCode.DEVICE_SUSPECT and not cause.script_code

@@ -148,7 +148,9 @@ def _suspects(run: RunData) -> str:
     return "; ".join(
         f"{'GPU ' + str(d['gpu']) if d.get('gpu') is not None else d.get('device')} (rank {d.get('rank')}, "
         f"attempt {d.get('attempt')}: {d.get('transient_faults')} {d.get('cause', 'transient fault')}s, limit {d.get('limit')})"
-        + (f", {d['then']}" if d.get("then") else "") for d in found) or "-"
+        + (f", {d['then']}" if d.get("then") else "")
+        + (f"; at steps {', '.join(map(str, d['steps']))}" if d.get("steps") else "")
+        + (f"; {d['evidence'][0]}" if d.get("evidence") else "") for d in found) or "-"
 
 
 def _causes(runs: list[RunData]) -> list[str]:

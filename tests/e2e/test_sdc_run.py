@@ -2,7 +2,8 @@
 gradient or optimizer state (GPUHERD_INJECT_BITFLIP) with 2, 3 and 4 DDP ranks, or 2 FSDP ranks,
 is detected at the step it happened, the right rank is named, the run heals without restarting a
 process, and every loss equals an undisturbed run's, bit for bit; a second strike on the same
-device ends the run."""
+device ends its use: the run stops with exit 8, or (live recovery) a warm spare takes the rank,
+and the device goes on this host's suspect list for the next start."""
 
 from __future__ import annotations
 
@@ -90,6 +91,39 @@ def test_a_second_strike_on_the_same_device_ends_its_use_with_exit_8(tmp_path, p
     summary = orjson.loads((tmp_path / "logs" / "twice" / "summary.json").read_bytes())
     (suspect,) = summary["suspect_devices"]
     assert suspect["rank"] == 2 and suspect["transient_faults"] == 2 and suspect["step"] == 3
+
+
+def test_a_second_strike_moves_the_rank_to_a_warm_spare_and_the_next_start_sees_the_list(tmp_path, python_env):
+    """The struck rank alone leaves (exit 8); the other two keep their processes and a warm spare
+    takes its rank; the device goes on this host's suspect list, which the next start names (CPU
+    workers: nothing to leave out; `gpuherd check` showing and clearing it, and the GPU side, are
+    tests/supervisor/test_suspect_list.py's)."""
+    run = _run(tmp_path, python_env, "moved", 3, "1:1:param,1:3:param", "system.max_restarts=1",
+               "training.max_steps=5")
+    assert run.returncode == 0, run.stderr[-3000:]
+    host = socket.gethostname()
+    assert f"SILENT DATA CORRUPTION on cpu, host {host}, rank 1, step 3:" in run.stderr
+    assert "strike 2 of 2" in run.stderr
+    run_dir = tmp_path / "logs" / "moved"
+    summary = orjson.loads((run_dir / "summary.json").read_bytes())
+    (rec,) = summary["recoveries"]
+    assert rec["rank"] == 1 and rec["outcome"] == "recovered" and rec["action"] == "replaced"
+    assert "not used again in this run" in rec["failed"] and summary["restarts"] == 0
+    assert ": live recovery 1: warm spare pid " in run.stderr and "takes rank 1;" in run.stderr
+    assert sorted(r["rank"] for r in records(run_dir, "ready")) == [0, 1, 1, 2]  # ranks 0 and 2 kept their processes
+    (suspect,) = [d for d in summary["suspect_devices"] if d["transient_faults"] == 2]
+    assert suspect["rank"] == 1 and suspect["steps"] == [1, 3] and suspect["slot"] == 1
+    assert suspect["then"] == "its rank moved to a warm spare (live recovery 1)"
+    assert "layers.1.attention.wq.weight" in suspect["evidence"][0]  # the bucket the injector flipped
+    listed = orjson.loads((tmp_path / "logs" / ".suspect-devices" / f"{host}.json").read_bytes())
+    (device,) = listed["devices"]
+    assert device["label"] == "CPU1" and [s["count"] for s in device["strikes"]] == [2]
+    assert device["strikes"][0]["run_id"] == "moved" and device["strikes"][0]["step"] == 3
+
+    nxt = _run(tmp_path, python_env, "next", 1, "", "training.max_steps=2")
+    assert nxt.returncode == 0, nxt.stderr[-3000:]
+    assert "CPU1: 1 strike(s); last: silent data corruption x2, run moved attempt 0, rank 1, step 3" in nxt.stderr
+    assert "CPU workers have no device to leave out: starting as asked" in nxt.stderr
 
 
 FSDP = ["training.strategy=fsdp"]

@@ -31,7 +31,8 @@ def test_a_suspect_device_is_named_in_the_summary_and_the_root_cause_block(tmp_p
     host = socket.gethostname()
     (entry,) = r.summary["suspect_devices"]
     assert entry == {"attempt": 0, "rank": 1, "device": "cpu", "gpu": None, "host": host, "transient_faults": 3,
-                     "limit": 2, "step": 3, "then": "", "cause": "transient fault"}
+                     "limit": 2, "step": 3, "then": "", "cause": "transient fault", "slot": 1, "uuid": "",
+                     "evidence": [], "steps": [1, 2, 3]}
     assert r.summary["attempts"][0]["suspect_devices"] == [entry]
     assert r.summary["attempts"][0]["excluded_gpus"] == []
     assert f"suspect device: cpu (host {host}, rank 1): 3 transient fault(s), limit 2, last at step 3\n" in r.err

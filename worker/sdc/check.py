@@ -20,8 +20,10 @@ recomputed one.
 
 Each corrupted rank says so in one console banner (device, host, rank, step) and a `suspect`
 status record (the supervisor's suspect list: summary.json, `gpuherd report`, a restart with
---exclude-suspect-gpus), and the lowest healthy rank sends one `sdc` record with the evidence.
-A second strike on the same rank's device ends the run's use of it: exit 8.
+--exclude-suspect-gpus, the list that outlives the run), and the lowest healthy rank sends one
+`sdc` record with the evidence. A second strike on the same rank's device ends the run's use of
+it: that rank alone exits 8, the others go on and meet its absence in their next collective
+(live recovery moves the rank to a warm spare or shrinks the group; else the attempt restarts).
 """
 
 from __future__ import annotations
@@ -231,6 +233,7 @@ class SdcCheck:
             self.strikes[r] += 1
             self.struck_at.setdefault(r, []).append(step)
         me = t.identity.rank
+        device = host = "?"
         if self.rank in culprits:
             from worker.nan import device_label, hostname
 
@@ -247,12 +250,13 @@ class SdcCheck:
         if healthy is not None and self.rank == healthy:
             t.status.send("sdc", step=step, culprits=list(named), blamed_by=blamed_by, healed=healed,
                           evidence=found[:4], seconds=round(seconds, 4))
-        twice = [r for r in named if self.strikes[r] > STRIKES_ALLOWED]
-        if twice:
-            r = twice[0]
-            raise WorkerError(f"silent data corruption: rank {r}'s device disagreed with its replicas "
-                              f"{self.strikes[r]} times (steps {', '.join(map(str, self.struck_at[r]))}): "
-                              "not used again in this run", ExitCode.DEVICE_SUSPECT)
+        # Only the struck rank leaves: its peers, healed, go on into the next step, where they find it
+        # gone and the supervisor's live recovery decides (a warm spare takes the rank, or the group
+        # shrinks), or it tears the attempt down and restarts without the device.
+        if self.rank in culprits and self.strikes[me] > STRIKES_ALLOWED:
+            raise WorkerError(f"silent data corruption: rank {me}'s device disagreed with its replicas "
+                              f"{self.strikes[me]} times (steps {', '.join(map(str, self.struck_at[me]))}): not "
+                              f"used again in this run ({device}, host {host}, step {step})", ExitCode.DEVICE_SUSPECT)
 
     def _stop(self, step: int, suspects: tuple[int, ...], why: str) -> None:
         raise WorkerError(f"silent data corruption after step {step}: {why}; suspect ranks "
