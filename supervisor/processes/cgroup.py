@@ -10,6 +10,7 @@ run's cgroup is `gpuherd-<pid>` below the supervisor's own. Without one (or with
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from loguru import logger
@@ -71,20 +72,59 @@ def leave_run_cgroup(group: Path) -> bool:
 
 
 def remove_stale_run_cgroups(parent: Path) -> list[Path]:
-    """Earlier runs' cgroups whose supervisor is gone and that hold no process: a run whose
-    whole process tree was SIGKILLed at once (its orphan guard with it) leaves its cgroup
-    behind, and nothing else would ever remove it. An empty cgroup is removed with `rmdir`,
-    which the kernel refuses while anything is in it: a live run's is never touched."""
+    """Earlier runs' cgroups whose supervisor is gone: a run whose supervisor and orphan guard
+    were SIGKILLed together (`pkill -9 -f supervisor` matches both) leaves its cgroup behind,
+    empty or still holding what outlived them (a `setsid()` grandchild), and nothing else would
+    ever end those or remove it. What is left in such a cgroup belongs to a run that is over:
+    it is killed through the kernel's `cgroup.kill` (all at once, nothing can escape by
+    forking), then the cgroup removed. A live run's cgroup is never touched (its supervisor's
+    pid exists); a pid reused by another process keeps a dead run's cgroup for a later start."""
     removed = []
     for group in parent.glob("gpuherd-*"):
         pid = group.name.removeprefix("gpuherd-")
         if not pid.isdigit() or int(pid) == os.getpid() or Path(f"/proc/{pid}").exists():
             continue
+        if _kill_leftovers(group, pid) and not _rmdir_when_empty(group):
+            continue
         try:
             group.rmdir()
+        except FileNotFoundError:
+            pass
         except OSError:
             continue  # still holds a process, or not ours to remove
         removed.append(group)
     if removed:
         logger.debug(f"removed {len(removed)} cgroup(s) of earlier runs that ended without removing them")
     return removed
+
+
+def _kill_leftovers(group: Path, supervisor_pid: str) -> bool:
+    """True when a dead run's cgroup still held processes and they were sent SIGKILL. Only
+    through the kernel's own `cgroup.kill` (Linux 5.14+): where it is missing this is not a
+    live cgroup v2 directory, or too old a kernel to kill a whole cgroup safely, and nothing is
+    killed."""
+    kill = group / "cgroup.kill"
+    try:
+        left = [line for line in (group / "cgroup.procs").read_text().split() if line.isdigit()]
+        if not left or not kill.is_file():
+            return False
+        kill.write_text("1\n")
+    except OSError:
+        return False
+    logger.warning(f"killed {len(left)} process(es) left by an earlier run (supervisor pid {supervisor_pid}, gone) "
+                   f"in its cgroup {group}: they outlived it when it was SIGKILLed with its orphan guard")
+    return True
+
+
+def _rmdir_when_empty(group: Path, wait_s: float = 2.0) -> bool:
+    """The kill is asynchronous: the cgroup empties once its processes have exited."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            group.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            time.sleep(0.02)
+    return False

@@ -1,11 +1,17 @@
 """Earlier runs' cgroups left behind (their whole process tree SIGKILLed at once, the orphan
-guard with it) are removed when the next run makes its own; a live run's never is."""
+guard with it) are removed when the next run makes its own, and what still lived in them is
+killed; a live run's never is."""
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+from pathlib import Path
 
-from supervisor.processes.cgroup import remove_stale_run_cgroups
+import pytest
+
+from supervisor.processes.cgroup import cgroup2_mount, own_cgroup_path, remove_stale_run_cgroups
 
 DEAD = 2**22 + 12345  # above every pid_max Linux allows: no such process
 
@@ -27,3 +33,38 @@ def test_a_name_that_is_not_a_pid_is_left_alone(tmp_path):
     odd = tmp_path / "gpuherd-notapid"
     odd.mkdir()
     assert remove_stale_run_cgroups(tmp_path) == [] and odd.exists()
+
+
+def _own_cgroup() -> Path | None:
+    """This process's cgroup v2 directory, where it can be written (root, a v2 hierarchy)."""
+    try:
+        mount = cgroup2_mount(Path("/proc/self/mounts").read_text())
+        here = own_cgroup_path(Path("/proc/self/cgroup").read_text())
+    except OSError:
+        return None
+    if mount is None or here is None:
+        return None
+    parent = mount / here.lstrip("/")
+    return parent if os.access(parent, os.W_OK) and (parent / "cgroup.procs").exists() else None
+
+
+def test_what_outlived_a_dead_run_in_its_cgroup_is_killed_and_the_cgroup_removed():
+    """The supervisor and its orphan guard SIGKILLed together: a setsid() grandchild lived on in
+    the run's cgroup. The next run's start kills it and removes the cgroup."""
+    parent = _own_cgroup()
+    if parent is None:
+        pytest.skip("no writable cgroup v2 here")
+    group = parent / f"gpuherd-{DEAD}"
+    group.mkdir()
+    leftover = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    try:
+        (group / "cgroup.procs").write_text(f"{leftover.pid}\n")
+        assert remove_stale_run_cgroups(parent) == [group]
+        assert leftover.wait(timeout=5) == -signal.SIGKILL
+        assert not group.exists()
+    finally:
+        if leftover.poll() is None:
+            leftover.kill()
+            leftover.wait()
+        if group.exists():
+            group.rmdir()
