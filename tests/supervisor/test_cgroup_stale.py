@@ -59,7 +59,8 @@ def test_what_outlived_a_dead_run_in_its_cgroup_is_killed_and_the_cgroup_removed
     leftover = subprocess.Popen(["sleep", "120"], start_new_session=True)
     try:
         (group / "cgroup.procs").write_text(f"{leftover.pid}\n")
-        assert remove_stale_run_cgroups(parent) == [group]
+        # another test's run starting on this host meanwhile may do it first: either way it is done
+        assert remove_stale_run_cgroups(parent) in ([group], [])
         assert leftover.wait(timeout=5) == -signal.SIGKILL
         assert not group.exists()
     finally:
