@@ -38,6 +38,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -52,8 +54,10 @@ INSTALL = ("torchft is not installed: its rows are skipped (Linux: pip install -
            "pip install --no-deps torchft-nightly next to opentelemetry-sdk and opentelemetry-exporter-otlp-proto-http)")
 # torchft's README: `torchft_lighthouse --min_replicas 1 --quorum_tick_ms 100 --join_timeout_ms 10000`
 LIGHTHOUSE = {"min_replicas": 1, "quorum_tick_ms": 100, "join_timeout_ms": 10000}
-# the entry point of the `torchft_lighthouse` script, wherever pip put the script (--target: not on PATH)
-LIGHTHOUSE_MAIN = "import sys; from torchft._torchft import lighthouse_main; sys.exit(lighthouse_main())"
+# what the `torchft_lighthouse` script starts, through torchft's Python API (that script reads the
+# process's own command line, and pip may have put it off PATH); it serves while `server` holds it
+LIGHTHOUSE_MAIN = ("import sys, threading, orjson; from torchft.coordination import LighthouseServer; "
+                   "server = LighthouseServer(bind=sys.argv[1], **orjson.loads(sys.argv[2])); threading.Event().wait()")
 
 
 @dataclass(frozen=True)
@@ -104,9 +108,8 @@ def lighthouse(work: Path, cap: float = 120) -> Iterator[str]:
     with socket.socket() as probe:
         probe.bind(("localhost", 0))
         port = probe.getsockname()[1]
-    flags = [item for key, value in LIGHTHOUSE.items() for item in (f"--{key}", str(value))]
     with (work / "lighthouse.log").open("wb") as log:
-        proc = subprocess.Popen([sys.executable, "-c", LIGHTHOUSE_MAIN, "--bind", f"[::]:{port}", *flags], cwd=work,
+        proc = subprocess.Popen([sys.executable, "-c", LIGHTHOUSE_MAIN, f"[::]:{port}", orjson.dumps(LIGHTHOUSE)], cwd=work,
                                 env=worker_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + cap
