@@ -30,6 +30,7 @@ import importlib.util
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,8 +51,8 @@ from bench.launchers import Launchers, kill_tree, run_records, worker_env  # noq
 
 WORKER = ROOT / "bench" / "torchft_worker.py"
 PRESET = "debug"  # bench_live_recovery.py's gpuherd runs: `--debug` and the TINY items
-INSTALL = ("torchft is not installed: its rows are skipped (Linux: pip install -r requirements-dev.txt, or "
-           "pip install --no-deps torchft-nightly next to opentelemetry-sdk and opentelemetry-exporter-otlp-proto-http)")
+INSTALL = ("torchft is not installed: its rows are skipped (Linux: pip install -r requirements-dev.txt, or pip "
+           "install --no-deps torchft-nightly next to opentelemetry-sdk and opentelemetry-exporter-otlp-proto-http)")
 # torchft's README: `torchft_lighthouse --min_replicas 1 --quorum_tick_ms 100 --join_timeout_ms 10000`
 LIGHTHOUSE = {"min_replicas": 1, "quorum_tick_ms": 100, "join_timeout_ms": 10000}
 # what the `torchft_lighthouse` script starts, through torchft's Python API (that script reads the
@@ -65,6 +66,7 @@ class TorchftRecovery:
     survivor: float  # kill -> the surviving group's next committed step (alone: half the global batch)
     full: float  # kill -> the restarted group's first committed step it contributed to (the full batch)
     shrunk_steps: int  # steps the survivor committed alone in between
+    step_s: float | None  # the survivor's median step before the kill (its first two left out)
 
 
 def torchft_available() -> bool:
@@ -99,7 +101,15 @@ def recovery(steps: list[dict], killed: float) -> TorchftRecovery | None:
         return None
     full = min(r["time"] for r in back)
     alone = sum(r["participants"] == 1 and r["time"] < full for r in after)
-    return TorchftRecovery(min(r["time"] for r in after) - killed, full - killed, alone)
+    return TorchftRecovery(min(r["time"] for r in after) - killed, full - killed, alone,
+                           _median_step([r["time"] for r in steps if r["group"] == 0 and r["time"] < killed]))
+
+
+def _median_step(times: list[float]) -> float | None:
+    """The median interval between steps that completed at `times`, the first two left out (they
+    are no typical step), or None."""
+    times = sorted(times)[2:]
+    return statistics.median(b - a for a, b in zip(times, times[1:])) if len(times) > 1 else None
 
 
 @contextlib.contextmanager
@@ -109,8 +119,9 @@ def lighthouse(work: Path, cap: float = 120) -> Iterator[str]:
         probe.bind(("localhost", 0))
         port = probe.getsockname()[1]
     with (work / "lighthouse.log").open("wb") as log:
-        proc = subprocess.Popen([sys.executable, "-c", LIGHTHOUSE_MAIN, f"[::]:{port}", orjson.dumps(LIGHTHOUSE)], cwd=work,
-                                env=worker_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        cmd = [sys.executable, "-c", LIGHTHOUSE_MAIN, f"[::]:{port}", orjson.dumps(LIGHTHOUSE)]
+        proc = subprocess.Popen(cmd, cwd=work, env=worker_env(), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     try:
         deadline = time.monotonic() + cap
         while proc.poll() is None and time.monotonic() < deadline:
@@ -169,6 +180,7 @@ def main() -> int:
     seconds: dict[str, list[float]] = {}
     failed: dict[str, int] = {}
     shrunk: list[int] = []
+    step_s: dict[str, list[float]] = {}  # each side's median step before the kill, per run
     load = [os.getloadavg()[0]]
 
     def add(key: str, value: float | None) -> None:
@@ -183,6 +195,9 @@ def main() -> int:
         def gpuherd() -> None:
             got = trained(Path(tempfile.mkdtemp(dir=tmp)), 2, "cpu", True)
             add("gpuherd live", None if got is None else got[0])
+            if got is not None and (step := _median_step([r["time"] for r in got[2] if r.get("type") == "step"
+                                                         and r["rank"] == 0 and r["step"] < KILL_AT])):
+                step_s.setdefault("gpuherd live", []).append(step)
 
         def torchft() -> None:
             got = torchft_recovery(Path(tempfile.mkdtemp(dir=tmp)), cache)
@@ -190,6 +205,7 @@ def main() -> int:
             add("torchft full batch", None if got is None else got.full)
             if got is not None:
                 shrunk.append(got.shrunk_steps)
+                step_s.setdefault("torchft", []).extend([got.step_s] if got.step_s else [])
 
         sides = [gpuherd, lambda: add("ft_launcher", launcher_restart(ln, "ft_launcher", 120.0))]
         sides += [torchft] if with_torchft else []
@@ -197,7 +213,7 @@ def main() -> int:
             for side in sides[i % len(sides):] + sides[:i % len(sides)]:
                 side()
                 load.append(os.getloadavg()[0])
-    _write(seconds, failed, shrunk, rounds, with_torchft, load)
+    _write(seconds, failed, shrunk, rounds, with_torchft, load, step_s)
     return 0
 
 
@@ -206,7 +222,7 @@ def _side(name: str, seconds: dict[str, list[float]]) -> Side:
 
 
 def _write(seconds: dict[str, list[float]], failed: dict[str, int], shrunk: list[int], rounds: int,
-           with_torchft: bool, load: list[float]) -> None:
+           with_torchft: bool, load: list[float], step_s: dict[str, list[float]]) -> None:
     live = _side("gpuherd live", seconds)
     what = "cpu, 2 ranks: kill -> next completed step"
     comparisons = [Comparison(f"{what}, vs ft_launcher's restart of every worker", "s", live,
@@ -214,7 +230,8 @@ def _write(seconds: dict[str, list[float]], failed: dict[str, int], shrunk: list
     notes = [f"{rounds} rounds, the sides rotating; runs that did not finish: "
              + ", ".join(f"{key} {count}" for key, count in sorted(failed.items())) + ".",
              f"1-minute load average over the run (2 cores, shared): {min(load):.1f}–{max(load):.1f}; the "
-             "figures are indications.",
+             "figures are indications. Median step before the kill, per run: " + "; ".join(
+                 f"{key} {', '.join(f'{v:.2f}' for v in values)} s" for key, values in sorted(step_s.items())) + ".",
              f"gpuherd: bench_live_recovery.py's run (`--debug`, tiny model, kill at step {KILL_AT}), its first "
              "step of the replacement: the full global batch, 0 steps redone, no sample skipped; ft_launcher: "
              "bench_restart.py's worker, which keeps no checkpoint and trains its 40 steps again."]

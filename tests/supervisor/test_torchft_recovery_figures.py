@@ -23,7 +23,7 @@ def test_the_survivor_goes_on_alone_until_the_restarted_group_contributes_again(
     steps += [_step(1, 9.0), _step(1, 13.0, participants=1, attempt=1, participating=False),
               _step(1, 14.0, attempt=1)]
     got = recovery(steps, 10.05)
-    assert got == TorchftRecovery(survivor=pytest.approx(2.05), full=pytest.approx(4.05), shrunk_steps=2)
+    assert got == TorchftRecovery(survivor=pytest.approx(2.05), full=pytest.approx(4.05), shrunk_steps=2, step_s=None)
 
 
 def test_a_step_in_flight_at_the_kill_is_no_recovery():
@@ -37,3 +37,10 @@ def test_a_restarted_group_that_never_contributed_again_gives_no_figures():
     steps = [_step(0, 12.0, participants=1), _step(1, 13.0, participants=1, attempt=1, participating=False),
              _step(1, 9.0)]  # the old worker's steps are no recovery either
     assert recovery(steps, 10.05) is None
+
+
+def test_the_survivors_typical_step_leaves_out_its_first_two():
+    steps = [_step(0, t) for t in (0.0, 3.0, 4.0, 5.0, 7.0)]
+    steps += [_step(0, 12.0, participants=1), _step(1, 13.0, attempt=1)]
+    got = recovery(steps, 10.05)
+    assert got is not None and got.step_s == pytest.approx(1.5)  # the steps at 4.1, 5.1 and 7.1
