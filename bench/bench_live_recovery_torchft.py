@@ -51,8 +51,8 @@ from bench.launchers import Launchers, kill_tree, run_records, worker_env  # noq
 
 WORKER = ROOT / "bench" / "torchft_worker.py"
 PRESET = "debug"  # bench_live_recovery.py's gpuherd runs: `--debug` and the TINY items
-INSTALL = ("torchft is not installed: its rows are skipped (Linux: pip install -r requirements-dev.txt, or pip "
-           "install --no-deps torchft-nightly next to opentelemetry-sdk and opentelemetry-exporter-otlp-proto-http)")
+INSTALL = ("torchft is not installed: its rows are skipped (Linux: pip install --no-deps "
+           "torchft-nightly==2026.10.26, next to opentelemetry-sdk and opentelemetry-exporter-otlp-proto-http)")
 # torchft's README: `torchft_lighthouse --min_replicas 1 --quorum_tick_ms 100 --join_timeout_ms 10000`
 LIGHTHOUSE = {"min_replicas": 1, "quorum_tick_ms": 100, "join_timeout_ms": 10000}
 # what the `torchft_lighthouse` script starts, through torchft's Python API (that script reads the
