@@ -8,8 +8,10 @@ state's estimate with room to spare; only the pages a save writes are ever backe
 memory. The state is pickled with every tensor replaced by a slot number (`persistent_id`):
 that pickle is the save's frozen copy of everything that is not a tensor (param groups,
 learning rates, meta), made in microseconds. The tensors are copied into the buffer at
-64-byte aligned offsets. On CUDA the used part is registered as pinned memory, so the
-device-to-host copies run at full speed, non-blocking, with one synchronize at the end.
+64-byte aligned offsets, 4096-byte aligned for any tensor that large, so the writer sends
+them to the disk straight from the buffer (worker/direct_sink.py). On CUDA the used part is
+registered as pinned memory, so the device-to-host copies run at full speed, non-blocking,
+with one synchronize at the end.
 
 The writer rebuilds the state from the pickle, each slot a tensor whose storage is exactly
 its bytes in the buffer (so torch.save writes each tensor's own storage, as for the live
@@ -86,10 +88,12 @@ class Region:
             self.pinned = 0
 
     def populate(self, nbytes: int) -> None:
-        """Back the first `nbytes` with memory now, contents untouched (MADV_POPULATE_WRITE,
-        Linux >= 5.14; elsewhere the first save's copy takes the page faults). The writer
-        does it as it starts, off the loop's path, so the first save's copy does not fault
-        in every page of a fresh buffer; safe alongside a copy, as nothing is written."""
+        """Back the first `nbytes` with memory and map them in this process now, contents
+        untouched (MADV_POPULATE_WRITE, Linux >= 5.14; elsewhere the first save's copy takes
+        the page faults). The loop does it before training on a CPU run, the writer as it
+        starts (then only mapping pages the loop backed), so neither the first save's copy
+        nor its write faults in every page of a fresh buffer; safe alongside a copy, as
+        nothing is written."""
         try:
             self.map.madvise(MADV_POPULATE_WRITE, 0, min(nbytes, self.size) // mmap.PAGESIZE * mmap.PAGESIZE)
         except (OSError, ValueError, AttributeError):
