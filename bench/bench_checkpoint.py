@@ -124,6 +124,7 @@ def compare_ddp(model: list[str], what: str, repeats: int) -> tuple[list[Compari
     the trainer's account of the async ones against them."""
     losses: dict[str, list[float]] = {"async": [], "blocking": []}
     account: dict[str, list[tuple[float, float]]] = {"async": [], "blocking": []}
+    cpu: dict[str, list[list[float]]] = {"async": [], "blocking": []}  # per run, the writes' CPU seconds in order
     typical: list[float] = []
     failed = 0
     with tempfile.TemporaryDirectory(prefix="bench-ckpt-ddp-") as tmp:
@@ -138,6 +139,7 @@ def compare_ddp(model: list[str], what: str, repeats: int) -> tuple[list[Compari
                 losses[mode] += [row["records_s"] for row in got["saves"]]
                 account[mode] += [(row["records_s"], row["trainer_s"]) for row in got["saves"]
                                   if row["trainer_s"] is not None]
+                cpu[mode].append([row["write_cpu_s"] for row in got["saves"] if row["write_cpu_s"] is not None])
     rows = [Comparison(f"2-rank DDP on the CPU, {what}: the loop's loss per save, from its step records", "s",
                        Side("async", losses["async"] or [float("nan")]),
                        Side("blocking", losses["blocking"] or [float("nan")]))]
@@ -148,8 +150,11 @@ def compare_ddp(model: list[str], what: str, repeats: int) -> tuple[list[Compari
             f"mean loss per save async {mean['async']:.3f} s vs blocking {mean['blocking']:.3f} s "
             f"(ratio {mean['async'] / mean['blocking']:.2f}); the trainer's own account over all saves: async "
             f"{sums['async'][1]:.2f} s against {sums['async'][0]:.2f} s from the records, blocking "
-            f"{sums['blocking'][1]:.2f} s against {sums['blocking'][0]:.2f} s")
-    return rows, note, {"losses": losses, "account": account, "typical_step_s": typical}
+            f"{sums['blocking'][1]:.2f} s against {sums['blocking'][0]:.2f} s; the write's CPU seconds per save "
+            f"(median; per run in order): " + "; ".join(
+                f"{m} {statistics.median(sum(v, [])) if sum(v, []) else float('nan'):.3f} s ("
+                + " / ".join(", ".join(f"{c:.3f}" for c in run) for run in v) + ")" for m, v in cpu.items()))
+    return rows, note, {"losses": losses, "account": account, "typical_step_s": typical, "write_cpu_s": cpu}
 
 
 def main() -> int:

@@ -56,10 +56,11 @@ def run_ddp(work: Path, model: list[str], steps: int, mode: str, cap: float = 90
 
 
 def save_losses(records: list[dict], rank: int = 0) -> dict:
-    """Per periodic save of `rank`: the loss read from its step records and the trainer's own
-    account of it (`cost_s`), and the typical step."""
+    """Per periodic save of `rank`: the loss read from its step records, the trainer's own
+    account of it (`cost_s`) and its write's CPU seconds (`write_cpu_s`), and the typical step."""
     times = {r["step"]: r["time"] for r in records if r.get("type") == "step" and r.get("rank") == rank}
     published = {r["step"]: r["time"] for r in records if r.get("type") == "checkpoint" and r.get("rank") == rank}
+    write_cpu = {r["step"]: r.get("write_cpu_s") for r in records if r.get("type") == "checkpoint" and r.get("rank") == rank}
     started = sorted(r["time"] for r in records
                      if r.get("type") == "phase" and r.get("name") == "checkpoint" and r.get("rank") == rank)
     resumed = sorted(r["time"] for r in records
@@ -88,5 +89,5 @@ def save_losses(records: list[dict], rank: int = 0) -> dict:
         return statistics.median(recent or list(quiet.values()))
 
     rows = [{"step": step, "records_s": (end - start) - len(steps) * typical(step - 1),
-             "trainer_s": accounted.get(step)} for step, start, end, steps in windows]
+             "trainer_s": accounted.get(step), "write_cpu_s": write_cpu.get(step)} for step, start, end, steps in windows]
     return {"typical_step_s": statistics.median(quiet.values()), "saves": rows}

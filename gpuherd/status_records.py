@@ -97,6 +97,7 @@ class Checkpoint(Record):
     stall_s: float | None = None  # seconds the training loop was blocked
     wait_s: float | None = None  # of those, seconds waiting for the previous background write
     write_s: float | None = None  # seconds the write took
+    write_cpu_s: float | None = None  # CPU seconds (user + system) the write took: the writer's, or the loop's when blocking
     mode: str | None = None  # `async` | `blocking`
 
 

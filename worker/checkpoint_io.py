@@ -6,10 +6,11 @@ counts only once complete, manifest included (gpuherd/checkpoint_manifest.py).""
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import shutil
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,12 +30,14 @@ from gpuherd.files import atomic_file, fsync_dir, locked_temp_dir
 from gpuherd.storage import probe_errno, storage_errno
 from worker import distributed as wdist
 from worker import save_phases
+from worker.direct_sink import DirectSink, page_aligned_records
 from worker.distributed import WorkerError
 
 FORMAT_FILE = "gpuherd/full-v1"
 FORMAT_DCP = "gpuherd/dcp-v1"
 FORMAT_DEEPSPEED = "gpuherd/deepspeed-v1"
 _ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format is a zip archive
+_DIRECT = contextvars.ContextVar("gpuherd_direct_checkpoint_writes", default=False)
 
 
 def run_label(meta: dict[str, Any]) -> str:
@@ -47,6 +50,18 @@ def manifest_of(meta: dict[str, Any], files: dict[str, FileDigest]) -> Manifest:
     return Manifest(run_id=run_label(meta), step=int(meta["step"]), files=files)
 
 
+@contextlib.contextmanager
+def directly_to_disk() -> Iterator[None]:
+    """One-file checkpoints saved inside go through worker/direct_sink.py: for states whose
+    tensors lie page-aligned in memory (the async saver's shared buffer), written to the disk
+    without the page cache's copy and writeback."""
+    token = _DIRECT.set(True)
+    try:
+        yield
+    finally:
+        _DIRECT.reset(token)
+
+
 def atomic_torch_save(obj: Any, path: Path, label: str = "",
                       before_publish: Callable[[FileDigest], None] | None = None) -> FileDigest:
     """torch.save into a locked temp file renamed into place; the sha256 is taken from
@@ -54,8 +69,17 @@ def atomic_torch_save(obj: Any, path: Path, label: str = "",
     the rename."""
     with atomic_file(path, label, None if before_publish is None else lambda: before_publish(writer.digest())) \
             as handle, _without_zip_crc32():
-        writer = HashingWriter(handle)
-        torch.save(obj, writer)
+        if _DIRECT.get():
+            with page_aligned_records():
+                writer = DirectSink(handle.fileno())
+                try:
+                    torch.save(obj, writer)
+                    writer.flush()  # torch.save flushed at its end already: a guard, costs nothing
+                finally:
+                    writer.close()
+        else:
+            writer = HashingWriter(handle)
+            torch.save(obj, writer)
     return writer.digest()
 
 

@@ -16,18 +16,37 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 WRITER_NICE = 5
 
 
+@dataclass(frozen=True)
+class Written:
+    """A published write: where, and the CPU seconds it took where it ran (user + system: the
+    writer process's, or the thread's that wrote it). CPU time, unlike wall time, does not
+    grow with the load of a shared machine; on a CPU run it is what the write took from the ranks."""
+
+    path: Path
+    cpu_s: float
+
+
+def written_here(write: Callable[[], Path]) -> Written:
+    """`write` run in this thread, its CPU time counted."""
+    started = time.thread_time()
+    path = write()
+    return Written(path, time.thread_time() - started)
+
+
 class BackgroundWrite:
-    def __init__(self, step: int, path: Path, write: Callable[[], Path],
+    def __init__(self, step: int, path: Path, write: Callable[[], Written],
                  on_done: Callable[[BackgroundWrite], None], writer_pid: int | None = None) -> None:
         """`writer_pid`: `write` hands the save to that writer process (worker/save_writer.py) and
         this thread only waits for its answer; None: the thread writes, at a lower priority."""
         self.step, self.path = step, path
         self.published: Path | None = None
+        self.cpu_s: float | None = None  # the write's CPU seconds, once published
         self.error: BaseException | None = None
         self.write_s: float | None = None  # set once it ended, either way
         self.writer_pid = writer_pid
@@ -54,7 +73,8 @@ class BackgroundWrite:
         try:
             if self.writer_pid is None:
                 _lower_priority()
-            self.published = self._write()
+            written = self._write()
+            self.published, self.cpu_s = written.path, written.cpu_s
         except BaseException as exc:  # noqa: BLE001 - handed to the loop, which raises it there
             self.error = exc
         finally:

@@ -8,8 +8,10 @@ state's estimate with room to spare; only the pages a save writes are ever backe
 memory. The state is pickled with every tensor replaced by a slot number (`persistent_id`):
 that pickle is the save's frozen copy of everything that is not a tensor (param groups,
 learning rates, meta), made in microseconds. The tensors are copied into the buffer at
-64-byte aligned offsets. On CUDA the used part is registered as pinned memory, so the
-device-to-host copies run at full speed, non-blocking, with one synchronize at the end.
+64-byte aligned offsets, 4096-byte aligned for any tensor that large, so the writer sends
+them to the disk straight from the buffer (worker/direct_sink.py). On CUDA the used part is
+registered as pinned memory, so the device-to-host copies run at full speed, non-blocking,
+with one synchronize at the end.
 
 The writer rebuilds the state from the pickle, each slot a tensor whose storage is exactly
 its bytes in the buffer (so torch.save writes each tensor's own storage, as for the live
@@ -28,7 +30,10 @@ from typing import Any
 
 import torch
 
-ALIGN = 64
+from worker.direct_sink import ALIGN as DIRECT_ALIGN
+
+ALIGN = 64  # every slot; one of DIRECT_ALIGN bytes or more starts DIRECT_ALIGN-aligned, so the writer
+# sends it to the disk straight from the buffer (worker/direct_sink.py)
 MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux's value; Python < 3.13 lacks the name
 
 
@@ -83,10 +88,12 @@ class Region:
             self.pinned = 0
 
     def populate(self, nbytes: int) -> None:
-        """Back the first `nbytes` with memory now, contents untouched (MADV_POPULATE_WRITE,
-        Linux >= 5.14; elsewhere the first save's copy takes the page faults). The writer
-        does it as it starts, off the loop's path, so the first save's copy does not fault
-        in every page of a fresh buffer; safe alongside a copy, as nothing is written."""
+        """Back the first `nbytes` with memory and map them in this process now, contents
+        untouched (MADV_POPULATE_WRITE, Linux >= 5.14; elsewhere the first save's copy takes
+        the page faults). The loop does it before training on a CPU run, the writer as it
+        starts (then only mapping pages the loop backed), so neither the first save's copy
+        nor its write faults in every page of a fresh buffer; safe alongside a copy, as
+        nothing is written."""
         try:
             self.map.madvise(MADV_POPULATE_WRITE, 0, min(nbytes, self.size) // mmap.PAGESIZE * mmap.PAGESIZE)
         except (OSError, ValueError, AttributeError):
@@ -109,9 +116,16 @@ class SnapshotTaker:
     """The loop's side: copies a state into the buffer."""
 
     def __init__(self, device: torch.device, reserve: int, expected: int) -> None:
-        """`expected`: the bytes a save is expected to take (the writer backs them at its start)."""
+        """`expected`: the bytes a save is expected to take (the writer backs them at its start).
+        On a CPU run the loop backs and maps them itself, now, before training (and before the
+        writer is forked, which then shares the pages without copying its page tables): else the
+        first save's copy takes a page fault per 4 KB page (0.1 s of CPU per 155 MB), which makes
+        the first save cost the loop more than the others. On CUDA the first save's pinning maps
+        them (the writer still backs them off the loop's path)."""
         self.device, self.expected = device, expected
         self.region = Region(reserve)
+        if device.type == "cpu":
+            self.region.populate(expected)
 
     def take(self, state: Any) -> Snapshot:
         tensors: list[torch.Tensor] = []
@@ -175,9 +189,11 @@ def _pickle_skeleton(state: Any, tensors: list[torch.Tensor]) -> bytes:
 def _layout(tensors: list[torch.Tensor]) -> list[Slot]:
     slots, offset = [], 0
     for tensor in tensors:
-        slot = Slot(offset, tensor.dtype, tuple(tensor.shape))
-        slots.append(slot)
-        offset += -(-slot.nbytes // ALIGN) * ALIGN
+        nbytes = tensor.numel() * tensor.element_size()
+        align = DIRECT_ALIGN if nbytes >= DIRECT_ALIGN else ALIGN
+        offset = -(-offset // align) * align
+        slots.append(Slot(offset, tensor.dtype, tuple(tensor.shape)))
+        offset += nbytes
     return slots
 
 

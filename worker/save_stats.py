@@ -19,6 +19,7 @@ class SaveStats:
     written: int = 0  # writes this rank published
     background: int = 0  # of them, written in the background
     write_s: float = 0.0
+    write_cpu_s: float = 0.0  # the writes' CPU seconds, wherever they ran
     accounted: int = 0  # saves whose cost to the loop was measured
     cost_s: float = 0.0
     _note_stall: list[float] = field(default_factory=list)  # since the last step line
@@ -33,8 +34,9 @@ class SaveStats:
         self._note_stall.append(stall_s)
         self._waited(wait_s)
 
-    def published(self, stall_s: float, wait_s: float, write_s: float, background: bool) -> None:
-        """A write of this rank's ended and published its checkpoint."""
+    def published(self, stall_s: float, wait_s: float, write_s: float, background: bool,
+                  cpu_s: float = 0.0) -> None:
+        """A write of this rank's ended and published its checkpoint, in `cpu_s` CPU seconds."""
         if not background:  # a blocking save is also the loop's stall; a background one was counted staged
             self.saves += 1
             self.stall_s += stall_s
@@ -44,6 +46,7 @@ class SaveStats:
         self.written += 1
         self.background += background
         self.write_s += write_s
+        self.write_cpu_s += cpu_s
         self._note_write.append(write_s)
 
     def account(self, cost_s: float) -> None:
@@ -78,6 +81,8 @@ class SaveStats:
         if self.written:
             line += (f"; {self.written} written by this rank ({self.background} in the background), "
                      f"{self.write_s / self.written:.2f} s per write")
+            if self.write_cpu_s:
+                line += f" ({self.write_cpu_s / self.written:.2f} s of CPU)"
         if self.waits:
             line += f"; {self.waits} waited {self.wait_s:.2f} s in all for the previous write"
         if self.accounted:

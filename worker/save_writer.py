@@ -37,6 +37,7 @@ from pathlib import Path
 from gpuherd.errors import GpuherdError
 from gpuherd.exit_codes import ExitCode
 from gpuherd.parent_death import die_with_parent
+from worker.checkpoint_writer import Written
 from worker.save_snapshot import Snapshot
 
 WRITER_NICE = 19  # the lowest priority: the write takes what training leaves of the cores
@@ -67,9 +68,9 @@ class WriterProcess:
         theirs.close()
         self.pid, self._sock, self._exit_status = pid, ours, None
 
-    def write(self, path: Path, step: int, snapshot: Snapshot) -> Path:
+    def write(self, path: Path, step: int, snapshot: Snapshot) -> Written:
         """Hand one save to the writer and wait for its answer (from the saver's thread, not
-        the loop)."""
+        the loop): the published path and the writer's CPU seconds for it."""
         try:
             _send_frame(self._sock, pickle.dumps((str(path), step, snapshot), protocol=pickle.HIGHEST_PROTOCOL))
             report = _read_frame(self._sock)
@@ -79,7 +80,7 @@ class WriterProcess:
             raise self._died(step)
         kind, *rest = pickle.loads(report)  # noqa: S301 - our own child's plain values
         if kind == "published":
-            return Path(rest[0])
+            return Written(Path(rest[0]), rest[1])
         message, exit_code = rest
         raise WriterError(message, ExitCode.FAILURE if exit_code is None else exit_code)
 
@@ -157,9 +158,11 @@ def _serve(sock: socket.socket, work: Work, prepare: Callable[[], None], parent:
 
 
 def _write_one(request: bytes, work: Work) -> tuple:
+    cpu = time.process_time()  # the whole writer's, unpickling included
     try:
         path, step, snapshot = pickle.loads(request)  # noqa: S301 - the loop's own pickle
-        return ("published", str(work(Path(path), step, snapshot)))
+        published = work(Path(path), step, snapshot)
+        return ("published", str(published), time.process_time() - cpu)
     except BaseException as exc:  # noqa: BLE001 - every failure goes back to the loop, in words
         exit_code = exc.exit_code if isinstance(exc, GpuherdError) else None
         return ("failed", f"{type(exc).__name__}: {exc}" if exit_code is None else str(exc), exit_code)

@@ -49,7 +49,8 @@ from worker import distributed as wdist
 from worker import save_phases
 from worker import signals as wsignals
 from worker.checkpoint import Capture, Checkpointer
-from worker.checkpoint_writer import BackgroundWrite
+from worker.checkpoint_io import directly_to_disk
+from worker.checkpoint_writer import BackgroundWrite, written_here
 from worker.save_cost import LoopCost
 from worker.save_snapshot import Snapshot, SnapshotTaker, TooLarge, rebuild, reserve_bytes
 from worker.save_stats import SaveStats
@@ -75,6 +76,7 @@ class Saver:
         if why_not and want_async:
             self._log0(f"{bracket} checkpoints are written while the loop waits: {why_not}")
         engine = checkpointer.engine
+        engine.prepare_capture()
         self.cost = LoopCost()
         sharded = self.background and engine.sharded
         self.stager = HostStager(engine.device) if sharded else None
@@ -124,9 +126,11 @@ class Saver:
         self.cost.open(step, started)
         wait_s = self.drain_or_raise()
         if not self.background or final:
-            path = self.ckpt.write(self.ckpt.capture(step, sampler_state))
+            capture = self.ckpt.capture(step, sampler_state)
+            written = written_here(lambda: self.ckpt.write(capture))
             stall = time.perf_counter() - started
-            self._published(step, path, stall_s=stall, wait_s=wait_s, write_s=stall - wait_s, mode="blocking")
+            self._published(step, written.path, stall_s=stall, wait_s=wait_s, write_s=stall - wait_s,
+                            cpu_s=written.cpu_s, mode="blocking")
             if final:  # no step follows: what it cost is what the loop waited
                 self._account(time.perf_counter(), at_tick=False)
             return
@@ -142,15 +146,16 @@ class Saver:
                 snapshot = self.snapshots.take({"meta": capture.meta, "states": capture.states})
             except TooLarge as exc:  # a state that outgrew its estimate: this save is written now
                 self._log0(f"{self.bracket} checkpoint of step {step} written while the loop waits: {exc}")
-                path = self.ckpt.write(capture, collective=False)
+                written = written_here(lambda: self.ckpt.write(capture, collective=False))
                 stall = time.perf_counter() - started
-                self._published(step, path, stall_s=stall, wait_s=wait_s, write_s=stall - wait_s, mode="blocking")
+                self._published(step, written.path, stall_s=stall, wait_s=wait_s, write_s=stall - wait_s,
+                                cpu_s=written.cpu_s, mode="blocking")
                 return
             write, pid = (lambda: self.writer.write(capture.path, step, snapshot)), self.writer.pid
         else:
             copied = dataclasses.replace(capture, meta=self.stager.copy(capture.meta),
                                          states=self.stager.copy(capture.states))
-            write, pid = (lambda: self._write(copied)), None
+            write, pid = (lambda: written_here(lambda: self._write(copied))), None
         stall = time.perf_counter() - started
         self._staged(stall, wait_s)
         self.status.send("checkpoint_write", state="started", step=step, path=str(capture.path))
@@ -158,9 +163,11 @@ class Saver:
                                         writer_pid=pid)
 
     def _write_snapshot(self, path: Path, step: int, snapshot: Snapshot) -> Path:
-        """In the writer process: one save, rebuilt from the shared buffer."""
+        """In the writer process: one save, rebuilt from the shared buffer, whose page-aligned
+        tensors go to the disk straight from it."""
         state = rebuild(snapshot, self.snapshots.region.map)
-        return self._write(Capture(path=path, step=step, meta=state["meta"], states=state["states"]))
+        with directly_to_disk():
+            return self._write(Capture(path=path, step=step, meta=state["meta"], states=state["states"]))
 
     def _write(self, capture: Capture) -> Path:
         save_phases.reached("staged", capture.step)
@@ -251,17 +258,17 @@ class Saver:
         """In the writer thread, once its write ended."""
         if write.error is None:
             self._published(write.step, write.published, stall_s=stall_s, wait_s=wait_s, write_s=write.write_s,
-                            mode="async")
+                            cpu_s=write.cpu_s, mode="async")
             return
         # said once, by the loop that raises it at its next step (or by the exit that waited for it)
         self.status.send("checkpoint_write", state="failed", step=write.step, path=str(write.path))
 
     def _published(self, step: int, path: Path, *, stall_s: float, wait_s: float, write_s: float,
-                   mode: str) -> None:
+                   cpu_s: float, mode: str) -> None:
         with self._lock:
-            self.stats.published(stall_s, wait_s, write_s, background=mode == "async")
+            self.stats.published(stall_s, wait_s, write_s, background=mode == "async", cpu_s=cpu_s)
         how = (f"written in the background in {write_s:.2f} s, the loop blocked {stall_s:.2f} s" if mode == "async"
                else f"the loop blocked {stall_s:.2f} s")
         self._log0(f"{self.bracket} checkpoint saved: {path} ({how})")
         self.status.send("checkpoint", step=step, path=str(path), stall_s=round(stall_s, 4),
-                         wait_s=round(wait_s, 4), write_s=round(write_s, 4), mode=mode)
+                         wait_s=round(wait_s, 4), write_s=round(write_s, 4), write_cpu_s=round(cpu_s, 4), mode=mode)

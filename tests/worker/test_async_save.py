@@ -44,6 +44,8 @@ def test_periodic_saves_are_written_in_the_background_and_the_final_one_before_t
     saves = checkpoints(records)
     assert [(r["step"], r["mode"]) for r in saves] == [(2, "async"), (4, "async"), (6, "blocking")]
     assert all(r["stall_s"] >= 0 and r["write_s"] > 0 and r["wait_s"] >= 0 for r in saves)
+    # each write's CPU seconds where it ran: the writer process's (async), the loop's (blocking)
+    assert all(0 < r["write_cpu_s"] < 60 for r in saves)
     writes = [r for r in records if r["type"] == "checkpoint_write"]
     assert [(r["state"], r["step"]) for r in writes if r["state"] != "accounted"] == [("started", 2), ("started", 4)]
     # each save's whole cost to the loop, once its write ended: step 2's by step 4's save at the latest
@@ -59,6 +61,7 @@ def test_periodic_saves_are_written_in_the_background_and_the_final_one_before_t
     assert re.search(r"checkpoint saved: .*step_0000002\.pt \(written in the background in \d+\.\d\d s, "
                      r"the loop blocked \d+\.\d\d s\)", err), err
     assert "checkpoints: 3 saved, the loop blocked" in err and "(2 in the background)" in err
+    assert re.search(r"s per write \(\d+\.\d\d s of CPU\)", err), err
     assert re.search(r"measured on the step times, 3 cost the loop -?\d+\.\d\d s in all", err), err
 
 

@@ -136,6 +136,11 @@ class Engine(ABC):
         """Write what `capture_states` returned, and `meta`, to `path` (a collective over
         `group`, default the world, where every rank writes a part)."""
 
+    def prepare_capture(self) -> None:
+        """Before training: load what the first capture would load (its modules), so the first
+        save costs the loop what the others do. Every run ends with a save, so nothing is loaded
+        for nothing."""
+
     def save_states(self, path: Path, meta: dict[str, Any], rank: int) -> None:
         """Capture and write in one go (a collective: all ranks call)."""
         self.write_states(self.capture_states(rank, to_host=True), path, meta, rank)
