@@ -81,6 +81,10 @@ class TensorBoard:
         if self.writer is not None:
             self.writer.close()
 
+    def abandon(self) -> None:
+        """Its disk failed: closing would only flush into the same error."""
+        self.writer = None
+
 
 class ScalarSinks:
     """Every scalar to every sink (TensorBoard, W&B offline): one call site in the reporter.
@@ -111,6 +115,7 @@ class ScalarSinks:
                 raise
             self.sinks.remove(sink)
             self.gone.append(sink.name)
+            sink.abandon()
             logger.warning(f"{sink.name} cannot write to {sink.where}: {DISK_ERRNOS[exc.errno]}; its scalars are "
                            "dropped (counted) from now on, training goes on")
 

@@ -12,7 +12,9 @@ worker warns once and trains on. The interface matches `worker.reporting.TensorB
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,10 @@ from loguru import logger
 
 MODES = ("off", "offline")
 PROJECT = "gpuherd"
+# wandb writes from a service process of its own: a full disk never raises here, its data is
+# just lost. Below this much free space the sink reports the disk full itself, so it is dropped
+# with one warning and its scalars counted, as TensorBoard's are.
+MIN_FREE_BYTES = 1 << 20
 
 
 class WandbLog:
@@ -49,6 +55,8 @@ class WandbLog:
     def scalars(self, step: int, **values: float | None) -> None:
         if self.run is None:
             return
+        if shutil.disk_usage(self.run.dir).free < MIN_FREE_BYTES:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.run.dir)
         present = {name: value for name, value in values.items() if value is not None}
         if present:
             self.run.log(present, step=step)
@@ -57,3 +65,13 @@ class WandbLog:
         if self.run is not None:
             self.run.finish(exit_code=exit_code)
             self.run = None
+
+    def abandon(self) -> None:
+        """Its disk failed: end the W&B run now (marked failed) rather than at interpreter exit,
+        whatever wandb still fails to write."""
+        run, self.run = self.run, None
+        if run is not None:
+            try:
+                run.finish(exit_code=1)
+            except Exception as exc:  # noqa: BLE001 - a failing sink must not end the training
+                logger.debug(f"W&B run could not be finished after its disk failed: {exc}")

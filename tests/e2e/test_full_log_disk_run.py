@@ -41,7 +41,10 @@ def _fill(disk) -> None:
             pass
 
 
-def test_a_log_disk_filled_mid_run_never_stops_the_built_in_trainer(tmp_path, small_disk, python_env):
+@pytest.mark.parametrize("sink", ["TensorBoard", "W&B offline"])
+def test_a_log_disk_filled_mid_run_never_stops_the_built_in_trainer(tmp_path, small_disk, python_env, sink):
+    if sink == "W&B offline":
+        pytest.importorskip("wandb")
     steps = 40
     cmd = [sys.executable, "-m", "supervisor", "--debug", "--no-report", "--skip-checks", "--nproc", "1", "--run-id", "full"]
     for item in ("system.device=cpu", "data.dataset=dummy", "data.tokenizer=byte", "data.context_length=32",
@@ -49,6 +52,8 @@ def test_a_log_disk_filled_mid_run_never_stops_the_built_in_trainer(tmp_path, sm
                  "training.batch_size=2", f"training.max_steps={steps}", "training.log_every=1",
                  "training.eval_every=0", "training.save_every=0", f"system.run_root={small_disk}"):
         cmd += ["--set", item]
+    if sink == "W&B offline":
+        cmd += ["--set", "logging.wandb=offline"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=python_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     run_dir = small_disk / "full"
@@ -61,6 +66,6 @@ def test_a_log_disk_filled_mid_run_never_stops_the_built_in_trainer(tmp_path, sm
         code, out, err = finish(proc, timeout=180)
     assert code == 0, err[-3000:]
     assert "Traceback" not in err + out
-    warned = [line for line in (out + err).splitlines() if "TensorBoard" in line and "no space left" in line]
+    warned = [line for line in (out + err).splitlines() if sink in line and "no space left" in line]
     assert len(warned) == 1, (out + err)[-3000:]
     assert (tmp_path / ".checkpoints" / f"step_{steps:07d}.pt").is_file()  # the final save
