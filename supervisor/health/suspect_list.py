@@ -115,7 +115,8 @@ class SuspectList:
         found = cls(path, host or path.stem)
         try:
             raw = path.read_bytes()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
+            # no list; a run root that is not a directory is refused by validation in one line
             return found
         except OSError as exc:
             found.damaged = f"cannot be read ({exc.strerror or exc})"

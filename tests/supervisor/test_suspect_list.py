@@ -181,3 +181,18 @@ def test_check_shows_the_list_and_clears_an_entry_or_refuses_bad_input_in_one_li
     assert check.main([*args, "--clear-suspect", "cpu1"]) == 0
     assert "CPU1 taken off the suspect list" in capsys.readouterr().err
     assert SuspectList.load(list_path(tmp_path / "logs", host)).devices == []
+
+
+def test_a_run_root_that_is_a_file_has_no_list_and_nothing_is_said(tmp_path, capfd):
+    """Validation refuses such a run root in one line; the list must not add a warning first."""
+    from loguru import logger
+
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    sink = logger.add(lambda m: print(m, end=""), level="WARNING")
+    try:
+        found = SuspectList.load(list_path(a_file))
+    finally:
+        logger.remove(sink)
+    assert found.devices == [] and found.damaged is None
+    assert "suspect list" not in capfd.readouterr().out
