@@ -10,18 +10,20 @@ number of workers.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing
 import os
 import signal
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 import numpy as np
+import psutil
 
 from dataset_cache.corpus import Piece
 from dataset_cache.tokenizers import Tokenizer, load_tokenizer
@@ -42,6 +44,7 @@ class EncodedBatch:
 
 
 ABANDON_WAIT_S = 10.0  # a stopped build's running batches: seconds at most
+HELPER_STOP_S = 10.0  # multiprocessing's forkserver or resource tracker asked to stop: seconds before SIGKILL
 
 
 def default_workers() -> int:
@@ -121,9 +124,40 @@ def _stop_helpers_started(before: tuple[int | None, int | None]) -> None:
     server_before, tracker_before = before
     server_now, tracker_now = _multiprocessing_helpers()
     if server_now is not None and server_before is None:
-        forkserver._forkserver._stop()
+        # a tokenizer process the forkserver was still starting when the build was cut short is
+        # not the executor's yet: it holds the resource tracker's pipe, so the tracker (and the
+        # wait for it below) would never end
+        _kill_children_of(server_now)
+        _bounded(forkserver._forkserver._stop, server_now)
     if tracker_now is not None and tracker_before is None:
-        resource_tracker._resource_tracker._stop()
+        _bounded(resource_tracker._resource_tracker._stop, tracker_now)
+
+
+def _kill_children_of(pid: int) -> None:
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+
+
+def _bounded(stop: Callable[[], None], pid: int) -> None:
+    """multiprocessing's `_stop()` waits for the helper's exit without a limit: after
+    HELPER_STOP_S it is SIGKILLed, so that wait ends and the run's exit never hangs on it."""
+    timer = threading.Timer(HELPER_STOP_S, _kill_quietly, args=(pid,))
+    timer.daemon = True
+    timer.start()
+    try:
+        stop()
+    finally:
+        timer.cancel()
+
+
+def _kill_quietly(pid: int) -> None:
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
 
 
 def _abandon(executor: ProcessPoolExecutor) -> None:
