@@ -118,8 +118,7 @@ def join_generation(cfg: Config, identity: WorkerIdentity, device: torch.device,
     where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
     timeout = timedelta(seconds=cfg.system.rendezvous_timeout)
     try:
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
-                              timeout=timeout, wait_for_workers=False)
+        store = job_store(timeout)
         kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
         dist.init_process_group(backend_for(cfg, device), store=dist.PrefixStore(f"gpuherd-live/{generation}", store),
                                 rank=identity.rank, world_size=identity.world_size, timeout=timeout, **kwargs)
@@ -133,6 +132,12 @@ def join_generation(cfg: Config, identity: WorkerIdentity, device: torch.device,
         dist.distributed_c10d._set_pg_timeout(COLLECTIVE_TIMEOUT)
 
 
+
+def job_store(timeout: timedelta) -> Any:
+    """A client of the attempt's store (MASTER_ADDR:MASTER_PORT), which the supervisor serves."""
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
+                         timeout=timeout, wait_for_workers=False)
+
 class RegrowEnded(Exception):
     """A regrow's newcomer: the shrunk group ended its training before it could grow back."""
 
@@ -141,8 +146,7 @@ def regrow_answer(cfg: Config, generation: int) -> str:
     """A regrow's newcomer waits for the shrunk group's answer (contract.REGROW_KEY): "go" or "ended"."""
     timeout = timedelta(seconds=cfg.system.rendezvous_timeout)
     try:
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
-                              timeout=timeout, wait_for_workers=False)
+        store = job_store(timeout)
         return store.get(contract.REGROW_KEY.format(generation=generation)).decode()
     except (RuntimeError, ValueError, TimeoutError, KeyError) as exc:
         detail = " ".join(str(exc).split())[:300]
@@ -157,8 +161,7 @@ def read_decision(cfg: Config, generation: int) -> dict[str, Any]:
     for it up to system.rendezvous_timeout."""
     timeout = timedelta(seconds=cfg.system.rendezvous_timeout)
     try:
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
-                              timeout=timeout, wait_for_workers=False)
+        store = job_store(timeout)
         return orjson.loads(store.get(contract.DECISION_KEY.format(generation=generation)))
     except (RuntimeError, ValueError, TimeoutError, KeyError, orjson.JSONDecodeError) as exc:
         detail = " ".join(str(exc).split())[:300]
@@ -195,9 +198,7 @@ class DecisionWatch:
 
     def _connect(self) -> Any:
         if self._store is None:
-            self._store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
-                                        timeout=timedelta(seconds=self.cfg.system.rendezvous_timeout),
-                                        wait_for_workers=False)
+            self._store = job_store(timedelta(seconds=self.cfg.system.rendezvous_timeout))
         return self._store
 
 
