@@ -171,7 +171,11 @@ def test_a_shrunk_group_grows_back_when_the_pools_spare_is_warm_with_every_sampl
     # Twice only for the lost rank's last step before its death, which the shrunk group trained again.
     carrier = sorted(survivors)[lost % 3]
     draws = _draws(run_dir)
-    assert set(draws) == set(expected)
+    # A SIGKILL after the lost rank's last all-reduce but before its step record was written: the
+    # step was kept with its slot (its gradient norm, checked below, says so) and its draw has no record.
+    unrecorded = set(expected) - set(draws)
+    assert unrecorded <= {(shrink["resumed_step"] - 1, lost)}, (unrecorded, shrink["resumed_step"], lost)
+    assert set(draws) == set(expected) - unrecorded
     for (step, slot), got in draws.items():
         assert {draw for _rank, draw in got} == {expected[(step, slot)]}, (step, slot, got)
         if len(got) > 1:
