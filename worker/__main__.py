@@ -52,8 +52,10 @@ def main() -> int:
         from gpuherd.torch_floor import check_torch_version
 
         check_torch_version(torch.__version__)  # one line and exit 2, not an AttributeError at step 0
+        from worker.heap import freeze_imports
         from worker.train import run
 
+        freeze_imports()
         return run(cfg, identity, cache_dir=Path(cache) if cache else None,
                    status=status, run_dir=Path(run_dir) if run_dir else None)
 

@@ -31,6 +31,7 @@ from pathlib import Path
 import orjson
 
 from gpuherd import contract
+from worker.heap import freeze_imports
 
 WARM_UP_NICE = 19  # the warm-up yields to every training rank (bench/bench_live_recovery.py: step time at a refill)
 
@@ -117,6 +118,7 @@ def _warm_up_yielding(assigned: threading.Event) -> None:
     except OSError:  # not permitted here: warm up at the process's priority
         pass
     warm_up()
+    freeze_imports()
     fd = os.environ.get(contract.STATUS_FD)
     if fd and not assigned.is_set():  # the pool may now hand it a carried rank (a regrow) without a wait
         from gpuherd.status_channel import StatusWriter
