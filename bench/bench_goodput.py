@@ -6,7 +6,9 @@ every 20 steps, resume from the newest; STEPS steps of STEP_S) under torchrun
 (`--max-restarts 8`), NVIDIA's ft_launcher 0.4.1 (`--max-restarts 8`, its rank-monitor
 heartbeats from the script, no NIC monitor on CPU) and `gpuherd run` (`--max-restarts 8`),
 plus gpuherd's built-in trainer (a tiny Llama) with restarts (`--spares 0`) and with live
-recovery at the default settings (one warm spare, refilled after each recovery). Each launcher runs once undisturbed, then once under the schedule,
+recovery at the default settings (one warm spare, refilled after each recovery), given as
+many steps as make its training last as long as the script's, and a checkpoint as often in
+seconds (a probe run measures its step first). Each launcher runs once undisturbed, then once under the schedule,
 interleaved round by round. The schedule, in fractions of that launcher's undisturbed
 training time (seeded jitter), each fault to whatever process is rank 1 by then:
 
@@ -61,8 +63,9 @@ STEP_S = 0.1
 KINDS = ("gpuherd built-in live", "gpuherd built-in restarts", "gpuherd run", "ft_launcher", "torchrun")
 BUILTIN = ["data.dataset=dummy", "data.tokenizer=byte", "data.context_length=32", "model.n_layers=2", "model.dim=32",
            "model.n_heads=4", "model.n_kv_heads=2", "model.multiple_of=16", "training.batch_size=2",
-           "training.grad_accum_nums=1", "training.warmup_steps=5", "training.log_every=1", "training.eval_every=0",
-           "training.save_every=20"]
+           "training.grad_accum_nums=1", "training.warmup_steps=5", "training.log_every=1", "training.eval_every=0"]
+SAVE_EVERY = 20  # the script's steps between checkpoints; the built-in saves as often in seconds
+PROBE_STEPS = 400  # the built-in's calibration run
 
 
 @dataclass
@@ -70,6 +73,7 @@ class Run:
     kind: str
     work: Path
     steps: int
+    save_every: int = SAVE_EVERY
 
     @property
     def builtin(self) -> bool:
@@ -92,7 +96,8 @@ class Run:
         cmd = [sys.executable, "-m", "supervisor", "--debug", "--no-report", "--run-id", "g", *restarts, *spares,
                "--nproc", "2",
                "--set", "system.device=cpu", "--set", f"system.run_root={self.work / 'logs'}",
-               "--set", f"system.checkpoint_dir={self.work / 'ckpt'}", "--set", f"training.max_steps={self.steps}"]
+               "--set", f"system.checkpoint_dir={self.work / 'ckpt'}", "--set", f"training.max_steps={self.steps}",
+               "--set", f"training.save_every={self.save_every}"]
         for item in BUILTIN:
             cmd += ["--set", item]
         return cmd
@@ -227,23 +232,39 @@ def main() -> int:
     results: dict[str, list[tuple[Kept, Kept, dict | None, Costs]]] = {k: [] for k in KINDS}
     with tempfile.TemporaryDirectory(prefix="bench-goodput-") as tmp:
         ln = Launchers(Path(tmp), WORKER, grace_period=2)
+        per_step = builtin_step_s(ln, Path(tmp))
+        builtin_steps = max(PROBE_STEPS, round(steps * STEP_S / per_step))
+        builtin_save = max(1, round(SAVE_EVERY * STEP_S / per_step))
+        print(f"the built-in trainer: {per_step * 1000:.1f} ms a step: {builtin_steps} steps, a save every "
+              f"{builtin_save}", flush=True)
         for i in range(rounds):
             faults_for = None
             for kind in KINDS[i % len(KINDS):] + KINDS[:i % len(KINDS)]:
-                base_steps = steps * 4 if kind.startswith("gpuherd built-in") else steps  # its steps are ~4x faster
-                calm, training_s, _, _ = once(ln, Run(kind, Path(tempfile.mkdtemp(dir=tmp)), base_steps), [], 900)
+                def fresh() -> Run:
+                    if kind.startswith("gpuherd built-in"):
+                        return Run(kind, Path(tempfile.mkdtemp(dir=tmp)), builtin_steps, builtin_save)
+                    return Run(kind, Path(tempfile.mkdtemp(dir=tmp)), steps)
+                calm, training_s, _, _ = once(ln, fresh(), [], 900)
                 faults_for = schedule(training_s, random.Random(rng.random()))
                 cap = max(120.0, 4 * calm.wall_s)
-                faulted, _, block, costs = once(ln, Run(kind, Path(tempfile.mkdtemp(dir=tmp)), base_steps),
-                                                faults_for, cap)
+                faulted, _, block, costs = once(ln, fresh(), faults_for, cap)
                 results[kind].append((calm, faulted, block, costs))
                 print(f"{kind}: undisturbed {calm.ratio:.3f}, faulted {faulted.ratio:.3f} "
                       f"(gpuherd's own: {block.get('ratio') if block else '-'})", flush=True)
-    _write(results, rounds, steps)
+    _write(results, rounds, steps, builtin_steps, builtin_save)
     return 0
 
 
-def _write(results: dict[str, list[tuple[Kept, Kept, dict | None, Costs]]], rounds: int, steps: int) -> None:
+def builtin_step_s(ln: Launchers, tmp: Path) -> float:
+    """The built-in trainer's step on this machine (an undisturbed probe run, first step to exit
+    over its steps): every launcher then trains about as long, so the faults come as often."""
+    _, training_s, _, _ = once(ln, Run("gpuherd built-in restarts", Path(tempfile.mkdtemp(dir=tmp)), PROBE_STEPS), [],
+                               900)
+    return training_s / PROBE_STEPS
+
+
+def _write(results: dict[str, list[tuple[Kept, Kept, dict | None, Costs]]], rounds: int, steps: int,
+           builtin_steps: int, builtin_save: int) -> None:
     kept_share = {k: Side(k, [f.ratio / c.ratio for c, f, _, _ in v if c.ratio]) for k, v in results.items()}
     comparisons = [Comparison(f"faulted goodput / its own undisturbed goodput: {ours} vs {theirs}", "x",
                               kept_share[ours], kept_share[theirs], lower_is_better=False)
@@ -263,8 +284,9 @@ def _write(results: dict[str, list[tuple[Kept, Kept, dict | None, Costs]]], roun
             if block:
                 causes[kind] = ", ".join(f"{c} {s:.1f} s" for c, s in block["badput_s"].items() if s >= 0.05)
     write_results("goodput", "Goodput under one fault schedule (2 ranks, gloo)", comparisons, notes=[
-        f"{rounds} interleaved round(s); the script: {steps} steps of {STEP_S:g} s, the built-in trainer "
-        f"{steps * 4} steps of its tiny Llama; faults at 1/5..4/5 of each launcher's undisturbed training time: "
+        f"{rounds} interleaved round(s); the script: {steps} steps of {STEP_S:g} s, a checkpoint every {SAVE_EVERY}; "
+        f"the built-in trainer: {builtin_steps} steps of its tiny Llama, a checkpoint every {builtin_save} (as long "
+        "a training and as often a save in seconds, from a probe run); faults at 1/5..4/5 of each launcher's undisturbed training time: "
         "SIGKILL, SIGSTOP (hang), SIGSTOP+SIGCONT after 2 s, SIGKILL, each to rank 1; capped at 4x the "
         "undisturbed wall (at least 120 s).",
         *(f"gpuherd's badput by cause, {k}: {v}" for k, v in causes.items()),
