@@ -261,6 +261,9 @@ def test_a_scripts_teardown_waits_for_a_rank_inside_torch_save_up_to_the_stop_ti
     builtin = Run()
     builtin(crash(10.0, 1, saver))
     assert builtin.tick(15.0, saver) and builtin.phase is Phase.KILLING
+    stopped = Run(SCRIPT)  # a stop request: the stop timeout was its whole wait already
+    stopped(pol.SignalReceived(view(0.0, saver), signal.SIGTERM))
+    assert sends(stopped.tick(120.0, saver), signal.SIGKILL) and stopped.phase is Phase.KILLING
 
 
 def test_a_hung_rank_whose_background_write_never_ends_is_killed_with_its_writer_not_waited_for():
