@@ -12,7 +12,7 @@ Heartbeats: once the script has imported torch, every optimizer step (torch's gl
 optimizer-step post hook) becomes a `step` status record, at most every HEARTBEAT_EVERY s,
 and `torch.save` runs in phase `checkpoint` (the supervisor gives a saving rank the long
 allowance), and so does the interpreter's teardown once the script returned (phase
-`shutdown`). Nothing is sent before the first optimizer step: a script that never steps one
+`shutdown`). A SIGTERM that lands inside torch.save waits for the save (`SaveShield`). Nothing is sent before the first optimizer step: a script that never steps one
 is not judged by heartbeat, and the supervisor says so. A script that writes its own status
 records (gpuherd.status_channel) takes over; the automatic ones stop. SIGUSR1 dumps every
 thread's Python stack (faulthandler), as for the built-in worker. Last, before the
@@ -38,20 +38,80 @@ import os
 import runpy
 import signal
 import sys
+import threading
 import time
 import types
 from collections.abc import Callable
 from typing import Any
 
 HEARTBEAT_EVERY = 0.5  # seconds between step records: well under any sensible --hang-timeout
+AFTER_SAVE_S = 1.0  # a SIGTERM held through torch.save lands at most this long after it: the script's rename
+
+
+def _die_of_sigterm() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+class SaveShield:
+    """A SIGTERM that lands while the script is inside torch.save waits for the save to end.
+
+    Python's default is to die at once: the file is left half-written (a script that writes a
+    temporary file and renames it never renames it), and after the restart every rank redoes
+    the steps since the previous checkpoint. The supervisor's teardown after another rank
+    failed is such a SIGTERM, and it comes fast, to a rank 0 that may be writing the checkpoint
+    its peers' all-reduce already paid for. The held signal lands at the script's next
+    optimizer step (its rename is done by then), AFTER_SAVE_S after the save (a rank that went
+    on into a collective its dead peer never joins) or at the script's exit, whichever comes
+    first, and the process dies of SIGTERM as it would have; the supervisor's SIGKILL after
+    its grace period still bounds it all. Only where the script left SIGTERM at its default and
+    saves from the main thread (the one place a handler can be installed): a script's own
+    handler is the script's business."""
+
+    def __init__(self, die: Callable[[], None] = _die_of_sigterm, after_s: float = AFTER_SAVE_S) -> None:
+        self.die, self.after_s = die, after_s
+        self.depth = 0  # saves in progress (a save inside a save is one)
+        self.held = False  # a SIGTERM came during a save and has not landed yet
+        self._timer: threading.Timer | None = None
+
+    def enter(self) -> bool:
+        """A save begins; True: it is shielded (`leave` after it)."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        if self.depth == 0:
+            if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+                return False
+            signal.signal(signal.SIGTERM, self._hold)
+        self.depth += 1
+        return True
+
+    def leave(self) -> None:
+        self.depth -= 1
+        if self.depth == 0:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            if self.held:  # the latest save ended: the rename after it gets its moment
+                if self._timer is not None:
+                    self._timer.cancel()
+                self._timer = threading.Timer(self.after_s, self.release)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def release(self) -> None:
+        """The held SIGTERM lands now, unless a save is in progress again (held on to its end)."""
+        if self.held and self.depth == 0:
+            self.die()
+
+    def _hold(self, _signum: int, _frame: object) -> None:
+        self.held = True
 
 
 class Heartbeat:
     """Optimizer steps -> `step` records; torch.save -> phase `checkpoint`."""
 
-    def __init__(self, writer: Any, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, writer: Any, clock: Callable[[], float] = time.monotonic,
+                 shield: SaveShield | None = None) -> None:
         self.writer = writer  # a gpuherd.status_channel.StatusWriter(automatic=True)
         self.clock = clock
+        self.shield = shield or SaveShield()
         self.steps = 0
         self.sent = 0  # the step count last reported
         self.last_sent = 0.0
@@ -60,6 +120,7 @@ class Heartbeat:
         return type(self.writer).explicit_records  # the script reports for itself
 
     def on_step(self, _optimizer: object, _args: object, _kwargs: object) -> None:
+        self.shield.release()  # a SIGTERM held through a save: the script is past its save
         self.steps += 1
         now = self.clock()
         if self.sent == 0 or now - self.last_sent >= HEARTBEAT_EVERY:
@@ -73,6 +134,7 @@ class Heartbeat:
     def at_exit(self) -> None:
         """The script is done: the supervisor's last step for this rank is the real one, and the
         interpreter's teardown (process groups, CUDA, garbage) may take a while: phase shutdown."""
+        self.shield.release()
         if self.steps > self.sent:
             self._send(self.clock())
         if self.steps and not self._quiet():
@@ -84,9 +146,12 @@ class Heartbeat:
             announce = self.steps > 0 and not self._quiet()  # silent until the first step
             if announce:
                 self.writer.send("phase", name="checkpoint")
+            shielded = self.shield.enter()
             try:
                 return save(*args, **kwargs)
             finally:
+                if shielded:
+                    self.shield.leave()
                 if announce:
                     self.writer.send("phase", name="train")
         return save_in_phase_checkpoint

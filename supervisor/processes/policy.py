@@ -809,18 +809,22 @@ def _extend_stop(s: State, v: View, r: Rules) -> Result | None:
 
 def _wait_for_writes(s: State, v: View, r: Rules) -> Result | None:
     """A teardown's grace is over: a rank still writing a checkpoint in the background
-    (worker/saver.py: it finishes that write before it exits) gets the time, up to the stop
-    timeout after the failure, so a restart can resume from it. None: nothing to wait for."""
+    (worker/saver.py: it finishes that write before it exits), or a --script's rank still inside
+    torch.save (its bootstrap holds the SIGTERM to the save's end: worker/script_bootstrap.py),
+    gets the time, up to the stop timeout after the failure, so a restart can resume from it.
+    None: nothing to wait for."""
     hung = _hung_rank(s, v)  # its write is what hangs, or it cannot finish one: SIGKILLed with its writer
-    writing = [w for w in v.alive if w.writing is not None and w.rank != hung]
+    script = r.save_signal is None
+    writing = [w for w in v.alive if (w.writing is not None or (script and w.saving)) and w.rank != hung]
     limit = (s.failed_at if s.failed_at is not None else v.now) + r.stop_timeout
     if not writing or v.now >= limit:
         return None
     actions: list[Action] = []
     if not s.writes_told:
         s = replace(s, writes_told=True)
-        actions.append(Log("info", f"{', '.join(w.tag for w in writing)} still writing a checkpoint in the "
-                                   f"background: waiting for it (at most {limit - v.now:.0f} s more, the stop timeout)"))
+        how = "in the background" if all(w.writing is not None for w in writing) else "(torch.save)"
+        actions.append(Log("info", f"{', '.join(w.tag for w in writing)} still writing a checkpoint {how}: "
+                                   f"waiting for it (at most {limit - v.now:.0f} s more, the stop timeout)"))
     return replace(s, deadline=min(limit, v.now + r.grace)), actions
 
 

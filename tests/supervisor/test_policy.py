@@ -247,6 +247,25 @@ def test_a_teardown_waits_for_a_background_checkpoint_write_up_to_the_stop_timeo
         "(--resume takes an older one)"]
 
 
+def test_a_scripts_teardown_waits_for_a_rank_inside_torch_save_up_to_the_stop_timeout():
+    """Its bootstrap holds the SIGTERM to the save's end; the built-in worker's foreground
+    save is not waited for (its teardown signal means exit now)."""
+    run = Run(SCRIPT)
+    saver = rank(0, saving=True)
+    run(crash(10.0, 1, saver))
+    actions = run.tick(15.0, saver)
+    assert run.phase is Phase.TERMINATING and run.state.deadline == 20.0 and not sends(actions)
+    assert logs(actions, "info") == ["CPU0 still writing a checkpoint (torch.save): waiting for it "
+                                     "(at most 115 s more, the stop timeout)"]
+    assert sends(run.tick(20.0, rank(0)), signal.SIGKILL)  # the save ended, and the rank is still there
+    builtin = Run()
+    builtin(crash(10.0, 1, saver))
+    assert builtin.tick(15.0, saver) and builtin.phase is Phase.KILLING
+    stopped = Run(SCRIPT)  # a stop request: the stop timeout was its whole wait already
+    stopped(pol.SignalReceived(view(0.0, saver), signal.SIGTERM))
+    assert sends(stopped.tick(120.0, saver), signal.SIGKILL) and stopped.phase is Phase.KILLING
+
+
 def test_a_hung_rank_whose_background_write_never_ends_is_killed_with_its_writer_not_waited_for():
     run = Run(pol.Rules(grace=5.0, stop_timeout=120.0, save_signal=signal.SIGUSR2, finish_window=60.0, traces=False))
     writer = rank(0, writing="/ck/.checkpoints/step_0000040.pt")

@@ -4,8 +4,11 @@ optimizer steps become heartbeats without a line of gpuherd code in it."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import orjson
@@ -13,7 +16,7 @@ import pytest
 
 from gpuherd.status_channel import StatusWriter
 from worker import script_bootstrap
-from worker.script_bootstrap import HEARTBEAT_EVERY, AfterImport, Heartbeat
+from worker.script_bootstrap import AFTER_SAVE_S, HEARTBEAT_EVERY, AfterImport, Heartbeat, SaveShield
 
 BOOTSTRAP_SELF = Path(script_bootstrap.__file__)
 
@@ -243,3 +246,98 @@ def test_after_import_calls_back_once_the_module_is_imported(tmp_path, monkeypat
         if hook in sys.meta_path:
             sys.meta_path.remove(hook)
         sys.modules.pop("lazy_mod_for_test", None)
+
+
+def _fake_torch(root: Path, save: str) -> Path:
+    """A torch package with the optimizer-step hook and `save` as given (no real torch: quick)."""
+    fake = root / "fake" / "torch"
+    (fake / "optim").mkdir(parents=True)
+    (fake / "__init__.py").write_text("import os, signal, time\n" + save)
+    (fake / "optim" / "__init__.py").write_text("")
+    (fake / "optim" / "optimizer.py").write_text("def register_optimizer_step_post_hook(hook):\n    pass\n")
+    return root / "fake"
+
+
+def test_a_sigterm_during_torch_save_lands_after_the_save_and_its_rename(tmp_path):
+    """The teardown's SIGTERM comes while rank 0 writes its checkpoint: the save and the script's
+    rename complete, then the rank dies of SIGTERM (the script went on into a wait that never ends)."""
+    fake = _fake_torch(tmp_path, "def save(obj, path):\n"
+                                 "    os.kill(os.getpid(), signal.SIGTERM)\n"
+                                 "    time.sleep(0.3)\n"
+                                 "    open(path, 'w').write(obj)\n")
+    script = tmp_path / "train.py"
+    script.write_text("import os, time, torch\n"
+                      "torch.save('weights', 'ckpt.tmp')\n"
+                      "os.replace('ckpt.tmp', 'ckpt')\n"
+                      "time.sleep(60)\n"
+                      "print('the SIGTERM never landed')\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PYTHONPATH=str(fake), RANK="0")
+    began = time.monotonic()
+    proc = _python([str(BOOTSTRAP_SELF), str(script)], tmp_path, env)
+    assert proc.returncode == -signal.SIGTERM, proc.stdout + proc.stderr
+    assert (tmp_path / "ckpt").read_text() == "weights"
+    assert time.monotonic() - began < 30  # the held signal landed, AFTER_SAVE_S after the save
+
+
+def _installed(signum: int = signal.SIGTERM):
+    return signal.getsignal(signum)
+
+
+def test_the_held_sigterm_lands_at_the_next_optimizer_step_or_after_the_save(channel):
+    writer, _ = channel
+    died = []
+    shield = SaveShield(die=lambda: died.append(time.monotonic()), after_s=60)
+    beat = Heartbeat(writer, FakeClock(), shield=shield)
+
+    def save_interrupted() -> str:
+        assert _installed() == shield._hold  # noqa: SLF001 - the handler in place during the save
+        _installed()(signal.SIGTERM, None)  # the SIGTERM arrives now
+        return "saved"
+
+    assert beat.saving(save_interrupted)() == "saved" and died == []
+    assert _installed() is signal.SIG_DFL  # the script's default is back once the save ended
+    beat.on_step(None, (), {})
+    assert len(died) == 1  # the script stepped on: past its save and its rename
+    assert beat.saving(lambda: "saved")() == "saved" and _installed() is signal.SIG_DFL
+
+    quick = SaveShield(die=lambda: died.append(time.monotonic()), after_s=0.05)
+    assert quick.enter()
+    _installed()(signal.SIGTERM, None)
+    quick.leave()
+    deadline = time.monotonic() + 10
+    while len(died) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(died) == 2  # no step came (a collective its dead peer never joins): the timer landed it
+    assert AFTER_SAVE_S <= 5  # the rank goes well within the supervisor's default grace period
+
+
+def test_a_save_during_the_wait_holds_the_signal_to_its_end():
+    died = []
+    shield = SaveShield(die=lambda: died.append(1), after_s=60)
+    assert shield.enter()
+    _installed()(signal.SIGTERM, None)
+    shield.leave()
+    assert shield.enter()  # a second file of the same checkpoint
+    shield.release()  # the timer fires meanwhile: not yet
+    assert died == []
+    shield.leave()
+    shield.release()
+    assert died == [1] and _installed() is signal.SIG_DFL
+
+
+def test_a_scripts_own_sigterm_handler_and_a_saving_thread_are_left_alone():
+    def mine(_signum, _frame):
+        pass
+
+    shield = SaveShield(die=lambda: None)
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        assert not shield.enter() and _installed() is mine  # the script's handler is the script's business
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    entered = []
+    thread = threading.Thread(target=lambda: entered.append(shield.enter()))
+    thread.start()
+    thread.join()
+    assert entered == [False] and _installed() is signal.SIG_DFL  # a handler can only be installed from main
