@@ -9,12 +9,15 @@ import fcntl
 import os
 import threading
 import time
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
 from gpuherd.exit_codes import ExitCode
 from supervisor.commands import spare as command
 from supervisor.commands.dispatch import COMMANDS
+from supervisor.processes.policy import Phase
 from supervisor.processes.spare_requests import (
     Answer,
     Facts,
@@ -26,6 +29,8 @@ from supervisor.processes.spare_requests import (
     request_path,
     write_request,
 )
+from supervisor.processes.stopping import StopRules
+from supervisor.processes.supervision import Supervision
 from tests.supervisor.test_live_recovery import _shrunk_without_rank_2, FakeProc, _cause
 
 CPUS = {r: (f"CPU{r}", "") for r in range(4)}
@@ -98,6 +103,30 @@ def test_with_no_spares_the_asked_spare_takes_back_the_rank_it_was_asked_for():
     live.regrow(FakeProc(pid=0, rank=3).slot, os.devnull, [], now=130.0)
     assert told[-1] == ("gpuherd-live/3/decision", {"regrow": 3, "ranks": [0, 1, 3]})
     assert live.pool.count == 0 and live.pool.spares == []  # no refill: --spares 0 stays 0
+
+
+def test_the_supervision_loop_answers_each_request_and_starts_the_spare_it_grants(tmp_path):
+    live, _metrics, _told = _shrunk_without_rank_2(spares=0)
+    heartbeats = SimpleNamespace(ranks={}, longest_step=lambda: None)
+    metrics = SimpleNamespace(write_lines=lambda data: None, write=lambda record: None)
+    sup = Supervision([FakeProc(pid=10 + r, rank=r) for r in range(4)], SimpleNamespace(logs={}), heartbeats,
+                      metrics, StopRules.for_script(2.0, 10.0), finish_window=60.0, live=live,
+                      requests=SpareDesk(tmp_path), clock=lambda: 100.0)
+
+    def asked(device: str | None = None) -> Answer:
+        request = write_request(tmp_path, device)
+        sup._answer_requests()
+        return read_answer(tmp_path, request.id)
+    try:
+        assert asked("CPU1").code == ExitCode.USAGE  # rank 1 trains
+        assert asked() == Answer(0, "warm spare pid 900 started for rank 2 on CPU2: the group grows back to it at a "
+                                    "step boundary once it is warm", 2, "CPU2", 900)
+        assert live.asked == {900: 2} and [s.pid for s in live.pool.spares] == [900]
+        assert "already starting for every carried rank (pid 900 for rank 2)" in asked().message
+        sup.state = replace(sup.state, phase=Phase.STOPPING)
+        assert asked().message == "the run is stopping: no spare started" and len(live.pool.spares) == 1
+    finally:
+        sup.restore_signal_handlers()
 
 
 def test_a_request_travels_through_the_run_directory_and_its_answer_back(tmp_path):
