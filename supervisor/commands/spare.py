@@ -1,4 +1,4 @@
-"""`python -m supervisor.commands.spare RUN [--device D]`: start a warm spare for a running, shrunk run (`gpuherd spare`).
+"""`python -m supervisor.commands.spare RUN [--device D]`: a warm spare for a shrunk run (`gpuherd spare`).
 
 RUN is a run directory or a run id under --logs. The run's supervisor starts one warm spare
 (on the device the lost rank left, or the lost rank's device named with --device when several

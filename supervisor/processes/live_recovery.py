@@ -234,8 +234,9 @@ class LiveRecovery:
         return True
 
     def regrow_candidate(self) -> int | None:
-        """The carried rank a warm spare can take back now (the lowest), or None: the group is not
-        shrunk, a recovery is in flight, a rank finished training (`done`), or no spare is warm yet."""
+        """The carried rank a warm spare can take back now (the one an operator asked it for, else the
+        lowest), or None: the group is not shrunk, a recovery is in flight, a rank finished training
+        (`done`), or no spare is warm yet."""
         spare = self.pool.warm() if self.shrunk_since and self.in_flight is None and not self.finished else None
         if spare is None:
             return None

@@ -88,7 +88,8 @@ class Supervision:
         `unwatched_why`: said once for ranks that never send a heartbeat. `trace_dir`: where
         workers dump their collective traces when asked (None: no traces asked for). `live`: a lost
         rank may be replaced by a warm spare instead of ending the attempt (live_recovery.py).
-        `requests`: where an operator asks for a spare (`gpuherd spare`, spare_requests.py). `clock`: monotonic seconds (a test's fake clock)."""
+        `requests`: where an operator asks for a spare (`gpuherd spare`, spare_requests.py).
+        `clock`: monotonic seconds (a test's fake clock)."""
         self.workers = {w.slot.rank: w for w in workers}
         self.router = router
         self.heartbeats = heartbeats
@@ -532,7 +533,8 @@ class Supervision:
         except OSError as exc:
             return Answer(ExitCode.FAILURE, f"the spare for rank {rank} could not be started: {exc}")
         return Answer(ExitCode.OK, f"warm spare pid {spare.pid} started for rank {rank} on {tag}: the group grows "
-                                   "back to it at a step boundary once it is warm", rank=rank, device=tag, pid=spare.pid)
+                                   "back to it at a step boundary once it is warm",
+                      rank=rank, device=tag, pid=spare.pid)
 
     def _facts(self) -> Facts:
         """What a spare request is judged by: the phase, the carried ranks, the spares already there."""

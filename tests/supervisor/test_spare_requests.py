@@ -36,8 +36,9 @@ from tests.supervisor.test_live_recovery import _shrunk_without_rank_2, FakeProc
 CPUS = {r: (f"CPU{r}", "") for r in range(4)}
 
 
-@pytest.mark.parametrize("text, name", [("3", "GPU3"), ("GPU3", "GPU3"), ("gpu 3", "GPU3"), ("cuda:3", "GPU3"),
-                                        ("CPU1", "CPU1"), ("cpu:1", "CPU1"), ("GPU-8f3e2a1c-0000", "GPU-8f3e2a1c-0000")])
+@pytest.mark.parametrize("text, name", [
+    ("3", "GPU3"), ("GPU3", "GPU3"), ("gpu 3", "GPU3"), ("cuda:3", "GPU3"), ("CPU1", "CPU1"), ("cpu:1", "CPU1"),
+    ("GPU-8f3e2a1c-0000", "GPU-8f3e2a1c-0000")])
 def test_a_device_is_named_as_the_console_names_it(text, name):
     assert device_name(text) == name
 
