@@ -27,6 +27,9 @@ class ExitCode(enum.IntEnum):
     STORAGE = 7
     DEVICE_SUSPECT = 8  # one device kept producing transient faults (replays came out clean), or corrupted its replica
     DATA_MODEL = 9  # a suspicious step reproduced on replay: the batch or the model, not the device
+    # A request to a running run (`gpuherd spare`) that its state refuses: the run is not
+    # running, not shrunk, stopping, or a spare already starts; nothing was changed.
+    REFUSED = 10
     HANG = 124  # a worker stopped sending heartbeats (same number as timeout(1))
     SIGINT = 130  # 128 + SIGINT: the user pressed Ctrl-C
     SIGTERM = 143  # 128 + SIGTERM: the supervisor was asked to stop
@@ -56,6 +59,7 @@ def describe(code: int, script: bool = False) -> str:
             ExitCode.STORAGE: "cannot write: disk full, quota, file too large or read-only",
             ExitCode.DEVICE_SUSPECT: "suspect device: repeated transient faults",
             ExitCode.DATA_MODEL: "data or model fault: the suspicious step reproduced",
+            ExitCode.REFUSED: "request refused: the run's state does not allow it now",
             ExitCode.HANG: "hang detected",
             ExitCode.SIGINT: "interrupted (SIGINT)",
             ExitCode.SIGTERM: "terminated (SIGTERM)",

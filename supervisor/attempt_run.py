@@ -51,6 +51,7 @@ from supervisor.processes import (
     LiveRecovery,
     OrphanGuard,
     RunEnv,
+    SpareDesk,
     StopRules,
     Supervision,
     WorkerProcess,
@@ -132,6 +133,7 @@ class AttemptRunner:
         self.stragglers: list[dict] = []  # every attempt's straggler warnings
         self.recoveries: list[dict] = []  # every live recovery of every attempt (summary.json)
         self.folding: FoldingPoint | None = None  # multi-node: lines merged across nodes (node 0's print them)
+        self.spare_desk = SpareDesk(run_dir)  # `gpuherd spare`: every attempt answers the run's requests
 
     def _line_relay(self, world_size: int) -> Callable[[Group], None] | None:
         """Where this node's held console lines go to be folded with the other nodes' (the node
@@ -300,7 +302,7 @@ class AttemptRunner:
         sup = Supervision([], router, heartbeats, metrics, stop, finish_window=self.timeouts.policy.step_default,
                           on_cause=self._announcer(attempt), on_record=_fan_out(*observers),
                           script=self.mode == "script", unwatched_why=_unwatched_why(self.launch),
-                          trace_dir=trace_dir, live=live)
+                          trace_dir=trace_dir, live=live, requests=self.spare_desk)
         return Attempt(attempt, setup, logs, router, heartbeats, sup, run_env, metrics, stragglers, suspects, timer=timer,
                        live=live)
 

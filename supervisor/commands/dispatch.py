@@ -43,6 +43,8 @@ COMMANDS: dict[str, Command] = {
     "check": Command("supervisor.commands.check:main", "pre-flight GPU and host checks: a PASS/WARN/FAIL table"),
     "top": Command("supervisor.commands.top:main", "a live table of a run, one row per rank (--once: one frame)"),
     "report": Command("supervisor.commands.report:main", "report.html + PNG figures of a run, or of runs compared"),
+    "spare": Command("supervisor.commands.spare:main", "start a warm spare for a running, shrunk run: the group "
+                                                       "grows back once it is warm"),
 }
 
 

@@ -148,6 +148,7 @@ class LiveRecovery:
         self.worker_env = dict(worker_env or {contract.LIVE_RECOVERY: "1"})
         self.group: list[int] | None = None  # shrunk: the ranks training on (a regrow adds one back)
         self.shrunk_since: dict[int, Recovery] = {}  # a rank whose data slot is carried -> the shrink that lost it
+        self.asked: dict[int, int] = {}  # a spare an operator asked for (`gpuherd spare`): its pid -> the rank it takes
         self.finished = False  # a rank said `done`: training is over, no regrow any more
         self.able: dict[int, str | None] = {}  # rank -> None (can be recovered live) or why not
         self.completed: dict[int, int] = {}  # rank -> completed steps it reported
@@ -233,11 +234,20 @@ class LiveRecovery:
         return True
 
     def regrow_candidate(self) -> int | None:
-        """The carried rank a warm spare can take back now (the lowest), or None: the group is not
-        shrunk, a recovery is in flight, a rank finished training (`done`), or no spare is warm yet."""
-        if not self.shrunk_since or self.in_flight is not None or self.finished or self.pool.warm() is None:
+        """The carried rank a warm spare can take back now (the one an operator asked it for, else the
+        lowest), or None: the group is not shrunk, a recovery is in flight, a rank finished training
+        (`done`), or no spare is warm yet."""
+        spare = self.pool.warm() if self.shrunk_since and self.in_flight is None and not self.finished else None
+        if spare is None:
             return None
-        return min(self.shrunk_since)
+        asked = self.asked.get(spare.pid)  # the operator named the rank's device
+        return asked if asked in self.shrunk_since else min(self.shrunk_since)
+
+    def ask_spare(self, rank: int) -> WorkerProcess:
+        """One warm spare more for carried rank `rank` (`gpuherd spare`): it takes the rank back once warm."""
+        spare = self.pool.add()
+        self.asked[spare.pid] = rank
+        return spare
 
     def regrow(self, slot: DeviceSlot, log_path: Any, survivors: list[WorkerProcess],
                now: float) -> WorkerProcess | None:

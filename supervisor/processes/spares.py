@@ -41,10 +41,15 @@ class SparePool:
         """Start spares until `count` are waiting; the ones started."""
         new = []
         while len([s for s in self.spares if s.poll() is None]) < self.count:
-            new.append(self._start(self.started))
-            self.spares.append(new[-1])
-            self.started += 1
+            new.append(self.add())
         return new
+
+    def add(self) -> WorkerProcess:
+        """Start one spare more, whatever `count` says (one an operator asked for: `gpuherd spare`)."""
+        spare = self._start(self.started)
+        self.spares.append(spare)
+        self.started += 1
+        return spare
 
     def ready(self) -> bool:
         """A live spare waits (without taking it)."""

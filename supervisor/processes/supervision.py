@@ -59,6 +59,7 @@ from supervisor.processes.error_file import error_file_for, read_error_file
 from supervisor.processes.live_recovery import LiveRecovery
 from supervisor.processes.policy import Phase
 from supervisor.processes.signal_rules import inherited_ignored
+from supervisor.processes.spare_requests import Answer, Facts, SpareDesk, judge
 from supervisor.processes.spawn import WorkerProcess
 from supervisor.processes.stopping import QUIT, STOP_REQUESTS, StopRules
 from supervisor.summary import RootCause, how_it_ended, shell_code
@@ -76,7 +77,8 @@ class Supervision:
                  on_cause: Callable[[RootCause], RootCause | None] | None = None,
                  on_record: Callable[[Record], None] | None = None, script: bool = False,
                  unwatched_why: str | None = None, trace_dir: Path | None = None,
-                 live: LiveRecovery | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 live: LiveRecovery | None = None, requests: SpareDesk | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """`on_cause`: told this node's root cause the moment it is set (multi-node: the job's
         rendezvous offers it to the other nodes); what it returns, if not None, is the cause as
         published (a SLURM stop named as such), and becomes the root cause. `on_record`: every
@@ -86,6 +88,7 @@ class Supervision:
         `unwatched_why`: said once for ranks that never send a heartbeat. `trace_dir`: where
         workers dump their collective traces when asked (None: no traces asked for). `live`: a lost
         rank may be replaced by a warm spare instead of ending the attempt (live_recovery.py).
+        `requests`: where an operator asks for a spare (`gpuherd spare`, spare_requests.py).
         `clock`: monotonic seconds (a test's fake clock)."""
         self.workers = {w.slot.rank: w for w in workers}
         self.router = router
@@ -128,6 +131,7 @@ class Supervision:
         self._resumed = False  # SIGCONT came: the supervisor itself was stopped meanwhile (I/O, not policy)
         self.trace_dir = trace_dir
         self.live = live
+        self.requests, self._last_asked = requests, 0.0  # `gpuherd spare`: its requests, read every 0.25 s
 
     # the policy's state, as the loop reads it (attempt_run.py reads `state` itself)
     @property
@@ -422,6 +426,9 @@ class Supervision:
                 self._judge_heartbeats(now)
             if self.cause is None:
                 self._offer_regrow(now)
+        if self.requests is not None and now - self._last_asked >= 0.25:
+            self._last_asked = now
+            self._answer_requests()
         if self.phase is Phase.DUMPING_TRACES:
             waited = set(self.state.trace_ranks) & {w.slot.rank for w in self._alive()}  # the dead answer nothing
             if traces.answered(self.trace_dir, waited) == waited:
@@ -508,6 +515,39 @@ class Supervision:
         new = self.live.regrow(carried.slot, carried.log_path, self._alive(), now)
         if new is not None:
             self._serve(action.rank, new, now)
+
+    def _answer_requests(self) -> None:
+        """`gpuherd spare`: each request judged (spare_requests.judge) and answered; a granted one
+        starts a spare, which takes its carried rank back once warm (`_offer_regrow`)."""
+        for request in self.requests.take():
+            verdict = judge(request, self._facts())
+            answer = verdict if isinstance(verdict, Answer) else self._start_asked_spare(verdict)
+            logger.log("INFO" if answer.granted else "WARNING", f"gpuherd spare: {answer.message}")
+            self.requests.answer(request.id, answer)
+
+    def _start_asked_spare(self, rank: int) -> Answer:
+        tag = self.workers[rank].slot.tag
+        try:
+            spare = self.live.ask_spare(rank)
+        except OSError as exc:
+            return Answer(ExitCode.FAILURE, f"the spare for rank {rank} could not be started: {exc}")
+        return Answer(ExitCode.OK, f"warm spare pid {spare.pid} started for rank {rank} on {tag}: the group grows "
+                                   "back to it at a step boundary once it is warm",
+                      rank=rank, device=tag, pid=spare.pid)
+
+    def _facts(self) -> Facts:
+        """What a spare request is judged by: the phase, the carried ranks, the spares already there."""
+        live = self.live
+        running = None if self.phase is Phase.RUNNING and self.cause is None else self.phase.value
+        devices = {rank: (w.slot.tag, w.slot.uuid) for rank, w in self.workers.items()}
+        if live is None:
+            return Facts(running, "live recovery is off (--max-restarts with --min-replicas lets a group shrink, "
+                                  "then grow back)", {}, devices, {})
+        pids = [s.pid for s in live.pool.spares if s.poll() is None]
+        carried = {rank: devices[rank][0] for rank in live.shrunk_since}
+        asked = {live.asked[pid]: pid for pid in pids if live.asked.get(pid) in carried}
+        return Facts(running, live.off, carried, devices, asked, tuple(p for p in pids if p not in live.asked),
+                     finished=live.finished)
 
     def _serve(self, rank: int, new: WorkerProcess, now: float) -> None:
         """`new` (a promoted spare) is `rank`'s worker: its pipes and heartbeats are read as the rank's."""

@@ -2,14 +2,17 @@
 no warm spare (--spares 0 --min-replicas 2): the other 3 keep their processes, one of them carries
 the lost rank's data slot, nobody restarts, and every loss and gradient norm of the run equals an
 undisturbed 4-rank run's within float32 rounding (the all-reduce sums over 3 ranks, not 4). With
---spares 1 the pool's refill, once warm, grows the group back to 4 at a step boundary, and every
-sample is trained exactly once, in the undisturbed run's order."""
+--spares 1 the pool's refill, once warm, grows the group back to 4 at a step boundary (with --spares
+0, the spare an operator starts with `gpuherd spare RUN`), and every sample is trained exactly once,
+in the undisturbed run's order."""
 
 from __future__ import annotations
 
 import random
+import re
 import signal
 import subprocess
+import sys
 from collections import defaultdict
 
 import orjson
@@ -119,25 +122,54 @@ def _undisturbed_to(step: int, cwd, python_env):
     return run_dir
 
 
+def _ask_spare(run_dir, python_env, *extra: str) -> subprocess.CompletedProcess:
+    """`gpuherd spare RUN_DIR` as an operator types it."""
+    return subprocess.run([sys.executable, "-m", "supervisor.commands.spare", str(run_dir), *extra],
+                          env=python_env, capture_output=True, text=True, timeout=60)
+
+
+def _asked_once_shrunk(run_dir, python_env, lost: int) -> int:
+    """`gpuherd spare` once the supervisor has reaped the lost rank (until then: refused, exit 10,
+    "not shrunk"); the spare's pid, as the command says it."""
+    asked = None
+
+    def granted() -> bool:
+        nonlocal asked
+        asked = _ask_spare(run_dir, python_env)
+        assert asked.returncode in (0, 10) and (asked.returncode == 0 or "not shrunk" in asked.stderr), asked.stderr
+        return asked.returncode == 0
+    assert wait_for(granted, timeout=60, interval=0.2)
+    said = re.search(r"warm spare pid (\d+) started for rank (\d+) on CPU(\d+)", asked.stdout)
+    assert said and int(said[2]) == int(said[3]) == lost, asked.stdout  # the device the lost rank left
+    return int(said[1])
+
+
 @pytest.mark.slow  # two 4-rank runs, and the spare's warm-up at nice 19 beside 3 busy ranks
 def test_a_shrunk_group_grows_back_when_the_pools_spare_is_warm_with_every_sample_trained_once(
         tmp_path, tmp_path_factory, python_env):
-    """No spare (the standing one SIGKILLed), then one of ranks 1-3 SIGKILLed at a random step: 3
-    train on, the pool's new spare warms up (as long as the machine lets a nice-19 thread take)
-    and takes the rank back at a step boundary; the run is stopped a few steps later and compared
-    with an undisturbed run stopped past the same step."""
-    kill_at, lost = random.randint(3, 15), random.choice([1, 2, 3])
-    proc = subprocess.Popen(_command("rg", "--max-restarts", "2", "--spares", "1", "--min-replicas", "2", *SAMPLES,
-                                     nproc=4, steps=LONG),
+    """No spare (the standing one SIGKILLed, or --spares 0), then one of ranks 1-3 SIGKILLed at a
+    random step: 3 train on, the pool's new spare (or the one `gpuherd spare` starts) warms up (as
+    long as the machine lets a nice-19 thread take) and takes the rank back at a step boundary;
+    the run is stopped a few steps later and compared with an undisturbed run stopped past the
+    same step."""
+    kill_at, lost, operator = random.randint(3, 15), random.choice([1, 2, 3]), random.choice([False, True])
+    proc = subprocess.Popen(_command("rg", "--max-restarts", "2", "--spares", "0" if operator else "1",
+                                     "--min-replicas", "2", *SAMPLES, nproc=4, steps=LONG),
                             cwd=tmp_path, env=python_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_dir = tmp_path / "logs" / "rg"
     try:
         assert wait_for(lambda: _reached(run_dir, kill_at), timeout=240, interval=0.02)
         pids = {rank: _pid(run_dir, rank) for rank in range(4)}
-        spare = _spare(proc.pid)  # no spare left: the standing one dies first
-        spare.send_signal(signal.SIGKILL)
-        assert wait_for(lambda: _dead(spare), timeout=10)
+        if operator:  # nothing lost: nothing to grow back
+            whole = _ask_spare(run_dir, python_env)
+            assert whole.returncode == 10 and "not shrunk: all 4 ranks train" in whole.stderr, whole.stderr
+        else:
+            spare = _spare(proc.pid)  # no spare left: the standing one dies first
+            spare.send_signal(signal.SIGKILL)
+            assert wait_for(lambda: _dead(spare), timeout=10)
         psutil.Process(pids[lost]).send_signal(signal.SIGKILL)
+        if operator:
+            spare = psutil.Process(_asked_once_shrunk(run_dir, python_env, lost))
         assert wait_for(lambda: (_regrown(run_dir) or {}).get("outcome") == "recovered", timeout=400, interval=0.1)
         back = _regrown(run_dir)["resumed_step"]
         assert wait_for(lambda: _reached(run_dir, back + AFTER_REGROW), timeout=120, interval=0.02)
@@ -150,7 +182,8 @@ def test_a_shrunk_group_grows_back_when_the_pools_spare_is_warm_with_every_sampl
     assert [(r["action"], r["outcome"], r["rank"]) for r in summary["recoveries"]] == [
         ("shrink", "recovered", lost), ("regrow", "recovered", lost)], err[-3000:]
     shrink, regrow = summary["recoveries"]
-    assert regrow["kind"] == "regrow" and regrow["replicas"] == 4 and regrow["replaced_by_pid"] not in (0, spare.pid)
+    assert regrow["kind"] == "regrow" and regrow["replicas"] == 4 and regrow["replaced_by_pid"] != 0
+    assert (regrow["replaced_by_pid"] == spare.pid) == operator  # the spare asked for, or the pool's refill
     assert 0 < regrow["shrunk_s"] == shrink["shrunk_s"] < summary["duration_s"] and regrow["steps_redone"] == 0
     assert shrink["resumed_step"] <= regrow["resumed_step"]
     survivors = {rank: pid for rank, pid in pids.items() if rank != lost}
