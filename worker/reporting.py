@@ -133,6 +133,7 @@ class StepReporter:
         self.run_start_step, self.run_start = start_step, now
         self.window_step, self.window_start = start_step, now
         self.last_heartbeat = time.monotonic()
+        self.ended_at = now  # perf_counter of the last step's end: when its record was sent (worker/save_cost.py)
 
     def restart_window(self, step: int) -> None:
         """Throughput from here on: a spare that took a lost rank at `step` trained none before it."""
@@ -148,6 +149,7 @@ class StepReporter:
         slot a shrunk group's carrier trained besides its own; `samples`: its draws
         (debug.record_samples, worker/data_slots.py: draw_position)."""
         if not self.should_log(step):
+            self.ended_at = time.perf_counter()
             if time.monotonic() - self.last_heartbeat > HEARTBEAT_S:
                 self.status.send("step", step=step, max_steps=self.max_steps)
                 self.last_heartbeat = time.monotonic()
@@ -174,8 +176,10 @@ class StepReporter:
         more: dict[str, Any] = {"carried": slots, "carried_loss": carried_v} if slots else {}
         if samples is not None:
             more["samples"] = list(samples)
-        self.status.send("step", step=step, max_steps=self.max_steps, loss=loss_v, lr=lr, grad_norm=norm_v,
-                         tokens_per_s=tokens_per_s, mfu=mfu, mem_bytes=memory_bytes(self.device), **more)
+        record = dict(step=step, max_steps=self.max_steps, loss=loss_v, lr=lr, grad_norm=norm_v,
+                      tokens_per_s=tokens_per_s, mfu=mfu, mem_bytes=memory_bytes(self.device), **more)
+        self.ended_at = time.perf_counter()  # the record's own time, on the loop's clock
+        self.status.send("step", **record)
         self.tb.scalars(step, **{"train/loss": loss_v, "train/lr": lr, "train/grad_norm": norm_v,
                                  "perf/tokens_per_s": tokens_per_s, "perf/mfu": mfu,
                                  "perf/tflops": self.flops.tflops(tokens_per_s)})

@@ -328,6 +328,7 @@ class Trainer:
             return False
         self.saver.poll()  # a background write that failed (a full disk) ends the run here
         self._train_step()
+        self.saver.step_ended(self.reporter.ended_at)  # a save's cost: from step end to step end, as its records show
         self.step += 1
         # The mark comes before the SDC check's collective: a peer lost there is lost after a
         # completed step, which the rebuilt group must not do again (its update is in the model).
