@@ -123,17 +123,19 @@ class ScalarSinks:
 class StepReporter:
     def __init__(self, identity: WorkerIdentity, max_steps: int, log_every: int, tokens_per_step: int,
                  flops: FlopsModel, status: StatusWriter, tensorboard: TensorBoard | ScalarSinks, device: torch.device,
-                 start_step: int, note: Callable[[], str | None] | None = None) -> None:
-        """`note`: asked at each logged step for a field to append (the checkpoints' cost)."""
+                 start_step: int, note: Callable[[], str | None] | None = None,
+                 on_end: Callable[[float], None] | None = None) -> None:
+        """`note`: asked at each logged step for a field to append (the checkpoints' cost).
+        `on_end`: told each step's end (perf_counter) right before its record is sent, so a
+        measure on the loop's clock (worker/save_cost.py) marks the moment the record shows."""
         self.identity, self.max_steps, self.log_every = identity, max_steps, log_every
-        self.note = note
+        self.note, self.on_end = note, on_end
         self.tokens_per_step, self.flops, self.status = tokens_per_step, flops, status
         self.tb, self.device = tensorboard, device
         now = time.perf_counter()
         self.run_start_step, self.run_start = start_step, now
         self.window_step, self.window_start = start_step, now
         self.last_heartbeat = time.monotonic()
-        self.ended_at = now  # perf_counter of the last step's end: when its record was sent (worker/save_cost.py)
 
     def restart_window(self, step: int) -> None:
         """Throughput from here on: a spare that took a lost rank at `step` trained none before it."""
@@ -149,7 +151,7 @@ class StepReporter:
         slot a shrunk group's carrier trained besides its own; `samples`: its draws
         (debug.record_samples, worker/data_slots.py: draw_position)."""
         if not self.should_log(step):
-            self.ended_at = time.perf_counter()
+            self._ended()
             if time.monotonic() - self.last_heartbeat > HEARTBEAT_S:
                 self.status.send("step", step=step, max_steps=self.max_steps)
                 self.last_heartbeat = time.monotonic()
@@ -178,13 +180,17 @@ class StepReporter:
             more["samples"] = list(samples)
         record = dict(step=step, max_steps=self.max_steps, loss=loss_v, lr=lr, grad_norm=norm_v,
                       tokens_per_s=tokens_per_s, mfu=mfu, mem_bytes=memory_bytes(self.device), **more)
-        self.ended_at = time.perf_counter()  # the record's own time, on the loop's clock
+        self._ended()
         self.status.send("step", **record)
         self.tb.scalars(step, **{"train/loss": loss_v, "train/lr": lr, "train/grad_norm": norm_v,
                                  "perf/tokens_per_s": tokens_per_s, "perf/mfu": mfu,
                                  "perf/tflops": self.flops.tflops(tokens_per_s)})
         self.window_step, self.window_start = step + 1, time.perf_counter()
         self.last_heartbeat = time.monotonic()
+
+    def _ended(self) -> None:
+        if self.on_end is not None:
+            self.on_end(time.perf_counter())
 
     def exclude_pause(self, seconds: float) -> None:
         """Eval and checkpoint time is not training time: keep it out of Tok/s, MFU and ETA."""

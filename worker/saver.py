@@ -180,9 +180,10 @@ class Saver:
         self._collect()
 
     def step_ended(self, at: float) -> None:
-        """After a step that ended at `at` (perf_counter, when its step record was sent): the
-        open save is accounted here once its write ended. A failed write stays open: the next
-        step's `poll` raises it."""
+        """A step ended at `at` (perf_counter; its step record is sent right after): the open
+        save is accounted here once its write ended, as the records show it (a write published
+        after this moment is published after the step's record). A failed write stays open:
+        the next step's `poll` raises it."""
         write = self.inflight
         ended = write is None or (write.done and write.error is None)
         self._account(self.cost.step_ended(at, ended))
