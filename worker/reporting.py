@@ -126,8 +126,8 @@ class StepReporter:
                  start_step: int, note: Callable[[], str | None] | None = None,
                  on_end: Callable[[float], None] | None = None) -> None:
         """`note`: asked at each logged step for a field to append (the checkpoints' cost).
-        `on_end`: told each step's end (perf_counter) right before its record is sent, so a
-        measure on the loop's clock (worker/save_cost.py) marks the moment the record shows."""
+        `on_end`: told each step's end (perf_counter), the moment its record shows, so a measure
+        on the loop's clock (worker/save_cost.py) marks what the records mark."""
         self.identity, self.max_steps, self.log_every = identity, max_steps, log_every
         self.note, self.on_end = note, on_end
         self.tokens_per_step, self.flops, self.status = tokens_per_step, flops, status
@@ -151,7 +151,7 @@ class StepReporter:
         slot a shrunk group's carrier trained besides its own; `samples`: its draws
         (debug.record_samples, worker/data_slots.py: draw_position)."""
         if not self.should_log(step):
-            self._ended()
+            self._ended(time.perf_counter())
             if time.monotonic() - self.last_heartbeat > HEARTBEAT_S:
                 self.status.send("step", step=step, max_steps=self.max_steps)
                 self.last_heartbeat = time.monotonic()
@@ -180,17 +180,18 @@ class StepReporter:
             more["samples"] = list(samples)
         record = dict(step=step, max_steps=self.max_steps, loss=loss_v, lr=lr, grad_norm=norm_v,
                       tokens_per_s=tokens_per_s, mfu=mfu, mem_bytes=memory_bytes(self.device), **more)
-        self._ended()
-        self.status.send("step", **record)
+        ended, wall = time.perf_counter(), time.time()  # one moment, on both clocks
+        self._ended(ended)
+        self.status.send("step", at=wall, **record)
         self.tb.scalars(step, **{"train/loss": loss_v, "train/lr": lr, "train/grad_norm": norm_v,
                                  "perf/tokens_per_s": tokens_per_s, "perf/mfu": mfu,
                                  "perf/tflops": self.flops.tflops(tokens_per_s)})
         self.window_step, self.window_start = step + 1, time.perf_counter()
         self.last_heartbeat = time.monotonic()
 
-    def _ended(self) -> None:
+    def _ended(self, at: float) -> None:
         if self.on_end is not None:
-            self.on_end(time.perf_counter())
+            self.on_end(at)
 
     def exclude_pause(self, seconds: float) -> None:
         """Eval and checkpoint time is not training time: keep it out of Tok/s, MFU and ETA."""

@@ -118,10 +118,12 @@ class Saver:
             logger.info(message)
 
     # ------------------------------------------------------------------ the loop's calls
-    def save(self, step: int, sampler_state: dict[str, Any], final: bool = False) -> None:
+    def save(self, step: int, sampler_state: dict[str, Any], final: bool = False,
+             entered: float | None = None) -> None:
         """Save the state after `step` (a collective: all ranks call). `final`: the last save
-        of this run, written before returning."""
-        started = time.perf_counter()
+        of this run, written before returning. `entered`: when the loop entered the save
+        (perf_counter, the moment its `phase checkpoint` record shows); default: now."""
+        started = time.perf_counter() if entered is None else entered
         self._account(self.cost.close(started))  # the previous save's window ends where this one begins
         self.cost.open(step, started)
         wait_s = self.drain_or_raise()

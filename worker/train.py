@@ -450,6 +450,7 @@ class Trainer:
     def save(self, final: bool = False) -> None:
         """A checkpoint of the state after this step: copied, then written in the background,
         or written now (`final`, or async off; worker/saver.py)."""
-        self.status.send("phase", name="checkpoint")
-        self.saver.save(self.step, self.data.train.state_dict(), final=final)
+        entered, wall = time.perf_counter(), time.time()  # one moment, on both clocks: the save's cost starts here
+        self.status.send("phase", name="checkpoint", at=wall)
+        self.saver.save(self.step, self.data.train.state_dict(), final=final, entered=entered)
         self.saved_step = self.step
