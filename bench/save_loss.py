@@ -14,8 +14,8 @@ median, as the load of a shared machine drifts; none yet: the steps count as fre
     loss = (window end - save start) - (steps in the window) x median quiet interval
 
 These are the trainer's own windows and typical step (worker/save_cost.py), read off the
-records instead of its clock: the two differ by the microseconds between a step's end and
-its record, and where a write is published in between.
+records instead of its clock: its marks are the times those records carry, so the two differ
+only where a step ends between a write's `checkpoint` record and the loop seeing it ended.
 """
 
 from __future__ import annotations

@@ -4,11 +4,15 @@ was in flight (the writer's share of the cores, the page faults, a peer waiting 
 rank at the next all-reduce). The blocked time alone undercounts an asynchronous save by
 whatever the background write takes from the steps around it.
 
-The clock's marks are step ends: the moment a step is done and recorded (its `step` record),
-so the trainer's windows and typical step are the ones its step records show. A save's window
+The clock's marks are step ends (the moment a step is done and its `step` record made), so
+the trainer's windows and typical step are the ones its step records show; not the next
+step's start, as between the two lie the SDC check and the stop vote, which wait for the
+peers, and a write that ends there would close a window the records see closing a step
+later. A save's window
 opens when the loop enters the save (after its step, and after any evaluation due at that
-step) and closes at the first step end after its write ended (an async save), or when the
-save returns (a save written while the loop waited: blocking, or the final one). Its cost is
+step) and closes at the first step end after its write ended (an async save), when the save
+returns (a save written while the loop waited: blocking, or the final one), or when the next
+save begins with its write still in flight (the wait for it is the next save's). Its cost is
 the window's length minus the steps completed in it at the typical step time, the median of
 the recent step intervals (step end to step end) that no save or write touched:
 
@@ -19,8 +23,13 @@ in (after the end of the step it saves, before the end of the next) to the one w
 closes the window; the step after that is quiet again. The first WARMUP_STEPS
 intervals (allocation, first collectives, lazy imports) are nobody's typical step. A window
 with no typical step yet (a save before any quiet step) counts its steps as free: its cost
-is then its length, an upper bound. bench/save_loss.py reads the same windows off the step
-records, so the two agree but for the few microseconds between a mark and its record.
+is then its length, an upper bound.
+
+Each mark is one clock reading that the record of that moment carries too (the `step`
+record, the save's `phase checkpoint` record: worker/reporting.py, worker/train.py), so
+bench/save_loss.py reads these same windows and typical step off the records. The two can
+differ only where a step ends in the microseconds between a write's `checkpoint` record and
+the moment the loop can see that write ended.
 """
 
 from __future__ import annotations
