@@ -156,9 +156,8 @@ class Trainer:
         self.tb = ScalarSinks(TensorBoard(run_dir, identity.rank),
                               WandbLog(cfg.logging.wandb, run_dir, identity.rank, cfg.to_dict()))
         tokens_per_step = t.batch_size * t.grad_accum_nums * cfg.data.context_length
-        self.reporter = StepReporter(identity, t.max_steps, t.log_every, tokens_per_step, self.flops, status,
-                                     self.tb, device, self.start_step, note=self.saver.step_note,
-                                     on_end=self.saver.step_ended)  # a save's cost: step end to step end, as recorded
+        self.reporter = StepReporter(identity, t.max_steps, t.log_every, tokens_per_step, self.flops, status, self.tb,
+                                     device, self.start_step, note=self.saver.step_note, on_end=self.saver.step_ended)
         if data.describe is not None:  # what this run reads: sources, shares, epochs over max_steps
             self._log_rank0(f"{identity.bracket} {data.describe(tokens_per_step * identity.world_size * t.max_steps)}")
         self.skipped_steps, self.carried, self.carried_micro_losses, self.drawn = 0, [], [], None
