@@ -41,12 +41,14 @@ def _final_losses(run_dir) -> dict[int, float]:
 def _the_trainers_account_is_what_its_records_show(run_dir) -> None:
     """Rank 0's own account of each periodic (async) save (its `accounted` records, measured on
     its clock: worker/save_cost.py) against the same loss read off its step records."""
-    got = save_losses([r for kind in ("step", "phase", "checkpoint", "checkpoint_write") for r in records(run_dir, kind)])
-    rows = got["saves"]
-    assert [row["step"] for row in rows] == list(range(20, STEPS, 20)) and all(row["trainer_s"] is not None for row in rows)
+    kinds = ("step", "phase", "checkpoint", "checkpoint_write")
+    rows = save_losses([r for kind in kinds for r in records(run_dir, kind)])["saves"]
+    assert [row["step"] for row in rows] == list(range(20, STEPS, 20))
+    assert all(row["trainer_s"] is not None for row in rows)
     assert {r["mode"] for r in records(run_dir, "checkpoint") if r["step"] < STEPS} == {"async"}
     trainer, read = sum(row["trainer_s"] for row in rows), sum(row["records_s"] for row in rows)
-    # the same windows and typical step: apart only by the moments between a mark and its record
+    # the same windows and typical step by construction; 10% (2 ms a save where the sum is near
+    # zero) is room for a step that ends between a write's record and the loop seeing it ended
     assert abs(trainer - read) <= max(0.1 * abs(read), 0.002 * len(rows)), rows
 
 
