@@ -5,12 +5,17 @@ blocking or async, and the trainer's own account of each save (its `checkpoint_w
 
 The loss of one save, from rank 0's records (rank 0 writes; the other rank waits for it at
 every all-reduce): the window from the save's `phase checkpoint` record to the first step
-record after the save was published (a blocking save: to its publication), minus the steps
+record after the save was published (a blocking save: to its publication; a write still in
+flight when the next save begins: to that save, which waits for it), minus the steps
 recorded in it at the typical step before it (the median of the last QUIET step intervals
 before the save that lie outside every window, the first two steps left out; a trailing
-median, as the load of a shared machine drifts):
+median, as the load of a shared machine drifts; none yet: the steps count as free):
 
     loss = (window end - save start) - (steps in the window) x median quiet interval
+
+These are the trainer's own windows and typical step (worker/save_cost.py), read off the
+records instead of its clock: its marks are the times those records carry, so the two differ
+only where a step ends between a write's `checkpoint` record and the loop seeing it ended.
 """
 
 from __future__ import annotations
@@ -61,10 +66,10 @@ def save_losses(records: list[dict], rank: int = 0) -> dict:
     times = {r["step"]: r["time"] for r in records if r.get("type") == "step" and r.get("rank") == rank}
     published = {r["step"]: r["time"] for r in records if r.get("type") == "checkpoint" and r.get("rank") == rank}
     write_cpu = {r["step"]: r.get("write_cpu_s") for r in records if r.get("type") == "checkpoint" and r.get("rank") == rank}
+    blocking = {r["step"] for r in records if r.get("type") == "checkpoint" and r.get("rank") == rank
+                and r.get("mode") == "blocking"}
     started = sorted(r["time"] for r in records
                      if r.get("type") == "phase" and r.get("name") == "checkpoint" and r.get("rank") == rank)
-    resumed = sorted(r["time"] for r in records
-                     if r.get("type") == "phase" and r.get("name") == "train" and r.get("rank") == rank)
     accounted = {r["step"]: r["cost_s"] for r in records
                  if r.get("type") == "checkpoint_write" and r.get("state") == "accounted" and r.get("rank") == rank}
     last = max(times)
@@ -74,19 +79,21 @@ def save_losses(records: list[dict], rank: int = 0) -> dict:
         start = min((t for t in started if t > times.get(before, float("inf"))), default=None)
         if start is None or step > last:
             continue
-        back = min((t for t in resumed if t > start), default=float("inf"))  # the loop trains on
-        if when < back:  # written while the loop waited
+        if step in blocking:  # written while the loop waited
             windows.append((step, start, when, []))
             continue
-        end = min((k for k, t in times.items() if t > when), default=None)
+        end = min((t for t in times.values() if t > when), default=None)
+        following = min((t for t in started if t > start), default=None)
+        if following is not None and (end is None or following < end):
+            end = following  # the next save waits for this write: that wait is the next save's own
         if end is not None:
-            windows.append((step, start, times[end], list(range(step, end + 1))))
+            windows.append((step, start, end, [k for k, t in times.items() if start < t <= end]))
     inside = {k for *_, steps in windows for k in steps} | {step for step, *_ in windows}
     quiet = {k: times[k] - times[k - 1] for k in sorted(times) if k - 1 in times and k > WARMUP and k not in inside}
 
     def typical(before: int) -> float:
         recent = [v for k, v in quiet.items() if k <= before][-QUIET:]
-        return statistics.median(recent or list(quiet.values()))
+        return statistics.median(recent) if recent else 0.0  # the trainer cannot know later steps either
 
     rows = [{"step": step, "records_s": (end - start) - len(steps) * typical(step - 1),
              "trainer_s": accounted.get(step), "write_cpu_s": write_cpu.get(step)} for step, start, end, steps in windows]

@@ -56,14 +56,16 @@ class StatusWriter:
     def connected(self) -> bool:
         return self._fd is not None
 
-    def send(self, type_: str, **fields: Any) -> None:
+    def send(self, type_: str, *, at: float | None = None, **fields: Any) -> None:
+        """`at`: the record's `time` (time.time()) as the sender read it, beside a reading of
+        another clock at the same moment (worker/save_cost.py); default: now."""
         if self._fd is None:
             return
         if type_ not in RECORD_TYPES:
             raise ValueError(f"unknown status record type {type_!r}")
         if not self._automatic:
             StatusWriter.explicit_records = True
-        record = {"type": type_, "rank": self._rank, "time": time.time(), **fields}
+        record = {"type": type_, "rank": self._rank, "time": time.time() if at is None else at, **fields}
         line = encode(record)
         if len(line) > PIPE_BUF:  # keep writes atomic: drop bulky fields, never tear
             line = encode({"type": type_, "rank": self._rank, "time": record["time"], "truncated": True})

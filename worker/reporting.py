@@ -123,10 +123,13 @@ class ScalarSinks:
 class StepReporter:
     def __init__(self, identity: WorkerIdentity, max_steps: int, log_every: int, tokens_per_step: int,
                  flops: FlopsModel, status: StatusWriter, tensorboard: TensorBoard | ScalarSinks, device: torch.device,
-                 start_step: int, note: Callable[[], str | None] | None = None) -> None:
-        """`note`: asked at each logged step for a field to append (the checkpoints' cost)."""
+                 start_step: int, note: Callable[[], str | None] | None = None,
+                 on_end: Callable[[float], None] | None = None) -> None:
+        """`note`: asked at each logged step for a field to append (the checkpoints' cost).
+        `on_end`: told each step's end (perf_counter), the moment its record shows, so a measure
+        on the loop's clock (worker/save_cost.py) marks what the records mark."""
         self.identity, self.max_steps, self.log_every = identity, max_steps, log_every
-        self.note = note
+        self.note, self.on_end = note, on_end
         self.tokens_per_step, self.flops, self.status = tokens_per_step, flops, status
         self.tb, self.device = tensorboard, device
         now = time.perf_counter()
@@ -148,6 +151,7 @@ class StepReporter:
         slot a shrunk group's carrier trained besides its own; `samples`: its draws
         (debug.record_samples, worker/data_slots.py: draw_position)."""
         if not self.should_log(step):
+            self._ended(time.perf_counter())
             if time.monotonic() - self.last_heartbeat > HEARTBEAT_S:
                 self.status.send("step", step=step, max_steps=self.max_steps)
                 self.last_heartbeat = time.monotonic()
@@ -174,13 +178,20 @@ class StepReporter:
         more: dict[str, Any] = {"carried": slots, "carried_loss": carried_v} if slots else {}
         if samples is not None:
             more["samples"] = list(samples)
-        self.status.send("step", step=step, max_steps=self.max_steps, loss=loss_v, lr=lr, grad_norm=norm_v,
-                         tokens_per_s=tokens_per_s, mfu=mfu, mem_bytes=memory_bytes(self.device), **more)
+        record = dict(step=step, max_steps=self.max_steps, loss=loss_v, lr=lr, grad_norm=norm_v,
+                      tokens_per_s=tokens_per_s, mfu=mfu, mem_bytes=memory_bytes(self.device), **more)
+        ended, wall = time.perf_counter(), time.time()  # one moment, on both clocks
+        self._ended(ended)
+        self.status.send("step", at=wall, **record)
         self.tb.scalars(step, **{"train/loss": loss_v, "train/lr": lr, "train/grad_norm": norm_v,
                                  "perf/tokens_per_s": tokens_per_s, "perf/mfu": mfu,
                                  "perf/tflops": self.flops.tflops(tokens_per_s)})
         self.window_step, self.window_start = step + 1, time.perf_counter()
         self.last_heartbeat = time.monotonic()
+
+    def _ended(self, at: float) -> None:
+        if self.on_end is not None:
+            self.on_end(at)
 
     def exclude_pause(self, seconds: float) -> None:
         """Eval and checkpoint time is not training time: keep it out of Tok/s, MFU and ETA."""

@@ -27,8 +27,8 @@ The checkpoint becomes visible to `--resume` only once published (manifest inclu
 (the part of it spent waiting for the previous write), `write_s` (the write itself) and
 `mode` (`async` | `blocking`). What the save cost the loop in all, its slower steps while the
 write was in flight included, is measured on the loop's step times (worker/save_cost.py)
-and sent once known, at the step boundary after the write ended: a `checkpoint_write`
-record with `state` `accounted` and `cost_s`.
+and sent once known, at the first step end after the write ended (a save written while the
+loop waited: when it returns): a `checkpoint_write` record with `state` `accounted` and `cost_s`.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from worker import signals as wsignals
 from worker.checkpoint import Capture, Checkpointer
 from worker.checkpoint_io import directly_to_disk
 from worker.checkpoint_writer import BackgroundWrite, written_here
-from worker.save_cost import LoopCost
+from worker.save_cost import Closed, LoopCost
 from worker.save_snapshot import Snapshot, SnapshotTaker, TooLarge, rebuild, reserve_bytes
 from worker.save_stats import SaveStats
 from worker.save_writer import WriterProcess
@@ -118,11 +118,13 @@ class Saver:
             logger.info(message)
 
     # ------------------------------------------------------------------ the loop's calls
-    def save(self, step: int, sampler_state: dict[str, Any], final: bool = False) -> None:
+    def save(self, step: int, sampler_state: dict[str, Any], final: bool = False,
+             entered: float | None = None) -> None:
         """Save the state after `step` (a collective: all ranks call). `final`: the last save
-        of this run, written before returning."""
-        started = time.perf_counter()
-        self._account(started, at_tick=False)  # the previous save's window ends where this one begins
+        of this run, written before returning. `entered`: when the loop entered the save
+        (perf_counter, the moment its `phase checkpoint` record shows); default: now."""
+        started = time.perf_counter() if entered is None else entered
+        self._account(self.cost.close(started))  # the previous save's window ends where this one begins
         self.cost.open(step, started)
         wait_s = self.drain_or_raise()
         if not self.background or final:
@@ -131,8 +133,7 @@ class Saver:
             stall = time.perf_counter() - started
             self._published(step, written.path, stall_s=stall, wait_s=wait_s, write_s=stall - wait_s,
                             cpu_s=written.cpu_s, mode="blocking")
-            if final:  # no step follows: what it cost is what the loop waited
-                self._account(time.perf_counter(), at_tick=False)
+            self._account(self.cost.close(time.perf_counter()))  # written while the loop waited: that is its cost
             return
         save_phases.reached("staging", step)
         with self.live.collective("the state capture (every rank's data position and RNG)"):
@@ -150,6 +151,7 @@ class Saver:
                 stall = time.perf_counter() - started
                 self._published(step, written.path, stall_s=stall, wait_s=wait_s, write_s=stall - wait_s,
                                 cpu_s=written.cpu_s, mode="blocking")
+                self._account(self.cost.close(time.perf_counter()))
                 return
             write, pid = (lambda: self.writer.write(capture.path, step, snapshot)), self.writer.pid
         else:
@@ -174,14 +176,19 @@ class Saver:
         return self.ckpt.write(capture, self.group, collective=self.ckpt.engine.sharded)
 
     def poll(self) -> None:
-        """At a step boundary: a finished write is collected, a failed one raised here, and the
-        save whose write ended is accounted."""
-        now = time.perf_counter()
-        self.cost.tick(now)
+        """At a step boundary: a finished write is collected, a failed one raised here."""
         if self.inflight is not None and not self.inflight.done:
             return
         self._collect()
-        self._account(now, at_tick=True)
+
+    def step_ended(self, at: float) -> None:
+        """A step ended at `at` (perf_counter; its step record is sent right after): the open
+        save is accounted here once its write ended, as the records show it (a write published
+        after this moment is published after the step's record). A failed write stays open:
+        the next step's `poll` raises it."""
+        write = self.inflight
+        ended = write is None or (write.done and write.error is None)
+        self._account(self.cost.step_ended(at, ended))
 
     def drain_or_raise(self) -> float:
         """Wait for the write in flight (the loop is blocked meanwhile); its failure is raised.
@@ -210,7 +217,7 @@ class Saver:
         SIGTERM hook stays until then: a teardown during this wait must not cut it short."""
         self._wait_in_flight("the run ends")
         if self.inflight is None or self.inflight.done:
-            self._account(time.perf_counter(), at_tick=False)
+            self._account(self.cost.close(time.perf_counter()))
         wsignals.forget_before_exit(self._before_exit)
         for part in (self.writer, self.snapshots, self.stager):
             if part is not None:
@@ -240,15 +247,14 @@ class Saver:
             return self.stats.summary()
 
     # ------------------------------------------------------------------ outcomes
-    def _account(self, now: float, at_tick: bool) -> None:
-        """The open save's cost to the loop, once its window closes (worker/save_cost.py)."""
-        closed = self.cost.close(now, at_tick)
+    def _account(self, closed: Closed | None) -> None:
+        """A save's cost to the loop, once its window closed (worker/save_cost.py)."""
         if closed is None:
             return
-        step, cost, steps = closed
         with self._lock:
-            self.stats.account(cost)
-        self.status.send("checkpoint_write", state="accounted", step=step, cost_s=round(cost, 4), steps=steps)
+            self.stats.account(closed.cost)
+        self.status.send("checkpoint_write", state="accounted", step=closed.step, cost_s=round(closed.cost, 4),
+                         steps=closed.steps)
 
     def _staged(self, stall_s: float, wait_s: float) -> None:
         with self._lock:

@@ -156,8 +156,8 @@ class Trainer:
         self.tb = ScalarSinks(TensorBoard(run_dir, identity.rank),
                               WandbLog(cfg.logging.wandb, run_dir, identity.rank, cfg.to_dict()))
         tokens_per_step = t.batch_size * t.grad_accum_nums * cfg.data.context_length
-        self.reporter = StepReporter(identity, t.max_steps, t.log_every, tokens_per_step, self.flops, status,
-                                     self.tb, device, self.start_step, note=self.saver.step_note)
+        self.reporter = StepReporter(identity, t.max_steps, t.log_every, tokens_per_step, self.flops, status, self.tb,
+                                     device, self.start_step, note=self.saver.step_note, on_end=self.saver.step_ended)
         if data.describe is not None:  # what this run reads: sources, shares, epochs over max_steps
             self._log_rank0(f"{identity.bracket} {data.describe(tokens_per_step * identity.world_size * t.max_steps)}")
         self.skipped_steps, self.carried, self.carried_micro_losses, self.drawn = 0, [], [], None
@@ -449,6 +449,7 @@ class Trainer:
     def save(self, final: bool = False) -> None:
         """A checkpoint of the state after this step: copied, then written in the background,
         or written now (`final`, or async off; worker/saver.py)."""
-        self.status.send("phase", name="checkpoint")
-        self.saver.save(self.step, self.data.train.state_dict(), final=final)
+        entered, wall = time.perf_counter(), time.time()  # one moment, on both clocks: the save's cost starts here
+        self.status.send("phase", name="checkpoint", at=wall)
+        self.saver.save(self.step, self.data.train.state_dict(), final=final, entered=entered)
         self.saved_step = self.step

@@ -1,7 +1,8 @@
 """Issue 9's restart promise through the whole product: a worker killed mid-run is
 restarted, resumes from the newest checkpoint this run wrote, and the run ends with
 the same final loss, bit for bit, as a run that was never interrupted; a dataset cache
-deleted meanwhile is rebuilt before the restart."""
+deleted meanwhile is rebuilt before the restart. The uninterrupted run's async saves are
+also where the trainer's account of what a save cost is checked against its step records."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import sys
 import orjson
 import pytest
 
+from bench.save_loss import save_losses
 from tests.e2e.helpers import records
 from tests.supervisor.helpers import finish, wait_for, worker_of
 
@@ -36,6 +38,20 @@ def _final_losses(run_dir) -> dict[int, float]:
     return {r["rank"]: r["loss"] for r in records(run_dir, "step") if r["step"] == STEPS - 1 and "loss" in r}
 
 
+def _the_trainers_account_is_what_its_records_show(run_dir) -> None:
+    """Rank 0's own account of each periodic (async) save (its `accounted` records, measured on
+    its clock: worker/save_cost.py) against the same loss read off its step records."""
+    kinds = ("step", "phase", "checkpoint", "checkpoint_write")
+    rows = save_losses([r for kind in kinds for r in records(run_dir, kind)])["saves"]
+    assert [row["step"] for row in rows] == list(range(20, STEPS, 20))
+    assert all(row["trainer_s"] is not None for row in rows)
+    assert {r["mode"] for r in records(run_dir, "checkpoint") if r["step"] < STEPS} == {"async"}
+    trainer, read = sum(row["trainer_s"] for row in rows), sum(row["records_s"] for row in rows)
+    # the same windows and typical step by construction; 10% (2 ms a save where the sum is near
+    # zero) is room for a step that ends between a write's record and the loop seeing it ended
+    assert abs(trainer - read) <= max(0.1 * abs(read), 0.002 * len(rows)), rows
+
+
 def test_killed_worker_is_restarted_and_the_final_loss_is_bit_identical(tmp_path, python_env):
     plain_dir, restart_dir = tmp_path / "plain", tmp_path / "restarted"
     plain_dir.mkdir()
@@ -45,6 +61,7 @@ def test_killed_worker_is_restarted_and_the_final_loss_is_bit_identical(tmp_path
     assert plain.returncode == 0, plain.stderr[-3000:]
     expected = _final_losses(plain_dir / "logs" / "plain")
     assert set(expected) == {0, 1}
+    _the_trainers_account_is_what_its_records_show(plain_dir / "logs" / "plain")
 
     proc = subprocess.Popen(_command("--run-id", "r", "--max-restarts", "2", "--restart-backoff", "0.5", "--spares", "0"),
                             cwd=restart_dir, env=python_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

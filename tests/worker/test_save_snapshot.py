@@ -11,7 +11,8 @@ from collections import OrderedDict
 import pytest
 import torch
 
-from worker.save_cost import WARMUP_STEPS, LoopCost
+from bench.save_loss import save_losses
+from worker.save_cost import WARMUP_STEPS, Closed, LoopCost
 from worker.direct_sink import ALIGN as DIRECT_ALIGN
 from worker.save_snapshot import SnapshotTaker, TooLarge, rebuild
 
@@ -68,25 +69,103 @@ def test_a_state_larger_than_the_buffer_is_refused_not_cut():
         taker.close()
 
 
-def _ticks(cost: LoopCost, clock: list[float], steps: int, seconds: float) -> None:
+def _steps(cost: LoopCost, clock: list[float], steps: int, seconds: float, write_ended: bool = True) -> list:
+    closed = []
     for _ in range(steps):
         clock[0] += seconds
-        cost.tick(clock[0])
+        closed.append(cost.step_ended(clock[0], write_ended))
+    return [c for c in closed if c is not None]
 
 
 def test_a_save_costs_its_window_less_the_steps_it_held_at_the_typical_step():
     cost, clock = LoopCost(), [0.0]
-    _ticks(cost, clock, WARMUP_STEPS + 1, 5.0)  # slow first steps: not the typical one
-    _ticks(cost, clock, 10, 1.0)
+    _steps(cost, clock, WARMUP_STEPS + 1, 5.0)  # slow first steps: not the typical one
+    _steps(cost, clock, 10, 1.0)
     assert cost.typical_step == 1.0
-    cost.open(10, clock[0] + 0.2)  # the save starts 0.2 s after the boundary: its step ended
-    clock[0] += 0.5  # 0.3 s blocked, then the next boundary
-    cost.tick(clock[0])
-    _ticks(cost, clock, 2, 1.5)  # two steps 0.5 s slower while the write runs
-    assert cost.close(clock[0], at_tick=True) == (10, pytest.approx(0.3 + 2 * 0.5), 2)
-    assert cost.typical_step == 1.0  # the steps the write touched are nobody's typical step
-    cost.open(12, clock[0] + 0.1)  # a blocking save: closed at the next boundary
-    clock[0] += 2.1
-    cost.tick(clock[0])
-    assert cost.close(clock[0], at_tick=True) == (12, pytest.approx(2.0), 0)
-    assert cost.close(clock[0], at_tick=True) is None  # nothing open
+    cost.open(10, clock[0] + 0.2)  # the save starts 0.2 s after its step ended, and blocks 0.3 s
+    clock[0] += 0.5
+    assert _steps(cost, clock, 1, 1.0, write_ended=False) == []  # 0.5 s blocked, then a step: in flight
+    [closed] = _steps(cost, clock, 1, 1.5)  # a step 0.5 s slower, at whose end the write is known to have ended
+    assert closed == Closed(10, pytest.approx(0.3 + 0.5), 2)
+    assert cost.typical_step == 1.0  # the steps the window held are nobody's typical step
+    _steps(cost, clock, 11, 0.9)  # the step after the one that closed it is quiet again: 11 of 21 are 0.9 s
+    assert cost.typical_step == pytest.approx(0.9)
+    cost.open(12, clock[0] + 0.1)  # a blocking save: closed when it returns
+    assert cost.close(clock[0] + 2.1) == Closed(12, pytest.approx(2.0), 0)
+    assert cost.close(clock[0] + 3.0) is None  # nothing open
+
+
+def test_a_save_before_any_quiet_step_costs_its_whole_window():
+    cost, clock = LoopCost(), [0.0]
+    _steps(cost, clock, WARMUP_STEPS + 1, 1.0)
+    cost.open(3, clock[0])
+    assert cost.typical_step is None
+    assert _steps(cost, clock, 1, 1.0) == [Closed(3, pytest.approx(1.0), 1)]  # an upper bound: steps count as free
+
+
+def test_a_write_still_in_flight_at_the_next_save_is_closed_there_and_the_wait_is_the_next_ones():
+    cost, clock = LoopCost(), [0.0]
+    _steps(cost, clock, WARMUP_STEPS + 5, 1.0)
+    cost.open(7, clock[0])
+    _steps(cost, clock, 3, 1.2, write_ended=False)
+    assert cost.close(clock[0] + 0.1) == Closed(7, pytest.approx(3 * 0.2 + 0.1), 3)  # the next save begins
+    cost.open(10, clock[0] + 0.1)
+    assert _steps(cost, clock, 1, 1.6) == [Closed(10, pytest.approx(1.5 - 1.0), 1)]  # its wait included
+
+
+def _replayed_run(saves: dict[int, tuple[str, float]], steps: int) -> list[dict]:
+    """The records of a loop saving after the steps in `saves` (mode, seconds its write takes),
+    with the trainer's `accounted` records from a LoopCost that saw the same moments, as
+    worker/saver.py feeds it: steps 0.3 s slower while a write is in flight, 0.05 s from a
+    step's end to its save, 0.1 s blocked by an async save, a save waiting for the write in
+    flight, and a final blocking save."""
+    cost, records, t, publish = LoopCost(), [], 0.0, None
+
+    def record(type_: str, **fields) -> None:
+        records.append({"type": type_, "rank": 0, "time": fields.pop("at", t), **fields})
+
+    def account(closed: Closed | None) -> None:
+        if closed is not None:
+            record("checkpoint_write", state="accounted", step=closed.step, cost_s=closed.cost, steps=closed.steps)
+
+    for k in range(steps + 1):
+        if k < steps:
+            t += (1.3 if publish is not None else 1.0) + 0.013 * (k % 4)
+            record("step", step=k)
+            ended = publish is None or publish <= t
+            account(cost.step_ended(t, ended))
+            publish = None if ended else publish
+        done = k + 1 if k < steps else steps
+        if done not in saves and k < steps:
+            continue
+        t += 0.05
+        record("phase", name="checkpoint")
+        account(cost.close(t))
+        cost.open(done, t)
+        t, publish = max(t, publish or t), None  # the write in flight ends first
+        mode, write = saves.get(done, ("blocking", 0.4))
+        if mode == "blocking":
+            t += write
+            record("checkpoint", step=done, mode="blocking")
+            account(cost.close(t))
+        else:
+            t += 0.1
+            publish = t + write
+            record("checkpoint", step=done, mode="async", at=publish)
+        record("phase", name="train")
+        if k == steps:
+            break
+    return sorted(records, key=lambda r: r["time"])
+
+
+def test_the_trainers_account_is_what_its_step_records_show():
+    """bench/save_loss.py reads the windows and typical step off the records: the same numbers,
+    whatever the case (a save before any quiet step, a write over several steps, one still in
+    flight at the next save, a blocking one)."""
+    saves = {2: ("async", 0.5), 8: ("async", 2.9), 14: ("async", 9.0), 20: ("blocking", 0.6), 26: ("async", 0.2)}
+    records = _replayed_run(saves, 30)
+    rows = save_losses(records)["saves"]
+    assert [row["step"] for row in rows] == list(saves)
+    for row in rows:
+        assert row["trainer_s"] == pytest.approx(row["records_s"], abs=1e-9), row
+    assert rows[0]["records_s"] == pytest.approx(0.1 + 1.3 + 0.026)  # before any quiet step: the whole window
