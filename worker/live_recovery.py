@@ -85,6 +85,7 @@ class Recoverable(Protocol):
     def on_regroup(self, buckets: Buckets | None) -> None: ...
     def rewind_data(self, sampler: dict[str, Any]) -> None: ...
     def on_slots(self, carried: list[int], scale: float) -> None: ...
+    def on_place(self, group_rank: int) -> None: ...
 
 
 _OWED = {"eval": "evaluation", "checkpoint": "periodic checkpoint"}
@@ -239,7 +240,7 @@ class LiveRecovery:
         before = slots_of(t.identity.rank, self.ranks, t.identity.world_size)
         self._resize(decision["ranks"])
         dropped = [s for s in before if s not in slots_of(t.identity.rank, self.ranks, t.identity.world_size)]
-        if t.identity.rank == 0 or dropped:
+        if self.group_rank == 0 or dropped:
             logger.info(f"{t.identity.bracket} a warm spare takes back rank {decision['regrow']}: rebuilding the "
                         f"group with {len(self.ranks)} rank(s) at step {t.step}"
                         + (f"; this rank no longer carries data slot(s) {', '.join(map(str, dropped))}"
@@ -252,6 +253,7 @@ class LiveRecovery:
         t, world = self.t, self.t.identity.world_size
         self.ranks = [int(r) for r in ranks]
         t.on_slots(slots_of(t.identity.rank, self.ranks, world)[1:], loss_scale(len(self.ranks), world))
+        t.on_place(self.group_rank)  # place 0 leads (checkpoints, scalars): rank 0, or its lowest survivor
 
     def _rebuild(self, started: float) -> None:
         """Join rebuilt group `generation` with the members `ranks`, agree on the source, take its state."""
@@ -295,7 +297,7 @@ class LiveRecovery:
         else:
             self._rewind(self._mark.sampler, self._mark.rng)
         t.load_state_dict(state)
-        if t.owed and t.identity.rank == 0:
+        if t.owed and self.group_rank == 0:
             logger.warning(f"{t.identity.bracket} the {' and the '.join(_OWED[o] for o in t.owed)} of step {t.step} "
                            "was cut short by the lost peer: the rebuilt group does it now")
         self._mark = Mark(t.step, t.data.train.state_dict(), rng.capture(t.device))
