@@ -80,16 +80,17 @@ class Saver:
         self.cost = LoopCost()
         sharded = self.background and engine.sharded
         self.stager = HostStager(engine.device) if sharded else None
+        # DCP's collectives from a writer thread need a group of their own (gloo: DCP
+        # coordinates on the CPU), created now, at the same point on every rank.
+        self.group = dist.new_group(backend="gloo") if self.background and engine.sharded and wdist.active() else None
         self.snapshots: SnapshotTaker | None = None
         self.writer: WriterProcess | None = None
         if self.background and not sharded and checkpointer.group_rank == 0:  # the rank that writes one-file layouts
             self._start_writer()  # before training: it shares only the pages of this moment (worker/save_writer.py)
-        # DCP's collectives from a writer thread need a group of their own (gloo: DCP
-        # coordinates on the CPU), created now, at the same point on every rank.
-        self.group = dist.new_group(backend="gloo") if self.background and engine.sharded and wdist.active() else None
         wsignals.before_exit_now(self._before_exit)
 
     def _start_writer(self) -> None:
+        """Fork the writer, once every field it uses is set: the child keeps the saver as it was at the fork."""
         engine = self.ckpt.engine
         expected = checkpoint_bytes(engine.n_params)
         self.snapshots = SnapshotTaker(engine.device, reserve_bytes(expected, self.ckpt.world_size), expected)
