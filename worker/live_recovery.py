@@ -16,7 +16,10 @@ With --min-replicas (contract.SHRINK) a survivor first reads the supervisor's de
 spare comes (as above), or none is left and the survivors rebuild the group without the lost
 rank (`on_slots`: a survivor may carry the lost rank's data slot, worker/data_slots.py).
 The rank in the rebuilt group (`group_rank`) is then no longer `identity.rank`, which stays
-what the supervisor keys logs and clocks by and the data slot each process owns. While the
+what the supervisor keys logs and clocks by and the data slot each process owns. The group's
+first rank leads (`on_place`): it writes the checkpoints and the run's scalars, so a shrink that
+lost rank 0 hands them to its lowest survivor, and the regrow that brings rank 0 back hands
+them back. While the
 group is shrunk its first rank looks, at every step boundary, for the supervisor's word that
 a warm spare takes back a carried rank (`regrow_due`); the stop vote carries it to every rank,
 so all leave the group at the same step boundary and rebuild it with the newcomer (`regrow`),
