@@ -79,6 +79,10 @@ class Checkpointer:
                  meta_base: dict[str, Any], run_id: str = "") -> None:
         self.engine, self.directory, self.keep_last = engine, directory, keep_last
         self.rank, self.world_size, self.meta_base, self.run_id = rank, world_size, meta_base, run_id
+        # This process's place in the group it saves with; place 0 writes one-file layouts and
+        # prunes. It is `rank` until a shrunk group lost rank 0 and its lowest survivor took over
+        # (worker/live_recovery.py); `rank` stays the data slot whose sampler and RNG it records.
+        self.group_rank = rank
 
     def remove_orphans(self) -> None:
         """Rank 0 deletes the temp files of saves killed midway (never a live writer's)."""
@@ -105,16 +109,16 @@ class Checkpointer:
                                   self.world_size)
         meta = dict(self.meta_base, step=step, run_id=self.run_id, world_size=self.world_size,
                     strategy=self.engine.strategy, sampler=samplers, rng=rngs)
-        return Capture(path=path, step=step, meta=meta, states=self.engine.capture_states(self.rank, to_host))
+        return Capture(path=path, step=step, meta=meta, states=self.engine.capture_states(self.group_rank, to_host))
 
     def write(self, capture: Capture, group: Any = None, collective: bool = True) -> Path:
         """Write a capture, then drop checkpoints past `keep_last`. A collective over `group`
         (from a writer thread: its own process group); `collective` False: rank 0 writes a
-        one-file checkpoint alone, in the background, the other ranks training on."""
+        one-file checkpoint alone (place 0 of the group), in the background, the other ranks training on."""
         path = capture.path
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self.engine.write_states(capture.states, path, capture.meta, self.rank, group)
+            self.engine.write_states(capture.states, path, capture.meta, self.group_rank, group)
         except Exception as exc:
             code = storage_errno(exc) or probe_errno(path.parent)
             if code is None:
@@ -123,7 +127,7 @@ class Checkpointer:
             raise WorkerError(storage_message("checkpoint", path.parent, code, needed), ExitCode.STORAGE) from None
         if collective:
             wdist.barrier(group)  # nobody runs ahead (or prunes) before the checkpoint is complete
-        if self.rank == 0 and path.parent == self.directory:
+        if self.group_rank == 0 and path.parent == self.directory:
             self._prune(keep=path)
         return path
 

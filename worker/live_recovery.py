@@ -16,7 +16,10 @@ With --min-replicas (contract.SHRINK) a survivor first reads the supervisor's de
 spare comes (as above), or none is left and the survivors rebuild the group without the lost
 rank (`on_slots`: a survivor may carry the lost rank's data slot, worker/data_slots.py).
 The rank in the rebuilt group (`group_rank`) is then no longer `identity.rank`, which stays
-what the supervisor keys logs and clocks by and the data slot each process owns. While the
+what the supervisor keys logs and clocks by and the data slot each process owns. The group's
+first rank leads (`on_place`): it writes the checkpoints and the run's scalars, so a shrink that
+lost rank 0 hands them to its lowest survivor, and the regrow that brings rank 0 back hands
+them back. While the
 group is shrunk its first rank looks, at every step boundary, for the supervisor's word that
 a warm spare takes back a carried rank (`regrow_due`); the stop vote carries it to every rank,
 so all leave the group at the same step boundary and rebuild it with the newcomer (`regrow`),
@@ -85,6 +88,7 @@ class Recoverable(Protocol):
     def on_regroup(self, buckets: Buckets | None) -> None: ...
     def rewind_data(self, sampler: dict[str, Any]) -> None: ...
     def on_slots(self, carried: list[int], scale: float) -> None: ...
+    def on_place(self, group_rank: int) -> None: ...
 
 
 _OWED = {"eval": "evaluation", "checkpoint": "periodic checkpoint"}
@@ -239,7 +243,7 @@ class LiveRecovery:
         before = slots_of(t.identity.rank, self.ranks, t.identity.world_size)
         self._resize(decision["ranks"])
         dropped = [s for s in before if s not in slots_of(t.identity.rank, self.ranks, t.identity.world_size)]
-        if t.identity.rank == 0 or dropped:
+        if self.group_rank == 0 or dropped:
             logger.info(f"{t.identity.bracket} a warm spare takes back rank {decision['regrow']}: rebuilding the "
                         f"group with {len(self.ranks)} rank(s) at step {t.step}"
                         + (f"; this rank no longer carries data slot(s) {', '.join(map(str, dropped))}"
@@ -252,6 +256,7 @@ class LiveRecovery:
         t, world = self.t, self.t.identity.world_size
         self.ranks = [int(r) for r in ranks]
         t.on_slots(slots_of(t.identity.rank, self.ranks, world)[1:], loss_scale(len(self.ranks), world))
+        t.on_place(self.group_rank)  # place 0 leads (checkpoints, scalars): rank 0, or its lowest survivor
 
     def _rebuild(self, started: float) -> None:
         """Join rebuilt group `generation` with the members `ranks`, agree on the source, take its state."""
@@ -295,7 +300,7 @@ class LiveRecovery:
         else:
             self._rewind(self._mark.sampler, self._mark.rng)
         t.load_state_dict(state)
-        if t.owed and t.identity.rank == 0:
+        if t.owed and self.group_rank == 0:
             logger.warning(f"{t.identity.bracket} the {' and the '.join(_OWED[o] for o in t.owed)} of step {t.step} "
                            "was cut short by the lost peer: the rebuilt group does it now")
         self._mark = Mark(t.step, t.data.train.state_dict(), rng.capture(t.device))

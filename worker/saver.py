@@ -80,19 +80,37 @@ class Saver:
         self.cost = LoopCost()
         sharded = self.background and engine.sharded
         self.stager = HostStager(engine.device) if sharded else None
-        self.snapshots = None
-        if self.background and not sharded and checkpointer.rank == 0:  # the rank that writes one-file layouts
-            expected = checkpoint_bytes(engine.n_params)
-            self.snapshots = SnapshotTaker(engine.device, reserve_bytes(expected, checkpointer.world_size), expected)
         # DCP's collectives from a writer thread need a group of their own (gloo: DCP
         # coordinates on the CPU), created now, at the same point on every rank.
         self.group = dist.new_group(backend="gloo") if self.background and engine.sharded and wdist.active() else None
-        # before training: the writer shares only the pages of this moment (worker/save_writer.py)
-        self.writer = None
-        if self.snapshots is not None:
-            self.writer = WriterProcess(self._write_snapshot, lambda: self.snapshots.region.populate(
-                self.snapshots.expected))
+        self.snapshots: SnapshotTaker | None = None
+        self.writer: WriterProcess | None = None
+        if self.background and not sharded and checkpointer.group_rank == 0:  # the rank that writes one-file layouts
+            self._start_writer()  # before training: it shares only the pages of this moment (worker/save_writer.py)
         wsignals.before_exit_now(self._before_exit)
+
+    def _start_writer(self) -> None:
+        """Fork the writer, once every field it uses is set: the child keeps the saver as it was at the fork."""
+        engine = self.ckpt.engine
+        expected = checkpoint_bytes(engine.n_params)
+        self.snapshots = SnapshotTaker(engine.device, reserve_bytes(expected, self.ckpt.world_size), expected)
+        self.writer = WriterProcess(self._write_snapshot, lambda: self.snapshots.region.populate(
+            self.snapshots.expected))
+
+    def take_lead(self) -> None:
+        """This process became place 0 of a shrunk group (rank 0 was lost, worker/live_recovery.py):
+        it writes the one-file checkpoints from now on. Its background writer starts now (the pages
+        it shares are copied once, in the next step, as at a start); where the host cannot hold the
+        copies it writes its saves while the loop waits, said once."""
+        if not self.background or self.ckpt.engine.sharded or self.writer is not None:
+            return
+        engine = self.ckpt.engine
+        problem = memory_problem(checkpoint_bytes(engine.n_params), copies=2 if engine.device.type == "cpu" else 1)
+        if problem is not None:
+            logger.info(f"{self.bracket} checkpoints are written while the loop waits on this rank, which took over "
+                        f"rank 0's saves: {problem}")
+            return
+        self._start_writer()
 
     def _why_blocking(self, want_async: bool) -> str | None:
         """Why saves must block on this run (every rank agrees), None: they need not."""
@@ -109,12 +127,13 @@ class Saver:
             # The writer process (one-file layouts) on a CPU run also shares the pages the state
             # had when it was forked: each one training rewrites is copied once more.
             forked_on_cpu = not engine.sharded and engine.device.type == "cpu"
-            mine = memory_problem(share if engine.sharded or self.ckpt.rank == 0 else 0, copies=2 if forked_on_cpu else 1)
+            mine = memory_problem(share if engine.sharded or self.ckpt.group_rank == 0 else 0,
+                                  copies=2 if forked_on_cpu else 1)
         reasons = [r for r in wdist.gather_objects(mine) if r]
         return reasons[0] if reasons else None
 
     def _log0(self, message: str) -> None:
-        if self.ckpt.rank == 0:
+        if self.ckpt.group_rank == 0:
             logger.info(message)
 
     # ------------------------------------------------------------------ the loop's calls
@@ -140,18 +159,17 @@ class Saver:
             capture = self.ckpt.capture(step, sampler_state, to_host=False)  # waits for the peers: not this rank's hang
         self.live.doing("copying the state to host memory")
         if capture.states is None and not self.ckpt.engine.sharded:
-            self._staged(time.perf_counter() - started, wait_s)  # rank 0 writes this one alone
+            self._staged(time.perf_counter() - started, wait_s)  # place 0 writes this one alone
+            return
+        if self.writer is None and not self.ckpt.engine.sharded:  # took over rank 0's saves, no memory for a writer
+            self._write_now(capture, started, wait_s)
             return
         if self.writer is not None:
             try:
                 snapshot = self.snapshots.take({"meta": capture.meta, "states": capture.states})
             except TooLarge as exc:  # a state that outgrew its estimate: this save is written now
                 self._log0(f"{self.bracket} checkpoint of step {step} written while the loop waits: {exc}")
-                written = written_here(lambda: self.ckpt.write(capture, collective=False))
-                stall = time.perf_counter() - started
-                self._published(step, written.path, stall_s=stall, wait_s=wait_s, write_s=stall - wait_s,
-                                cpu_s=written.cpu_s, mode="blocking")
-                self._account(self.cost.close(time.perf_counter()))
+                self._write_now(capture, started, wait_s)
                 return
             write, pid = (lambda: self.writer.write(capture.path, step, snapshot)), self.writer.pid
         else:
@@ -163,6 +181,14 @@ class Saver:
         self.status.send("checkpoint_write", state="started", step=step, path=str(capture.path))
         self.inflight = BackgroundWrite(step, capture.path, write, lambda done: self._written(done, stall, wait_s),
                                         writer_pid=pid)
+
+    def _write_now(self, capture: Capture, started: float, wait_s: float) -> None:
+        """A one-file save that was to go to the background, written by place 0 alone while its loop waits."""
+        written = written_here(lambda: self.ckpt.write(capture, collective=False))
+        stall = time.perf_counter() - started
+        self._published(capture.step, written.path, stall_s=stall, wait_s=wait_s, write_s=stall - wait_s,
+                        cpu_s=written.cpu_s, mode="blocking")
+        self._account(self.cost.close(time.perf_counter()))  # written while the loop waited: that is its cost
 
     def _write_snapshot(self, path: Path, step: int, snapshot: Snapshot) -> Path:
         """In the writer process: one save, rebuilt from the shared buffer, whose page-aligned

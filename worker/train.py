@@ -153,8 +153,8 @@ class Trainer:
             data.train = Prefetched(data.train, t.num_workers, pin=device.type == "cuda")
         self.guard = self._nan_guard()
         self.vote = StopVote.create()
-        self.tb = ScalarSinks(TensorBoard(run_dir, identity.rank),
-                              WandbLog(cfg.logging.wandb, run_dir, identity.rank, cfg.to_dict()))
+        self.run_dir = run_dir
+        self.tb = self._scalar_sinks(identity.rank)
         tokens_per_step = t.batch_size * t.grad_accum_nums * cfg.data.context_length
         self.reporter = StepReporter(identity, t.max_steps, t.log_every, tokens_per_step, self.flops, status, self.tb,
                                      device, self.start_step, note=self.saver.step_note, on_end=self.saver.step_ended)
@@ -170,6 +170,11 @@ class Trainer:
     def _log_rank0(self, message: str) -> None:
         if self.identity.rank == 0:
             logger.info(message)
+
+    def _scalar_sinks(self, group_rank: int) -> ScalarSinks:
+        """The run's scalars (TensorBoard, W&B offline), written by the group's place 0 only."""
+        return ScalarSinks(TensorBoard(self.run_dir, group_rank),
+                           WandbLog(self.cfg.logging.wandb, self.run_dir, group_rank, self.cfg.to_dict()))
 
     # ------------------------------------------------------------------ what live recovery asks of it
     def state_dict(self) -> dict[str, Any]:
@@ -213,6 +218,22 @@ class Trainer:
         if carried:
             logger.info(f"{self.identity.bracket} carries the data slot(s) of rank(s) {', '.join(map(str, carried))} "
                         f"too: {len(carried) + 1} x {self.cfg.training.grad_accum_nums} micro-batch(es) per step")
+
+    def on_place(self, group_rank: int) -> None:
+        """This process's place in a rebuilt group (a shrink, a regrow). Place 0 leads: it writes the
+        one-file checkpoints, prunes them, and writes the run's scalars. A shrink that lost rank 0
+        hands that to the lowest survivor; a regrow that brings rank 0 back hands it back (the
+        newcomer, rank 0, is place 0 again), so one rule, the group's first rank, says who leads."""
+        was = self.checkpointer.group_rank
+        self.checkpointer.group_rank = group_rank
+        if (was == 0) == (group_rank == 0):
+            return
+        self.tb.close()  # the former lead's event file and W&B run end here; the new lead's begin
+        self.tb = self.reporter.tb = self._scalar_sinks(group_rank)
+        if group_rank == 0:
+            self.saver.take_lead()
+            logger.info(f"{self.identity.bracket} leads the shrunk group in rank 0's place: it writes the "
+                        "checkpoints and the run's scalars from now on")
 
     def rewind_data(self, sampler: dict[str, Any]) -> None:
         """The training data back at `sampler`'s position; a prefetching thread that drew ahead is

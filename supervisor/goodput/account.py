@@ -8,7 +8,8 @@ weakest claim to the strongest (a later paint wins where they overlap):
 
 1. everything is `other`; before the first attempt: `launch` (`restart` for a start that
    continues a run), the dataset cache build's seconds at its end: `dataset`;
-2. each attempt, by its leader rank (the lowest that sent records): spawn to its first record
+2. each attempt, by its leader rank (the lowest that sent records, and while a shrunk group
+   trains without it, the lowest that trains: `_leader`): spawn to its first record
    `launch`; phase `rendezvous` -> `rendezvous`; `init` -> `warmup` (`checkpoint_restore`
    when the attempt resumed from a checkpoint); `train` up to the first completed step
    `warmup` (the first step compiles and warms caches); then each interval that ends in a
@@ -135,9 +136,10 @@ class _Attempt:
     def __init__(self, mark: Event, events: list[Event], end: float, again: bool) -> None:
         self.begin, self.end, self.again, self.resumed = mark.time, end, again, mark.flag
         self.events = events
-        ranks = [e.rank for e in events if e.kind in ("phase", "step") and e.rank is not None]
-        self.leader = min(ranks) if ranks else None
-        self.mine = [e for e in events if e.rank == self.leader and e.kind in ("phase", "step", "checkpoint")]
+        ranks = sorted({e.rank for e in events if e.kind in ("phase", "step") and e.rank is not None})
+        away = _away(events)
+        self.mine = [e for e in events if e.kind in ("phase", "step", "checkpoint") and e.rank is not None
+                     and e.rank == _leader(ranks, away, e.time)]
         ended = next((e for e in events if e.kind == "attempt_end"), None)
         self.failed_at = ended.value if ended is not None else None
 
@@ -210,6 +212,29 @@ class _Attempt:
         done = [a.time for a, b in zip(self.mine, self.mine[1:])
                 if a.kind == "phase" and a.name == "checkpoint" and b.kind == "phase" and b.time <= failed]
         return done[-1] if done else self.begin
+
+
+def _away(events: list[Event]) -> dict[int, list[tuple[float, float]]]:
+    """rank -> (from, to) of every stretch a shrunk group trained without it: its loss to its
+    regrow's first completed step in the rebuilt group (for good if never grown back)."""
+    out: dict[int, list[tuple[float, float]]] = {}
+    lost: dict[int, float] = {}
+    for e in events:
+        if e.kind != "recovery" or not e.flag or e.value is None or e.rank is None:
+            continue
+        if e.name == "shrink":
+            lost.setdefault(e.rank, e.time - e.value)
+        elif e.name == "regrow" and e.rank in lost:
+            out.setdefault(e.rank, []).append((lost.pop(e.rank), e.time))
+    for rank, since in lost.items():
+        out.setdefault(rank, []).append((since, float("inf")))
+    return out
+
+
+def _leader(ranks: list[int], away: dict[int, list[tuple[float, float]]], t: float) -> int | None:
+    """The rank whose records place the loop at `t`: the lowest one training then (a shrink that
+    lost rank 0 hands the lead to its lowest survivor; the regrow that brings it back, back)."""
+    return next((r for r in ranks if not any(a < t < b for a, b in away.get(r, ()))), None)
 
 
 def _start(mark: Event, events: list[Event], end: float, continues: bool, more_starts: bool,

@@ -195,9 +195,9 @@ class LiveRecovery:
         return self.shrink_floor > 0 and (self.group is not None or suspect_gpu or not self.pool.ready())
 
     def why_not_shrink(self, rank: int, survivors: list[int]) -> str | None:
-        if rank == 0:
-            return ("rank 0 was lost and no spare is left: a shrunk group needs rank 0 (it logs and writes the "
-                    "checkpoints), so the run restarts instead")
+        """Rank 0 may be the one lost: the shrunk group's first rank (its lowest survivor) takes over
+        what rank 0 did for the group (the checkpoints, the run's scalars) until a regrow brings
+        rank 0 back (worker/train.py: `on_place`)."""
         if len(survivors) < self.shrink_floor:
             return (f"no spare left, and {len(survivors)} survivor(s) are fewer than --min-replicas "
                     f"{self.shrink_floor}")
@@ -228,9 +228,10 @@ class LiveRecovery:
                        _reached=max(self.completed.values(), default=0), _generation=generation)
         self.recoveries.append(rec)
         self.shrunk_since[rec.rank] = rec
+        lead = f"; rank {ranks[0]} leads in its place (checkpoints, the run's scalars)" if rec.rank < ranks[0] else ""
         logger.warning(f"{cause.message}: live recovery {rec.number}: no warm spare left: the other {len(ranks)} "
                        f"worker(s) keep running and go on without rank {rec.rank}, one of them carrying its data "
-                       "slot (same global batch and data order; --min-replicas)")
+                       f"slot (same global batch and data order; --min-replicas){lead}")
         return True
 
     def regrow_candidate(self) -> int | None:

@@ -19,6 +19,7 @@ import orjson
 import psutil
 import pytest
 
+from gpuherd.checkpoint_layout import list_checkpoints
 from tests.e2e.helpers import records
 from tests.e2e.test_live_recovery_run import PLAIN_RUNS, STEPS, _command, _losses, _pid, _reached, _spare, \
     _uninterrupted
@@ -34,12 +35,38 @@ def _close(got: float, expected: float) -> bool:
     return abs(got - expected) <= TOLERANCE * abs(expected)
 
 
+SAVE_EVERY = 10  # periodic saves (asynchronous), some of them while shrunk: the group's first rank writes them
+KEEP_LAST = 2  # the debug preset's training.keep_last
+
+
+def _saves(cwd, run_dir, final: int) -> dict[int, set[int]]:
+    """step -> the ranks that reported publishing its checkpoint (an asynchronous save: only the
+    rank that wrote it; the final one, written while the loop waits: every rank), after checking
+    the directory holds only the newest KEEP_LAST of them, the final one (step `final`)
+    included: whoever wrote them also pruned them. (A save whose writer was the rank SIGKILLed
+    may be on disk without its record, or neither.)"""
+    published: dict[int, set[int]] = defaultdict(set)
+    for r in records(run_dir, "checkpoint"):
+        published[r["step"]].add(r["rank"])
+    on_disk = [step for step, _ in list_checkpoints(cwd / ".checkpoints")]
+    assert on_disk[-1] == final and len(on_disk) == min(KEEP_LAST, len(published)), (on_disk, dict(published))
+    assert set(sorted(published)[-KEEP_LAST + 1:]) <= set(on_disk), (on_disk, dict(published))
+    return published
+
+
+def _written_by_the_lead(published: dict[int, set[int]], since: int, until: float, lead: int) -> None:
+    """Every asynchronous save of the steps in (since, until] came from `lead`: the first rank of
+    the group that trained them (rank 0, or its lowest survivor while a shrunk group lacked it)."""
+    assert all(ranks == {lead} for step, ranks in published.items() if since < step <= until), (lead, published)
+
+
 def test_a_rank_lost_with_no_spare_left_shrinks_the_group_with_the_same_samples_and_losses(
         tmp_path, tmp_path_factory, python_env):
     plain = _uninterrupted(tmp_path_factory, python_env, 4)
     plain_norms = {r["step"]: r["grad_norm"] for r in records(PLAIN_RUNS[4], "step")}
-    kill_at, lost = random.randint(3, STEPS - 10), random.choice([1, 2, 3])
-    proc = subprocess.Popen(_command("sh", "--max-restarts", "2", "--spares", "0", "--min-replicas", "2", nproc=4),
+    kill_at, lost = random.randint(3, STEPS - 10), random.choice([0, 1, 2, 3])
+    proc = subprocess.Popen(_command("sh", "--max-restarts", "2", "--spares", "0", "--min-replicas", "2", nproc=4)
+                            + ["--set", f"training.save_every={SAVE_EVERY}"],
                             cwd=tmp_path, env=python_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_dir = tmp_path / "logs" / "sh"
     try:
@@ -59,6 +86,10 @@ def test_a_rank_lost_with_no_spare_left_shrinks_the_group_with_the_same_samples_
     assert rec["survivors"] == [{"rank": rank, "pid": pid} for rank, pid in survivors.items()]
     assert {w["rank"]: w["pid"] for w in summary["workers"] if w["exit_code"] == 0} == survivors  # kept their pids
     assert "3 worker(s) exited 0" in err and "went on with its data slot" in err
+    # rank 0 lost: its lowest survivor, rank 1, leads the shrunk group: it writes and prunes the checkpoints
+    lead = min(survivors)
+    assert (f"rank {lead} leads in its place" in err) == (lost == 0)
+    _written_by_the_lead(_saves(tmp_path, run_dir, STEPS), rec["resumed_step"], STEPS - 1, lead)  # the final: all
 
     # every data slot trained by exactly one survivor in the shrunk group, the lost one by rank lost % 3
     rejoined = [r for r in records(run_dir, "live") if r.get("event") == "rejoined"]
@@ -147,14 +178,15 @@ def _asked_once_shrunk(run_dir, python_env, lost: int) -> int:
 @pytest.mark.slow  # two 4-rank runs, and the spare's warm-up at nice 19 beside 3 busy ranks
 def test_a_shrunk_group_grows_back_when_the_pools_spare_is_warm_with_every_sample_trained_once(
         tmp_path, tmp_path_factory, python_env):
-    """No spare (the standing one SIGKILLed, or --spares 0), then one of ranks 1-3 SIGKILLed at a
+    """No spare (the standing one SIGKILLed, or --spares 0), then one of the 4 ranks SIGKILLed at a
     random step: 3 train on, the pool's new spare (or the one `gpuherd spare` starts) warms up (as
-    long as the machine lets a nice-19 thread take) and takes the rank back at a step boundary;
-    the run is stopped a few steps later and compared with an undisturbed run stopped past the
-    same step."""
-    kill_at, lost, operator = random.randint(3, 15), random.choice([1, 2, 3]), random.choice([False, True])
+    long as the machine lets a nice-19 thread take) and takes the rank back at a step boundary
+    (rank 0 lost: rank 1 leads meanwhile, writing the checkpoints); the run is stopped a few steps
+    later and compared with an undisturbed run stopped past the same step."""
+    kill_at, lost, operator = random.randint(3, 15), random.choice([0, 1, 2, 3]), random.choice([False, True])
     proc = subprocess.Popen(_command("rg", "--max-restarts", "2", "--spares", "0" if operator else "1",
-                                     "--min-replicas", "2", *SAMPLES, nproc=4, steps=LONG),
+                                     "--min-replicas", "2", *SAMPLES, nproc=4, steps=LONG)
+                            + ["--set", f"training.save_every={SAVE_EVERY}"],
                             cwd=tmp_path, env=python_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_dir = tmp_path / "logs" / "rg"
     try:
@@ -192,9 +224,14 @@ def test_a_shrunk_group_grows_back_when_the_pools_spare_is_warm_with_every_sampl
         **survivors, lost: regrow["replaced_by_pid"]}
     assert f"regrow: warm spare pid {regrow['replaced_by_pid']} took back rank {lost}" in err
     assert 0 < summary["goodput"]["shrunk_s"] <= summary["goodput"]["wall_s"]
+    # the shrunk group's first rank wrote its checkpoints (rank 1 when rank 0 was lost), the regrown
+    # group's rank 0 (the newcomer, when it took rank 0 back) the ones after, and the final one on Ctrl-C
+    last = max(r["step"] for r in records(run_dir, "step") if r["rank"] == 0)
+    published = _saves(tmp_path, run_dir, last + 1)
+    _written_by_the_lead(published, shrink["resumed_step"], regrow["resumed_step"], min(survivors))
+    _written_by_the_lead(published, regrow["resumed_step"], last, 0)
 
-    steps = records(run_dir, "step")
-    last = max(r["step"] for r in steps if r["rank"] == 0)  # every rank stopped at the same step boundary
+    steps = records(run_dir, "step")  # every rank stopped at the same step boundary, `last`
     plain_dir = _undisturbed_to(last, tmp_path_factory.mktemp("plain-sampled"), python_env)
     plain, plain_norms = _losses(plain_dir), {r["step"]: r["grad_norm"] for r in records(plain_dir, "step")}
     expected = {key: got[0][1] for key, got in _draws(plain_dir).items() if key[0] <= last}

@@ -211,6 +211,30 @@ def test_the_time_trained_shrunk_is_shown_apart_from_the_loss_to_the_regrow_and_
     assert "trained shrunk" in console_line(g) and "shrunk" not in console_line(plain.account())
 
 
+def test_a_shrink_that_lost_rank_0_follows_its_lowest_survivor_until_the_regrow_brings_rank_0_back():
+    tl = Timeline().first_attempt(steps=10)
+    tl.add(0.8, type="recovery", rank=0, outcome="recovered", action="shrink", seconds=0.8, steps_redone=0)
+    tl.steps(10, 30, rank=1)  # rank 1 leads the shrunk group: 3 s trained without rank 0
+    tl.phase(0.0, "rendezvous", rank=0)  # the newcomer taking rank 0 back joins and builds its trainer...
+    tl.phase(0.1, "init", rank=0)
+    tl.phase(0.0, "rendezvous", rank=1)  # ...while the group trains on, up to the boundary where it rebuilds
+    tl.phase(0.3, "train", rank=1)
+    tl.add(0.1, type="recovery", rank=0, outcome="recovered", action="regrow", seconds=0.5, steps_redone=0)
+    tl.steps(40, 10, rank=0)
+    g = tl.account()
+    _sums_to_wall(g)
+    # as when rank 2 is the one lost: the loss to the first step restart, the regrow's pause the
+    # leader's rendezvous, the shrunk stretch productive; the newcomer's own start is no warm-up
+    assert g.badput_s["restart"] == pytest.approx(0.8) and g.badput_s["rendezvous"] == pytest.approx(0.5 + 0.3)
+    assert g.badput_s["warmup"] == pytest.approx(1.0 + 0.7) and g.badput_s["other"] == 0
+    assert g.shrunk_s == pytest.approx(0.8 + 3.0, abs=1e-6)  # the loss -> the regrow's decision
+    never_back = Timeline().first_attempt(steps=5)
+    never_back.add(0.5, type="recovery", rank=0, outcome="recovered", action="shrink", seconds=0.5, steps_redone=0)
+    never_back.steps(5, 20, rank=1)
+    g = never_back.account(end_dt=0.0)
+    assert g.badput_s["other"] == 0 and g.productive_s == pytest.approx(0.1 * (5 + 20), abs=1e-6)  # every step
+
+
 def test_a_shrink_never_grown_back_counts_to_the_attempts_end():
     tl = Timeline().first_attempt(steps=5)
     tl.add(0.5, type="recovery", rank=3, outcome="recovered", action="shrink", seconds=0.5, steps_redone=0)

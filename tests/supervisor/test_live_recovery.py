@@ -244,13 +244,32 @@ def test_a_shrunk_group_shrinks_again_even_when_a_spare_is_back_since_no_spare_c
     assert live.shrinks() and live.pool.ready()
 
 
-@pytest.mark.parametrize(("rank", "survivors", "why"), [
-    (0, [1, 2, 3], "rank 0 was lost and no spare is left: a shrunk group needs rank 0"),
-    (3, [0], "1 survivor(s) are fewer than --min-replicas 2"),
-])
-def test_shrinking_is_refused_in_one_line_below_the_floor_or_without_rank_0(rank, survivors, why):
+def test_shrinking_is_refused_in_one_line_below_the_floor():
     live, _metrics, _told = _shrinking(floor=2)
-    assert why in live.why_not(rank, survivors)
+    assert "1 survivor(s) are fewer than --min-replicas 2" in live.why_not(3, [0])
+
+
+def test_rank_0_lost_with_no_spare_left_shrinks_too_its_lowest_survivor_leading_until_a_regrow_brings_it_back(
+        warnings):
+    live, _metrics, told = _shrinking(floor=2, spares=1)
+    live.pool.spares[0].returncode = 137  # the standing spare died: none left
+    assert live.shrinks() and live.why_not(0, [1, 2, 3]) is None
+    survivors = [FakeProc(pid=10 + r, rank=r) for r in (1, 2, 3)]
+    assert live.shrink(FakeProc(pid=10, rank=0), _cause(0), survivors, now=100.0)
+    assert told == [("gpuherd-live/1/decision", {"shrink": 0, "ranks": [1, 2, 3]})]
+    assert "go on without rank 0" in warnings[-1] and "rank 1 leads in its place" in warnings[-1]
+    rec = live.in_flight
+    assert rec.rank == 0 and rec.survivors == [{"rank": r, "pid": 10 + r} for r in (1, 2, 3)]
+    for r in (1, 2, 3):
+        live.observe(record({"type": "live", "rank": r, "event": "rejoined", "generation": 1, "step": 8, "source": 1,
+                             "role": "source" if r == 1 else "survivor", "seconds": 0.3, "replicas": 3}))
+    live.observe(record({"type": "step", "rank": 2, "step": 8}))
+    assert rec.outcome == "recovered" and rec.source_rank == 1 and rec.resumed_step == 8
+    live.pool.said_warm(901)
+    assert live.regrow_candidate() == 0  # the pool's refill takes rank 0 back
+    live.regrow(DeviceSlot(0, "cpu", 0), Path("/dev/null"), survivors, now=130.0)
+    assert told[-1] == ("gpuherd-live/2/decision", {"regrow": 0, "ranks": [0, 1, 2, 3]}) and live.group is None
+    assert live.pool.promoted == [(0, {"GEN": "2"})] and live.recoveries[-1].survivors == rec.survivors
 
 
 def test_without_min_replicas_no_spare_left_stays_a_restart():

@@ -125,3 +125,59 @@ def test_leaving_a_broken_group_shuts_down_every_peer_connection_but_the_store_s
         finally:
             for sock in (store, peer, store_end, peer_end):
                 sock.close()
+
+
+def _records(path, kind: str) -> list[dict]:
+    from tests.worker import helpers as h
+
+    return [r for r in h.read_status(path) if r["type"] == kind]
+
+
+@pytest.mark.integration  # the new lead forks its checkpoint writer
+def test_a_survivor_that_becomes_place_0_of_a_shrunk_group_takes_over_rank_0s_checkpoints_and_scalars(tmp_path):
+    """Rank 1 of 2 (rank 0 lost, worker/live_recovery.py `_resize` calls `on_place`): it writes
+    no checkpoint while rank 0 leads, then, as place 0, writes and prunes them in the background
+    with a writer of its own and opens the run's event file; back at place 1 (a regrow brought
+    rank 0 back) it writes none again."""
+    from gpuherd.contract import WorkerIdentity
+    from gpuherd.liveness import Liveness
+    from gpuherd.memory_plan import Layout
+    from tests.worker import helpers as h
+    from worker import signals as wsignals
+    from worker.data import Prefetched
+    from worker.train import Trainer
+
+    cfg = h.tiny_config(tmp_path, "training.save_every=2", "training.keep_last=1")
+    identity = WorkerIdentity(rank=1, local_rank=1, world_size=2, local_world_size=2, device_kind="cpu",
+                              device_id=1, supervised=False)
+    status_path, ckpt = tmp_path / "status.jsonl", tmp_path / "ckpt"
+    status = h.status_writer(status_path, 1)
+    t = Trainer(cfg, identity, torch.device("cpu"), Layout("single"), h.bundle(cfg, 1, 2), status, tmp_path / "run",
+                wsignals.SignalState(), Liveness(status), run_id="r1")
+    try:
+        def save_at(step: int) -> None:
+            t._train_step()
+            t.step = step
+            t.save()
+            t.saver.drain_or_raise()
+
+        save_at(1)
+        assert not ckpt.exists() and t.saver.writer is None and _records(status_path, "checkpoint") == []
+        t.on_place(0)
+        assert t.checkpointer.group_rank == 0 and t.saver.writer is not None
+        save_at(2)
+        save_at(3)
+        saves = _records(status_path, "checkpoint")
+        assert [(r["step"], r["mode"]) for r in saves] == [(2, "async"), (3, "async")]  # its own writer process
+        assert sorted(p.name for p in ckpt.iterdir()) == ["step_0000003.pt", "step_0000003.pt.manifest.json"]
+        if t.tb.sinks[0].writer is not None:  # tensorboard installed: the run's event file is this rank's now
+            assert list((tmp_path / "run" / "tensorboard").glob("events.*"))
+        t.on_place(1)
+        save_at(4)
+        assert t.tb.sinks[0].writer is None and len(_records(status_path, "checkpoint")) == 2
+        assert not (ckpt / "step_0000004.pt").exists()
+    finally:
+        t.tb.close()
+        t.saver.close()
+        if isinstance(t.data.train, Prefetched):
+            t.data.train.close()
