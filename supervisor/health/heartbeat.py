@@ -189,7 +189,8 @@ class Heartbeats:
     @staticmethod
     def _track_save(st: RankState, rec: Phase | Checkpoint | CheckpointWrite, now: float) -> None:
         if isinstance(rec, CheckpointWrite):  # a background write started, or failed
-            st.writing = str(rec.path) if rec.state == "started" else None
+            if rec.state in ("started", "failed"):  # `accounted` says what a save cost, not that its write ended
+                st.writing = str(rec.path) if rec.state == "started" else None
             return
         if isinstance(rec, Checkpoint):
             st.writing = None

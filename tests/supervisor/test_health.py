@@ -254,3 +254,19 @@ def test_the_supervisor_writes_a_key_the_workers_read_through_the_store_helper()
         store.stop()
     finally:
         server.close()
+
+
+def test_a_background_write_stays_in_flight_until_it_is_published_or_fails_whatever_is_accounted_meanwhile():
+    """A save's `accounted` record (its cost to the loop) may come while its write still runs, at
+    the next save's start: the teardown must still wait for that write."""
+    hb = Heartbeats([0, 1], now=0.0, timeouts=LearnedTimeouts(POLICY), rendezvous=60, expect_heartbeats=True)
+    path = "/ckpt/step_0000006.pt"
+    hb.record(0, rec({"type": "checkpoint_write", "rank": 0, "state": "started", "step": 6, "path": path}), 1.0)
+    hb.record(0, rec({"type": "checkpoint_write", "rank": 0, "state": "accounted", "step": 6, "cost_s": 0.1,
+                      "steps": 3}), 2.0)
+    assert hb.ranks[0].writing == path
+    hb.record(0, rec({"type": "checkpoint", "rank": 0, "step": 6, "path": path}), 3.0)
+    assert hb.ranks[0].writing is None
+    hb.record(0, rec({"type": "checkpoint_write", "rank": 0, "state": "started", "step": 9, "path": path}), 4.0)
+    hb.record(0, rec({"type": "checkpoint_write", "rank": 0, "state": "failed", "step": 9, "path": path}), 5.0)
+    assert hb.ranks[0].writing is None
