@@ -10,7 +10,7 @@ recovery at the default settings (one warm spare, refilled after each recovery),
 many steps as make its training last as long as the script's, and a checkpoint as often in
 seconds (a probe run measures its step first). Each launcher runs once undisturbed, then once under the schedule,
 interleaved round by round. The schedule, in fractions of that launcher's undisturbed
-training time (seeded jitter), each fault to whatever process is rank 1 by then:
+training time (seeded jitter, the same for every launcher of a round), each fault to whatever process is rank 1 by then:
 
     SIGKILL, SIGSTOP for good (a hang), SIGSTOP + SIGCONT 2 s later (a stop-and-continue:
     slow, not dead), SIGKILL
@@ -239,13 +239,15 @@ def main() -> int:
               f"{builtin_save}", flush=True)
         for i in range(rounds):
             faults_for = None
+            draw = rng.random()  # one schedule per round, the same for every launcher: its faults land at the
+            # same share of each one's training, so where they fall between checkpoints is no launcher's luck
             for kind in KINDS[i % len(KINDS):] + KINDS[:i % len(KINDS)]:
                 def fresh() -> Run:
                     if kind.startswith("gpuherd built-in"):
                         return Run(kind, Path(tempfile.mkdtemp(dir=tmp)), builtin_steps, builtin_save)
                     return Run(kind, Path(tempfile.mkdtemp(dir=tmp)), steps)
                 calm, training_s, _, _ = once(ln, fresh(), [], 900)
-                faults_for = schedule(training_s, random.Random(rng.random()))
+                faults_for = schedule(training_s, random.Random(draw))
                 cap = max(120.0, 4 * calm.wall_s)
                 faulted, _, block, costs = once(ln, fresh(), faults_for, cap)
                 results[kind].append((calm, faulted, block, costs))
