@@ -132,11 +132,11 @@ def join_generation(cfg: Config, identity: WorkerIdentity, device: torch.device,
         dist.distributed_c10d._set_pg_timeout(COLLECTIVE_TIMEOUT)
 
 
-
 def job_store(timeout: timedelta) -> Any:
     """A client of the attempt's store (MASTER_ADDR:MASTER_PORT), which the supervisor serves."""
     return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
                          timeout=timeout, wait_for_workers=False)
+
 
 class RegrowEnded(Exception):
     """A regrow's newcomer: the shrunk group ended its training before it could grow back."""
