@@ -147,12 +147,7 @@ class Saver:
         self.cost.open(step, started)
         wait_s = self.drain_or_raise()
         if not self.background or final:
-            capture = self.ckpt.capture(step, sampler_state)
-            written = written_here(lambda: self.ckpt.write(capture))
-            stall = time.perf_counter() - started
-            self._published(step, written.path, stall_s=stall, wait_s=wait_s, write_s=stall - wait_s,
-                            cpu_s=written.cpu_s, mode="blocking")
-            self._account(self.cost.close(time.perf_counter()))  # written while the loop waited: that is its cost
+            self._write_now(self.ckpt.capture(step, sampler_state), started, wait_s, collective=True)
             return
         save_phases.reached("staging", step)
         with self.live.collective("the state capture (every rank's data position and RNG)"):
@@ -182,9 +177,10 @@ class Saver:
         self.inflight = BackgroundWrite(step, capture.path, write, lambda done: self._written(done, stall, wait_s),
                                         writer_pid=pid)
 
-    def _write_now(self, capture: Capture, started: float, wait_s: float) -> None:
-        """A one-file save that was to go to the background, written by place 0 alone while its loop waits."""
-        written = written_here(lambda: self.ckpt.write(capture, collective=False))
+    def _write_now(self, capture: Capture, started: float, wait_s: float, collective: bool = False) -> None:
+        """A save written while the loop waits: a blocking or final one (`collective`: every rank
+        takes part), or a one-file save that was to go to the background, by place 0 alone."""
+        written = written_here(lambda: self.ckpt.write(capture, collective=collective))
         stall = time.perf_counter() - started
         self._published(capture.step, written.path, stall_s=stall, wait_s=wait_s, write_s=stall - wait_s,
                         cpu_s=written.cpu_s, mode="blocking")

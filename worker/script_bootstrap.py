@@ -12,7 +12,8 @@ Heartbeats: once the script has imported torch, every optimizer step (torch's gl
 optimizer-step post hook) becomes a `step` status record, at most every HEARTBEAT_EVERY s,
 and `torch.save` runs in phase `checkpoint` (the supervisor gives a saving rank the long
 allowance), and so does the interpreter's teardown once the script returned (phase
-`shutdown`). A SIGTERM that lands inside torch.save waits for the save (`SaveShield`). Nothing is sent before the first optimizer step: a script that never steps one
+`shutdown`). A SIGTERM that lands inside torch.save waits for the save (`SaveShield`).
+Nothing is sent before the first optimizer step: a script that never steps one
 is not judged by heartbeat, and the supervisor says so. A script that writes its own status
 records (gpuherd.status_channel) takes over; the automatic ones stop. SIGUSR1 dumps every
 thread's Python stack (faulthandler), as for the built-in worker. Last, before the

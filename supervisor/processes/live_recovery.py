@@ -208,8 +208,7 @@ class LiveRecovery:
         data slot. False (said why): the decision could not reach them."""
         generation = len(self.recoveries) + 1
         ranks = sorted(w.slot.rank for w in survivors)
-        told = self.tell is not None and self.tell(contract.DECISION_KEY.format(generation=generation),
-                                                   orjson.dumps({"shrink": lost.slot.rank, "ranks": ranks}).decode())
+        told = self._decide(generation, {"shrink": lost.slot.rank, "ranks": ranks})
         if not told:
             self._fail_in_flight(cause)
             logger.warning("live recovery not possible: the rendezvous store is gone, so the survivors cannot be "
@@ -233,6 +232,12 @@ class LiveRecovery:
                        f"worker(s) keep running and go on without rank {rec.rank}, one of them carrying its data "
                        f"slot (same global batch and data order; --min-replicas){lead}")
         return True
+
+    def _decide(self, generation: int, decision: dict[str, Any]) -> bool:
+        """The supervisor's word on rebuilt group `generation`, into the workers' store
+        (contract.DECISION_KEY); False: there is no store to tell, or it is gone."""
+        return self.tell is not None and bool(self.tell(contract.DECISION_KEY.format(generation=generation),
+                                                        orjson.dumps(decision).decode()))
 
     def regrow_candidate(self) -> int | None:
         """The carried rank a warm spare can take back now (the one an operator asked it for, else the
@@ -260,8 +265,7 @@ class LiveRecovery:
             return None
         generation = len(self.recoveries) + 1
         ranks = sorted([*(self.group or []), slot.rank])
-        told = self.tell is not None and self.tell(contract.DECISION_KEY.format(generation=generation),
-                                                   orjson.dumps({"regrow": slot.rank, "ranks": ranks}).decode())
+        told = self._decide(generation, {"regrow": slot.rank, "ranks": ranks})
         if not told:
             self.pool.put_back(spare)
             logger.warning(f"regrow not possible: the rendezvous store is gone, so the workers cannot be told that "
@@ -302,8 +306,8 @@ class LiveRecovery:
             logger.warning(f"live recovery not possible: {why}")
             return None
         new = self.pool.promote(spare, lost.slot, lost.log_path, self.env_for(lost.slot, spare, generation))
-        if self.shrink_floor and self.tell is not None:  # the survivors wait for the word before they rebuild
-            self.tell(contract.DECISION_KEY.format(generation=generation), orjson.dumps({"spare": lost.slot.rank}).decode())
+        if self.shrink_floor:  # the survivors wait for the word before they rebuild
+            self._decide(generation, {"spare": lost.slot.rank})
         self.budget -= 1
         rec = Recovery(number=self.numbered_from + len(self.recoveries) + 1, attempt=self.attempt, rank=lost.slot.rank,
                        device=lost.slot.tag, failed=cause.message, kind=cause.kind, lost_pid=lost.pid,

@@ -60,15 +60,21 @@ def _written_by_the_lead(published: dict[int, set[int]], since: int, until: floa
     assert all(ranks == {lead} for step, ranks in published.items() if since < step <= until), (lead, published)
 
 
+def _start_shrinkable(tmp_path, python_env, run_id: str, spares: str, *extra: str, **kw):
+    """A 4-rank run that shrinks instead of restarting (--min-replicas 2), saving every SAVE_EVERY
+    steps; (its process, its run directory)."""
+    proc = subprocess.Popen(_command(run_id, "--max-restarts", "2", "--spares", spares, "--min-replicas", "2", *extra,
+                                     nproc=4, **kw) + ["--set", f"training.save_every={SAVE_EVERY}"],
+                            cwd=tmp_path, env=python_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return proc, tmp_path / "logs" / run_id
+
+
 def test_a_rank_lost_with_no_spare_left_shrinks_the_group_with_the_same_samples_and_losses(
         tmp_path, tmp_path_factory, python_env):
     plain = _uninterrupted(tmp_path_factory, python_env, 4)
     plain_norms = {r["step"]: r["grad_norm"] for r in records(PLAIN_RUNS[4], "step")}
     kill_at, lost = random.randint(3, STEPS - 10), random.choice([0, 1, 2, 3])
-    proc = subprocess.Popen(_command("sh", "--max-restarts", "2", "--spares", "0", "--min-replicas", "2", nproc=4)
-                            + ["--set", f"training.save_every={SAVE_EVERY}"],
-                            cwd=tmp_path, env=python_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    run_dir = tmp_path / "logs" / "sh"
+    proc, run_dir = _start_shrinkable(tmp_path, python_env, "sh", "0")
     try:
         assert wait_for(lambda: _reached(run_dir, kill_at), timeout=240, interval=0.02)
         pids = {rank: _pid(run_dir, rank) for rank in range(4)}
@@ -184,11 +190,7 @@ def test_a_shrunk_group_grows_back_when_the_pools_spare_is_warm_with_every_sampl
     (rank 0 lost: rank 1 leads meanwhile, writing the checkpoints); the run is stopped a few steps
     later and compared with an undisturbed run stopped past the same step."""
     kill_at, lost, operator = random.randint(3, 15), random.choice([0, 1, 2, 3]), random.choice([False, True])
-    proc = subprocess.Popen(_command("rg", "--max-restarts", "2", "--spares", "0" if operator else "1",
-                                     "--min-replicas", "2", *SAMPLES, nproc=4, steps=LONG)
-                            + ["--set", f"training.save_every={SAVE_EVERY}"],
-                            cwd=tmp_path, env=python_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    run_dir = tmp_path / "logs" / "rg"
+    proc, run_dir = _start_shrinkable(tmp_path, python_env, "rg", "0" if operator else "1", *SAMPLES, steps=LONG)
     try:
         assert wait_for(lambda: _reached(run_dir, kill_at), timeout=240, interval=0.02)
         pids = {rank: _pid(run_dir, rank) for rank in range(4)}
