@@ -7,6 +7,7 @@ the resolved config (GPUHERD_CONFIG), the prepared dataset cache
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
 from pathlib import Path
@@ -15,12 +16,17 @@ from gpuherd import contract
 from gpuherd.config import Config
 from gpuherd.contract import WorkerIdentity
 from gpuherd.exit_codes import ExitCode
+from gpuherd.gloo_exit import settle
 from gpuherd.status_channel import StatusWriter
 from worker.logs import setup_logging
 from worker.main import guarded
 
 
 def main() -> int:
+    # Registered before torch is imported, so it runs after torch's own atexit callbacks, right
+    # before the interpreter finalizes: else a rank that finished (or stopped on a NaN) can
+    # still die of SIGABRT in gloo's teardown (gpuherd/gloo_exit.py: why).
+    atexit.register(settle)
     if os.environ.get(contract.SPARE) == "1":
         from worker.spare import stand_by
 

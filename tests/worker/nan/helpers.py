@@ -249,6 +249,7 @@ def run_rank(store: str, out_dir: Path, ckpt_dir: Path, scenario: str) -> int:
     from loguru import logger
 
     from gpuherd.contract import WorkerIdentity
+    from gpuherd.gloo_exit import settle
     from gpuherd.status_channel import StatusWriter
     from worker.nan import NanGuard, NanStop
 
@@ -309,6 +310,7 @@ def run_rank(store: str, out_dir: Path, ckpt_dir: Path, scenario: str) -> int:
         guard.detach()
         (out_dir / f"rank{identity.rank}.json").write_text(json.dumps(results))
         dist.destroy_process_group()
+        settle()  # as the worker does before it exits (gpuherd/gloo_exit.py): else a rare SIGABRT
     return code
 
 
