@@ -19,7 +19,7 @@ async against blocking, interleaved; each save's loss read from rank 0's step re
 the trainer's own account of it (its `accounted` records) beside it. Goal: async <= 0.2x
 blocking, the account within 10% of the records.
 
-    PYTHONPATH=. python bench/bench_checkpoint.py [--quick] [--gpu-only] [--ddp-only] [--ddp-75m]
+    PYTHONPATH=. python bench/bench_checkpoint.py [--quick] [--gpu-only] [--gpu-model 124M|1B] [--ddp-only] [--ddp-75m]
 Writes bench/results/checkpoint.md and bench/results/checkpoint.json.
 """
 
@@ -163,6 +163,8 @@ def main() -> int:
     parser.add_argument("--gpu-only", action="store_true", help="only the GPU row")
     parser.add_argument("--ddp-only", action="store_true", help="only the 2-rank DDP rows")
     parser.add_argument("--ddp-75m", action="store_true", help="a 2-rank DDP row for the 75M model too")
+    parser.add_argument("--gpu-model", choices=sorted(GPU_MODELS), default="1B",
+                        help="the GPU row's shape (the 1B model's saves, ~16 GB each, take minutes)")
     args = parser.parse_args()
     repeats = 1 if args.quick else 3
     comparisons, notes, details = [], [], {}
@@ -180,7 +182,7 @@ def main() -> int:
     rows = [] if args.gpu_only else [("cpu", "CPU", CPU_MODEL, CPU_VOCAB)]
     if torch.cuda.is_available():
         rows.append(("cuda", torch.cuda.get_device_name(0),
-                     [*GPU_MODELS["1B"], "training.use_amp=true", "training.compile=false"], GPU_VOCAB))
+                     [*GPU_MODELS[args.gpu_model], "training.use_amp=true", "training.compile=false"], GPU_VOCAB))
     else:
         notes.append("GPU row skipped: no CUDA device on this machine (`python -m bench --gpu` on one fills it).")
     for device, name, model, vocab in rows:
