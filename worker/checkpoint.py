@@ -11,7 +11,7 @@ Layouts under `system.checkpoint_dir` (each engine writes its own, see worker/en
 
 `meta` holds step, run id, model args, config, LR schedule, tokenizer, world size and,
 per rank, the data-sampler state and every RNG state. The manifest (written last)
-records the run id and every file's size and sha256; resuming verifies it
+records the run id and every file's size and digest; resuming verifies it
 (worker/resume.py). Everything is written to a temp name that carries the run id and
 the writer's pid, fsynced and renamed, so a crash never leaves a checkpoint that
 looks complete; a killed save's temp files are removed at the next start. A full or

@@ -64,7 +64,7 @@ def directly_to_disk() -> Iterator[None]:
 
 def atomic_torch_save(obj: Any, path: Path, label: str = "",
                       before_publish: Callable[[FileDigest], None] | None = None) -> FileDigest:
-    """torch.save into a locked temp file renamed into place; the sha256 is taken from
+    """torch.save into a locked temp file renamed into place; the manifest's digest is taken from
     the bytes on their way to disk. `before_publish(digest)` runs between the fsync and
     the rename."""
     with atomic_file(path, label, None if before_publish is None else lambda: before_publish(writer.digest())) \
@@ -86,9 +86,9 @@ def atomic_torch_save(obj: Any, path: Path, label: str = "",
 @contextlib.contextmanager
 def _without_zip_crc32():
     """torch.save's zip records carry a CRC32 each, which costs about 3 s of CPU per GB written
-    (most of a save: twice the sha256 taken on the way); the manifest's sha256 already vouches
-    for every byte, and torch.load reads such files as any other. Torch's switch is global:
-    restored after, and a concurrent save at worst computes the CRC it would have anyway."""
+    (more than the rest of a save); the manifest's digest already vouches for every byte, and
+    torch.load reads such files as any other. Torch's switch is global: restored after, and a
+    concurrent save at worst computes the CRC it would have anyway."""
     switch = getattr(torch.serialization, "set_crc32_options", None)
     if switch is None:  # a torch without it writes the CRC
         yield

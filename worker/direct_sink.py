@@ -1,14 +1,14 @@
 """Where a one-file checkpoint's bytes go on their way to disk when they lie page-aligned in
 memory (the async saver's shared buffer, worker/save_snapshot.py): each byte hashed once (the
-manifest's sha256) and the large records written straight from that memory to the disk
+manifest's digest) and the large records written straight from that memory to the disk
 (O_DIRECT), without passing through the page cache.
 
-Why: through the page cache, the writer's CPU per save is not only the sha256 but a copy of
+Why: through the page cache, the writer's CPU per save is not only the digest but a copy of
 every byte into freshly allocated page-cache pages and, at the fsync, their writeback (as
 much system time again as the copy). On a CPU run every CPU second of the writer is taken
 from a rank, which the other rank then waits for at the next all-reduce. Written directly,
 the bytes go from the buffer to the disk by DMA: what is left of the writer's CPU is the
-sha256. The file stays the same torch.save zip (records aligned to ALIGN bytes through torch's
+digest. The file stays the same torch.save zip (records aligned to ALIGN bytes through torch's
 own `storage_alignment`, recorded in the file, which torch.load honours); only how its bytes
 travel changes.
 
@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import mmap
 import os
 from collections.abc import Iterator
@@ -34,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gpuherd.checkpoint_manifest import FileDigest
+from gpuherd.checkpoint_manifest import FileDigest, new_hash
 
 ALIGN = 4096  # O_DIRECT's alignment (the device's logical block, 512 or 4096) in memory, offset and length
 BOUNCE = 8 << 20  # whole blocks gathered before a write: large enough that headers cost no extra writes
@@ -47,7 +46,7 @@ class DirectSink:
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.direct = _set_direct(fd, True)
-        self._hash, self._size = hashlib.sha256(), 0
+        self._hash, self._size = new_hash(), 0
         self._bounce = mmap.mmap(-1, BOUNCE)  # page-aligned, as O_DIRECT wants
         self._fill = 0  # bytes gathered in the bounce buffer, at file offset _size - _fill
         self.direct_bytes = 0  # written straight from the caller's memory

@@ -9,7 +9,7 @@
   continuing its weights would be silently wrong); a corrupt one falls back to the
   newest valid checkpoint of this run.
 
-Verifying is a collective: every rank checks the sizes, the ranks split the sha256
+Verifying is a collective: every rank checks the sizes, the ranks split the digests
 work, and every rank reaches the same verdict from the gathered results.
 """
 

@@ -1,4 +1,4 @@
-"""Checkpoints that survive anything: a manifest with the run id and every file's sha256,
+"""Checkpoints that survive anything: a manifest with the run id and every file's digest,
 verified on resume; a corrupt newest checkpoint skipped for the newest valid one;
 another run's checkpoint refused on a restart; a killed save's temp files removed at
 the next start, never a live writer's; a full disk named in one line with its own exit
@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 import torch
+import xxhash
 from tests.worker import helpers as h
 
 from gpuherd.checkpoint_layout import list_checkpoints
-from gpuherd.checkpoint_manifest import read_manifest
+from gpuherd.checkpoint_manifest import manifest_path, read_manifest
 from gpuherd.contract import WorkerIdentity
 from gpuherd.exit_codes import ExitCode
 from worker.distributed import WorkerError
@@ -63,7 +64,7 @@ def ckpt(saved: Path, tmp_path: Path) -> Path:
     return tmp_path / "ckpt"
 
 
-def test_every_checkpoint_records_its_run_step_and_sha256(saved: Path):
+def test_every_checkpoint_records_its_run_step_and_digest(saved: Path):
     found = list_checkpoints(saved)
     assert [step for step, _ in found] == [2, 4, 6]
     for step, path in found:
@@ -72,7 +73,8 @@ def test_every_checkpoint_records_its_run_step_and_sha256(saved: Path):
         digest = manifest.files[path.name]
         assert list(manifest.files) == [path.name]
         assert digest.size == path.stat().st_size
-        assert digest.sha256 == hashlib.sha256(path.read_bytes()).hexdigest()
+        assert (digest.algorithm, digest.hexdigest) == ("xxh3_128", xxhash.xxh3_128(path.read_bytes()).hexdigest())
+        assert b'"format": "gpuherd/manifest-v2"' in manifest_path(path).read_bytes()
         assert torch.load(path, weights_only=True)["meta"]["run_id"] == RUN
     assert not [p for p in saved.iterdir() if p.name.endswith(".tmp")]
 
@@ -110,6 +112,27 @@ def test_resume_auto_skips_a_damaged_newest_checkpoint_with_one_warning(ckpt: Pa
     assert len(warnings) == 1 and re.search(reason + ": skipped$", warnings[0]), warnings
     with pytest.raises(WorkerError, match="^" + reason) as info:  # named explicitly: refused, same words
         train(tmp_path, f"training.resume={newest}", "training.max_steps=8", status_name="explicit.jsonl")
+    assert info.value.exit_code == ExitCode.USAGE
+
+
+def _as_v1(path: Path) -> None:
+    """Rewrite the checkpoint's manifest as the previous format wrote it: sha256 digests."""
+    raw = json.loads(manifest_path(path).read_bytes())
+    raw["format"] = "gpuherd/manifest-v1"
+    raw["files"] = {name: {"bytes": entry["bytes"], "sha256": hashlib.sha256((path.parent / name).read_bytes()).hexdigest()}
+                    for name, entry in raw["files"].items()}
+    manifest_path(path).write_text(json.dumps(raw))
+
+
+def test_a_checkpoint_with_a_sha256_manifest_of_the_previous_format_still_verifies(ckpt: Path, tmp_path: Path, capfd):
+    newest = ckpt / "step_0000006.pt"
+    _as_v1(newest)
+    code, records = train(tmp_path, "training.resume=auto", "training.max_steps=8")
+    assert code == 0 and steps_of(records) == [6, 7]
+    assert not warnings_in(capfd.readouterr().err)
+    reason = _overwrite_middle(newest)  # the old digest still catches changed bytes
+    with pytest.raises(WorkerError, match="^" + reason) as info:
+        train(tmp_path, f"training.resume={newest}", "training.max_steps=8", status_name="damaged.jsonl")
     assert info.value.exit_code == ExitCode.USAGE
 
 

@@ -1,11 +1,10 @@
-"""The async writer's way to the disk (worker/direct_sink.py): the same bytes and sha256 as an
+"""The async writer's way to the disk (worker/direct_sink.py): the same bytes and digest as an
 ordinary write whatever the alignment of what it is given, the large aligned records sent
 straight from their memory, and the file still the torch.save checkpoint that resume reads."""
 
 from __future__ import annotations
 
 import errno
-import hashlib
 import mmap
 import os
 import zipfile
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import xxhash
 
 from gpuherd.checkpoint_manifest import file_digest, read_manifest
 from worker import direct_sink
@@ -64,13 +64,13 @@ def _direct_allowed(where: Path) -> bool:
         os.close(fd)
 
 
-def test_the_file_holds_every_byte_once_and_the_digest_is_its_sha256(tmp_path: Path):
+def test_the_file_holds_every_byte_once_and_the_digest_is_its_xxh3(tmp_path: Path):
     pieces = _pieces()
     sink = _write(tmp_path / "f", pieces)
     expected = b"".join(bytes(p) for p in pieces)
     assert (tmp_path / "f").read_bytes() == expected  # no padding left behind: the last block was cut back
     assert sink.digest().size == len(expected)
-    assert sink.digest().sha256 == hashlib.sha256(expected).hexdigest() == file_digest(tmp_path / "f").sha256
+    assert sink.digest().hexdigest == xxhash.xxh3_128(expected).hexdigest() == file_digest(tmp_path / "f").hexdigest
     # the aligned records' whole blocks went straight from memory (where the filesystem allows)
     aligned = direct_sink.BOUNCE + 3 * ALIGN + 5 * ALIGN
     assert sink.direct_bytes == (aligned if _direct_allowed(tmp_path) else 0)
