@@ -169,3 +169,18 @@ def test_the_trainers_account_is_what_its_step_records_show():
     for row in rows:
         assert row["trainer_s"] == pytest.approx(row["records_s"], abs=1e-9), row
     assert rows[0]["records_s"] == pytest.approx(0.1 + 1.3 + 0.026)  # before any quiet step: the whole window
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_cuda_the_expected_bytes_are_pinned_before_the_first_save():
+    """Registering the pages backs and locks each one: done at the start, not in the first save."""
+    taker = SnapshotTaker(torch.device("cuda", 0), 8 << 20, 4 << 20)
+    try:
+        assert taker.region.pinned == 4 << 20
+        weight = torch.randn(1024, 1024, device="cuda")  # 4 MiB: more than was expected, pinned anew
+        built = rebuild(taker.take({"w": weight, "b": torch.ones(3, device="cuda")}), taker.region.map)
+        assert taker.region.pinned > 4 << 20
+        assert torch.equal(built["w"], weight.cpu()) and torch.equal(built["b"], torch.ones(3))
+    finally:
+        taker.close()
