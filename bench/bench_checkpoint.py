@@ -19,7 +19,7 @@ async against blocking, interleaved; each save's loss read from rank 0's step re
 the trainer's own account of it (its `accounted` records) beside it. Goal: async <= 0.2x
 blocking, the account within 10% of the records.
 
-    PYTHONPATH=. python bench/bench_checkpoint.py [--quick] [--gpu-only] [--gpu-model 124M|1B] [--ddp-only] [--ddp-75m]
+    PYTHONPATH=. python bench/bench_checkpoint.py [--quick] [--gpu-only] [--save-every N] [--gpu-model 124M|1B] [--ddp-only] [--ddp-75m]
 Writes bench/results/checkpoint.md and bench/results/checkpoint.json.
 """
 
@@ -57,16 +57,21 @@ CPU_MODEL = ["model.n_layers=10", "model.dim=768", "model.n_heads=12", "model.n_
 CPU_VOCAB = 8192
 CPU_MODEL_DDP = [*CPU_MODEL, "data.tokenizer=byte", f"model.vocab_size={CPU_VOCAB}"]  # under gpuherd: the dummy set
 SAVE_EVERY = 3
-MODES = {"none": ["training.save_every=0"],
-         "blocking": [f"training.save_every={SAVE_EVERY}", "training.async_save=false"],
-         "async": [f"training.save_every={SAVE_EVERY}", "training.async_save=true"]}
+MODES = ("none", "blocking", "async")
 
 
-def loop_seconds(tmp: Path, device: str, model: list[str], vocab: int, steps: int, mode: str) -> tuple[float, list]:
+def mode_overrides(mode: str, save_every: int) -> list[str]:
+    return {"none": ["training.save_every=0"],
+            "blocking": [f"training.save_every={save_every}", "training.async_save=false"],
+            "async": [f"training.save_every={save_every}", "training.async_save=true"]}[mode]
+
+
+def loop_seconds(tmp: Path, device: str, model: list[str], vocab: int, steps: int, mode: str,
+                 save_every: int) -> tuple[float, list]:
     """Wall time of the loop from its first step record to its last (saves in between), and its
     checkpoint records."""
     ckpt = tmp / f"ckpt-{mode}-{time.monotonic_ns()}"
-    cfg = resolve("debug", overrides=[*model, *MODES[mode], f"training.max_steps={steps}", "training.log_every=1",
+    cfg = resolve("debug", overrides=[*model, *mode_overrides(mode, save_every), f"training.max_steps={steps}", "training.log_every=1",
                                       "training.warmup_steps=2", "training.eval_every=0", "training.keep_last=2",
                                       "debug.nan_detection=false", "debug.nan_hooks=false", "debug.log_level=WARNING",
                                       "training.grad_accum_nums=1", f"system.checkpoint_dir={ckpt}"], cwd=tmp)
@@ -86,7 +91,7 @@ def loop_seconds(tmp: Path, device: str, model: list[str], vocab: int, steps: in
 
 
 def compare(device: str, model: list[str], vocab: int, steps: int, repeats: int,
-            what: str) -> tuple[list[Comparison], dict]:
+            what: str, save_every: int) -> tuple[list[Comparison], dict]:
     """Interleaved repeats of the three loops. Two measures of what the saves cost the loop: the
     time it was blocked by them (their `stall_s`, timed inside the loop: captures, copies, writes
     and waits), and its wall time minus the loop's without saves (what the writer's competition
@@ -98,7 +103,7 @@ def compare(device: str, model: list[str], vocab: int, steps: int, repeats: int,
         for i in range(repeats):
             order = list(MODES) if i % 2 == 0 else list(reversed(MODES))
             for mode in order:
-                seconds, records = loop_seconds(tmp, device, model, vocab, steps, mode)
+                seconds, records = loop_seconds(tmp, device, model, vocab, steps, mode, save_every)
                 samples[mode].append(seconds)
                 saves[mode].append(records)
     blocked = {m: [sum(r["stall_s"] for r in run) for run in saves[m]] for m in ("blocking", "async")}
@@ -163,6 +168,9 @@ def main() -> int:
     parser.add_argument("--gpu-only", action="store_true", help="only the GPU row")
     parser.add_argument("--ddp-only", action="store_true", help="only the 2-rank DDP rows")
     parser.add_argument("--ddp-75m", action="store_true", help="a 2-rank DDP row for the 75M model too")
+    parser.add_argument("--save-every", type=int, default=SAVE_EVERY,
+                        help="steps between the single-process rows' saves (a GPU's short steps: more, so that "
+                             "a write can end before the next save)")
     parser.add_argument("--gpu-model", choices=sorted(GPU_MODELS), default="1B",
                         help="the GPU row's shape (the 1B model's saves, ~16 GB each, take minutes)")
     args = parser.parse_args()
@@ -177,8 +185,9 @@ def main() -> int:
     if args.ddp_only:
         write_results("checkpoint", "Checkpoints: blocking vs async save (training.async_save)", comparisons, notes)
         return 0
-    steps = 2 * SAVE_EVERY + 1  # periodic saves after steps 3 and 6, both inside the timed loop; the final one
-    # (after step 7, blocking in every loop) is outside it
+    every = args.save_every
+    steps = 2 * every + 1  # two periodic saves, both inside the timed loop; the final one
+    # (after the last step, blocking in every loop) is outside it
     rows = [] if args.gpu_only else [("cpu", "CPU", CPU_MODEL, CPU_VOCAB)]
     if torch.cuda.is_available():
         rows.append(("cuda", torch.cuda.get_device_name(0),
@@ -188,8 +197,8 @@ def main() -> int:
     for device, name, model, vocab in rows:
         n = count_params(resolve("debug", overrides=model).model, vocab)
         rows_of_device, details[device] = compare(device, model, vocab, steps, repeats,
-                                                  f"{name}, {n / 1e6:,.0f}M parameters, {steps // SAVE_EVERY} saves "
-                                                  f"{SAVE_EVERY} steps apart")
+                                                  f"{name}, {n / 1e6:,.0f}M parameters, {steps // every} saves "
+                                                  f"{every} steps apart", every)
         comparisons += rows_of_device
         notes.append(_detail_note(name, details[device]))
     notes.append("blocked = the sum of the saves' stall_s (the loop waiting on them: capture, copy to host memory, "
