@@ -33,6 +33,7 @@ RESUME = "GPUHERD_RESUME"  # set on a restarted attempt: the checkpoint to resum
 TRACE_DIR = "GPUHERD_TRACE_DIR"  # where a rank dumps its collective trace when the supervisor asks (gpuherd/liveness.py)
 LIVE_RECOVERY = "GPUHERD_LIVE_RECOVERY"  # "1": a warm spare stands by; a rank that loses a peer rejoins a rebuilt group
 SPARE = "GPUHERD_SPARE"  # "1": a warm spare: import, map the dataset, then wait on stdin for the rank it replaces
+STANDBY = "GPUHERD_STANDBY"  # "1": a --script rank's restart standby: import torch, then wait on stdin for its rank
 JOIN_GENERATION = "GPUHERD_JOIN_GENERATION"  # in a spare's assignment: the rebuilt group it joins (1, 2, ...)
 # Set by a user, never by gpuherd: a test fault, RANK:STEP:TARGET (worker/sdc/injector.py)
 INJECT_BITFLIP = "GPUHERD_INJECT_BITFLIP"
@@ -54,7 +55,8 @@ STACKS_SIGNAL = signal.SIGRTMAX  # a hang verdict: dump every thread's Python st
 
 GPUHERD_VARS = (
     GPU_RANK, DEVICE_KIND, DEVICE_ID, DEVICE_UUID, CONFIG_PATH, RUN_DIR, DATASET_CACHE,
-    STATUS_FD, SUPERVISOR_PID, SUPERVISED, RESUME, TRACE_DIR, LIVE_RECOVERY, SPARE, JOIN_GENERATION, SHRINK,
+    STATUS_FD, SUPERVISOR_PID, SUPERVISED, RESUME, TRACE_DIR, LIVE_RECOVERY, SPARE, STANDBY, JOIN_GENERATION,
+    SHRINK,
 )
 
 

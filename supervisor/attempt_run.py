@@ -52,6 +52,7 @@ from supervisor.processes import (
     OrphanGuard,
     RunEnv,
     SpareDesk,
+    Standbys,
     StopRules,
     Supervision,
     WorkerProcess,
@@ -63,6 +64,7 @@ from supervisor.processes import (
     python_env,
     script_env,
     spawn,
+    standby_env,
     sweep_children,
     worker_env,
 )
@@ -134,6 +136,7 @@ class AttemptRunner:
         self.recoveries: list[dict] = []  # every live recovery of every attempt (summary.json)
         self.folding: FoldingPoint | None = None  # multi-node: lines merged across nodes (node 0's print them)
         self.spare_desk = SpareDesk(run_dir)  # `gpuherd spare`: every attempt answers the run's requests
+        self.standbys = Standbys()  # a --script's next attempt, importing torch while this one trains
 
     def _line_relay(self, world_size: int) -> Callable[[Group], None] | None:
         """Where this node's held console lines go to be folded with the other nodes' (the node
@@ -346,9 +349,13 @@ class AttemptRunner:
                 error_file.unlink(missing_ok=True)  # only what this attempt's rank writes may be read back
                 binding = bindings[i] if bindings else None
                 extra = att.live.worker_env if att.live is not None and not att.live.off else {}
-                w = spawn(bound(binding, self._command_of(slot.local)), lambda fd, slot=slot, ef=str(error_file),
-                          extra=extra: {**worker_env(base_env, plan, slot, att.run_env, fd, error_file=ef), **extra},
-                          slot, att.logs[slot.rank].path)
+
+                def env_of(fd: int, slot=slot, ef=str(error_file), extra=extra) -> dict[str, str]:
+                    return {**worker_env(base_env, plan, slot, att.run_env, fd, error_file=ef), **extra}
+
+                w = self.standbys.take(slot, env_of(-1), att.logs[slot.rank].path) if binding is None else None
+                if w is None:
+                    w = spawn(bound(binding, self._command_of(slot.local)), env_of, slot, att.logs[slot.rank].path)
                 if binding is not None and not shutil.which("numactl"):
                     with contextlib.suppress(ProcessLookupError):  # already gone: its exit tells the rest
                         os.sched_setaffinity(w.pid, binding.cpus)  # before it starts a thread: they inherit it
@@ -357,6 +364,7 @@ class AttemptRunner:
                 guard.watch(w.pgid)
             if att.live is not None:
                 att.live.pool.fill()  # after the workers: a spare never delays the training start
+            self._start_standbys(att, base_env, guard, numa=bool(bindings))
             logger.debug(f"attempt {att.number}: spawned {len(att.workers)} worker(s); rendezvous store on "
                          f"{att.setup.master_addr}:{att.setup.master_port}")
             if store is not None:
@@ -373,6 +381,31 @@ class AttemptRunner:
         finally:
             self._end_attempt(att, guard, watchers)
         return cause
+
+    def _start_standbys(self, att: Attempt, base_env: dict[str, str], guard: OrphanGuard, numa: bool) -> None:
+        """After the workers: a restart standby per local rank for the next attempt, where a
+        script (through the bootstrap) may still be restarted (supervisor/processes/standbys.py)."""
+        script, run_env, plan = self.launch.script, att.run_env, att.setup.plan
+        if script is None or not script.bootstrapped or not self.cfg.system.standbys or numa \
+                or run_env.restart_count >= run_env.max_restarts:
+            return
+
+        def start(slot):
+            error_file = str(error_file_for(att.logs[slot.rank].path))
+            env = standby_env(worker_env(base_env, plan, slot, run_env, -1, error_file=error_file))
+            process = spawn(self._command_of(slot.local), lambda fd: {**env, contract.STATUS_FD: str(fd)}, slot,
+                            att.logs[slot.rank].path, stdin_pipe=True)
+            return process, env
+
+        for standby in self.standbys.fill(list(plan.slots), start):
+            guard.watch(standby.pgid)
+        logger.debug(f"attempt {att.number}: restart standbys {sorted(self.standbys.pids())}")
+
+    def retire_standbys(self, guard: OrphanGuard | None) -> None:
+        """The job's end: the standbys no attempt needs are ended and reaped."""
+        for pgid in self.standbys.retire():
+            if guard is not None:
+                guard.forget(pgid)
 
     def _command_of(self, local_rank: int) -> list[str]:
         """A script's command line with `${local_rank}` filled in (torchrun's macros); the built-in
@@ -396,7 +429,7 @@ class AttemptRunner:
             self.store_server.drop()  # the helper stays warm for the next attempt
         if att.live is not None:
             discard_spares(att.live.pool, guard.forget)
-        sweep_children(exclude={guard.pid, self.rendezvous.helper_pid, self.store_server.pid})
+        sweep_children(exclude={guard.pid, self.rendezvous.helper_pid, self.store_server.pid, *self.standbys.pids()})
         for pgid in {w.pgid for w in [*att.workers, *sup.workers.values()]}:
             guard.forget(pgid)
         sup.restore_signal_handlers()

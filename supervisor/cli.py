@@ -192,13 +192,16 @@ def _add_script_flags(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--no-auto-heartbeat", dest="auto_heartbeat", action="store_false",
                    help="start the script exactly as torchrun does: no heartbeats from its optimizer steps, "
                         "no stack dumps on SIGUSR1 (hang detection then needs status records from it)")
+    s.add_argument("--no-standbys", dest="standbys", action="store_false", default=None,
+                   help="no restart standbys: a restarted rank starts a fresh interpreter (by default, while "
+                        "restarts are left, one per rank imports torch for the next attempt as this one trains)")
 
 
 # flags whose value goes to `system.<same name>` (store_true flags only when given)
 _SYSTEM_FLAGS = ("nproc", "gpus", "isolate", "hang_timeout", "grace_period", "stop_timeout", "log_ranks",
                  "collapse_logs", "max_restarts", "spares", "min_replicas", "restart_backoff", "restart_on_nan", "exclude_suspect_gpus",
                  "allow_suspect_gpus",
-                 "preflight", "report")
+                 "preflight", "report", "standbys")
 
 
 def parse(argv: list[str], prog: str = PROG) -> Launch:
@@ -219,8 +222,8 @@ def parse(argv: list[str], prog: str = PROG) -> Launch:
     extra = resume_override(args)
     for flag in _SYSTEM_FLAGS:  # each flag is a system.* config key: one validation covers both
         value = getattr(args, flag)
-        if value is False and flag in ("isolate", "preflight", "report"):
-            extra.append(f"system.{flag}=false")  # --no-isolate, --skip-checks, --no-report
+        if value is False and flag in ("isolate", "preflight", "report", "standbys"):
+            extra.append(f"system.{flag}=false")  # --no-isolate, --skip-checks, --no-report, --no-standbys
         elif value is not None and value is not False:
             extra.append(f"system.{flag}={'true' if value is True else value}")
     cfg = config_from_args(args, extra + torchrun.overrides)

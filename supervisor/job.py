@@ -185,6 +185,7 @@ class Job:
         finally:
             self.goodput = self._goodput_so_far(end_of_start=metrics)
             metrics.close()
+            self.attempts.retire_standbys(self.guard)
             self.release_guard(dying=self.attempts.store_server.close(wait=False))
         return self.finish(final, attempts)
 

@@ -32,9 +32,11 @@ import atexit
 import builtins
 import faulthandler
 import functools
+import gc
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import json
 import os
 import runpy
 import signal
@@ -46,6 +48,13 @@ from collections.abc import Callable
 from typing import Any
 
 HEARTBEAT_EVERY = 0.5  # seconds between step records: well under any sensible --hang-timeout
+STANDBY = "GPUHERD_STANDBY"  # gpuherd/contract.py's name (nothing of gpuherd's is imported this early)
+STATUS_FD = "GPUHERD_STATUS_FD"
+STANDBY_NICE = 19  # the standby's import yields to every training rank
+# What a torchrun-style script's start imports, in the order it does: torch, its process group, and
+# torch._dynamo, which DistributedDataParallel's constructor (and FSDP's, and torch.compile) imports
+# lazily: 1.4 s of a 2-core CPU, more than torch itself.
+PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
 AFTER_SAVE_S = 1.0  # a SIGTERM held through torch.save lands at most this long after it: the script's rename
 
 
@@ -269,9 +278,61 @@ def _watch(rank: int) -> None:
     AfterImport("torch", heartbeat.attach).install()
 
 
+def _preload() -> None:
+    """The standby's import of torch, at the lowest priority (Linux nice is per thread): it takes
+    only the CPU the training ranks leave idle, and the main thread keeps its own."""
+    with_nice(STANDBY_NICE)
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except BaseException:  # noqa: BLE001 - the script's own import of it says what is wrong
+            return
+    # What was imported lives as long as the process: out of the collector's way, so the script's
+    # collections do not walk torch's objects again and again (as the built-in worker, worker/heap.py).
+    gc.collect()
+    gc.freeze()
+
+
+def with_nice(nice: int, tid: int | None = None) -> bool:
+    """Set thread `tid`'s (this thread's) nice value; False where it is not allowed (a lower
+    value than it has needs CAP_SYS_NICE or RLIMIT_NICE)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid if tid is not None else threading.get_native_id(), nice)
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
+def stand_by(argv: list[str], stdin: Any = None) -> bool:
+    """A restart standby (supervisor/processes/standbys.py): import torch while the attempt before
+    trains, then wait for this rank's environment on stdin (one JSON line, `{"env": {...}}`) and
+    take it as the script's (its status fd kept). False: end of input, the standby is not needed.
+    The script starts only once the import is over: its own `import torch` would wait for it
+    anyway, and the heartbeat hooks torch's optimizer once torch is whole. torch is imported with
+    the sys.path[0] the script will have (run_script, run_module), as the script would import it."""
+    sys.path[0] = os.getcwd() if argv[0] == "-m" else os.path.dirname(os.path.realpath(argv[0]))
+    loader = threading.Thread(target=_preload, name="gpuherd-standby", daemon=True)
+    loader.start()
+    line = (stdin or sys.stdin.buffer).readline()
+    if not line.strip():
+        return False
+    env = json.loads(line)["env"]
+    own_fd = os.environ.get(STATUS_FD)
+    os.environ.clear()
+    os.environ.update(env)
+    if own_fd is not None:
+        os.environ[STATUS_FD] = own_fd
+    if loader.is_alive():  # promoted mid-import: the rest at this thread's priority, where allowed
+        with_nice(os.getpriority(os.PRIO_PROCESS, 0), loader.native_id)
+        loader.join()
+    return True
+
+
 def bootstrap(argv: list[str]) -> None:
     if not argv or (argv[0] == "-m" and len(argv) < 2):
         raise SystemExit("usage: script_bootstrap.py SCRIPT ARGS... | -m MODULE ARGS...")
+    if os.environ.get(STANDBY) == "1" and not stand_by(argv):
+        os._exit(0)  # not needed: nothing to clean up, and torch may be mid-import in the loader thread
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     _watch(int(os.environ.get("RANK", "0")))
     try:

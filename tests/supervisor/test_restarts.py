@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import orjson
+import psutil
 import pytest
 
 from gpuherd.exit_codes import ExitCode
@@ -266,3 +267,26 @@ def test_a_restart_never_resumes_from_another_runs_checkpoint(tmp_path, other_st
     assert attempts[1]["resumed_from"] == expected
     resumed = (tmp_path / "logs" / "a" / "attempt-1" / "worker-rank0-CPU0.log").read_text()
     assert f"resume={expected or ''!r}" in resumed
+
+
+# Says whether torch was imported before it started, then rank 1 fails on the first attempt.
+PRELOADED = """\
+import os, sys
+print(f"restart {os.environ['TORCHELASTIC_RESTART_COUNT']} rank {os.environ['RANK']} torch preloaded: "
+      f"{'torch' in sys.modules} standby marker: {os.environ.get('GPUHERD_STANDBY')}", flush=True)
+if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and os.environ["RANK"] == "1":
+    raise SystemExit(1)
+"""
+
+
+def test_a_scripts_restart_starts_from_standbys_that_imported_torch_while_it_trained(tmp_path):
+    script = tmp_path / "preloaded.py"
+    script.write_text(PRELOADED)
+    r = run(tmp_path, args=("--nproc", "2", "--max-restarts", "1", *FAST), script=script, timeout=120)
+    assert r.code == 0, r.err[-3000:]
+    for rank in (0, 1):
+        assert f"restart 0 rank {rank} torch preloaded: False standby marker: None" in r.out
+        assert f"restart 1 rank {rank} torch preloaded: True standby marker: None" in r.out
+    assert r.summary["restarts"] == 1
+    # the last attempt had no restart left: it started no standby, and the first one's were used
+    assert not any("preloaded.py" in " ".join(p.cmdline()) for p in psutil.Process().children(recursive=True))

@@ -187,6 +187,8 @@ def test_cli_maps_flags_onto_system_config_and_script_takes_the_rest(tmp_path, m
     positional = parse(["--nproc", "3", "train.py", "--nproc", "1", "--script", "x"])  # torchrun-style
     assert (positional.script.target, positional.script.args) == ("train.py", ["--nproc", "1", "--script", "x"])
     assert positional.config.system.nproc == 3
+    assert positional.config.system.standbys is True  # restart standbys: on unless --no-standbys
+    assert parse(["--no-standbys", "train.py"]).config.system.standbys is False
 
 
 def test_worker_env_isolates_one_gpu_per_worker(four_gpus):

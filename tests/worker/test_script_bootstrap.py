@@ -75,6 +75,38 @@ def test_a_failing_script_prints_pythons_traceback_and_exit_code(project):
     assert _python([str(BOOTSTRAP_SELF), "src/exit3.py"], project).returncode == 3
 
 
+ENV_SHOW = """\
+import json, os, sys
+print(json.dumps({"torch": "torch" in sys.modules, "dynamo": "torch._dynamo" in sys.modules,
+                  "env": {k: os.environ.get(k) for k in ("RANK", "GPUHERD_STANDBY", "MARK", "GPUHERD_STATUS_FD")},
+                  "argv": sys.argv, "path0": sys.path[0]}))
+"""
+
+
+def _standby(project: Path, stdin: bytes) -> subprocess.CompletedProcess:
+    (project / "src" / "env_show.py").write_text(ENV_SHOW)
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "GPUHERD_STANDBY": "1", "RANK": "0",
+           "MARK": "before", "GPUHERD_STATUS_FD": "7"}
+    return subprocess.run([sys.executable, "-u", str(BOOTSTRAP_SELF), "src/env_show.py", "a"], cwd=project, env=env,
+                          input=stdin, capture_output=True, timeout=120)
+
+
+def test_a_standby_imports_torch_then_runs_the_script_with_the_environment_it_is_handed(project):
+    handed = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"RANK": "3", "MARK": "after"}
+    done = _standby(project, orjson.dumps({"env": handed}) + b"\n")
+    assert done.returncode == 0, done.stderr
+    seen = orjson.loads(done.stdout)
+    assert seen["torch"] and seen["dynamo"]  # imported before the script started
+    # the handed environment, with the standby's own status fd; the standby marker is gone
+    assert seen["env"] == {"RANK": "3", "GPUHERD_STANDBY": None, "MARK": "after", "GPUHERD_STATUS_FD": "7"}
+    assert seen["argv"] == ["src/env_show.py", "a"] and seen["path0"] == str(project / "src")
+
+
+def test_a_standby_told_it_is_not_needed_exits_0_without_running_the_script(project):
+    done = _standby(project, b"")
+    assert done.returncode == 0 and done.stdout == b"" and done.stderr == b""
+
+
 @pytest.mark.parametrize("without_orjson", [False, True])
 def test_optimizer_steps_and_torch_save_become_status_records(tmp_path, without_orjson):
     """A real torch script with nothing of gpuherd in it, through the bootstrap with a status pipe;

@@ -1,0 +1,138 @@
+"""Restart standbys: a `--script` run's next attempt starts from interpreters that imported torch
+while this one trained.
+
+Most of a script rank's restart is its interpreter importing torch (about 1-1.5 s of CPU a rank,
+all of it after the failure). So while an attempt trains, one standby per local rank is started
+for the next attempt (only while restarts are left): the script's own command line through the
+bootstrap with `GPUHERD_STANDBY=1` (worker/script_bootstrap.py), which imports torch in a thread
+at the lowest CPU priority (it takes only the cycles the ranks leave idle) and then waits on its
+stdin. The next attempt hands each standby its rank's environment as one JSON line and closes
+the pipe; the process, its pipes and its status channel then serve as that rank's worker, and
+the script starts with torch already imported. End of input instead: the standby is not needed
+(it exits 0 at once).
+
+A standby is used only where the new attempt's environment differs from the one it started with
+in per-attempt variables alone (ATTEMPT_KEYS: the restart count, the store's port, the rank's
+error file, ...): anything torch or a library reads at import (OMP_NUM_THREADS changes when the
+group shrinks, CUDA_VISIBLE_DEVICES when a GPU is left out) differs, and then that rank starts
+afresh, as without standbys. A standby that died meanwhile is replaced by a fresh start too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+
+import orjson
+from loguru import logger
+
+from gpuherd import contract
+from supervisor.gpus import DeviceSlot
+from supervisor.processes.error_file import ERROR_FILE_VAR
+from supervisor.processes.spawn import WorkerProcess
+
+ATTEMPT_KEYS = frozenset({
+    contract.STATUS_FD, contract.STANDBY, contract.TRACE_DIR, contract.RESUME, ERROR_FILE_VAR,
+    "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT", "TORCH_FR_DUMP_TEMP_FILE", "TORCHELASTIC_TIMER_FILE",
+    # who the rank is: read when the script joins its group, never at torch's import
+    "RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE",
+})
+
+
+RANK_KEYS = ("RANK", "GROUP_RANK", "ROLE_RANK")  # a standby is no rank until it is promoted
+
+
+def standby_env(worker_env: Mapping[str, str]) -> dict[str, str]:
+    """A standby's environment: its local rank's worker environment, marked, without the rank's
+    identity (no process that looks for rank N by its environment takes a standby for it)."""
+    env = {name: value for name, value in worker_env.items() if name not in RANK_KEYS}
+    env[contract.STANDBY] = "1"
+    return env
+
+
+def differences(started_with: Mapping[str, str], wanted: Mapping[str, str]) -> list[str]:
+    """The variables, outside ATTEMPT_KEYS, whose values differ (or that only one side has)."""
+    names = (set(started_with) | set(wanted)) - ATTEMPT_KEYS
+    return sorted(name for name in names if started_with.get(name) != wanted.get(name))
+
+
+class Standbys:
+    """At most one standby per local rank, kept across attempts by the attempt runner."""
+
+    def __init__(self) -> None:
+        self._by_local: dict[int, tuple[WorkerProcess, dict[str, str]]] = {}
+
+    def fill(self, slots: list[DeviceSlot], start: Callable[[DeviceSlot], tuple[WorkerProcess, dict[str, str]]]
+             ) -> list[WorkerProcess]:
+        """A standby for every local rank of `slots` that has no live one; the ones started.
+        `start(slot)`: spawn it, and say with which environment."""
+        new = []
+        for slot in slots:
+            held = self._by_local.get(slot.local)
+            if held is not None and held[0].poll() is None:
+                continue
+            process, env = start(slot)
+            self._by_local[slot.local] = (process, env)
+            new.append(process)
+        return new
+
+    def take(self, slot: DeviceSlot, env: Mapping[str, str], log_path) -> WorkerProcess | None:
+        """The standby of `slot`'s local rank, promoted to the rank with `env` (its own status fd
+        kept), or None: there is none, it died, or `env` differs where torch's import could have
+        read it (that standby is ended; the caller starts the rank afresh)."""
+        held = self._by_local.pop(slot.local, None)
+        if held is None:
+            return None
+        standby, started_with = held
+        if standby.poll() is not None:
+            logger.debug(f"restart standby of local rank {slot.local} (pid {standby.pid}) ended with "
+                         f"{standby.returncode} before it was needed")
+            return None
+        changed = differences(started_with, env)
+        if changed:
+            logger.debug(f"restart standby of local rank {slot.local} not used: {', '.join(changed)} changed")
+            _retire(standby)
+            return None
+        assignment = {name: value for name, value in env.items() if name not in (contract.STATUS_FD, contract.STANDBY)}
+        try:
+            standby.popen.stdin.write(orjson.dumps({"env": assignment}) + b"\n")
+            standby.popen.stdin.close()
+        except OSError as exc:  # it died just now: its exit is read as any worker's would not be
+            logger.debug(f"restart standby pid {standby.pid}: {exc}")
+            _retire(standby)
+            return None
+        return WorkerProcess(slot=slot, popen=standby.popen, status_fd=standby.status_fd, log_path=log_path,
+                             started=time.monotonic())
+
+    def pids(self) -> set[int]:
+        return {process.pid for process, _ in self._by_local.values()}
+
+    def retire(self) -> list[int]:
+        """The job's end: every standby told (end of input), given a moment, then killed and
+        reaped; their process groups."""
+        left = [process for process, _ in self._by_local.values()]
+        self._by_local.clear()
+        for standby in left:
+            _retire(standby, wait_s=1.0)
+        return [standby.pgid for standby in left]
+
+
+def _retire(standby: WorkerProcess, wait_s: float = 0.0) -> None:
+    """End `standby` and reap it: told by end of input and given `wait_s` (it exits at once from
+    its wait), else killed (a promotion must not wait on one that is still importing)."""
+    with contextlib.suppress(OSError):
+        standby.popen.stdin.close()
+    try:
+        standby.popen.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        standby.signal_group(signal.SIGKILL)
+        standby.popen.wait()
+    for stream in (standby.popen.stdout, standby.popen.stderr):
+        with contextlib.suppress(OSError):
+            stream.close()
+    with contextlib.suppress(OSError):
+        os.close(standby.status_fd)
