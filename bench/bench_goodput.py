@@ -108,19 +108,15 @@ class Run:
         return from_steps_log(self.work / "steps.log")
 
     def rank1(self, launcher_pid: int, hung: set[int]) -> psutil.Process | None:
-        """The process that is rank 1 now (the newest one: a restart's or a spare's; a spare has no
-        RANK in its environment, the built-in worker's `ready` record names it). A process the
-        schedule hung is no target until the launcher replaced it: a later fault must not undo
-        the hang (a stop-and-continue's SIGCONT) nor end it (a kill)."""
+        """The process that is rank 1 now (the newest one: a restart's or a spare's). A warm spare
+        has no RANK in its environment (the built-in worker's `ready` record names it), nor has a
+        restart standby of `gpuherd run` (the supervisor's host samples name each rank's pid). A
+        process the schedule hung is no target until the launcher replaced it: a later fault must
+        not undo the hang (a stop-and-continue's SIGCONT) nor end it (a kill)."""
         if self.builtin:
-            for pid in reversed(_ready_pids(self.run_dir / "metrics.jsonl")):
-                try:
-                    p = psutil.Process(pid)
-                    if p.status() != psutil.STATUS_ZOMBIE:
-                        return None if pid in hung else p
-                except psutil.Error:
-                    continue
-            return None
+            return _newest_alive(_pids(self.run_dir / "metrics.jsonl", "ready"), hung)
+        if self.kind == "gpuherd run":
+            return _newest_alive(_pids(self.run_dir / "metrics.jsonl", "host"), hung)
         found = []
         try:
             tree = psutil.Process(launcher_pid).children(recursive=True)
@@ -137,15 +133,30 @@ class Run:
         return None if newest is None or newest.pid in hung else newest
 
 
-def _ready_pids(metrics: Path) -> list[int]:
-    pids = []
+def _newest_alive(pids: list[int], hung: set[int]) -> psutil.Process | None:
+    for pid in reversed(pids):
+        try:
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE:
+                return None if pid in hung else p
+        except psutil.Error:
+            continue
+    return None
+
+
+def _pids(metrics: Path, kind: str, rank: int = 1) -> list[int]:
+    """The pids that `kind` records (`ready`: a built-in worker's; `host`: the supervisor's samples,
+    the first of an attempt taken as its workers start) gave `rank`, oldest first."""
+    pids: list[int] = []
+    tag = f'"{kind}"'.encode()
     for line in metrics.read_bytes().splitlines() if metrics.exists() else []:
-        if b'"ready"' in line:
+        if tag in line:
             try:
                 r = orjson.loads(line)
             except orjson.JSONDecodeError:
                 continue
-            if r.get("type") == "ready" and r.get("rank") == 1 and isinstance(r.get("pid"), int):
+            if r.get("type") == kind and r.get("rank") == rank and isinstance(r.get("pid"), int) \
+                    and r["pid"] not in pids:
                 pids.append(r["pid"])
     return pids
 
