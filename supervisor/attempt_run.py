@@ -27,6 +27,7 @@ from gpuherd import contract
 from gpuherd.checkpoint_layout import remove_orphans
 from gpuherd.config import Config
 from gpuherd.exit_codes import ExitCode
+from gpuherd.status_records import Record, Step
 from supervisor import run_dir as rundir
 from supervisor.cli import Launch
 from supervisor.goodput import marks
@@ -137,6 +138,7 @@ class AttemptRunner:
         self.folding: FoldingPoint | None = None  # multi-node: lines merged across nodes (node 0's print them)
         self.spare_desk = SpareDesk(run_dir)  # `gpuherd spare`: every attempt answers the run's requests
         self.standbys = Standbys()  # a --script's next attempt, importing torch while this one trains
+        self._standbys_due: Callable[[], None] | None = None  # started at the attempt's first step
 
     def _line_relay(self, world_size: int) -> Callable[[Group], None] | None:
         """Where this node's held console lines go to be folded with the other nodes' (the node
@@ -300,7 +302,7 @@ class AttemptRunner:
             numbered_from=len(self.recoveries), script=self.mode == "script", multi_node=self.launch.node.multi,
             write_metric=metrics.write, regroup=self.rendezvous.regroup(attempt),
             node=self.rendezvous.node_rank if multi else None)
-        observers = [self.checkpoints.observe, suspects.observe, self.progress.observe] + (
+        observers = [self.checkpoints.observe, suspects.observe, self.progress.observe, self._first_step] + (
             [live.observe] if live is not None else [])
         sup = Supervision([], router, heartbeats, metrics, stop, finish_window=self.timeouts.policy.step_default,
                           on_cause=self._announcer(attempt), on_record=_fan_out(*observers),
@@ -364,7 +366,7 @@ class AttemptRunner:
                 guard.watch(w.pgid)
             if att.live is not None:
                 att.live.pool.fill()  # after the workers: a spare never delays the training start
-            self._start_standbys(att, base_env, guard, numa=bool(bindings))
+            self._standbys_due = lambda: self._start_standbys(att, base_env, guard, numa=bool(bindings))
             logger.debug(f"attempt {att.number}: spawned {len(att.workers)} worker(s); rendezvous store on "
                          f"{att.setup.master_addr}:{att.setup.master_port}")
             if store is not None:
@@ -382,9 +384,17 @@ class AttemptRunner:
             self._end_attempt(att, guard, watchers)
         return cause
 
+    def _first_step(self, record: Record) -> None:
+        """The attempt's first completed step: its start, which the standbys' imports would slow
+        (each is a session of its own: the kernel's autogroups share the CPU by session, whatever a
+        thread's nice value), is over."""
+        if isinstance(record, Step) and self._standbys_due is not None:
+            start, self._standbys_due = self._standbys_due, None
+            start()
+
     def _start_standbys(self, att: Attempt, base_env: dict[str, str], guard: OrphanGuard, numa: bool) -> None:
-        """After the workers: a restart standby per local rank for the next attempt, where a
-        script (through the bootstrap) may still be restarted (supervisor/processes/standbys.py)."""
+        """At the attempt's first step: a restart standby per local rank for the next attempt, where
+        a script (through the bootstrap) may still be restarted (supervisor/processes/standbys.py)."""
         script, run_env, plan = self.launch.script, att.run_env, att.setup.plan
         if script is None or not script.bootstrapped or not self.cfg.system.standbys or numa \
                 or run_env.restart_count >= run_env.max_restarts:
@@ -397,7 +407,12 @@ class AttemptRunner:
                             att.logs[slot.rank].path, stdin_pipe=True)
             return process, env
 
-        for standby in self.standbys.fill(list(plan.slots), start):
+        try:
+            started = self.standbys.fill(list(plan.slots), start)
+        except OSError as exc:  # no standby: the next restart starts fresh interpreters, as without them
+            logger.warning(f"restart standbys not started ({exc}); a restart starts fresh interpreters")
+            return
+        for standby in started:
             guard.watch(standby.pgid)
         logger.debug(f"attempt {att.number}: restart standbys {sorted(self.standbys.pids())}")
 
@@ -414,6 +429,7 @@ class AttemptRunner:
 
     def _end_attempt(self, att: Attempt, guard: OrphanGuard, watchers: list[RunWatcher]) -> None:
         store, sup = att.setup.store, att.sup
+        self._standbys_due = None
         self.rendezvous.unwatch()
         if att.live is not None and att.live.regroup is not None:
             att.live.regroup.stop()

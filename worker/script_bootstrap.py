@@ -279,8 +279,10 @@ def _watch(rank: int) -> None:
 
 
 def _preload() -> None:
-    """The standby's import of torch, at the lowest priority (Linux nice is per thread): it takes
-    only the CPU the training ranks leave idle, and the main thread keeps its own."""
+    """The standby's import of torch, at the lowest priority (Linux nice is per thread, so the
+    main thread keeps its own). Against the training ranks, each a session of its own, it is the
+    supervisor's choice of when to start the standby that counts (autogroups share the CPU by
+    session): once the attempt has stepped (supervisor/processes/standbys.py)."""
     with_nice(STANDBY_NICE)
     for name in PRELOAD:
         try:

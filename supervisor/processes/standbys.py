@@ -1,15 +1,18 @@
 """Restart standbys: a `--script` run's next attempt starts from interpreters that imported torch
 while this one trained.
 
-Most of a script rank's restart is its interpreter importing torch (about 1-1.5 s of CPU a rank,
-all of it after the failure). So while an attempt trains, one standby per local rank is started
-for the next attempt (only while restarts are left): the script's own command line through the
-bootstrap with `GPUHERD_STANDBY=1` (worker/script_bootstrap.py), which imports torch in a thread
-at the lowest CPU priority (it takes only the cycles the ranks leave idle) and then waits on its
-stdin. The next attempt hands each standby its rank's environment as one JSON line and closes
-the pipe; the process, its pipes and its status channel then serve as that rank's worker, and
-the script starts with torch already imported. End of input instead: the standby is not needed
-(it exits 0 at once).
+Most of a script rank's restart is its interpreter importing torch and torch._dynamo (which
+DDP's constructor imports): about 2 s of the 2.4 s from a kill to the next step on a 2-core
+machine, all of it after the failure. So once an attempt completed its first step, one standby
+per local rank is started for the next attempt (only while restarts are left): the script's own
+command line through the bootstrap with `GPUHERD_STANDBY=1` (worker/script_bootstrap.py), which
+imports them in a thread at nice 19 and then waits on its stdin. Not with the workers: each
+standby is a session of its own, and the kernel's autogroups share the CPU by session whatever a
+thread's nice value, so standbys importing beside the workers slowed their start by 2 s; nice 19
+only keeps the import behind the standby's own main thread. The next attempt hands each standby
+its rank's environment as one JSON line and closes the pipe; the process, its pipes and its
+status channel then serve as that rank's worker, and the script starts with torch already
+imported. End of input instead: the standby is not needed (it exits 0 at once).
 
 A standby is used only where the new attempt's environment differs from the one it started with
 in per-attempt variables alone (ATTEMPT_KEYS: the restart count, the store's port, the rank's

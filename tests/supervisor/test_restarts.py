@@ -269,11 +269,15 @@ def test_a_restart_never_resumes_from_another_runs_checkpoint(tmp_path, other_st
     assert f"resume={expected or ''!r}" in resumed
 
 
-# Says whether torch was imported before it started, then rank 1 fails on the first attempt.
+# Says whether torch was imported before it started and steps an optimizer (the attempt's first
+# step starts the standbys); rank 1 then fails on the first attempt.
 PRELOADED = """\
-import os, sys
+import os, sys, time
 print(f"restart {os.environ['TORCHELASTIC_RESTART_COUNT']} rank {os.environ['RANK']} torch preloaded: "
       f"{'torch' in sys.modules} standby marker: {os.environ.get('GPUHERD_STANDBY')}", flush=True)
+import torch
+torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1).step()
+time.sleep(1.0)
 if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" and os.environ["RANK"] == "1":
     raise SystemExit(1)
 """
