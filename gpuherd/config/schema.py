@@ -55,8 +55,8 @@ class SystemConfig:
     # a lost rank with no spare left: the survivors go on with its data slot (same global batch) while at
     # least this many remain; 0 = never shrink (restart instead)
     min_replicas: int = limited(0, ge=0)
-    # a --script run with restarts left: one interpreter per rank imports torch for the next attempt
-    # while this one trains (at the lowest CPU priority; ~0.3-0.5 GB of host memory each)
+    # a --script run with restarts left: from its first step, one interpreter per rank imports torch
+    # for the next attempt (at the lowest CPU priority; ~0.3 GB of host memory each)
     standbys: bool = True
     restart_on_nan: bool = False  # a NaN stop (exit 6) is restarted too, not only crashes and hangs
     exclude_suspect_gpus: bool = False  # after an exit 8, the restart runs without the suspect GPUs
