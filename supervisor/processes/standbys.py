@@ -38,15 +38,13 @@ from supervisor.gpus import DeviceSlot
 from supervisor.processes.error_file import ERROR_FILE_VAR
 from supervisor.processes.spawn import WorkerProcess
 
+RANK_KEYS = ("RANK", "GROUP_RANK", "ROLE_RANK")  # a standby is no rank until it is promoted
 ATTEMPT_KEYS = frozenset({
     contract.STATUS_FD, contract.STANDBY, contract.TRACE_DIR, contract.RESUME, ERROR_FILE_VAR,
     "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT", "TORCH_FR_DUMP_TEMP_FILE", "TORCHELASTIC_TIMER_FILE",
     # who the rank is: read when the script joins its group, never at torch's import
-    "RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE",
+    *RANK_KEYS, "WORLD_SIZE", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE",
 })
-
-
-RANK_KEYS = ("RANK", "GROUP_RANK", "ROLE_RANK")  # a standby is no rank until it is promoted
 
 
 def standby_env(worker_env: Mapping[str, str]) -> dict[str, str]:
@@ -94,6 +92,7 @@ class Standbys:
         if standby.poll() is not None:
             logger.debug(f"restart standby of local rank {slot.local} (pid {standby.pid}) ended with "
                          f"{standby.returncode} before it was needed")
+            _retire(standby)  # its pipes closed
             return None
         changed = differences(started_with, env)
         if changed:
@@ -104,7 +103,7 @@ class Standbys:
         try:
             standby.popen.stdin.write(orjson.dumps({"env": assignment}) + b"\n")
             standby.popen.stdin.close()
-        except OSError as exc:  # it died just now: its exit is read as any worker's would not be
+        except OSError as exc:  # it died just now: the rank starts afresh
             logger.debug(f"restart standby pid {standby.pid}: {exc}")
             _retire(standby)
             return None
