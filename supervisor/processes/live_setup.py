@@ -10,8 +10,6 @@ replaces its own lost ranks, the rebuilt group agreed on through the job store.
 
 from __future__ import annotations
 
-import os
-import signal
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,12 +109,5 @@ def live_for_attempt(parts: AttemptLive, budget: int, attempt: int, numbered_fro
 def discard_spares(pool: SparePool, forget: Callable[[int], None]) -> None:
     """The attempt is over: spares never used end (end of input, then SIGKILL) and leave no fd."""
     for spare in pool.retire():
-        spare.signal_group(signal.SIGKILL)
-        try:
-            spare.popen.wait(timeout=10)
-        except Exception:  # noqa: BLE001 - in uninterruptible sleep: the sweep and the guard still cover it
-            pass
+        spare.discard()
         forget(spare.pgid)
-        for stream in (spare.popen.stdout, spare.popen.stderr):
-            stream.close()
-        os.close(spare.status_fd)

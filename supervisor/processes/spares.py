@@ -19,7 +19,6 @@ import os
 import select
 from collections.abc import Callable, Mapping
 
-import orjson
 from loguru import logger
 
 from gpuherd import contract
@@ -103,11 +102,7 @@ class SparePool:
         self._heard_warm(spare)
         self._warm.discard(spare.pid)
         assignment = {name: value for name, value in env.items() if name not in (contract.STATUS_FD, contract.SPARE)}
-        stdin = spare.popen.stdin
-        stdin.write(orjson.dumps({"env": assignment}) + b"\n")
-        stdin.close()
-        return WorkerProcess(slot=slot, popen=spare.popen, status_fd=spare.status_fd, log_path=log_path,
-                             started=spare.started)
+        return spare.hand_over(slot, log_path, assignment, started=spare.started)
 
     def retire(self) -> list[WorkerProcess]:
         """End of the attempt: spares never used are told (end of input) and handed back to be killed."""

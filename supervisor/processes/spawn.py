@@ -11,6 +11,7 @@ not inherit the death signal; `orphan_guard` covers them.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import fcntl
@@ -22,6 +23,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import orjson
 
 from gpuherd import parent_death
 from supervisor.gpus import DeviceSlot
@@ -132,6 +135,32 @@ class WorkerProcess:
                 self.signalled.append(signal.Signals(signum).name)
             except ProcessLookupError:
                 pass
+
+    def hand_over(self, slot: DeviceSlot, log_path: Path, env: Mapping[str, str], started: float) -> WorkerProcess:
+        """A process waiting on its stdin (a warm spare, a restart standby) becomes the worker of
+        `slot`: `env` as one JSON line (`{"env": {...}}`), then end of input; the same process, pipes
+        and status channel. Raises OSError when it died meanwhile (its stdin pipe is broken)."""
+        self.popen.stdin.write(orjson.dumps({"env": dict(env)}) + b"\n")
+        self.popen.stdin.close()
+        return WorkerProcess(slot=slot, popen=self.popen, status_fd=self.status_fd, log_path=log_path,
+                             started=started)
+
+    def discard(self, wait_s: float = 0.0) -> None:
+        """End a process that waits on its stdin and was never handed a rank: end of input and
+        `wait_s` to leave by itself, else SIGKILL; reaped (unless stuck in the kernel: the sweep
+        and the orphan guard still cover it) and no fd of it left."""
+        with contextlib.suppress(OSError):
+            self.popen.stdin.close()
+        try:
+            self.popen.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            self.signal_group(signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=10)
+        for stream in (self.popen.stdout, self.popen.stderr):
+            stream.close()
+        with contextlib.suppress(OSError):
+            os.close(self.status_fd)
 
     def handles(self, signums: tuple[int, ...]) -> frozenset[int]:
         """Which of `signums` the worker installed a handler for (SigCgt in /proc, read once)."""

@@ -23,14 +23,9 @@ afresh, as without standbys. A standby that died meanwhile is replaced by a fres
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
 import time
 from collections.abc import Callable, Mapping
 
-import orjson
 from loguru import logger
 
 from gpuherd import contract
@@ -92,23 +87,20 @@ class Standbys:
         if standby.poll() is not None:
             logger.debug(f"restart standby of local rank {slot.local} (pid {standby.pid}) ended with "
                          f"{standby.returncode} before it was needed")
-            _retire(standby)  # its pipes closed
+            standby.discard()  # its pipes closed
             return None
         changed = differences(started_with, env)
         if changed:
             logger.debug(f"restart standby of local rank {slot.local} not used: {', '.join(changed)} changed")
-            _retire(standby)
+            standby.discard()
             return None
         assignment = {name: value for name, value in env.items() if name not in (contract.STATUS_FD, contract.STANDBY)}
         try:
-            standby.popen.stdin.write(orjson.dumps({"env": assignment}) + b"\n")
-            standby.popen.stdin.close()
+            return standby.hand_over(slot, log_path, assignment, started=time.monotonic())
         except OSError as exc:  # it died just now: the rank starts afresh
             logger.debug(f"restart standby pid {standby.pid}: {exc}")
-            _retire(standby)
+            standby.discard()
             return None
-        return WorkerProcess(slot=slot, popen=standby.popen, status_fd=standby.status_fd, log_path=log_path,
-                             started=time.monotonic())
 
     def pids(self) -> set[int]:
         return {process.pid for process, _ in self._by_local.values()}
@@ -119,22 +111,6 @@ class Standbys:
         left = [process for process, _ in self._by_local.values()]
         self._by_local.clear()
         for standby in left:
-            _retire(standby, wait_s=1.0)
+            standby.discard(wait_s=1.0)  # it leaves at once from its wait
         return [standby.pgid for standby in left]
 
-
-def _retire(standby: WorkerProcess, wait_s: float = 0.0) -> None:
-    """End `standby` and reap it: told by end of input and given `wait_s` (it exits at once from
-    its wait), else killed (a promotion must not wait on one that is still importing)."""
-    with contextlib.suppress(OSError):
-        standby.popen.stdin.close()
-    try:
-        standby.popen.wait(timeout=wait_s)
-    except subprocess.TimeoutExpired:
-        standby.signal_group(signal.SIGKILL)
-        standby.popen.wait()
-    for stream in (standby.popen.stdout, standby.popen.stderr):
-        with contextlib.suppress(OSError):
-            stream.close()
-    with contextlib.suppress(OSError):
-        os.close(standby.status_fd)
