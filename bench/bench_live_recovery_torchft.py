@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_live_recovery import KILL_AT, TINY, trained  # noqa: E402
 from bench.bench_restart import restart as launcher_restart  # noqa: E402
-from bench.compare import Comparison, Side, write_results  # noqa: E402
+from bench.compare import Comparison, Tally, rotated, write_results  # noqa: E402
 from bench.launchers import Launchers, kill_tree, run_records, worker_env  # noqa: E402
 
 WORKER = ROOT / "bench" / "torchft_worker.py"
@@ -177,16 +177,9 @@ def main() -> int:
     rounds, with_torchft = (2 if args.quick else 4), torchft_available()
     if not with_torchft:
         print(f"bench: {INSTALL}", file=sys.stderr)
-    seconds: dict[str, list[float]] = {}
-    failed: dict[str, int] = {}
+    tally = Tally()
     shrunk: list[int] = []
     step_s: dict[str, list[float]] = {}  # each side's median step before the kill, per run
-    load = [os.getloadavg()[0]]
-
-    def add(key: str, value: float | None) -> None:
-        failed[key] = failed.get(key, 0) + (value is None)
-        if value is not None:
-            seconds.setdefault(key, []).append(value)
 
     with tempfile.TemporaryDirectory(prefix="bench-live-torchft-") as tmp:
         cache = prepare_data(Path(tmp)) if with_torchft else None
@@ -194,41 +187,39 @@ def main() -> int:
 
         def gpuherd() -> None:
             got = trained(Path(tempfile.mkdtemp(dir=tmp)), 2, "cpu", True)
-            add("gpuherd live", None if got is None else got[0])
+            tally.add("gpuherd live", None if got is None else got[0])
             if got is not None and (step := _median_step([r["time"] for r in got[2] if r.get("type") == "step"
                                                          and r["rank"] == 0 and r["step"] < KILL_AT])):
                 step_s.setdefault("gpuherd live", []).append(step)
 
         def torchft() -> None:
-            got = torchft_recovery(Path(tempfile.mkdtemp(dir=tmp)), cache)
-            add("torchft survivor", None if got is None else got.survivor)
-            add("torchft full batch", None if got is None else got.full)
+            got = torchft_side(Path(tempfile.mkdtemp(dir=tmp)), cache, tally)
             if got is not None:
                 shrunk.append(got.shrunk_steps)
                 step_s.setdefault("torchft", []).extend([got.step_s] if got.step_s else [])
 
-        sides = [gpuherd, lambda: add("ft_launcher", launcher_restart(ln, "ft_launcher", 120.0))]
-        sides += [torchft] if with_torchft else []
-        for i in range(rounds):
-            for side in sides[i % len(sides):] + sides[:i % len(sides)]:
-                side()
-                load.append(os.getloadavg()[0])
-    _write(seconds, failed, shrunk, rounds, with_torchft, load, step_s)
+        sides = [gpuherd, lambda: tally.add("ft_launcher", launcher_restart(ln, "ft_launcher", 120.0))]
+        load = rotated(sides + ([torchft] if with_torchft else []), rounds)
+    _write(tally, shrunk, rounds, with_torchft, load, step_s)
     return 0
 
 
-def _side(name: str, seconds: dict[str, list[float]]) -> Side:
-    return Side(name, seconds.get(name) or [float("nan")])
+def torchft_side(work: Path, cache: Path, tally: Tally) -> TorchftRecovery | None:
+    """One torchft run, its two figures added to `tally` (a run that did not finish counts
+    against both)."""
+    got = torchft_recovery(work, cache)
+    tally.add("torchft survivor", None if got is None else got.survivor)
+    tally.add("torchft full batch", None if got is None else got.full)
+    return got
 
 
-def _write(seconds: dict[str, list[float]], failed: dict[str, int], shrunk: list[int], rounds: int,
-           with_torchft: bool, load: list[float], step_s: dict[str, list[float]]) -> None:
-    live = _side("gpuherd live", seconds)
+def _write(tally: Tally, shrunk: list[int], rounds: int, with_torchft: bool, load: list[float],
+           step_s: dict[str, list[float]]) -> None:
+    live = tally.side("gpuherd live")
     what = "cpu, 2 ranks: kill -> next completed step"
     comparisons = [Comparison(f"{what}, vs ft_launcher's restart of every worker", "s", live,
-                              _side("ft_launcher", seconds))]
-    notes = [f"{rounds} rounds, the sides rotating; runs that did not finish: "
-             + ", ".join(f"{key} {count}" for key, count in sorted(failed.items())) + ".",
+                              tally.side("ft_launcher"))]
+    notes = [f"{rounds} rounds, the sides rotating; runs that did not finish: {tally.unfinished()}.",
              f"1-minute load average over the run (2 cores, shared): {min(load):.1f}–{max(load):.1f}; the "
              "figures are indications. Median step before the kill, per run: " + "; ".join(
                  f"{key} {', '.join(f'{v:.2f}' for v in values)} s" for key, values in sorted(step_s.items())) + ".",
@@ -238,9 +229,9 @@ def _write(seconds: dict[str, list[float]], failed: dict[str, int], shrunk: list
     if with_torchft:
         comparisons = [
             Comparison(f"{what} at the full global batch, vs torchft's restarted group contributing again", "s",
-                       live, _side("torchft full batch", seconds)),
+                       live, tally.side("torchft full batch")),
             Comparison(f"{what}, vs torchft's surviving group's next step (half the global batch: lossy)", "s",
-                       live, _side("torchft survivor", seconds)),
+                       live, tally.side("torchft survivor")),
             *comparisons]
         notes += [
             f"torchft-nightly {importlib.metadata.version('torchft-nightly')}: 2 replica groups of 1 rank "

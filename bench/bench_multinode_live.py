@@ -17,64 +17,22 @@ Rounds alternate the sides. Writes bench/results/multinode_live.md.
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.bench_live_recovery import KILL_AT, TINY, _records  # noqa: E402
-from bench.bench_multinode import _port  # noqa: E402
+from bench.bench_live_recovery import KILL_AT  # noqa: E402
+from bench.bench_recovery_cases import Case, recovered  # noqa: E402
 from bench.compare import Comparison, Side, write_results  # noqa: E402
-from bench.launchers import kill_tree, worker_env  # noqa: E402
 
 
-def _commands(work: Path, nnodes: int, live: bool) -> list[list[str]]:
-    port = _port()
-    out = []
-    for node in range(nnodes):
-        cmd = [sys.executable, "-m", "supervisor", "--no-report", "--run-id", "r", "--max-restarts", "1",
-               "--set", "system.device=cpu", "--nproc", "1", "--nnodes", str(nnodes), "--node-rank", str(node),
-               "--master-addr", "127.0.0.1", "--master-port", str(port),
-               "--set", f"system.run_root={work / 'logs'}", "--set", f"system.checkpoint_dir={work / 'ckpt'}"]
-        cmd += [] if live else ["--spares", "0"]
-        for item in TINY:
-            cmd += ["--set", item]
-        out.append(cmd)
-    return out
-
-
-def trained(work: Path, nnodes: int, live: bool, cap: float = 400) -> tuple[float, int] | None:
-    """(seconds from the kill to rank 1's next completed step, completed steps trained again), or None."""
-    metrics = work / "logs" / "r-node1" / "metrics.jsonl"
-    procs = [subprocess.Popen(cmd, cwd=work, env=worker_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True) for cmd in _commands(work, nnodes, live)]
-    try:
-        deadline = time.monotonic() + cap
-        while not any(r.get("type") == "step" and r.get("step", -1) >= KILL_AT for r in _records(metrics)):
-            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                return None
-            time.sleep(0.01)
-        victim = [r["pid"] for r in _records(metrics) if r.get("type") == "ready" and r["rank"] == 1][-1]
-        killed = time.time()
-        os.kill(victim, signal.SIGKILL)
-        if any(p.wait(timeout=cap) != 0 for p in procs):
-            return None
-        steps = [r for r in _records(metrics) if r.get("type") == "step"]
-        before = max(r["step"] + 1 for r in steps if r["time"] < killed)
-        first = min((r for r in steps if r["time"] > killed), key=lambda r: r["time"])  # rank 1's replacement's
-        return first["time"] - killed, max(0, before - first["step"])
-    except subprocess.TimeoutExpired:
-        return None
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                kill_tree(p)
+def trained(work: Path, nnodes: int, live: bool) -> tuple[float, int] | None:
+    """(seconds from the kill to the next completed step, completed steps trained again), or None."""
+    flags = () if live else ("--spares", "0")
+    return recovered(Case("multi-node", nnodes=nnodes, nproc=1, flags=flags), work)
 
 
 def main() -> int:

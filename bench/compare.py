@@ -6,9 +6,10 @@ run exposes them to the same noise, so the ratio of medians is what we record.
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import orjson
@@ -66,6 +67,37 @@ def interleaved(what: str, unit: str, ours: tuple[str, Callable[[], float]], the
         for measure, side in order:
             side.samples.append(float(measure()))
     return Comparison(what, unit, a, b, lower_is_better)
+
+
+@dataclass
+class Tally:
+    """Each side's samples by name, and how many of its runs did not finish (a None)."""
+
+    seconds: dict[str, list[float]] = field(default_factory=dict)
+    failed: dict[str, int] = field(default_factory=dict)
+
+    def add(self, key: str, value: float | None) -> None:
+        self.failed[key] = self.failed.get(key, 0) + (value is None)
+        if value is not None:
+            self.seconds.setdefault(key, []).append(value)
+
+    def side(self, name: str) -> Side:
+        return Side(name, self.seconds.get(name) or [float("nan")])
+
+    def unfinished(self) -> str:
+        return ", ".join(f"{key} {count}" for key, count in sorted(self.failed.items()))
+
+
+def rotated(sides: list[Callable[[], None]], rounds: int) -> list[float]:
+    """Run every side once a round, the order rotating by one each round (no side always runs
+    first, on a machine that warms up or fills up); the 1-minute load average before the first
+    and after every side."""
+    load = [os.getloadavg()[0]]
+    for i in range(rounds):
+        for side in sides[i % len(sides):] + sides[:i % len(sides)]:
+            side()
+            load.append(os.getloadavg()[0])
+    return load
 
 
 def write_results(name: str, title: str, comparisons: list[Comparison], notes: list[str] = (),
