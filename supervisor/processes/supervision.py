@@ -544,7 +544,7 @@ class Supervision:
             return Facts(running, "live recovery is off (--max-restarts with --min-replicas lets a group shrink, "
                                   "then grow back)", {}, devices, {})
         pids = [s.pid for s in live.pool.spares if s.poll() is None]
-        carried = {rank: devices[rank][0] for rank in live.shrunk_since}
+        carried = {rank: devices[rank][0] for rank in live.carried()}  # this node's: its spares take them back
         asked = {live.asked[pid]: pid for pid in pids if live.asked.get(pid) in carried}
         return Facts(running, live.off, carried, devices, asked, tuple(p for p in pids if p not in live.asked),
                      finished=live.finished)
