@@ -209,3 +209,18 @@ def test_a_shrink_or_regrow_claim_a_node_cannot_follow_ends_the_attempt():
     assert "rank 3 is not carried here" in zero.heard(1, claim, [FakeProc(pid=10, rank=0)], now=1.0)
     claim = _claim(rank=3, action="shrink", decision={"shrink": 3, "ranks": "all"})
     assert "names no group of ranks" in zero.heard(1, claim, [FakeProc(pid=10, rank=0)], now=1.0)
+
+
+def test_node_0_writes_its_own_shrink_at_once_and_every_nodes_spare_promotion_for_survivors_that_wait(warnings):
+    """With --min-replicas every survivor waits for the decision in node 0's workers' store, a
+    spare's promotion on another node included; node 0's own shrink it writes itself."""
+    regroup, told = FakeRegroup(), []
+    zero = _shrinking_node(0, (0, 1), regroup, told=told)
+    assert zero.heard(1, _claim(rank=3, action="replaced", decision={"spare": 3}), [FakeProc(pid=10, rank=0)],
+                      now=1.0) is None
+    assert told == [("gpuherd-live/1/decision", {"spare": 3})] and zero.in_flight.action == "replaced"
+    _first_step_in(zero, 1, 0, 5)
+    assert zero.shrink(FakeProc(pid=10, rank=0), _cause(0), [FakeProc(pid=11, rank=1)], now=2.0)
+    assert told[-1] == ("gpuherd-live/2/decision", {"shrink": 0, "ranks": [1, 2, 3]})
+    assert regroup.claims[2]["decision"] == {"shrink": 0, "ranks": [1, 2, 3]}
+    assert "rank 1 leads in its place" in warnings[-1] and "the other 3 worker(s) of the job" in warnings[-1]
