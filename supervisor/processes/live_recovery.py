@@ -293,6 +293,10 @@ class LiveRecovery:
         """This node's ranks whose data slots are carried (another node's are that node's to take back)."""
         return sorted(rank for rank, rec in self.shrunk_since.items() if not rec._remote)
 
+    def carried_elsewhere(self) -> dict[int, int]:
+        """Multi-node: another node's carried rank -> that node (its own spares take it back)."""
+        return {rank: rec.node for rank, rec in self.shrunk_since.items() if rec._remote and rec.node is not None}
+
     def ask_spare(self, rank: int) -> WorkerProcess:
         """One warm spare more for carried rank `rank` (`gpuherd spare`): it takes the rank back once warm."""
         spare = self.pool.add()

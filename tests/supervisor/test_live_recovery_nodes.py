@@ -162,6 +162,7 @@ def test_a_rank_lost_on_node_1_with_no_spare_there_shrinks_the_jobs_group_and_no
     assert zero.recoveries[0].survivors == [{"rank": 0, "pid": 10}, {"rank": 1, "pid": 11}]
     assert "live recovery 1: node 1's rank 3 (CPU3, pid 13) lost with no spare left" in warnings[-1]
     assert zero.carried() == [] and zero.regrow_candidate() is None  # node 1's rank is node 1's to take back
+    assert zero.carried_elsewhere() == {3: 1} and one.carried_elsewhere() == {}  # `gpuherd spare` on node 0 says so
     assert one.carried() == [3]
 
 
