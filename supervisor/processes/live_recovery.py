@@ -339,8 +339,9 @@ class LiveRecovery:
         rec = Recovery(number=self.numbered_from + len(self.recoveries) + 1, attempt=self.attempt, rank=rank,
                        device=device, failed="", kind="regrow", lost_pid=0, replaced_by_pid=pid,
                        survivors=_ranks_and_pids(survivors), started_at=now_iso(), action="regrow",
-                       replicas=len(ranks), shrunk_s=shrink.shrunk_s, _died=now, node=self.node if node is None else node,
-                       _reached=max(self.completed.values(), default=0), _generation=generation, _remote=remote)
+                       replicas=len(ranks), shrunk_s=shrink.shrunk_s, _died=now,
+                       node=self.node if node is None else node, _reached=max(self.completed.values(), default=0),
+                       _generation=generation, _remote=remote)
         self.recoveries.append(rec)
         return rec
 

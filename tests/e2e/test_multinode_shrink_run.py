@@ -101,7 +101,8 @@ def test_a_rank_lost_on_node_1_with_no_spare_shrinks_the_job_and_its_refilled_sp
         if r["step"] < shrunk_at - 1:
             assert r["loss"] == plain[(r["rank"], r["step"])], r  # bit for bit before the loss
     worst = max(abs(r["loss"] - plain[(r["rank"], r["step"])]) / abs(plain[(r["rank"], r["step"])]) for r in steps)
-    print(f"shrunk at step {shrunk_at}, regrown at step {back} after {regrow['shrunk_s']} s; {last + 1} steps; "
+    print(f"rank {lost} lost (carried by rank {carrier}), shrunk at step {shrunk_at}, regrown at step {back} after "
+          f"{regrow['shrunk_s']} s; {last + 1} steps; "
           f"worst relative loss difference {worst:.2e}")
 
 
