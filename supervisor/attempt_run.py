@@ -297,7 +297,7 @@ class AttemptRunner:
         timer = FileTimer(Path(run_env.timer_file), log_dir / "file-timer.log") if run_env.timer_file else None
         live = live_for_attempt(
             AttemptLive(cfg, self.command, plan, run_env, python_env(), log_dir, guard.watch,
-                        tell=self.store_server.set if setup.store is not None and not multi else None),
+                        tell=self.store_server.set if setup.store is not None else None),  # multi-node: node 0
             budget=order.live_budget, attempt=attempt,
             numbered_from=len(self.recoveries), script=self.mode == "script", multi_node=self.launch.node.multi,
             write_metric=metrics.write, regroup=self.rendezvous.regroup(attempt),

@@ -152,7 +152,8 @@ def _add_restart_flags(parser: argparse.ArgumentParser) -> None:
     r.add_argument("--min-replicas", type=int, default=None, metavar="N",
                    help="a rank lost with no warm spare left: the N or more survivors go on without it (one "
                         "carries its data slot: same global batch, same data order) instead of a restart "
-                        "(default 0: never; single node, built-in DDP trainer; rank 0 lost: its lowest survivor "
+                        "(default 0: never; built-in DDP trainer; a multi-node job counts the survivors of "
+                        "every node, and a node keeps one rank of its own; rank 0 lost: its lowest survivor "
                         "writes the checkpoints)")
     r.add_argument("--restart-on-nan", action="store_true",
                    help="restart after a NaN stop (exit 6) too; by default a NaN stop ends the run")

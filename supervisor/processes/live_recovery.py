@@ -20,7 +20,7 @@ every other node hears of the claim (`heard`): it records the same recovery (num
 counted against --max-restarts alike, its own ranks as the survivors), watches its own
 survivors leave the broken group (`stuck`), and ends it at their first completed step.
 
-With --min-replicas N (one node), a loss with no warm spare left shrinks the group instead
+With --min-replicas N, a loss with no warm spare left shrinks the group instead
 (`shrinks`, `shrink`): the decision goes into the workers' store (contract.DECISION_KEY,
 which the survivors read before they rebuild the group; a spare's promotion is written there
 too), the survivors rebuild it without the lost rank and one of them carries its data slot
@@ -31,6 +31,12 @@ decision goes into the store as for a shrink (`{"regrow": r, "ranks": [...]}`), 
 first rank reads it at its next step boundary and every rank rebuilds the group with the
 newcomer there; the carrier drops the slot. A regrow uses no --max-restarts (nothing failed).
 A later loss while shrunk shrinks again (or restarts).
+
+Across nodes the shrink and the regrow are claimed like a replacement (the claim carries the
+decision: `action`, `decision`), the group's ranks are the job's (`members`), and node 0, whose
+helper hosts the workers' store, writes every node's decision there (`heard`); every node
+records both. A shrink that would leave the losing node with no rank of its own restarts
+instead: a node's supervision ends with its last worker.
 """
 
 from __future__ import annotations
@@ -109,15 +115,15 @@ class Recovery:
         if self.outcome != "recovered":
             return f"live recovery {self.number}: {where}rank {self.rank} ({self.device}) {self.outcome}: {self.failed}"
         if self.action == "regrow":
-            return (f"live recovery {self.number}: regrow: warm spare pid {self.replaced_by_pid} took back rank "
+            return (f"live recovery {self.number}: regrow: {where}warm spare pid {self.replaced_by_pid} took back rank "
                     f"{self.rank} ({self.device}) after {self.shrunk_s:.1f} s shrunk: {self.replicas} process(es) "
                     f"train again, its data slot no longer carried; {self.seconds:.2f} s from the decision to its "
                     f"first completed step, joined at step {self.resumed_step} from rank {self.source_rank}, "
                     f"{self.steps_redone} completed step(s) redone, no checkpoint read; kept their processes: "
                     f"{survivors}")
         if self.action == "shrink":
-            return (f"live recovery {self.number}: rank {self.rank} ({self.device}, pid {self.lost_pid}) lost with no "
-                    f"spare left: {self.replicas} process(es) train on with its data slot carried (same global "
+            return (f"live recovery {self.number}: {where}rank {self.rank} ({self.device}, pid {self.lost_pid}) lost "
+                    f"with no spare left: {self.replicas} process(es) train on with its data slot carried (same global "
                     f"batch and data order) after {self.seconds:.2f} s (loss -> next completed step), resumed at "
                     f"step {self.resumed_step} from rank {self.source_rank}, {self.steps_redone} completed step(s) "
                     f"redone, no checkpoint read; kept their processes: {survivors}")
@@ -135,18 +141,20 @@ class LiveRecovery:
                  Mapping[str, str]], numbered_from: int, write_metric: Callable[[dict], None],
                  off: str | None = None, regroup: Regroup | None = None, node: int | None = None,
                  shrink_floor: int = 0, tell: Callable[[str, str], bool] | None = None,
-                 worker_env: Mapping[str, str] | None = None) -> None:
+                 worker_env: Mapping[str, str] | None = None, world_size: int = 0) -> None:
         """`budget`: recoveries allowed (what --max-restarts leaves); `env_for(slot, spare)`: the lost
         rank's environment for the spare, joining rebuilt group n; `off`: why live recovery is off for
         the whole attempt; `regroup`, `node`: a multi-node job's control plane, and this node's rank;
         `shrink_floor`: --min-replicas (0: never shrink); `tell(key, value)`: a key into the workers'
-        store; `worker_env`: what every worker of the attempt gets in its environment."""
+        store (multi-node: node 0's, None elsewhere); `worker_env`: what every worker of the attempt
+        gets in its environment; `world_size`: the job's ranks (multi-node: every node's)."""
         self.pool, self.budget, self.attempt, self.env_for = pool, budget, attempt, env_for
         self.off, self.numbered_from, self.write_metric = off, numbered_from, write_metric
         self.regroup, self.node = regroup, node
         self.shrink_floor, self.tell = shrink_floor, tell
         self.worker_env = dict(worker_env or {contract.LIVE_RECOVERY: "1"})
-        self.group: list[int] | None = None  # shrunk: the ranks training on (a regrow adds one back)
+        self.world_size = world_size
+        self.group: list[int] | None = None  # shrunk: the ranks training on, job-wide (a regrow adds one back)
         self.shrunk_since: dict[int, Recovery] = {}  # a rank whose data slot is carried -> the shrink that lost it
         self.asked: dict[int, int] = {}  # a spare an operator asked for (`gpuherd spare`): its pid -> the rank it takes
         self.finished = False  # a rank said `done`: training is over, no regrow any more
@@ -197,25 +205,52 @@ class LiveRecovery:
     def why_not_shrink(self, rank: int, survivors: list[int]) -> str | None:
         """Rank 0 may be the one lost: the shrunk group's first rank (its lowest survivor) takes over
         what rank 0 did for the group (the checkpoints, the run's scalars) until a regrow brings
-        rank 0 back (worker/train.py: `on_place`)."""
-        if len(survivors) < self.shrink_floor:
-            return (f"no spare left, and {len(survivors)} survivor(s) are fewer than --min-replicas "
+        rank 0 back (worker/train.py: `on_place`). Multi-node: `survivors` are this node's, the
+        floor counts the job's."""
+        job = [r for r in self.members() if r != rank] if self.regroup is not None else survivors
+        if len(job) < self.shrink_floor:
+            return (f"no spare left, and {len(job)} survivor(s) are fewer than --min-replicas "
                     f"{self.shrink_floor}")
+        if not survivors:
+            return (f"no spare left on this node (node {self.node}), and rank {rank} was its last training rank: "
+                    "a node's supervisor ends with its last worker (a node left empty is not built)")
         return None
+
+    def members(self) -> list[int]:
+        """The ranks training now, job-wide: the shrunk group's, else every rank of the job."""
+        return list(self.group) if self.group is not None else list(range(self.world_size))
+
+    def _claim(self, generation: int, action: str, decision: dict[str, Any], claim: dict[str, Any]) -> str | None:
+        """Multi-node: rebuilt group `generation` claimed on the job store, the decision with it (the
+        workers' store is node 0's: node 0 writes it there when it hears the claim); None: claimed
+        (or one node: nothing to claim)."""
+        if self.regroup is None:
+            return None
+        return self.regroup.claim(generation, {**claim, "action": action, "decision": decision})
+
+    def _agree(self, generation: int, action: str, decision: dict[str, Any], claim: dict[str, Any]) -> str | None:
+        """A shrink or a regrow: claimed (multi-node), then into the workers' store where this node
+        hosts it; None: done, else why not."""
+        why = self._claim(generation, action, decision, claim)
+        if why is None and not self._decide(generation, decision) and (self.regroup is None or self.tell is not None):
+            why = "the rendezvous store is gone, so the workers cannot be told"
+        return why
 
     def shrink(self, lost: WorkerProcess, cause: RootCause, survivors: list[WorkerProcess], now: float) -> bool:
         """No spare left: the survivors rebuild the group without `lost`, one of them carrying its
         data slot. False (said why): the decision could not reach them."""
         generation = len(self.recoveries) + 1
-        ranks = sorted(w.slot.rank for w in survivors)
-        told = self._decide(generation, {"shrink": lost.slot.rank, "ranks": ranks})
-        if not told:
+        ranks = sorted(w.slot.rank for w in survivors) if self.regroup is None else \
+            [r for r in self.members() if r != lost.slot.rank]
+        decision = {"shrink": lost.slot.rank, "ranks": ranks}
+        why = self._agree(generation, "shrink", decision, {
+            "rank": lost.slot.rank, "device": lost.slot.tag, "failed": cause.message, "kind": cause.kind,
+            "lost_pid": lost.pid, "replaced_by_pid": 0, "died_at": _wall(now)})
+        if why is not None:
             self._fail_in_flight(cause)
-            logger.warning("live recovery not possible: the rendezvous store is gone, so the survivors cannot be "
-                           "told to shrink")
+            logger.warning(f"live recovery not possible: {why}")
             return False
         self.budget -= 1
-        self.group = ranks
         started = self.pool.fill()  # a regrow's spare, warming up at a low priority (--spares K)
         if started:
             logger.info(f"new warm spare(s) pid {', '.join(str(s.pid) for s in started)} started in the background: "
@@ -223,15 +258,19 @@ class LiveRecovery:
         rec = Recovery(number=self.numbered_from + len(self.recoveries) + 1, attempt=self.attempt, rank=lost.slot.rank,
                        device=lost.slot.tag, failed=cause.message, kind=cause.kind, lost_pid=lost.pid,
                        replaced_by_pid=0, survivors=_ranks_and_pids(survivors), started_at=now_iso(),
-                       action="shrink", replicas=len(ranks), _died=now,
+                       action="shrink", replicas=len(ranks), _died=now, node=self.node,
                        _reached=max(self.completed.values(), default=0), _generation=generation)
+        self._shrunk(rec, ranks, f"{cause.message}: live recovery {rec.number}: no warm spare left: the other "
+                                 f"{len(ranks)} worker(s){' of the job' if self.regroup else ''} keep running")
+        return True
+
+    def _shrunk(self, rec: Recovery, ranks: list[int], said: str) -> None:
         self.recoveries.append(rec)
         self.shrunk_since[rec.rank] = rec
+        self.group = ranks
         lead = f"; rank {ranks[0]} leads in its place (checkpoints, the run's scalars)" if rec.rank < ranks[0] else ""
-        logger.warning(f"{cause.message}: live recovery {rec.number}: no warm spare left: the other {len(ranks)} "
-                       f"worker(s) keep running and go on without rank {rec.rank}, one of them carrying its data "
-                       f"slot (same global batch and data order; --min-replicas){lead}")
-        return True
+        logger.warning(f"{said} and go on without rank {rec.rank}, one of them carrying its data slot (same global "
+                       f"batch and data order; --min-replicas){lead}")
 
     def _decide(self, generation: int, decision: dict[str, Any]) -> bool:
         """The supervisor's word on rebuilt group `generation`, into the workers' store
@@ -243,11 +282,20 @@ class LiveRecovery:
         """The carried rank a warm spare can take back now (the one an operator asked it for, else the
         lowest), or None: the group is not shrunk, a recovery is in flight, a rank finished training
         (`done`), or no spare is warm yet."""
-        spare = self.pool.warm() if self.shrunk_since and self.in_flight is None and not self.finished else None
+        carried = self.carried()
+        spare = self.pool.warm() if carried and self.in_flight is None and not self.finished else None
         if spare is None:
             return None
         asked = self.asked.get(spare.pid)  # the operator named the rank's device
-        return asked if asked in self.shrunk_since else min(self.shrunk_since)
+        return asked if asked in carried else min(carried)
+
+    def carried(self) -> list[int]:
+        """This node's ranks whose data slots are carried (another node's are that node's to take back)."""
+        return sorted(rank for rank, rec in self.shrunk_since.items() if not rec._remote)
+
+    def carried_elsewhere(self) -> dict[int, int]:
+        """Multi-node: another node's carried rank -> that node (its own spares take it back)."""
+        return {rank: rec.node for rank, rec in self.shrunk_since.items() if rec._remote and rec.node is not None}
 
     def ask_spare(self, rank: int) -> WorkerProcess:
         """One warm spare more for carried rank `rank` (`gpuherd spare`): it takes the rank back once warm."""
@@ -265,26 +313,37 @@ class LiveRecovery:
             return None
         generation = len(self.recoveries) + 1
         ranks = sorted([*(self.group or []), slot.rank])
-        told = self._decide(generation, {"regrow": slot.rank, "ranks": ranks})
-        if not told:
+        decision = {"regrow": slot.rank, "ranks": ranks}
+        why = self._agree(generation, "regrow", decision, {
+            "rank": slot.rank, "device": slot.tag, "failed": "", "kind": "regrow", "lost_pid": 0,
+            "replaced_by_pid": spare.pid, "died_at": _wall(now)})
+        if why is not None:
             self.pool.put_back(spare)
-            logger.warning(f"regrow not possible: the rendezvous store is gone, so the workers cannot be told that "
-                           f"warm spare pid {spare.pid} takes back rank {slot.rank}")
+            logger.warning(f"regrow not possible: {why} (warm spare pid {spare.pid} was to take back rank "
+                           f"{slot.rank})")
             return None
         new = self.pool.promote(spare, slot, log_path, self.env_for(slot, spare, generation))
-        del self.shrunk_since[slot.rank]
+        rec = self._grown(slot.rank, slot.tag, new.pid, ranks, survivors, now, generation)
+        logger.info(f"live recovery {rec.number}: warm spare pid {new.pid} takes back rank {rec.rank} "
+                    f"({rec.device}), whose data slot was carried for {rec.shrunk_s:.1f} s: the {len(survivors)} "
+                    f"worker(s){' of this node and every other node' if self.regroup else ''} rebuild the group "
+                    f"with it at their next step boundary ({len(ranks)} process(es))")
+        return new
+
+    def _grown(self, rank: int, device: str, pid: int, ranks: list[int], survivors: list[WorkerProcess],
+               now: float, generation: int, node: int | None = None, remote: bool = False) -> Recovery:
+        """Carried rank `rank` is trained by its own process `pid` again: the regrow, recorded."""
+        shrink = self.shrunk_since.pop(rank)
         shrink.shrunk_s = round(now - shrink._died, 3)
         self.group = ranks if self.shrunk_since else None
-        rec = Recovery(number=self.numbered_from + len(self.recoveries) + 1, attempt=self.attempt, rank=slot.rank,
-                       device=slot.tag, failed="", kind="regrow", lost_pid=0, replaced_by_pid=new.pid,
+        rec = Recovery(number=self.numbered_from + len(self.recoveries) + 1, attempt=self.attempt, rank=rank,
+                       device=device, failed="", kind="regrow", lost_pid=0, replaced_by_pid=pid,
                        survivors=_ranks_and_pids(survivors), started_at=now_iso(), action="regrow",
                        replicas=len(ranks), shrunk_s=shrink.shrunk_s, _died=now,
-                       _reached=max(self.completed.values(), default=0), _generation=generation)
+                       node=self.node if node is None else node, _reached=max(self.completed.values(), default=0),
+                       _generation=generation, _remote=remote)
         self.recoveries.append(rec)
-        logger.info(f"live recovery {rec.number}: warm spare pid {new.pid} takes back rank {rec.rank} "
-                    f"({rec.device}), whose data slot was carried for {shrink.shrunk_s:.1f} s: the {len(survivors)} "
-                    f"worker(s) rebuild the group with it at their next step boundary ({len(ranks)} process(es))")
-        return new
+        return rec
 
     def replace(self, lost: WorkerProcess, cause: RootCause, survivors: list[WorkerProcess],
                 now: float) -> WorkerProcess | None:
@@ -295,9 +354,9 @@ class LiveRecovery:
         if why is None:
             spare, why = self.pool.take()
         if spare is not None and self.regroup is not None:
-            why = self.regroup.claim(generation, {
+            why = self._claim(generation, "replaced", {"spare": lost.slot.rank}, {
                 "rank": lost.slot.rank, "device": lost.slot.tag, "failed": cause.message, "kind": cause.kind,
-                "lost_pid": lost.pid, "replaced_by_pid": spare.pid, "died_at": time.time() - (time.monotonic() - now)})
+                "lost_pid": lost.pid, "replaced_by_pid": spare.pid, "died_at": _wall(now)})
             if why is not None:
                 self.pool.put_back(spare)
                 spare = None
@@ -340,9 +399,14 @@ class LiveRecovery:
                    "restarting every worker")
             self._fail_in_flight(RootCause("rendezvous", ExitCode.FAILURE, why))
             return why
-        self.budget -= 1
+        if self.shrink_floor and isinstance(claim.get("decision"), dict):  # node 0: into the workers' store
+            self._decide(generation, claim["decision"])
         died_at = claim.get("died_at")
         ago = max(0.0, time.time() - died_at) if isinstance(died_at, (int, float)) else 0.0
+        if claim.get("action") in ("shrink", "regrow"):
+            self._heard_resize(generation, claim, survivors, now - min(ago, STUCK_S))
+            return None
+        self.budget -= 1
         rec = Recovery(number=self.numbered_from + len(self.recoveries) + 1, attempt=self.attempt, rank=claim["rank"],
                        device=str(claim.get("device")), failed=str(claim.get("failed")), kind=str(claim.get("kind")),
                        lost_pid=int(claim.get("lost_pid") or 0), replaced_by_pid=int(claim.get("replaced_by_pid") or 0),
@@ -355,18 +419,58 @@ class LiveRecovery:
                        "running and rebuild the group with it")
         return None
 
+    def _heard_resize(self, generation: int, claim: dict[str, Any], survivors: list[WorkerProcess],
+                      died: float) -> None:
+        """Another node's shrink or regrow: this node's ranks rebuild the group with the claim's ranks."""
+        ranks, node, rank = [int(r) for r in claim["decision"]["ranks"]], int(claim["node"]), int(claim["rank"])
+        if claim["action"] == "regrow":
+            rec = self._grown(rank, str(claim.get("device")), int(claim.get("replaced_by_pid") or 0), ranks,
+                              survivors, died, generation, node=node, remote=True)
+            logger.info(f"node {node}: live recovery {rec.number}: its warm spare pid {rec.replaced_by_pid} takes "
+                        f"back rank {rank}: this node's {len(survivors)} worker(s) rebuild the group with it at "
+                        f"their next step boundary ({len(ranks)} process(es))")
+            return
+        self.budget -= 1
+        rec = Recovery(number=self.numbered_from + len(self.recoveries) + 1, attempt=self.attempt, rank=rank,
+                       device=str(claim.get("device")), failed=str(claim.get("failed")), kind=str(claim.get("kind")),
+                       lost_pid=int(claim.get("lost_pid") or 0), replaced_by_pid=0,
+                       survivors=_ranks_and_pids(survivors), started_at=now_iso(), node=node, action="shrink",
+                       replicas=len(ranks), _died=died, _reached=max(self.completed.values(), default=0),
+                       _generation=generation, _remote=True)
+        self._shrunk(rec, ranks, f"node {node}: {rec.failed}: live recovery {rec.number}: no warm spare left there: "
+                                 f"this node's {len(survivors)} worker(s) keep running")
+
     def _why_not_join(self, generation: int, claim: dict[str, Any] | None, ranks: list[int]) -> str | None:
         if claim is None:
             return f"the claim of rebuilt group {generation} on the job store is unreadable"
         if generation != len(self.recoveries) + 1:
             return f"this node expected rebuilt group {len(self.recoveries) + 1}, not {generation}"
-        if self.off or self.in_flight is not None or self.budget <= 0:
+        action = claim.get("action", "replaced")
+        if action in ("shrink", "regrow"):
+            why = self._why_not_resize(action, claim)
+            if why is not None:
+                return why
+        if self.off or self.in_flight is not None or (self.budget <= 0 and action != "regrow"):
             return f"on this node: {self.why_not(claim['rank'], ranks)}"
         for r in ranks:  # the lost rank is the other node's to judge
             if r not in self.able:
                 return f"this node's rank {r} had not started training yet (no state to hand over)"
             if self.able[r] is not None:
                 return f"this node's rank {r}: {self.able[r]}"
+        return None
+
+    def _why_not_resize(self, action: str, claim: dict[str, Any]) -> str | None:
+        """A shrink or regrow claim this node cannot follow: shrinking is off here, or its decision
+        is not one gpuherd writes (the store has no authentication), or names a rank not carried."""
+        decision = claim.get("decision")
+        ranks = decision.get("ranks") if isinstance(decision, dict) else None
+        if not self.shrink_floor:
+            return "this node does not shrink (--min-replicas 0 here)"
+        if not isinstance(ranks, list) or not all(isinstance(r, int) for r in ranks) or decision.get(action) != \
+                claim["rank"]:
+            return f"the {action} claimed on the job store names no group of ranks"
+        if action == "regrow" and claim["rank"] not in self.shrunk_since:
+            return f"rank {claim['rank']} is not carried here"
         return None
 
     def stuck(self, now: float, step_allowance: float) -> tuple[str, int] | None:
@@ -446,6 +550,11 @@ class LiveRecovery:
         rec.steps_redone = max(0, reached - resumed)
         logger.warning(rec.line())
         self.write_metric({"type": "recovery", "time": time.time(), **rec.to_dict()})
+
+
+def _wall(now: float) -> float:
+    """The wall-clock time of monotonic `now` (a claim's time travels to other machines)."""
+    return time.time() - (time.monotonic() - now)
 
 
 def _ranks_and_pids(workers: list[WorkerProcess]) -> list[dict[str, int]]:

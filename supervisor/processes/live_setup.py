@@ -5,7 +5,9 @@
 single worker: known at launch, said once then, and no spare is started that could never
 be used): the attempt then behaves exactly as without the feature. A multi-node job's
 attempt gets the job's control plane (`regroup`): each node keeps its own spares and
-replaces its own lost ranks, the rebuilt group agreed on through the job store.
+replaces its own lost ranks (or, with --min-replicas and none left, shrinks the job's group
+without them, and grows it back with its refilled spare), the rebuilt group agreed on through
+the job store; node 0, whose helper hosts the workers' store, writes every node's decision there.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class AttemptLive:
     base_env: Mapping[str, str]
     log_dir: Path
     watch: Callable[[int], None]  # the orphan guard's: every spare's process group is guarded too
-    tell: Callable[[str, str], bool] | None = None  # a key into the workers' store (None: multi-node, no shrink)
+    tell: Callable[[str, str], bool] | None = None  # a key into the workers' store (None: not hosted by this node)
     shrink: bool = False  # set by live_for_attempt: --min-replicas applies to this attempt
 
     @property
@@ -93,17 +95,10 @@ def live_for_attempt(parts: AttemptLive, budget: int, attempt: int, numbered_fro
             logger.info(f"live recovery off: {off}; a failure restarts every worker (--max-restarts), "
                         "no warm spare is started")
         return None
-    if floor and (multi_node or parts.tell is None):
-        if attempt == 0:
-            logger.info("--min-replicas: shrinking is built for a single node only; a multi-node job with no "
-                        "spare left restarts")
-        floor = 0
-        if count == 0:
-            return None
     parts.shrink = floor > 0
     return LiveRecovery(SparePool(count, parts.start_spare), budget, attempt, parts.env_for, numbered_from,
                         write_metric, regroup=regroup, node=node, shrink_floor=floor, tell=parts.tell,
-                        worker_env=parts.env)
+                        worker_env=parts.env, world_size=parts.run_env.world_size)
 
 
 def discard_spares(pool: SparePool, forget: Callable[[int], None]) -> None:

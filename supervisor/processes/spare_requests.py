@@ -21,7 +21,7 @@ import re
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import orjson
@@ -80,6 +80,8 @@ class Facts:
     asked: Mapping[int, int]  # carried rank -> pid of a spare asked for it, still waiting to take it
     standing: tuple[int, ...] = ()  # pids of the pool's own spares (--spares K): each takes the lowest carried rank
     finished: bool = False  # a rank said `done`: training is over
+    # multi-node: another node's carried rank -> that node (that node's spares take it back)
+    elsewhere: Mapping[int, int] = field(default_factory=dict)
 
 
 def judge(request: SpareRequest, facts: Facts) -> Answer | int:
@@ -91,6 +93,11 @@ def judge(request: SpareRequest, facts: Facts) -> Answer | int:
         return Answer(refused, f"the run is {facts.running}: no spare started")
     if facts.finished:
         return Answer(refused, "training has finished: no spare started")
+    if not facts.carried and facts.elsewhere:
+        lost = ", ".join(f"node {node}'s rank {rank}" for rank, node in sorted(facts.elsewhere.items()))
+        return Answer(refused, f"the ranks lost are another node's ({lost}): ask that node's supervisor "
+                               "(`gpuherd spare` with its run directory); a spare runs on the node whose device the "
+                               "rank left")
     if not facts.carried:
         return Answer(refused, f"the group is not shrunk: all {len(facts.devices)} ranks train, nothing to grow back")
     # the pool's own spares take the lowest carried ranks nobody asked a spare for

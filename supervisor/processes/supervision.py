@@ -544,10 +544,10 @@ class Supervision:
             return Facts(running, "live recovery is off (--max-restarts with --min-replicas lets a group shrink, "
                                   "then grow back)", {}, devices, {})
         pids = [s.pid for s in live.pool.spares if s.poll() is None]
-        carried = {rank: devices[rank][0] for rank in live.shrunk_since}
+        carried = {rank: devices[rank][0] for rank in live.carried()}  # this node's: its spares take them back
         asked = {live.asked[pid]: pid for pid in pids if live.asked.get(pid) in carried}
         return Facts(running, live.off, carried, devices, asked, tuple(p for p in pids if p not in live.asked),
-                     finished=live.finished)
+                     finished=live.finished, elsewhere=live.carried_elsewhere())
 
     def _serve(self, rank: int, new: WorkerProcess, now: float) -> None:
         """`new` (a promoted spare) is `rank`'s worker: its pipes and heartbeats are read as the rank's."""

@@ -6,9 +6,11 @@ Keys, per attempt (round) k:
     a{k}/live{g}   the claim of rebuilt group g (the job's g-th live recovery in round k): the
                    node that lost a rank and promotes its own warm spare writes it with
                    compare_set (first writer wins): {node, rank, device, lost_pid,
-                   replaced_by_pid, died_at (wall clock), failed}. A node whose claim loses (two
-                   ranks lost at once on two nodes) does not recover live: it falls back to the
-                   job-wide restart.
+                   replaced_by_pid, died_at (wall clock), failed, action, decision}. A node whose
+                   claim loses (two ranks lost at once on two nodes) does not recover live: it
+                   falls back to the job-wide restart. With --min-replicas a node with no spare
+                   left claims a shrink the same way, and its refilled spare's regrow (`action`;
+                   `decision`: what node 0's supervisor writes into the workers' store it hosts).
 
 Every node's agent waits for a{k}/live{g}, g = 1, 2, ... in a thread with a connection of its
 own (a server-side wait, as for the abort: no request while nothing happens) and reports

@@ -72,17 +72,17 @@ def event_of(record: Record) -> Event | None:
             return Event(when, "restart", f"restart {record.attempt} after exit code {record.exit_code}: "
                                           f"{record.after}{without}")
         case Recovery(outcome="recovered", action="regrow"):
-            return Event(when, "recovery", f"live recovery {record.number}: regrow: warm spare pid "
+            return Event(when, "recovery", f"live recovery {record.number}: regrow: {_node(record)}warm spare pid "
                                            f"{record.replaced_by_pid} took back rank {rank} after "
                                            f"{_num(record.shrunk_s)} s shrunk: {record.replicas} process(es) again, "
                                            f"its first step in {_num(record.seconds)} s", rank)
         case Recovery(outcome="recovered", action="shrink"):
-            return Event(when, "recovery", f"live recovery {record.number}: rank {rank} lost with no spare left: "
+            return Event(when, "recovery", f"live recovery {record.number}: {_node(record)}rank {rank} lost with no "
+                                           "spare left: "
                                            f"{record.replicas} process(es) went on with its data slot in "
                                            f"{_num(record.seconds)} s: {record.failed}", rank)
         case Recovery(outcome="recovered"):
-            where = f"node {record.node}'s " if record.node is not None else ""
-            return Event(when, "recovery", f"live recovery {record.number}: {where}rank {rank} replaced by "
+            return Event(when, "recovery", f"live recovery {record.number}: {_node(record)}rank {rank} replaced by "
                                            f"spare pid {record.replaced_by_pid} in {_num(record.seconds)} s, "
                                            f"{record.steps_redone} step(s) redone: {record.failed}", rank)
         case Recovery():
@@ -94,6 +94,11 @@ def event_of(record: Record) -> Event | None:
         case Eval():
             return Event(when, "eval", f"validation loss {_num(record.val_loss)} at step {record.step}", rank)
     return None
+
+
+def _node(record: Recovery) -> str:
+    """Multi-node: whose rank it was (every node records every node's recoveries)."""
+    return f"node {record.node}'s " if record.node is not None else ""
 
 
 def error_line(record: Error) -> str:

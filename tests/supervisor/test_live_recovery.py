@@ -289,7 +289,8 @@ def test_min_replicas_needs_restarts():
 def _attempt_live(spares: int, multi_node: bool, lines: list[str]) -> LiveRecovery | None:
     cfg = Config()
     cfg.system.max_restarts, cfg.system.spares, cfg.system.min_replicas = 2, spares, 2
-    parts = AttemptLive(cfg, ["python", "-m", "worker"], SimpleNamespace(world_size=4), None, {}, Path("/nonexistent"),
+    parts = AttemptLive(cfg, ["python", "-m", "worker"], SimpleNamespace(world_size=4), SimpleNamespace(world_size=4),
+                        {}, Path("/nonexistent"),
                         watch=lambda pgid: None, tell=None if multi_node else (lambda key, value: True))
     handler = logger.add(lambda m: lines.append(m.record["message"]), level="INFO")
     try:
@@ -307,12 +308,12 @@ def test_min_replicas_alone_turns_live_recovery_on_to_shrink_and_tells_every_wor
 
 
 @pytest.mark.parametrize("spares", [0, 1])
-def test_a_multi_node_job_says_once_that_it_does_not_shrink(spares):
+def test_a_multi_node_job_shrinks_too_its_floor_counting_every_nodes_ranks(spares):
+    """Node 1 of a job of 4 ranks hosts no workers' store (node 0 writes the decisions there)."""
     lines: list[str] = []
     live = _attempt_live(spares=spares, multi_node=True, lines=lines)
-    assert lines == ["--min-replicas: shrinking is built for a single node only; a multi-node job with no spare "
-                     "left restarts"]
-    assert (live is None) if spares == 0 else (live.shrink_floor == 0 and contract.SHRINK not in live.worker_env)
+    assert live.shrink_floor == 2 and live.tell is None and live.worker_env[contract.SHRINK] == "1" and not lines
+    assert live.members() == [0, 1, 2, 3]
 
 
 def _shrunk_without_rank_2(spares: int = 1) -> tuple[LiveRecovery, list[dict], list]:

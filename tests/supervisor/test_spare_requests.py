@@ -69,6 +69,8 @@ def test_a_shrunk_group_gets_a_spare_for_its_lost_rank_on_the_device_it_left():
     (_facts(running="stopping"), ExitCode.REFUSED, "the run is stopping: no spare started"),
     (_facts(finished=True), ExitCode.REFUSED, "training has finished"),
     (_facts(carried={}), ExitCode.REFUSED, "not shrunk: all 4 ranks train, nothing to grow back"),
+    (_facts(carried={}, elsewhere={7: 1}), ExitCode.REFUSED,
+     "the ranks lost are another node's (node 1's rank 7): ask that node's supervisor"),
     (_facts(asked={2: 901}), ExitCode.REFUSED, "already starting for every carried rank (pid 901 for rank 2)"),
     (_facts(standing=(905,)), ExitCode.REFUSED, "already starting for every carried rank (the pool's pid 905)"),
 ])

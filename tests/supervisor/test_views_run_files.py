@@ -141,6 +141,21 @@ def test_events_collapse_what_every_rank_reports_alike(tmp_path):
         ("xid", "GPU 2: XID 79")]
 
 
+def test_a_multi_node_shrink_and_regrow_name_the_node_whose_rank_it_was(tmp_path):
+    now = time.time()
+    common = {"type": "recovery", "attempt": 0, "device": "CPU1", "survivors": [], "started_at": "",
+              "outcome": "recovered", "node": 1, "rank": 3, "seconds": 0.5}
+    records = [{**common, "time": now, "number": 1, "failed": "CPU1 (rank 3) killed by SIGKILL", "kind": "worker-exit",
+                "action": "shrink", "replicas": 3, "lost_pid": 13, "replaced_by_pid": 0},
+               {**common, "time": now + 9, "number": 2, "failed": "", "kind": "regrow", "action": "regrow",
+                "replicas": 4, "lost_pid": 0, "replaced_by_pid": 901, "shrunk_s": 8.5}]
+    assert [e.text for e in collect(_decoded(records), [])] == [
+        "live recovery 1: node 1's rank 3 lost with no spare left: 3 process(es) went on with its data slot in "
+        "0.5000 s: CPU1 (rank 3) killed by SIGKILL",
+        "live recovery 2: regrow: node 1's warm spare pid 901 took back rank 3 after 8.5000 s shrunk: 4 process(es) "
+        "again, its first step in 0.5000 s"]
+
+
 def test_checkpoint_events_say_what_each_save_cost_the_loop(tmp_path):
     now = time.time()
     records = [{"type": "checkpoint", "rank": 0, "time": now, "step": 3, "path": "/c/step_0000003.pt",
