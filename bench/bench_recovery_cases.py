@@ -10,6 +10,8 @@ The gpuherd cases (the built-in trainer, bench_live_recovery.py's tiny model, gl
   worker keeps its process.
 - shrink: 4 ranks on one node, `--spares 0 --min-replicas 2`; rank 1 is lost, the 3 survivors
   train on with the same global batch (one carries rank 1's data slot).
+- multi-node shrink: 2 nodes x 2 ranks, `--spares 0 --min-replicas 2`; rank 3 (node 1) is lost,
+  the job's 3 survivors train on across both nodes.
 
 "The next completed step" is the first step record any rank of the job writes after the rebuilt
 group formed (the last `live` `rejoined` record after the kill): the group's first step at the
@@ -66,6 +68,7 @@ class Case:
 CASES = (
     Case("multi-node", nnodes=2, nproc=1),
     Case("shrink", nnodes=1, nproc=4, flags=("--spares", "0", "--min-replicas", "2")),
+    Case("multi-node shrink", nnodes=2, nproc=2, flags=("--spares", "0", "--min-replicas", "2"), lost_rank=3),
 )
 
 
