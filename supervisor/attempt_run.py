@@ -74,6 +74,7 @@ from supervisor.rendezvous import (
     Rendezvous,
     Setup,
     SingleNode,
+    SpareNodeUnused,
     StoreServer,
     job_info,
     slurm_stop,
@@ -190,6 +191,12 @@ class AttemptRunner:
         self.progress = Progress()
         try:
             setup = self.rendezvous.begin(attempt, order.plan, resume)
+        except SpareNodeUnused as exc:  # a spare node the job ended without: it ran nothing, a success
+            logger.info(str(exc))
+            self.notes.append(str(exc))
+            return AttemptReport(attempt=attempt, started_at=started_at, duration_s=round(time.monotonic() - t0, 3),
+                                 exit_code=0, outcome="success", root_cause=None, resumed_from=resume,
+                                 log_dir=str(log_dir), teardown_s=None, workers=[], excluded_gpus=list(order.excluded))
         except NodeLinkError as exc:
             logger.error(str(exc) if exc.cause is None else f"the job failed on another node: {exc}")
             cause = RootCause.from_dict(exc.cause) if exc.cause is not None else RootCause(
@@ -351,6 +358,8 @@ class AttemptRunner:
                 error_file.unlink(missing_ok=True)  # only what this attempt's rank writes may be read back
                 binding = bindings[i] if bindings else None
                 extra = att.live.worker_env if att.live is not None and not att.live.off else {}
+                if att.setup.join_generation:  # a spare node taking a dead node's place: its ranks join the group
+                    extra = {**extra, contract.JOIN_GENERATION: str(att.setup.join_generation)}
 
                 def env_of(fd: int, slot=slot, ef=str(error_file), extra=extra) -> dict[str, str]:
                     return {**worker_env(base_env, plan, slot, att.run_env, fd, error_file=ef), **extra}
@@ -364,6 +373,8 @@ class AttemptRunner:
                 sup.add_worker(w)
                 att.workers.append(w)
                 guard.watch(w.pgid)
+            if att.live is not None and att.setup.promotion is not None:
+                att.live.promoted(att.setup.join_generation, att.setup.promotion, att.workers, time.monotonic())
             if att.live is not None:
                 att.live.pool.fill()  # after the workers: a spare never delays the training start
             self._standbys_due = lambda: self._start_standbys(att, base_env, guard, numa=bool(bindings))

@@ -149,6 +149,10 @@ def _add_restart_flags(parser: argparse.ArgumentParser) -> None:
                    help="warm spare workers per node (default 1 with --max-restarts > 0, 0 turns live recovery "
                         "off): a lost rank of the built-in DDP trainer is replaced by one while the others keep "
                         "running, with no checkpoint read; otherwise every worker restarts")
+    r.add_argument("--spare-nodes", type=int, default=None, metavar="K",
+                   help="multi-node: K more nodes (--node-rank N..N+K-1) stand by without a rank; a node that dies "
+                        "whole (not node 0) is replaced by one while every other node's workers keep running "
+                        "(needs --max-restarts; built-in DDP trainer)")
     r.add_argument("--min-replicas", type=int, default=None, metavar="N",
                    help="a rank lost with no warm spare left: the N or more survivors go on without it (one "
                         "carries its data slot: same global batch, same data order) instead of a restart "
@@ -199,7 +203,7 @@ def _add_script_flags(parser: argparse.ArgumentParser) -> None:
 
 # flags whose value goes to `system.<same name>` (store_true flags only when given)
 _SYSTEM_FLAGS = ("nproc", "gpus", "isolate", "hang_timeout", "grace_period", "stop_timeout", "log_ranks",
-                 "collapse_logs", "max_restarts", "spares", "min_replicas", "restart_backoff", "restart_on_nan", "exclude_suspect_gpus",
+                 "collapse_logs", "max_restarts", "spares", "spare_nodes", "min_replicas", "restart_backoff", "restart_on_nan", "exclude_suspect_gpus",
                  "allow_suspect_gpus",
                  "preflight", "report", "standbys")
 
@@ -277,8 +281,15 @@ def _node_spec(args: argparse.Namespace) -> NodeSpec:
     port = DEFAULT_PORT if port is None else port
     if nnodes < 1:
         die(f"--nnodes must be >= 1, got {nnodes}")
-    if not 0 <= node_rank < nnodes:
-        die(f"--node-rank {node_rank} is outside 0..{nnodes - 1} (--nnodes {_shown(min_nodes, nnodes)})")
+    spare_nodes = args.spare_nodes or 0
+    if spare_nodes and min_nodes != nnodes:
+        die(f"--spare-nodes {spare_nodes} with --nnodes {_shown(min_nodes, nnodes)}: an elastic job admits a node that "
+            "comes at its next restart already; spare nodes are for a fixed --nnodes N")
+    if spare_nodes and nnodes < 2:
+        die(f"--spare-nodes {spare_nodes} needs a multi-node job (--nnodes N >= 2): on one node, --spares K")
+    if not 0 <= node_rank < nnodes + spare_nodes:
+        die(f"--node-rank {node_rank} is outside 0..{nnodes + spare_nodes - 1} (--nnodes {_shown(min_nodes, nnodes)}"
+            + (f", --spare-nodes {spare_nodes})" if spare_nodes else ")"))
     if not 1 <= port <= 65535:
         die(f"--master-port {port} is not a TCP port (1-65535)")
     if nnodes > 1 and not addr:
