@@ -231,6 +231,7 @@ def parse(argv: list[str], prog: str = PROG) -> Launch:
         elif value is not None and value is not False:
             extra.append(f"system.{flag}={'true' if value is True else value}")
     cfg = config_from_args(args, extra + torchrun.overrides)
+    _check_node_rank(node, cfg.system.spare_nodes, script is not None)
     return Launch(config=cfg, script=script, nproc_explicit=args.nproc is not None, force=args.force,
                   run_id=args.run_id, verbose=args.verbose, node=node, store=torchrun.store,
                   notices=torchrun.notices, torchrun=torchrun, requeue=args.requeue,
@@ -281,15 +282,8 @@ def _node_spec(args: argparse.Namespace) -> NodeSpec:
     port = DEFAULT_PORT if port is None else port
     if nnodes < 1:
         die(f"--nnodes must be >= 1, got {nnodes}")
-    spare_nodes = args.spare_nodes or 0
-    if spare_nodes and min_nodes != nnodes:
-        die(f"--spare-nodes {spare_nodes} with --nnodes {_shown(min_nodes, nnodes)}: an elastic job admits a node that "
-            "comes at its next restart already; spare nodes are for a fixed --nnodes N")
-    if spare_nodes and nnodes < 2:
-        die(f"--spare-nodes {spare_nodes} needs a multi-node job (--nnodes N >= 2): on one node, --spares K")
-    if not 0 <= node_rank < nnodes + spare_nodes:
-        die(f"--node-rank {node_rank} is outside 0..{nnodes + spare_nodes - 1} (--nnodes {_shown(min_nodes, nnodes)}"
-            + (f", --spare-nodes {spare_nodes})" if spare_nodes else ")"))
+    if node_rank < 0:
+        die(f"--node-rank {node_rank} is outside 0..{nnodes - 1} (--nnodes {_shown(min_nodes, nnodes)})")
     if not 1 <= port <= 65535:
         die(f"--master-port {port} is not a TCP port (1-65535)")
     if nnodes > 1 and not addr:
@@ -298,6 +292,23 @@ def _node_spec(args: argparse.Namespace) -> NodeSpec:
         die(f"--nnodes {_shown(min_nodes, nnodes)} needs --node-rank R (0..{nnodes - 1}, a different one on each "
             "node; node 0 hosts the job store), or --slurm under srun")
     return NodeSpec(nnodes=nnodes, node_rank=node_rank, master_addr=addr or "", master_port=port, min_nodes=min_nodes)
+
+
+def _check_node_rank(node: NodeSpec, spare_nodes: int, script: bool) -> None:
+    """--node-rank against --nnodes N and --spare-nodes K (system.spare_nodes, from any source):
+    N..N+K-1 are the spare nodes."""
+    shown = _shown(node.min_nodes, node.nnodes)
+    if spare_nodes and node.elastic:
+        die(f"--spare-nodes {spare_nodes} with --nnodes {shown}: an elastic job admits a node that comes at its next "
+            "restart already; spare nodes are for a fixed --nnodes N")
+    if spare_nodes and node.nnodes < 2:
+        die(f"--spare-nodes {spare_nodes} needs a multi-node job (--nnodes N >= 2): on one node, --spares K")
+    if spare_nodes and script:
+        die(f"--spare-nodes {spare_nodes} with a script: a spare node's ranks take the built-in trainer's state from "
+            "the survivors (live recovery); a script's state is its own")
+    if node.node_rank >= node.nnodes + spare_nodes:
+        die(f"--node-rank {node.node_rank} is outside 0..{node.nnodes + spare_nodes - 1} (--nnodes {shown}"
+            + (f", --spare-nodes {spare_nodes})" if spare_nodes else ")"))
 
 
 def _shown(min_nodes: int, nnodes: int) -> str:
