@@ -53,6 +53,7 @@ from supervisor.processes import (
     OrphanGuard,
     RunEnv,
     SpareDesk,
+    SpareNodeWorkers,
     Standbys,
     StopRules,
     Supervision,
@@ -140,6 +141,7 @@ class AttemptRunner:
         self.spare_desk = SpareDesk(run_dir)  # `gpuherd spare`: every attempt answers the run's requests
         self.standbys = Standbys()  # a --script's next attempt, importing torch while this one trains
         self._standbys_due: Callable[[], None] | None = None  # started at the attempt's first step
+        self.spare_node_workers: SpareNodeWorkers | None = None  # a spare node's, while it stands by
 
     def _line_relay(self, world_size: int) -> Callable[[Group], None] | None:
         """Where this node's held console lines go to be folded with the other nodes' (the node
@@ -189,15 +191,19 @@ class AttemptRunner:
         log_dir = self._log_dir(attempt)
         metrics.write(marks.attempt(attempt, resumed=resume is not None))
         self.progress = Progress()
+        if getattr(self.rendezvous, "spare", False):  # a spare node: warm workers while it stands by
+            self._warm_spare_node(order, log_dir, guard)
         try:
             setup = self.rendezvous.begin(attempt, order.plan, resume)
         except SpareNodeUnused as exc:  # a spare node the job ended without: it ran nothing, a success
+            self._spare_node_done(guard)
             logger.info(str(exc))
             self.notes.append(str(exc))
             return AttemptReport(attempt=attempt, started_at=started_at, duration_s=round(time.monotonic() - t0, 3),
                                  exit_code=0, outcome="success", root_cause=None, resumed_from=resume,
                                  log_dir=str(log_dir), teardown_s=None, workers=[], excluded_gpus=list(order.excluded))
         except NodeLinkError as exc:
+            self._spare_node_done(guard)
             logger.error(str(exc) if exc.cause is None else f"the job failed on another node: {exc}")
             cause = RootCause.from_dict(exc.cause) if exc.cause is not None else RootCause(
                 "rendezvous", exc.exit_code, str(exc), node=self.rendezvous.node_rank)
@@ -245,6 +251,26 @@ class AttemptRunner:
             final_save=final_save,
             suspect_devices=suspects,
             excluded_gpus=list(order.excluded))
+
+    def _warm_spare_node(self, order: AttemptOrder, log_dir: Path, guard: OrphanGuard) -> None:
+        """A spare node standing by: one warm spare per local device (supervisor/processes/spare_node_workers.py),
+        started once; what it reads before it has a rank is the config and the dataset cache."""
+        if self.spare_node_workers is not None or self.mode != "train":
+            return
+        run_env = RunEnv(run_id=self.run_id, run_dir=str(self.run_dir), master_addr=self.launch.node.master_addr,
+                         master_port=0, supervisor_pid=os.getpid(), config_path=str(self.run_dir / "config.json"),
+                         dataset_cache=order.dataset_path)
+        self.spare_node_workers = SpareNodeWorkers(AttemptLive(self.cfg, self.command, order.plan, run_env,
+                                                               python_env(), log_dir, guard.watch))
+        started = self.spare_node_workers.start()
+        logger.info(f"spare node: {len(started)} warm worker(s) (pid {', '.join(str(s.pid) for s in started)}) import "
+                    "torch and the trainer and rehearse the first step while the node stands by")
+
+    def _spare_node_done(self, guard: OrphanGuard) -> None:
+        """The spare node's warm workers no rank took are ended (the job ended, or this node was promoted)."""
+        if self.spare_node_workers is not None:
+            self.spare_node_workers.discard(guard.forget)
+            self.spare_node_workers = None
 
     def _log_dir(self, attempt: int) -> Path:
         """Where an attempt's worker logs go: the run directory (requeue-N/ for start N of a SLURM
@@ -365,6 +391,8 @@ class AttemptRunner:
                     return {**worker_env(base_env, plan, slot, att.run_env, fd, error_file=ef), **extra}
 
                 w = self.standbys.take(slot, env_of(-1), att.logs[slot.rank].path) if binding is None else None
+                if w is None and self.spare_node_workers is not None:  # a spare node promoted: its warm workers
+                    w = self.spare_node_workers.take(slot, env_of(-1), att.logs[slot.rank].path)
                 if w is None:
                     w = spawn(bound(binding, self._command_of(slot.local)), env_of, slot, att.logs[slot.rank].path)
                 if binding is not None and not shutil.which("numactl"):
@@ -373,6 +401,7 @@ class AttemptRunner:
                 sup.add_worker(w)
                 att.workers.append(w)
                 guard.watch(w.pgid)
+            self._spare_node_done(guard)
             if att.live is not None and att.setup.promotion is not None:
                 att.live.promoted(att.setup.join_generation, att.setup.promotion, att.workers, time.monotonic())
             if att.live is not None:

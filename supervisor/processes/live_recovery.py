@@ -123,10 +123,13 @@ class Recovery:
                     f"batch and data order) after {self.seconds:.2f} s (loss -> next completed step), resumed at "
                     f"step {self.resumed_step} from rank {self.source_rank}, {self.steps_redone} completed step(s) "
                     f"redone, no checkpoint read; kept their processes: {survivors}")
+        if self.action == "spare-node":
+            return (f"live recovery {self.number}: node {self.node} died whole; spare node {self.spare_node} took its "
+                    f"ranks (from rank {self.rank}) in {self.seconds:.2f} s (loss -> next completed step), resumed at "
+                    f"step {self.resumed_step} from rank {self.source_rank}, {self.steps_redone} completed step(s) "
+                    f"redone, no checkpoint read; kept their processes: {survivors}")
         how = (f"that node's spare pid {self.replaced_by_pid}; this node's ranks rebuilt the group with it"
                if self._remote else f"spare pid {self.replaced_by_pid}")
-        if self.action == "spare-node":
-            where, how = f"node {self.node} (dead) ", f"spare node {self.spare_node}'s workers"
         return (f"live recovery {self.number}: {where}rank {self.rank} ({self.device}, pid {self.lost_pid}) "
                 f"replaced by {how} in {self.seconds:.2f} s (loss -> next completed step), resumed at step "
                 f"{self.resumed_step} from rank {self.source_rank}, {self.steps_redone} completed step(s) redone, "

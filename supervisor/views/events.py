@@ -80,6 +80,10 @@ def event_of(record: Record) -> Event | None:
             return Event(when, "recovery", f"live recovery {record.number}: rank {rank} lost with no spare left: "
                                            f"{record.replicas} process(es) went on with its data slot in "
                                            f"{_num(record.seconds)} s: {record.failed}", rank)
+        case Recovery(outcome="recovered", action="spare-node"):
+            return Event(when, "recovery", f"live recovery {record.number}: node {record.node} died whole; spare node "
+                                           f"{record.spare_node} took its ranks in {_num(record.seconds)} s, "
+                                           f"{record.steps_redone} step(s) redone", rank)
         case Recovery(outcome="recovered"):
             where = f"node {record.node}'s " if record.node is not None else ""
             return Event(when, "recovery", f"live recovery {record.number}: {where}rank {rank} replaced by "

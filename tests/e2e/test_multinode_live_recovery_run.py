@@ -133,6 +133,7 @@ def test_a_node_that_dies_whole_is_replaced_by_a_spare_node_while_the_other_node
         assert wait_for(lambda: any(r["step"] >= kill_at for r in records(dirs[2], "step")), timeout=240,
                         interval=0.02)
         pids = {node: _pid(dirs[node], node) for node in range(nnodes)}  # one rank per node: rank = node
+        warm = _spare(procs[3].pid)  # the spare node's warm worker, standing by
         tree = [procs[2].pid, *(p.pid for p in psutil.Process(procs[2].pid).children(recursive=True))]
         for pid in tree:  # the machine gone: its supervisor, node agent, orphan guard, workers and spares at once
             with contextlib.suppress(psutil.Error):
@@ -153,9 +154,9 @@ def test_a_node_that_dies_whole_is_replaced_by_a_spare_node_while_the_other_node
         if node != 3:  # a survivor: its rank kept its process
             assert rec["survivors"] == [{"rank": node, "pid": pids[node]}] and rec["steps_redone"] <= 1
             assert {w["rank"]: w["pid"] for w in summary["workers"]} == {node: pids[node]}
-        else:  # the spare node trained node 2's rank from the rebuilt group on
-            assert [w["rank"] for w in summary["workers"]] == [2]
-    assert "spare node 3" in outputs[0][2]
+        else:  # the spare node's warm worker trained node 2's rank from the rebuilt group on
+            assert {w["rank"]: w["pid"] for w in summary["workers"]} == {2: warm} == {2: rec["replaced_by_pid"]}
+    assert "live recovery 1: node 2 died whole -> spare node 3 took its ranks" in outputs[0][2]  # the job's summary
     got = _losses(tmp_path, "spare", [0, 1, 2, 3])  # node 2's steps before its death, then the spare node's
     assert {key: expected[key] for key in got} == got  # bit for bit
     assert all((rank, STEPS - 1) in got for rank in range(nnodes))  # the job trained to its end
