@@ -431,7 +431,7 @@ class Agent:
         """The first agent to join as node r owns that --node-rank for the whole job (its later
         attempts too); another node started with the same one is refused alone, exit 2, before its
         record could overwrite the owner's."""
-        mine = f"{record.get('host', '?')} (agent pid {os.getpid()})".encode()
+        mine = owner_mark(record)
         owner = self.store.compare_set(f"rank{self.node_rank}/owner", "", mine)
         if owner == mine:
             return True
@@ -660,6 +660,11 @@ class Agent:
             action()
         except RuntimeError as exc:  # torch's DistError family: the store (node 0) is unreachable
             self.lose(f"lost the job store at {self.where} (node 0 gone?): {_short(exc)}")
+
+
+def owner_mark(record: dict[str, Any]) -> bytes:
+    """What `rank{r}/owner` holds for the agent that owns --node-rank r (this process)."""
+    return f"{record.get('host', '?')} (agent pid {os.getpid()})".encode()
 
 
 def _short(exc: BaseException) -> str:

@@ -116,9 +116,9 @@ def _first(conn: Any, keys: list[str]) -> str:
 def _become(agent: Agent, k: int, promotion: dict[str, Any], nodes: list[dict[str, Any]],
             record: dict[str, Any]) -> None:
     """This spare node is node r from now on: its beat, done, outcome and leave are node r's."""
+    from supervisor.rendezvous.node_agent_main import owner_mark  # the agent's module imports this one
     r = int(promotion["node"])
-    mine = f"{record.get('host', '?')} (spare node {agent.node_rank})".encode()
-    agent.store.set(f"rank{r}/owner", mine)
+    agent.store.set(f"rank{r}/owner", owner_mark(record))  # a restart's join as node r is this agent's
     agent.node_rank = r
     agent.members = list(range(agent.nnodes))
     agent.hosts = {i: str(n.get("host", "?")) for i, n in enumerate(nodes)}

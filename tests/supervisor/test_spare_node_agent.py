@@ -73,7 +73,8 @@ def test_node_0_hands_a_dead_node_to_a_live_spare_node_with_its_workers(free_tcp
         assert wait_for(lambda: events5[-1]["event"] == "promoted", timeout=10)
         assert (events5[-1]["generation"], events5[-1]["node"], events5[-1]["claim"]) == (2, 2, claim)
         assert agent5.node_rank == 2 and agent5.beating == 0  # it beats, finishes and leaves as node 2
-        assert b"spare node 5" in StoreCalls(server).get("rank2/owner")  # a restart's join as node 2 is its
+        assert agent5._claim_rank(1, {**NODE, "nproc": 1})  # a restart's join as node 2 is its own
+        assert StoreCalls(server).get("rank2/owner") == StoreCalls(server).get("rank5/owner")  # the same agent
 
         assert not spare_node_agent.take_over(node0, 0, 2, CAUSE, node0.store)  # its second death: the restart
         assert spare_node_agent.standing(node0, 0) == [3, 4]
