@@ -61,7 +61,7 @@ def _nnodes(text: str) -> tuple[int, int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of nodes like 2 or a range like 1:4, got '{text}'") \
             from None
-    if high and not 1 <= lo <= hi:  # a plain number is judged with the other node options (_node_spec)
+    if high and not 1 <= lo <= hi:  # a plain number is judged with the other node options (_check_nodes)
         raise argparse.ArgumentTypeError(f"'{text}': expected 1 <= MIN <= MAX") from None
     return lo, hi
 
@@ -231,7 +231,7 @@ def parse(argv: list[str], prog: str = PROG) -> Launch:
         elif value is not None and value is not False:
             extra.append(f"system.{flag}={'true' if value is True else value}")
     cfg = config_from_args(args, extra + torchrun.overrides)
-    _check_node_rank(node, cfg.system.spare_nodes, script is not None)
+    _check_nodes(node, args.node_rank_given, cfg.system.spare_nodes, script is not None)
     return Launch(config=cfg, script=script, nproc_explicit=args.nproc is not None, force=args.force,
                   run_id=args.run_id, verbose=args.verbose, node=node, store=torchrun.store,
                   notices=torchrun.notices, torchrun=torchrun, requeue=args.requeue,
@@ -278,26 +278,28 @@ def _node_spec(args: argparse.Namespace) -> NodeSpec:
             args.nproc = slurm.gpus_on_node  # SLURM said how many GPUs but did not hide the others
     nnodes = 1 if nnodes is None else nnodes
     min_nodes = nnodes if args.min_nodes is None else args.min_nodes
-    given_rank, node_rank = node_rank, 0 if node_rank is None else node_rank
+    args.node_rank_given = node_rank is not None
+    node_rank = 0 if node_rank is None else node_rank
     port = DEFAULT_PORT if port is None else port
-    if nnodes < 1:
-        die(f"--nnodes must be >= 1, got {nnodes}")
-    if node_rank < 0:
-        die(f"--node-rank {node_rank} is outside 0..{nnodes - 1} (--nnodes {_shown(min_nodes, nnodes)})")
-    if not 1 <= port <= 65535:
-        die(f"--master-port {port} is not a TCP port (1-65535)")
-    if nnodes > 1 and not addr:
-        die(f"--nnodes {_shown(min_nodes, nnodes)} needs --master-addr: node 0's address, as every node reaches it")
-    if nnodes > 1 and given_rank is None:  # each node defaulting to 0 would wait out the rendezvous as node 0
-        die(f"--nnodes {_shown(min_nodes, nnodes)} needs --node-rank R (0..{nnodes - 1}, a different one on each "
-            "node; node 0 hosts the job store), or --slurm under srun")
     return NodeSpec(nnodes=nnodes, node_rank=node_rank, master_addr=addr or "", master_port=port, min_nodes=min_nodes)
 
 
-def _check_node_rank(node: NodeSpec, spare_nodes: int, script: bool) -> None:
-    """--node-rank against --nnodes N and --spare-nodes K (system.spare_nodes, from any source):
-    N..N+K-1 are the spare nodes."""
-    shown = _shown(node.min_nodes, node.nnodes)
+def _check_nodes(node: NodeSpec, rank_given: bool, spare_nodes: int, script: bool) -> None:
+    """The node options, once the config says --spare-nodes K (system.spare_nodes, from any
+    source): N..N+K-1 are the spare nodes' ranks."""
+    nnodes, node_rank, shown = node.nnodes, node.node_rank, _shown(node.min_nodes, node.nnodes)
+    if nnodes < 1:
+        die(f"--nnodes must be >= 1, got {nnodes}")
+    if not 0 <= node_rank < nnodes + spare_nodes:
+        die(f"--node-rank {node_rank} is outside 0..{nnodes + spare_nodes - 1} (--nnodes {shown}"
+            + (f", --spare-nodes {spare_nodes})" if spare_nodes else ")"))
+    if not 1 <= node.master_port <= 65535:
+        die(f"--master-port {node.master_port} is not a TCP port (1-65535)")
+    if nnodes > 1 and not node.master_addr:
+        die(f"--nnodes {shown} needs --master-addr: node 0's address, as every node reaches it")
+    if nnodes > 1 and not rank_given:  # each node defaulting to 0 would wait out the rendezvous as node 0
+        die(f"--nnodes {shown} needs --node-rank R (0..{nnodes - 1}, a different one on each "
+            "node; node 0 hosts the job store), or --slurm under srun")
     if spare_nodes and node.elastic:
         die(f"--spare-nodes {spare_nodes} with --nnodes {shown}: an elastic job admits a node that comes at its next "
             "restart already; spare nodes are for a fixed --nnodes N")
@@ -306,9 +308,6 @@ def _check_node_rank(node: NodeSpec, spare_nodes: int, script: bool) -> None:
     if spare_nodes and script:
         die(f"--spare-nodes {spare_nodes} with a script: a spare node's ranks take the built-in trainer's state from "
             "the survivors (live recovery); a script's state is its own")
-    if node.node_rank >= node.nnodes + spare_nodes:
-        die(f"--node-rank {node.node_rank} is outside 0..{node.nnodes + spare_nodes - 1} (--nnodes {shown}"
-            + (f", --spare-nodes {spare_nodes})" if spare_nodes else ")"))
 
 
 def _shown(min_nodes: int, nnodes: int) -> str:
