@@ -195,22 +195,9 @@ class AttemptRunner:
             self._warm_spare_node(order, log_dir, guard)
         try:
             setup = self.rendezvous.begin(attempt, order.plan, resume)
-        except SpareNodeUnused as exc:  # a spare node the job ended without: it ran nothing, a success
-            self._spare_node_done(guard)
-            logger.info(str(exc))
-            self.notes.append(str(exc))
-            return AttemptReport(attempt=attempt, started_at=started_at, duration_s=round(time.monotonic() - t0, 3),
-                                 exit_code=0, outcome="success", root_cause=None, resumed_from=resume,
-                                 log_dir=str(log_dir), teardown_s=None, workers=[], excluded_gpus=list(order.excluded))
         except NodeLinkError as exc:
             self._spare_node_done(guard)
-            logger.error(str(exc) if exc.cause is None else f"the job failed on another node: {exc}")
-            cause = RootCause.from_dict(exc.cause) if exc.cause is not None else RootCause(
-                "rendezvous", exc.exit_code, str(exc), node=self.rendezvous.node_rank)
-            return AttemptReport(attempt=attempt, started_at=started_at, duration_s=round(time.monotonic() - t0, 3),
-                                 exit_code=cause.exit_code, outcome=cause.kind, root_cause=cause, resumed_from=resume,
-                                 log_dir=str(log_dir), teardown_s=None, workers=[],
-                                 excluded_gpus=list(order.excluded))
+            return self._not_started(order, exc, started_at, round(time.monotonic() - t0, 3), log_dir)
         att = self._prepare_attempt(order, setup, log_dir, metrics, guard)
         cause = _timer_cause(self._supervise(att, guard), att)
         cause = self.rendezvous.settle(attempt, cause, att.sup.notes)
@@ -251,6 +238,23 @@ class AttemptRunner:
             final_save=final_save,
             suspect_devices=suspects,
             excluded_gpus=list(order.excluded))
+
+    def _not_started(self, order: AttemptOrder, exc: NodeLinkError, started_at: str, duration_s: float,
+                     log_dir: Path) -> AttemptReport:
+        """No worker started: this node could not join (the job's cause when another node failed
+        first), or it is a spare node the job ended without (it ran nothing: a success)."""
+        cause = None
+        if isinstance(exc, SpareNodeUnused):
+            logger.info(str(exc))
+            self.notes.append(str(exc))
+        else:
+            logger.error(str(exc) if exc.cause is None else f"the job failed on another node: {exc}")
+            cause = RootCause.from_dict(exc.cause) if exc.cause is not None else RootCause(
+                "rendezvous", exc.exit_code, str(exc), node=self.rendezvous.node_rank)
+        return AttemptReport(attempt=order.number, started_at=started_at, duration_s=duration_s,
+                             exit_code=cause.exit_code if cause else 0, outcome=cause.kind if cause else "success",
+                             root_cause=cause, resumed_from=order.resume, log_dir=str(log_dir), teardown_s=None,
+                             workers=[], excluded_gpus=list(order.excluded))
 
     def _warm_spare_node(self, order: AttemptOrder, log_dir: Path, guard: OrphanGuard) -> None:
         """A spare node standing by: one warm spare per local device (supervisor/processes/spare_node_workers.py),
