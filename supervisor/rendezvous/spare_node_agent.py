@@ -86,7 +86,7 @@ def _stand_by(agent: Agent, k: int, record: dict[str, Any], conn: Any) -> None:
         nodes = orjson.loads(conn.get(nodes_key(k)))
         problem = settings_problem(record, nodes[0], s)
         if problem is not None:
-            agent.emit("spare-refused", attempt=k, message=f"spare node {problem}; it does not stand by for this job")
+            agent.emit("spare-refused", attempt=k, message=f"{problem}: this spare node does not stand by for the job")
             return
         if agent.liveness is None and agent.connect is not None:
             agent._link_to_node0(nodes[0].get("liveness"))

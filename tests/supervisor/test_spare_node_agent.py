@@ -108,7 +108,8 @@ def test_a_spare_node_with_other_settings_is_refused_alone_and_one_follows_the_r
         other, events = _agent(free_tcp_port, 2)
         _stand_by(other, 1, fingerprint="f2")
         assert wait_for(lambda: events and events[-1]["event"] == "spare-refused", timeout=10)
-        assert "model/training/data settings" in events[-1]["message"]
+        assert events[-1]["message"].startswith("node 2 (h) runs other model/training/data settings than node 0")
+        assert events[-1]["message"].endswith(": this spare node does not stand by for the job")
 
         spare, events = _agent(free_tcp_port, 3)
         _stand_by(spare, 1)
