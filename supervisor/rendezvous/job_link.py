@@ -193,8 +193,8 @@ class JobLink:
                             "node that dies")
             elif event["event"] == "spare-closed":
                 raise SpareNodeUnused(f"spare node {self.spec.node_rank}: the job ended; this node was not needed")
-            elif event["event"] == "spare-refused":
-                raise NodeLinkError(event["message"], ExitCode.USAGE)
+            elif event["event"] == "spare-refused":  # its settings differ (2), or a value no node wrote (1)
+                raise NodeLinkError(event["message"], int(event.get("exit_code", ExitCode.USAGE)))
             elif event["event"] == "join-aborted":  # its --node-rank is another node's
                 cause = self.winner(int(event.get("attempt", attempt)), timeout=0)
                 raise NodeLinkError(cause["message"], int(cause["exit_code"]), cause)

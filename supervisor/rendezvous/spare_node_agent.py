@@ -4,7 +4,8 @@ round without a rank, and node 0 handing it the ranks of a node that died whole.
 A spare node has a --node-rank of N or more (N: the training nodes, --nnodes). It never writes
 a join record (the round's join waits for nodes 0..N-1 only); per round k it reads the round's
 records once the join is decided (`a{k}/all`), checks its settings against node 0's (another
-model, mode or --run-id: it is refused alone, exit 2, the job goes on without it), connects to
+model, mode or --run-id: it is refused alone, exit 2, the job goes on without it; a value no
+gpuherd node writes, in the records or its promotion, is named and ends it alone, exit 1), connects to
 node 0's agent (`hello s`: a spare node that dies is seen, and just left out), writes
 
     a{k}/spare{s}     its record (host, nproc): it stands by in round k
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from supervisor.rendezvous.beat_watch import JOINED, abort_key, all_key, beat_key, nodes_key
+from supervisor.rendezvous.beat_watch import JOINED, abort_key, all_key, nodes_key
 from supervisor.rendezvous.elastic_rounds import CLOSED_KEY
 from supervisor.rendezvous.nodes import settings_problem
 from supervisor.rendezvous.regroup_agent import live_key
@@ -83,10 +84,16 @@ def _stand_by(agent: Agent, k: int, record: dict[str, Any], conn: Any) -> None:
         if conn.get(all_key(k)) != JOINED:  # the round failed before it ran: the next one
             k += 1
             continue
-        nodes = orjson.loads(conn.get(nodes_key(k)))
+        raw = conn.get(nodes_key(k))
+        nodes = _json(raw)
+        if not (isinstance(nodes, list) and nodes and all(isinstance(n, dict) for n in nodes)):
+            cause = agent._malformed(nodes_key(k), raw, "every node's join record (a JSON list)")
+            agent.emit("spare-refused", attempt=k, message=cause["message"], exit_code=cause["exit_code"])
+            return
         problem = settings_problem(record, nodes[0], s)
         if problem is not None:
-            agent.emit("spare-refused", attempt=k, message=f"{problem}: this spare node does not stand by for the job")
+            agent.emit("spare-refused", attempt=k, message=f"{problem}: this spare node does not stand by for the job",
+                       exit_code=2)
             return
         if agent.liveness is None and agent.connect is not None:
             agent._link_to_node0(nodes[0].get("liveness"))
@@ -99,7 +106,14 @@ def _stand_by(agent: Agent, k: int, record: dict[str, Any], conn: Any) -> None:
         if got == abort_key(k):
             k += 1
             continue
-        _become(agent, k, orjson.loads(conn.get(promote_key(k, s))), nodes, record)
+        raw = conn.get(promote_key(k, s))
+        promotion = _json(raw)
+        if not (isinstance(promotion, dict) and isinstance(promotion.get("node"), int)
+                and isinstance(promotion.get("generation"), int) and isinstance(promotion.get("claim"), dict)):
+            cause = agent._malformed(promote_key(k, s), raw, "node 0's promotion of this spare node")
+            agent.emit("spare-refused", attempt=k, message=cause["message"], exit_code=cause["exit_code"])
+            return
+        _become(agent, k, promotion, nodes, record)
         return
 
 

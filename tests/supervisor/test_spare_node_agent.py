@@ -2,7 +2,8 @@
 node stands by in the round, node 0 hands the place of a dead node to one standing by with that
 node's number of workers (not a dead one, not one already promoted), in the round's next
 rebuilt group, and the spare node becomes that node; a spare node with other settings is
-refused alone; the job's end releases a spare node standing by."""
+refused alone, one reading a foreign value names it; the job's end releases a spare node
+standing by."""
 
 from __future__ import annotations
 
@@ -110,6 +111,7 @@ def test_a_spare_node_with_other_settings_is_refused_alone_and_one_follows_the_r
         assert wait_for(lambda: events and events[-1]["event"] == "spare-refused", timeout=10)
         assert events[-1]["message"].startswith("node 2 (h) runs other model/training/data settings than node 0")
         assert events[-1]["message"].endswith(": this spare node does not stand by for the job")
+        assert events[-1]["exit_code"] == 2
 
         spare, events = _agent(free_tcp_port, 3)
         _stand_by(spare, 1)
@@ -118,5 +120,8 @@ def test_a_spare_node_with_other_settings_is_refused_alone_and_one_follows_the_r
         StoreCalls(server).set("a1/nodes", orjson.dumps([{**NODE, "node": r, "nproc": 1} for r in (0, 1)]))
         StoreCalls(server).set("a1/all", JOINED)  # ... and the next one runs: it stands by there
         assert wait_for(lambda: events[-1]["event"] == "standing-by" and events[-1]["attempt"] == 1, timeout=10)
+        StoreCalls(server).set("a1/promote3", b"\x00not a promotion")  # no gpuherd node writes that
+        assert wait_for(lambda: events[-1]["event"] == "spare-refused", timeout=10)
+        assert "key a1/promote3 holds" in events[-1]["message"] and events[-1]["exit_code"] == 1
     finally:
         StoreCalls(server).set(spare_node_agent.CLOSED_KEY, b"1")
