@@ -60,6 +60,9 @@ events on stdout (stderr is torch's own chatter, kept in the run's agent log).
                                                      lines {node, records} for each node's (its own too)
     {"cmd": "linger", "timeout": s}                  -> lingered {missing}: node 0 waited for every leave
     {"cmd": "regroup-claim" | "regroup-watch", ...}  a live recovery's rebuilt group (regroup_agent.py)
+    {"cmd": "stand-by", "attempt": k, "record": {...}} a spare node (spare_node_agent.py) -> standing-by {attempt,
+                                                     nodes} per round, then promoted {attempt, generation, node,
+                                                     claim, nodes} | spare-closed | spare-refused {message, exit_code}
     (always possible)                                -> lost {message}: the store is gone
 
     python -m supervisor.rendezvous.node_agent_main NODE_RANK MIN_NODES:NNODES HOST PORT JOIN_TIMEOUT_S
