@@ -383,8 +383,10 @@ class Recovery(Record):
     seconds: float | None = None  # death -> the newcomer's first completed step
     rejoin_s: float | None = None  # the newcomer's own join and state transfer
     action: str | None = None  # `replaced` (by a warm spare) | `shrink` (no spare left: the survivors went on) | `regrow`
+    #                            | `spare-node` (a node died whole: a spare node took its ranks)
     replicas: int | None = None  # a shrink or a regrow: the processes training on
     shrunk_s: float | None = None  # a regrow: how long the rank's data slot was carried (its shrink -> the regrow)
+    spare_node: int | None = None  # `spare-node`: a node died whole; the --node-rank of the spare node that took its ranks
 
 
 @dataclass(frozen=True, kw_only=True)

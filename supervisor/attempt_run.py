@@ -53,6 +53,7 @@ from supervisor.processes import (
     OrphanGuard,
     RunEnv,
     SpareDesk,
+    SpareNodeWorkers,
     Standbys,
     StopRules,
     Supervision,
@@ -74,6 +75,7 @@ from supervisor.rendezvous import (
     Rendezvous,
     Setup,
     SingleNode,
+    SpareNodeUnused,
     StoreServer,
     job_info,
     slurm_stop,
@@ -139,6 +141,7 @@ class AttemptRunner:
         self.spare_desk = SpareDesk(run_dir)  # `gpuherd spare`: every attempt answers the run's requests
         self.standbys = Standbys()  # a --script's next attempt, importing torch while this one trains
         self._standbys_due: Callable[[], None] | None = None  # started at the attempt's first step
+        self.spare_node_workers: SpareNodeWorkers | None = None  # a spare node's, while it stands by
 
     def _line_relay(self, world_size: int) -> Callable[[Group], None] | None:
         """Where this node's held console lines go to be folded with the other nodes' (the node
@@ -188,16 +191,13 @@ class AttemptRunner:
         log_dir = self._log_dir(attempt)
         metrics.write(marks.attempt(attempt, resumed=resume is not None))
         self.progress = Progress()
+        if getattr(self.rendezvous, "spare", False):  # a spare node: warm workers while it stands by
+            self._warm_spare_node(order, log_dir, guard)
         try:
             setup = self.rendezvous.begin(attempt, order.plan, resume)
         except NodeLinkError as exc:
-            logger.error(str(exc) if exc.cause is None else f"the job failed on another node: {exc}")
-            cause = RootCause.from_dict(exc.cause) if exc.cause is not None else RootCause(
-                "rendezvous", exc.exit_code, str(exc), node=self.rendezvous.node_rank)
-            return AttemptReport(attempt=attempt, started_at=started_at, duration_s=round(time.monotonic() - t0, 3),
-                                 exit_code=cause.exit_code, outcome=cause.kind, root_cause=cause, resumed_from=resume,
-                                 log_dir=str(log_dir), teardown_s=None, workers=[],
-                                 excluded_gpus=list(order.excluded))
+            self._spare_node_done(guard)
+            return self._not_started(order, exc, started_at, round(time.monotonic() - t0, 3), log_dir)
         att = self._prepare_attempt(order, setup, log_dir, metrics, guard)
         cause = _timer_cause(self._supervise(att, guard), att)
         cause = self.rendezvous.settle(attempt, cause, att.sup.notes)
@@ -238,6 +238,43 @@ class AttemptRunner:
             final_save=final_save,
             suspect_devices=suspects,
             excluded_gpus=list(order.excluded))
+
+    def _not_started(self, order: AttemptOrder, exc: NodeLinkError, started_at: str, duration_s: float,
+                     log_dir: Path) -> AttemptReport:
+        """No worker started: this node could not join (the job's cause when another node failed
+        first), or it is a spare node the job ended without (it ran nothing: a success)."""
+        cause = None
+        if isinstance(exc, SpareNodeUnused):
+            logger.info(str(exc))
+            self.notes.append(str(exc))
+        else:
+            logger.error(str(exc) if exc.cause is None else f"the job failed on another node: {exc}")
+            cause = RootCause.from_dict(exc.cause) if exc.cause is not None else RootCause(
+                "rendezvous", exc.exit_code, str(exc), node=self.rendezvous.node_rank)
+        return AttemptReport(attempt=order.number, started_at=started_at, duration_s=duration_s,
+                             exit_code=cause.exit_code if cause else 0, outcome=cause.kind if cause else "success",
+                             root_cause=cause, resumed_from=order.resume, log_dir=str(log_dir), teardown_s=None,
+                             workers=[], excluded_gpus=list(order.excluded))
+
+    def _warm_spare_node(self, order: AttemptOrder, log_dir: Path, guard: OrphanGuard) -> None:
+        """A spare node standing by: one warm spare per local device (supervisor/processes/spare_node_workers.py),
+        started once; what it reads before it has a rank is the config and the dataset cache."""
+        if self.spare_node_workers is not None or self.mode != "train":
+            return
+        run_env = RunEnv(run_id=self.run_id, run_dir=str(self.run_dir), master_addr=self.launch.node.master_addr,
+                         master_port=0, supervisor_pid=os.getpid(), config_path=str(self.run_dir / "config.json"),
+                         dataset_cache=order.dataset_path)
+        self.spare_node_workers = SpareNodeWorkers(AttemptLive(self.cfg, self.command, order.plan, run_env,
+                                                               python_env(), log_dir, guard.watch))
+        started = self.spare_node_workers.start()
+        logger.info(f"spare node: {len(started)} warm worker(s) (pid {', '.join(str(s.pid) for s in started)}) import "
+                    "torch and the trainer and rehearse the first step while the node stands by")
+
+    def _spare_node_done(self, guard: OrphanGuard) -> None:
+        """The spare node's warm workers no rank took are ended (the job ended, or this node was promoted)."""
+        if self.spare_node_workers is not None:
+            self.spare_node_workers.discard(guard.forget)
+            self.spare_node_workers = None
 
     def _log_dir(self, attempt: int) -> Path:
         """Where an attempt's worker logs go: the run directory (requeue-N/ for start N of a SLURM
@@ -351,11 +388,15 @@ class AttemptRunner:
                 error_file.unlink(missing_ok=True)  # only what this attempt's rank writes may be read back
                 binding = bindings[i] if bindings else None
                 extra = att.live.worker_env if att.live is not None and not att.live.off else {}
+                if att.setup.join_generation:  # a spare node taking a dead node's place: its ranks join the group
+                    extra = {**extra, contract.JOIN_GENERATION: str(att.setup.join_generation)}
 
                 def env_of(fd: int, slot=slot, ef=str(error_file), extra=extra) -> dict[str, str]:
                     return {**worker_env(base_env, plan, slot, att.run_env, fd, error_file=ef), **extra}
 
                 w = self.standbys.take(slot, env_of(-1), att.logs[slot.rank].path) if binding is None else None
+                if w is None and self.spare_node_workers is not None:  # a spare node promoted: its warm workers
+                    w = self.spare_node_workers.take(slot, env_of(-1), att.logs[slot.rank].path)
                 if w is None:
                     w = spawn(bound(binding, self._command_of(slot.local)), env_of, slot, att.logs[slot.rank].path)
                 if binding is not None and not shutil.which("numactl"):
@@ -364,6 +405,9 @@ class AttemptRunner:
                 sup.add_worker(w)
                 att.workers.append(w)
                 guard.watch(w.pgid)
+            self._spare_node_done(guard)
+            if att.live is not None and att.setup.promotion is not None:
+                att.live.promoted(att.setup.join_generation, att.setup.promotion, att.workers, time.monotonic())
             if att.live is not None:
                 att.live.pool.fill()  # after the workers: a spare never delays the training start
             self._standbys_due = lambda: self._start_standbys(att, base_env, guard, numa=bool(bindings))

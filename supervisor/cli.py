@@ -61,7 +61,7 @@ def _nnodes(text: str) -> tuple[int, int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of nodes like 2 or a range like 1:4, got '{text}'") \
             from None
-    if high and not 1 <= lo <= hi:  # a plain number is judged with the other node options (_node_spec)
+    if high and not 1 <= lo <= hi:  # a plain number is judged with the other node options (_check_nodes)
         raise argparse.ArgumentTypeError(f"'{text}': expected 1 <= MIN <= MAX") from None
     return lo, hi
 
@@ -149,6 +149,10 @@ def _add_restart_flags(parser: argparse.ArgumentParser) -> None:
                    help="warm spare workers per node (default 1 with --max-restarts > 0, 0 turns live recovery "
                         "off): a lost rank of the built-in DDP trainer is replaced by one while the others keep "
                         "running, with no checkpoint read; otherwise every worker restarts")
+    r.add_argument("--spare-nodes", type=int, default=None, metavar="K",
+                   help="multi-node: K more nodes (--node-rank N..N+K-1) stand by without a rank; a node that dies "
+                        "whole (not node 0) is replaced by one while every other node's workers keep running "
+                        "(needs --max-restarts; built-in DDP trainer)")
     r.add_argument("--min-replicas", type=int, default=None, metavar="N",
                    help="a rank lost with no warm spare left: the N or more survivors go on without it (one "
                         "carries its data slot: same global batch, same data order) instead of a restart "
@@ -200,7 +204,7 @@ def _add_script_flags(parser: argparse.ArgumentParser) -> None:
 
 # flags whose value goes to `system.<same name>` (store_true flags only when given)
 _SYSTEM_FLAGS = ("nproc", "gpus", "isolate", "hang_timeout", "grace_period", "stop_timeout", "log_ranks",
-                 "collapse_logs", "max_restarts", "spares", "min_replicas", "restart_backoff", "restart_on_nan", "exclude_suspect_gpus",
+                 "collapse_logs", "max_restarts", "spares", "spare_nodes", "min_replicas", "restart_backoff", "restart_on_nan", "exclude_suspect_gpus",
                  "allow_suspect_gpus",
                  "preflight", "report", "standbys")
 
@@ -228,6 +232,7 @@ def parse(argv: list[str], prog: str = PROG) -> Launch:
         elif value is not None and value is not False:
             extra.append(f"system.{flag}={'true' if value is True else value}")
     cfg = config_from_args(args, extra + torchrun.overrides)
+    _check_nodes(node, args.node_rank_given, cfg.system.spare_nodes, script is not None)
     return Launch(config=cfg, script=script, nproc_explicit=args.nproc is not None, force=args.force,
                   run_id=args.run_id, verbose=args.verbose, node=node, store=torchrun.store,
                   notices=torchrun.notices, torchrun=torchrun, requeue=args.requeue,
@@ -274,20 +279,36 @@ def _node_spec(args: argparse.Namespace) -> NodeSpec:
             args.nproc = slurm.gpus_on_node  # SLURM said how many GPUs but did not hide the others
     nnodes = 1 if nnodes is None else nnodes
     min_nodes = nnodes if args.min_nodes is None else args.min_nodes
-    given_rank, node_rank = node_rank, 0 if node_rank is None else node_rank
+    args.node_rank_given = node_rank is not None
+    node_rank = 0 if node_rank is None else node_rank
     port = DEFAULT_PORT if port is None else port
+    return NodeSpec(nnodes=nnodes, node_rank=node_rank, master_addr=addr or "", master_port=port, min_nodes=min_nodes)
+
+
+def _check_nodes(node: NodeSpec, rank_given: bool, spare_nodes: int, script: bool) -> None:
+    """The node options, once the config says --spare-nodes K (system.spare_nodes, from any
+    source): N..N+K-1 are the spare nodes' ranks."""
+    nnodes, node_rank, shown = node.nnodes, node.node_rank, _shown(node.min_nodes, node.nnodes)
     if nnodes < 1:
         die(f"--nnodes must be >= 1, got {nnodes}")
-    if not 0 <= node_rank < nnodes:
-        die(f"--node-rank {node_rank} is outside 0..{nnodes - 1} (--nnodes {_shown(min_nodes, nnodes)})")
-    if not 1 <= port <= 65535:
-        die(f"--master-port {port} is not a TCP port (1-65535)")
-    if nnodes > 1 and not addr:
-        die(f"--nnodes {_shown(min_nodes, nnodes)} needs --master-addr: node 0's address, as every node reaches it")
-    if nnodes > 1 and given_rank is None:  # each node defaulting to 0 would wait out the rendezvous as node 0
-        die(f"--nnodes {_shown(min_nodes, nnodes)} needs --node-rank R (0..{nnodes - 1}, a different one on each "
+    if not 0 <= node_rank < nnodes + spare_nodes:
+        die(f"--node-rank {node_rank} is outside 0..{nnodes + spare_nodes - 1} (--nnodes {shown}"
+            + (f", --spare-nodes {spare_nodes})" if spare_nodes else ")"))
+    if not 1 <= node.master_port <= 65535:
+        die(f"--master-port {node.master_port} is not a TCP port (1-65535)")
+    if nnodes > 1 and not node.master_addr:
+        die(f"--nnodes {shown} needs --master-addr: node 0's address, as every node reaches it")
+    if nnodes > 1 and not rank_given:  # each node defaulting to 0 would wait out the rendezvous as node 0
+        die(f"--nnodes {shown} needs --node-rank R (0..{nnodes - 1}, a different one on each "
             "node; node 0 hosts the job store), or --slurm under srun")
-    return NodeSpec(nnodes=nnodes, node_rank=node_rank, master_addr=addr or "", master_port=port, min_nodes=min_nodes)
+    if spare_nodes and node.elastic:
+        die(f"--spare-nodes {spare_nodes} with --nnodes {shown}: an elastic job admits a node that comes at its next "
+            "restart already; spare nodes are for a fixed --nnodes N")
+    if spare_nodes and node.nnodes < 2:
+        die(f"--spare-nodes {spare_nodes} needs a multi-node job (--nnodes N >= 2): on one node, --spares K")
+    if spare_nodes and script:
+        die(f"--spare-nodes {spare_nodes} with a script: a spare node's ranks take the built-in trainer's state from "
+            "the survivors (live recovery); a script's state is its own")
 
 
 def _shown(min_nodes: int, nnodes: int) -> str:

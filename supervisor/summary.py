@@ -266,6 +266,10 @@ class Summary:
                              f"{r.get('shrunk_s') or 0:.1f} s, "
                              f"{r['seconds']:.2f} s to the next completed step, {r['steps_redone']} completed step(s) "
                              "redone, no checkpoint read")
+            elif r.get("outcome") == "recovered" and r.get("action") == "spare-node":
+                lines.append(f"live recovery {r['number']}: node {r['node']} died whole -> spare node {r['spare_node']} "
+                             f"took its ranks, {r['seconds']:.2f} s to the next completed step, {r['steps_redone']} "
+                             "completed step(s) redone, no checkpoint read")
             elif r.get("outcome") == "recovered":
                 lines.append(f"live recovery {r['number']}: {where}rank {r['rank']} ({r['device']}) {r['failed']} -> spare pid "
                              f"{r['replaced_by_pid']}, {r['seconds']:.2f} s to the next completed step, "

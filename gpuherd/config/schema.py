@@ -55,6 +55,8 @@ class SystemConfig:
     # a lost rank with no spare left: the survivors go on with its data slot (same global batch) while at
     # least this many remain; 0 = never shrink (restart instead)
     min_replicas: int = limited(0, ge=0)
+    # nodes beyond --nnodes that stand by without a rank: one takes the ranks of a node that dies whole
+    spare_nodes: int = limited(0, ge=0)
     # a --script run with restarts left: from its first step, one interpreter per rank imports torch
     # for the next attempt (at the lowest CPU priority; ~0.3 GB of host memory each)
     standbys: bool = True

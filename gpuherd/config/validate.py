@@ -82,6 +82,10 @@ def _check_relations(cfg: Config) -> None:
     if cfg.system.spares > 0 and cfg.system.max_restarts == 0:
         raise ConfigError(f"system.spares={cfg.system.spares} needs system.max_restarts > 0 (--max-restarts N): each "
                           "live recovery uses one restart")
+    if cfg.system.spare_nodes > 0 and (cfg.system.max_restarts == 0 or cfg.system.spares == 0):
+        raise ConfigError(f"system.spare_nodes={cfg.system.spare_nodes} needs system.max_restarts > 0 (--max-restarts "
+                          "N) and live recovery on (system.spares != 0): a spare node's promotion is a live "
+                          "recovery and uses one restart")
     if cfg.system.min_replicas > 0 and cfg.system.max_restarts == 0:
         raise ConfigError(f"system.min_replicas={cfg.system.min_replicas} needs system.max_restarts > 0 (--max-restarts "
                           "N): each shrink uses one restart")

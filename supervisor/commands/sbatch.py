@@ -58,6 +58,7 @@ class SbatchOptions:
     cpu_workers: int = 1  # CPU workers per node when gpus_per_node is 0
     requeue: bool = False  # #SBATCH --requeue: SLURM may requeue the job (node failure, preemption)
     run_id: str | None = None  # the script's run: every submission of it continues that run; None: train_args name it
+    spare_nodes: int = 0  # more nodes that stand by without a rank (--spare-nodes): SLURM allocates nodes + spare_nodes
 
     @property
     def devices(self) -> str:
@@ -72,7 +73,7 @@ def render_sbatch(options: SbatchOptions) -> str:
 def _header(o: SbatchOptions) -> list[str]:
     output = o.log_dir / "%x-%j.out"  # %x = job name, %j = job id (sbatch(1) filename pattern)
     directives = [
-        ("job-name", o.job_name), ("nodes", o.nodes), ("ntasks-per-node", 1),
+        ("job-name", o.job_name), ("nodes", o.nodes + o.spare_nodes), ("ntasks-per-node", 1),
         ("gres", f"gpu:{o.gpus_per_node}" if o.gpus_per_node else None),
         ("cpus-per-task", o.cpus_per_task), ("mem", o.mem), ("time", o.time), ("partition", o.partition),
         ("account", o.account), ("output", output), ("error", output),
@@ -84,7 +85,9 @@ def _header(o: SbatchOptions) -> list[str]:
     ]
     return [
         "#!/bin/bash",
-        f"# gpuherd: {o.nodes} node(s) x {o.devices}, written by `{PROG}` for the checkout {o.repo}",
+        f"# gpuherd: {o.nodes} node(s) x {o.devices}"
+        + (f" and {o.spare_nodes} spare node(s) (SLURM_NODEID {o.nodes} and up: no rank until a node dies whole)"
+           if o.spare_nodes else "") + f", written by `{PROG}` for the checkout {o.repo}",
         "# Submit: sbatch THIS_FILE    Follow: tail -f " + str(o.log_dir / f"{o.job_name}-JOBID.out"),
         "#",
         "# One task per node: gpuherd runs one supervisor per node and the supervisor starts",
@@ -101,8 +104,10 @@ def _header(o: SbatchOptions) -> list[str]:
 def _body(o: SbatchOptions) -> list[str]:
     workers = [] if o.gpus_per_node or "--nproc" in o.train_args else ["--nproc", str(o.cpu_workers)]
     run = ["--run-id", o.run_id] if o.run_id else []
+    # SLURM counts every node it allocated: the training nodes are said explicitly, the rest stand by
+    spares = ["--nnodes", str(o.nodes), "--spare-nodes", str(o.spare_nodes)] if o.spare_nodes else []
     srun = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "bash", "run_training.sh", "--slurm",
-            *run, *workers, *o.train_args]
+            *run, *spares, *workers, *o.train_args]
     return [
         "",
         "set -euo pipefail",
@@ -195,7 +200,7 @@ def parse(argv: list[str]) -> tuple[SbatchOptions, Path | None]:
         cpus_per_task=args.cpus_per_task or (CPUS_PER_GPU * gpus if gpus else CPUS_PER_CPU_WORKER * cpu_workers),
         repo=REPO_ROOT, log_dir=log_dir, job_name=args.job_name, partition=args.partition,
         account=args.account, time=args.time, mem=args.mem, train_args=tuple(train_args),
-        stop_warning=args.stop_warning, cpu_workers=cpu_workers, requeue=args.requeue,
+        stop_warning=args.stop_warning, cpu_workers=cpu_workers, requeue=args.requeue, spare_nodes=args.spare_nodes,
         run_id=None if _names_run(train_args) else script_run_id(args.job_name))
     return options, (Path(args.output).expanduser() if args.output else None)
 
@@ -220,6 +225,9 @@ def _parser() -> OneLineParser:
     parser.add_argument("--nodes", type=_count, required=True, metavar="N", help="nodes to train on")
     parser.add_argument("--gpus-per-node", type=_count_or_zero, default=None, metavar="G",
                         help="GPUs on each node; 0 for CPU-only nodes (no GPU request)")
+    parser.add_argument("--spare-nodes", type=_count_or_zero, default=0, metavar="K",
+                        help="K more nodes that stand by without a rank and take the place of a node that dies "
+                             "whole (default 0; the training arguments need --max-restarts)")
     parser.add_argument("--cpu", action="store_true", help="CPU-only nodes: the same as --gpus-per-node 0")
     parser.add_argument("--cpu-workers", type=_count, default=None, metavar="N",
                         help="CPU workers per node on CPU-only nodes (default 1)")

@@ -13,6 +13,7 @@ watched by one event loop, and torn down together.
   live_for_attempt, AttemptLive, discard_spares, LIVE_ENV, spare_count, why_off (live_setup.py): an attempt's live
     recovery put together; how many spares, and why none
   SparePool (spares.py): warm spare workers (--spares), promoted to a lost rank
+  SpareNodeWorkers (spare_node_workers.py): a spare node's (--spare-nodes) warm workers, handed a dead node's ranks
   Standbys (standbys.py): a --script's next attempt, its interpreters importing torch while this one trains
   SpareDesk, write_request, read_answer, request_path, device_name (spare_requests.py): a spare
     asked of a running supervisor (`gpuherd spare`), through requests/ in the run directory
@@ -34,6 +35,7 @@ from supervisor.processes.signal_rules import (
     stops_raise,
 )
 from supervisor.processes.spare_requests import SpareDesk, device_name, read_answer, request_path, write_request
+from supervisor.processes.spare_node_workers import SpareNodeWorkers
 from supervisor.processes.spares import SparePool
 from supervisor.processes.standbys import Standbys, standby_env
 from supervisor.processes.spawn import WorkerProcess, become_subreaper, die_with_parent, helper_preexec, spawn
@@ -46,7 +48,7 @@ __all__ = [
     "ERROR_FILE_VAR",
     "SAVE_AND_STOP", "STOP_SIGNALS", "GracefulStop", "StopSignal", "honoured", "ignored_notice",
     "inherited_ignored", "stops_raise", "OrphanGuard", "Phase", "RankError", "RunEnv", "StopRules", "Supervision",
-    "LIVE_ENV", "AttemptLive", "LiveRecovery", "Recovery", "SpareDesk", "SparePool", "Standbys", "device_name", "read_answer",
+    "LIVE_ENV", "AttemptLive", "LiveRecovery", "Recovery", "SpareDesk", "SpareNodeWorkers", "SparePool", "Standbys", "device_name", "read_answer",
     "request_path", "write_request", "discard_spares", "live_for_attempt",
     "WorkerProcess", "become_subreaper", "die_with_parent", "error_file_for", "helper_preexec", "python_env",
     "read_error_file",

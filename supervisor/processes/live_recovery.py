@@ -98,6 +98,8 @@ class Recovery:
     checkpoint_reads: int = 0
     node: int | None = None  # multi-node: the node whose rank was lost (it promoted its own spare)
     action: str = "replaced"  # replaced (by a warm spare) | shrink (the survivors went on without it) | regrow
+    #                           | spare-node (a node died whole: a spare node took its ranks)
+    spare_node: int | None = None  # spare-node: the --node-rank of the spare node that took the dead node's place
     replicas: int | None = None  # shrink, regrow: the processes training on (after a shrink one carries the lost slot)
     # shrink: from the loss to its regrow, or to the attempt's end; regrow: the same span (the rank's slot carried)
     shrunk_s: float | None = None
@@ -125,6 +127,11 @@ class Recovery:
             return (f"live recovery {self.number}: {where}rank {self.rank} ({self.device}, pid {self.lost_pid}) lost "
                     f"with no spare left: {self.replicas} process(es) train on with its data slot carried (same global "
                     f"batch and data order) after {self.seconds:.2f} s (loss -> next completed step), resumed at "
+                    f"step {self.resumed_step} from rank {self.source_rank}, {self.steps_redone} completed step(s) "
+                    f"redone, no checkpoint read; kept their processes: {survivors}")
+        if self.action == "spare-node":
+            return (f"live recovery {self.number}: node {self.node} died whole; spare node {self.spare_node} took its "
+                    f"ranks (from rank {self.rank}) in {self.seconds:.2f} s (loss -> next completed step), resumed at "
                     f"step {self.resumed_step} from rank {self.source_rank}, {self.steps_redone} completed step(s) "
                     f"redone, no checkpoint read; kept their processes: {survivors}")
         how = (f"that node's spare pid {self.replaced_by_pid}; this node's ranks rebuilt the group with it"
@@ -161,12 +168,19 @@ class LiveRecovery:
         self.able: dict[int, str | None] = {}  # rank -> None (can be recovered live) or why not
         self.completed: dict[int, int] = {}  # rank -> completed steps it reported
         self.recoveries: list[Recovery] = []
+        self.joined_at = 0  # a spare node that took a dead node's place: the rebuilt group it joined
         # rebuilt group -> {survivor rank: completed steps}: its `lost_peer` records, which may come
         # before the supervisor has even reaped the lost rank
         self.left: dict[int, dict[int, int]] = {}
         # rebuilt group -> {survivor rank: its `rejoined` record}: in a multi-node job a survivor may
         # rejoin before the supervisor has heard of another node's claim
         self.rejoined: dict[int, dict[int, LiveRejoined]] = {}
+
+    @property
+    def next_generation(self) -> int:
+        """The rebuilt group the next recovery forms (a spare node's first attempt joined the
+        job's at `joined_at`: the groups before were formed without it)."""
+        return self.joined_at + len(self.recoveries) + 1 - (1 if self.joined_at else 0)
 
     @property
     def in_flight(self) -> Recovery | None:
@@ -239,7 +253,7 @@ class LiveRecovery:
     def shrink(self, lost: WorkerProcess, cause: RootCause, survivors: list[WorkerProcess], now: float) -> bool:
         """No spare left: the survivors rebuild the group without `lost`, one of them carrying its
         data slot. False (said why): the decision could not reach them."""
-        generation = len(self.recoveries) + 1
+        generation = self.next_generation
         ranks = sorted(w.slot.rank for w in survivors) if self.regroup is None else \
             [r for r in self.members() if r != lost.slot.rank]
         decision = {"shrink": lost.slot.rank, "ranks": ranks}
@@ -311,7 +325,7 @@ class LiveRecovery:
         shrink = self.shrunk_since.get(slot.rank)
         if spare is None or shrink is None:
             return None
-        generation = len(self.recoveries) + 1
+        generation = self.next_generation
         ranks = sorted([*(self.group or []), slot.rank])
         decision = {"regrow": slot.rank, "ranks": ranks}
         why = self._agree(generation, "regrow", decision, {
@@ -350,7 +364,7 @@ class LiveRecovery:
         """The spare now serving `lost`'s rank, or None (said why, in one line)."""
         why = self.why_not(lost.slot.rank, [w.slot.rank for w in survivors])
         spare = None
-        generation = len(self.recoveries) + 1
+        generation = self.next_generation
         if why is None:
             spare, why = self.pool.take()
         if spare is not None and self.regroup is not None:
@@ -390,8 +404,8 @@ class LiveRecovery:
         """Multi-node: a node claimed rebuilt group `generation` (this node's own claims come back
         too). Another node's is recorded as this node's recovery too, its ranks as the survivors;
         returns why this node cannot take part (the attempt must end: a job-wide restart)."""
-        if claim is not None and claim.get("node") == self.node:
-            return None
+        if claim is not None and claim.get("node") == self.node or generation <= self.joined_at:
+            return None  # this node's own claim, or one made before this spare node took its place
         lost = f"node {claim.get('node')}'s rank {claim.get('rank')}" if claim else "a rank"
         why = self._why_not_join(generation, claim, [w.slot.rank for w in survivors])
         if why is not None:
@@ -414,6 +428,12 @@ class LiveRecovery:
                        _died=now - min(ago, STUCK_S), _reached=max(self.completed.values(), default=0),
                        _generation=generation, _remote=True)
         self.recoveries.append(rec)
+        if isinstance(claim.get("spare_node"), int):  # a node died whole: a spare node takes its place
+            rec.action, rec.spare_node = "spare-node", claim["spare_node"]
+            logger.warning(f"{rec.failed}: live recovery {rec.number}: spare node {rec.spare_node} "
+                           f"({claim.get('spare_host', '?')}) takes its ranks {claim.get('ranks', [rec.rank])}; this "
+                           f"node's {len(survivors)} worker(s) keep running and rebuild the group with it")
+            return None
         logger.warning(f"node {rec.node}: {rec.failed}: live recovery {rec.number}: its warm spare pid "
                        f"{rec.replaced_by_pid} takes rank {rec.rank}; this node's {len(survivors)} worker(s) keep "
                        "running and rebuild the group with it")
@@ -440,11 +460,29 @@ class LiveRecovery:
         self._shrunk(rec, ranks, f"node {node}: {rec.failed}: live recovery {rec.number}: no warm spare left there: "
                                  f"this node's {len(survivors)} worker(s) keep running")
 
+    def promoted(self, generation: int, claim: dict[str, Any], newcomers: list[WorkerProcess], now: float) -> None:
+        """A spare node took a dead node's place in rebuilt group `generation` (its workers, just
+        started, are the newcomers): the recovery every other node records too, ended at the
+        newcomers' first completed step."""
+        self.joined_at = generation
+        self.budget -= 1
+        died_at = claim.get("died_at")
+        ago = max(0.0, time.time() - died_at) if isinstance(died_at, (int, float)) else 0.0
+        rec = Recovery(number=self.numbered_from + 1, attempt=self.attempt, rank=int(claim["rank"]),
+                       device=str(claim.get("device")), failed=str(claim.get("failed")), kind=str(claim.get("kind")),
+                       lost_pid=0, replaced_by_pid=newcomers[0].pid if newcomers else 0, survivors=[],
+                       started_at=now_iso(), node=int(claim["node"]), _died=now - ago, _generation=generation,
+                       action="spare-node", spare_node=claim.get("spare_node"))
+        self.recoveries.append(rec)
+        logger.warning(f"{rec.failed}: live recovery {rec.number}: this spare node takes node {rec.node}'s ranks "
+                       f"{', '.join(str(r) for r in claim.get('ranks', [rec.rank]))} (pid(s) "
+                       f"{', '.join(str(w.pid) for w in newcomers)}); every other node's workers keep running")
+
     def _why_not_join(self, generation: int, claim: dict[str, Any] | None, ranks: list[int]) -> str | None:
         if claim is None:
             return f"the claim of rebuilt group {generation} on the job store is unreadable"
-        if generation != len(self.recoveries) + 1:
-            return f"this node expected rebuilt group {len(self.recoveries) + 1}, not {generation}"
+        if generation != self.next_generation:
+            return f"this node expected rebuilt group {self.next_generation}, not {generation}"
         action = claim.get("action", "replaced")
         if action in ("shrink", "regrow"):
             why = self._why_not_resize(action, claim)

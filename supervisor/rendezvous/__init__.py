@@ -18,7 +18,8 @@
 
 from supervisor.rendezvous.api import OnCause, Rendezvous, Setup
 from supervisor.rendezvous.multi import MultiNode
-from supervisor.rendezvous.nodes import DEFAULT_PORT, NodeLinkError, NodeSpec, bind_master, training_fingerprint
+from supervisor.rendezvous.nodes import (DEFAULT_PORT, NodeLinkError, NodeSpec, SpareNodeUnused, bind_master,
+                                        training_fingerprint)
 from supervisor.rendezvous.single import SingleNode, SingleStore
 from supervisor.rendezvous.slurm_env import (
     SLURM_STOP,
@@ -33,7 +34,7 @@ from supervisor.rendezvous.slurm_env import (
 from supervisor.rendezvous.store import HostedStore, StoreServer
 
 __all__ = [
-    "DEFAULT_PORT", "SLURM_STOP", "HostedStore", "MultiNode", "NodeLinkError", "NodeSpec", "OnCause", "Rendezvous", "Setup",
+    "DEFAULT_PORT", "SLURM_STOP", "HostedStore", "MultiNode", "NodeLinkError", "NodeSpec", "SpareNodeUnused", "OnCause", "Rendezvous", "Setup",
     "SingleNode", "SingleStore", "SlurmError", "StoreServer", "bind_master", "job_info", "kill_wait", "read_slurm",
     "SlurmStop", "requeue_after_preemption", "slurm_stop", "training_fingerprint",
 ]

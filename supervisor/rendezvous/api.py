@@ -30,6 +30,8 @@ class Setup:
     world_size: int
     resume: str | None
     store: HostedStore | None  # the worker store, if this node hosts it
+    join_generation: int = 0  # a spare node that took a dead node's place: the rebuilt group its workers join
+    promotion: dict | None = None  # ... and the claim that named it (the recovery every node records)
 
 
 class Rendezvous(Protocol):

@@ -78,6 +78,10 @@ class BeatWatch:
                 silent.append((r, now - last[1]))
         return silent
 
+    def forget(self, r: int) -> None:
+        """Node r's beat starts afresh (a spare node took its place): its silence is counted anew."""
+        self._seen.pop(r, None)
+
     def settled(self, r: int) -> bool:
         last = self._seen.get(r)
         return last is not None and last[0] in SETTLED

@@ -33,7 +33,7 @@ from loguru import logger
 
 from gpuherd.exit_codes import ExitCode
 from gpuherd.files import open_log
-from supervisor.rendezvous.nodes import NodeLinkError, NodeSpec
+from supervisor.rendezvous.nodes import NodeLinkError, NodeSpec, SpareNodeUnused
 
 SILENT_CHECK_S = 30.0  # the agent answers an "alive" check within its SILENT_S + 2 s
 STOP_AFTER_MAX_S = 30.0  # a cause's `stop_after_s` beyond this is not node 0's agent's: stop at once
@@ -175,6 +175,29 @@ class JobLink:
         missing = ", ".join(str(n) for n in event["missing"])
         raise NodeLinkError(f"node(s) {missing} of {self.spec.nnodes} did not join within {self.join_timeout:g} s "
                             f"(system.rendezvous_timeout) at {self.where}")
+
+    def stand_by(self, attempt: int, record: dict[str, Any]) -> dict[str, Any]:
+        """A spare node (--spare-nodes): stand by in the job's rounds from `attempt` on, holding no
+        rank, until node 0 hands this node a dead node's place: the `promoted` event (round,
+        generation, node, claim, nodes). The job's end first: SpareNodeUnused."""
+        self._send("stand-by", attempt, record=record)
+        said = False
+        while True:
+            event = self._reply(None if said else self.join_timeout * 2 + 60)
+            if event["event"] == "promoted":
+                return event
+            if event["event"] == "standing-by" and not said:
+                said = True
+                logger.info(f"spare node {self.spec.node_rank}: standing by in the job at {self.where} (round "
+                            f"{event['attempt']}, {len(event['nodes'])} training node(s)): it takes the place of a "
+                            "node that dies")
+            elif event["event"] == "spare-closed":
+                raise SpareNodeUnused(f"spare node {self.spec.node_rank}: the job ended; this node was not needed")
+            elif event["event"] == "spare-refused":  # its settings differ (2), or a value no node wrote (1)
+                raise NodeLinkError(event["message"], int(event.get("exit_code", ExitCode.USAGE)))
+            elif event["event"] == "join-aborted":  # its --node-rank is another node's
+                cause = self.winner(int(event.get("attempt", attempt)), timeout=0)
+                raise NodeLinkError(cause["message"], int(cause["exit_code"]), cause)
 
     def watch(self, attempt: int, on_abort: Callable[[dict[str, Any]], None], on_lost: Callable[[str], None]) -> None:
         """From now on, another node's failure (or the store's loss) calls back, from the reader thread."""

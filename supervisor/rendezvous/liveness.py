@@ -94,6 +94,11 @@ class LivenessLink:
         if not self._leaving:
             self._on_closed()
 
+    def hello(self, node_rank: int) -> None:
+        """This connection speaks for node `node_rank` from now on (a spare node taking its place)."""
+        with contextlib.suppress(OSError):
+            self._sock.sendall(HELLO + str(node_rank).encode() + b"\n")
+
     def send_lines(self, payload: bytes) -> None:
         """This node's console lines for node 0's folding point (one JSON list, no newline in it)."""
         with contextlib.suppress(OSError):

@@ -38,7 +38,9 @@ class MultiNode:
         self.bind_ip = bind_ip
         self.finish_wait = finish_wait  # node 0: how long it keeps the store up for nodes still finishing
         self.record = {"host": self.host, "fingerprint": training_fingerprint(cfg), "mode": mode,
-                       "run_id": run_id, "run_id_given": run_id_given, "run_dir": str(run_dir)}
+                       "run_id": run_id, "run_id_given": run_id_given, "run_dir": str(run_dir),
+                       "spare_nodes": cfg.system.spare_nodes}
+        self.spare = spec.node_rank >= spec.nnodes  # a spare node (--spare-nodes) until it takes a dead node's place
         self.nodes: list[dict] = []
         self.link = JobLink(spec, cfg.system.rendezvous_timeout, sys.executable, env, preexec,
                             run_dir / "node-agent.log", listen, last_call=cfg.system.rendezvous_last_call)
@@ -47,6 +49,8 @@ class MultiNode:
     def begin(self, attempt: int, plan: DevicePlan, resume: str | None) -> Setup:
         store = HostedStore(bind_addr=self.bind_ip) if self.node_rank == 0 else None
         record = {**self.record, "node": self.node_rank, "nproc": plan.world_size}
+        if self.spare:
+            return self._stand_by(attempt, plan, record)
         if store is not None:
             record.update(worker_port=store.port, resume=resume)
         try:
@@ -58,10 +62,27 @@ class MultiNode:
                 store.stop()
             raise
         self.nnodes = len(nodes)
-        self.nodes = [{"node": n.get("node", r), "first_rank": sum(m["nproc"] for m in nodes[:r]),
-                       **{k: n[k] for k in ("host", "nproc", "run_id", "run_dir")}} for r, n in enumerate(nodes)]
+        self._place(nodes)
         return Setup(plan.with_rank_offset(lay.rank_offset), self.spec.master_addr, int(nodes[0]["worker_port"]),
                      lay.world_size, nodes[0].get("resume"), store)
+
+    def _stand_by(self, attempt: int, plan: DevicePlan, record: dict) -> Setup:
+        """A spare node: no rank until node 0 hands it a dead node's place (spare_node_agent.py);
+        from then on it is that node, for this attempt and every later one."""
+        promotion = self.link.stand_by(self._round(attempt - 1) + 1 if attempt else 0, record)
+        nodes, r = promotion["nodes"], int(promotion["node"])
+        self.spare, self.node_rank, self.group_rank = False, r, r
+        self._rounds[attempt] = int(promotion["attempt"])
+        lay = layout(nodes, r)
+        self.nnodes = len(nodes)
+        self._place(nodes)
+        return Setup(plan.with_rank_offset(lay.rank_offset), self.spec.master_addr, int(nodes[0]["worker_port"]),
+                     lay.world_size, nodes[0].get("resume"), None, join_generation=int(promotion["generation"]),
+                     promotion=promotion["claim"])
+
+    def _place(self, nodes: list[dict]) -> None:
+        self.nodes = [{"node": n.get("node", r), "first_rank": sum(m["nproc"] for m in nodes[:r]),
+                       **{k: n[k] for k in ("host", "nproc", "run_id", "run_dir")}} for r, n in enumerate(nodes)]
 
     def _round(self, attempt: int) -> int:
         """The job's round this node's attempt ran in (the same number unless this node came late)."""

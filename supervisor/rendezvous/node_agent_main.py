@@ -60,6 +60,9 @@ events on stdout (stderr is torch's own chatter, kept in the run's agent log).
                                                      lines {node, records} for each node's (its own too)
     {"cmd": "linger", "timeout": s}                  -> lingered {missing}: node 0 waited for every leave
     {"cmd": "regroup-claim" | "regroup-watch", ...}  a live recovery's rebuilt group (regroup_agent.py)
+    {"cmd": "stand-by", "attempt": k, "record": {...}} a spare node (spare_node_agent.py) -> standing-by {attempt,
+                                                     nodes} per round, then promoted {attempt, generation, node,
+                                                     claim, nodes} | spare-closed | spare-refused {message, exit_code}
     (always possible)                                -> lost {message}: the store is gone
 
     python -m supervisor.rendezvous.node_agent_main NODE_RANK MIN_NODES:NNODES HOST PORT JOIN_TIMEOUT_S
@@ -83,7 +86,7 @@ from gpuherd.exit_codes import ExitCode
 from supervisor.rendezvous.beat_watch import (ABORTED, BEAT_S, JOINED, SETTLED, SILENT_S, BeatWatch, abort_key,
                                               all_key, beat_key, done_key, enter, node_key, nodes_key,
                                               parse_verdict, undecided, verdict_key)
-from supervisor.rendezvous import regroup_agent
+from supervisor.rendezvous import regroup_agent, spare_node_agent
 from supervisor.rendezvous.elastic_rounds import ElasticRounds, refused_key
 from supervisor.rendezvous.nodes import settings_problem
 from supervisor.rendezvous.liveness import LIVENESS_KEY, LivenessLink, LivenessServer
@@ -112,6 +115,8 @@ class Agent:
         self.leaving = False
         self.hosts: dict[int, str] = {}
         self.gone: set[int] = set()  # nodes found dead: nobody waits for them to leave
+        self.spare_nodes = 0  # node 0: --spare-nodes (from its own join record)
+        self.promoted: dict[int, dict[int, int]] = {}  # node 0: round -> {dead node: the spare node in its place}
         self._next_beat = 0.0
         self._beat_count = 0
         self._beat_sent = b"0"  # the value this node's beat key holds (enter() writes "0")
@@ -131,6 +136,7 @@ class Agent:
             "lines": self._lines,
             "regroup-claim": lambda k, msg: regroup_agent.claim(self, k, msg),  # a multi-node live recovery
             "regroup-watch": lambda k, msg: regroup_agent.watch(self, k, msg),
+            "stand-by": lambda k, msg: spare_node_agent.stand_by(self, k, msg),  # a spare node (--spare-nodes)
         }
 
     # ---------------------------------------------------------------- events
@@ -192,6 +198,7 @@ class Agent:
         if not self._claim_rank(k, msg["record"]):
             return
         fields = msg["record"]
+        self.spare_nodes = int(fields.get("spare_nodes") or 0)
         if self.liveness_at is not None:  # node 0: where the direct connections go, read with the records
             fields = {**fields, LIVENESS_KEY: self.liveness_at}
         record = orjson.dumps(fields)
@@ -362,6 +369,8 @@ class Agent:
         candidates = [i for i in range(1, self.nnodes) if i not in self.gone]
         absent = set(self.store.missing([node_key(last, i) for i in candidates]))
         joined = [r for i, r in enumerate(candidates) if i not in absent]
+        self.store.set(spare_node_agent.CLOSED_KEY, b"1")  # a spare node standing by leaves too
+        joined += spare_node_agent.standing(self, last)
         left = [f"left{i}" for i in joined]
         self.store.wait(left, float(msg["timeout"]))
         self.emit("lingered", missing=[joined[i] for i in self.store.missing(left)])
@@ -425,7 +434,7 @@ class Agent:
         """The first agent to join as node r owns that --node-rank for the whole job (its later
         attempts too); another node started with the same one is refused alone, exit 2, before its
         record could overwrite the owner's."""
-        mine = f"{record.get('host', '?')} (agent pid {os.getpid()})".encode()
+        mine = owner_mark(record)
         owner = self.store.compare_set(f"rank{self.node_rank}/owner", "", mine)
         if owner == mine:
             return True
@@ -502,7 +511,10 @@ class Agent:
                            "agent died; see that node's logs)"}
 
     def _declare(self, k: int, r: int, cause: dict[str, Any], store: StoreCalls) -> None:
-        """Node 0: node r is dead; its cause goes to every node (the abort, unless a failure came first)."""
+        """Node 0: node r is dead; its cause goes to every node (the abort, unless a failure came first),
+        unless a spare node takes its place (spare_node_agent.py)."""
+        if spare_node_agent.take_over(self, k, r, cause, store):
+            return
         if self.beats is not None and self.beats.k == k:
             self.beats.dead[r] = cause
         self.gone.add(r)
@@ -574,6 +586,9 @@ class Agent:
         on the same closed connections at their next collective, fail first and are recorded as
         the dead node's consequence, not cut short by the stop."""
         beats = self.beats
+        if r >= self.nnodes:  # a spare node standing by died: it is just no longer one to promote
+            self.gone.add(r)
+            return
         if beats is None or r not in self.members or r in beats.dead or self.lost:
             return  # between attempts: the next join names it
         try:
@@ -584,6 +599,8 @@ class Agent:
                 return
             cause = {**self._silent(r, "its connection to node 0 closed without a goodbye"),
                      "stop_after_s": CLOSED_GRACE_S}
+            if spare_node_agent.take_over(self, beats.k, r, cause, conn):
+                return
             beats.dead[r] = cause
             self.gone.add(r)
             conn.set(verdict_key(beats.k), orjson.dumps(beats.verdict()))
@@ -646,6 +663,11 @@ class Agent:
             action()
         except RuntimeError as exc:  # torch's DistError family: the store (node 0) is unreachable
             self.lose(f"lost the job store at {self.where} (node 0 gone?): {_short(exc)}")
+
+
+def owner_mark(record: dict[str, Any]) -> bytes:
+    """What `rank{r}/owner` holds for the agent that owns --node-rank r (this process)."""
+    return f"{record.get('host', '?')} (agent pid {os.getpid()})".encode()
 
 
 def _short(exc: BaseException) -> str:

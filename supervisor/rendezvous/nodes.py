@@ -51,6 +51,12 @@ class NodeLinkError(GpuherdError):
         self.cause = cause
 
 
+class SpareNodeUnused(NodeLinkError):
+    """A spare node (--spare-nodes) the job ended without: nothing of it ran, it ends with exit 0."""
+
+    exit_code = ExitCode.OK
+
+
 def bind_master(addr: str, port: int) -> tuple[socket.socket, str]:
     """Node 0: bind the job store's socket on the chosen interface only, before anything
     starts, so a wrong address or a busy port is a one-line error (exit 2)."""

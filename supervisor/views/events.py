@@ -81,6 +81,10 @@ def event_of(record: Record) -> Event | None:
                                            "spare left: "
                                            f"{record.replicas} process(es) went on with its data slot in "
                                            f"{_num(record.seconds)} s: {record.failed}", rank)
+        case Recovery(outcome="recovered", action="spare-node"):
+            return Event(when, "recovery", f"live recovery {record.number}: node {record.node} died whole; spare node "
+                                           f"{record.spare_node} took its ranks in {_num(record.seconds)} s, "
+                                           f"{record.steps_redone} step(s) redone", rank)
         case Recovery(outcome="recovered"):
             return Event(when, "recovery", f"live recovery {record.number}: {_node(record)}rank {rank} replaced by "
                                            f"spare pid {record.replaced_by_pid} in {_num(record.seconds)} s, "

@@ -2,10 +2,14 @@
 gloo); a rank of node 1 is SIGKILLed mid-run. Node 1 claims the rebuilt group on the job
 store and promotes its own warm spare; every other node's workers keep their processes,
 rebuild the group with the newcomer and take the state by broadcast; nobody restarts, at
-most one step is redone, and every loss equals an uninterrupted run's, bit for bit."""
+most one step is redone, and every loss equals an uninterrupted run's, bit for bit.
+
+With a spare node (`--spare-nodes 1`), node 2 dies whole (its supervisor, agent and ranks
+SIGKILLed at once): the spare node takes its ranks, the same way."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import signal
 import subprocess
@@ -40,10 +44,13 @@ def _uninterrupted(tmp_path, python_env, world_size: int) -> dict[tuple[int, int
     return losses
 
 
-def _start(tmp_path, python_env, run_id: str, nnodes: int, *extra: str) -> list[subprocess.Popen]:
+def _start(tmp_path, python_env, run_id: str, nnodes: int, *extra: str, spare_nodes: int = 0) -> list[subprocess.Popen]:
+    """Node 0 first; `spare_nodes` more (--node-rank nnodes...) stand by without a rank."""
     port = free_port()
     procs = []
-    for node in range(nnodes):
+    if spare_nodes:
+        extra = (*extra, "--spare-nodes", str(spare_nodes))
+    for node in range(nnodes + spare_nodes):
         cmd = [sys.executable, "-m", "supervisor", "--set", "system.device=cpu", "--no-report", "--nproc", "1",
                "--nnodes", str(nnodes), "--node-rank", str(node), "--master-addr", "127.0.0.1",
                "--master-port", str(port), "--run-id", run_id, *extra]
@@ -58,9 +65,10 @@ def _run_dir(tmp_path, run_id: str, node: int):
     return tmp_path / "logs" / f"{run_id}-node{node}"
 
 
-def _losses(tmp_path, run_id: str, nnodes: int) -> dict[tuple[int, int], float]:
-    """(rank, step) -> loss over every node; a step done twice counts with its last value."""
-    return {(r["rank"], r["step"]): r["loss"] for node in range(nnodes)
+def _losses(tmp_path, run_id: str, nodes: int | list[int]) -> dict[tuple[int, int], float]:
+    """(rank, step) -> loss over every node (`nodes`: their number, or their --node-ranks in the
+    order they trained); a step done twice counts with its last value."""
+    return {(r["rank"], r["step"]): r["loss"] for node in (range(nodes) if isinstance(nodes, int) else nodes)
             for r in records(_run_dir(tmp_path, run_id, node), "step") if "loss" in r}
 
 
@@ -111,3 +119,44 @@ def test_a_rank_lost_on_node_1_is_replaced_by_its_spare_while_every_other_node_k
     got = _losses(tmp_path, "live", nnodes)
     assert {key: expected[key] for key in got} == got  # bit for bit
     assert {key for key in expected if key not in got} <= {(1, rec["resumed_step"] - 1)}
+
+
+def test_a_node_that_dies_whole_is_replaced_by_a_spare_node_while_the_other_nodes_keep_their_processes(
+        tmp_path, python_env):
+    nnodes = 3
+    expected = _uninterrupted(tmp_path, python_env, nnodes)
+
+    kill_at = random.randint(3, STEPS - 12)  # steps left for the spare node's workers to start before the end
+    procs = _start(tmp_path, python_env, "spare", nnodes, "--max-restarts", "1", spare_nodes=1)
+    dirs = [_run_dir(tmp_path, "spare", node) for node in range(nnodes + 1)]
+    try:
+        assert wait_for(lambda: any(r["step"] >= kill_at for r in records(dirs[2], "step")), timeout=240,
+                        interval=0.02)
+        pids = {node: _pid(dirs[node], node) for node in range(nnodes)}  # one rank per node: rank = node
+        warm = _spare(procs[3].pid)  # the spare node's warm worker, standing by
+        tree = [procs[2].pid, *(p.pid for p in psutil.Process(procs[2].pid).children(recursive=True))]
+        for pid in tree:  # the machine gone: its supervisor, node agent, orphan guard, workers and spares at once
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).send_signal(signal.SIGKILL)
+    finally:
+        outputs = [finish(p, timeout=300) for p in procs]
+    for node in (0, 1, 3):
+        code, _out, err = outputs[node]
+        assert code == 0, f"node {node}, node 2 killed at step {kill_at}: {err[-3000:]}"
+
+    for node in (0, 1, 3):
+        summary = orjson.loads((dirs[node] / "summary.json").read_bytes())
+        assert summary["restarts"] == 0 and len(summary["attempts"]) == 1, f"node {node}"  # nobody restarted
+        (rec,) = summary["recoveries"]  # every node records the job's recovery
+        assert rec["outcome"] == "recovered" and rec["action"] == "spare-node", f"node {node}: {rec}"
+        assert rec["node"] == 2 and rec["rank"] == 2 and rec["spare_node"] == 3
+        assert rec["checkpoint_reads"] == 0
+        if node != 3:  # a survivor: its rank kept its process
+            assert rec["survivors"] == [{"rank": node, "pid": pids[node]}] and rec["steps_redone"] <= 1
+            assert {w["rank"]: w["pid"] for w in summary["workers"]} == {node: pids[node]}
+        else:  # the spare node's warm worker trained node 2's rank from the rebuilt group on
+            assert {w["rank"]: w["pid"] for w in summary["workers"]} == {2: warm} == {2: rec["replaced_by_pid"]}
+    assert "live recovery 1: node 2 died whole -> spare node 3 took its ranks" in outputs[0][2]  # the job's summary
+    got = _losses(tmp_path, "spare", [0, 1, 2, 3])  # node 2's steps before its death, then the spare node's
+    assert {key: expected[key] for key in got} == got  # bit for bit
+    assert all((rank, STEPS - 1) in got for rank in range(nnodes))  # the job trained to its end

@@ -8,7 +8,7 @@ Debian). Not asked for, every test here is skipped with the reason; asked for
 (`GPUHERD_SLURM_TESTS=1`, as CI does) and unable to run (no Linux, no root, the packages
 missing or failing to install), every test here FAILS with the reason: a tier CI asked for
 never passes by skipping. The cluster (2 nodes) is started once for the module and always
-taken down at its end, failures included.
+taken down at its end, failures included (a module may ask for more nodes: CLUSTER_NODES).
 """
 
 from __future__ import annotations
@@ -86,9 +86,10 @@ def _tier_can_run(request: pytest.FixtureRequest) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory) -> Cluster:
+def cluster(request: pytest.FixtureRequest, tmp_path_factory) -> Cluster:
+    """A module's cluster: 2 nodes, or its CLUSTER_NODES (a job with a spare node needs 3)."""
     root = tmp_path_factory.mktemp("slurm-cluster")
-    c = Cluster(root, nodes=2, proctrack=os.environ.get(PROCTRACK, "linuxproc"))
+    c = Cluster(root, nodes=getattr(request.module, "CLUSTER_NODES", 2), proctrack=os.environ.get(PROCTRACK, "linuxproc"))
     try:
         c.up()
     except ClusterError as exc:

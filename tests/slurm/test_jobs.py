@@ -106,13 +106,14 @@ def assert_nothing_left(cluster: Cluster, timeout: float = 30) -> None:
 
 
 def submit(cluster: Cluster, workdir: Path, *train_args: str, steps: int = 100000, stop_warning: int = 0,
-           requeue: bool = False, sbatch_options: tuple[str, ...] = ()) -> Job:
-    """`gpuherd sbatch --cpu` for 2 nodes x 1 CPU worker, submitted."""
+           requeue: bool = False, sbatch_options: tuple[str, ...] = (), spare_nodes: int = 0) -> Job:
+    """`gpuherd sbatch --cpu` for 2 nodes x 1 CPU worker (and `spare_nodes` more), submitted."""
     paths = [f"system.run_root={workdir / 'logs'}", f"system.checkpoint_dir={workdir / 'ckpt'}",
              f"data.cache_dir={workdir / 'cache'}"]
     settings = [part for item in [*TINY, *paths, f"training.max_steps={steps}"] for part in ("--set", item)]
     argv = ["--nodes", "2", "--cpu", "--cpus-per-task", "1", "--stop-warning", str(stop_warning),
             "--log-dir", str(workdir / "out"), *(["--requeue"] if requeue else []),
+            *(["--spare-nodes", str(spare_nodes)] if spare_nodes else []),
             "--", "--debug", "--no-report", *settings, *train_args]
     options, _ = sbatch.parse(argv)
     cluster.wait_idle()  # a node the previous test partitioned comes back first

@@ -286,6 +286,14 @@ def test_min_replicas_needs_restarts():
         validate(cfg)
 
 
+@pytest.mark.parametrize("restarts, spares", [(0, -1), (2, 0)])
+def test_spare_nodes_need_live_recovery(restarts, spares):
+    cfg = Config()
+    cfg.system.spare_nodes, cfg.system.max_restarts, cfg.system.spares = 1, restarts, spares
+    with pytest.raises(ConfigError, match="spare_nodes=1 needs system.max_restarts > 0 .* and live recovery on"):
+        validate(cfg)
+
+
 def _attempt_live(spares: int, multi_node: bool, lines: list[str]) -> LiveRecovery | None:
     cfg = Config()
     cfg.system.max_restarts, cfg.system.spares, cfg.system.min_replicas = 2, spares, 2

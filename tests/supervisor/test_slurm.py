@@ -310,6 +310,17 @@ def test_cli_cpu_flags_that_do_not_fit(capsys, args, message):
     assert exit_info.value.code == 2 and message in err and err.count("\n") == 1
 
 
+def test_spare_nodes_are_allocated_beyond_the_training_nodes_which_are_named_explicitly():
+    """SLURM's node count is every node allocated: the supervisor is told which of them train."""
+    opts, _ = slurm.parse(["--nodes", "2", "--gpus-per-node", "8", "--spare-nodes", "1", "--log-dir", "/tmp/l",
+                           "--", "--max-restarts", "3"])
+    script = render_sbatch(opts)
+    assert directives(script)["nodes"] == "3" and "and 1 spare node(s) (SLURM_NODEID 2 and up" in script
+    assert shlex.split(script.splitlines()[-1])[6:] == ["--run-id", opts.run_id, "--nnodes", "2", "--spare-nodes", "1",
+                                                        "--max-restarts", "3"]
+    assert "--spare-nodes" not in render_sbatch(options())
+
+
 def test_optional_directives_only_when_given():
     found = directives(render_sbatch(options(time=None, partition=None, account="proj7", mem="0")))
     assert "time" not in found and "partition" not in found

@@ -1,0 +1,209 @@
+"""Spare nodes (--spare-nodes K), inside the node agent: a node that stands by in the job's
+round without a rank, and node 0 handing it the ranks of a node that died whole.
+
+A spare node has a --node-rank of N or more (N: the training nodes, --nnodes). It never writes
+a join record (the round's join waits for nodes 0..N-1 only); per round k it reads the round's
+records once the join is decided (`a{k}/all`), checks its settings against node 0's (another
+model, mode or --run-id: it is refused alone, exit 2, the job goes on without it; a value no
+gpuherd node writes, in the records or its promotion, is named and ends it alone, exit 1), connects to
+node 0's agent (`hello s`: a spare node that dies is seen, and just left out), writes
+
+    a{k}/spare{s}     its record (host, nproc): it stands by in round k
+
+and waits, on a connection of its own, for the first of
+
+    a{k}/promote{s}   node 0 hands it a dead node's place: {node, generation, claim}
+    a{k}/abort        the round ended (a restart): it stands by in round k+1
+    closed            the job ended: it leaves (exit 0, nothing of it ran)
+
+Node 0, when a training node r dies whole (its direct connection closed, or its beat stood
+still), looks for a spare node standing by in the round with r's number of workers and not
+dead. With one, instead of publishing r's death as the round's abort, it claims the rebuilt
+group (`a{k}/live{g}`, g the round's first unclaimed generation, first claim wins: a node that
+lost a rank in the same instant took it, and the death is published as before), naming the
+dead node, its ranks and the spare node, then writes `a{k}/promote{s}`. The survivors'
+supervisors hear the claim as any other node's live recovery (regroup_agent.py); their
+workers rebuild the group with the spare node's, which join generation g. From then on the
+spare node is node r for the rest of the job: its agent beats, finishes (`done`), reports
+(`outcome`) and leaves (`left`) as node r, owns `rank{r}/owner` (a restart's join as node r
+is its), and its direct connection says `hello r` (its death is node r's again).
+Node 0 itself cannot be replaced (it hosts the job store and the workers' store).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from supervisor.rendezvous.beat_watch import JOINED, abort_key, all_key, nodes_key
+from supervisor.rendezvous.elastic_rounds import CLOSED_KEY
+from supervisor.rendezvous.nodes import settings_problem
+from supervisor.rendezvous.regroup_agent import live_key
+
+if TYPE_CHECKING:
+    from supervisor.rendezvous.node_agent_main import Agent
+
+POLL_S = 1.0  # a wait's piece: a round's end or the job's is seen within it (3 requests a second per spare node)
+
+
+def spare_key(k: int, s: int) -> str:
+    return f"a{k}/spare{s}"
+
+
+def promote_key(k: int, s: int) -> str:
+    return f"a{k}/promote{s}"
+
+
+def stand_by(agent: Agent, k: int, msg: dict[str, Any]) -> None:
+    """The spare node's command: stand by from round k on (a thread: the agent keeps beating)."""
+    if not agent._claim_rank(k, msg["record"]):
+        return
+    if agent.connect is None:  # a test's in-process store: no second connection, no thread
+        _stand_by(agent, k, msg["record"], agent.store)
+        return
+    threading.Thread(target=_follow_rounds, args=(agent, k, msg["record"]), name="spare-node", daemon=True).start()
+
+
+def _follow_rounds(agent: Agent, k: int, record: dict[str, Any]) -> None:
+    try:
+        _stand_by(agent, k, record, agent._connection())
+    except RuntimeError as exc:
+        agent.lose(f"lost the job store at {agent.where} (node 0 gone?): {' '.join(str(exc).split())[:200]}")
+
+
+def _stand_by(agent: Agent, k: int, record: dict[str, Any], conn: Any) -> None:
+    s = agent.node_rank
+    while True:
+        got = _first(conn, [all_key(k), CLOSED_KEY])
+        if got == CLOSED_KEY:
+            agent.emit("spare-closed", attempt=k)
+            return
+        if conn.get(all_key(k)) != JOINED:  # the round failed before it ran: the next one
+            k += 1
+            continue
+        raw = conn.get(nodes_key(k))
+        nodes = _json(raw)
+        if not (isinstance(nodes, list) and nodes and all(isinstance(n, dict) for n in nodes)):
+            cause = agent._malformed(nodes_key(k), raw, "every node's join record (a JSON list)")
+            agent.emit("spare-refused", attempt=k, message=cause["message"], exit_code=cause["exit_code"])
+            return
+        problem = settings_problem(record, nodes[0], s)
+        if problem is not None:
+            agent.emit("spare-refused", attempt=k, message=f"{problem}: this spare node does not stand by for the job",
+                       exit_code=2)
+            return
+        if agent.liveness is None and agent.connect is not None:
+            agent._link_to_node0(nodes[0].get("liveness"))
+        conn.set(spare_key(k, s), orjson.dumps({"host": record.get("host"), "nproc": record["nproc"]}))
+        agent.emit("standing-by", attempt=k, nodes=nodes)
+        got = _first(conn, [promote_key(k, s), abort_key(k), CLOSED_KEY])
+        if got == CLOSED_KEY:
+            agent.emit("spare-closed", attempt=k)
+            return
+        if got == abort_key(k):
+            k += 1
+            continue
+        raw = conn.get(promote_key(k, s))
+        promotion = _json(raw)
+        if not (isinstance(promotion, dict) and isinstance(promotion.get("node"), int)
+                and isinstance(promotion.get("generation"), int) and isinstance(promotion.get("claim"), dict)):
+            cause = agent._malformed(promote_key(k, s), raw, "node 0's promotion of this spare node")
+            agent.emit("spare-refused", attempt=k, message=cause["message"], exit_code=cause["exit_code"])
+            return
+        _become(agent, k, promotion, nodes, record)
+        return
+
+
+def _first(conn: Any, keys: list[str]) -> str:
+    """The first of `keys` set on the store: a server-side wait on the one that matters most
+    (the first: it answers the moment it is set), the others checked once a second."""
+    while True:
+        for key in keys:
+            if conn.check([key]):
+                return key
+        conn.wait(keys[:1], POLL_S)
+
+
+def _become(agent: Agent, k: int, promotion: dict[str, Any], nodes: list[dict[str, Any]],
+            record: dict[str, Any]) -> None:
+    """This spare node is node r from now on: its beat, done, outcome and leave are node r's."""
+    from supervisor.rendezvous.node_agent_main import owner_mark  # the agent's module imports this one
+    r = int(promotion["node"])
+    agent.store.set(f"rank{r}/owner", owner_mark(record))  # a restart's join as node r is this agent's
+    agent.node_rank = r
+    agent.members = list(range(agent.nnodes))
+    agent.hosts = {i: str(n.get("host", "?")) for i, n in enumerate(nodes)}
+    agent.last_join = k
+    agent.beating, agent._beat_sent = k, b"0"
+    if agent.liveness is not None:
+        agent.liveness.hello(r)
+    agent.emit("promoted", attempt=k, generation=int(promotion["generation"]), node=r, claim=promotion["claim"],
+               nodes=nodes)
+
+
+# ---------------------------------------------------------------- node 0
+def take_over(agent: Agent, k: int, r: int, cause: dict[str, Any], store: Any) -> bool:
+    """Node 0: node r died whole in round k; True when a spare node takes its place (the death
+    is then a live recovery, not the round's abort)."""
+    if agent.spare_nodes <= 0 or r == 0 or r in agent.promoted.get(k, {}):
+        return False
+    nodes = _json(store.get_if_set(nodes_key(k)))
+    if not (isinstance(nodes, list) and r < len(nodes) and all(isinstance(n, dict) for n in nodes)):
+        return False  # the round's records are not there (it died in the join): the restart as before
+    nproc = nodes[r].get("nproc")
+    spare = _free_spare(agent, k, nproc, store)
+    if spare is None:
+        return False
+    s, host = spare
+    first_rank = sum(int(n.get("nproc", 0)) for n in nodes[:r])
+    g = 1
+    while store.check([live_key(k, g)]):
+        g += 1
+    claim = {"node": r, "rank": first_rank, "ranks": list(range(first_rank, first_rank + int(nproc))),
+             "device": f"node {r}", "failed": cause["message"], "kind": "node", "lost_pid": 0,
+             "replaced_by_pid": 0, "died_at": time.time(), "spare_node": s, "spare_host": host,
+             # what survivors that wait for a decision (--min-replicas) read: node 0 writes it into
+             # the workers' store when it hears this claim, as for any node's spare promotion
+             "decision": {"spare": first_rank}}
+    mine = orjson.dumps(claim)
+    if store.compare_set(live_key(k, g), "", mine) != mine:
+        return False  # a node lost a rank in the same instant: two losses at once, the death is published
+    agent.promoted.setdefault(k, {})[r] = s
+    agent.hosts[r] = host
+    if agent.beats is not None and agent.beats.k == k:
+        agent.beats.dead.pop(r, None)
+        agent.beats.forget(r)
+    agent.gone.discard(r)
+    store.set(promote_key(k, s), orjson.dumps({"node": r, "generation": g, "claim": claim}))
+    return True
+
+
+def _free_spare(agent: Agent, k: int, nproc: Any, store: Any) -> tuple[int, str] | None:
+    """The lowest spare node standing by in round k with `nproc` workers, alive and not promoted."""
+    taken = set(agent.promoted.get(k, {}).values())
+    for s in range(agent.nnodes, agent.nnodes + agent.spare_nodes):
+        if s in agent.gone or s in taken:
+            continue
+        record = _json(store.get_if_set(spare_key(k, s)))
+        if isinstance(record, dict) and record.get("nproc") == nproc:
+            return s, str(record.get("host", "?"))
+    return None
+
+
+def standing(agent: Agent, k: int) -> list[int]:
+    """Node 0 at the job's end: the spare nodes that stood by in round k and were not promoted."""
+    taken = set(agent.promoted.get(k, {}).values())
+    candidates = [s for s in range(agent.nnodes, agent.nnodes + agent.spare_nodes) if s not in taken]
+    return [s for s in candidates if agent.store.check([spare_key(k, s)])]
+
+
+def _json(raw: bytes | None) -> Any:
+    if raw is None:
+        return None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
