@@ -279,9 +279,10 @@ def _watch(rank: int) -> None:
 
 
 def _preload() -> None:
-    """The standby's import of torch, at the lowest priority: the thread's nice against the
-    process's other threads (Linux nice is per thread, so the main thread keeps its own), the
-    session's (`yield_session`, set by `stand_by`) against the training ranks' sessions."""
+    """The standby's import of torch, at the lowest priority (Linux nice is per thread, so the
+    main thread keeps its own). Against the training ranks, each a session of its own, it is the
+    supervisor's choice of when to start the standby that counts (autogroups share the CPU by
+    session): once the attempt has stepped (supervisor/processes/standbys.py)."""
     with_nice(STANDBY_NICE)
     for name in PRELOAD:
         try:
@@ -292,55 +293,6 @@ def _preload() -> None:
     # collections do not walk torch's objects again and again (as the built-in worker, worker/heap.py).
     gc.collect()
     gc.freeze()
-
-
-AUTOGROUP = "/proc/self/autogroup"
-SESSION_TRIES = 300  # x 10 ms: a change is refused while another process's is under 100 ms old
-
-
-def session_nice(nice: int | None = None, tries: int = 20) -> int | None:
-    """This process's session's nice value (Linux autogroups), set to `nice` first where given;
-    None where the kernel has no autogroups or refuses. With autogroups (on by default) the
-    scheduler shares the CPU between sessions first and ranks a thread's nice value only against
-    threads of its own session; every worker, spare and standby is a session of its own, so a
-    warm-up thread at nice 19 still took a whole session's share beside each training rank. The
-    session's own nice ranks it against the others. Raising it is always allowed, and so is
-    setting it back to 0 or above (the kernel asks for privilege only below 0); more than one
-    change in 100 ms is refused with EAGAIN, so a change waits for its turn (`tries` x 10 ms)."""
-    for _ in range(tries):
-        try:
-            if nice is not None:
-                with open(AUTOGROUP, "w") as f:
-                    f.write(str(nice))
-            with open(AUTOGROUP) as f:
-                return int(f.read().rsplit("nice", 1)[1])
-        except BlockingIOError:
-            time.sleep(0.01)
-        except (OSError, ValueError, IndexError):
-            return None
-    return None
-
-
-def yield_session(nice: int) -> int | None:
-    """Raise this process's session's nice value to `nice` while it only prepares (a spare or
-    standby beside the training ranks); the value it had, for `reclaim_session`, or None where
-    nothing was changed. Only a process that leads its session (the supervisor starts every
-    worker, spare and standby so): the value is the whole session's, its other processes' too."""
-    if os.getsid(0) != os.getpid():
-        return None
-    own = session_nice()
-    if own is None or own >= nice or session_nice(nice, tries=SESSION_TRIES) != nice:
-        return None
-    return own
-
-
-def reclaim_session(own: int | None) -> None:
-    """The session's nice value back to `own` (from `yield_session`) once this process holds a
-    rank, in a thread: a change may wait its turn (one a 100 ms, machine-wide, without
-    CAP_SYS_ADMIN), and the rank must not; until then its peers wait for it anyway."""
-    if own is not None:
-        threading.Thread(target=session_nice, args=(own, SESSION_TRIES), name="gpuherd-session-nice",
-                         daemon=True).start()
 
 
 def with_nice(nice: int, tid: int | None = None) -> bool:
@@ -361,13 +313,11 @@ def stand_by(argv: list[str], stdin: Any = None) -> bool:
     anyway, and the heartbeat hooks torch's optimizer once torch is whole. torch is imported with
     the sys.path[0] the script will have (run_script, run_module), as the script would import it."""
     sys.path[0] = os.getcwd() if argv[0] == "-m" else os.path.dirname(os.path.realpath(argv[0]))
-    own = yield_session(STANDBY_NICE)
     loader = threading.Thread(target=_preload, name="gpuherd-standby", daemon=True)
     loader.start()
     line = (stdin or sys.stdin.buffer).readline()
     if not line.strip():
         return False
-    reclaim_session(own)
     env = json.loads(line)["env"]
     own_fd = os.environ.get(STATUS_FD)
     os.environ.clear()

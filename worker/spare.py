@@ -6,15 +6,12 @@ environment (RANK, its device, its error file, GPUHERD_JOIN_GENERATION: the rebu
 to join). It is applied before CUDA is touched, so CUDA_VISIBLE_DEVICES still decides the
 GPU. End of input instead: the spare is no longer needed (exit 0, nothing said).
 
-The warm-up runs in a thread of its own at nice WARM_UP_NICE (Linux nice is per thread), and
-the spare's session (a session of its own, as every worker's) at that nice too while it
-waits: the kernel's autogroups share the CPU between sessions first, so a thread's nice alone
-orders it only against its own process's threads. A spare started while the job trains (the
-pool refilling after a recovery) then takes only the CPU the ranks leave idle. Promoted, the
-session goes back to the nice it had (`reclaim_session`), and the process's main thread, the
-one that trains, kept the priority the supervisor gave it (lowering a thread's nice value back
-needs CAP_SYS_NICE). Threads the warm-up starts (torch's intra-op pool) inherit its nice; the
-main thread's own pool is started at its first step, at its own priority. Its end is said on the status channel (a
+The warm-up runs in a thread of its own at nice WARM_UP_NICE (Linux nice is per thread): a
+spare started while the job trains (the pool refilling after a recovery) takes only the CPU
+the ranks leave idle, and the process's main thread, the one that trains once promoted, keeps
+the priority the supervisor gave it (lowering a nice value back needs CAP_SYS_NICE). Threads
+the warm-up starts (torch's intra-op pool) inherit its nice; the main thread's own pool is
+started at its first step, at its own priority. Its end is said on the status channel (a
 `live`/`warm` record, which the pool reads before the spare holds a rank): a shrunk group
 grows back only with a spare that is warm, never waits for one's imports.
 
@@ -35,7 +32,6 @@ import orjson
 
 from gpuherd import contract
 from worker.heap import freeze_imports
-from worker.script_bootstrap import reclaim_session, yield_session
 
 WARM_UP_NICE = 19  # the warm-up yields to every training rank (bench/bench_live_recovery.py: step time at a refill)
 
@@ -134,7 +130,6 @@ def stand_by() -> bool:
     """Warm up (a low-priority thread), then wait for a rank; True once this process took one
     (os.environ updated). A rank assigned before the warm-up ended waits for its end: the CPU
     it needed is then idle anyway (the survivors wait for the newcomer)."""
-    own = yield_session(WARM_UP_NICE)
     assigned = threading.Event()
     warming = threading.Thread(target=_warm_up_yielding, args=(assigned,), name="spare-warm-up", daemon=True)
     warming.start()
@@ -142,7 +137,6 @@ def stand_by() -> bool:
     assigned.set()
     if not line.strip():
         return False
-    reclaim_session(own)
     warming.join()
     assignment = orjson.loads(line)
     os.environ.update({str(name): str(value) for name, value in assignment["env"].items()})

@@ -6,11 +6,10 @@ DDP's constructor imports): about 2 s of the 2.4 s from a kill to the next step 
 machine, all of it after the failure. So once an attempt completed its first step, one standby
 per local rank is started for the next attempt (only while restarts are left): the script's own
 command line through the bootstrap with `GPUHERD_STANDBY=1` (worker/script_bootstrap.py), which
-imports them in a thread at nice 19, its session at nice 19 too, and then waits on its stdin.
-Each standby is a session of its own, and the kernel's autogroups share the CPU by session
-whatever a thread's nice value: standbys whose session kept nice 0, started with the workers,
-slowed the workers' start by 2 s on 2 cores. They still start at the first step, once the
-ranks' own imports are over. The next attempt hands each standby
+imports them in a thread at nice 19 and then waits on its stdin. Not with the workers: each
+standby is a session of its own, and the kernel's autogroups share the CPU by session whatever a
+thread's nice value, so standbys importing beside the workers slowed their start by 2 s; nice 19
+only keeps the import behind the standby's own main thread. The next attempt hands each standby
 its rank's environment as one JSON line and closes the pipe; the process, its pipes and its
 status channel then serve as that rank's worker, and the script starts with torch already
 imported. End of input instead: the standby is not needed (it exits 0 at once).

@@ -107,44 +107,6 @@ def test_a_standby_told_it_is_not_needed_exits_0_without_running_the_script(proj
     assert done.returncode == 0 and done.stdout == b"" and done.stderr == b""
 
 
-NICE_SHOW = """
-import time
-for _ in range(500):  # the session's nice comes back in a thread of the bootstrap's
-    nice = open("/proc/self/autogroup").read().rsplit("nice", 1)[1].strip()
-    if nice == "0":
-        break
-    time.sleep(0.01)
-print(nice)
-"""
-
-
-@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="the kernel has no autogroups")
-def test_a_standby_waits_with_its_session_at_nice_19_and_its_rank_gets_nice_0_back(project):
-    """Autogroups share the CPU between sessions before a thread's nice counts: the standby's
-    session yields while it waits, the rank it becomes competes as any other."""
-    (project / "src" / "nice_show.py").write_text(NICE_SHOW)
-    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "GPUHERD_STANDBY": "1", "RANK": "0"}
-    proc = subprocess.Popen([sys.executable, "-u", str(BOOTSTRAP_SELF), "src/nice_show.py"], cwd=project, env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)  # as the supervisor starts it
-    try:
-        deadline = time.monotonic() + 60
-        while not Path(f"/proc/{proc.pid}/autogroup").read_text().rstrip().endswith("nice 19"):
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.01)
-        out, err = proc.communicate(orjson.dumps({"env": env | {"GPUHERD_STANDBY": "0"}}) + b"\n", timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, err
-    assert out.strip() == b"0"
-
-
-def test_a_process_that_does_not_lead_its_session_leaves_the_sessions_nice_alone():
-    if os.getsid(0) == os.getpid():
-        pytest.skip("this pytest leads its own session")
-    assert script_bootstrap.yield_session(19) is None
-
-
 @pytest.mark.parametrize("without_orjson", [False, True])
 def test_optimizer_steps_and_torch_save_become_status_records(tmp_path, without_orjson):
     """A real torch script with nothing of gpuherd in it, through the bootstrap with a status pipe;

@@ -4,17 +4,12 @@ rank it becomes finds them ready."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import orjson
 import pytest
 import torch
 from tests.worker import helpers as h
 
-from gpuherd import contract
 from gpuherd.contract import WorkerIdentity
 from worker import spare
 from worker.train import run
@@ -65,36 +60,3 @@ def test_a_spare_compiles_the_runs_blocks_before_it_is_needed(tmp_path: Path):
     assert run(cfg, identity, data=h.bundle(cfg), status=h.status_writer(status, 0), install_signals=False) == 0
     assert [r["step"] for r in h.read_status(status) if r["type"] == "step" and "loss" in r] == [0]
     assert counters["stats"]["unique_graphs"] == compiled  # the trainer's compile found every graph ready
-
-
-SPARE_SHOWS_ITS_SESSION = """
-import time
-from worker.spare import stand_by
-assert stand_by()
-for _ in range(500):  # the session's nice comes back in a thread
-    nice = open("/proc/self/autogroup").read().rsplit("nice", 1)[1].strip()
-    if nice == "0":
-        break
-    time.sleep(0.01)
-print(nice)
-"""
-
-
-@pytest.mark.integration  # a spare process importing torch and the trainer
-@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(), reason="the kernel has no autogroups")
-def test_a_spare_warms_up_with_its_session_at_nice_19_and_the_rank_it_becomes_gets_nice_0_back(python_env):
-    """Autogroups share the CPU between sessions before a thread's nice counts: a spare started
-    while the job trains must yield its session's share, and the rank it becomes must not."""
-    env = {k: v for k, v in python_env.items() if k not in (contract.DATASET_CACHE, contract.CONFIG_PATH)}
-    proc = subprocess.Popen([sys.executable, "-c", SPARE_SHOWS_ITS_SESSION], env=env, stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not Path(f"/proc/{proc.pid}/autogroup").read_text().rstrip().endswith("nice 19"):
-            assert time.monotonic() < deadline and proc.poll() is None
-            time.sleep(0.01)
-        out, err = proc.communicate(orjson.dumps({"env": {"RANK": "1"}}) + b"\n", timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, err
-    assert out.strip() == b"0"
