@@ -167,6 +167,10 @@ class Heartbeats:
                     st.step = step
             case Error(message=message):
                 st.error = str(message)
+        if self._rendezvous_started is not None and all(s.joined for s in self.ranks.values()):
+            # formed: a group rebuilt later (another node's recovery, a regrow, none of which
+            # promotes a spare here) gets a whole allowance from its own first `rendezvous`
+            self._rendezvous_started = None
 
     def _alive(self, st: RankState, rec: Alive, now: float) -> None:
         """A liveness record: progress only if the loop moved on; what it timed is learned."""

@@ -142,6 +142,26 @@ def test_heartbeats_name_the_straggler_and_rendezvous_stragglers():
     assert silent.check(100.0, {0}) is None  # a script that never uses the channel is not judged by it
 
 
+def test_a_group_rebuilt_long_after_the_first_gets_its_own_rendezvous_allowance():
+    """A shrink, then a regrow minutes later, with no spare promoted on this node (another
+    node's): the regrow's rendezvous is judged from its own start, not the shrink's."""
+    hb = _heartbeats([0, 1], hang=10, startup=1000, rendezvous=30, expect=True)
+    for r in (0, 1):
+        hb.record(r, rec({"type": "step", "step": 1}), 1.0)
+    for r in (0, 1):  # the shrink: both leave the broken group and rebuild it at once
+        hb.record(r, rec({"type": "phase", "name": "rendezvous"}), 2.0)
+        hb.record(r, rec({"type": "phase", "name": "train"}), 2.5)
+        hb.record(r, rec({"type": "step", "step": 2}), 3.0)
+    for t in range(4, 300, 5):
+        for r in (0, 1):
+            hb.record(r, rec({"type": "step", "step": t}), float(t))
+    for r in (0, 1):  # the regrow, 300 s later
+        hb.record(r, rec({"type": "phase", "name": "rendezvous"}), 300.0)
+    assert hb.check(301.0, {0, 1}) is None
+    v = hb.check(331.0, {0, 1})
+    assert v is not None and v.kind == "rendezvous"  # and it is judged: 30 s of its own
+
+
 def test_heartbeats_wait_for_a_saver_name_a_stopped_rank_and_say_who_is_unwatched():
     hb = _heartbeats([0, 1], hang=10, startup=100, rendezvous=30, expect=False)
     for r in (0, 1):
