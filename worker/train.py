@@ -388,6 +388,7 @@ class Trainer:
         carried = [self._next_batch(slot, source) for slot, source in self.carried for _ in range(t.grad_accum_nums)]
         loss = self._micro_steps(batches, carried)
         check = None if self.guard is None else self._step_check(step, loss, batches, lr, carried)
+        self.recovery.before_update()  # the shard copies sent after the last step have arrived (FSDP)
         self.live.doing("optimizer step")
         grad_norm, applied = engine.step(lr, t.max_grad_norm, check)
         if self.guard is not None:

@@ -151,6 +151,7 @@ class LiveRecovery:
         self.asked: dict[int, int] = {}  # a spare an operator asked for (`gpuherd spare`): its pid -> the rank it takes
         self.finished = False  # a rank said `done`: training is over, no regrow any more
         self.able: dict[int, str | None] = {}  # rank -> None (can be recovered live) or why not
+        self.no_shrink: dict[int, str] = {}  # rank -> why the group cannot go on without it (fsdp's shards)
         self.completed: dict[int, int] = {}  # rank -> completed steps it reported
         self.recoveries: list[Recovery] = []
         # rebuilt group -> {survivor rank: completed steps}: its `lost_peer` records, which may come
@@ -201,6 +202,8 @@ class LiveRecovery:
         if len(survivors) < self.shrink_floor:
             return (f"no spare left, and {len(survivors)} survivor(s) are fewer than --min-replicas "
                     f"{self.shrink_floor}")
+        if rank in self.no_shrink:
+            return f"no spare left, and rank {rank}: {self.no_shrink[rank]}"
         return None
 
     def shrink(self, lost: WorkerProcess, cause: RootCause, survivors: list[WorkerProcess], now: float) -> bool:
@@ -426,6 +429,8 @@ class LiveRecovery:
                 self._finish(rec, time.monotonic())
             case LiveAble():
                 self.able[rank] = None if record.able else (record.why or "cannot be recovered live")
+                if record.no_shrink:
+                    self.no_shrink[rank] = record.no_shrink
             case Done():
                 self.finished = True
             case LiveLostPeer(step=int(step), generation=int(generation)):

@@ -54,6 +54,9 @@ class Engine(ABC):
     # Every rank holds the whole model and optimizer state, so a lost rank's state exists on each
     # survivor and live recovery can hand it to a spare (worker/live_recovery.py); sharded state cannot.
     live_recoverable: ClassVar[bool] = False
+    # ... only through the buddy copies of each rank's shard (worker/shard_copies.py: FSDP), whose
+    # tensors `local_state()` lists
+    shard_copies: ClassVar[bool] = False
 
     model: nn.Module  # what forward() is called on (wrapped)
     inner: Transformer  # the unwrapped module: names, parameters, accounting
@@ -97,6 +100,10 @@ class Engine(ABC):
         group, without collectives (the state comes from a survivor next), reducing gradients in
         `buckets` (every rank the same). Only where live_recoverable."""
         raise NotImplementedError(f"strategy {self.strategy} cannot rejoin a rebuilt process group")
+
+    def local_state(self) -> list[torch.Tensor]:
+        """This rank's shard of model and optimizer state, live (only where shard_copies)."""
+        raise NotImplementedError(f"strategy {self.strategy} keeps no shard copies")
 
     # ------------------------------------------------------------------ the loop's calls
     def train(self) -> None:
