@@ -70,7 +70,9 @@ def test_who_can_be_recovered_live(monkeypatch):
     assert "no warm spare" in why_not_live("ddp", True, 2)
     monkeypatch.setenv(contract.LIVE_RECOVERY, "1")
     assert why_not_live("ddp", True, 2) is None
-    assert "shards its state" in why_not_live("fsdp", False, 2)
+    assert "shards its state" in why_not_live("zero1", False, 2)
+    assert why_not_live("fsdp", True, 2, copies=True) is None  # its shards are copied to a neighbour
+    assert "system.shard_copies=false" in why_not_live("fsdp", True, 2, copies=False)
     assert "single worker" in why_not_live("single", False, 1)
 
 
