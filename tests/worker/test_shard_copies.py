@@ -5,12 +5,11 @@ copy in flight (the whole recovery: tests/e2e/test_fsdp_live_recovery_run.py).""
 from __future__ import annotations
 
 import pickle
-import subprocess
-import sys
 
 import pytest
 import torch
 
+from tests.worker.helpers import run_pair
 from worker.shard_copies import _Shape, header_of, restore_step
 
 
@@ -86,14 +85,7 @@ os._exit(0)
 
 
 def test_a_copy_cut_short_by_a_lost_peer_leaves_the_previous_one_whole(tmp_path, python_env):
-    script = tmp_path / "exchange.py"
-    script.write_text(EXCHANGE)
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / "store"), str(tmp_path / f"{r}.pt")],
-                              env=python_env, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    for proc in procs:
-        _, err = proc.communicate(timeout=180)
-        assert proc.returncode == 0, err[-2000:]
-    got = torch.load(tmp_path / "0.pt", weights_only=False)
+    got = torch.load(run_pair(tmp_path, EXCHANGE, python_env)[0], weights_only=False)
     # step 4's never came whole: step 3's is kept (step 2's buffer was the one step 4's was landing in)
     assert got["report"]["held"] == [3]
     assert got["report"]["own"] == [3, 4]
