@@ -186,6 +186,7 @@ class LiveRecovery:
         # the group's members, in group order
         self.ranks = list(joining.ranks) if joining is not None else list(range(trainer.identity.world_size))
         self._watch = wdist.DecisionWatch(trainer.cfg) if os.environ.get(contract.SHRINK) == "1" else None
+        self._unwritten: int | None = None  # the step of a background save the lost peer cut short
 
     @property
     def group_rank(self) -> int:
@@ -262,6 +263,7 @@ class LiveRecovery:
         if self.copies is not None:
             self.copies.settle()  # a neighbour's copy that finished arriving counts
         self._leave()
+        self._unwritten = t.saver.cut_short()  # a sharded save in flight on the broken group
         decision = wdist.read_decision(t.cfg, self.generation) if os.environ.get(contract.SHRINK) == "1" else {}
         if "shrink" in decision and self.copies is not None:
             raise WorkerError(f"{t.identity.bracket} live recovery: told to go on without rank {decision['shrink']}, "
@@ -310,7 +312,7 @@ class LiveRecovery:
                               self.generation)
         infos = wdist.gather_objects({"step": self._mark.step, "layout": t.layout, "note": t.layout_note,
                                       "saves_blocking": t.saver.why_blocking, "buckets": t.engine.buckets,
-                                      "counters": t.state_dict(),
+                                      "counters": t.state_dict(), "unwritten": self._unwritten,
                                       "copies": self.copies.report() if self.copies is not None else None})
         source = _source(infos)
         t.on_regroup(infos[source]["buckets"])
@@ -381,6 +383,9 @@ class LiveRecovery:
         # a survivor still at that step knows what its lost peer cut short after it (owed); else
         # the step's own counters, which every snapshot of it carries
         counters = infos[at_step[0]]["counters"] if at_step else None
+        # a background save of that step which the loss cut short is written again (as an owed one)
+        rewrite = any(info is not None and info["unwritten"] == step for info in infos)
+        self.copies.regroup()
         if self.group_rank == lost:
             header = self.copies.receive(infos[buddy]["copies"]["shapes"])
         else:
@@ -388,7 +393,10 @@ class LiveRecovery:
                 self.copies.send_held(step, lost)
             header = self.copies.restore_own(step)
         self._rewind(header["sampler"], header["rng"])
-        self._settled(counters if counters is not None else header["counters"])
+        counters = dict(counters if counters is not None else header["counters"])
+        if rewrite and "checkpoint" not in counters["owed"]:
+            counters["owed"] = [*counters["owed"], "checkpoint"]
+        self._settled(counters)
         self.copies.restart(step, {"sampler": self._mark.sampler, "rng": self._mark.rng,
                                    "counters": {**t.state_dict(), "owed": []}})
         return buddy

@@ -236,21 +236,25 @@ class ShardCopies:
         """This rank's shard back to its snapshot of `step`; the header of that step."""
         return self.shapes[self.rank].read(self.own[self.own_steps.index(step)], self.tensors())
 
+    def regroup(self) -> None:
+        """Every rank of the rebuilt group, first: the copies' group over it (gloo, whatever the
+        training's backend: the buffers are in host memory)."""
+        self.group = dist.new_group(backend="gloo")
+
     def send_held(self, step: int, newcomer: int) -> None:
-        """The buddy of the lost rank: its copy of `step` to the newcomer (the rebuilt group)."""
-        dist.send(self.received[self.held_steps.index(step)], newcomer)
+        """The buddy of the lost rank: its copy of `step` to the newcomer."""
+        dist.send(self.received[self.held_steps.index(step)], newcomer, group=self.group)
 
     def receive(self, shapes: list[tuple[int, list[tuple[int, torch.dtype]]]]) -> dict[str, Any]:
         """The newcomer: its shard from its buddy, into the live tensors; the header it carried."""
         self.shapes = [_Shape(capacity, sizes) for capacity, sizes in shapes]
         self._allocate()
-        dist.recv(self.own[0], self.buddy)
+        dist.recv(self.own[0], self.buddy, group=self.group)
         return self.shapes[self.rank].read(self.own[0], self.tensors())
 
     def restart(self, step: int, header: dict[str, Any]) -> None:
-        """Every rank of the rebuilt group, at `step`: a new copies' group, and this step's copies
-        exchanged at once (the rebuilt group's copy of its first step must not be one step late)."""
-        self.group = dist.new_group(backend="gloo")
+        """Every rank of the rebuilt group, at `step`: this step's copies exchanged at once (the
+        rebuilt group's copy of its first step must not be one step late)."""
         self.own_steps, self.held_steps, self.pending, self.posted = [None, None], [None, None], None, -1
         self.post(step, header)
         self.wait()

@@ -198,7 +198,9 @@ class Trainer:
 
     def on_regroup(self, buckets: Any) -> None:
         """A rebuilt group formed: the objects bound to a group, over the new one (`buckets`: the
-        gradient buckets every rank of it reduces in)."""
+        gradient buckets every rank of it reduces in). The groups are made in the order a newcomer's
+        constructor makes them: the saver's, then the stop vote's."""
+        self.saver.regroup()
         self.vote = StopVote.create()
         self.engine.regroup(buckets)
         if self.guard is not None:
