@@ -1,7 +1,8 @@
 """Live recovery of sharded state through the whole product: an FSDP2 run on 3 CPU ranks loses one
 at a random step (SIGKILL); a warm spare takes its shard from the neighbour's copy, the other two
 keep their processes and return to the copy's step, nobody restarts, no checkpoint is read, at
-most one step is trained again, and every loss equals an uninterrupted FSDP run's, bit for bit."""
+most one step is trained again, every loss equals an uninterrupted FSDP run's, bit for bit, and
+no periodic save is lost (one the loss cut short is written again)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,15 @@ from tests.e2e.helpers import records
 from tests.e2e.test_live_recovery_run import _command, _losses, _pid, _reached, _same_losses, _spare
 from tests.supervisor.helpers import finish, wait_for
 
-STEPS = 24
+STEPS = 20
 RANKS = 3  # the copy ring wraps (rank 2 -> rank 0), and the shards are uneven (a 2-layer model's rows over 3)
-FSDP = ["--set", "training.strategy=fsdp", "--set", "training.sdc_check_every=0"]
+# periodic saves in the background (DCP, over a group of the saver's that the rebuilt group makes anew)
+FSDP = ["--set", "training.strategy=fsdp", "--set", "training.sdc_check_every=0", "--set", "training.save_every=5",
+        "--set", "training.keep_last=2"]
 
 
 def _fsdp(run_id: str, *extra: str) -> list[str]:
-    return _command(run_id, *FSDP, *extra, nproc=RANKS, steps=STEPS)
+    return _command(run_id, *extra, nproc=RANKS, steps=STEPS) + FSDP  # after TINY's: the last one wins
 
 
 def test_a_lost_fsdp_rank_is_recovered_live_from_its_neighbours_copy_of_its_shard(tmp_path, python_env):
@@ -54,4 +57,5 @@ def test_a_lost_fsdp_rank_is_recovered_live_from_its_neighbours_copy_of_its_shar
     assert rec["steps_redone"] <= 1 and rec["checkpoint_reads"] == 0, where
     assert {w["rank"]: w["pid"] for w in summary["workers"]} == {**survivors, lost: spare}, where
     assert "resumed from" not in err, where
+    assert {r["step"] for r in records(run_dir, "checkpoint")} == {5, 10, 15, STEPS}, where
     _same_losses(_losses(run_dir), expected, lost, rec["resumed_step"])
