@@ -239,8 +239,7 @@ class LiveRecovery:
         if self.enabled:
             self._mark = Mark(t.step, t.data.train.state_dict(), rng.capture(t.device))
             if self.copies is not None and t.engine.optimizer.state:  # AdamW's state exists after a step
-                counters = {**t.state_dict(), "owed": []}  # what is owed after this step is not done yet
-                self.copies.post(t.step, {"sampler": self._mark.sampler, "rng": self._mark.rng, "counters": counters})
+                self.copies.post(t.step, self._copy_header())
         if self._joined_at is not None and t.step > self._joined_at:
             self._joined_at = None  # the supervisor's clock of this recovery stops here
             t.status.send("live", event="first_step", generation=self.generation, step=t.step)
@@ -397,9 +396,13 @@ class LiveRecovery:
         if rewrite and "checkpoint" not in counters["owed"]:
             counters["owed"] = [*counters["owed"], "checkpoint"]
         self._settled(counters)
-        self.copies.restart(step, {"sampler": self._mark.sampler, "rng": self._mark.rng,
-                                   "counters": {**t.state_dict(), "owed": []}})
+        self.copies.restart(step, self._copy_header())
         return buddy
+
+    def _copy_header(self) -> dict[str, Any]:
+        """What travels with a shard copy of the marked step: the mark, and the loop's counters
+        (what is owed after the step is not done yet when the copy leaves)."""
+        return {"sampler": self._mark.sampler, "rng": self._mark.rng, "counters": {**self.t.state_dict(), "owed": []}}
 
     def _state(self) -> dict[str, Any]:
         engine = self.t.engine
