@@ -20,8 +20,7 @@ from tests.supervisor.helpers import finish, wait_for
 STEPS = 20
 RANKS = 3  # the copy ring wraps (rank 2 -> rank 0), and the shards are uneven (a 2-layer model's rows over 3)
 # periodic saves in the background (DCP, over a group of the saver's that the rebuilt group makes anew)
-FSDP = ["--set", "training.strategy=fsdp", "--set", "training.sdc_check_every=0", "--set", "training.save_every=5",
-        "--set", "training.keep_last=2"]
+FSDP = ["--set", "training.strategy=fsdp", "--set", "training.save_every=5", "--set", "training.keep_last=2"]
 
 
 def _fsdp(run_id: str, *extra: str) -> list[str]:
