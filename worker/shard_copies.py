@@ -28,6 +28,7 @@ from __future__ import annotations
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -37,6 +38,9 @@ from worker import distributed as wdist
 
 ALIGN = 64  # every tensor starts at a multiple of this in a buffer (a uint8 slice viewed as float64 must be aligned)
 LENGTH_BYTES = 8  # a buffer starts with the length of its pickled header
+# A survivor leaving a broken group waits this long for a copy still arriving (from a live
+# neighbour); one that does not end by then is left, the previous one used (a step more redone).
+SETTLE_WAIT = timedelta(seconds=1)
 
 
 def _aligned(n: int) -> int:
@@ -212,12 +216,13 @@ class ShardCopies:
     # ------------------------------------------------------------------ a lost peer
     def settle(self) -> None:
         """Before leaving a broken group: a copy that finished arriving counts; one cut short does
-        not, and the previous complete one stays."""
+        not (its wait raises, or has not ended within SETTLE_WAIT), and the previous complete one
+        stays. (A gloo receive says it completed only through its wait.)"""
         exchange, self.pending = self.pending, None
-        if exchange is None or not exchange.received.is_completed():
+        if exchange is None:
             return
         try:
-            exchange.received.wait()
+            exchange.received.wait(SETTLE_WAIT)
         except RuntimeError:
             return
         self.held_steps[exchange.slot] = exchange.step

@@ -52,7 +52,8 @@ def test_a_buffer_holds_the_header_and_every_tensor_bit_for_bit_whatever_the_dty
 
 
 # Two ranks copy their "shard" to each other after steps 1-3 (waiting inside the next step, as the
-# trainer does); rank 1 then dies with step 4's copy in flight. Rank 0 writes what it holds.
+# trainer does); rank 1 then dies with step 4's copy in flight: before sending it (LANDED False), or
+# once it was sent whole (True). Rank 0 settles its copies as a survivor does and writes what it holds.
 EXCHANGE = """
 import os, sys, torch, torch.distributed as dist
 from worker.shard_copies import ShardCopies, header_of
@@ -60,23 +61,21 @@ rank, store_path, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
 shard = [torch.zeros(4 + rank), torch.zeros((), dtype=torch.float64)]  # uneven, as FSDP's shards
 copies = ShardCopies(lambda: shard, rank, 2)
-for step in (1, 2, 3):
+for step in (1, 2, 3, 4):
+    if rank == 1 and step == 4 and not LANDED:
+        os._exit(0)  # dies before step 4's copy is sent
     for t in shard:
         t.fill_(10 * rank + step)
     copies.post(step, {"step": step, "rank": rank})
-    copies.wait()
+    if step < 4:
+        copies.wait()
 if rank == 1:
-    os._exit(0)  # dies before step 4's copy is sent
-for t in shard:
-    t.fill_(4)
-copies.post(4, {"step": 4, "rank": rank})
-import time
-deadline = time.monotonic() + 2  # rank 1's connection closes: the receive fails (or stays open)
-while not copies.pending.received.is_completed() and time.monotonic() < deadline:
-    time.sleep(0.01)
-copies.settle()
+    copies.pending.sent.wait()
+    os._exit(0)  # dies once step 4's copy left whole
+copies.settle()  # the receive completed, or fails (rank 1's connection closed), or has not ended in a second
 report = copies.report()
-held = copies.received[copies.held_steps.index(3)]
+newest = max(report["held"])
+held = copies.received[copies.held_steps.index(newest)]
 mine = copies.restore_own(3)
 torch.save({"report": report, "own": [t.clone() for t in shard], "header": mine,
             "held": [v.clone() for v in copies.shapes[1].views(held)], "held_header": header_of(held)}, out)
@@ -84,12 +83,15 @@ os._exit(0)
 """
 
 
-def test_a_copy_cut_short_by_a_lost_peer_leaves_the_previous_one_whole(tmp_path, python_env):
-    got = torch.load(run_pair(tmp_path, EXCHANGE, python_env)[0], weights_only=False)
-    # step 4's never came whole: step 3's is kept (step 2's buffer was the one step 4's was landing in)
-    assert got["report"]["held"] == [3]
+@pytest.mark.parametrize("landed", [False, True])
+def test_a_copy_that_landed_before_the_loss_counts_and_one_cut_short_leaves_the_previous_one_whole(
+        tmp_path, python_env, landed):
+    got = torch.load(run_pair(tmp_path, EXCHANGE.replace("LANDED", str(landed)), python_env)[0], weights_only=False)
+    # cut short, step 4's never came whole: step 3's is kept (step 2's buffer was the one it was landing in)
+    newest = 4 if landed else 3
+    assert got["report"]["held"] == ([3, 4] if landed else [3])
     assert got["report"]["own"] == [3, 4]
-    assert got["held_header"] == {"step": 3, "rank": 1}
-    assert [t.tolist() for t in got["held"]] == [[13.0] * 5, [13.0]]  # rank 1's shard of step 3, exactly
+    assert got["held_header"] == {"step": newest, "rank": 1}
+    assert [t.tolist() for t in got["held"]] == [[10.0 + newest] * 5, [10.0 + newest]]  # rank 1's shard, exactly
     assert got["header"] == {"step": 3, "rank": 0}  # this rank back at its own snapshot of step 3
     assert [t.tolist() for t in got["own"]] == [[3.0] * 4, 3.0]
