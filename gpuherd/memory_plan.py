@@ -21,6 +21,9 @@ holds at its peak, in four parts:
   their gradient) and the hidden states' gradient.
 
 A fixed allowance covers the CUDA context, NCCL buffers and allocator slack.
+
+Host memory besides: live recovery of an FSDP run keeps copies of each rank's shard in host
+memory (`shard_copy_bytes`), checked at launch against the host's RAM with the processes.
 """
 
 from __future__ import annotations
@@ -33,6 +36,18 @@ GIB = 1024**3
 CONTEXT_OVERHEAD = 3 * GIB  # CUDA context, cuBLAS/NCCL workspaces, allocator fragmentation
 SAFETY = 1.10  # estimates err low (temporaries, fragmentation); plan as if 10% more were needed
 CE_CHUNK_BYTES = 256 * 1024**2  # fp32 logits of one cross-entropy chunk (worker/loss.py)
+
+
+# Live recovery of FSDP (worker/shard_copies.py): each rank keeps, in host memory, its own snapshots of
+# its last two steps and its neighbour's last complete copy beside the one arriving: 4 copies of a
+# shard of the fp32 weights and AdamW's two moments (12 B per parameter).
+SHARD_COPIES = 4
+SHARD_STATE_BYTES_PER_PARAM = 12
+
+
+def shard_copy_bytes(params: int, world_size: int) -> int:
+    """Host memory one FSDP rank holds for its shard copies (the uneven last shard: rounded up)."""
+    return SHARD_COPIES * SHARD_STATE_BYTES_PER_PARAM * -(-params // max(1, world_size))
 
 
 def ce_chunk_tokens(vocab_size: int, dim: int) -> int:

@@ -47,13 +47,15 @@ def check_fits(cfg: Config, device_bytes: int, *, world_size: int = 1, tokenizer
             "or shard it (training.strategy=fsdp)")
 
 
-def check_processes_fit(workers: int, spares: int, model_bytes: int, available: int) -> str | None:
+def check_processes_fit(workers: int, spares: int, model_bytes: int, available: int,
+                        copy_bytes: int = 0) -> str | None:
     """None when `workers` (each holding `model_bytes` of training state in host RAM: CPU
-    workers) and `spares` waiting warm spares (a promoted one takes the place of a worker whose
-    memory went with it) fit in `available` bytes of this host's RAM, else why not. Every
-    count that multiplies processes is bounded here, before the first one starts: past this,
-    the machine runs out of memory instead."""
-    each = PROCESS_FLOOR_BYTES + model_bytes
+    workers, and `copy_bytes` of live recovery's shard copies: FSDP, gpuherd/memory_plan.py) and
+    `spares` waiting warm spares (a promoted one takes the place of a worker whose memory went
+    with it) fit in `available` bytes of this host's RAM, else why not. Every count that
+    multiplies processes is bounded here, before the first one starts: past this, the machine
+    runs out of memory instead."""
+    each = PROCESS_FLOOR_BYTES + model_bytes + copy_bytes
     need = workers * each + spares * PROCESS_FLOOR_BYTES
     if need <= available:
         return None
@@ -61,7 +63,8 @@ def check_processes_fit(workers: int, spares: int, model_bytes: int, available: 
     room = max(0, (available - workers * each) // PROCESS_FLOOR_BYTES) if spares else available // each
     hint = f"at most {room} spare(s) fit beside the workers: lower --spares" if spares and available >= workers * each \
         else f"about {available // each} worker(s) fit: lower --nproc, or use more nodes (--nnodes)"
-    worker = f"a worker {format_bytes(each)}: torch" + (" and the model" if model_bytes else "")
+    worker = f"a worker {format_bytes(each)}: torch" + (" and the model" if model_bytes else "") + \
+        (f" and {format_bytes(copy_bytes)} of shard copies (system.shard_copies)" if copy_bytes else "")
     spare = f"; a spare {format_bytes(PROCESS_FLOOR_BYTES)}: torch" if spares else ""
     return (f"{what} need about {format_bytes(need)} of RAM ({worker}{spare}) but this host has "
             f"{format_bytes(available)} available; {hint}")

@@ -249,6 +249,7 @@ class LiveAble(Live):
     EVENT: ClassVar[str] = "able"
     able: bool = False  # true: a spare can take a lost peer's place
     why: str | None = None  # why not, when it cannot
+    no_shrink: str | None = None  # why the group cannot go on without this rank (--min-replicas); None: it can
 
 
 @dataclass(frozen=True, kw_only=True)

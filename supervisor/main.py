@@ -23,6 +23,7 @@ from gpuherd.config import Config
 from gpuherd.exit_codes import ExitCode
 from gpuherd.files import write_bytes_atomic
 from gpuherd.log_writes import LOG_WRITES
+from gpuherd.memory_plan import shard_copy_bytes
 from gpuherd.model_checks import check_fits, check_processes_fit, check_vocab, host_memory_bytes, worker_memory
 from gpuherd.storage import storage_errno, storage_message
 from gpuherd.torch_floor import TorchTooOld, check_torch_version, installed_torch_version
@@ -179,15 +180,18 @@ def _memory_checks(cfg: Config, plan: DevicePlan, vocab: int, spares: int, conso
     """For CPU workers, the model against this host's RAM: refused here (exit 2) rather than by
     every worker after the spawn (also a pre-flight item; this holds under --skip-checks too).
     On GPUs the worker's layout planner picks a sharding that fits or refuses in one line itself.
-    Then every process the node starts (workers and warm spares) against the host's RAM."""
-    model_bytes = 0
+    Then every process the node starts (workers and warm spares) against the host's RAM, with the
+    shard copies an FSDP worker keeps in host memory for live recovery."""
+    model_bytes = copy_bytes = 0
     if plan.kind == "cpu":
         problem = check_fits(cfg, host_memory_bytes(plan.world_size), world_size=plan.world_size,
                              tokenizer_vocab=vocab, where=f"this host (available RAM / {plan.world_size} workers)")
         if problem is not None:
             _refuse(console, problem)
         model_bytes = worker_memory(cfg, plan.world_size, vocab).total
-    problem = check_processes_fit(plan.world_size, spares, model_bytes, host_memory_bytes())
+    if spares and cfg.training.strategy == "fsdp" and cfg.system.shard_copies:
+        copy_bytes = shard_copy_bytes(worker_memory(cfg, plan.world_size, vocab).params, plan.world_size)
+    problem = check_processes_fit(plan.world_size, spares, model_bytes, host_memory_bytes(), copy_bytes)
     if problem is not None:
         _refuse(console, problem)
 

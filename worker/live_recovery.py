@@ -27,9 +27,12 @@ which takes the state by the same broadcast; the carrier drops the slot.
 
 Every rank keeps the data position and RNG state of its last completed step (`mark()`: a
 few KB, no device sync), so the step in flight, cut short, is done again from exactly where
-it began: losses after the recovery equal an uninterrupted run's, bit for bit. Only
-strategies whose every rank holds the whole state (`Engine.live_recoverable`: DDP) qualify;
-the others fall back to the supervisor's restart from a checkpoint.
+it began: losses after the recovery equal an uninterrupted run's, bit for bit. Strategies
+whose every rank holds the whole state (DDP) hand it over by broadcast; FSDP, whose ranks each
+hold a shard that exists nowhere else, keeps a copy of each rank's shard on its neighbour
+(worker/shard_copies.py): the newcomer takes the lost rank's copy, every survivor returns to the
+same step from its own snapshot (`_take_shards`). The others (`Engine.live_recoverable` False:
+ZeRO-1, DeepSpeed) fall back to the supervisor's restart from a checkpoint.
 """
 
 from __future__ import annotations
@@ -44,10 +47,12 @@ import torch
 from loguru import logger
 
 from gpuherd import contract
+from gpuherd.exit_codes import ExitCode
 from worker import distributed as wdist
 from worker import rng
 from worker.data_slots import loss_scale, slots_of
-from worker.distributed import is_peer_loss
+from worker.distributed import WorkerError, is_peer_loss
+from worker.shard_copies import ShardCopies, restore_step
 from worker.state_broadcast import broadcast_state
 
 if TYPE_CHECKING:
@@ -103,16 +108,25 @@ class Mark:
     rng: dict[str, Any]
 
 
-def why_not_live(strategy: str, recoverable: bool, world_size: int) -> str | None:
-    """None when this rank can be recovered live; else the reason, said by the supervisor."""
+def why_not_live(strategy: str, recoverable: bool, world_size: int, copies: bool | None = None) -> str | None:
+    """None when this rank can be recovered live; else the reason, said by the supervisor.
+    `copies`: the strategy needs the buddy copies of its shards, and system.shard_copies is on
+    (None: it needs none)."""
     if os.environ.get(contract.LIVE_RECOVERY) != "1":
         return "no warm spare (--spares 0, or --max-restarts 0)"
     if world_size < 2:
         return "a single worker has no peer to take the state from"
     if not recoverable:
         return (f"strategy {strategy} shards its state across ranks: the lost rank's shard exists nowhere else "
-                "(live recovery needs ddp)")
+                "(live recovery needs ddp, or fsdp)")
+    if copies is False:
+        return (f"system.shard_copies=false: strategy {strategy}'s lost shard would exist nowhere else "
+                "(no copy on a neighbour)")
     return None
+
+
+# Why a sharded run cannot go on with fewer ranks (--min-replicas): said by the supervisor.
+NO_SHRINK = "its shard cannot be spread over fewer ranks while training (a shrink of fsdp is not built)"
 
 
 @dataclass(frozen=True)
@@ -126,6 +140,7 @@ class Joining:
     saves_blocking: str | None  # why checkpoints are written while the loop waits (None: in the background)
     buckets: Buckets | None  # the gradient buckets the survivors reduce in
     ranks: list[int]  # the group's members in group order (fewer than the ranks: still shrunk after a regrow)
+    infos: list[dict[str, Any] | None]  # what every rank said in the exchange (None: the newcomer itself)
 
 
 def join_as_newcomer(cfg: Any, identity: Any, device: torch.device, generation: int) -> Joining:
@@ -144,7 +159,8 @@ def join_as_newcomer(cfg: Any, identity: Any, device: torch.device, generation: 
     infos = wdist.gather_objects(None)
     source = _source(infos)
     info = infos[source]
-    return Joining(generation, source, info["layout"], info["note"], info["saves_blocking"], info["buckets"], ranks)
+    return Joining(generation, source, info["layout"], info["note"], info["saves_blocking"], info["buckets"], ranks,
+                   infos)
 
 
 def _source(infos: list[dict[str, Any] | None]) -> int:
@@ -158,12 +174,19 @@ class LiveRecovery:
     def __init__(self, trainer: Recoverable, joining: Joining | None = None) -> None:
         self.t = trainer
         self.generation = joining.generation if joining is not None else 0
-        self.why_not = why_not_live(trainer.strategy, trainer.engine.live_recoverable, trainer.identity.world_size)
+        engine, identity = trainer.engine, trainer.identity
+        wants_copies = engine.shard_copies and engine.live_recoverable
+        self.why_not = why_not_live(trainer.strategy, engine.live_recoverable, identity.world_size,
+                                    trainer.cfg.system.shard_copies if wants_copies else None)
+        # FSDP: each rank's shard also on its neighbour (worker/shard_copies.py)
+        self.copies = ShardCopies(engine.local_state, identity.rank, identity.world_size) \
+            if wants_copies and self.why_not is None else None
         self._mark: Mark | None = None
         self._joined_at: int | None = None  # the step this rank (re)joined at, until its first step after
         # the group's members, in group order
         self.ranks = list(joining.ranks) if joining is not None else list(range(trainer.identity.world_size))
         self._watch = wdist.DecisionWatch(trainer.cfg) if os.environ.get(contract.SHRINK) == "1" else None
+        self._unwritten: int | None = None  # the step of a background save the lost peer cut short
 
     @property
     def group_rank(self) -> int:
@@ -192,21 +215,38 @@ class LiveRecovery:
             self._watch.answer(self.generation + 1, "ended")
 
     def announce(self) -> None:
-        """Tell the supervisor whether a lost peer of this rank can be replaced live."""
-        if os.environ.get(contract.LIVE_RECOVERY) == "1":
-            self.t.status.send("live", event="able", able=self.enabled, why=self.why_not)
+        """Tell the supervisor whether a lost peer of this rank can be replaced live. With shard
+        copies: not before a complete copy of this rank's neighbour is here (`before_update`)."""
+        if os.environ.get(contract.LIVE_RECOVERY) != "1":
+            return
+        why = self.why_not
+        if why is None and self.copies is not None and not self.copies.ready:
+            why = (f"no complete copy of its shard on rank {self.copies.buddy} yet (lost before the first "
+                   "step's copy arrived)")
+        self.t.status.send("live", event="able", able=why is None, why=why,
+                           no_shrink=NO_SHRINK if self.copies is not None else None)
+
+    def before_update(self) -> None:
+        """Inside each step, after forward/backward, before the gradient norm's all-reduce: the shard
+        copies sent after the last step have arrived (worker/shard_copies.py says why here)."""
+        if self.copies is not None and self.copies.wait():
+            self.announce()  # the first complete copy: a lost peer can be recovered live from now on
 
     def mark(self) -> None:
-        """After each completed step (and before the first): what a rejoin rewinds to."""
+        """After each completed step (and before the first): what a rejoin rewinds to; with shard
+        copies, this step's copy leaves for the neighbour (none before the optimizer has state)."""
         t = self.t
         if self.enabled:
             self._mark = Mark(t.step, t.data.train.state_dict(), rng.capture(t.device))
+            if self.copies is not None and t.engine.optimizer.state:  # AdamW's state exists after a step
+                self.copies.post(t.step, self._copy_header())
         if self._joined_at is not None and t.step > self._joined_at:
             self._joined_at = None  # the supervisor's clock of this recovery stops here
             t.status.send("live", event="first_step", generation=self.generation, step=t.step)
 
     def can_rejoin(self, exc: BaseException) -> bool:
-        return self.enabled and self._mark is not None and is_peer_loss(exc)
+        ready = self.copies is None or self.copies.shapes is not None
+        return self.enabled and ready and self._mark is not None and is_peer_loss(exc)
 
     def rejoin(self, lost: str) -> None:
         """A survivor's whole recovery (`lost`: what the collective raised, one line); raises (the
@@ -219,8 +259,14 @@ class LiveRecovery:
         t.status.send("live", event="lost_peer", generation=self.generation, step=self._mark.step)
         t.status.send("phase", name="rendezvous")
         t.live.at("rendezvous")
+        if self.copies is not None:
+            self.copies.settle()  # a neighbour's copy that finished arriving counts
         self._leave()
+        self._unwritten = t.saver.cut_short()  # a sharded save in flight on the broken group
         decision = wdist.read_decision(t.cfg, self.generation) if os.environ.get(contract.SHRINK) == "1" else {}
+        if "shrink" in decision and self.copies is not None:
+            raise WorkerError(f"{t.identity.bracket} live recovery: told to go on without rank {decision['shrink']}, "
+                              f"but {NO_SHRINK}", ExitCode.FAILURE)
         if "shrink" in decision:
             self._resize(decision["ranks"])
             logger.warning(f"{t.identity.bracket} no spare left for rank {decision['shrink']}: rebuilding the group "
@@ -264,11 +310,16 @@ class LiveRecovery:
         wdist.join_generation(t.cfg, replace(t.identity, rank=self.group_rank, world_size=len(self.ranks)), t.device,
                               self.generation)
         infos = wdist.gather_objects({"step": self._mark.step, "layout": t.layout, "note": t.layout_note,
-                                      "saves_blocking": t.saver.why_blocking, "buckets": t.engine.buckets})
+                                      "saves_blocking": t.saver.why_blocking, "buckets": t.engine.buckets,
+                                      "counters": t.state_dict(), "unwritten": self._unwritten,
+                                      "copies": self.copies.report() if self.copies is not None else None})
         source = _source(infos)
         t.on_regroup(infos[source]["buckets"])
-        behind = infos[self.group_rank]["step"] < infos[source]["step"]
-        self._take_state(source, behind)
+        if self.copies is not None:
+            source = self._take_shards(infos)
+        else:
+            behind = infos[self.group_rank]["step"] < infos[source]["step"]
+            self._take_state(source, behind)
         self._rejoined(started, source, "source" if self.group_rank == source else "survivor")
 
     def _leave(self) -> None:
@@ -276,6 +327,8 @@ class LiveRecovery:
         gloo algorithm whose next message was to come from here) is freed only once this rank's
         connections close, which happens when the last reference to the group goes."""
         self.t.on_group_lost()
+        if self.copies is not None:
+            self.copies.drop_group()
         wdist.leave_broken_group()
         gc.collect()
 
@@ -285,9 +338,13 @@ class LiveRecovery:
         started = time.perf_counter()
         if self.shrunk:
             self._resize(self.ranks)
-        self._take_state(joining.source, behind=True)
+        source = joining.source
+        if self.copies is not None:
+            source = self._take_shards(joining.infos)
+        else:
+            self._take_state(source, behind=True)
         self._joined_at = self.t.step
-        self._rejoined(started, joining.source, "newcomer")
+        self._rejoined(started, source, "newcomer")
 
     def _take_state(self, source: int, behind: bool) -> None:
         """The source's state by broadcast; a rank already at its step keeps its own (the same
@@ -299,11 +356,53 @@ class LiveRecovery:
             self._load(state)
         else:
             self._rewind(self._mark.sampler, self._mark.rng)
-        t.load_state_dict(state)
+        self._settled(state)
+
+    def _settled(self, counters: dict[str, Any]) -> None:
+        """The loop's counters of the step the rebuilt group goes on from, and that step's mark."""
+        t = self.t
+        t.load_state_dict(counters)
         if t.owed and self.group_rank == 0:
             logger.warning(f"{t.identity.bracket} the {' and the '.join(_OWED[o] for o in t.owed)} of step {t.step} "
                            "was cut short by the lost peer: the rebuilt group does it now")
         self._mark = Mark(t.step, t.data.train.state_dict(), rng.capture(t.device))
+
+    def _take_shards(self, infos: list[dict[str, Any] | None]) -> int:
+        """Sharded state: every rank returns to the newest step of the lost rank's copy on its buddy
+        that every survivor has a snapshot of (`restore_step`; at most one step back): the buddy
+        sends the copy to the newcomer, each survivor takes its own snapshot of that step back.
+        Then the copies start again in the rebuilt group. Returns the buddy's place (the source)."""
+        t = self.t
+        step, why = restore_step([info["copies"] if info is not None else None for info in infos])
+        if step is None:
+            raise WorkerError(f"{t.identity.bracket} live recovery not possible: {why}", ExitCode.FAILURE)
+        lost = next(r for r, info in enumerate(infos) if info is None)
+        buddy = (lost + 1) % len(infos)
+        at_step = [r for r, info in enumerate(infos) if info is not None and info["step"] == step]
+        # a survivor still at that step knows what its lost peer cut short after it (owed); else
+        # the step's own counters, which every snapshot of it carries
+        counters = infos[at_step[0]]["counters"] if at_step else None
+        # a background save of that step which the loss cut short is written again (as an owed one)
+        rewrite = any(info is not None and info["unwritten"] == step for info in infos)
+        self.copies.regroup()
+        if self.group_rank == lost:
+            header = self.copies.receive(infos[buddy]["copies"]["shapes"])
+        else:
+            if self.group_rank == buddy:
+                self.copies.send_held(step, lost)
+            header = self.copies.restore_own(step)
+        self._rewind(header["sampler"], header["rng"])
+        counters = dict(counters if counters is not None else header["counters"])
+        if rewrite and "checkpoint" not in counters["owed"]:
+            counters["owed"] = [*counters["owed"], "checkpoint"]
+        self._settled(counters)
+        self.copies.restart(step, self._copy_header())
+        return buddy
+
+    def _copy_header(self) -> dict[str, Any]:
+        """What travels with a shard copy of the marked step: the mark, and the loop's counters
+        (what is owed after the step is not done yet when the copy leaves)."""
+        return {"sampler": self._mark.sampler, "rng": self._mark.rng, "counters": {**self.t.state_dict(), "owed": []}}
 
     def _state(self) -> dict[str, Any]:
         engine = self.t.engine

@@ -97,6 +97,27 @@ class Saver:
         self.writer = WriterProcess(self._write_snapshot, lambda: self.snapshots.region.populate(
             self.snapshots.expected))
 
+    def cut_short(self) -> int | None:
+        """A peer was lost and this rank has left the broken group: a sharded write in flight, whose
+        DCP collectives ran on that group, ends (it fails, or it had finished). The step of one
+        that failed (the rebuilt group writes it again: worker/live_recovery.py), else None."""
+        write = self.inflight
+        if self.group is None or write is None:
+            return None
+        write.wait(self.exit_wait_s)
+        self.inflight = None
+        if write.done and write.error is None:
+            return None
+        logger.warning(f"{self.bracket} the background write of the checkpoint of step {write.step} was cut short by "
+                       f"the lost peer ({write.path.name} stays invisible to --resume)")
+        return write.step
+
+    def regroup(self) -> None:
+        """Live recovery rebuilt the process group: DCP's writer group anew over it, created where a
+        newcomer creates its own (in its constructor: before the stop vote's), so both match."""
+        if self.group is not None:
+            self.group = dist.new_group(backend="gloo")
+
     def take_lead(self) -> None:
         """This process became place 0 of a shrunk group (rank 0 was lost, worker/live_recovery.py):
         it writes the one-file checkpoints from now on. Its background writer starts now (the pages

@@ -198,7 +198,9 @@ class Trainer:
 
     def on_regroup(self, buckets: Any) -> None:
         """A rebuilt group formed: the objects bound to a group, over the new one (`buckets`: the
-        gradient buckets every rank of it reduces in)."""
+        gradient buckets every rank of it reduces in). The groups are made in the order a newcomer's
+        constructor makes them: the saver's, then the stop vote's."""
+        self.saver.regroup()
         self.vote = StopVote.create()
         self.engine.regroup(buckets)
         if self.guard is not None:
@@ -388,6 +390,7 @@ class Trainer:
         carried = [self._next_batch(slot, source) for slot, source in self.carried for _ in range(t.grad_accum_nums)]
         loss = self._micro_steps(batches, carried)
         check = None if self.guard is None else self._step_check(step, loss, batches, lr, carried)
+        self.recovery.before_update()  # the shard copies sent after the last step have arrived (FSDP)
         self.live.doing("optimizer step")
         grad_norm, applied = engine.step(lr, t.max_grad_norm, check)
         if self.guard is not None:

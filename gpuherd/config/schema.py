@@ -57,6 +57,10 @@ class SystemConfig:
     min_replicas: int = limited(0, ge=0)
     # nodes beyond --nnodes that stand by without a rank: one takes the ranks of a node that dies whole
     spare_nodes: int = limited(0, ge=0)
+    # live recovery of training.strategy=fsdp: after every step each rank's shard (weights and optimizer
+    # state) is copied into its neighbour's host memory; costs 4 shard copies of host RAM per rank (two
+    # own snapshots, two of the neighbour's); false = a lost fsdp rank restarts every worker instead
+    shard_copies: bool = True
     # a --script run with restarts left: from its first step, one interpreter per rank imports torch
     # for the next attempt (at the lowest CPU priority; ~0.3 GB of host memory each)
     standbys: bool = True

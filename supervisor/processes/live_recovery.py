@@ -166,6 +166,7 @@ class LiveRecovery:
         self.asked: dict[int, int] = {}  # a spare an operator asked for (`gpuherd spare`): its pid -> the rank it takes
         self.finished = False  # a rank said `done`: training is over, no regrow any more
         self.able: dict[int, str | None] = {}  # rank -> None (can be recovered live) or why not
+        self.no_shrink: dict[int, str] = {}  # rank -> why the group cannot go on without it (fsdp's shards)
         self.completed: dict[int, int] = {}  # rank -> completed steps it reported
         self.recoveries: list[Recovery] = []
         self.joined_at = 0  # a spare node that took a dead node's place: the rebuilt group it joined
@@ -225,6 +226,8 @@ class LiveRecovery:
         if len(job) < self.shrink_floor:
             return (f"no spare left, and {len(job)} survivor(s) are fewer than --min-replicas "
                     f"{self.shrink_floor}")
+        if rank in self.no_shrink:
+            return f"no spare left, and rank {rank}: {self.no_shrink[rank]}"
         if not survivors:
             return (f"no spare left on this node (node {self.node}), and rank {rank} was its last training rank: "
                     "a node's supervisor ends with its last worker (a node left empty is not built)")
@@ -568,6 +571,8 @@ class LiveRecovery:
                 self._finish(rec, time.monotonic())
             case LiveAble():
                 self.able[rank] = None if record.able else (record.why or "cannot be recovered live")
+                if record.no_shrink:
+                    self.no_shrink[rank] = record.no_shrink
             case Done():
                 self.finished = True
             case LiveLostPeer(step=int(step), generation=int(generation)):

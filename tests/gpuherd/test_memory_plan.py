@@ -82,3 +82,16 @@ def test_the_ladder_goes_from_fastest_to_leanest():
     shape, work = production(4)
     totals = [estimate_bytes(shape, lay, work).total for lay in candidate_layouts(4, 8)[1:]]
     assert totals == sorted(totals, reverse=True)
+
+
+def test_live_recovery_of_fsdp_costs_four_shard_copies_of_host_ram_checked_at_launch_with_the_processes():
+    from gpuherd.memory_plan import shard_copy_bytes
+    from gpuherd.model_checks import check_processes_fit
+
+    # two own snapshots and two of the neighbour's, each 12 B/param (fp32 weights, AdamW's two moments)
+    assert shard_copy_bytes(1_000_000, 4) == 4 * 12 * 250_000
+    assert shard_copy_bytes(10, 3) == 4 * 12 * 4  # the largest (first) shard of an uneven split
+    assert check_processes_fit(2, 1, 0, 10 * GIB, copy_bytes=GIB) is None
+    refused = check_processes_fit(2, 1, 0, 2 * GIB, copy_bytes=GIB)
+    assert refused is not None and "1.1 GB of shard copies (system.shard_copies)" in refused
+    assert check_processes_fit(2, 1, 0, 2 * GIB) is None  # without the copies the same processes fit

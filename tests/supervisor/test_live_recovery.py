@@ -249,6 +249,15 @@ def test_shrinking_is_refused_in_one_line_below_the_floor():
     assert "1 survivor(s) are fewer than --min-replicas 2" in live.why_not(3, [0])
 
 
+def test_a_sharded_rank_is_not_shrunk_away_with_no_spare_left_but_restarts_saying_why():
+    live, _metrics, told = _shrinking(floor=2)
+    no_shrink = "its shard cannot be spread over fewer ranks while training (a shrink of fsdp is not built)"
+    for rank in range(4):  # an FSDP worker's able record says it can be replaced, but not shrunk away
+        live.observe(record({"type": "live", "rank": rank, "event": "able", "able": True, "no_shrink": no_shrink}))
+    assert live.why_not(2, [0, 1, 3]) == f"no spare left, and rank 2: {no_shrink}"
+    assert told == []
+
+
 def test_rank_0_lost_with_no_spare_left_shrinks_too_its_lowest_survivor_leading_until_a_regrow_brings_it_back(
         warnings):
     live, _metrics, told = _shrinking(floor=2, spares=1)

@@ -151,6 +151,20 @@ class Watched:
         return "\n".join(self.lines)
 
 
+def run_pair(tmp_path: Path, script_text: str, env: dict[str, str]) -> list[Path]:
+    """`script_text` run as two ranks (argv: rank, a FileStore path, an output file), both to exit 0;
+    the two output files, by rank."""
+    script = tmp_path / "pair.py"
+    script.write_text(script_text)
+    outs = [tmp_path / f"{r}.pt" for r in (0, 1)]
+    procs = [subprocess.Popen([PYTHON, str(script), str(r), str(tmp_path / "store"), str(outs[r])], env=env,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err[-2000:]
+    return outs
+
+
 def free_port() -> int:
     from worker.distributed import free_port as _free_port
 

@@ -4,14 +4,13 @@ the state hand-over between two real processes (the whole recovery: tests/e2e/te
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from gpuherd import contract
+from tests.worker.helpers import run_pair
 from worker.distributed import is_peer_loss, sever_peer_connections
 from worker.engines.ddp import _ddp, gradient_buckets
 from worker.live_recovery import why_not_live
@@ -36,14 +35,7 @@ dist.destroy_process_group()
 
 
 def test_a_state_broadcast_from_one_rank_arrives_bit_for_bit_with_its_structure(tmp_path, python_env):
-    script = tmp_path / "exchange.py"
-    script.write_text(EXCHANGE)
-    procs = [subprocess.Popen([sys.executable, str(script), str(r), str(tmp_path / "store"), str(tmp_path / f"{r}.pt")],
-                              env=python_env, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
-    for proc in procs:
-        _, err = proc.communicate(timeout=180)
-        assert proc.returncode == 0, err[-2000:]
-    sent, got = (torch.load(tmp_path / f"{r}.pt", weights_only=False) for r in (0, 1))
+    sent, got = (torch.load(out, weights_only=False) for out in run_pair(tmp_path, EXCHANGE, python_env))
     assert got["model"]["b"].dtype == torch.bfloat16 and got["optimizer"]["state"][0]["step"].shape == ()
     assert torch.equal(got["rng"]["torch"], sent["rng"]["torch"])
     for key in ("w", "b"):
@@ -70,7 +62,9 @@ def test_who_can_be_recovered_live(monkeypatch):
     assert "no warm spare" in why_not_live("ddp", True, 2)
     monkeypatch.setenv(contract.LIVE_RECOVERY, "1")
     assert why_not_live("ddp", True, 2) is None
-    assert "shards its state" in why_not_live("fsdp", False, 2)
+    assert "shards its state" in why_not_live("zero1", False, 2)
+    assert why_not_live("fsdp", True, 2, copies=True) is None  # its shards are copied to a neighbour
+    assert "system.shard_copies=false" in why_not_live("fsdp", True, 2, copies=False)
     assert "single worker" in why_not_live("single", False, 1)
 
 

@@ -51,9 +51,12 @@ class Engine(ABC):
     strategy: ClassVar[str]
     sharded: ClassVar[bool] = False  # checkpoints are per-rank directories, not one file
     needs_process_group: ClassVar[bool] = True  # even with a single worker
-    # Every rank holds the whole model and optimizer state, so a lost rank's state exists on each
-    # survivor and live recovery can hand it to a spare (worker/live_recovery.py); sharded state cannot.
+    # A lost rank's state exists on a survivor, so live recovery can hand it to a spare
+    # (worker/live_recovery.py): every rank holds the whole state (DDP), or, with `shard_copies`,
+    # each rank's shard is copied to its neighbour after every step (worker/shard_copies.py: FSDP,
+    # the tensors `local_state()` lists). ZeRO-1 and DeepSpeed: their optimizer shards exist nowhere else.
     live_recoverable: ClassVar[bool] = False
+    shard_copies: ClassVar[bool] = False
 
     model: nn.Module  # what forward() is called on (wrapped)
     inner: Transformer  # the unwrapped module: names, parameters, accounting
@@ -94,9 +97,13 @@ class Engine(ABC):
 
     def regroup(self, buckets: Buckets | None) -> None:
         """After the process group was rebuilt (live recovery): wrap the model again over the new
-        group, without collectives (the state comes from a survivor next), reducing gradients in
-        `buckets` (every rank the same). Only where live_recoverable."""
+        group (FSDP: point its modules at it), without collectives (the state comes from a survivor
+        next), reducing gradients in `buckets` (DDP; every rank the same). Only where live_recoverable."""
         raise NotImplementedError(f"strategy {self.strategy} cannot rejoin a rebuilt process group")
+
+    def local_state(self) -> list[torch.Tensor]:
+        """This rank's shard of model and optimizer state, live (only where shard_copies)."""
+        raise NotImplementedError(f"strategy {self.strategy} keeps no shard copies")
 
     # ------------------------------------------------------------------ the loop's calls
     def train(self) -> None:

@@ -1,4 +1,5 @@
-"""FSDP2: `fully_shard` per block, then the root; checkpoints as DCP shards per rank."""
+"""FSDP2: `fully_shard` per block, then the root; checkpoints as DCP shards per rank; live
+recovery over a rebuilt process group from the buddy copies of each shard (worker/shard_copies.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 
 from gpuherd.config import ConfigError
 from worker.checkpoint_io import FORMAT_DCP, publish_dir
-from worker.engines.base import Build, Engine
+from worker.engines.base import Buckets, Build, Engine
 from worker.engines.torch_engine import TorchEngine
 from worker.model import Transformer
 
@@ -20,6 +21,8 @@ from worker.model import Transformer
 class FSDPEngine(TorchEngine):
     strategy: ClassVar[str] = "fsdp"
     sharded: ClassVar[bool] = True
+    live_recoverable: ClassVar[bool] = True
+    shard_copies: ClassVar[bool] = True
 
     reduce_every_micro_batch: bool = False  # the memory plan's choice (gpuherd/memory_plan.py)
 
@@ -51,6 +54,50 @@ class FSDPEngine(TorchEngine):
             fully_shard(layer, mesh=mesh, mp_policy=mp,
                         reshard_after_forward=reshard and i < len(model.layers) - 1)
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard)
+
+    def local_state(self) -> list[torch.Tensor]:
+        """This rank's shard, live: every parameter's local piece, then each one's optimizer state
+        (its keys sorted), in the model's parameter order, the same on every rank. An optimizer
+        that has not stepped yet (a newcomer's) gets its state first, zeros, to be overwritten."""
+        from torch.distributed.checkpoint.state_dict import _init_optim_state
+
+        _init_optim_state(self.optimizer)
+        params = list(self.inner.parameters())
+        state = [value for p in params for _, value in sorted(self.optimizer.state[p].items())]
+        with torch.no_grad():  # the pieces are views of the shards, written in place by a recovery
+            return [t.to_local() if hasattr(t, "to_local") else t for t in (*params, *state)]
+
+    def drop_group(self) -> None:
+        # FSDP's modules keep their groups until regroup() points them at the rebuilt one; the broken
+        # group's connections are shut down by the caller (worker/distributed.py: sever_peer_connections)
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def regroup(self, buckets: Buckets | None) -> None:
+        """The rebuilt default group (same world size, each rank at its place) for every FSDP
+        module: the device mesh resolves its group by name, and each mesh description keeps the
+        group object it was built with. Sharding, parameters and optimizer state stay as they are."""
+        import torch.distributed as dist
+        from torch.distributed.fsdp._fully_shard._fsdp_state import _get_module_fsdp_state
+
+        # a step cut short may have left blocks unsharded (their full parameters registered in place of
+        # the shards) and collectives pending: back to the sharded, idle state first
+        self.inner.reset_iter_state()
+        group = dist.distributed_c10d._get_default_group()
+        meshes = {}
+        for module in self.inner.modules():
+            state = _get_module_fsdp_state(module)
+            params = getattr(state, "_fsdp_param_group", None) if state is not None else None
+            if params is None:
+                continue
+            for info in (params.mesh_info, params.post_forward_mesh_info,
+                         *(p.mesh_info for p in params.fsdp_params), *(p.post_forward_mesh_info for p in params.fsdp_params)):
+                if info is not None and hasattr(info, "shard_process_group"):
+                    info.shard_process_group = group
+                    info.reduce_scatter_process_group = None
+                    meshes[id(info.mesh)] = info.mesh
+        for mesh in meshes.values():
+            mesh._dim_group_names = [group.group_name]
+            mesh._pg_registry = {group.group_name: group}
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # FSDP casts through its MixedPrecisionPolicy instead
