@@ -8,10 +8,15 @@ The gpuherd cases (the built-in trainer, bench_live_recovery.py's tiny model, gl
 
 - multi-node: 2 nodes x 1 rank; rank 1 (node 1) is lost, node 1's warm spare takes it, node 0's
   worker keeps its process.
+- spare node: 3 nodes x 1 rank and `--spare-nodes 1` (a fourth node standing by); node 2's
+  whole process tree (supervisor, node agent, orphan guard, worker, spare) is SIGKILLed at once,
+  the spare node's warm worker takes rank 2.
 - shrink: 4 ranks on one node, `--spares 0 --min-replicas 2`; rank 1 is lost, the 3 survivors
   train on with the same global batch (one carries rank 1's data slot).
 - multi-node shrink: 2 nodes x 2 ranks, `--spares 0 --min-replicas 2`; rank 3 (node 1) is lost,
   the job's 3 survivors train on across both nodes.
+- fsdp: 3 ranks of FSDP2 on one node; rank 1 is lost, the warm spare takes its shard from its
+  neighbour's host copy, the survivors go back to that copy's step.
 
 "The next completed step" is the first step record any rank of the job writes after the rebuilt
 group formed (the last `live` `rejoined` record after the kill): the group's first step at the
@@ -67,8 +72,10 @@ class Case:
 
 CASES = (
     Case("multi-node", nnodes=2, nproc=1),
+    Case("spare node", nnodes=3, nproc=1, spare_nodes=1, flags=("--spare-nodes", "1"), lost_node=2, lost_rank=2),
     Case("shrink", nnodes=1, nproc=4, flags=("--spares", "0", "--min-replicas", "2")),
     Case("multi-node shrink", nnodes=2, nproc=2, flags=("--spares", "0", "--min-replicas", "2"), lost_rank=3),
+    Case("fsdp", nnodes=1, nproc=3, overrides=("training.strategy=fsdp",)),
 )
 
 
