@@ -44,11 +44,16 @@ def _losses(run_dir) -> dict[tuple[int, int], float]:
 
 
 def _same_losses(got: dict[tuple[int, int], float], expected: dict[tuple[int, int], float], lost_rank: int,
-                 resumed: int) -> None:
-    """Every loss logged equals the uninterrupted run's (float equality: bit for bit); only the
-    lost rank may miss a step it finished but died before logging (the survivors had it)."""
+                 resumed: int, run_dir=None) -> None:
+    """Every loss logged equals the uninterrupted run's (float equality: bit for bit). Only the step
+    before the one the group resumed at may lack a loss: the lost rank's, when it finished the step
+    but died before logging it (the survivors had it), and, with `run_dir`, a survivor's that was
+    still in that step's all-reduce when the peer died while others completed it (gloo's ring
+    hands the sum to some ranks first; its `lost_peer` record says so: `step` = completed steps)."""
     assert {key: expected[key] for key in got} == got
-    assert {key for key in expected if key not in got} <= {(lost_rank, resumed - 1)}
+    cut_short = {r["rank"] for r in records(run_dir, "live") if r.get("event") == "lost_peer"
+                 and r.get("step") == resumed - 1} if run_dir is not None else set()
+    assert {key for key in expected if key not in got} <= {(rank, resumed - 1) for rank in {lost_rank, *cut_short}}
 
 
 def _pid(run_dir, rank: int) -> int:
@@ -113,7 +118,7 @@ def test_a_rank_killed_at_a_random_step_is_replaced_live_with_bit_identical_loss
     assert rec["steps_redone"] <= 1 and rec["checkpoint_reads"] == 0 and rec["seconds"] > 0
     assert {w["rank"]: w["pid"] for w in summary["workers"]} == {0: survivor, 1: spare}  # rank 0 kept its pid
     assert "resumed from" not in err and "live recovery 1: rank 1 (CPU1" in err
-    _same_losses(_losses(run_dir), uninterrupted, 1, rec["resumed_step"])
+    _same_losses(_losses(run_dir), uninterrupted, 1, rec["resumed_step"], run_dir)
 
 
 def test_with_four_ranks_any_lost_rank_is_replaced_live_while_the_other_three_keep_training(
@@ -142,7 +147,7 @@ def test_with_four_ranks_any_lost_rank_is_replaced_live_while_the_other_three_ke
     assert rec["survivors"] == [{"rank": rank, "pid": pid} for rank, pid in survivors.items()]
     assert rec["steps_redone"] <= 1 and rec["checkpoint_reads"] == 0
     assert {w["rank"]: w["pid"] for w in summary["workers"]} == {**survivors, lost: spare}
-    _same_losses(_losses(run_dir), expected, lost, rec["resumed_step"])
+    _same_losses(_losses(run_dir), expected, lost, rec["resumed_step"], run_dir)
 
 
 def _spare_other_than(supervisor_pid: int, used: set[int]) -> psutil.Process | None:
@@ -204,7 +209,7 @@ def test_a_hung_rank_is_killed_after_its_verdict_and_replaced_live(tmp_path, pyt
     assert rec["outcome"] == "recovered" and rec["kind"] == "hang" and rec["lost_pid"] == victim
     assert rec["survivors"] == [{"rank": 0, "pid": survivor}]
     assert "for a live recovery" in err
-    _same_losses(_losses(run_dir), uninterrupted, 1, rec["resumed_step"])
+    _same_losses(_losses(run_dir), uninterrupted, 1, rec["resumed_step"], run_dir)
 
 
 @pytest.mark.slow
