@@ -319,7 +319,13 @@ class LiveRecovery:
 
     def carried_elsewhere(self) -> dict[int, int]:
         """Multi-node: another node's carried rank -> that node (its own spares take it back)."""
-        return {rank: rec.node for rank, rec in self.shrunk_since.items() if rec._remote and rec.node is not None}
+        return {rank: rec.node for rank, rec in self.shrunk_since.items()
+                if rec._remote and rec.node is not None and rec.kind != "node"}
+
+    def dead_nodes(self) -> tuple[int, ...]:
+        """Multi-node: the nodes that died whole and the job went on without (their ranks stay carried)."""
+        return tuple(sorted(rec.node for rec in self.shrunk_since.values() if rec.kind == "node"
+                            and rec.node is not None))
 
     def ask_spare(self, rank: int) -> WorkerProcess:
         """One warm spare more for carried rank `rank` (`gpuherd spare`): it takes the rank back once warm."""

@@ -34,6 +34,7 @@ def test_a_survivor_records_a_node_lost_whole_as_a_shrink_of_its_ranks(warnings)
     rec = live.in_flight
     assert (rec.action, rec.kind, rec.node, rec.rank, rec.replicas, live.budget) == ("shrink", "node", 2, 3, 3, 1)
     assert live.members() == [0, 1, 2] and live.carried() == [] and live.regrow_candidate() is None
+    assert live.carried_elsewhere() == {} and live.dead_nodes() == (2,)  # `gpuherd spare` says it cannot come back
     assert "this node's 2 worker(s) keep running and go on without node 2's rank(s) 3, 4" in warnings[0]
     for rank in (1, 2):
         live.observe(record({"type": "live", "rank": rank, "event": "lost_peer", "generation": 1, "step": 7}))
