@@ -52,7 +52,8 @@ def shrink_over(agent: Agent, k: int, r: int, cause: dict[str, Any], store: Any)
         return False
     if len(survivors) < agent.min_replicas:
         cause["message"] += (f"; no spare node free, and the {len(survivors)} rank(s) left on the other nodes are "
-                             f"fewer than --min-replicas {agent.min_replicas}: restarting every node")
+                             f"fewer than --min-replicas {agent.min_replicas}: the job cannot go on without it (a "
+                             "restart, if one is left)")
         return False
     claim = {"node": r, "rank": lost[0], "ranks": lost, "device": f"node {r}", "failed": cause["message"],
              "kind": "node", "lost_pid": 0, "replaced_by_pid": 0, "died_at": time.time(), "action": "shrink",

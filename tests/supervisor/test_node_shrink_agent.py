@@ -76,7 +76,8 @@ def test_below_the_floor_the_death_is_the_abort_and_says_why(server, free_tcp_po
     (abort,) = events
     assert abort["event"] == "abort" and abort["cause"]["kind"] == "node"
     assert abort["cause"]["message"] == (f"{CAUSE['message']}; no spare node free, and the 2 rank(s) left on the "
-                                         "other nodes are fewer than --min-replicas 3: restarting every node")
+                                         "other nodes are fewer than --min-replicas 3: the job cannot go on without "
+                                         "it (a restart, if one is left)")
     assert not StoreCalls(server).check(["a0/live1"]) and node0.lost_nodes == set()
 
 
