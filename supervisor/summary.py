@@ -260,6 +260,11 @@ class Summary:
                              f"{r['rank']} ({r['device']}) after {r.get('shrunk_s') or 0:.1f} s shrunk: "
                              f"{r['replicas']} process(es) trained on, its data slot no longer carried, "
                              f"{r['seconds']:.2f} s to its first completed step, no checkpoint read")
+            elif r.get("outcome") == "recovered" and r.get("action") == "shrink" and r.get("kind") == "node":
+                lines.append(f"live recovery {r['number']}: node {r['node']} died whole -> no spare node left: "
+                             f"{r['replicas']} process(es) on the other nodes went on with its ranks' data slots (same "
+                             f"global batch) for {r.get('shrunk_s') or 0:.1f} s, {r['seconds']:.2f} s to the next "
+                             f"completed step, {r['steps_redone']} completed step(s) redone, no checkpoint read")
             elif r.get("outcome") == "recovered" and r.get("action") == "shrink":
                 lines.append(f"live recovery {r['number']}: rank {r['rank']} ({r['device']}) {r['failed']} -> no spare "
                              f"left: {r['replicas']} process(es) went on with its data slot (same global batch) for "

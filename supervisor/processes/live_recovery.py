@@ -123,6 +123,12 @@ class Recovery:
                     f"first completed step, joined at step {self.resumed_step} from rank {self.source_rank}, "
                     f"{self.steps_redone} completed step(s) redone, no checkpoint read; kept their processes: "
                     f"{survivors}")
+        if self.action == "shrink" and self.kind == "node":
+            return (f"live recovery {self.number}: node {self.node} died whole with no spare node left: "
+                    f"{self.replicas} process(es) on the other nodes train on with its ranks' data slots carried "
+                    f"(same global batch and data order) after {self.seconds:.2f} s (loss -> next completed step), "
+                    f"resumed at step {self.resumed_step} from rank {self.source_rank}, {self.steps_redone} completed "
+                    f"step(s) redone, no checkpoint read; kept their processes: {survivors}")
         if self.action == "shrink":
             return (f"live recovery {self.number}: {where}rank {self.rank} ({self.device}, pid {self.lost_pid}) lost "
                     f"with no spare left: {self.replicas} process(es) train on with its data slot carried (same global "
@@ -281,13 +287,14 @@ class LiveRecovery:
                                  f"{len(ranks)} worker(s){' of the job' if self.regroup else ''} keep running")
         return True
 
-    def _shrunk(self, rec: Recovery, ranks: list[int], said: str) -> None:
+    def _shrunk(self, rec: Recovery, ranks: list[int], said: str, without: str | None = None) -> None:
         self.recoveries.append(rec)
         self.shrunk_since[rec.rank] = rec
         self.group = ranks
         lead = f"; rank {ranks[0]} leads in its place (checkpoints, the run's scalars)" if rec.rank < ranks[0] else ""
-        logger.warning(f"{said} and go on without rank {rec.rank}, one of them carrying its data slot (same global "
-                       f"batch and data order; --min-replicas){lead}")
+        without = without or f"rank {rec.rank}, one of them carrying its data slot"
+        logger.warning(f"{said} and go on without {without} (same global batch and data order; --min-replicas)"
+                       f"{lead}")
 
     def _decide(self, generation: int, decision: dict[str, Any]) -> bool:
         """The supervisor's word on rebuilt group `generation`, into the workers' store
@@ -312,7 +319,13 @@ class LiveRecovery:
 
     def carried_elsewhere(self) -> dict[int, int]:
         """Multi-node: another node's carried rank -> that node (its own spares take it back)."""
-        return {rank: rec.node for rank, rec in self.shrunk_since.items() if rec._remote and rec.node is not None}
+        return {rank: rec.node for rank, rec in self.shrunk_since.items()
+                if rec._remote and rec.node is not None and rec.kind != "node"}
+
+    def dead_nodes(self) -> tuple[int, ...]:
+        """Multi-node: the nodes that died whole and the job went on without (their ranks stay carried)."""
+        return tuple(sorted(rec.node for rec in self.shrunk_since.values() if rec.kind == "node"
+                            and rec.node is not None))
 
     def ask_spare(self, rank: int) -> WorkerProcess:
         """One warm spare more for carried rank `rank` (`gpuherd spare`): it takes the rank back once warm."""
@@ -460,6 +473,13 @@ class LiveRecovery:
                        survivors=_ranks_and_pids(survivors), started_at=now_iso(), node=node, action="shrink",
                        replicas=len(ranks), _died=died, _reached=max(self.completed.values(), default=0),
                        _generation=generation, _remote=True)
+        if rec.kind == "node":  # node 0 found the whole node dead, and no spare node free (node_shrink_agent.py)
+            lost = ", ".join(str(r) for r in claim.get("ranks", [rank]))
+            self._shrunk(rec, ranks, f"{rec.failed}: live recovery {rec.number}: no spare node left: this node's "
+                                     f"{len(survivors)} worker(s) keep running",
+                         without=f"node {node}'s rank(s) {lost} (it cannot come back before a restart), the "
+                                 "survivors carrying their data slots")
+            return
         self._shrunk(rec, ranks, f"node {node}: {rec.failed}: live recovery {rec.number}: no warm spare left there: "
                                  f"this node's {len(survivors)} worker(s) keep running")
 
@@ -491,6 +511,8 @@ class LiveRecovery:
             why = self._why_not_resize(action, claim)
             if why is not None:
                 return why
+        if action == "shrink" and (sharded := [r for r in ranks if r in self.no_shrink]):
+            return f"this node's rank {sharded[0]}: {self.no_shrink[sharded[0]]}"  # fsdp: a node lost whole
         if self.off or self.in_flight is not None or (self.budget <= 0 and action != "regrow"):
             return f"on this node: {self.why_not(claim['rank'], ranks)}"
         for r in ranks:  # the lost rank is the other node's to judge

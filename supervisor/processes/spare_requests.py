@@ -82,6 +82,7 @@ class Facts:
     finished: bool = False  # a rank said `done`: training is over
     # multi-node: another node's carried rank -> that node (that node's spares take it back)
     elsewhere: Mapping[int, int] = field(default_factory=dict)
+    dead_nodes: tuple[int, ...] = ()  # multi-node: nodes that died whole, their ranks carried to the end
 
 
 def judge(request: SpareRequest, facts: Facts) -> Answer | int:
@@ -98,6 +99,10 @@ def judge(request: SpareRequest, facts: Facts) -> Answer | int:
         return Answer(refused, f"the ranks lost are another node's ({lost}): ask that node's supervisor "
                                "(`gpuherd spare` with its run directory); a spare runs on the node whose device the "
                                "rank left")
+    if not facts.carried and facts.dead_nodes:
+        nodes = ", ".join(f"node {node}" for node in facts.dead_nodes)
+        return Answer(refused, f"the ranks lost are {nodes}'s, which died whole: they come back with the job's next "
+                               "restart (its join waits for every node), not with a spare")
     if not facts.carried:
         return Answer(refused, f"the group is not shrunk: all {len(facts.devices)} ranks train, nothing to grow back")
     # the pool's own spares take the lowest carried ranks nobody asked a spare for

@@ -547,7 +547,7 @@ class Supervision:
         carried = {rank: devices[rank][0] for rank in live.carried()}  # this node's: its spares take them back
         asked = {live.asked[pid]: pid for pid in pids if live.asked.get(pid) in carried}
         return Facts(running, live.off, carried, devices, asked, tuple(p for p in pids if p not in live.asked),
-                     finished=live.finished, elsewhere=live.carried_elsewhere())
+                     finished=live.finished, elsewhere=live.carried_elsewhere(), dead_nodes=live.dead_nodes())
 
     def _serve(self, rank: int, new: WorkerProcess, now: float) -> None:
         """`new` (a promoted spare) is `rank`'s worker: its pipes and heartbeats are read as the rank's."""

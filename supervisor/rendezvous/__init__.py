@@ -8,6 +8,8 @@
       each round, and a late node's wait for the next one
     RegroupLink (regroup_link.py -> regroup_agent.py, inside the agent): a live recovery's rebuilt
       group, claimed by the node that lost a rank and heard of by every other node
+    spare_node_agent.py, node_shrink_agent.py (inside node 0's agent): a node that died whole, its
+      place handed to a spare node (--spare-nodes) or, with none free, the job shrunk without it
   HostedStore, StoreServer (store.py -> store_main.py, a helper process kept warm across
     attempts): each attempt's torch TCPStore, on a socket the supervisor bound first
   NodeSpec, bind_master, NodeLinkError (nodes.py): multi-node addresses and errors;

@@ -39,7 +39,7 @@ class MultiNode:
         self.finish_wait = finish_wait  # node 0: how long it keeps the store up for nodes still finishing
         self.record = {"host": self.host, "fingerprint": training_fingerprint(cfg), "mode": mode,
                        "run_id": run_id, "run_id_given": run_id_given, "run_dir": str(run_dir),
-                       "spare_nodes": cfg.system.spare_nodes}
+                       "spare_nodes": cfg.system.spare_nodes, "min_replicas": cfg.system.min_replicas}
         self.spare = spec.node_rank >= spec.nnodes  # a spare node (--spare-nodes) until it takes a dead node's place
         self.nodes: list[dict] = []
         self.link = JobLink(spec, cfg.system.rendezvous_timeout, sys.executable, env, preexec,

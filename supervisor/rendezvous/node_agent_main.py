@@ -86,7 +86,7 @@ from gpuherd.exit_codes import ExitCode
 from supervisor.rendezvous.beat_watch import (ABORTED, BEAT_S, JOINED, SETTLED, SILENT_S, BeatWatch, abort_key,
                                               all_key, beat_key, done_key, enter, node_key, nodes_key,
                                               parse_verdict, undecided, verdict_key)
-from supervisor.rendezvous import regroup_agent, spare_node_agent
+from supervisor.rendezvous import node_shrink_agent, regroup_agent, spare_node_agent
 from supervisor.rendezvous.elastic_rounds import ElasticRounds, refused_key
 from supervisor.rendezvous.nodes import settings_problem
 from supervisor.rendezvous.liveness import LIVENESS_KEY, LivenessLink, LivenessServer
@@ -117,6 +117,9 @@ class Agent:
         self.gone: set[int] = set()  # nodes found dead: nobody waits for them to leave
         self.spare_nodes = 0  # node 0: --spare-nodes (from its own join record)
         self.promoted: dict[int, dict[int, int]] = {}  # node 0: round -> {dead node: the spare node in its place}
+        self.min_replicas = 0  # node 0: --min-replicas (from its own join record): a dead node may shrink the job
+        self.lost_nodes: set[int] = set()  # node 0: nodes dead whole the round went on without (node_shrink_agent.py)
+        self._naming = threading.Lock()  # node 0: one dead node judged at a time (the loop, the liveness thread)
         self._next_beat = 0.0
         self._beat_count = 0
         self._beat_sent = b"0"  # the value this node's beat key holds (enter() writes "0")
@@ -199,6 +202,7 @@ class Agent:
             return
         fields = msg["record"]
         self.spare_nodes = int(fields.get("spare_nodes") or 0)
+        self.min_replicas = int(fields.get("min_replicas") or 0)
         if self.liveness_at is not None:  # node 0: where the direct connections go, read with the records
             fields = {**fields, LIVENESS_KEY: self.liveness_at}
         record = orjson.dumps(fields)
@@ -266,6 +270,7 @@ class Agent:
                 return
         self.hosts = {i: str(n.get("host", "?")) for i, n in zip(members, records, strict=True)}
         self.members = members
+        self.lost_nodes.clear()  # a restart's join waited for every node again
         self.beating, self._beat_sent = k, b"0"  # from now on: node 0 reads this node's beat
         if self.node_rank == 0:
             self.beats = BeatWatch(k)  # from the join on: a node dying before its workers start is named too
@@ -302,7 +307,8 @@ class Agent:
 
     def _wait_done(self, k: int, msg: dict[str, Any]) -> None:
         """Node 0: until every member's workers finished, the abort, or the timeout."""
-        keys = [done_key(k, i) for i in self.members]
+        members = [i for i in self.members if i not in self.lost_nodes]  # a node the job went on without never is
+        keys = [done_key(k, i) for i in members]
         deadline = time.monotonic() + float(msg["timeout"])
         missing: list[int] = []
         while not self.store.wait(keys, max(0.0, min(BEAT_S, deadline - time.monotonic()))):
@@ -311,7 +317,7 @@ class Agent:
                 self.emit("abort", attempt=k, cause=self._cause(abort_key(k), raw))
                 break
             if time.monotonic() >= deadline:
-                missing = [self.members[i] for i in self.store.missing(keys)]
+                missing = [members[i] for i in self.store.missing(keys)]
                 break
         self.emit("finished", attempt=k, missing=missing)
 
@@ -332,6 +338,10 @@ class Agent:
         present = [key for i, key in enumerate(keys) if i not in absent]
         found = dict(zip(present, self.store.multi_get(present), strict=True))
         outcomes = [_json_or_none(found[key]) if key in found else None for key in keys]
+        for i, r in enumerate(others):
+            if r in self.lost_nodes and outcomes[i] is None:
+                outcomes[i] = {"node": r, "outcome": f"lost ({self.hosts.get(r, '?')}): it died whole and the job "
+                                                     "went on without its ranks (--min-replicas)"}
         self.emit("outcomes", ranks=others, nodes=[o if isinstance(o, dict) else None for o in outcomes])
 
     def _lines(self, k: int, msg: dict[str, Any]) -> None:
@@ -497,7 +507,7 @@ class Agent:
     def _read_beats(self, now: float) -> None:
         """Node 0: every other member's beat in one request; one that stood still is named."""
         beats = self.beats
-        others = [r for r in self.members if r != self.node_rank]
+        others = [r for r in self.members if r != self.node_rank and r not in self.lost_nodes]
         values = self.store.multi_get([beat_key(beats.k, r) for r in others])
         for r, still in beats.observe(others, values, now):
             self._declare(beats.k, r, self._silent(r, f"no heartbeat for {still:.0f} s"), self.store)
@@ -512,13 +522,23 @@ class Agent:
 
     def _declare(self, k: int, r: int, cause: dict[str, Any], store: StoreCalls) -> None:
         """Node 0: node r is dead; its cause goes to every node (the abort, unless a failure came first),
-        unless a spare node takes its place (spare_node_agent.py)."""
-        if spare_node_agent.take_over(self, k, r, cause, store):
+        unless a spare node takes its place or the job goes on without it."""
+        if self._go_on_without(k, r, cause, store):
             return
         if self.beats is not None and self.beats.k == k:
             self.beats.dead[r] = cause
+            store.set(verdict_key(k), orjson.dumps(self.beats.verdict()))  # named dead before the abort is read
         self.gone.add(r)
         self.report_abort(k, self._publish(k, cause, store))
+
+    def _go_on_without(self, k: int, r: int, cause: dict[str, Any], store: StoreCalls) -> bool:
+        """Node 0: True when round k goes on without dead node r: a spare node takes its place
+        (spare_node_agent.py), else, with --min-replicas, the job shrinks (node_shrink_agent.py)."""
+        with self._naming:
+            if r in self.lost_nodes:
+                return True  # judged already (its silence and its closed connection both name it)
+            return spare_node_agent.take_over(self, k, r, cause, store) or \
+                node_shrink_agent.shrink_over(self, k, r, cause, store)
 
     def _verdict(self, k: int) -> dict[str, Any] | None:
         """Node 0's latest reading of attempt k's beats (its own, on node 0); None: a foreign value."""
@@ -589,7 +609,7 @@ class Agent:
         if r >= self.nnodes:  # a spare node standing by died: it is just no longer one to promote
             self.gone.add(r)
             return
-        if beats is None or r not in self.members or r in beats.dead or self.lost:
+        if beats is None or r not in self.members or r in beats.dead or r in self.lost_nodes or self.lost:
             return  # between attempts: the next join names it
         try:
             if self._liveness_store is None:
@@ -599,11 +619,6 @@ class Agent:
                 return
             cause = {**self._silent(r, "its connection to node 0 closed without a goodbye"),
                      "stop_after_s": CLOSED_GRACE_S}
-            if spare_node_agent.take_over(self, beats.k, r, cause, conn):
-                return
-            beats.dead[r] = cause
-            self.gone.add(r)
-            conn.set(verdict_key(beats.k), orjson.dumps(beats.verdict()))
             self._declare(beats.k, r, cause, conn)
         except RuntimeError as exc:
             print(f"node agent: could not name node {r}: {_short(exc)}", file=sys.stderr, flush=True)

@@ -114,6 +114,12 @@ def settings_problem(rec: dict[str, Any], first: dict[str, Any], r: Any) -> str 
     return None
 
 
+def node_ranks(nodes: list[dict[str, Any]], r: int) -> list[int]:
+    """The job's ranks on node `r` (its place among `nodes`): they follow the workers of nodes < r."""
+    first = sum(int(rec.get("nproc", 0)) for rec in nodes[:r])
+    return list(range(first, first + int(nodes[r].get("nproc", 0))))
+
+
 def layout(nodes: list[dict[str, Any]], node_rank: int) -> Layout:
     """Check the join records agree, and lay ranks out node by node. `node_rank`: this node's
     place among `nodes` (an elastic round admits a subset of the node ranks, in order)."""

@@ -46,6 +46,25 @@ def live_key(k: int, g: int) -> str:
     return f"a{k}/live{g}"
 
 
+def claim_next(store: Any, k: int, claim: dict[str, Any]) -> int | None:
+    """Node 0 claims round k's first unclaimed rebuilt group for a node that died whole (a spare
+    node takes it, or the job shrinks); the generation claimed, or None: a node that lost a rank
+    in the same instant took it (two losses at once: the death is published as the abort)."""
+    g = 1
+    while store.check([live_key(k, g)]):
+        g += 1
+    mine = orjson.dumps(claim)
+    return g if store.compare_set(live_key(k, g), "", mine) == mine else None
+
+
+def claims(store: Any, k: int) -> list[dict[str, Any] | None]:
+    """Round k's claims so far, in order (None: a value no gpuherd node writes)."""
+    found: list[dict[str, Any] | None] = []
+    while (raw := store.get_if_set(live_key(k, len(found) + 1))) is not None:
+        found.append(_claim_or_none(raw))
+    return found
+
+
 def claim(agent: Agent, k: int, msg: dict[str, Any]) -> None:
     g = int(msg["generation"])
     mine = orjson.dumps(msg["claim"])
@@ -69,7 +88,10 @@ def _follow(agent: Agent, k: int) -> None:
         while not (agent.lost or agent.leaving or k in agent._reported
                    or (agent.last_join is not None and agent.last_join > k)):
             if conn.wait([live_key(k, g)], WAIT_S):
-                agent.emit("regroup", attempt=k, generation=g, claim=_claim_or_none(conn.get(live_key(k, g))))
+                claimed = _claim_or_none(conn.get(live_key(k, g)))
+                if claimed is not None and claimed.get("kind") == "node" and claimed.get("action") == "shrink":
+                    agent.gone.add(claimed["node"])  # dead whole, the job went on without it: no `alive` waits for it
+                agent.emit("regroup", attempt=k, generation=g, claim=claimed)
                 g += 1
     except RuntimeError:
         return

@@ -40,8 +40,8 @@ import orjson
 
 from supervisor.rendezvous.beat_watch import JOINED, abort_key, all_key, nodes_key
 from supervisor.rendezvous.elastic_rounds import CLOSED_KEY
-from supervisor.rendezvous.nodes import settings_problem
-from supervisor.rendezvous.regroup_agent import live_key
+from supervisor.rendezvous.nodes import node_ranks, settings_problem
+from supervisor.rendezvous.regroup_agent import claim_next
 
 if TYPE_CHECKING:
     from supervisor.rendezvous.node_agent_main import Agent
@@ -150,26 +150,21 @@ def take_over(agent: Agent, k: int, r: int, cause: dict[str, Any], store: Any) -
     is then a live recovery, not the round's abort)."""
     if agent.spare_nodes <= 0 or r == 0 or r in agent.promoted.get(k, {}):
         return False
-    nodes = _json(store.get_if_set(nodes_key(k)))
-    if not (isinstance(nodes, list) and r < len(nodes) and all(isinstance(n, dict) for n in nodes)):
+    nodes = round_records(store, k)
+    if nodes is None or r >= len(nodes):
         return False  # the round's records are not there (it died in the join): the restart as before
-    nproc = nodes[r].get("nproc")
-    spare = _free_spare(agent, k, nproc, store)
+    spare = _free_spare(agent, k, nodes[r].get("nproc"), store)
     if spare is None:
         return False
     s, host = spare
-    first_rank = sum(int(n.get("nproc", 0)) for n in nodes[:r])
-    g = 1
-    while store.check([live_key(k, g)]):
-        g += 1
-    claim = {"node": r, "rank": first_rank, "ranks": list(range(first_rank, first_rank + int(nproc))),
-             "device": f"node {r}", "failed": cause["message"], "kind": "node", "lost_pid": 0,
+    ranks = node_ranks(nodes, r)
+    claim = {"node": r, "rank": ranks[0], "ranks": ranks, "device": f"node {r}", "failed": cause["message"], "kind": "node", "lost_pid": 0,
              "replaced_by_pid": 0, "died_at": time.time(), "spare_node": s, "spare_host": host,
              # what survivors that wait for a decision (--min-replicas) read: node 0 writes it into
              # the workers' store when it hears this claim, as for any node's spare promotion
-             "decision": {"spare": first_rank}}
-    mine = orjson.dumps(claim)
-    if store.compare_set(live_key(k, g), "", mine) != mine:
+             "decision": {"spare": ranks[0]}}
+    g = claim_next(store, k, claim)
+    if g is None:
         return False  # a node lost a rank in the same instant: two losses at once, the death is published
     agent.promoted.setdefault(k, {})[r] = s
     agent.hosts[r] = host
@@ -179,6 +174,12 @@ def take_over(agent: Agent, k: int, r: int, cause: dict[str, Any], store: Any) -
     agent.gone.discard(r)
     store.set(promote_key(k, s), orjson.dumps({"node": r, "generation": g, "claim": claim}))
     return True
+
+
+def round_records(store: Any, k: int) -> list[dict[str, Any]] | None:
+    """Round k's join records, every training node's (None: the round's join was not decided)."""
+    nodes = _json(store.get_if_set(nodes_key(k)))
+    return nodes if isinstance(nodes, list) and all(isinstance(n, dict) for n in nodes) else None
 
 
 def _free_spare(agent: Agent, k: int, nproc: Any, store: Any) -> tuple[int, str] | None:

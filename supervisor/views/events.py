@@ -71,11 +71,29 @@ def event_of(record: Record) -> Event | None:
                        if excluded else "")
             return Event(when, "restart", f"restart {record.attempt} after exit code {record.exit_code}: "
                                           f"{record.after}{without}")
+        case Recovery():
+            return _recovery(record, when, rank)
+        case GpuEvent():
+            name = "xid" if record.event == "xid" else "ecc"
+            what = f"XID {record.data}" if name == "xid" else "double-bit ECC error"
+            return Event(when, name, f"GPU {record.gpu}: {what}", rank)
+        case Eval():
+            return Event(when, "eval", f"validation loss {_num(record.val_loss)} at step {record.step}", rank)
+    return None
+
+
+def _recovery(record: Recovery, when: float, rank: int | None) -> Event:
+    """A live recovery's event: a spare's replacement, a shrink (a rank, or a node lost whole), a regrow."""
+    match record:
         case Recovery(outcome="recovered", action="regrow"):
             return Event(when, "recovery", f"live recovery {record.number}: regrow: {_node(record)}warm spare pid "
                                            f"{record.replaced_by_pid} took back rank {rank} after "
                                            f"{_num(record.shrunk_s)} s shrunk: {record.replicas} process(es) again, "
                                            f"its first step in {_num(record.seconds)} s", rank)
+        case Recovery(outcome="recovered", action="shrink", kind="node"):
+            return Event(when, "recovery", f"live recovery {record.number}: node {record.node} died whole with no "
+                                           f"spare node left: {record.replicas} process(es) went on with its ranks' "
+                                           f"data slots in {_num(record.seconds)} s", rank)
         case Recovery(outcome="recovered", action="shrink"):
             return Event(when, "recovery", f"live recovery {record.number}: {_node(record)}rank {rank} lost with no "
                                            "spare left: "
@@ -89,15 +107,8 @@ def event_of(record: Record) -> Event | None:
             return Event(when, "recovery", f"live recovery {record.number}: {_node(record)}rank {rank} replaced by "
                                            f"spare pid {record.replaced_by_pid} in {_num(record.seconds)} s, "
                                            f"{record.steps_redone} step(s) redone: {record.failed}", rank)
-        case Recovery():
+        case _:
             return Event(when, "recovery", f"live recovery {record.number} failed: {record.failed}", rank)
-        case GpuEvent():
-            name = "xid" if record.event == "xid" else "ecc"
-            what = f"XID {record.data}" if name == "xid" else "double-bit ECC error"
-            return Event(when, name, f"GPU {record.gpu}: {what}", rank)
-        case Eval():
-            return Event(when, "eval", f"validation loss {_num(record.val_loss)} at step {record.step}", rank)
-    return None
 
 
 def _node(record: Recovery) -> str:

@@ -30,11 +30,11 @@ TINY = ["data.dataset=dummy", "data.tokenizer=byte", "data.context_length=32", "
         "training.log_every=1", "training.eval_every=0", "training.save_every=0"]
 
 
-def _uninterrupted(tmp_path, python_env, world_size: int) -> dict[tuple[int, int], float]:
+def _uninterrupted(tmp_path, python_env, world_size: int, *extra: str) -> dict[tuple[int, int], float]:
     """The same model and data on one node with as many ranks (the same global ranks, the same gloo
     reduction over localhost): the losses a job across nodes has when nothing goes wrong."""
     cmd = [sys.executable, "-m", "supervisor", "--set", "system.device=cpu", "--no-report", "--nproc",
-           str(world_size), "--run-id", "plain"]
+           str(world_size), "--run-id", "plain", *extra]
     for item in TINY:
         cmd += ["--set", item]
     run = subprocess.run(cmd, cwd=tmp_path, env=python_env, capture_output=True, text=True, timeout=300)

@@ -4,10 +4,14 @@ one of node 1's ranks is SIGKILLed mid-run: node 1 claims the shrink on the job 
 writes the decision into the workers' store, and the 3 survivors (both of node 0's among them,
 their pids kept) train on with the lost rank's data slot carried; node 1's refilled spare, once
 warm, grows the job back at a step boundary. Every (step, data slot) is drawn exactly once, in an
-undisturbed run's order, and every loss is within float32 rounding of that run's."""
+undisturbed run's order, and every loss is within float32 rounding of that run's.
+
+A node lost whole with no spare node (3 nodes x 1 rank, no spares): node 0 claims the shrink of
+its ranks instead of the restart; the other nodes train to the end with its data slot carried."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import signal
 import subprocess
@@ -18,6 +22,8 @@ import pytest
 
 from tests.e2e.helpers import records
 from tests.e2e.test_live_recovery_run import _command, _pid, _reached, _spare
+from tests.e2e.test_multinode_live_recovery_run import STEPS, _run_dir, _uninterrupted
+from tests.e2e.test_multinode_live_recovery_run import _start as _start_nodes
 from tests.e2e.test_shrink_run import AFTER_REGROW, LONG, SAMPLES, _close, _dead, _draws, _regrown, \
     _undisturbed_to
 from tests.supervisor.helpers import finish, wait_for
@@ -113,3 +119,64 @@ def _merge(dirs) -> dict:
         for key, got in _draws(d).items():
             out.setdefault(key, []).extend(got)
     return out
+
+
+def test_a_node_lost_whole_with_no_spare_node_shrinks_the_job_onto_the_other_nodes(tmp_path, python_env):
+    """3 nodes x 1 rank, --min-replicas 2, no spare (none per node, no spare node): node 2's whole
+    process tree is SIGKILLed; node 0 claims a shrink of its rank instead of the restart, nodes 0
+    and 1 train on with their pids (one of them carrying rank 2's data slot) to the end, exit 0."""
+    nnodes, lost = 3, 2
+    expected = _uninterrupted(tmp_path, python_env, nnodes, *SAMPLES)
+    plain_dir = tmp_path / "logs" / "plain"
+    kill_at = random.randint(3, STEPS - 8)  # steps left for the shrunk group before the end
+    procs = _start_nodes(tmp_path, python_env, "node", nnodes, "--max-restarts", "1", "--spares", "0",
+                         "--min-replicas", "2", *SAMPLES)
+    dirs = [_run_dir(tmp_path, "node", node) for node in range(nnodes)]
+    try:
+        assert wait_for(lambda: _reached(dirs[lost], kill_at), timeout=240, interval=0.02)
+        pids = {node: _pid(dirs[node], node) for node in range(nnodes)}  # one rank per node: rank = node
+        tree = [procs[lost].pid, *(p.pid for p in psutil.Process(procs[lost].pid).children(recursive=True))]
+        for pid in tree:  # the machine gone: its supervisor, node agent, orphan guard and worker at once
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).send_signal(signal.SIGKILL)
+    finally:
+        outputs = [finish(p, timeout=300) for p in procs]
+    for node in (0, 1):
+        code, _out, err = outputs[node]
+        assert code == 0, f"node {node}, node {lost} killed at step {kill_at}: {err[-3000:]}"
+
+    for node in (0, 1):
+        summary = orjson.loads((dirs[node] / "summary.json").read_bytes())
+        assert summary["restarts"] == 0 and len(summary["attempts"]) == 1, f"node {node}"  # nobody restarted
+        (rec,) = summary["recoveries"]  # every surviving node records the job's shrink, numbered alike
+        assert (rec["outcome"], rec["action"], rec["kind"], rec["node"], rec["rank"], rec["replicas"]) == (
+            "recovered", "shrink", "node", lost, lost, 2), f"node {node}: {rec}"
+        assert rec["survivors"] == [{"rank": node, "pid": pids[node]}] and rec["steps_redone"] <= 1
+        assert rec["checkpoint_reads"] == 0 and 0 < rec["shrunk_s"]
+        assert 0 < summary["goodput"]["shrunk_s"] <= summary["goodput"]["wall_s"]  # shrunk from the loss to the end
+        assert {w["rank"]: w["pid"] for w in summary["workers"]} == {node: pids[node]}  # kept its process
+    err0 = outputs[0][2]
+    assert f"live recovery 1: node {lost} died whole -> no spare node left: 2 process(es)" in err0  # the summary
+    assert f"node {lost}: lost (" in err0  # the job's node outcomes name it
+
+    # every (step, data slot) drawn exactly once, as the undisturbed 3-rank run drew it, to the end
+    resumed = rec["resumed_step"]
+    draws = _merge(dirs)
+    plain_draws = {key: got[0][1] for key, got in _draws(plain_dir).items()}
+    unrecorded = set(plain_draws) - set(draws)
+    assert unrecorded <= {(resumed - 1, lost)}, (unrecorded, resumed)  # its last step, kept by the survivors
+    carrier = [0, 1][lost % 2]
+    for (step, slot), got in draws.items():
+        assert {draw for _rank, draw in got} == {plain_draws[(step, slot)]}, (step, slot, got)
+        if len(got) > 1:  # drawn twice only where the shrunk group trained the lost rank's last step again
+            assert sorted(rank for rank, _d in got) == sorted([lost, carrier]) and step == resumed - 1
+    carried = {step for (step, slot), got in draws.items() for rank, _d in got if rank == carrier and slot == lost}
+    assert carried == set(range(resumed, STEPS))  # carried from the shrink to the end
+    got = {(r["rank"], r["step"]): r["loss"] for d in dirs for r in records(d, "step") if "loss" in r}
+    assert all((rank, STEPS - 1) in got for rank in (0, 1))  # the job trained to its end
+    for key, loss in got.items():
+        assert _close(loss, expected[key]), (key, loss, expected[key])
+        if key[1] < resumed - 1:
+            assert loss == expected[key], key  # bit for bit before the loss
+    worst = max(abs(loss - expected[key]) / abs(expected[key]) for key, loss in got.items())
+    print(f"node {lost} lost at step {kill_at}, shrunk at step {resumed}; worst relative loss difference {worst:.2e}")

@@ -71,6 +71,8 @@ def test_a_shrunk_group_gets_a_spare_for_its_lost_rank_on_the_device_it_left():
     (_facts(carried={}), ExitCode.REFUSED, "not shrunk: all 4 ranks train, nothing to grow back"),
     (_facts(carried={}, elsewhere={7: 1}), ExitCode.REFUSED,
      "the ranks lost are another node's (node 1's rank 7): ask that node's supervisor"),
+    (_facts(carried={}, dead_nodes=(2,)), ExitCode.REFUSED,
+     "the ranks lost are node 2's, which died whole: they come back with the job's next restart"),
     (_facts(asked={2: 901}), ExitCode.REFUSED, "already starting for every carried rank (pid 901 for rank 2)"),
     (_facts(standing=(905,)), ExitCode.REFUSED, "already starting for every carried rank (the pool's pid 905)"),
 ])
