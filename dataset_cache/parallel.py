@@ -16,6 +16,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -94,9 +95,14 @@ def _encode_in_pool(
                 yield _result(pending.popleft())
         while pending:
             yield _result(pending.popleft())
-    except BaseException:
+    except BaseException as exc:
         _abandon(executor)
         del executor, pending
+        # The frames the exception passed through (a stop signal lands anywhere, the executor's
+        # own calls included) still hold the executor and its queues: their semaphores must be
+        # released before the build's resource tracker stops, or it unlinks them as leaked (a
+        # warning on the console) and their finalizers fail again once collected (tracebacks).
+        traceback.clear_frames(exc.__traceback__)
         _stop_helpers_started(helpers_before)
         raise
     executor.shutdown(wait=True, cancel_futures=True)
@@ -179,6 +185,12 @@ def _abandon(executor: ProcessPoolExecutor) -> None:
             proc.kill()
     for proc in processes:
         proc.join(timeout=5)
+    if manager is not None and manager.is_alive():
+        # with its processes gone the manager thread ends, and with it the call queue's feeder
+        # thread: both hold the queues' semaphores, which must be released (collected) before
+        # the build's resource tracker is stopped, or it unlinks them as leaked (a warning on
+        # the console) and their finalizers fail again at the exit (tracebacks)
+        manager.join(timeout=5)
 
 
 def _result(future: Future[EncodedBatch]) -> EncodedBatch:
