@@ -117,7 +117,8 @@ def test_debug_preset_defaults_blame_a_stopped_worker_within_5_s(tmp_path):
     assert code == 124, err[-3000:]
     cause = orjson.loads((sh.run_dir_of(tmp_path) / "summary.json").read_bytes())["root_cause"]
     assert cause["rank"] == 1 and cause["evidence"][0].startswith("rank 1: process stopped (state T)")
-    assert cause["evidence"][1].startswith("rank 0: waiting in all_reduce")  # the gradients' or the stop vote's
+    # in a collective: the gradients' or the stop vote's all_reduce, or the SDC check's all_gather
+    assert cause["evidence"][1].startswith(("rank 0: waiting in all_reduce", "rank 0: waiting in all_gather"))
     # a stopped rank is a hang on evidence alone: no allowance (learned or fixed) is waited for
     assert "decided without waiting for an allowance: stopped by a signal (state T)" in cause["message"]
     assert int(re.search(r"no progress for (\d+) s", cause["message"])[1]) <= 5
