@@ -41,7 +41,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -51,7 +50,7 @@ from bench.bench_live_recovery_torchft import INSTALL, prepare_data, torchft_ava
 from bench.bench_multinode import _port  # noqa: E402
 from bench.bench_restart import restart as launcher_restart  # noqa: E402
 from bench.compare import Comparison, Tally, rotated, write_results  # noqa: E402
-from bench.launchers import Launchers, kill_tree, worker_env  # noqa: E402
+from bench.launchers import Launchers, kill_tree, tree_pids, worker_env  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -97,13 +96,6 @@ def _all_records(work: Path) -> list[dict]:
     return [r for path in sorted((work / "logs").glob("*/metrics.jsonl")) for r in _records(path)]
 
 
-def _tree(pid: int) -> list[int]:
-    try:
-        return [pid] + [child.pid for child in psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return []
-
-
 def _first_step(records: list[dict], killed: float, lost_rank: int) -> tuple[float, int] | None:
     """(seconds from `killed` to the next completed step, completed steps trained again). After a
     live recovery the next step is the rebuilt group's first (the first step record after the
@@ -133,7 +125,7 @@ def recovered(case: Case, work: Path, cap: float = 400) -> tuple[float, int] | N
                 return None
             time.sleep(0.01)
         if case.lost_node is not None:
-            victims = _tree(procs[case.lost_node].pid)  # gathered first, then killed together: the machine is gone
+            victims = tree_pids(procs[case.lost_node].pid)  # gathered first, then killed together: the machine is gone
         else:
             victims = [[r["pid"] for r in _all_records(work) if r.get("type") == "ready"
                         and r["rank"] == case.lost_rank][-1]]

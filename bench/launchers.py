@@ -56,14 +56,18 @@ class Launchers:
                 "--ft-enable-nic-monitor", "false", *flags, str(self.script), *args]
 
 
+def tree_pids(pid: int) -> list[int]:
+    """`pid` and every process below it (gathered before any is killed)."""
+    try:
+        return [pid] + [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return [pid]
+
+
 def kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL a launcher and every process below it. torchrun starts its workers in
     sessions of their own, so this goes by pid, not by process group."""
-    try:
-        tree = [proc.pid] + [child.pid for child in psutil.Process(proc.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        tree = [proc.pid]
-    for pid in tree:
+    for pid in tree_pids(proc.pid):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
