@@ -37,7 +37,7 @@ from supervisor.job import Job
 from supervisor.output import STDERR, Console
 from supervisor.processes import (helper_preexec, ignored_notice, inherited_ignored, python_env, spare_count, why_off,
                                   within_kill_wait)
-from supervisor.rendezvous import MultiNode, NodeLinkError, SingleNode, bind_master, kill_wait
+from supervisor.rendezvous import MultiNode, NodeLinkError, NodeSpec, SingleNode, bind_master, kill_wait
 from supervisor.summary import now_iso
 from supervisor.validation import LaunchError, validate_launch
 
@@ -85,7 +85,7 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
             _refuse(console, str(exc), exc.exit_code)
     plan, left_out = _plan(launch, console)
     try:  # before the pre-flight checks: they read these paths too, and would trip over a bad one
-        validate_launch(cfg, plan, train=mode == "train")
+        validate_launch(cfg, plan, train=mode == "train", hosted_nodes=_hosted_nodes(node, cfg))
     except LaunchError as exc:
         _refuse(console, str(exc), exc.exit_code)
     run_id, run_dir = _run_names(launch, console)  # a bad --run-id is refused before any slower check
@@ -217,6 +217,12 @@ def _run_names(launch: Launch, console: Console) -> tuple[str, Path]:
     except OSError as exc:  # the existing run directory cannot be read
         _refuse(console, f"cannot read run directory {run_dir}: {exc.strerror or exc}")
     return run_id, run_dir
+
+
+def _hosted_nodes(node: NodeSpec, cfg: Config) -> int:
+    """How many nodes this node's stores serve: every node of the job (spare nodes too) on node 0
+    of a multi-node job, none elsewhere."""
+    return node.nnodes + cfg.system.spare_nodes if node.multi and node.node_rank == 0 else 0
 
 
 def _bind_store(launch: Launch, console: Console) -> tuple[socket.socket | None, str | None]:

@@ -10,11 +10,12 @@ from supervisor.validation.limits import check_backend, check_worker_count, ensu
 from supervisor.validation.paths import check_directory, probe_writable
 
 
-def validate_launch(cfg: Config, plan: DevicePlan, train: bool) -> None:
+def validate_launch(cfg: Config, plan: DevicePlan, train: bool, hosted_nodes: int = 0) -> None:
     """Raises LaunchError (exit 2) for the first problem; `train`: the built-in trainer
-    (a --script keeps its own checkpoints, data and backend)."""
+    (a --script keeps its own checkpoints, data and backend); `hosted_nodes`: on node 0 of a
+    multi-node job, how many nodes (spare nodes included) its stores serve."""
     check_worker_count(plan.world_size)
-    ensure_open_files(plan.world_size)
+    ensure_open_files(plan.world_size, hosted_nodes)
     run_root = Path(cfg.system.run_root)
     probe_writable("system.run_root", run_root, check_directory("system.run_root", run_root))
     if not train:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from supervisor.validation import LaunchError
-from supervisor.validation.limits import check_backend, check_worker_count
+from supervisor.validation.limits import check_backend, check_worker_count, open_files_needed
 from supervisor.validation.paths import check_directory, probe_writable
 from tests.supervisor import helpers as sh
 
@@ -86,6 +86,37 @@ def test_a_low_soft_open_file_limit_is_raised_to_what_the_workers_need(tmp_path)
                           timeout=60, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (100, hard)))
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["384"]  # 64 + 8 per worker
+
+
+def test_node_0_of_1024_nodes_under_a_low_hard_file_limit_is_refused_before_the_join(tmp_path):
+    """A cluster's usual limit (1,024) on node 0 of a 1,024-node job: refused in one line naming
+    the limit and how to raise it, before anything binds, joins or is written; not a node 0 that
+    drops nodes with "Too many open files" hundreds of nodes into the join."""
+    done = _supervisor(tmp_path, *TINY_TRAIN, "--nnodes", "1024", "--node-rank", "0", "--master-addr", "127.0.0.1",
+                       "--master-port", "1", "--nproc", "1", preexec=_open_files(1024))
+    _refused(done, "node 0 of 1024 nodes (1 workers each) needs about 5192 open files for the job's connections, "
+                   "but this process may open only 1024 (ulimit -Hn); raise the hard limit on node 0")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_node_0_raises_its_soft_file_limit_to_what_the_nodes_it_serves_need(tmp_path):
+    """Soft 1,024 (the usual default), hard above the need: node 0 raises it for itself and the
+    stores it starts (they inherit it); a node other than 0 serves no node and needs no more."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 20000:
+        pytest.skip(f"the hard open-file limit here is {hard}")
+    code = ("import resource; from supervisor.validation.limits import ensure_open_files; "
+            "ensure_open_files(8, hosted_nodes=1024); print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=sh.env(), capture_output=True, text=True,
+                          timeout=60, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard)))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(64 + 8 * 8 + 3 * 1024 + 2 * 8 * 1024)]
+
+
+def test_open_files_needed_counts_every_node_and_worker_node_0_serves():
+    assert open_files_needed(4) == 64 + 32
+    assert open_files_needed(4, hosted_nodes=2) == 64 + 32 + 6 + 16
+    assert open_files_needed(1, hosted_nodes=16384) > 16384 * 4  # 16K nodes: beyond any default limit
 
 
 def test_check_directory_finds_what_mkdir_would_start_from(tmp_path):
