@@ -78,6 +78,12 @@ class BeatWatch:
                 silent.append((r, now - last[1]))
         return silent
 
+    def pause(self, seconds: float) -> None:
+        """Node 0 stood still this long (own_lag.py): it read no beat meanwhile, so that time is
+        no node's silence; every beat's clock moves on by it."""
+        if seconds > 0:
+            self._seen = {r: (value, at + seconds, seq) for r, (value, at, seq) in self._seen.items()}
+
     def forget(self, r: int) -> None:
         """Node r's beat starts afresh (a spare node took its place): its silence is counted anew."""
         self._seen.pop(r, None)

@@ -90,11 +90,15 @@ from supervisor.rendezvous import node_shrink_agent, regroup_agent, spare_node_a
 from supervisor.rendezvous.elastic_rounds import ElasticRounds, refused_key
 from supervisor.rendezvous.nodes import settings_problem
 from supervisor.rendezvous.liveness import LIVENESS_KEY, LivenessLink, LivenessServer
+from supervisor.rendezvous.own_lag import OwnLag
 from supervisor.rendezvous.store_calls import Connect, StoreCalls, TimedStore, overdue
 
 WAIT_SLICE_S = 5.0  # a long server-side wait is asked in pieces this long: the watchdog sees a partition in it
 ABORT_WAIT_S = 30.0  # the abort wait's pieces (two requests each: the wait, and its cancel when it ran out)
 CLOSED_GRACE_S = 5.0  # a node named dead by its closed connection: survivors stop their workers this long after
+# node 0 ran again after a stall: connections that close this long after it are the stall's doing (the
+# other nodes' watchdogs give node 0 up within a beat or two of SILENT_S without an answer)
+STALL_MARGIN_S = 5.0
 
 
 class Agent:
@@ -132,6 +136,7 @@ class Agent:
         self.liveness: LivenessLink | None = None
         self.liveness_at: str | None = None  # node 0: its liveness server's "host:port"
         self._liveness_store: StoreCalls | None = None  # node 0: the connection its liveness thread names nodes on
+        self.own_lag: OwnLag | None = None  # node 0: its own stalls, never read as another node's death
         self._commands: dict[str, Callable[[int, dict[str, Any]], None]] = {
             "join": self._join, "watch": self._watch, "abort": self._abort, "done": self._done,
             "wait-done": self._wait_done, "alive": self._alive, "outcome": self._outcome,
@@ -509,6 +514,8 @@ class Agent:
         beats = self.beats
         others = [r for r in self.members if r != self.node_rank and r not in self.lost_nodes]
         values = self.store.multi_get([beat_key(beats.k, r) for r in others])
+        if self.own_lag is not None:  # node 0 did not read while it stood still: that time is nobody's silence
+            beats.pause(self.own_lag.take_new())
         for r, still in beats.observe(others, values, now):
             self._declare(beats.k, r, self._silent(r, f"no heartbeat for {still:.0f} s"), self.store)
         self.store.set(verdict_key(beats.k), orjson.dumps(beats.verdict()))
@@ -617,11 +624,31 @@ class Agent:
             conn = self._liveness_store
             if conn.get_if_set(beat_key(beats.k, r)) in SETTLED:
                 return
+            stall = self._own_stall()
             cause = {**self._silent(r, "its connection to node 0 closed without a goodbye"),
-                     "stop_after_s": CLOSED_GRACE_S}
+                     "stop_after_s": CLOSED_GRACE_S} if stall is None else self._stalled(r, stall)
             self._declare(beats.k, r, cause, conn)
         except RuntimeError as exc:
             print(f"node agent: could not name node {r}: {_short(exc)}", file=sys.stderr, flush=True)
+
+    def _own_stall(self) -> float | None:
+        """Node 0: how long it stood still lately, where that was long enough for every other
+        node's store watchdog to give it up (SILENT_S unanswered); None: no such stall."""
+        if self.own_lag is None:
+            return None
+        self.own_lag.tick()  # a stall still unseen by the ticker (this thread ran first) counts too
+        stall = self.own_lag.stalled_within(STALL_MARGIN_S)
+        return stall if stall is not None and stall >= SILENT_S - BEAT_S else None
+
+    def _stalled(self, r: int, stall: float) -> dict[str, Any]:
+        """Node 0's own stall as the job's cause: the nodes that ended meanwhile gave node 0 up."""
+        host = self.hosts.get(0, "?")
+        return {"kind": "node", "exit_code": 1, "node": 0, "host": host, "rank": None, "device": None,
+                "stderr_tail": [],
+                "message": f"node 0 ({host}) stopped responding: its node agent did not run for {stall:.1f} s "
+                           f"(stopped, a frozen machine, or starved of CPU), so every node's store calls went "
+                           f"unanswered and the nodes gave it up after {SILENT_S:.0f} s (node {r}'s connection "
+                           "closed then: a consequence, not a cause)"}
 
     def _link_to_node0(self, where: str | None = None) -> None:
         """`where`: node 0's "host:port" as its join record carries it (no request); else the store's key."""
@@ -649,7 +676,7 @@ class Agent:
             time.sleep(BEAT_S)
             if overdue(self.timed, SILENT_S) and not self.lost:
                 self.lose(f"lost the job store at {self.where} (node 0 gone?): no answer for {SILENT_S:.0f} s "
-                          "(node 0's machine, or the network to it)")
+                          "(node 0's machine or its node agent stopped, or the network to it)")
                 os._exit(1)
 
     # ---------------------------------------------------------------- the loop
@@ -728,6 +755,7 @@ def main(argv: list[str]) -> int:
     agent = Agent(store, node_rank, nnodes, join_timeout, where, rounds)
     agent.connect = connect
     if node_rank == 0:
+        agent.own_lag = OwnLag()
         agent.serve_liveness(host)
     else:
         agent.timed.append(store)

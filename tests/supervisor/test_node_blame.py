@@ -7,7 +7,7 @@ from gpuherd.exit_codes import ExitCode
 from supervisor.rendezvous.multi import MultiNode
 from supervisor.summary import RootCause
 
-LOST = "lost the job store at 10.0.0.1:29400 (node 0 gone?): no answer for 10 s (node 0's machine, or the network to it)"
+LOST = "lost the job store at 10.0.0.1:29400 (node 0 gone?): no answer for 10 s (node 0's machine or its node agent stopped, or the network to it)"
 HANG = RootCause("hang", ExitCode.HANG, "hang: rank 1 (every rank waits in a collective at the same step)", rank=1)
 
 

@@ -1,0 +1,57 @@
+"""Node 0's node agent SIGSTOPped (a frozen VM, an operator's Ctrl-Z, swap) for longer than the
+other nodes wait for the job store: they give node 0 up, and node 0, running again, names its
+own stall as the job's cause — never a healthy node whose connection closed because of it.
+Real node supervisors on this host."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from tests.supervisor import helpers as sh
+from tests.supervisor.test_multinode import _node, _port, _summary
+
+NODES = 3
+
+
+def _agent_of(supervisor_pid: int) -> psutil.Process:
+    for child in psutil.Process(supervisor_pid).children(recursive=True):
+        try:
+            if "supervisor.rendezvous.node_agent_main" in child.cmdline():
+                return child
+        except psutil.NoSuchProcess:
+            continue
+    raise AssertionError(f"no node agent under supervisor pid {supervisor_pid}")
+
+
+@pytest.mark.slow
+def test_node_0s_agent_stopped_12_s_names_node_0_on_every_node_and_no_healthy_node(tmp_path):
+    port = _port()
+    procs = [_node(tmp_path, r, port, *["forever"] * NODES, nnodes=NODES) for r in range(NODES)]
+    try:
+        assert sh.wait_for(lambda: len(list((tmp_path / "logs").glob("job-node*/worker-rank*.log"))) == NODES,
+                           timeout=90)
+        time.sleep(2)  # a few beats into the attempt
+        agent = _agent_of(procs[0].pid)
+        os.kill(agent.pid, signal.SIGSTOP)
+        time.sleep(12)
+        os.kill(agent.pid, signal.SIGCONT)
+        results = [sh.finish(p, timeout=90) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r, (code, _out, err) in enumerate(results):
+        assert code == 1, (r, err[-3000:])
+        rc = _summary(tmp_path, r)["root_cause"]
+        assert rc["kind"] == "node" and rc["node"] == 0, (r, rc)  # every node names node 0, none another
+        said = "root cause: node 0 (" if r == 0 else "root cause: lost the job store at 127.0.0.1"
+        assert said in err, (r, err[-3000:])
+        assert not any(f"root cause: node {other} (" in err for other in range(1, NODES))
+    rc0 = _summary(tmp_path, 0)["root_cause"]["message"]
+    assert "its node agent did not run for 1" in rc0 and "a consequence, not a cause" in rc0, rc0
