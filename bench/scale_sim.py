@@ -34,6 +34,7 @@ import queue
 import resource
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -85,14 +86,33 @@ class Counted:
         return counted
 
 
-def start_store_server() -> tuple[subprocess.Popen, int]:
-    """The job store in a process of its own (its one libuv thread is the store host's CPU)."""
-    code = ("import sys, time\nfrom datetime import timedelta\nfrom torch.distributed import TCPStore\n"
+CLUSTER_SOFT_FILES = 1024  # the soft open-file limit a cluster's node usually starts a job with
+
+
+def start_store_server(nodes: int = 0) -> tuple[subprocess.Popen, int]:
+    """The job store in a process of its own (its one libuv thread is the store host's CPU),
+    started under a cluster's usual soft open-file limit, never raised by the harness: with
+    `nodes`, it raises its own limit as node 0's supervisor does for the stores it starts
+    (supervisor/validation/limits.py), or ends with that one line when the hard limit is too low."""
+    code = (f"import sys, time\nsys.path.insert(0, {str(ROOT)!r})\nfrom datetime import timedelta\n"
+            "from supervisor.validation.limits import ensure_open_files\n"
+            f"ensure_open_files(1, hosted_nodes={nodes})\nfrom torch.distributed import TCPStore\n"
             "s = TCPStore('127.0.0.1', 0, None, True, timedelta(seconds=600), wait_for_workers=False)\n"
             "print(s.port, flush=True)\nsys.stdin.read()\n")
+
+    def cluster_limit() -> None:
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        soft = CLUSTER_SOFT_FILES if hard == resource.RLIM_INFINITY else min(CLUSTER_SOFT_FILES, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    errors = tempfile.TemporaryFile()  # not a pipe: a store that logs a lot must never block on it
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL)
-    return proc, int(proc.stdout.readline())
+                            stderr=errors, preexec_fn=cluster_limit)
+    line = proc.stdout.readline()
+    if not line:
+        errors.seek(0)
+        raise RuntimeError(f"the job store did not start: {errors.read().decode(errors='replace')[-500:]}")
+    return proc, int(line)
 
 
 def client(port: int) -> Any:
@@ -293,7 +313,7 @@ class RemoteNode(_Events):
 class GpuherdJob:
     def __init__(self, n: int, per_shard: int = NODES_PER_SHARD) -> None:
         self.n = n
-        self.server, self.port = start_store_server()
+        self.server, self.port = start_store_server(n)
         self.shards = [Shard(self.port, n, first, min(n, first + per_shard)) for first in range(0, n, per_shard)]
         for shard in self.shards:
             if not shard.ready.wait(SHARD_START_S):
@@ -388,7 +408,7 @@ def run_c10d(n: int, steady_s: float, monitor_interval: float = 0.1) -> dict[str
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, RendezvousTimeout
 
-    server, port = start_store_server()
+    server, port = start_store_server()  # torchrun raises no limit: its store keeps the cluster's soft one
     requests = Requests()
     stop = threading.Event()
     joined: list[float] = []
