@@ -95,6 +95,7 @@ from supervisor.rendezvous.store_calls import Connect, StoreCalls, TimedStore, o
 
 WAIT_SLICE_S = 5.0  # a long server-side wait is asked in pieces this long: the watchdog sees a partition in it
 ABORT_WAIT_S = 30.0  # the abort wait's pieces (two requests each: the wait, and its cancel when it ran out)
+GOLDEN = 0.6180339887498949  # node r's first piece: consecutive ranks land far apart in the period
 CLOSED_GRACE_S = 5.0  # a node named dead by its closed connection: survivors stop their workers this long after
 # node 0 ran again after a stall: connections that close this long after it are the stall's doing (the
 # other nodes' watchdogs give node 0 up within a beat or two of SILENT_S without an answer)
@@ -577,14 +578,16 @@ class Agent:
         publishes, this node has it, at no request while nothing happens."""
         try:
             conn = self._connection()
+            piece = renewal_offset(self.node_rank)  # the first piece spreads every node's renewals over the period
             while not self.lost and k not in self._reported:
-                if conn.wait([abort_key(k)], ABORT_WAIT_S):
+                if conn.wait([abort_key(k)], piece):
                     # The key exists now: compare_set with "" expected returns its value untouched, in one
                     # round trip (torch's `get` is two: a wait, then the get), for every node at once.
                     self.report_abort(k, conn.compare_set(abort_key(k), "", b""))
                     break
                 if self.leaving or (self.last_join is not None and self.last_join > k):
                     break
+                piece = ABORT_WAIT_S
             self._spare.append(conn)  # a restart's wait reuses it: no new connection per attempt
         except RuntimeError as exc:
             if not self.leaving:
@@ -705,6 +708,13 @@ class Agent:
             action()
         except RuntimeError as exc:  # torch's DistError family: the store (node 0) is unreachable
             self.lose(f"lost the job store at {self.where} (node 0 gone?): {_short(exc)}")
+
+
+def renewal_offset(node_rank: int) -> float:
+    """How long node r's first abort wait lasts: between ABORT_WAIT_S / 2 and 3 / 2 of it, spread
+    evenly over the nodes (golden-ratio steps), so that the renewals of N waits that began at
+    one join never reach the store at once (its cancel of a wait scans every waiter)."""
+    return ABORT_WAIT_S * (0.5 + (node_rank * GOLDEN) % 1.0)
 
 
 def owner_mark(record: dict[str, Any]) -> bytes:

@@ -62,3 +62,18 @@ def test_an_alive_check_answers_at_once_when_node_0_names_a_dead_node():
     agent.handle({"cmd": "alive", "attempt": 0})
     agent.poll()  # node 0's next readings are not waited for: the first dead node is the cause
     assert events == [{"event": "alive", "attempt": 0, "silent": [dead]}]
+
+
+def test_abort_wait_renewals_of_a_thousand_nodes_never_arrive_at_once():
+    """Every node starts its abort wait at the same join: renewing each after the same 30 s would
+    bring N cancels to the store in one instant, each scanning every waiter. The first pieces
+    spread them evenly over the period, so no second of it carries much more than its share."""
+    from collections import Counter
+
+    from supervisor.rendezvous.node_agent_main import ABORT_WAIT_S, renewal_offset
+
+    firsts = [renewal_offset(r) for r in range(1024)]
+    assert all(ABORT_WAIT_S / 2 <= s < 1.5 * ABORT_WAIT_S for s in firsts)
+    per_second = Counter(int(s) for s in firsts)
+    share = 1024 / ABORT_WAIT_S
+    assert len(per_second) == ABORT_WAIT_S and max(per_second.values()) <= 1.2 * share
