@@ -37,7 +37,7 @@ from bench.launchers import kill_tree, worker_env
 BASE = ["data.dataset=dummy", "data.tokenizer=byte", "training.log_every=1", "training.eval_every=0",
         "training.save_every=0", "training.warmup_steps=2"]
 STEPS = {"cuda": 120, "cpu": 30}  # a run without a kill (sdc, async-save); GPU steps of the debug model take ms
-UNTIL_STOPPED = {"cuda": 5000, "cpu": 400}  # a run with a kill: an upper bound; it is stopped AFTER steps past the kill
+UNTIL_STOPPED = {"cuda": 20000, "cpu": 400}  # with a kill: a bound (ms steps); stopped AFTER steps past it
 AFTER = {"cuda": 40, "cpu": 10}  # steps of the rank that trains on after the kill, for the median after it
 MIN_KILL_STEP = 10
 SPARE_QUIET_S = 1.0  # a spare whose CPU time stood still this long waits on its stdin: its warm-up ended
