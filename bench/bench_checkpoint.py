@@ -67,9 +67,9 @@ def mode_overrides(mode: str, save_every: int) -> list[str]:
 
 
 def loop_seconds(tmp: Path, device: str, model: list[str], vocab: int, steps: int, mode: str,
-                 save_every: int) -> tuple[float, list]:
+                 save_every: int, final: bool = False) -> tuple[float, list]:
     """Wall time of the loop from its first step record to its last (saves in between), and its
-    checkpoint records."""
+    checkpoint records (`final`: the final save's after the last step too, blocking in every mode)."""
     ckpt = tmp / f"ckpt-{mode}-{time.monotonic_ns()}"
     cfg = resolve("debug", overrides=[*model, *mode_overrides(mode, save_every), f"training.max_steps={steps}", "training.log_every=1",
                                       "training.warmup_steps=2", "training.eval_every=0", "training.keep_last=2",
@@ -84,7 +84,7 @@ def loop_seconds(tmp: Path, device: str, model: list[str], vocab: int, steps: in
     os.close(fd)
     records = [orjson.loads(line) for line in status_path.read_bytes().splitlines()]
     times = [r["time"] for r in records if r["type"] == "step" and "loss" in r]
-    saves = [r for r in records if r["type"] == "checkpoint" and r["step"] < steps]
+    saves = [r for r in records if r["type"] == "checkpoint" and (final or r["step"] < steps)]
     for path in ckpt.glob("*"):  # keep the disk as free for the next run as for the first
         path.unlink()
     return times[-1] - times[0], saves

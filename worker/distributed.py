@@ -69,9 +69,11 @@ def check_device_uuid(device: torch.device, expected: str | None) -> str:
 
 
 def backend_for(cfg: Config, device: torch.device) -> str:
+    """system.backend; auto: nccl on a GPU, gloo on the CPU, and gloo where ranks share one GPU
+    (system.shared_gpu_for_tests, tests only: NCCL refuses one GPU twice; nccl is refused at launch)."""
     if cfg.system.backend != "auto":
         return cfg.system.backend
-    return "nccl" if device.type == "cuda" else "gloo"
+    return "nccl" if device.type == "cuda" and not cfg.system.shared_gpu_for_tests else "gloo"
 
 
 def free_port() -> int:
@@ -95,7 +97,7 @@ def init_process_group(cfg: Config, identity: WorkerIdentity, device: torch.devi
     backend = backend_for(cfg, device)
     try:
         kwargs: dict[str, Any] = {}
-        if device.type == "cuda":
+        if device.type == "cuda" and backend == "nccl":
             kwargs["device_id"] = device  # eager NCCL init: a broken GPU fails here, not later
         dist.init_process_group(backend, init_method="env://", rank=identity.rank,
                                 world_size=identity.world_size, timeout=timeout, **kwargs)
@@ -119,8 +121,9 @@ def join_generation(cfg: Config, identity: WorkerIdentity, device: torch.device,
     timeout = timedelta(seconds=cfg.system.rendezvous_timeout)
     try:
         store = job_store(timeout)
-        kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
-        dist.init_process_group(backend_for(cfg, device), store=dist.PrefixStore(f"gpuherd-live/{generation}", store),
+        backend = backend_for(cfg, device)
+        kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" and backend == "nccl" else {}
+        dist.init_process_group(backend, store=dist.PrefixStore(f"gpuherd-live/{generation}", store),
                                 rank=identity.rank, world_size=identity.world_size, timeout=timeout, **kwargs)
         dist.barrier()
     except (RuntimeError, ValueError, TimeoutError, KeyError) as exc:

@@ -40,6 +40,9 @@ class SystemConfig:
     run_root: str = "logs"  # run directories go to <run_root>/<run-id>/
     checkpoint_dir: str = ".checkpoints"
     isolate: bool = True  # each worker sees only its own GPU
+    # tests only: every rank (--nproc N) and warm spare on one GPU, collectives over gloo (NCCL refuses one
+    # GPU twice); for gpuherd's own GPU tests on a one-GPU machine, never for training (docs/guide/gpus.md)
+    shared_gpu_for_tests: bool = False
     hang_timeout: float = limited(0.0, ge=0, le=LONGEST_WAIT_S)  # fixed step allowance in seconds; 0 = learned per phase (hang_factor, hang_floor)
     startup_timeout: float = limited(0.0, ge=0, le=LONGEST_WAIT_S)  # allowance for init + first step; 0 = default
     grace_period: float = limited(5.0, gt=0, le=LONGEST_WAIT_S)  # SIGTERM -> SIGKILL wait during teardown

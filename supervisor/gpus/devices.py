@@ -18,6 +18,7 @@ from gpuherd.errors import DeviceError
 from gpuherd.exit_codes import ExitCode
 from supervisor.gpus.inventory import GpuInfo
 from supervisor.gpus.plan import plan_gpus
+from supervisor.gpus.shared import no_gpu_to_share, shared_gpu_request, shared_warning
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class DevicePlan:
     isolate: bool  # each worker sees only its own GPU
     notice: str | None = None  # one line worth telling the user (CPU fallback)
     gpus: tuple[GpuInfo, ...] = ()  # NVML's record of each planned GPU, in rank order
+    shared: bool = False  # system.shared_gpu_for_tests: every rank on the one GPU of `gpus` (shared.py)
+    warning: str | None = None  # one WARNING line the run starts with (a shared GPU)
 
     @property
     def kind(self) -> str:
@@ -62,7 +65,7 @@ class DevicePlan:
         """CUDA_VISIBLE_DEVICES for this worker (None on CPU: hide nothing, set nothing)."""
         if slot.kind != "cuda":
             return None
-        if self.isolate:
+        if self.isolate or self.shared:
             return str(slot.device_id)
         return ",".join(str(s.device_id) for s in self.slots)
 
@@ -77,6 +80,8 @@ def plan_devices(
     """Decide the workers before anything starts; raises DeviceError (exit 2 for a
     wrong request or a busy GPU, 4 for broken hardware, 8 when `avoid` leaves no GPU).
     `avoid`: why a GPU is not to be chosen automatically (this host's suspect list), else None."""
+    if system.shared_gpu_for_tests:
+        return _shared_plan(system, cuda_visible_devices, force)
     if system.device == "cpu":
         return _cpu_plan(system.nproc, None)
     requested = system.gpus if system.gpus is not None else (
@@ -108,6 +113,18 @@ def exclude_gpus(plan: DevicePlan, gpu_ids: set[int]) -> DevicePlan:
                           "(`gpuherd check`, nvidia-smi) before running again", ExitCode.DEVICE_SUSPECT)
     slots = tuple(replace(s, rank=r, local_rank=None) for r, s in enumerate(kept))
     return replace(plan, slots=slots, gpus=tuple(g for g in plan.gpus if g.index not in gpu_ids))
+
+
+def _shared_plan(system: SystemConfig, cuda_visible_devices: str | None, force: bool) -> DevicePlan:
+    """system.nproc ranks on one GPU, each seeing it alone (tests only: shared.py)."""
+    requested = shared_gpu_request(system)
+    gpus = plan_gpus(requested, cuda_visible_devices, force, first=1 if requested is None else None)
+    if not gpus:
+        raise no_gpu_to_share(cuda_visible_devices)
+    gpu = gpus[0]
+    slots = tuple(DeviceSlot(rank=r, kind="cuda", device_id=gpu.index, uuid=gpu.uuid) for r in range(system.nproc))
+    return DevicePlan(slots=slots, isolate=True, gpus=(gpu,), shared=True,
+                      warning=shared_warning(system.nproc, gpu.index))
 
 
 def _cpu_plan(nproc: int, notice: str | None) -> DevicePlan:

@@ -11,7 +11,10 @@ from supervisor.health.watchers import FatalCause, RunContext
 
 
 def announce_devices(plan: DevicePlan) -> None:
-    """Show the devices the run will use, and warn about slow GPU pairs before a multi-GPU run."""
+    """Show the devices the run will use, and warn about slow GPU pairs before a multi-GPU run
+    (or, once, that its ranks share one GPU: tests only)."""
+    if plan.warning:
+        logger.warning(plan.warning)
     gpus = list(plan.gpus)
     if not gpus:
         return
