@@ -201,7 +201,8 @@ class Job:
                             # a regrow used no restart: nothing failed
                             recovered=sum(1 for r in report.recoveries
                                           if r["outcome"] == "recovered" and r.get("action") != "regrow"),
-                            suspects=tuple(report.suspect_devices), newest=str(newest) if newest is not None else None)
+                            suspects=tuple(report.suspect_devices), newest=str(newest) if newest is not None else None,
+                            saw=report.script_saves["said"] if report.script_saves is not None else None)
 
     def _order(self, resume: str | None) -> AttemptOrder:
         """The next attempt, as the policy's state has it."""
