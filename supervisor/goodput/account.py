@@ -178,7 +178,8 @@ class _Attempt:
                    "shutdown": "other",
                    "init": "checkpoint_restore" if self.resumed else self.label("warmup"),
                    }.get(e.name or "", PRODUCTIVE if stepped else self.label("warmup"))
-        segs.append([since, self.end, "other"])  # after the leader's last word: no step completed in it
+        # after the leader's last word: no step completed in it (a script that never said one: all launch)
+        segs.append([since, self.end, "other" if self.mine or not self.script else cur])
         return segs, steps
 
     def stopped(self) -> list[tuple[float, float]]:
