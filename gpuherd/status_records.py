@@ -375,6 +375,7 @@ class Restart(Record):
     restarts_used: int | None = None  # of system.max_restarts
     excluded_gpus: tuple[int, ...] = ()  # suspect GPUs left out from now on
     world_size: int | None = None  # the new attempt's
+    script_save: str | None = None  # a --script: the last save gpuherd saw in the attempt before, in words (or none)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -79,3 +79,21 @@ def test_the_summary_of_a_restarted_script_says_what_was_seen_never_started_afre
     assert summary._attempt_lines() == [
         f"attempt 0 failed with exit code 137: CPU1 (rank 1) killed by SIGKILL after 13.6 s; attempt 1 started the "
         f"script again; {said}"]
+
+
+def test_the_report_and_top_list_each_script_save_once_however_many_ranks_wrote_it():
+    """A sharded save (dcp.save on every rank) is one event naming the ranks; each later save its own."""
+    from gpuherd.status_records import Restart
+    from supervisor.views.events import EventLog
+
+    log = EventLog()
+    for rank in (0, 1):
+        log.add(ScriptSave(rank=rank, time=100.0 + rank * 0.01, step=10, path="/ck/step10", api="dcp.save"))
+    log.add(ScriptSave(rank=0, time=105.0, step=20, path=None, api="torch.save"))
+    log.add(Restart(time=106.0, attempt=1, exit_code=137, after="CPU1 (rank 1) killed by SIGKILL",
+                    script_save="the last save gpuherd saw: rank 0's torch.save ..."))
+    texts = [e.text for e in log.events()]
+    assert texts[1:] == ["rank 0: the script saved into a buffer (no path) with torch.save at step 20",
+                         "restart 1 after exit code 137: CPU1 (rank 1) killed by SIGKILL; the last save gpuherd saw: "
+                         "rank 0's torch.save ..."]
+    assert texts[0] == "ranks 0-1: the script saved /ck/step10 with dcp.save at step 10"
