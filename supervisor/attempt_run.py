@@ -131,7 +131,7 @@ class AttemptRunner:
         self.rendezvous: Rendezvous = SingleNode()
         self.checkpoints = RunCheckpoints()
         self.progress = Progress()  # the attempt under way's
-        self.script_saves = ScriptSaves()  # the attempt under way's (a --script)
+        self.script_saves = ScriptSaves()  # a --script's saves, the run's
         self.store_server = StoreServer(sys.executable, python_env(), helper_preexec())  # warm across attempts
         self._guarded: set[int] = set()  # helper processes the orphan guard already knows
         self.requeue = launch.requeue  # SLURM requeued the job this many times (SLURM_RESTART_COUNT)
@@ -191,7 +191,8 @@ class AttemptRunner:
         started_at, t0 = now_iso(), time.monotonic()
         log_dir = self._log_dir(attempt)
         metrics.write(marks.attempt(attempt, resumed=resume is not None, script=self.mode == "script"))
-        self.progress, self.script_saves = Progress(), ScriptSaves()
+        self.progress = Progress()
+        self.script_saves.begin(attempt)
         if getattr(self.rendezvous, "spare", False):  # a spare node: warm workers while it stands by
             self._warm_spare_node(order, log_dir, guard)
         try:
@@ -247,9 +248,10 @@ class AttemptRunner:
         if self.mode != "script":
             return cause, None
         saves, stop = self.script_saves, sup.state.graceful
-        if cause is not None and cause.kind in marks.STOPS and stop is not None:
-            cause = dataclasses.replace(cause, message=f"{cause.message}; {saves.after_signal(stop.started, None)}")
-            return cause, {**saves.record(None), "said": saves.said(None, "the end")}
+        signalled = stop.started if stop is not None else sup.state.failed_at  # a stop's signal (SIGQUIT: no grace)
+        if cause is not None and cause.kind in marks.STOPS and signalled is not None:
+            cause = dataclasses.replace(cause, message=f"{cause.message}; {saves.after_signal(signalled)}")
+            return cause, {**saves.record(None), "said": saves.said(None)}
         until = sup.state.failed_at if cause is not None else None
         return cause, {**saves.record(until), "said": saves.said(until)}
 

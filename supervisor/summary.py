@@ -158,8 +158,9 @@ class AttemptReport:
     not_restarted: str | None = None  # why a failed attempt ended the run (restarts left or not)
     stop_signal: str | None = None  # the supervisor received this (SIGINT/SIGTERM/SIGHUP/...) during the attempt
     final_save: str | None = None  # a graceful stop's last checkpoint: "saved", "not saved", None: nothing said
-    # a --script: the last save gpuherd saw in the attempt (rank, step, path, api, before_s: before the failure,
-    # last_step: that rank's last step reported; none of them when it saw none) and `said`, in words; None: not a script
+    # a --script: the run's last save gpuherd saw by the attempt's end (rank, step, path, api, attempt, before_s:
+    # before the failure, last_step: that rank's last step reported; none of them when it saw none) and `said`, in
+    # words; None: not a script
     script_saves: dict[str, Any] | None = None
     suspect_devices: list[SuspectDevice] = field(default_factory=list)
     excluded_gpus: list[int] = field(default_factory=list)  # suspect GPUs this attempt ran without

@@ -49,7 +49,7 @@ def test_a_killed_script_is_restarted_naming_its_last_torch_save_and_the_steps_a
                             cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resumed from step 10" in result.stdout
-    seen = f"the last save gpuherd saw: rank 0's torch.save to {ckpt} after 10 optimizer step(s) of this attempt, "
+    seen = f"the last save gpuherd saw: rank 0's torch.save to {ckpt} after 10 optimizer step(s) of attempt 0, "
     restart = next(line for line in result.stderr.splitlines() if "restart 1 of 1" in line)
     assert "the script starts again with the same command; " + seen in restart, restart
     assert "no checkpoint written yet" not in result.stderr and "started afresh" not in result.stderr
@@ -92,7 +92,7 @@ def test_ctrl_c_tells_the_script_and_says_whether_a_save_followed(tmp_path, save
         assert redone < SLACK_S  # everything it trained was kept
     else:
         assert (f"no save followed the signal (the last save gpuherd saw: rank 0's torch.save to {ckpt} "
-                "after 5 optimizer step(s) of this attempt, ") in cause, cause
+                "after 5 optimizer step(s) of attempt 0, ") in cause, cause
         low, high = _redone_bounds(_records(run_dir))
         assert low <= redone <= high
     assert f"root cause: {cause}" in err

@@ -32,10 +32,10 @@ def test_the_newest_save_of_any_rank_is_named_with_its_path_step_and_distance_to
                       (13.0, ScriptSave(rank=1, step=40, path=None, api="torch.save")),
                       (14.0, Step(rank=1, step=45)))
     assert saves.said(15.0) == ("the last save gpuherd saw: rank 1's torch.save to a buffer or unnamed file "
-                                "(no path) after 40 optimizer step(s) of this attempt, 2.0 s before the failure "
+                                "(no path) after 40 optimizer step(s) of attempt 0, 2.0 s before the failure "
                                 "(its last step reported: 45)")
-    assert saves.record(15.0) == {"rank": 1, "step": 40, "path": None, "api": "torch.save", "before_s": 2.0,
-                                  "last_step": 45}
+    assert saves.record(15.0) == {"rank": 1, "step": 40, "path": None, "api": "torch.save", "attempt": 0,
+                                  "before_s": 2.0, "last_step": 45}
     assert saves.last(12.9).path == "/ck/b.pt"  # what was seen before a moment
 
 
@@ -53,15 +53,27 @@ def test_no_save_seen_is_said_as_such():
 def test_a_stop_says_whether_a_save_followed_the_signal():
     saves, _ = _saves((5.0, ScriptSave(rank=0, step=10, path="/ck/m.pt", api="torch.save")),
                       (6.0, Step(rank=0, step=14)))
-    assert saves.after_signal(since=7.0, until=None) == (
+    assert saves.after_signal(since=7.0) == (
         "no save followed the signal (the last save gpuherd saw: rank 0's torch.save to /ck/m.pt after 10 optimizer "
-        "step(s) of this attempt, 2.0 s before the signal (its last step reported: 14))")
+        "step(s) of attempt 0, 2.0 s before the signal (its last step reported: 14))")
     saves.clock.now = 7.5
     saves.observe(ScriptSave(rank=0, step=15, path="/ck/m.pt", api="torch.save"))
-    assert saves.after_signal(since=7.0, until=None) == (
-        "the script saved after the signal: rank 0's torch.save to /ck/m.pt after 15 optimizer step(s) of this attempt")
-    assert ScriptSaves().after_signal(since=1.0, until=None).startswith("no save followed the signal, and gpuherd "
-                                                                        "had seen no save by the script")
+    assert saves.after_signal(since=7.0) == (
+        "the script saved after the signal: rank 0's torch.save to /ck/m.pt after 15 optimizer step(s) of attempt 0")
+    assert ScriptSaves().after_signal(since=1.0).startswith("no save followed the signal, and gpuherd "
+                                                            "had seen no save by the script")
+
+
+def test_an_attempt_that_saved_nothing_names_the_save_of_the_attempt_before():
+    """The run's newest save stands across a restart, with the attempt it came in; the steps
+    reported in a later attempt (the bootstrap counts from 0 again) are not compared with it."""
+    saves, clock = _saves((5.0, ScriptSave(rank=0, step=10, path="/ck/m.pt", api="torch.save")))
+    saves.begin(1)
+    clock.now = 9.0
+    saves.observe(Step(rank=0, step=3))
+    assert saves.said(10.0) == ("the last save gpuherd saw: rank 0's torch.save to /ck/m.pt after 10 optimizer "
+                                "step(s) of attempt 0, 5.0 s before the failure")
+    assert saves.record(10.0)["attempt"] == 0 and saves.record(10.0)["last_step"] is None
 
 
 def test_the_summary_of_a_restarted_script_says_what_was_seen_never_started_afresh():
