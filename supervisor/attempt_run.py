@@ -131,7 +131,7 @@ class AttemptRunner:
         self.rendezvous: Rendezvous = SingleNode()
         self.checkpoints = RunCheckpoints()
         self.progress = Progress()  # the attempt under way's
-        self.script_saves = ScriptSaves()  # a --script's saves, the run's
+        self.script_saves = ScriptSaves(watched=launch.script is not None and launch.script.bootstrapped)  # the run's
         self.store_server = StoreServer(sys.executable, python_env(), helper_preexec())  # warm across attempts
         self._guarded: set[int] = set()  # helper processes the orphan guard already knows
         self.requeue = launch.requeue  # SLURM requeued the job this many times (SLURM_RESTART_COUNT)

@@ -21,6 +21,8 @@ from gpuherd.status_records import Record, ScriptSave, Step
 FRAMEWORKS = {"lightning": "Lightning", "transformers": "transformers"}  # api -> its name in a line
 NONE_SEEN = ("gpuherd saw no save by the script (no torch.save, torch.distributed.checkpoint save or framework "
              "checkpoint returned after its first optimizer step)")
+UNWATCHED = ("gpuherd cannot see the script's saves (it runs without the heartbeat bootstrap: --no-auto-heartbeat, "
+             "--no-python)")
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,9 @@ class SeenSave:
 class ScriptSaves:
     """The run's saves, as the status records came (`observe` is an on-record observer)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic, watched: bool = True) -> None:
         self.clock = clock
+        self.none_seen = NONE_SEEN if watched else UNWATCHED  # watched: the bootstrap runs the script
         self.attempt = 0  # the attempt under way
         self.newest: dict[int | None, SeenSave] = {}  # rank -> its newest save
         self.steps: dict[int | None, int] = {}  # rank -> the highest step it reported in the attempt under way
@@ -86,7 +89,7 @@ class ScriptSaves:
         """`the last save gpuherd saw: rank 0's ... , 1.2 s before the failure (its last step reported: 45)`."""
         save = self.last(until)
         if save is None:
-            return NONE_SEEN
+            return self.none_seen
         return f"the last save gpuherd saw: {said_of(save.to_dict(until, self._last_step(save)), save, event)}"
 
     def after_signal(self, since: float) -> str:
@@ -97,7 +100,7 @@ class ScriptSaves:
             return f"the script saved after the signal: {save.what()}"
         before = self.last(since)
         if before is None:
-            return "no save followed the signal, and " + NONE_SEEN.replace("gpuherd saw", "gpuherd had seen", 1)
+            return "no save followed the signal, and " + self.none_seen.replace("gpuherd saw", "gpuherd had seen", 1)
         d = before.to_dict(since, self._last_step(before))
         return f"no save followed the signal (the last save gpuherd saw: {said_of(d, before, 'the signal')})"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from gpuherd.status_records import ScriptSave, Step
 from supervisor.summary import AttemptReport, RootCause, Summary
 from supervisor.torchrun import ScriptSaves
-from supervisor.torchrun.script_saves import NONE_SEEN
+from supervisor.torchrun.script_saves import NONE_SEEN, UNWATCHED
 
 
 class Clock:
@@ -45,9 +45,10 @@ def test_a_framework_checkpoint_is_named_by_the_framework_at_its_own_step():
                                "1.5 s before the failure")
 
 
-def test_no_save_seen_is_said_as_such():
+def test_no_save_seen_is_said_as_such_and_a_script_run_without_the_bootstrap_is_not_watched_at_all():
     saves, _ = _saves((1.0, Step(rank=0, step=3)))
     assert saves.said(2.0) == NONE_SEEN and saves.record(2.0) == {}
+    assert ScriptSaves(watched=False).said(2.0) == UNWATCHED  # --no-auto-heartbeat: nothing could be seen
 
 
 def test_a_stop_says_whether_a_save_followed_the_signal():
