@@ -44,8 +44,9 @@ def _redone_bounds(records: list[dict]) -> tuple[float, float]:
 def test_a_killed_script_is_restarted_naming_its_last_torch_save_and_the_steps_after_it_are_redone(tmp_path):
     ckpt = tmp_path / "model.pt"
     result = subprocess.run([*gpuherd_run(), "--nproc-per-node", "1", "--max-restarts", "1",
-                             str(SCRIPTS / "saving_script.py"), "--ckpt", str(ckpt), "--steps", "14",
-                             "--kill-at", "13", "--sleep", "0.15"],
+                             str(SCRIPTS / "saving_script.py"), "--ckpt", str(ckpt), "--steps", "15",
+                             # 4 steps of >= 0.2 s after the save: the heartbeat (every 0.5 s) reports one of them
+                             "--kill-at", "14", "--sleep", "0.2"],
                             cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resumed from step 10" in result.stdout
