@@ -115,6 +115,18 @@ class CheckpointWrite(Record):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ScriptSave(Record):
+    """A save a `--script` made, as gpuherd saw it: a `torch.save` or `torch.distributed.checkpoint.save`
+    that completed (the script bootstrap), or a framework's checkpoint (gpuherd/integrations/)."""
+
+    TYPE: ClassVar[str] = "script_save"
+    step: int | None = None  # the steps completed when it was taken (the bootstrap: optimizer steps of this attempt)
+    path: str | None = None  # the file torch.save was given, DCP's checkpoint_id, the framework's path; null: not a path
+    api: str | None = None  # `torch.save` | `dcp.save` | `lightning` | `transformers`
+    seconds: float | None = None  # how long the save took
+
+
+@dataclass(frozen=True, kw_only=True)
 class Phase(Record):
     """Where the loop is; `rendezvous` comes right before process-group init."""
 
@@ -294,8 +306,8 @@ class LiveFirstStep(Live):
 LIVE_EVENTS: tuple[type[Live], ...] = (LiveAble, LiveLostPeer, LiveRejoined, LiveFirstStep, LiveWarm)
 
 # The status channel's types, in the order the reference lists them; `StatusWriter.send` accepts these.
-STATUS_RECORDS: tuple[type[Record], ...] = (Ready, Step, Eval, Checkpoint, CheckpointWrite, Phase, Nan, Spike,
-                                            Suspect, Sdc, Done, Error, Alive, Stop, Live)
+STATUS_RECORDS: tuple[type[Record], ...] = (Ready, Step, Eval, Checkpoint, CheckpointWrite, ScriptSave, Phase, Nan,
+                                            Spike, Suspect, Sdc, Done, Error, Alive, Stop, Live)
 
 
 # ----------------------------------------------------------------------------- the supervisor's own, in metrics.jsonl
@@ -326,6 +338,7 @@ class TimelineAttempt(Timeline):
     EVENT: ClassVar[str] = "attempt"
     attempt: int | None = None  # its number
     resumed: bool = False  # from a checkpoint
+    script: bool = False  # a `--script` run's: its saves are the `script_save` records
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -362,6 +375,7 @@ class Restart(Record):
     restarts_used: int | None = None  # of system.max_restarts
     excluded_gpus: tuple[int, ...] = ()  # suspect GPUs left out from now on
     world_size: int | None = None  # the new attempt's
+    script_save: str | None = None  # a --script: the last save gpuherd saw in the attempt before, in words (or none)
 
 
 @dataclass(frozen=True, kw_only=True)

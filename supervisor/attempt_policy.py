@@ -62,6 +62,7 @@ class AttemptEnded:
     recovered: int = 0  # live recoveries it completed (each one of --max-restarts)
     suspects: tuple[SuspectDevice, ...] = ()  # devices its ranks blamed for transient faults
     newest: str | None = None  # the newest complete checkpoint this run saved, still as saved
+    saw: str | None = None  # a --script: what gpuherd saw of its saves, in words (it writes none for a script)
 
 
 @dataclass(frozen=True)
@@ -209,10 +210,18 @@ def _restart(s: State, r: Rules, why_not: str | None) -> Result:
     message = (f"attempt {number - 1} " + ("ended" if membership else "failed") + f" ({ended.cause.message}); "
                + ("restarting" if membership else f"restart {used + 1} of {r.max_restarts}")
                + f" in {plan.delay:g} s, "
-               + (f"resuming from {ended.newest}" if ended.newest else "starting as the first attempt did "
-                  "(no checkpoint written yet)"))
+               + _resumes(ended))
     return s, Restart(number, plan.delay, ended.newest, s.plan, ended.cause, membership=membership,
                       exclude_gpus=exclusion.gpus, said=exclusion.said, message=message)
+
+
+def _resumes(ended: AttemptEnded) -> str:
+    """What the next attempt starts from, as far as gpuherd knows it."""
+    if ended.newest:
+        return f"resuming from {ended.newest}"
+    if ended.saw is not None:  # a script resumes from what it saved, if it does: its code decides
+        return f"the script starts again with the same command; {ended.saw}"
+    return "starting as the first attempt did (no checkpoint written yet)"
 
 
 def _stop(s: State, r: Rules, why_not: str) -> Result:

@@ -82,7 +82,7 @@ from supervisor.rendezvous import (
 )
 from supervisor.restarts import Progress, RunCheckpoints
 from supervisor.summary import AttemptReport, RootCause, WorkerReport, how_it_ended, now_iso, shell_code
-from supervisor.torchrun import FileTimer, bound, file_timer_wanted, numa_plan, timer_fifo
+from supervisor.torchrun import FileTimer, ScriptSaves, bound, file_timer_wanted, numa_plan, timer_fifo
 
 TEARDOWN_NAME = signal.Signals(contract.TEARDOWN_SIGNAL).name
 
@@ -131,6 +131,7 @@ class AttemptRunner:
         self.rendezvous: Rendezvous = SingleNode()
         self.checkpoints = RunCheckpoints()
         self.progress = Progress()  # the attempt under way's
+        self.script_saves = ScriptSaves(watched=launch.script is not None and launch.script.bootstrapped)  # the run's
         self.store_server = StoreServer(sys.executable, python_env(), helper_preexec())  # warm across attempts
         self._guarded: set[int] = set()  # helper processes the orphan guard already knows
         self.requeue = launch.requeue  # SLURM requeued the job this many times (SLURM_RESTART_COUNT)
@@ -189,8 +190,9 @@ class AttemptRunner:
         attempt, resume = order.number, order.resume
         started_at, t0 = now_iso(), time.monotonic()
         log_dir = self._log_dir(attempt)
-        metrics.write(marks.attempt(attempt, resumed=resume is not None))
+        metrics.write(marks.attempt(attempt, resumed=resume is not None, script=self.mode == "script"))
         self.progress = Progress()
+        self.script_saves.begin(attempt)
         if getattr(self.rendezvous, "spare", False):  # a spare node: warm workers while it stands by
             self._warm_spare_node(order, log_dir, guard)
         try:
@@ -219,6 +221,7 @@ class AttemptRunner:
             # in the outcome itself: every node names the same checkpoint (rank 0 wrote it; each rank reported it)
             cause = dataclasses.replace(cause, message=f"{cause.message}; checkpoint step "
                                                        f"{self.checkpoints.step_of(newest)} saved: {newest}")
+        cause, saves = self._script_saves(cause, sup)
         self.notes += sup.notes
         recoveries = att.live.settle() if att.live is not None else []
         self.recoveries += recoveries
@@ -235,9 +238,22 @@ class AttemptRunner:
             workers=[_report(w, cause, att.heartbeats, self.mode == "script") for _, w in sorted(sup.workers.items())],
             recoveries=recoveries,
             stop_signal=signal.Signals(sup.state.stop_signal).name if sup.state.stop_signal else None,
-            final_save=final_save,
+            final_save=final_save, script_saves=saves,
             suspect_devices=suspects,
             excluded_gpus=list(order.excluded))
+
+    def _script_saves(self, cause: RootCause | None, sup: Supervision) -> tuple[RootCause | None, dict | None]:
+        """A --script: the last save gpuherd saw in the attempt, in words and as a record; a stop's
+        outcome says whether a save followed the signal (gpuherd saves nothing for a script)."""
+        if self.mode != "script":
+            return cause, None
+        saves, stop = self.script_saves, sup.state.graceful
+        signalled = stop.started if stop is not None else sup.state.failed_at  # a stop's signal (SIGQUIT: no grace)
+        if cause is not None and cause.kind in marks.STOPS and signalled is not None:
+            cause = dataclasses.replace(cause, message=f"{cause.message}; {saves.after_signal(signalled)}")
+            return cause, {**saves.record(None), "said": saves.said(None)}
+        until = sup.state.failed_at if cause is not None else None
+        return cause, {**saves.record(until), "said": saves.said(until)}
 
     def _not_started(self, order: AttemptOrder, exc: NodeLinkError, started_at: str, duration_s: float,
                      log_dir: Path) -> AttemptReport:
@@ -340,7 +356,7 @@ class AttemptRunner:
             write_metric=metrics.write, regroup=self.rendezvous.regroup(attempt),
             node=self.rendezvous.node_rank if multi else None)
         observers = [self.checkpoints.observe, suspects.observe, self.progress.observe, self._first_step] + (
-            [live.observe] if live is not None else [])
+            [live.observe] if live is not None else []) + ([self.script_saves.observe] if self.mode == "script" else [])
         sup = Supervision([], router, heartbeats, metrics, stop, finish_window=self.timeouts.policy.step_default,
                           on_cause=self._announcer(attempt), on_record=_fan_out(*observers),
                           script=self.mode == "script", unwatched_why=_unwatched_why(self.launch),

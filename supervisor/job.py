@@ -201,7 +201,8 @@ class Job:
                             # a regrow used no restart: nothing failed
                             recovered=sum(1 for r in report.recoveries
                                           if r["outcome"] == "recovered" and r.get("action") != "regrow"),
-                            suspects=tuple(report.suspect_devices), newest=str(newest) if newest is not None else None)
+                            suspects=tuple(report.suspect_devices), newest=str(newest) if newest is not None else None,
+                            saw=report.script_saves["said"] if report.script_saves is not None else None)
 
     def _order(self, resume: str | None) -> AttemptOrder:
         """The next attempt, as the policy's state has it."""
@@ -219,7 +220,8 @@ class Job:
         metrics.write({"type": "restart", "time": time.time(), "attempt": restart.attempt,
                        "after": restart.after.message, "exit_code": restart.after.exit_code, "resume": restart.resume,
                        "membership": restart.membership, "restarts_used": self.state.restarts_used,
-                       "excluded_gpus": list(self.state.excluded), "world_size": restart.plan.world_size})
+                       "excluded_gpus": list(self.state.excluded), "world_size": restart.plan.world_size,
+                       "script_save": report.script_saves["said"] if report.script_saves is not None else None})
         self._goodput_so_far()
         return pause(restart.delay, since=ended)
 

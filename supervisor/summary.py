@@ -158,6 +158,10 @@ class AttemptReport:
     not_restarted: str | None = None  # why a failed attempt ended the run (restarts left or not)
     stop_signal: str | None = None  # the supervisor received this (SIGINT/SIGTERM/SIGHUP/...) during the attempt
     final_save: str | None = None  # a graceful stop's last checkpoint: "saved", "not saved", None: nothing said
+    # a --script: the run's last save gpuherd saw by the attempt's end (rank, step, path, api, attempt, before_s:
+    # before the failure, last_step: that rank's last step reported; none of them when it saw none) and `said`, in
+    # words; None: not a script
+    script_saves: dict[str, Any] | None = None
     suspect_devices: list[SuspectDevice] = field(default_factory=list)
     excluded_gpus: list[int] = field(default_factory=list)  # suspect GPUs this attempt ran without
     recoveries: list[dict[str, Any]] = field(default_factory=list)  # live recoveries (processes/live_recovery.py)
@@ -324,6 +328,8 @@ class Summary:
         for a in self.attempts[:-1]:
             resumed = f"; attempt {a.attempt + 1} resumed from {self.attempts[a.attempt + 1].resumed_from}" \
                 if self.attempts[a.attempt + 1].resumed_from else f"; attempt {a.attempt + 1} started afresh"
+            if a.script_saves is not None:  # what the script resumed from is its own business: what was seen
+                resumed = f"; attempt {a.attempt + 1} started the script again; {a.script_saves['said']}"
             ended = "was restarted for a membership change" if a.outcome == "membership" \
                 else f"failed with exit code {a.exit_code}"  # elastic: a node asked to join
             lines.append(f"attempt {a.attempt} {ended}: {a.root_cause.message if a.root_cause else a.outcome}{resumed}")

@@ -10,9 +10,12 @@ then sees `sys.argv`, `sys.path[0]`, `__file__`, `__name__ == "__main__"` as und
 
 Heartbeats: once the script has imported torch, every optimizer step (torch's global
 optimizer-step post hook) becomes a `step` status record, at most every HEARTBEAT_EVERY s,
-and `torch.save` runs in phase `checkpoint` (the supervisor gives a saving rank the long
-allowance), and so does the interpreter's teardown once the script returned (phase
-`shutdown`). A SIGTERM that lands inside torch.save waits for the save (`SaveShield`).
+and `torch.save` (and `torch.distributed.checkpoint.save`) runs in phase `checkpoint` (the
+supervisor gives a saving rank the long allowance); the interpreter's teardown once the
+script returned runs in phase `shutdown`. A save that returned becomes a `script_save` record
+(the steps done, the path, how long): what the supervisor says of the script's saves after a
+failure or a stop, and what goodput counts as kept. A SIGTERM that lands inside torch.save
+waits for the save (`SaveShield`).
 Nothing is sent before the first optimizer step: a script that never steps one
 is not judged by heartbeat, and the supervisor says so. A script that writes its own status
 records (gpuherd.status_channel) takes over; the automatic ones stop. SIGUSR1 dumps every
@@ -55,6 +58,7 @@ STANDBY_NICE = 19  # the standby's import yields to every training rank
 # torch._dynamo, which DistributedDataParallel's constructor (and FSDP's, and torch.compile) imports
 # lazily: 1.4 s of a 2-core CPU, more than torch itself.
 PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
+DCP = "torch.distributed.checkpoint"  # its blocking save is watched as torch.save is
 AFTER_SAVE_S = 1.0  # a SIGTERM held through torch.save lands at most this long after it: the script's rename
 
 
@@ -124,6 +128,7 @@ class Heartbeat:
         self.shield = shield or SaveShield()
         self.steps = 0
         self.sent = 0  # the step count last reported
+        self.saves_open = 0  # saves in progress: one inside another (dcp.save's own torch.save) is part of it
         self.last_sent = 0.0
 
     def _quiet(self) -> bool:
@@ -150,18 +155,32 @@ class Heartbeat:
         if self.steps and not self._quiet():
             self.writer.send("phase", name="shutdown")
 
-    def saving(self, save: Callable[..., Any]) -> Callable[..., Any]:
+    def saving(self, save: Callable[..., Any], api: str = "torch.save",
+               where: Callable[[tuple, dict], str | None] | None = None) -> Callable[..., Any]:
+        """`save` in phase `checkpoint`, and once it returned a `script_save` record: the steps
+        done, the path (`where(args, kwargs)`; default: torch.save's file argument) and how long."""
+        where = where or torch_save_path
+
         @functools.wraps(save)
         def save_in_phase_checkpoint(*args: Any, **kwargs: Any) -> Any:
-            announce = self.steps > 0 and not self._quiet()  # silent until the first step
+            # silent until the first step; a save inside a save (dcp.save's own torch.save) is the outer one's
+            announce = self.steps > 0 and not self._quiet() and self.saves_open == 0
             if announce:
                 self.writer.send("phase", name="checkpoint")
             shielded = self.shield.enter()
+            began, saved = self.clock(), False
+            self.saves_open += 1
             try:
-                return save(*args, **kwargs)
+                result = save(*args, **kwargs)
+                saved = True
+                return result
             finally:
+                self.saves_open -= 1
                 if shielded:
                     self.shield.leave()
+                if announce and saved:
+                    self.writer.send("script_save", step=self.steps, path=_quietly(where, args, kwargs), api=api,
+                                     seconds=round(self.clock() - began, 4))
                 if announce:
                     self.writer.send("phase", name="train")
         return save_in_phase_checkpoint
@@ -176,7 +195,42 @@ class Heartbeat:
             return
         register_optimizer_step_post_hook(self.on_step)
         torch.save = self.saving(torch.save)
+        AfterImport(DCP, self.attach_dcp).install()
         atexit.register(self.at_exit)
+
+    def attach_dcp(self, dcp: types.ModuleType) -> None:
+        """Right after the script imported torch.distributed.checkpoint: its blocking `save`
+        (`dcp.save(...)`, looked up at each call) is a save as torch.save is."""
+        if callable(getattr(dcp, "save", None)):
+            dcp.save = self.saving(dcp.save, api="dcp.save", where=dcp_save_path)
+
+
+def torch_save_path(args: tuple, kwargs: dict) -> str | None:
+    """The file torch.save(obj, f) wrote: a path, or a file object's name; None for a buffer."""
+    f = args[1] if len(args) > 1 else kwargs.get("f")
+    if isinstance(f, (str, os.PathLike)):
+        return os.path.abspath(os.fsdecode(f))
+    name = getattr(f, "name", None)  # an open file; a BytesIO has none (Lightning writes through one)
+    return os.path.abspath(name) if isinstance(name, str) else None
+
+
+def dcp_save_path(args: tuple, kwargs: dict) -> str | None:
+    """Where dcp.save(state_dict, checkpoint_id=..., storage_writer=...) wrote: its checkpoint_id,
+    else its storage writer's path."""
+    target = kwargs.get("checkpoint_id")
+    if target is None:
+        target = getattr(kwargs.get("storage_writer"), "path", None)
+    if isinstance(target, (str, os.PathLike)):
+        text = os.fsdecode(target)
+        return text if "://" in text else os.path.abspath(text)
+    return None
+
+
+def _quietly(where: Callable[[tuple, dict], str | None], args: tuple, kwargs: dict) -> str | None:
+    try:
+        return where(args, kwargs)
+    except Exception:  # noqa: BLE001 - an odd argument never breaks the script's save
+        return None
 
 
 class AfterImport(importlib.abc.MetaPathFinder):

@@ -25,10 +25,13 @@ weakest claim to the strongest (a later paint wins where they overlap):
    redone at the attempt's median step time) `redone` (a regrow lost nothing: its pause is
    the leader's `rendezvous` phase of step 2);
 5. a failed attempt: from its leader's last record to the moment the supervisor knew
-   (`failed_at`: the exit seen, the hang verdict) `failure_detection`; when the run went on
-   (another attempt, another start), from there to the next attempt `restart`, and the
+   (`failed_at`: the exit seen, the hang verdict) `failure_detection` (a script that said
+   nothing before it failed: none, its exit was seen and its time is `launch`); when the run
+   went on (another attempt, another start), from there to the next attempt `restart`, and the
    productive time after the last state kept (the newest checkpoint completed before the
-   failure; none: the whole attempt) `redone`.
+   failure, a script's newest `script_save` as it began; none: the whole attempt) `redone`;
+6. a script's attempt ended by a stop (Ctrl-C, SIGTERM): gpuherd saved nothing for it, so the
+   productive time after its newest `script_save` (none: the whole attempt) is lost: `redone`.
 
 Time trained shrunk (a lost rank's data slot carried by a survivor, --min-replicas: from the
 loss to its regrow or the attempt's end) is productive, slower; `Goodput.shrunk_s` says how
@@ -40,6 +43,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
+from supervisor.goodput.marks import STOPS
 from supervisor.goodput.timeline import Event
 
 PRODUCTIVE = "productive"
@@ -135,6 +139,7 @@ class _Attempt:
 
     def __init__(self, mark: Event, events: list[Event], end: float, again: bool) -> None:
         self.begin, self.end, self.again, self.resumed = mark.time, end, again, mark.flag
+        self.script = mark.name == "script"  # a --script's: its saves are the `script_save` records
         self.events = events
         ranks = sorted({e.rank for e in events if e.kind in ("phase", "step") and e.rank is not None})
         away = _away(events)
@@ -142,6 +147,7 @@ class _Attempt:
                      and e.rank == _leader(ranks, away, e.time)]
         ended = next((e for e in events if e.kind == "attempt_end"), None)
         self.failed_at = ended.value if ended is not None else None
+        self.stopped_by_request = ended is not None and ended.name in STOPS  # Ctrl-C, SIGTERM...: not a failure
 
     def label(self, cause: str) -> str:
         return "restart" if self.again else cause
@@ -172,7 +178,8 @@ class _Attempt:
                    "shutdown": "other",
                    "init": "checkpoint_restore" if self.resumed else self.label("warmup"),
                    }.get(e.name or "", PRODUCTIVE if stepped else self.label("warmup"))
-        segs.append([since, self.end, "other"])  # after the leader's last word: no step completed in it
+        # after the leader's last word: no step completed in it (a script that never said one: all launch)
+        segs.append([since, self.end, "other" if self.mine or not self.script else cur])
         return segs, steps
 
     def stopped(self) -> list[tuple[float, float]]:
@@ -196,8 +203,15 @@ class _Attempt:
         return max([e.time for e in self.mine if e.time <= t and (e.kind == "step" or e.kind == "phase" and e.name
                     not in ("rendezvous", "shutdown"))], default=self.begin)
 
+    def silent_before(self, t: float) -> bool:
+        """A script whose leader said nothing before `t`: imports, rendezvous and all were `launch`."""
+        return self.script and not any(e.time <= t for e in self.mine)
+
     def kept(self, failed: float, any_checkpoint_records: bool) -> float:
         """When the newest state kept before `failed` was taken (the attempt's start: none)."""
+        script_saves = [e for e in self.events if e.kind == "script_save" and e.time <= failed]
+        if script_saves:  # a script's save the bootstrap (or a framework callback) saw return: as it began
+            return max(self.begin, script_saves[-1].time - (script_saves[-1].value or 0.0))
         saved = [e for e in self.events if e.kind == "checkpoint" and e.time <= failed and e.step is not None]
         if saved:
             step = saved[-1].step
@@ -267,9 +281,12 @@ def _start(mark: Event, events: list[Event], end: float, continues: bool, more_s
             failed = max([e.time for e in att.events], default=att.begin)
             if any(e.kind == "attempt_end" for e in att.events):
                 failed = None  # it ended and said how: a stop, whose final save is the state kept
+        if att.script and att.stopped_by_request:  # a stop: what the script saved is all it keeps
+            paint(segs, att.kept(att.end, any_checkpoint_records), att.end, "redone", only=frozenset({PRODUCTIVE}))
         if failed is None:
             continue
-        paint(segs, att.progress_before(failed), failed, "failure_detection")
+        if not att.silent_before(failed):  # a script silent to its end: its exit was seen, not detected
+            paint(segs, att.progress_before(failed), failed, "failure_detection")
         if goes_on:
             paint(segs, failed, att.end, "restart")
             paint(segs, att.kept(failed, any_checkpoint_records), failed, "redone", only=frozenset({PRODUCTIVE}))

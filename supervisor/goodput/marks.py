@@ -45,8 +45,9 @@ def _process_created() -> float:
             return time.time()
 
 
-def attempt(number: int, resumed: bool) -> dict[str, Any]:
-    return {"type": "timeline", "event": "attempt", "time": time.time(), "attempt": number, "resumed": resumed}
+def attempt(number: int, resumed: bool, script: bool = False) -> dict[str, Any]:
+    return {"type": "timeline", "event": "attempt", "time": time.time(), "attempt": number, "resumed": resumed,
+            "script": script}
 
 
 def attempt_end(number: int, kind: str | None, failed_at: float | None) -> dict[str, Any]:

@@ -15,22 +15,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuherd.status_records import (Checkpoint, Phase, Record, Recovery, Refusal, Step, TimelineAttempt,
+from gpuherd.status_records import (Checkpoint, Phase, Record, Recovery, Refusal, ScriptSave, Step, TimelineAttempt,
                                     TimelineAttemptEnd, TimelineProc, TimelineStart, from_object)
 from gpuherd.status_records import decode as decode_line
 
-KINDS = ("phase", "step", "checkpoint", "timeline", "recovery")
+KINDS = ("phase", "step", "checkpoint", "script_save", "timeline", "recovery")
 WANTED = tuple(f'"type":"{kind}"'.encode() for kind in KINDS)  # records are compact JSON (status_channel)
 
 
 @dataclass(frozen=True)
 class Event:
     time: float  # wall clock (time.time()), as every record carries it
-    kind: str  # phase | step | checkpoint | start | attempt | attempt_end | proc | recovery
+    kind: str  # phase | step | checkpoint | script_save | start | attempt | attempt_end | proc | recovery
     rank: int | None = None
-    name: str | None = None  # a phase's name; a proc event's state letter; a recovery's action (shrink, regrow, ...)
+    # a phase's name; a proc event's state letter; a recovery's action (shrink, regrow, ...); attempt: `script`
+    # for a --script's; attempt_end: its outcome (null: success)
+    name: str | None = None
     step: int | None = None  # step / checkpoint step; an attempt's number; a recovery's steps redone
-    value: float | None = None  # start: dataset build seconds; attempt_end: failed_at; recovery: seconds
+    value: float | None = None  # start: dataset build seconds; attempt_end: failed_at; recovery, script_save: seconds
     flag: bool = False  # attempt: resumed from a checkpoint; recovery: recovered
 
 
@@ -46,15 +48,18 @@ def event_of(record: Record | Refusal) -> Event | None:
             return Event(t, "step", rank, step=step)
         case Checkpoint(rank=rank, step=step):
             return Event(t, "checkpoint", rank, step=step)
+        case ScriptSave(rank=rank, step=step):
+            return Event(t, "script_save", rank, step=step, value=record.seconds)
         case Recovery(outcome="recovered" | "failed" as outcome):
             return Event(t, "recovery", record.rank, name=record.action, step=record.steps_redone,
                          value=record.seconds, flag=outcome == "recovered")
         case TimelineStart():
             return Event(t, "start", step=record.start, value=record.dataset_s)
         case TimelineAttempt():
-            return Event(t, "attempt", step=record.attempt, flag=record.resumed)
+            return Event(t, "attempt", name="script" if record.script else None, step=record.attempt,
+                         flag=record.resumed)
         case TimelineAttemptEnd():
-            return Event(t, "attempt_end", step=record.attempt, value=record.failed_at)
+            return Event(t, "attempt_end", name=record.outcome, step=record.attempt, value=record.failed_at)
         case TimelineProc(rank=int(rank)):
             return Event(t, "proc", rank, name=str(record.state))
     return None

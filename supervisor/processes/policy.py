@@ -534,12 +534,8 @@ def _interrupt(s: State, v: View, r: Rules) -> Result:
     cause = RootCause("interrupted", int(ExitCode.SIGINT), "interrupted by Ctrl-C (SIGINT)")
     if s.interrupts == 1 and s.cause is None:
         wait = ctrl_c_wait(v, r)
-        step = f"the step in flight (about {v.step_s:.0f} s) and " if v.step_s and v.step_s >= 1 else ""
         s, actions = _set_cause(s, cause, v.now)
-        actions.append(Log("warning", f"Ctrl-C: asking every worker to stop at a step boundary and save a checkpoint: "
-                                      f"waiting up to {wait:.0f} s for {step}the save (longer while a rank is still "
-                                      f"in its step or saving, at most {r.stop_timeout:g} s); press Ctrl-C again "
-                                      "to kill them now"))
+        actions.append(Log("warning", _ctrl_c_line(v, r, wait)))
         s, more = _stop_all(s, v, r, signal.SIGINT, wait)
         return s, actions + more
     actions = [Log("warning", f"Ctrl-C {'again' if s.interrupts > 1 else 'during the teardown'}: "
@@ -548,6 +544,20 @@ def _interrupt(s: State, v: View, r: Rules) -> Result:
         s, more = _set_cause(s, cause, v.now)
         actions += more
     return _kill_now(s, v, r, actions)
+
+
+def _ctrl_c_line(v: View, r: Rules, wait: float) -> str:
+    """The built-in trainer saves at a step boundary; a --script gets SIGINT, and what it does
+    with it is its own (Lightning saves nothing on KeyboardInterrupt): the end of the run says
+    whether a save followed (attempt_run.py)."""
+    step = f"the step in flight (about {v.step_s:.0f} s) and " if v.step_s and v.step_s >= 1 else ""
+    longer = f"longer while a rank is still in its step or saving, at most {r.stop_timeout:g} s"
+    if r.save_signal is None:
+        return (f"Ctrl-C: SIGINT to every worker; what the script does with it is its own (gpuherd saves nothing "
+                f"for a script; the end of the run says whether a save followed): waiting up to {wait:.0f} s for "
+                f"them to exit ({longer}); press Ctrl-C again to kill them now")
+    return (f"Ctrl-C: asking every worker to stop at a step boundary and save a checkpoint: waiting up to "
+            f"{wait:.0f} s for {step}the save ({longer}); press Ctrl-C again to kill them now")
 
 
 def _quit(s: State, v: View, r: Rules) -> Result:

@@ -9,6 +9,7 @@
   write_launcher_error_file (launcher_error_file.py): the root cause into the launcher's TORCHELASTIC_ERROR_FILE
   Script, ScriptError (script.py): the user's program and the command line each rank runs
     (through worker/script_bootstrap.py: heartbeats from optimizer steps, no code in the script)
+  ScriptSaves (script_saves.py): the script's saves gpuherd saw, and the words every line about them uses
 """
 
 from supervisor.torchrun.flags import (
@@ -25,7 +26,8 @@ from supervisor.torchrun.launcher_error_file import write_launcher_error_file
 from supervisor.torchrun.numa_binding import bound, numa_plan
 from supervisor.torchrun.pet import apply_pet_defaults
 from supervisor.torchrun.script import BOOTSTRAP, Script, ScriptError
+from supervisor.torchrun.script_saves import ScriptSaves
 
-__all__ = ["BOOTSTRAP", "DEFAULT_SIGNALS", "NO_EFFECT", "PET", "TORCHRUN_FLAGS", "FileTimer", "Script", "ScriptError",
+__all__ = ["BOOTSTRAP", "DEFAULT_SIGNALS", "NO_EFFECT", "PET", "TORCHRUN_FLAGS", "FileTimer", "Script", "ScriptError", "ScriptSaves",
            "TorchrunLaunch", "add_torchrun_flags", "apply_pet_defaults", "bound", "file_timer_wanted", "numa_plan", "timer_fifo", "translate",
            "write_launcher_error_file"]

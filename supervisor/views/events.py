@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuherd.status_records import (Checkpoint, CheckpointWrite, Error, Eval, GpuEvent, Nan, Record, Recovery,
-                                    Restart, Sdc, Suspect, SuspiciousStep)
+                                    Restart, ScriptSave, Sdc, Suspect, SuspiciousStep)
 from supervisor.output import rank_set
 from supervisor.views.run_files import LogLine
 
@@ -47,6 +47,9 @@ def event_of(record: Record) -> Event | None:
         case Checkpoint():
             return Event(when, "checkpoint", f"checkpoint saved at step {record.step}: "
                                              f"{Path(record.path or '?').name}{save_cost(record)}")
+        case ScriptSave():  # a --script's own save, as gpuherd saw it (each rank of a sharded save: one line)
+            return Event(when, "checkpoint", f"rank {rank}: the script saved {record.path or 'into a buffer (no path)'} "
+                                             f"with {record.api} at step {record.step}", rank)
         case CheckpointWrite(state="failed"):
             return Event(when, "error", f"rank {rank}: the background write of "
                                         f"{Path(record.path or '?').name} failed", rank)
@@ -69,8 +72,9 @@ def event_of(record: Record) -> Event | None:
             excluded = record.excluded_gpus
             without = (f"; without suspect GPU {', '.join(map(str, excluded))}, world size {record.world_size}"
                        if excluded else "")
+            saw = f"; {record.script_save}" if record.script_save else ""
             return Event(when, "restart", f"restart {record.attempt} after exit code {record.exit_code}: "
-                                          f"{record.after}{without}")
+                                          f"{record.after}{without}{saw}")
         case Recovery():
             return _recovery(record, when, rank)
         case GpuEvent():
@@ -172,7 +176,7 @@ class EventLog:
         event = event_of(record)
         if event is None:
             return
-        if event.kind in ("checkpoint", "nan", "eval"):
+        if event.kind in ("checkpoint", "nan", "eval") and not isinstance(record, ScriptSave):  # per rank: folded
             key = (event.kind, record.step if isinstance(record, (Checkpoint, SuspiciousStep, Eval)) else None)
             if key in self._seen:
                 return

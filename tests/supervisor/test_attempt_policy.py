@@ -203,3 +203,13 @@ def test_node_0_of_a_preempted_slurm_job_asks_for_the_requeue():
     assert not ap.requeue_wanted(RootCause("worker-exit", 1, "stopped by SLURM: preemption (quoted by a worker)"),
                                  node_rank=0, slurm_job_id="42")
     assert not ap.requeue_wanted(None, node_rank=0, slurm_job_id="42")
+
+
+def test_a_scripts_restart_names_the_last_save_gpuherd_saw_never_a_fresh_start():
+    """A --script resumes from what it saved itself, as its code decides: the line says the script
+    starts again and what gpuherd saw of its saves, never 'no checkpoint written yet'."""
+    saw = "the last save gpuherd saw: rank 0's torch.save to /ck/last.pt after 40 optimizer step(s) of attempt 0"
+    restart = Loop().fails(saw=saw)
+    assert restart.resume is None and restart.message == (
+        "attempt 0 failed (CPU1 (rank 1) exit code 1 after 2.0 s); restart 1 of 3 in 0.2 s, the script starts "
+        f"again with the same command; {saw}")

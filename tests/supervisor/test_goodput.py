@@ -316,3 +316,68 @@ def test_a_starts_mark_is_when_its_process_was_created_to_a_clock_tick():
     after = time.time()
     created = float(out.stdout)
     assert before - 0.02 <= created <= after - 0.5  # a clock tick before: the kernel counts whole ticks
+
+
+def _script_until_killed(tl: Timeline, saved_after: int = 40, more: int = 5) -> None:
+    """A --script's attempt 0: silent until its first optimizer step, steps of 0.1 s, a torch.save
+    of 0.2 s after step `saved_after` seen by the bootstrap, `more` steps after it."""
+    tl.mark(0, "start", start=0)
+    tl.mark(0.0, "attempt", attempt=0, resumed=False, script=True)
+    tl.add(3.0, type="step", rank=0, step=1)  # imports, rendezvous, the first step: launch
+    tl.steps(2, saved_after - 1)
+    tl.phase(0.0, "checkpoint")
+    tl.add(0.2, type="script_save", rank=0, step=saved_after, path="/ck/last.pt", api="torch.save", seconds=0.2)
+    tl.phase(0.0, "train")
+    tl.steps(saved_after + 1, more)
+
+
+def test_a_scripts_steps_after_its_last_save_are_redone_at_a_restart():
+    tl = Timeline()
+    _script_until_killed(tl)
+    tl.mark(0.1, "attempt_end", attempt=0, outcome="worker-exit", failed_at=tl.t + 0.05)
+    tl.mark(1.0, "attempt", attempt=1, resumed=False, script=True)
+    tl.add(2.0, type="step", rank=0, step=1)
+    tl.steps(2, 10)
+    tl.mark(0.1, "attempt_end", attempt=1, outcome=None, failed_at=None)
+    g = tl.account()
+    _sums_to_wall(g)
+    b = g.badput_s
+    assert b["redone"] == pytest.approx(0.5)  # steps 41..45: after the save, trained again
+    assert b["checkpoint_save"] == pytest.approx(0.2) and b["failure_detection"] == pytest.approx(0.05)
+    assert g.productive_s == pytest.approx(3.9 + 1.0)  # steps 2..40 of attempt 0, 2..11 of attempt 1
+
+
+@pytest.mark.parametrize("saved_after_the_signal", [False, True])
+def test_a_script_stopped_loses_its_steps_after_its_last_save(saved_after_the_signal):
+    """Ctrl-C: gpuherd saves nothing for a script. Its steps after the last save it saw are not
+    productive (nothing kept them), unless the script saved on its way out."""
+    tl = Timeline()
+    _script_until_killed(tl)
+    if saved_after_the_signal:
+        tl.add(0.3, type="script_save", rank=0, step=45, path="/ck/last.pt", api="torch.save", seconds=0.25)
+    tl.mark(0.5, "attempt_end", attempt=0, outcome="interrupted", failed_at=None)
+    g = tl.account()
+    _sums_to_wall(g)
+    assert g.badput_s["redone"] == pytest.approx(0.0 if saved_after_the_signal else 0.5)
+    assert g.productive_s == pytest.approx(3.9 + (0.5 if saved_after_the_signal else 0.0))
+    assert g.badput_s["failure_detection"] == 0  # a stop asked for: nothing to detect
+
+
+def test_a_built_in_trainers_stop_keeps_its_steps():
+    """Its own worker saves at the stop (the `checkpoint` record): nothing lost."""
+    tl = Timeline().first_attempt(steps=10)
+    tl.mark(0.5, "attempt_end", attempt=0, outcome="interrupted", failed_at=None)
+    assert tl.account().badput_s["redone"] == 0
+
+
+def test_a_script_that_crashed_before_its_first_step_is_all_launch_not_failure_detection():
+    """Its exit was seen at once: the seconds before it were imports and start-up."""
+    tl = Timeline()
+    tl.mark(0, "start", start=0)
+    tl.mark(0.5, "attempt", attempt=0, resumed=False, script=True)
+    failed = tl.at(5.0)
+    tl.mark(0.02, "attempt_end", attempt=0, outcome="worker-exit", failed_at=failed)
+    g = tl.account()
+    _sums_to_wall(g)
+    assert g.badput_s["failure_detection"] == 0
+    assert g.badput_s["launch"] == pytest.approx(5.5 + 0.02)  # its teardown too: it never said a word

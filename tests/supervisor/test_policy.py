@@ -769,3 +769,15 @@ def test_no_regrow_while_a_hung_rank_is_being_killed_for_a_recovery_then_it_may(
     assert run.state.condemned and run(pol.SpareReady(view(50.2, *TWO), 2)) == []
     run(lost(50.5, 1, rank(0), code=137))  # its loss is handled (replaced or shrunk): nothing condemned now
     assert run(pol.SpareReady(view(60.0, rank(0)), 2)) == [pol.Regrow(2)]
+
+
+def test_ctrl_c_on_a_script_says_the_signal_went_to_it_and_promises_no_save():
+    """A script gets SIGINT and does with it what it likes (Lightning saves nothing on
+    KeyboardInterrupt): the line promises no checkpoint, the end of the run says whether one came."""
+    run = Run(SCRIPT)
+    actions = run(pol.SignalReceived(view(100.0, *TWO), signal.SIGINT))
+    assert sends(actions) == [((0, 1), signal.SIGINT, False)]
+    line = logs(actions, "warning")[0]
+    assert line.startswith("Ctrl-C: SIGINT to every worker; what the script does with it is its own (gpuherd saves "
+                           "nothing for a script; the end of the run says whether a save followed): waiting up to 5 s")
+    assert "save a checkpoint" not in line

@@ -3,6 +3,7 @@ optimizer steps become heartbeats without a line of gpuherd code in it."""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -107,6 +108,19 @@ def test_a_standby_told_it_is_not_needed_exits_0_without_running_the_script(proj
     assert done.returncode == 0 and done.stdout == b"" and done.stderr == b""
 
 
+def _bootstrapped(script: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """`script` run through the bootstrap with a status pipe, in its directory: its exit and its records."""
+    read, write = os.pipe()
+    env = {**env, "GPUHERD_STATUS_FD": str(write), "RANK": "0"}
+    proc = subprocess.run([sys.executable, "-u", str(BOOTSTRAP_SELF), str(script)], cwd=script.parent, env=env,
+                          pass_fds=(write,), capture_output=True, text=True, timeout=120)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        records = [orjson.loads(line) for line in pipe.read().splitlines()]
+    assert proc.returncode == 0, proc.stderr
+    return proc, records
+
+
 @pytest.mark.parametrize("without_orjson", [False, True])
 def test_optimizer_steps_and_torch_save_become_status_records(tmp_path, without_orjson):
     """A real torch script with nothing of gpuherd in it, through the bootstrap with a status pipe;
@@ -119,22 +133,18 @@ def test_optimizer_steps_and_torch_save_become_status_records(tmp_path, without_
         "for _ in range(5):\n"
         "    opt.zero_grad(); model(torch.ones(1, 2)).sum().backward(); opt.step()\n"
         "torch.save(model.state_dict(), 'model.pt')\n")
-    read, write = os.pipe()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(GPUHERD_STATUS_FD=str(write), RANK="0")
     if without_orjson:  # an import of orjson fails there as in an interpreter that lacks it
         (tmp_path / "blocked").mkdir()
         (tmp_path / "blocked" / "orjson.py").write_text("raise ModuleNotFoundError(\"No module named 'orjson'\")\n")
         env["PYTHONPATH"] = str(tmp_path / "blocked")
-    proc = subprocess.run([sys.executable, "-u", str(BOOTSTRAP_SELF), str(script)], cwd=tmp_path, env=env,
-                          pass_fds=(write,), capture_output=True, text=True, timeout=120)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        records = [orjson.loads(line) for line in pipe.read().splitlines()]
-    assert proc.returncode == 0, proc.stderr
+    proc, records = _bootstrapped(script, env)
     seen = [(r["type"], r.get("step", r.get("name"))) for r in records]
-    # the first step at once, the save as phase checkpoint, the real last step and the teardown at exit
-    assert seen == [("step", 1), ("phase", "checkpoint"), ("phase", "train"), ("step", 5), ("phase", "shutdown")]
+    # the first step at once, the save as phase checkpoint and what it wrote, the real last step and the teardown
+    assert seen == [("step", 1), ("phase", "checkpoint"), ("script_save", 5), ("phase", "train"), ("step", 5),
+                    ("phase", "shutdown")]
+    save = next(r for r in records if r["type"] == "script_save")
+    assert save["path"] == str(tmp_path / "model.pt") and save["api"] == "torch.save" and save["seconds"] >= 0
     assert (tmp_path / "model.pt").is_file() and "WARNING" not in proc.stderr
 
 
@@ -245,7 +255,7 @@ def test_steps_are_rate_limited_and_saves_announced_only_after_the_first_step(ch
     clock.now += HEARTBEAT_EVERY
     beat.on_step(None, (), {})
     assert records() == [("step", 4)]
-    assert save() == "saved" and records() == [("phase", "checkpoint"), ("phase", "train")]
+    assert save() == "saved" and records() == [("phase", "checkpoint"), ("script_save", 4), ("phase", "train")]
     beat.on_step(None, (), {})
     beat.at_exit()
     assert records() == [("step", 5), ("phase", "shutdown")]
@@ -373,3 +383,45 @@ def test_a_scripts_own_sigterm_handler_and_a_saving_thread_are_left_alone():
     thread.start()
     thread.join()
     assert entered == [False] and _installed() is signal.SIG_DFL  # a handler can only be installed from main
+
+
+def test_a_save_names_the_file_it_wrote_and_a_failed_save_is_no_save(channel, tmp_path):
+    """torch.save(obj, f): a path, a PathLike, an open file by its name; a buffer has no path (Lightning
+    writes through one); a save that raised is not reported as one."""
+    writer, _ = channel
+    beat = Heartbeat(writer, FakeClock())
+    beat.on_step(None, (), {})
+    paths = []
+
+    def save(obj, f):
+        if f == "refused":
+            raise OSError("disk full")
+
+    sent: list[dict] = []
+    writer.send = lambda type_, **fields: sent.append({"type": type_, **fields})  # type: ignore[method-assign]
+    wrapped = beat.saving(save)
+    with open(tmp_path / "open.pt", "wb") as opened:
+        for f in ("rel.pt", tmp_path / "p.pt", opened, io.BytesIO()):
+            wrapped({}, f)
+            paths.append(sent[-2]["path"])
+    assert paths == [str(Path("rel.pt").absolute()), str(tmp_path / "p.pt"), str(tmp_path / "open.pt"), None]
+    with pytest.raises(OSError):
+        wrapped({}, "refused")
+    assert [r["type"] for r in sent[-2:]] == ["phase", "phase"]  # checkpoint, train: and no script_save
+
+
+def test_a_dcp_save_is_watched_as_torch_save_is(tmp_path):
+    """torch.distributed.checkpoint.save in a real script: phase checkpoint, then its checkpoint_id."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\n"
+        "import torch.distributed.checkpoint as dcp\n"
+        "model = torch.nn.Linear(2, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for _ in range(3):\n"
+        "    opt.zero_grad(); model(torch.ones(1, 2)).sum().backward(); opt.step()\n"
+        "dcp.save({'model': model.state_dict()}, checkpoint_id='ckpt-3')\n")
+    proc, records = _bootstrapped(script, {k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    saves = [r for r in records if r["type"] == "script_save"]
+    assert [(r["api"], r["step"], r["path"]) for r in saves] == [("dcp.save", 3, str(tmp_path / "ckpt-3"))]
+    assert (tmp_path / "ckpt-3" / ".metadata").is_file()
