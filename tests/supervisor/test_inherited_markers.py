@@ -73,3 +73,9 @@ def test_a_leftover_spare_marker_no_longer_skips_training(tmp_path, python_env):
     assert all("loss" in record for record in steps)
     [line] = _warning(r.stderr)
     assert "GPUHERD_SPARE=1" in line
+
+
+def test_bad_input_with_a_leftover_marker_is_still_one_line_and_nothing_written(tmp_path, python_env):
+    r = _gpuherd_run(tmp_path, {**python_env, contract.STANDBY: "1"}, "--set", "system.device=cpu", "missing.py")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == ["gpuherd: error: script not found: missing.py"]
+    assert list(tmp_path.iterdir()) == []
