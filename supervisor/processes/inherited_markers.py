@@ -30,6 +30,6 @@ def markers_notice(found: dict[str, str]) -> str | None:
         return None
     one = len(found) == 1
     names = ", ".join(f"{name}={value}" for name, value in found.items())
-    return (f"ignored {names} from gpuherd's own environment: {'it is a marker' if one else 'they are markers'} "
-            f"gpuherd sets only for the processes it starts, never a setting; no process of this run inherits "
-            f"{'it' if one else 'them'}")
+    return (f"ignored {names} from gpuherd's own environment: {'a marker' if one else 'markers'} gpuherd sets "
+            f"only for the processes it starts, never a setting; no process of this run inherits "
+            f"{'that value' if one else 'those values'}")
