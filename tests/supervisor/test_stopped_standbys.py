@@ -53,6 +53,10 @@ def _standbys(pid: int) -> list[psutil.Process]:
     return [p for p, env in _children(pid) if env.get(contract.STANDBY) == "1"]
 
 
+def _ranks(pid: int) -> list[psutil.Process]:
+    return [p for p, env in _children(pid) if "RANK" in env]
+
+
 def test_a_stopped_standby_is_killed_and_its_rank_starts_afresh(tmp_path):
     waiter = "import sys\nsys.stdin.buffer.readline()\n"
     standbys, slot = Standbys(), DeviceSlot(1, "cpu", 1)
@@ -135,8 +139,8 @@ def test_an_attempt_stopped_before_its_first_record_ends_named_after_the_startup
     proc = start(tmp_path, args=("--nproc", "2", "--set", "system.startup_timeout=4", "--grace-period", "2"),
                  script=script)
     try:
-        assert wait_for(lambda: len([p for p, env in _children(proc.pid) if "RANK" in env]) == 2, timeout=60)
-        for rank, _ in _children(proc.pid):
+        assert wait_for(lambda: len(_ranks(proc.pid)) == 2, timeout=60)
+        for rank in _ranks(proc.pid):  # the ranks only: the orphan guard and the store helper run on
             rank.send_signal(signal.SIGSTOP)
     finally:  # before the fix: never judged (no record, none expected), the run sat there for good
         code, _, err = finish(proc, timeout=60)
