@@ -58,6 +58,11 @@ GPUHERD_VARS = (
     STATUS_FD, SUPERVISOR_PID, SUPERVISED, RESUME, TRACE_DIR, LIVE_RECOVERY, SPARE, STANDBY, JOIN_GENERATION,
     SHRINK,
 )
+# Every one of them is gpuherd's marker for a process it starts, never a user setting: one found in
+# the supervisor's own environment (exported in a shell, copied from a worker's environment, a
+# debugger, a job template) is named, removed, and never inherited by a worker, a spare or a standby
+# (a worker inheriting GPUHERD_STANDBY=1 waits for a rank nobody sends and exits 0 having run nothing).
+INTERNAL_VARS = frozenset(GPUHERD_VARS)
 
 
 # Set for every CUDA process gpuherd starts (supervised workers and pretrain_main.py)

@@ -35,8 +35,8 @@ from supervisor.health import (WARN, CheckReport, StartExclusion, SuspectList, a
                                hang_timeouts, list_path, run_checks)
 from supervisor.job import Job
 from supervisor.output import STDERR, Console
-from supervisor.processes import (helper_preexec, ignored_notice, inherited_ignored, python_env, spare_count, why_off,
-                                  within_kill_wait)
+from supervisor.processes import (helper_preexec, ignored_notice, inherited_ignored, markers_notice, python_env,
+                                  spare_count, take_inherited_markers, why_off, within_kill_wait)
 from supervisor.rendezvous import MultiNode, NodeLinkError, NodeSpec, SingleNode, bind_master, kill_wait
 from supervisor.summary import now_iso
 from supervisor.validation import LaunchError, validate_launch
@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
 
 def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
     inherited_ignored()  # read before any handler of ours exists: what the caller left ignored stays so
+    markers = take_inherited_markers()  # before any process is started: none inherits a leftover marker
     _console_logging(launch.verbose, console, f"n{launch.node.node_rank}/" if launch.node.multi else "")
     cfg, node = launch.config, launch.node
     mode = "script" if launch.script else "train"
@@ -98,11 +99,7 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
         _memory_checks(cfg, plan, vocab, spare_count(cfg) if live else 0, console)
     # ---- nothing was written before this line; everything below may write
     _open_run_dir(launch, run_dir, checks, console)
-    for notice in [*launch.notices, ignored_notice()]:
-        if notice:
-            logger.info(notice)
-    for line in left_out.said:
-        logger.warning(line)
+    _notices(launch, left_out, markers)
     command = launch.script.command() if launch.script else [sys.executable, "-m", "worker"]
     logger.debug(f"run {run_id}: {mode} mode, {plan.world_size} worker(s) on "
                  f"{', '.join(s.tag for s in plan.slots)}; isolate={plan.isolate}; command: {' '.join(command)}")
@@ -133,6 +130,16 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
         job.rendezvous.close()
         job.release_guard()  # a no-op unless the run ended before its attempts
         job.reap_helpers()  # the exit code comes after every process the launcher started is gone
+
+
+def _notices(launch: Launch, left_out: StartExclusion, markers: dict[str, str]) -> None:
+    """What to say about the launch, once the run directory (so supervisor.log) is open."""
+    for notice in [*launch.notices, ignored_notice()]:
+        if notice:
+            logger.info(notice)
+    for line in [markers_notice(markers), *left_out.said]:
+        if line:
+            logger.warning(line)
 
 
 def _open_run_dir(launch: Launch, run_dir: Path, checks: CheckReport | None, console: Console) -> None:

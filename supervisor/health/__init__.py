@@ -12,7 +12,7 @@ from supervisor.health.items import FAIL, PASS, WARN
 from supervisor.health.metrics import MetricsSink
 from supervisor.health.nccl_transport import NcclTransportWatch
 from supervisor.health.preflight import CheckReport, run_checks
-from supervisor.health.proc_state import PROC_SAMPLE_S, ProcReader, ProcSample, ProcTracker
+from supervisor.health.proc_state import MEANING, PROC_SAMPLE_S, ProcReader, ProcSample, ProcTracker, cannot_run
 from supervisor.health.stragglers import Stragglers
 from supervisor.health.suspect_list import StartExclusion, SuspectList, at_start, avoid_listed, list_path, remember
 from supervisor.health.suspects import SuspectWatch, mark_moved
@@ -20,9 +20,9 @@ from supervisor.health.timeouts import HangPolicy, LearnedTimeouts, previous_lea
 from supervisor.health.watchers import FatalCause, RunContext, RunWatcher
 
 __all__ = [
-    "FAIL", "PASS", "PROC_SAMPLE_S", "WARN", "CheckReport", "FatalCause", "HangPolicy", "HangVerdict", "Heartbeats",
+    "FAIL", "MEANING", "PASS", "PROC_SAMPLE_S", "WARN", "CheckReport", "FatalCause", "HangPolicy", "HangVerdict", "Heartbeats",
     "LearnedTimeouts", "MetricsSink", "NcclTransportWatch", "ProcReader", "ProcSample", "ProcTracker", "RunContext",
     "RunWatcher", "StartExclusion", "Stragglers", "SuspectList", "SuspectWatch", "announce_devices", "at_start",
-    "avoid_listed", "gpu_watcher", "hang_timeouts", "list_path", "mark_moved", "previous_learned", "remember",
+    "avoid_listed", "cannot_run", "gpu_watcher", "hang_timeouts", "list_path", "mark_moved", "previous_learned", "remember",
     "run_checks", "traces",
 ]

@@ -14,7 +14,12 @@ ranks that may be waiting for it in a collective get the checkpoint allowance to
 Ranks that never write a record (a script that steps no torch optimizer, or runs with
 `--no-auto-heartbeat` and no status records) are judged only when the run expects
 records (built-in workers always send them); the supervisor is told once
-(`newly_unwatched`) so it can say so.
+(`newly_unwatched`) so it can say so. One the kernel shows unable to run (state T, t or D)
+is judged all the same, its startup allowance counted from when it was first seen so: an
+attempt whose ranks were all stopped before their first record (a restart handed to stopped
+standbys) waited forever, unsaid. Every rank seen stopped (state T) for DECISIVE_STOP_S is said
+once, with when a verdict comes if none runs again: a pause someone made is judged by the
+allowances, never in silence.
 
 Silence counts only while the supervisor itself runs: after it was stopped (Ctrl-Z,
 SIGSTOP, a frozen VM) the clocks restart from the moment it resumed
@@ -32,7 +37,7 @@ from gpuherd.status_records import (Alive, Checkpoint, CheckpointWrite, Done, Er
                                     Step)
 from supervisor.goodput import marks
 from supervisor.health import evidence as ev
-from supervisor.health.proc_state import ProcSample, ProcTracker
+from supervisor.health.proc_state import CANNOT_RUN, ProcSample, ProcState, ProcTracker
 from supervisor.health.stragglers import Stragglers
 from supervisor.health.timeouts import LearnedTimeouts
 
@@ -117,6 +122,7 @@ class Heartbeats:
         self._clock_floor = now  # no silence counts from before this (restart_clocks)
         self.notices: list[str] = []  # INFO lines for the supervisor to say (taken by it)
         self._told_working: set[tuple[int, float]] = set()
+        self._told_stopped: set[tuple[float, ...]] = set()
 
     def rejoin(self, rank: int, now: float) -> None:
         """A warm spare took `rank` (live recovery): judged afresh (its process too: the samples
@@ -215,8 +221,33 @@ class Heartbeats:
         self._clock_floor = max(self._clock_floor, now)
 
     def _since(self, st: RankState) -> float:
-        """When its current stretch without progress began (for the verdict's clock)."""
-        return max(st.progress_at or st.spawned, self._clock_floor)
+        """When its current stretch without progress began (for the verdict's clock); for a rank
+        judged only because it cannot run (no record, none expected), when it was first seen so."""
+        start = st.progress_at or st.spawned
+        if not self.expect and not st.records and (stuck := self._stuck(st.rank)) is not None:
+            start = max(start, stuck.since)
+        return max(start, self._clock_floor)
+
+    def _stuck(self, rank: int) -> ProcState | None:
+        """Its process's state where the kernel shows it unable to run (T, t, D), else None."""
+        proc = self.procs.state(rank)
+        return proc if proc is not None and proc.letter in CANNOT_RUN else None
+
+    def _tell_all_stopped(self, running: list[RankState], watched: list[RankState], saving: bool, now: float) -> None:
+        """Once per stretch: every running rank stopped (state T) for DECISIVE_STOP_S, and when the
+        allowances give a verdict if none runs again (the decisive rules leave a whole job stopped be)."""
+        procs = [self.procs.state(st.rank) for st in running]
+        if not running or not all(p is not None and p.letter == "T"
+                                  and now - max(p.since, self._clock_floor) >= ev.DECISIVE_STOP_S for p in procs):
+            return
+        key = tuple(p.since for p in procs if p is not None)
+        if key in self._told_stopped or not watched:
+            return
+        self._told_stopped.add(key)
+        due = min(self._since(st) + self.allowance(st, saving) for st in watched) - now
+        names = ", ".join(f"rank {st.rank}" + ("" if st.records else " (no record yet)") for st in running)
+        self.notices.append(f"every running rank is stopped (state T): {names}; taken for a pause someone made "
+                            f"(Ctrl-Z, a cgroup freezer): a verdict in {max(due, 0.0):.0f} s at the latest unless one runs again")
 
     def responsive(self, now: float, alive: set[int]) -> set[int]:
         """Ranks whose liveness thread still reports and whose process is not frozen: they can answer
@@ -246,7 +277,7 @@ class Heartbeats:
             if hung:
                 return self._hang([self.ranks[r] for r in hung], views, now, decided=why)
         watched = [st for r, st in self.ranks.items()
-                   if r in alive and not st.done and (self.expect or st.records)]
+                   if r in alive and not st.done and (self.expect or st.records or self._stuck(r) is not None)]
         started = self._rendezvous_started
         if started is not None and now - max(started, self._clock_floor) > self.rendezvous:
             missing = [st for st in self.ranks.values() if st.rank in alive and not st.joined]
@@ -255,6 +286,7 @@ class Heartbeats:
                 return HangVerdict("rendezvous", missing[0].rank,
                                f"process group not formed after {self.rendezvous:.0f} s: {names} never joined")
         saving = any(st.phase == "checkpoint" for st in watched)
+        self._tell_all_stopped(running, watched, saving, now)
         stale = [st for st in watched if now - self._since(st) > self.allowance(st, saving)]
         if not stale:
             return None

@@ -11,6 +11,7 @@ it is given, so the hang verdict is a function of samples a test can write by ha
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -30,6 +31,25 @@ FROZEN_STATES = frozenset("TtZX")
 CPU_WINDOW_S = 3.0  # CPU time is judged over about this long
 BUSY_FRACTION = 0.05  # of one core: below this the process counts as idle
 PROC_SAMPLE_S = 0.5  # /proc is read this often
+
+
+CANNOT_RUN = frozenset("TtD")  # stopped, stopped by a tracer, or asleep in the kernel: handed work, it does none
+D_READS, D_READ_GAP_S = 3, 0.05  # a page fault puts a healthy process in D for a moment: D must hold this long
+
+
+def cannot_run(pid: int) -> str | None:
+    """The state letter of a process that cannot run now (T, t, or D held over a few readings
+    D_READ_GAP_S apart: a page fault's passing D is no stuck process), else None (it runs,
+    sleeps, or is gone: its exit tells the rest)."""
+    for reading in range(D_READS):
+        try:
+            letter = LETTER.get(psutil.Process(pid).status(), "?")
+        except psutil.Error:
+            return None
+        if letter != "D" or reading == D_READS - 1:
+            return letter if letter in CANNOT_RUN else None
+        time.sleep(D_READ_GAP_S)
+    return None
 
 
 @dataclass(frozen=True)

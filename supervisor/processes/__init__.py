@@ -18,11 +18,14 @@ watched by one event loop, and torn down together.
   SpareDesk, write_request, read_answer, request_path, device_name (spare_requests.py): a spare
     asked of a running supervisor (`gpuherd spare`), through requests/ in the run directory
   OrphanGuard, sweep_children (orphan_guard.py -> orphan_guard_main.py, a helper process)
+  take_inherited_markers, markers_notice (inherited_markers.py): gpuherd's own markers found in the
+    supervisor's environment, removed and named
   STOP_SIGNALS, StopSignal, stops_raise, honoured, inherited_ignored, ignored_notice (signal_rules.py):
     one rule per signal for the whole run (inherited-ignored stays ignored; the build stops too)
 """
 
 from supervisor.processes.error_file import ERROR_FILE_VAR, RankError, error_file_for, read_error_file
+from supervisor.processes.inherited_markers import markers_notice, take_inherited_markers
 from supervisor.processes.live_recovery import LiveRecovery, Recovery
 from supervisor.processes.live_setup import LIVE_ENV, AttemptLive, discard_spares, live_for_attempt, spare_count, why_off
 from supervisor.processes.orphan_guard import OrphanGuard, sweep_children
@@ -53,5 +56,5 @@ __all__ = [
     "WorkerProcess", "become_subreaper", "die_with_parent", "error_file_for", "helper_preexec", "python_env",
     "read_error_file",
     "script_env", "spawn", "standby_env", "stop_exit_code", "sweep_children", "within_kill_wait",
-    "worker_env", "spare_count", "why_off",
+    "worker_env", "spare_count", "why_off", "markers_notice", "take_inherited_markers",
 ]

@@ -18,7 +18,11 @@ A standby is used only where the new attempt's environment differs from the one 
 in per-attempt variables alone (ATTEMPT_KEYS: the restart count, the store's port, the rank's
 error file, ...): anything torch or a library reads at import (OMP_NUM_THREADS changes when the
 group shrinks, CUDA_VISIBLE_DEVICES when a GPU is left out) differs, and then that rank starts
-afresh, as without standbys. A standby that died meanwhile is replaced by a fresh start too.
+afresh, as without standbys. A standby that died meanwhile is replaced by a fresh start too, and
+so is one the kernel shows unable to run (stopped: a cgroup freezer, an operator's Ctrl-Z, a
+debugger; or stuck in uninterruptible sleep): handed the rank, it would hold the whole attempt
+with no first record (a restart to two stopped standbys went silent for the startup allowance,
+one stopped standby cost a restart of its own); it is killed and reaped, and said in one line.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from loguru import logger
 
 from gpuherd import contract
 from supervisor.gpus import DeviceSlot
+from supervisor.health import MEANING, cannot_run
 from supervisor.processes.error_file import ERROR_FILE_VAR
 from supervisor.processes.spawn import WorkerProcess
 
@@ -88,6 +93,12 @@ class Standbys:
             logger.debug(f"restart standby of local rank {slot.local} (pid {standby.pid}) ended with "
                          f"{standby.returncode} before it was needed")
             standby.discard()  # its pipes closed
+            return None
+        state = cannot_run(standby.pid)
+        if state is not None:
+            logger.warning(f"restart standby of local rank {slot.local} (pid {standby.pid}) not used: "
+                           f"{MEANING[state]} (state {state}); killed, rank {slot.rank} starts afresh")
+            standby.discard()
             return None
         changed = differences(started_with, env)
         if changed:

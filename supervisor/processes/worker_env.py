@@ -56,8 +56,10 @@ class RunEnv:
 
 def worker_env(base: Mapping[str, str], plan: DevicePlan, slot: DeviceSlot, run: RunEnv,
                status_fd: int, error_file: str | None = None) -> dict[str, str]:
-    """`error_file`: this rank's TORCHELASTIC_ERROR_FILE (torch's `@record` writes it)."""
-    env = dict(base)
+    """`error_file`: this rank's TORCHELASTIC_ERROR_FILE (torch's `@record` writes it). None of
+    gpuherd's own markers (contract.INTERNAL_VARS) is taken from `base`: each is this worker's own
+    or absent, never one left in the environment of whoever started the supervisor."""
+    env = {name: value for name, value in base.items() if name not in contract.INTERNAL_VARS}
     world = str(run.world_size or plan.world_size)
     env.update({
         "RANK": str(slot.rank),
@@ -101,8 +103,6 @@ def worker_env(base: Mapping[str, str], plan: DevicePlan, slot: DeviceSlot, run:
         env["TORCHELASTIC_TIMER_FILE"] = run.timer_file
     if run.resume:
         env[contract.RESUME] = run.resume
-    else:
-        env.pop(contract.RESUME, None)  # never inherited from whoever started the supervisor
     env.update(_device_env(base, plan, slot, run.virtual_local_rank))
     threads = omp_threads(base, slot.kind, plan.world_size)
     if threads is not None:
