@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from gpuherd.bounded_read import NotAFile, TooLarge, read_bounded
 from gpuherd.config.data_sources import absolutize_data_sources
 from gpuherd.config.jsonc import strip_json_comments
 from gpuherd.config.merge import merge, set_dotted
@@ -17,6 +18,8 @@ from gpuherd.config.presets import DEFAULT_PRESET, preset
 from gpuherd.config.schema import BUILTIN_TOKENIZERS, Config
 from gpuherd.config.validate import validate
 from gpuherd.errors import ConfigError
+
+MAX_CONFIG_BYTES = 16 << 20  # far above any config written by hand or by a tool; a stray device fills it fast
 
 
 def resolve(
@@ -46,12 +49,15 @@ def resolve(
 def read_json_file(path: Path) -> dict[str, Any]:
     """A JSON config file; `//` and `/* */` comments are allowed (hand-written example
     configs carry them), trailing text is not."""
-    if path.is_dir():
-        raise ConfigError(f"config file {path} is a directory; --config takes a JSON file")
-    if not path.exists():  # a pipe (`--config <(...)`, /dev/stdin) is read like a file
+    if not path.exists():
         raise ConfigError(f"config file not found: {path}")
-    try:
-        text = path.read_text(encoding="utf-8")
+    try:  # a pipe (`--config <(...)`, /dev/stdin) is read like a file; a device is refused (/dev/zero never ends)
+        text = read_bounded(path, MAX_CONFIG_BYTES, pipes=True).decode("utf-8")
+    except NotAFile as exc:
+        raise ConfigError(f"config file {path} is {exc}; --config takes a JSON file (or a pipe: <(...))") from None
+    except TooLarge:
+        raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES >> 20} MiB, the limit for a config "
+                          "file; --config takes a JSON file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read config file {path}: {exc}") from None
     try:

@@ -163,3 +163,26 @@ def test_a_config_from_process_substitution_is_read(tmp_path):
     done = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=sh.env(), capture_output=True, text=True, timeout=120)
     _refused(done, "training.learning_rate must be within (0, ")
     assert list(tmp_path.iterdir()) == []
+
+
+def _address_space(limit: int):
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+@pytest.mark.parametrize("config, fragment", [
+    # before: read forever, the memory growing (under this test's 4 GiB address space: a MemoryError traceback)
+    ("/dev/zero", "config file /dev/zero is a character device; --config takes a JSON file (or a pipe: <(...))"),
+    ("/dev/null", "config file /dev/null is a character device; --config takes a JSON file"),
+    # a pipe is read, to a bound: one that never ends is refused once it passed it
+    ("<(yes)", "is larger than 16 MiB, the limit for a config file"),
+    ("big.json", "big.json is larger than 16 MiB, the limit for a config file"),
+])
+def test_a_config_that_is_a_device_or_never_ends_is_refused_in_one_line(tmp_path, config, fragment):
+    """`--config` reads at most MAX_CONFIG_BYTES, from a file or a pipe, never a device."""
+    with (tmp_path / "big.json").open("wb") as f:  # sparse: 17 MiB of zero bytes that take no disk
+        f.truncate(17 << 20)
+    line = f"exec {sys.executable} -m supervisor --set system.device=cpu {' '.join(TINY_TRAIN)} --config {config}"
+    done = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=sh.env(), capture_output=True, text=True,
+                          timeout=120, preexec_fn=_address_space(4 << 30))
+    _refused(done, fragment)
+    assert [p.name for p in tmp_path.iterdir()] == ["big.json"]
