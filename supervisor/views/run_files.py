@@ -18,15 +18,18 @@ from typing import Any
 
 import orjson
 
+from gpuherd.bounded_read import read_bounded
 from gpuherd.errors import GpuherdError
 from gpuherd.exit_codes import ExitCode
 from gpuherd.status_records import Record, Refusal, Refused, decode
+from supervisor.views.summary_file import SummaryFile, read_summary
 
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 CONFIG = "config.json"
 SUPERVISOR_LOG = "supervisor.log"
 RUN_MARKERS = (CONFIG, METRICS, SUMMARY)  # a directory with none of these is no gpuherd run
+MAX_JSON_BYTES = 64 << 20  # config.json: a resolved config is a few KiB
 
 _WORKER_LOG = re.compile(r"^worker-rank(\d+)-(\w+)\.log$")
 # supervisor.log lines: "2026-11-23 01:17:32.031 WARNING | message"
@@ -163,10 +166,11 @@ class LogTail(_LineTail):
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
-    """summary.json / config.json, or None while it is missing or not (yet) valid JSON;
-    both are written atomically, so 'invalid' means damaged, never half-written."""
+    """config.json, or None while it is missing, not valid JSON (written atomically: damaged,
+    never half-written), no regular file (a named pipe would block, a device never end) or
+    larger than MAX_JSON_BYTES."""
     try:
-        value = orjson.loads(path.read_bytes())
+        value = orjson.loads(read_bounded(path, MAX_JSON_BYTES))
     except (OSError, orjson.JSONDecodeError):
         return None
     return value if isinstance(value, dict) else None
@@ -196,7 +200,8 @@ class RunFiles:
     records: list[Record] = field(default_factory=list)  # every metrics record so far, in file order
     keep_records: bool = True  # False: `records` stays empty (a view that folds each record in as it comes)
     warnings: list[LogLine] = field(default_factory=list)
-    summary: dict[str, Any] | None = None
+    summary: dict[str, Any] | None = None  # summary.json's checked fields (summary_file.py); None: none yet
+    summary_file: SummaryFile = field(default_factory=SummaryFile)  # ... and what of it was skipped
     config: dict[str, Any] | None = None
     devices: dict[int, str] = field(default_factory=dict)
 
@@ -222,7 +227,8 @@ class RunFiles:
             yield record
         self.warnings += self._log.read_new()
         if self.summary is None:
-            self.summary = read_json(self.run_dir / SUMMARY)
+            self.summary_file = read_summary(self.run_dir / SUMMARY)
+            self.summary = self.summary_file.values
         self.devices = worker_devices(self.run_dir)
 
     def started(self) -> float:
