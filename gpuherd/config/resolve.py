@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from gpuherd.config.schema import BUILTIN_TOKENIZERS, Config
 from gpuherd.config.validate import validate
 from gpuherd.errors import ConfigError
 
+JSON_INTEGER = re.compile(r"-?(0|[1-9][0-9]*)")
 MAX_CONFIG_BYTES = 16 << 20  # far above any config written by hand or by a tool; a stray device fills it fast
 
 
@@ -72,7 +74,14 @@ def read_json_file(path: Path) -> dict[str, Any]:
 
 
 def parse_value(text: str) -> Any:
-    """`--set` values: JSON when it parses (1e-4, true, null, [0,1]), else a string."""
+    """`--set` values: JSON when it parses (1e-4, true, null, [0,1]), else a string. A JSON
+    integer is taken exactly: orjson reads one past 64 bits as a float, and the 64-bit check
+    then named 99999999999999991611392 for the 99999999999999999999999 typed."""
+    if JSON_INTEGER.fullmatch(text):
+        try:
+            return int(text)
+        except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
+            return text
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError:

@@ -49,6 +49,9 @@ def _refused(done: subprocess.CompletedProcess, fragment: str) -> None:
     (("--run-id", "a\nb"), "--run-id 'a\\nb' must be 1-128 characters of letters, digits"),
     # each spare imports torch: far more than any host holds, refused before the first one starts
     (("--max-restarts", "1", "--spares", "100000"), "2 worker(s) and 100000 warm spare(s) (--spares) need about"),
+    # the value as typed: before, after a float round trip in the --set parse, 99999999999999991611392
+    (("--spare-nodes", "99999999999999999999999"), "system.spare_nodes must fit in a signed 64-bit integer "
+                                                   "(at most 9223372036854775807), got 99999999999999999999999"),
 ])
 def test_bad_paths_and_values_exit_2_before_anything_is_written(tmp_path, args, fragment):
     (tmp_path / "a_file").write_text("in the way\n")
