@@ -30,8 +30,9 @@ def resolve(
     overrides: Sequence[str] = (),
     max_steps: int | None = None,
     cwd: Path | None = None,
+    files: bool = True,
 ) -> Config:
-    """Build, merge and validate a config; raises ConfigError with one line."""
+    """Build, merge and validate a config; raises ConfigError with one line. `files`: validate()'s."""
     cwd = Path.cwd() if cwd is None else cwd
     cfg = preset(preset_name or DEFAULT_PRESET)
     if config_file is not None:
@@ -44,7 +45,7 @@ def resolve(
             raise ConfigError(f"--set expects section.key=value, got '{item}'")
         set_dotted(cfg, key.strip(), parse_value(text.strip()), source="--set")
     _absolutize_paths(cfg, cwd)
-    validate(cfg)
+    validate(cfg, files)
     return cfg
 
 
