@@ -13,6 +13,7 @@ import fcntl
 import os
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
          (stat.S_ISSOCK, "a socket"), (stat.S_ISFIFO, "a named pipe"))
@@ -25,6 +26,20 @@ class NotAFile(OSError):
 
 class TooLarge(OSError):
     """More than the limit: nothing of it is returned."""
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """`path` opened for reading when it is a regular file (NotAFile otherwise), without blocking
+    on a named pipe nobody writes; for a reader that takes it a chunk at a time."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotAFile(kind(mode))
+    except OSError:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
 
 
 def read_bounded(path: Path, limit: int, pipes: bool = False) -> bytes:

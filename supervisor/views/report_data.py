@@ -76,6 +76,7 @@ class RunData:
     devices: dict[int, str] = field(default_factory=dict)  # rank -> GPU3 / CPU0
     malformed: int = 0
     summary_skipped: list[str] = field(default_factory=list)  # summary.json's unreadable fields (summary_file.py)
+    not_read: list[str] = field(default_factory=list)  # metrics.jsonl / supervisor.log when no regular file
 
     @property
     def run_id(self) -> str:
@@ -126,7 +127,7 @@ def load_run(run_dir: Path) -> RunData:
     log.add_warnings(files.warnings)
     data.config, data.summary, data.start = files.config or {}, files.summary, _start(files)
     data.devices, data.malformed, data.events = files.devices, files.malformed, log.events()
-    data.summary_skipped = files.summary_file.skipped
+    data.summary_skipped, data.not_read = files.summary_file.skipped, files.not_read
     data.attempts = _attempts(data, restarts, data.start if last is None else last)
     return data
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from gpuherd.bounded_read import read_bounded
+from gpuherd.bounded_read import NotAFile, open_regular, read_bounded
 from gpuherd.errors import GpuherdError
 from gpuherd.exit_codes import ExitCode
 from gpuherd.status_records import Record, Refusal, Refused, decode
@@ -82,6 +82,7 @@ class _LineTail:
         self.path = path
         self._offset = 0
         self._partial = b""
+        self.unreadable: str | None = None  # what the file is instead of a regular one (a named pipe)
 
     def read_lines(self) -> list[bytes]:
         return [line for chunk in self.each_chunk() for line in chunk]
@@ -89,7 +90,10 @@ class _LineTail:
     def each_chunk(self) -> Iterator[list[bytes]]:
         """The new whole lines, a chunk's worth at a time."""
         try:
-            handle = self.path.open("rb")
+            handle = open_regular(self.path)  # a named pipe would block the view for good
+        except NotAFile as exc:
+            self.unreadable = str(exc)
+            return
         except OSError:
             return
         with handle:
@@ -212,6 +216,11 @@ class RunFiles:
     @property
     def malformed(self) -> int:
         return self._metrics.malformed
+
+    @property
+    def not_read(self) -> list[str]:
+        """`metrics.jsonl (a named pipe)`: the appended files that are no regular file, left unread."""
+        return [f"{tail.path.name} ({tail.unreadable})" for tail in (self._metrics, self._log) if tail.unreadable]
 
     def poll(self) -> list[Record]:
         """Read what was appended since the last poll; returns the new metrics records."""

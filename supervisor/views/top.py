@@ -69,6 +69,8 @@ def _header(state: RunState, now: float) -> Text:
                 f"attempt {state.restarts + 1}  restarts {state.restarts}/{max_restarts}  {files.run_dir}")
     if files.malformed:
         text.append(f"\n{files.malformed} unreadable line(s) in metrics.jsonl skipped", style="yellow")
+    if files.not_read:
+        text.append(f"\nnot read, no regular file: {', '.join(files.not_read)}", style="yellow")
     if files.summary_file.skipped:
         text.append(f"\n{files.summary_file.skipped_line()}", style="yellow")
     return text
