@@ -60,8 +60,9 @@ def resume_override(args: argparse.Namespace) -> list[str]:
     return [f"training.resume={args.resume}"] if getattr(args, "resume", None) else []
 
 
-def config_from_args(args: argparse.Namespace, extra: list[str] | None = None) -> Config:
-    """Resolve the config the parsed options describe; exit 2 with one line if bad."""
+def config_from_args(args: argparse.Namespace, extra: list[str] | None = None, files: bool = True) -> Config:
+    """Resolve the config the parsed options describe; exit 2 with one line if bad. `files`:
+    the files it names are checked on this machine (resolve's)."""
     if args.debug and args.preset not in (None, "debug"):
         die(f"--debug and --preset {args.preset} contradict each other")
     preset_name = "debug" if args.debug else args.preset
@@ -72,6 +73,7 @@ def config_from_args(args: argparse.Namespace, extra: list[str] | None = None) -
             overrides=list(args.overrides) + list(extra or []),
             max_steps=args.max_steps,
             cwd=Path.cwd(),
+            files=files,
         )
     except ConfigError as exc:
         die(str(exc))

@@ -209,15 +209,17 @@ _SYSTEM_FLAGS = ("nproc", "gpus", "isolate", "hang_timeout", "grace_period", "st
                  "preflight", "report", "standbys")
 
 
-def parse(argv: list[str], prog: str = PROG) -> Launch:
-    """Arguments -> a validated Launch; exits 2 with one line on any problem."""
+def parse(argv: list[str], prog: str = PROG, files: bool = True) -> Launch:
+    """Arguments -> a validated Launch; exits 2 with one line on any problem. `files`: the files
+    the arguments name (the script, the data) are looked for on this machine; False where the
+    command line is checked for other machines (`gpuherd sbatch`: the job's nodes)."""
     parser = build_parser(prog)
     apply_pet_defaults(parser, os.environ)  # torchrun's PET_<FLAG>: a flag's default, the command line wins
     args = parser.parse_args(argv)
     args.min_nodes, args.nnodes = args.nnodes if args.nnodes is not None else (None, None)  # MIN:MAX
     if args.nproc is not None and args.nproc_per_node == os.environ.get("PET_NPROC_PER_NODE"):
         args.nproc_per_node = None  # --nproc typed wins over PET_NPROC_PER_NODE, as a typed flag would
-    script = _script(args, prog)
+    script = _script(args, prog, files)
     if script is not None and args.isolate is None and not args.virtual_local_rank:
         args.isolate = False  # a torchrun-style script expects every GPU visible
     torchrun = translate(args)
@@ -231,7 +233,7 @@ def parse(argv: list[str], prog: str = PROG) -> Launch:
             extra.append(f"system.{flag}=false")  # --no-isolate, --skip-checks, --no-report, --no-standbys
         elif value is not None and value is not False:
             extra.append(f"system.{flag}={'true' if value is True else value}")
-    cfg = config_from_args(args, extra + torchrun.overrides)
+    cfg = config_from_args(args, extra + torchrun.overrides, files)
     _check_nodes(node, args.node_rank_given, cfg.system.spare_nodes, script is not None)
     return Launch(config=cfg, script=script, nproc_explicit=args.nproc is not None, force=args.force,
                   run_id=args.run_id, verbose=args.verbose, node=node, store=torchrun.store,
@@ -239,7 +241,7 @@ def parse(argv: list[str], prog: str = PROG) -> Launch:
                   slurm_job_id=args.slurm_job_id)
 
 
-def _script(args: argparse.Namespace, prog: str) -> Script | None:
+def _script(args: argparse.Namespace, prog: str, files: bool = True) -> Script | None:
     """SCRIPT ARGS (or --script PATH ARGS) with -m / --no-python / --no-auto-heartbeat, checked."""
     if args.script_flag is not None:
         if args.script is not None:
@@ -256,7 +258,7 @@ def _script(args: argparse.Namespace, prog: str) -> Script | None:
     script = Script(args.script, list(args.script_args), module=args.module, no_python=args.no_python,
                     auto_heartbeat=args.auto_heartbeat, run_path=args.run_path)
     try:
-        script.check()
+        script.check(files)
     except ScriptError as exc:
         die(str(exc), exc.exit_code)
     return script

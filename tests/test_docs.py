@@ -100,3 +100,15 @@ def test_every_record_field_says_what_it_means():
     page = (ROOT / "docs" / "reference" / "status-records.md").read_text()
     empty = [line for line in page.splitlines() if line.startswith("| `") and line.rstrip().endswith("|  |")]
     assert not empty, f"record fields without a comment in gpuherd/status_records.py: {empty}"
+
+
+def test_the_suspect_devices_fields_the_sdc_guide_names_are_summary_jsons():
+    """Before: the guide listed a `strikes` field that summary.json's suspect_devices never had
+    (the count is `transient_faults`). Every field is named, as written, and no other."""
+    import dataclasses
+
+    from supervisor.summary import SuspectDevice
+
+    text = " ".join((ROOT / "docs" / "guide" / "silent-data-corruption.md").read_text().split())
+    listed = re.search(r"`suspect_devices`: (.*?) and `gpuherd report`", text).group(1)
+    assert set(re.findall(r"`(\w+)`", listed)) == {f.name for f in dataclasses.fields(SuspectDevice)}

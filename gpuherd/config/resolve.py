@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from gpuherd.bounded_read import NotAFile, TooLarge, read_bounded
 from gpuherd.config.data_sources import absolutize_data_sources
 from gpuherd.config.jsonc import strip_json_comments
 from gpuherd.config.merge import merge, set_dotted
@@ -18,6 +20,9 @@ from gpuherd.config.schema import BUILTIN_TOKENIZERS, Config
 from gpuherd.config.validate import validate
 from gpuherd.errors import ConfigError
 
+JSON_INTEGER = re.compile(r"-?(0|[1-9][0-9]*)")
+MAX_CONFIG_BYTES = 16 << 20  # far above any config written by hand or by a tool; a stray device fills it fast
+
 
 def resolve(
     preset_name: str | None = None,
@@ -25,8 +30,9 @@ def resolve(
     overrides: Sequence[str] = (),
     max_steps: int | None = None,
     cwd: Path | None = None,
+    files: bool = True,
 ) -> Config:
-    """Build, merge and validate a config; raises ConfigError with one line."""
+    """Build, merge and validate a config; raises ConfigError with one line. `files`: validate()'s."""
     cwd = Path.cwd() if cwd is None else cwd
     cfg = preset(preset_name or DEFAULT_PRESET)
     if config_file is not None:
@@ -39,19 +45,22 @@ def resolve(
             raise ConfigError(f"--set expects section.key=value, got '{item}'")
         set_dotted(cfg, key.strip(), parse_value(text.strip()), source="--set")
     _absolutize_paths(cfg, cwd)
-    validate(cfg)
+    validate(cfg, files)
     return cfg
 
 
 def read_json_file(path: Path) -> dict[str, Any]:
     """A JSON config file; `//` and `/* */` comments are allowed (hand-written example
     configs carry them), trailing text is not."""
-    if path.is_dir():
-        raise ConfigError(f"config file {path} is a directory; --config takes a JSON file")
-    if not path.exists():  # a pipe (`--config <(...)`, /dev/stdin) is read like a file
+    if not path.exists():
         raise ConfigError(f"config file not found: {path}")
-    try:
-        text = path.read_text(encoding="utf-8")
+    try:  # a pipe (`--config <(...)`, /dev/stdin) is read like a file; a device is refused (/dev/zero never ends)
+        text = read_bounded(path, MAX_CONFIG_BYTES, pipes=True).decode("utf-8")
+    except NotAFile as exc:
+        raise ConfigError(f"config file {path} is {exc}; --config takes a JSON file (or a pipe: <(...))") from None
+    except TooLarge:
+        raise ConfigError(f"config file {path} is larger than {MAX_CONFIG_BYTES >> 20} MiB, the limit for a config "
+                          "file; --config takes a JSON file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read config file {path}: {exc}") from None
     try:
@@ -66,7 +75,14 @@ def read_json_file(path: Path) -> dict[str, Any]:
 
 
 def parse_value(text: str) -> Any:
-    """`--set` values: JSON when it parses (1e-4, true, null, [0,1]), else a string."""
+    """`--set` values: JSON when it parses (1e-4, true, null, [0,1]), else a string. A JSON
+    integer is taken exactly: orjson reads one past 64 bits as a float, and the 64-bit check
+    then named 99999999999999991611392 for the 99999999999999999999999 typed."""
+    if JSON_INTEGER.fullmatch(text):
+        try:
+            return int(text)
+        except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
+            return text
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError:

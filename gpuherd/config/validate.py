@@ -15,8 +15,10 @@ from gpuherd.text import has_undecodable, printable
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
-def validate(cfg: Config) -> None:
-    """Raise ConfigError (one line, naming the field) for the first problem found."""
+def validate(cfg: Config, files: bool = True) -> None:
+    """Raise ConfigError (one line, naming the field) for the first problem found. `files`: the
+    files it names (data, tokenizer, checkpoint) are checked too; False where the config is
+    checked for other machines, whose files may differ (`gpuherd sbatch`: the job's nodes)."""
     for section_name in SECTIONS:
         section = getattr(cfg, section_name)
         for f in dataclasses.fields(section):
@@ -28,7 +30,8 @@ def validate(cfg: Config) -> None:
                 limits.check(dotted, value)
     _check_model_shape(cfg)
     _check_relations(cfg)
-    _check_files(cfg)
+    if files:
+        _check_files(cfg)
 
 
 def _check_int64(dotted: str, value: object) -> None:

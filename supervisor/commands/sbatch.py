@@ -11,12 +11,15 @@ Everything after `--` goes to run_training.sh on every node. The script asks SLU
 one task per node (gpuherd runs one supervisor per node, and the supervisor starts the
 per-GPU workers itself, as torchrun does) and starts it with `run_training.sh --slurm`,
 which reads node rank, node count and master address from SLURM (supervisor/rendezvous/slurm_env.py).
-Bad flags: one line on stderr, exit 2, nothing written. docs/guide/slurm.md has the details.
+Bad flags, and training arguments `gpuherd run` would refuse on the nodes (checked by its own
+parse: `node_refusal`): one line on stderr, exit 2, nothing written. docs/guide/slurm.md has the details.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import re
 import shlex
 import sys
@@ -26,6 +29,7 @@ from pathlib import Path
 from gpuherd.cli import OneLineParser, die
 from gpuherd.files import write_bytes_atomic
 from supervisor import REPO_ROOT
+from supervisor import cli as run_cli
 from supervisor.run_dir import new_run_id
 
 PROG = "python -m supervisor.commands.sbatch"
@@ -101,13 +105,35 @@ def _header(o: SbatchOptions) -> list[str]:
     ]
 
 
-def _body(o: SbatchOptions) -> list[str]:
+def node_args(o: SbatchOptions) -> list[str]:
+    """What every node's `run_training.sh --slurm` is given after --slurm."""
     workers = [] if o.gpus_per_node or "--nproc" in o.train_args else ["--nproc", str(o.cpu_workers)]
     run = ["--run-id", o.run_id] if o.run_id else []
     # SLURM counts every node it allocated: the training nodes are said explicitly, the rest stand by
     spares = ["--nnodes", str(o.nodes), "--spare-nodes", str(o.spare_nodes)] if o.spare_nodes else []
-    srun = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "bash", "run_training.sh", "--slurm",
-            *run, *spares, *workers, *o.train_args]
+    return [*run, *spares, *workers, *o.train_args]
+
+
+def node_refusal(o: SbatchOptions) -> str | None:
+    """What `gpuherd run` on the job's nodes would refuse at its start, found now by its own parse
+    (supervisor/cli.py), or None: a job every node refuses (--spare-nodes without --max-restarts,
+    with a script, on one node) would wait in the queue for its nodes only to end at once. What
+    --slurm reads from SLURM is given as node 0 would read it (the node count, rank 0, an address);
+    paths are relative to the checkout, where the job starts. The files the arguments name (the
+    script, the data) are not looked for: the nodes may see other files than this machine."""
+    slurm = ["--nnodes", str(o.nodes), "--node-rank", "0", "--master-addr", "127.0.0.1"]
+    said = io.StringIO()
+    try:
+        with contextlib.chdir(o.repo), contextlib.redirect_stderr(said), contextlib.redirect_stdout(io.StringIO()):
+            run_cli.parse([*slurm, *node_args(o)], files=False)
+    except SystemExit as exc:
+        lines = said.getvalue().strip().splitlines()
+        return re.sub(r"^[^:]*: error: ", "", lines[-1]) if lines else f"it exits at once (code {exc.code})"
+    return None
+
+
+def _body(o: SbatchOptions) -> list[str]:
+    srun = ["srun", "--ntasks-per-node=1", "--kill-on-bad-exit=0", "bash", "run_training.sh", "--slurm", *node_args(o)]
     return [
         "",
         "set -euo pipefail",
@@ -202,6 +228,9 @@ def parse(argv: list[str]) -> tuple[SbatchOptions, Path | None]:
         account=args.account, time=args.time, mem=args.mem, train_args=tuple(train_args),
         stop_warning=args.stop_warning, cpu_workers=cpu_workers, requeue=args.requeue, spare_nodes=args.spare_nodes,
         run_id=None if _names_run(train_args) else script_run_id(args.job_name))
+    refused = node_refusal(options)
+    if refused is not None:
+        die(f"every node of this job would refuse to start: {refused} (the arguments after -- are gpuherd run's)")
     return options, (Path(args.output).expanduser() if args.output else None)
 
 
@@ -223,9 +252,9 @@ def _parser() -> OneLineParser:
                            epilog=f"example: {PROG} --nodes 2 --gpus-per-node 8 --time 48:00:00 -o job.sbatch "
                                   "-- --preset gpt2-small, then: sbatch job.sbatch (details: docs/guide/slurm.md)")
     parser.add_argument("--nodes", type=_count, required=True, metavar="N", help="nodes to train on")
-    parser.add_argument("--gpus-per-node", type=_count_or_zero, default=None, metavar="G",
+    parser.add_argument("--gpus-per-node", type=_count_or_zero(" (0 for CPU-only nodes)"), default=None, metavar="G",
                         help="GPUs on each node; 0 for CPU-only nodes (no GPU request)")
-    parser.add_argument("--spare-nodes", type=_count_or_zero, default=0, metavar="K",
+    parser.add_argument("--spare-nodes", type=_count_or_zero(" (0 for none)"), default=0, metavar="K",
                         help="K more nodes that stand by without a rank and take the place of a node that dies "
                              "whole (default 0; the training arguments need --max-restarts)")
     parser.add_argument("--cpu", action="store_true", help="CPU-only nodes: the same as --gpus-per-node 0")
@@ -261,10 +290,13 @@ def _count(text: str) -> int:
     return int(text)
 
 
-def _count_or_zero(text: str) -> int:
-    if not re.fullmatch(r"[0-9]+", text):
-        raise argparse.ArgumentTypeError(f"expected a whole number (0 for CPU-only nodes), got '{text}'")
-    return int(text)
+def _count_or_zero(zero: str):
+    """A whole number of at least 0; `zero` says what 0 means, in the message."""
+    def check(text: str) -> int:
+        if not re.fullmatch(r"[0-9]+", text):
+            raise argparse.ArgumentTypeError(f"expected a whole number{zero}, got '{text}'")
+        return int(text)
+    return check
 
 
 def _seconds(text: str) -> int:

@@ -5,7 +5,7 @@ RUN is a run directory or a run id under --logs. The run's supervisor starts one
 were lost) and the shrunk group grows back to it once it is warm, at a step boundary; the
 command returns as soon as the spare is started (`gpuherd top` shows the regrow).
 Exit codes: 0 the spare started; 2 RUN names no run, or --device names no device the run
-lost (one line on stderr); 10 refused: the run is not running, not shrunk, stopping, or a
+lost (a training rank's, or none of the run's; shrunk or not) (one line on stderr); 10 refused: the run is not running, not shrunk, stopping, or a
 spare already starts for it; 1 no answer from the supervisor within --timeout.
 """
 

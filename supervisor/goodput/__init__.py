@@ -8,7 +8,7 @@ defines the causes and their boundaries.
 from supervisor.goodput.account import CAUSES, PRODUCTIVE, Goodput, account, painted
 from supervisor.goodput.line import console_line
 from supervisor.goodput.tensorboard import GoodputScalars, last_step
-from supervisor.goodput.timeline import Event, TimelineReader, decode, read_events
+from supervisor.goodput.timeline import Event, TimelineReader, decode, event_of, read_events
 
 __all__ = ["CAUSES", "PRODUCTIVE", "Event", "Goodput", "GoodputScalars", "account", "console_line", "decode",
-           "last_step", "painted", "read_events", "TimelineReader"]
+           "event_of", "last_step", "painted", "read_events", "TimelineReader"]

@@ -86,7 +86,9 @@ class Facts:
 
 
 def judge(request: SpareRequest, facts: Facts) -> Answer | int:
-    """The carried rank a new spare is to take back, or the answer that refuses the request."""
+    """The carried rank a new spare is to take back, or the answer that refuses the request: a
+    state of the run that takes no spare (REFUSED, 10), or a wrong request (USAGE, 2) whatever
+    the group's state: a --device that is no device of the run, or a training rank's."""
     refused = ExitCode.REFUSED
     if facts.off is not None:
         return Answer(refused, f"this run's group cannot shrink or grow back: {facts.off}")
@@ -94,6 +96,9 @@ def judge(request: SpareRequest, facts: Facts) -> Answer | int:
         return Answer(refused, f"the run is {facts.running}: no spare started")
     if facts.finished:
         return Answer(refused, "training has finished: no spare started")
+    named = None if request.device is None else _named_rank(request.device, facts)
+    if isinstance(named, Answer):
+        return named
     if not facts.carried and facts.elsewhere:
         lost = ", ".join(f"node {node}'s rank {rank}" for rank, node in sorted(facts.elsewhere.items()))
         return Answer(refused, f"the ranks lost are another node's ({lost}): ask that node's supervisor "
@@ -107,23 +112,29 @@ def judge(request: SpareRequest, facts: Facts) -> Answer | int:
         return Answer(refused, f"the group is not shrunk: all {len(facts.devices)} ranks train, nothing to grow back")
     # the pool's own spares take the lowest carried ranks nobody asked a spare for
     waiting = sorted(r for r in facts.carried if r not in facts.asked)[len(facts.standing):]
-    if request.device is None:
+    if named is None:
         if not waiting:
             return Answer(refused, f"a spare is already starting for every carried rank ({_spares(facts)}): the "
                                    "group grows back once it is warm")
         return waiting[0]
-    rank = next((r for r, (tag, uuid) in facts.devices.items() if request.device in (tag, uuid)), None)
-    left = ", ".join(f"{facts.carried[r]} (rank {r})" for r in sorted(facts.carried))
+    if named not in waiting:
+        return Answer(refused, f"a spare is already starting for rank {named} on {facts.carried[named]} "
+                               f"({_spares(facts)}): the group grows back once it is warm")
+    return named
+
+
+def _named_rank(device: str, facts: Facts) -> int | Answer:
+    """The lost rank whose device --device names, or the answer (USAGE) for a device that is no
+    device of the run here, or a training rank's."""
+    rank = next((r for r, (tag, uuid) in facts.devices.items() if device in (tag, uuid)), None)
+    left = ", ".join(f"{facts.carried[r]} (rank {r})" for r in sorted(facts.carried)) or "no rank is lost here"
     if rank is None:
         ours = ", ".join(tag for tag, _uuid in sorted(facts.devices.values()))
-        return Answer(ExitCode.USAGE, f"--device {request.device} is not one of this run's devices here ({ours}): "
+        return Answer(ExitCode.USAGE, f"--device {device} is not one of this run's devices here ({ours}): "
                                       f"a spare takes back a lost rank on the device it left: {left}")
     if rank not in facts.carried:
-        return Answer(ExitCode.USAGE, f"--device {request.device} is rank {rank}'s, which is training: name a device "
+        return Answer(ExitCode.USAGE, f"--device {device} is rank {rank}'s, which is training: name a device "
                                       f"a lost rank left: {left}")
-    if rank not in waiting:
-        return Answer(refused, f"a spare is already starting for rank {rank} on {facts.carried[rank]} "
-                               f"({_spares(facts)}): the group grows back once it is warm")
     return rank
 
 

@@ -45,13 +45,16 @@ class Script:
     auto_heartbeat: bool = True
     run_path: bool = False  # torchrun --run-path: the launcher's own interpreter, never PYTHON_EXEC
 
-    def check(self) -> None:
-        """Before anything is written: a script that is not there, or flags that contradict."""
+    def check(self, files: bool = True) -> None:
+        """Before anything is written: a script that is not there (`files`: looked for on this
+        machine), or flags that contradict."""
         if self.module and self.no_python:
             raise ScriptError("-m and --no-python cannot be combined (a module needs python)")
         if self.run_path and (self.module or self.no_python):
             raise ScriptError(f"--run-path runs a script file: it cannot be combined with "
                               f"{'-m' if self.module else '--no-python'}")
+        if not files:
+            return
         if self.no_python:
             if shutil.which(self.target) is None:
                 raise ScriptError(f"--no-python: {self.target} is not an executable program")

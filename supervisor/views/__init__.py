@@ -5,6 +5,7 @@ supervisor.log, the worker log names) and never contact the supervisor or the
 workers, so they work on a live run, a finished one, or a copy of its directory.
 
   run_files.py    the files, read while the run may still write them (both viewers)
+  summary_file.py summary.json's fields the viewers use, each checked; what is not readable skipped
   events.py       what happened, as one list of events (both viewers)
   top_state.py    what `top` shows of each rank, and its verdict; top.py draws it
   top_groups.py   over 32 ranks: one row per status with its rank set, and the worst ranks

@@ -23,7 +23,8 @@ def goodput_timeline(runs: list[RunData]) -> Figure:
     ax = fig.subplots(1, 1)
     seen: set[str] = set()
     for row, run in enumerate(runs):
-        events = read_events(run.run_dir / "metrics.jsonl")
+        metrics = run.run_dir / "metrics.jsonl"
+        events = [] if any(name.startswith(metrics.name) for name in run.not_read) else read_events(metrics)
         if not events:
             continue
         end = max(e.time for e in events)

@@ -1,7 +1,8 @@
 """Goodput in `gpuherd top`: one line, the run's so far and over the last 5 and 15 minutes.
 
-Fed the records `top` reads anyway (metrics.jsonl) and computed by the supervisor's own
-accounting (supervisor/goodput), so the number is the one summary.json will hold.
+Fed the records `top` reads anyway (metrics.jsonl), typed once by `RunFiles` as every panel
+gets them, and computed by the supervisor's own accounting (supervisor/goodput), so the number
+is the one summary.json will hold.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from typing import Any
 
 from rich.text import Text
 
-from supervisor.goodput import Event, Goodput, account, console_line, decode
+from gpuherd.status_records import Record
+from supervisor.goodput import Event, Goodput, account, console_line, event_of
 
 WINDOWS_S = (300.0, 900.0)
 
@@ -23,23 +25,22 @@ class GoodputTrack:
 
     events: list[Event] = field(default_factory=list)
 
-    def observe(self, record: Any) -> None:
-        event = decode(record)
+    def observe(self, record: Record) -> None:
+        event = event_of(record)
         if event is not None:
             self.events.append(event)
 
     def line(self, now: float | None = None, summary: dict[str, Any] | None = None) -> Text:
-        """`summary`: the run's summary.json once it ended: its goodput, and the windows end
-        with the run, not with the clock."""
+        """`summary`: the run's summary.json once it ended (its fields checked: views/summary_file.py):
+        its goodput, and the windows end with the run, not with the clock."""
         if not self.events:
             return Text("goodput: no training record yet", style="dim")
-        block = (summary or {}).get("goodput")
-        if isinstance(block, dict):
+        if summary is not None:
             end = max(e.time for e in self.events)
-            total = Goodput(**block)
         else:
             end = time.time() if now is None else now
-            total = account(self.events, end)
+        block = (summary or {}).get("goodput")
+        total = Goodput(**block) if block is not None else account(self.events, end)
         text = Text(console_line(total), style="bold")
         for window in WINDOWS_S:
             text.append(f"  last {window / 60:.0f} min {account(self.events, end, since=end - window).ratio:.2f}")

@@ -114,6 +114,9 @@ def _numbers(runs: list[RunData]) -> list[list[str]]:
         row("suspect devices", _suspects),
         row("events", lambda r: ", ".join(f"{n} {k}" for k, n in _counts(r).items()) or "-"),
         row("unreadable lines in metrics.jsonl (skipped)", lambda r: str(r.malformed)),
+        row("files not read (no regular file)", lambda r: ", ".join(r.not_read) or "-"),
+        row("unreadable fields in summary.json (skipped)",
+            lambda r: f"{len(r.summary_skipped)}: {', '.join(r.summary_skipped)}" if r.summary_skipped else "0"),
     ]
 
 

@@ -75,6 +75,8 @@ class RunData:
     attempts: list[Span] = field(default_factory=list)
     devices: dict[int, str] = field(default_factory=dict)  # rank -> GPU3 / CPU0
     malformed: int = 0
+    summary_skipped: list[str] = field(default_factory=list)  # summary.json's unreadable fields (summary_file.py)
+    not_read: list[str] = field(default_factory=list)  # metrics.jsonl / supervisor.log when no regular file
 
     @property
     def run_id(self) -> str:
@@ -125,6 +127,7 @@ def load_run(run_dir: Path) -> RunData:
     log.add_warnings(files.warnings)
     data.config, data.summary, data.start = files.config or {}, files.summary, _start(files)
     data.devices, data.malformed, data.events = files.devices, files.malformed, log.events()
+    data.summary_skipped, data.not_read = files.summary_file.skipped, files.not_read
     data.attempts = _attempts(data, restarts, data.start if last is None else last)
     return data
 
@@ -150,11 +153,15 @@ def _add(data: RunData, r: Record, per_step: int | None, seen_evals: set[int | N
 
 
 def tokens_per_step(cfg: dict[str, Any]) -> int | None:
-    """Tokens one rank trains on per optimizer step, from the run's config.json."""
+    """Tokens one rank trains on per optimizer step, from the run's config.json (None where it
+    does not hold them as positive whole numbers)."""
     try:
-        return int(cfg["training"]["batch_size"] * cfg["training"]["grad_accum_nums"] * cfg["data"]["context_length"])
+        factors = (cfg["training"]["batch_size"], cfg["training"]["grad_accum_nums"], cfg["data"]["context_length"])
     except (KeyError, TypeError):
         return None
+    if not all(type(f) is int and f > 0 for f in factors):
+        return None
+    return factors[0] * factors[1] * factors[2]
 
 
 def _start(files: RunFiles) -> float:

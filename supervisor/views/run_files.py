@@ -18,15 +18,18 @@ from typing import Any
 
 import orjson
 
+from gpuherd.bounded_read import NotAFile, open_regular, read_bounded
 from gpuherd.errors import GpuherdError
 from gpuherd.exit_codes import ExitCode
 from gpuherd.status_records import Record, Refusal, Refused, decode
+from supervisor.views.summary_file import SummaryFile, read_summary
 
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 CONFIG = "config.json"
 SUPERVISOR_LOG = "supervisor.log"
 RUN_MARKERS = (CONFIG, METRICS, SUMMARY)  # a directory with none of these is no gpuherd run
+MAX_JSON_BYTES = 64 << 20  # config.json: a resolved config is a few KiB
 
 _WORKER_LOG = re.compile(r"^worker-rank(\d+)-(\w+)\.log$")
 # supervisor.log lines: "2026-11-23 01:17:32.031 WARNING | message"
@@ -79,6 +82,7 @@ class _LineTail:
         self.path = path
         self._offset = 0
         self._partial = b""
+        self.unreadable: str | None = None  # what the file is instead of a regular one (a named pipe)
 
     def read_lines(self) -> list[bytes]:
         return [line for chunk in self.each_chunk() for line in chunk]
@@ -86,7 +90,10 @@ class _LineTail:
     def each_chunk(self) -> Iterator[list[bytes]]:
         """The new whole lines, a chunk's worth at a time."""
         try:
-            handle = self.path.open("rb")
+            handle = open_regular(self.path)  # a named pipe would block the view for good
+        except NotAFile as exc:
+            self.unreadable = str(exc)
+            return
         except OSError:
             return
         with handle:
@@ -163,10 +170,11 @@ class LogTail(_LineTail):
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
-    """summary.json / config.json, or None while it is missing or not (yet) valid JSON;
-    both are written atomically, so 'invalid' means damaged, never half-written."""
+    """config.json, or None while it is missing, not valid JSON (written atomically: damaged,
+    never half-written), no regular file (a named pipe would block, a device never end) or
+    larger than MAX_JSON_BYTES."""
     try:
-        value = orjson.loads(path.read_bytes())
+        value = orjson.loads(read_bounded(path, MAX_JSON_BYTES))
     except (OSError, orjson.JSONDecodeError):
         return None
     return value if isinstance(value, dict) else None
@@ -196,7 +204,8 @@ class RunFiles:
     records: list[Record] = field(default_factory=list)  # every metrics record so far, in file order
     keep_records: bool = True  # False: `records` stays empty (a view that folds each record in as it comes)
     warnings: list[LogLine] = field(default_factory=list)
-    summary: dict[str, Any] | None = None
+    summary: dict[str, Any] | None = None  # summary.json's checked fields (summary_file.py); None: none yet
+    summary_file: SummaryFile = field(default_factory=SummaryFile)  # ... and what of it was skipped
     config: dict[str, Any] | None = None
     devices: dict[int, str] = field(default_factory=dict)
 
@@ -207,6 +216,11 @@ class RunFiles:
     @property
     def malformed(self) -> int:
         return self._metrics.malformed
+
+    @property
+    def not_read(self) -> list[str]:
+        """`metrics.jsonl (a named pipe)`: the appended files that are no regular file, left unread."""
+        return [f"{tail.path.name} ({tail.unreadable})" for tail in (self._metrics, self._log) if tail.unreadable]
 
     def poll(self) -> list[Record]:
         """Read what was appended since the last poll; returns the new metrics records."""
@@ -222,7 +236,8 @@ class RunFiles:
             yield record
         self.warnings += self._log.read_new()
         if self.summary is None:
-            self.summary = read_json(self.run_dir / SUMMARY)
+            self.summary_file = read_summary(self.run_dir / SUMMARY)
+            self.summary = self.summary_file.values
         self.devices = worker_devices(self.run_dir)
 
     def started(self) -> float:

@@ -64,12 +64,23 @@ def _header(state: RunState, now: float) -> Text:
     text.append(outcome, style="bold green" if outcome.startswith("finished") else
                 "bold" if outcome == "running" else "bold red")
     eta = state.eta()
-    max_restarts = summary.get("max_restarts", (files.config or {}).get("system", {}).get("max_restarts", 0))
+    max_restarts = summary.get("max_restarts", _configured(files.config, "system", "max_restarts"))
     text.append(f"\nelapsed {clock(state.elapsed(now))}  ETA {clock(eta) if eta is not None else '-'}  "
                 f"attempt {state.restarts + 1}  restarts {state.restarts}/{max_restarts}  {files.run_dir}")
     if files.malformed:
         text.append(f"\n{files.malformed} unreadable line(s) in metrics.jsonl skipped", style="yellow")
+    if files.not_read:
+        text.append(f"\nnot read, no regular file: {', '.join(files.not_read)}", style="yellow")
+    if files.summary_file.skipped:
+        text.append(f"\n{files.summary_file.skipped_line()}", style="yellow")
     return text
+
+
+def _configured(config: dict[str, Any] | None, section: str, key: str) -> Any:
+    """config.json's `section.key`, or `?` where the file does not hold it as a number."""
+    value = (config or {}).get(section)
+    value = value.get(key) if isinstance(value, dict) else None
+    return value if type(value) is int else "?"
 
 
 def _cells(view: RankView, verdict: RankVerdict, now: float) -> list[str]:

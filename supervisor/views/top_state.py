@@ -208,6 +208,8 @@ class RunState:
         code = summary.get("exit_code")
         if code == 0:
             return "finished: success"
+        if code is None:  # summary.json is there (the run ended), its exit code unreadable or absent
+            return "ended: summary.json does not say how"
         cause = (summary.get("root_cause") or {}).get("message") or summary.get("outcome")
         return f"FAILED with exit code {code}: {cause}"
 

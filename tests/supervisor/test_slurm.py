@@ -437,6 +437,44 @@ def test_cli_bad_input_exits_2_in_one_line(tmp_path, python_env, args):
     assert done.stdout == "" and not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize(("args", "train", "message"), [
+    # before: each script was written, and every node refused it at its start (after the queue wait)
+    (["--spare-nodes", "1"], [], "system.spare_nodes=1 needs system.max_restarts > 0 (--max-restarts N)"),
+    (["--spare-nodes", "1"], ["--max-restarts", "2", "train.py"], "--spare-nodes 1 with a script: a spare node's"),
+    (["--nodes", "1", "--spare-nodes", "1"], ["--max-restarts", "2"], "--spare-nodes 1 needs a multi-node job"),
+    (["--spare-nodes", "1"], ["--max-restarts", "2", "--spares", "0"], "and live recovery on (system.spares != 0)"),
+    # before: written with 99999999999999999999999 spare nodes; `gpuherd run` named 99999999999999991611392
+    (["--spare-nodes", "99999999999999999999999"], ["--max-restarts", "2"],
+     "system.spare_nodes must fit in a signed 64-bit integer (at most 9223372036854775807), "
+     "got 99999999999999999999999 "),
+    ([], ["--max-restarts", "two"], "argument --max-restarts/--max_restarts: invalid int value: 'two'"),
+    # before: "(0 for CPU-only nodes)", the message of --gpus-per-node
+    (["--spare-nodes", "-1"], [], "argument --spare-nodes: expected a whole number (0 for none), got '-1'"),
+])
+def test_a_job_every_node_would_refuse_is_not_written(tmp_path, python_env, args, train, message):
+    """`gpuherd run`'s own parse judges the nodes' command line when the script is written."""
+    base = {"--nodes": "2", "--gpus-per-node": "8", "--output": "job.sbatch", "--log-dir": "logs"}
+    base.update(zip(args[::2], args[1::2], strict=True))
+    done = run_cli([*(part for pair in base.items() for part in pair), "--", *train], python_env, tmp_path)
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr.startswith("gpuherd: error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert message in done.stderr, done.stderr
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_job_whose_files_are_not_on_this_machine_is_written(tmp_path, python_env):
+    """The nodes may see other files than the machine that writes the script (node-local data, a
+    script only there): what the nodes' files decide is left to the nodes."""
+    done = run_cli(["--nodes", "2", "--gpus-per-node", "8", "--spare-nodes", "1", "--output", "job.sbatch",
+                    "--log-dir", "logs", "--", "--max-restarts", "2", "--set", "data.dataset=/node-local/*.txt"],
+                   python_env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    done = run_cli(["--nodes", "2", "--gpus-per-node", "8", "--output", "job2.sbatch", "--log-dir", "logs", "--",
+                    "/node-local/train.py"], python_env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert shlex.split((tmp_path / "job2.sbatch").read_text().splitlines()[-1])[-1] == "/node-local/train.py"
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--nodes", "x"], "argument --nodes: expected a whole number of at least 1, got 'x'"),
     (["--gpus-per-node", "-1"], "argument --gpus-per-node: expected a whole number (0 for CPU-only nodes), got '-1'"),

@@ -31,7 +31,7 @@ from supervisor.processes.spare_requests import (
 )
 from supervisor.processes.stopping import StopRules
 from supervisor.processes.supervision import Supervision
-from tests.supervisor.test_live_recovery import _shrunk_without_rank_2, FakeProc, _cause
+from tests.supervisor.test_live_recovery import _shrinking, _shrunk_without_rank_2, FakeProc, _cause
 
 CPUS = {r: (f"CPU{r}", "") for r in range(4)}
 
@@ -241,3 +241,35 @@ def test_no_answer_in_time_withdraws_the_request(running, capsys):
     code, _out, err = _run([str(running), "--timeout", "0.3"], capsys)
     assert code == 1 and "no answer from the supervisor of run r1 within 0.3 s" in err
     assert list((running / "requests").iterdir()) == []  # a later start of the run never acts on it
+
+
+def test_a_training_ranks_device_on_a_run_that_is_not_shrunk_is_a_wrong_request(running, capsys):
+    """As found: `gpuherd spare RUN --device CPU1` while all 4 ranks of a --min-replicas run trained
+    answered 10, "not shrunk", as if the run's state were what stood in the way; naming a training
+    rank's device is a wrong request whatever the state: 2. The command, the run directory's request
+    and answer files and the supervision loop's judgment, as in a run."""
+    live, _metrics, _told = _shrinking(floor=2, spares=0)  # nothing lost yet: the group is whole
+    heartbeats = SimpleNamespace(ranks={}, longest_step=lambda: None)
+    metrics = SimpleNamespace(write_lines=lambda data: None, write=lambda record: None)
+    sup = Supervision([FakeProc(pid=10 + r, rank=r) for r in range(4)], SimpleNamespace(logs={}), heartbeats,
+                      metrics, StopRules.for_script(2.0, 10.0), finish_window=60.0, live=live,
+                      requests=SpareDesk(running), clock=lambda: 100.0)
+    done = threading.Event()
+
+    def supervision_loop() -> None:
+        while not done.is_set():
+            sup._answer_requests()
+            time.sleep(0.01)
+    loop = threading.Thread(target=supervision_loop)
+    loop.start()
+    try:
+        wrong = _run([str(running), "--device", "CPU1"], capsys)
+        unneeded = _run([str(running)], capsys)
+    finally:
+        done.set()
+        loop.join()
+        sup.restore_signal_handlers()
+    assert wrong == (2, "", "gpuherd spare: error: --device CPU1 is rank 1's, which is training: name a device a "
+                            "lost rank left: no rank is lost here\n")
+    assert unneeded == (10, "", "gpuherd spare: error: the group is not shrunk: all 4 ranks train, nothing to grow "
+                                "back\n")

@@ -49,6 +49,9 @@ def _refused(done: subprocess.CompletedProcess, fragment: str) -> None:
     (("--run-id", "a\nb"), "--run-id 'a\\nb' must be 1-128 characters of letters, digits"),
     # each spare imports torch: far more than any host holds, refused before the first one starts
     (("--max-restarts", "1", "--spares", "100000"), "2 worker(s) and 100000 warm spare(s) (--spares) need about"),
+    # the value as typed: before, after a float round trip in the --set parse, 99999999999999991611392
+    (("--spare-nodes", "99999999999999999999999"), "system.spare_nodes must fit in a signed 64-bit integer "
+                                                   "(at most 9223372036854775807), got 99999999999999999999999"),
 ])
 def test_bad_paths_and_values_exit_2_before_anything_is_written(tmp_path, args, fragment):
     (tmp_path / "a_file").write_text("in the way\n")
@@ -193,3 +196,26 @@ def test_a_config_from_process_substitution_is_read(tmp_path):
     done = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=sh.env(), capture_output=True, text=True, timeout=120)
     _refused(done, "training.learning_rate must be within (0, ")
     assert list(tmp_path.iterdir()) == []
+
+
+def _address_space(limit: int):
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+@pytest.mark.parametrize("config, fragment", [
+    # before: read forever, the memory growing (under this test's 4 GiB address space: a MemoryError traceback)
+    ("/dev/zero", "config file /dev/zero is a character device; --config takes a JSON file (or a pipe: <(...))"),
+    ("/dev/null", "config file /dev/null is a character device; --config takes a JSON file"),
+    # a pipe is read, to a bound: one that never ends is refused once it passed it
+    ("<(yes)", "is larger than 16 MiB, the limit for a config file"),
+    ("big.json", "big.json is larger than 16 MiB, the limit for a config file"),
+])
+def test_a_config_that_is_a_device_or_never_ends_is_refused_in_one_line(tmp_path, config, fragment):
+    """`--config` reads at most MAX_CONFIG_BYTES, from a file or a pipe, never a device."""
+    with (tmp_path / "big.json").open("wb") as f:  # sparse: 17 MiB of zero bytes that take no disk
+        f.truncate(17 << 20)
+    line = f"exec {sys.executable} -m supervisor --set system.device=cpu {' '.join(TINY_TRAIN)} --config {config}"
+    done = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=sh.env(), capture_output=True, text=True,
+                          timeout=120, preexec_fn=_address_space(4 << 30))
+    _refused(done, fragment)
+    assert [p.name for p in tmp_path.iterdir()] == ["big.json"]

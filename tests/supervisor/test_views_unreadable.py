@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
+import sys
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from gpuherd.status_channel import PIPE_BUF, StatusWriter
 from supervisor.commands import report as report_command
 from supervisor.commands import top as top_command
 from supervisor.output import Console, LogRouter, WorkerLog, WorkerPipes
+from tests.supervisor import helpers as sh
 from worker.main import guarded
 
 CONFIG = {"training": {"batch_size": 4, "grad_accum_nums": 2, "max_restarts": 0}, "data": {"context_length": 128}}
@@ -116,3 +119,18 @@ def test_garbage_lines_in_metrics_are_skipped_and_counted(tmp_path, view):
         page = _report(run_dir)
         assert f"<td>unreadable lines in metrics.jsonl (skipped)</td><td>{unreadable}</td>" in page
         assert "rank 1: error (no message)" in page
+
+
+@pytest.mark.parametrize("name", ["metrics.jsonl", "supervisor.log"])
+def test_a_named_pipe_for_an_appended_file_is_named_not_waited_on(tmp_path, name):
+    """Before: both views opened it and waited for a writer that never came."""
+    run_dir = _run_dir(tmp_path)
+    os.mkfifo(run_dir / name)
+    done = subprocess.run([sys.executable, "-m", "supervisor.commands.top", str(run_dir), "--once", "--width", "250"],
+                          env=sh.env(), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert f"not read, no regular file: {name} (a named pipe)" in done.stdout
+    done = subprocess.run([sys.executable, "-m", "supervisor.commands.report", str(run_dir)], env=sh.env(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert f"<td>{name} (a named pipe)</td>" in (run_dir / "report" / "report.html").read_text()
