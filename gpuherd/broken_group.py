@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -44,16 +45,17 @@ def job_store(timeout: timedelta) -> Any:
                          timeout=timeout, wait_for_workers=False)
 
 
-def join_rebuilt(backend: str, timeout_s: float, rank: int, world_size: int, device: torch.device,
-                 generation: int) -> None:
+def join_rebuilt(backend: str | None, timeout_s: float, rank: int, world_size: int, device: torch.device,
+                 generation: int, init: Callable[..., None] | None = None) -> None:
     """Form rebuilt group `generation` as the default group: `rank` of `world_size` (a spare takes
     the lost rank), then a barrier (every rank has really joined). Raises what torch raises when
-    it does not form within `timeout_s`."""
+    it does not form within `timeout_s`. `init`: torch's init_process_group (gpuherd.live wraps
+    the module's own)."""
     timeout = timedelta(seconds=timeout_s)
     store = job_store(timeout)
     kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
-    dist.init_process_group(backend, store=dist.PrefixStore(f"gpuherd-live/{generation}", store),
-                            rank=rank, world_size=world_size, timeout=timeout, **kwargs)
+    (init or dist.init_process_group)(backend, store=dist.PrefixStore(f"gpuherd-live/{generation}", store),
+                                      rank=rank, world_size=world_size, timeout=timeout, **kwargs)
     dist.barrier()
     if hasattr(dist.distributed_c10d, "_set_pg_timeout"):
         dist.distributed_c10d._set_pg_timeout(COLLECTIVE_TIMEOUT)

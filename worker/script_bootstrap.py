@@ -50,6 +50,7 @@ from typing import Any
 HEARTBEAT_EVERY = 0.5  # seconds between step records: well under any sensible --hang-timeout
 STANDBY = "GPUHERD_STANDBY"  # gpuherd/contract.py's name (nothing of gpuherd's is imported this early)
 STATUS_FD = "GPUHERD_STATUS_FD"
+LIVE_RECOVERY = "GPUHERD_LIVE_RECOVERY"
 STANDBY_NICE = 19  # the standby's import yields to every training rank
 # What a torchrun-style script's start imports, in the order it does: torch, its process group, and
 # torch._dynamo, which DistributedDataParallel's constructor (and FSDP's, and torch.compile) imports
@@ -137,7 +138,7 @@ class Heartbeat:
             self._send(now)
 
     def _send(self, now: float) -> None:
-        if not self._quiet():
+        if not self._quiet() and not type(self.writer).explicit_steps:  # gpuherd.live numbers them itself
             self.writer.send("step", step=self.steps)
             self.sent, self.last_sent = self.steps, now
 
@@ -276,6 +277,11 @@ def _watch(rank: int) -> None:
     atexit.register(_settle_gloo_threads, settle, LIMIT_S)
     heartbeat = Heartbeat(StatusWriter.from_env(rank, automatic=True))
     AfterImport("torch", heartbeat.attach).install()
+    if os.environ.get(LIVE_RECOVERY) == "1":  # gpuherd.live's hooks, before the script makes its process group
+        try:
+            import gpuherd.live  # noqa: F401 - installs them (gpuherd/live/hooks.py)
+        except Exception as exc:  # noqa: BLE001 - the script runs regardless; a lost rank then restarts everyone
+            _warn(f"gpuherd.live cannot be imported here ({type(exc).__name__}: {exc}): no live recovery")
 
 
 def _preload() -> None:

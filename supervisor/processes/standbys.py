@@ -36,6 +36,7 @@ from supervisor.processes.spawn import WorkerProcess
 RANK_KEYS = ("RANK", "GROUP_RANK", "ROLE_RANK")  # a standby is no rank until it is promoted
 ATTEMPT_KEYS = frozenset({
     contract.STATUS_FD, contract.STANDBY, contract.TRACE_DIR, contract.RESUME, ERROR_FILE_VAR,
+    contract.LIVE_RECOVERY, contract.SHRINK, contract.JOIN_GENERATION,  # read by gpuherd.live, after the import
     "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT", "TORCH_FR_DUMP_TEMP_FILE", "TORCHELASTIC_TIMER_FILE",
     # who the rank is: read when the script joins its group, never at torch's import
     *RANK_KEYS, "WORLD_SIZE", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE",

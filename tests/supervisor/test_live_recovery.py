@@ -18,6 +18,7 @@ from gpuherd.config import Config, ConfigError, validate
 from gpuherd.status_records import from_object as record
 from supervisor.gpus import DeviceSlot
 from supervisor.processes import LiveRecovery
+from supervisor.torchrun import Script
 from supervisor.processes.live_setup import AttemptLive, live_for_attempt, spare_count, why_off
 from supervisor.processes.spares import SparePool
 from supervisor.summary import RootCause
@@ -178,11 +179,17 @@ def test_spares_default_to_one_with_restarts_and_need_restarts_when_asked_for():
 
 def test_attempts_where_no_rank_can_be_replaced_live_say_why_up_front():
     cfg = Config()
-    assert why_off(cfg, script=True, multi_node=False, world_size=2).startswith("a --script run")
-    assert why_off(cfg, script=False, multi_node=False, world_size=1).startswith("a single worker")
+    script = Script("train.py", ["--steps", "5"])
+    assert why_off(cfg, script=script, multi_node=False, world_size=2) is None  # gpuherd.live's able records decide
+    assert "without gpuherd's bootstrap" in why_off(cfg, script=Script("train.py", auto_heartbeat=False),
+                                                     multi_node=False, world_size=2)
+    assert "${local_rank}" in why_off(cfg, script=Script("train.py", ["--out", "o${local_rank}"]), multi_node=False,
+                                      world_size=2)
+    assert why_off(cfg, script=script, multi_node=True, world_size=2).startswith("a script across nodes")
+    assert why_off(cfg, script=None, multi_node=False, world_size=1).startswith("a single worker")
     # a multi-node job: the other nodes' ranks survive a lost one, even with one worker per node
-    assert why_off(cfg, script=False, multi_node=True, world_size=1) is None
-    assert why_off(cfg, script=False, multi_node=False, world_size=2) is None
+    assert why_off(cfg, script=None, multi_node=True, world_size=1) is None
+    assert why_off(cfg, script=None, multi_node=False, world_size=2) is None
 
 
 def test_a_survivor_that_never_leaves_the_broken_group_ends_the_recovery_after_a_step_allowance():
@@ -311,7 +318,7 @@ def _attempt_live(spares: int, multi_node: bool, lines: list[str]) -> LiveRecove
                         watch=lambda pgid: None, tell=None if multi_node else (lambda key, value: True))
     handler = logger.add(lambda m: lines.append(m.record["message"]), level="INFO")
     try:
-        return live_for_attempt(parts, budget=2, attempt=0, numbered_from=0, script=False, multi_node=multi_node,
+        return live_for_attempt(parts, budget=2, attempt=0, numbered_from=0, script=None, multi_node=multi_node,
                                 write_metric=lambda record: None)
     finally:
         logger.remove(handler)
