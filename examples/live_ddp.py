@@ -26,7 +26,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch", type=int, default=32, help="samples per rank and step")
-    parser.add_argument("--dim", type=int, default=128)
+    parser.add_argument("--dim", type=int, default=512)
     parser.add_argument("--seed", type=int, default=1234)
     args = parser.parse_args()
 
