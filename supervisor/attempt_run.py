@@ -334,7 +334,8 @@ class AttemptRunner:
         timer = FileTimer(Path(run_env.timer_file), log_dir / "file-timer.log") if run_env.timer_file else None
         live = live_for_attempt(
             AttemptLive(cfg, self._command_of(0), plan, run_env, python_env() if self.mode == "train" else script_env(),
-                        log_dir, guard.watch, tell=self.store_server.set if setup.store is not None else None),
+                        log_dir, guard.watch, tell=self.store_server.set if setup.store is not None else None,
+                        lend=self.standbys.lend),
             budget=order.live_budget, attempt=attempt,  # tell: multi-node, node 0
             numbered_from=len(self.recoveries), script=self.launch.script, multi_node=self.launch.node.multi,
             write_metric=metrics.write, regroup=self.rendezvous.regroup(attempt),

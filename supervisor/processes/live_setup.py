@@ -106,6 +106,7 @@ class AttemptLive:
     tell: Callable[[str, str], bool] | None = None  # a key into the workers' store (None: not hosted by this node)
     shrink: bool = False  # set by live_for_attempt: --min-replicas applies to this attempt
     script: bool = False  # a user's script: its spare is the script's interpreter waiting in the bootstrap
+    lend: Callable[[float], WorkerProcess | None] | None = None  # a script's restart standbys, older than a spare
 
     @property
     def env(self) -> dict[str, str]:
@@ -142,7 +143,7 @@ def live_for_attempt(parts: AttemptLive, budget: int, attempt: int, numbered_fro
                         "no warm spare is started")
         return None
     parts.shrink, parts.script = floor > 0, script is not None
-    return LiveRecovery(SparePool(count, parts.start_spare), budget, attempt, parts.env_for, numbered_from,
+    return LiveRecovery(SparePool(count, parts.start_spare, parts.lend if script is not None else None), budget, attempt, parts.env_for, numbered_from,
                         write_metric, regroup=regroup, node=node, shrink_floor=floor, tell=parts.tell,
                         worker_env=parts.env, world_size=parts.run_env.world_size, script=script is not None,
                         lazy_spares=script is not None and not names_live(script))

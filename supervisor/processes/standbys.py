@@ -103,6 +103,17 @@ class Standbys:
             standby.discard()
             return None
 
+    def lend(self, before: float) -> WorkerProcess | None:
+        """The oldest live standby started before `before` (time.monotonic()), out of the set: a
+        script's live recovery takes it for a lost rank when its own spare is younger (still
+        importing, most likely: the pool's spare started after an earlier recovery). Its local
+        rank then restarts afresh, should the attempt fail."""
+        alive = [(process.started, local) for local, (process, _) in self._by_local.items()
+                 if process.poll() is None and process.started < before]
+        if not alive:
+            return None
+        return self._by_local.pop(min(alive)[1])[0]
+
     def pids(self) -> set[int]:
         return {process.pid for process, _ in self._by_local.values()}
 
