@@ -276,12 +276,29 @@ def _watch(rank: int) -> None:
     # and of torch, right before the interpreter finalizes (gpuherd/gloo_exit.py: why).
     atexit.register(_settle_gloo_threads, settle, LIMIT_S)
     heartbeat = Heartbeat(StatusWriter.from_env(rank, automatic=True))
-    AfterImport("torch", heartbeat.attach).install()
-    if os.environ.get(LIVE_RECOVERY) == "1":  # gpuherd.live's hooks, before the script makes its process group
+    then = heartbeat.attach
+    if os.environ.get(LIVE_RECOVERY) == "1":
+        then = _with_live_hooks(then)
+    AfterImport("torch", then).install()
+
+
+def _with_live_hooks(attach: Callable[[types.ModuleType], None]) -> Callable[[types.ModuleType], None]:
+    """`attach`, then gpuherd.live's hooks (gpuherd/live/hooks.py: before the script makes its
+    process group and DDP wrapper, whatever the order of its imports). Its module is imported now,
+    while gpuherd's packages are first on sys.path; it imports torch only once the script has."""
+    try:
+        from gpuherd.live import hooks
+    except Exception as exc:  # noqa: BLE001 - the script runs regardless; a lost rank then restarts everyone
+        _warn(f"gpuherd.live cannot be imported here ({type(exc).__name__}: {exc}): no live recovery")
+        return attach
+
+    def then(torch: types.ModuleType) -> None:
+        attach(torch)
         try:
-            import gpuherd.live  # noqa: F401 - installs them (gpuherd/live/hooks.py)
-        except Exception as exc:  # noqa: BLE001 - the script runs regardless; a lost rank then restarts everyone
-            _warn(f"gpuherd.live cannot be imported here ({type(exc).__name__}: {exc}): no live recovery")
+            hooks.install()
+        except Exception as exc:  # noqa: BLE001 - as above: the script's import of torch must not fail
+            _warn(f"gpuherd.live's hooks not installed ({type(exc).__name__}: {exc}): no live recovery")
+    return then
 
 
 def _preload() -> None:

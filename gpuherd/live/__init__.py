@@ -51,14 +51,11 @@ def attach(model: Any, optimizer: Any, position: dict[str, Any] | None = None) -
     `steps(range)` the loop iterates. A collective (every rank calls it)."""
     if not enabled():
         return PlainSession()
+    from gpuherd.live.hooks import install
     from gpuherd.live.session import LiveSession
 
+    install()  # done already by the script bootstrap once torch was imported (gpuherd/live/hooks.py)
     session = LiveSession(model, optimizer, position)
     session.attach()
     return session
 
-
-if enabled():  # before the script makes its process group and DDP wrapper (gpuherd/live/hooks.py)
-    from gpuherd.live.hooks import install
-
-    install()

@@ -1,6 +1,7 @@
-"""What `import gpuherd.live` puts in place under gpuherd with live recovery on, before the script
-makes its process group and its DDP wrapper (the script bootstrap imports it first: the order of
-the script's imports does not matter).
+"""What gpuherd puts in place in a script's process under live recovery, right after the script
+imported torch (the script bootstrap's import hook calls `install`: the script's own order of
+imports does not matter, and nothing of torch is imported before the script does), so before
+the script makes its process group and its DDP wrapper.
 
 - `torch.distributed.init_process_group`: the connections the group opened are noted (a survivor
   shuts down only those when it leaves a broken group: the script's other sockets stay open). In
@@ -18,11 +19,10 @@ import functools
 from collections.abc import Callable
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from gpuherd import contract
-from gpuherd.broken_group import connections, join_rebuilt
 
 DEFAULT_TIMEOUT_S = 600.0  # the rebuilt group's rendezvous, when the run's config cannot be read
 
@@ -33,7 +33,8 @@ class Hooks:
 
     generation: int = 0  # a newcomer: the rebuilt group it joined (0: an original rank)
     joined: bool = False  # the newcomer's init_process_group joined it
-    group_connections: set[tuple[Any, Any]] = field(default_factory=set)
+    # the connections the group opened (None: not seen, all but the store's are the group's)
+    group_connections: set[tuple[Any, Any]] | None = None
     installed: bool = False
     init: Callable[..., None] | None = None  # torch's own init_process_group
 
@@ -57,6 +58,7 @@ def install() -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    from gpuherd.broken_group import connections, join_rebuilt
     from gpuherd.live.ddp import INIT_ARGS
 
     HOOKS.installed = True

@@ -35,7 +35,8 @@ from gpuherd.broken_group import connections, leave_broken_group, sever_peer_con
 from gpuherd.ddp_buckets import gradient_buckets
 from gpuherd.live import ddp as live_ddp
 from gpuherd.live import position as pos
-from gpuherd.live.hooks import HOOKS, join_rebuilt, rendezvous_timeout
+from gpuherd.broken_group import join_rebuilt
+from gpuherd.live.hooks import HOOKS, rendezvous_timeout
 from gpuherd.state_broadcast import broadcast_state
 from gpuherd.status_channel import StatusWriter
 
