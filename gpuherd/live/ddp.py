@@ -33,6 +33,7 @@ class SafeReduce:
     def __init__(self, on_lost: Callable[[str], None]) -> None:
         self.on_lost = on_lost
         self.broken: str | None = None  # what the collective raised, one line
+        self.keep = True  # False: this rank cannot be recovered live after all, a lost peer raises as without gpuherd
         self._lock = threading.Lock()
 
     def install(self, ddp: Any) -> None:
@@ -59,7 +60,7 @@ class SafeReduce:
         return future.then(reduced)
 
     def _failed(self, exc: BaseException) -> None:
-        if not is_peer_loss(exc):
+        if not self.keep or not is_peer_loss(exc):
             raise exc
         with self._lock:
             first = self.broken is None

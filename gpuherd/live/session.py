@@ -113,6 +113,9 @@ class LiveSession:
                             "seeded global draw)")
 
     def announce(self) -> None:
+        """Say whether a lost peer of this rank can be replaced live; where not, a lost peer raises in
+        the script as without gpuherd (the supervisor restarts the run)."""
+        self.reduce.keep = self.why_not is None
         self.status.send("live", event="able", able=self.why_not is None, why=self.why_not, no_shrink=None)
 
     def steps(self, steps: range) -> Iterator[int]:

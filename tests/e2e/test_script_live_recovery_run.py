@@ -25,10 +25,12 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "live_ddp.py"
 STEPS = 30
 STEP = re.compile(r"^CPU\d+:step (\d+) loss (\S+)$")
-# Generous: the bound is 1.0 s from the kill to the next full-batch step, measured by hand
-# on the shared 2-core machine (docs/guide/live-script.md); under the suite's load a warm spare can
-# still be starved, and the recovery is correct at any speed.
-NEXT_STEP_BOUND_S = 15.0
+# Generous on purpose: the bound is 1.0 s from a kill to the next full-batch step, measured
+# by hand (docs/guide/live-script.md). Here the second kill comes seconds after the first, so its
+# spare (the pool's new one, or a restart standby) may still be importing torch at the lowest
+# priority beside the training ranks: 19 s once under the suite's load on 2 cores. The bound says
+# the group goes on at all, well within the rebuilt group's rendezvous timeout.
+NEXT_STEP_BOUND_S = 60.0
 
 
 class Lines:

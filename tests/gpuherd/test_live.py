@@ -79,6 +79,9 @@ def test_the_all_reduce_keeps_a_lost_peers_error_once_and_raises_any_other():
     assert reduce.broken.startswith("[pair.cc:553] Connection closed by peer") and len(lost) == 1
     with pytest.raises(ValueError, match="a bug of the script's"):
         reduce._failed(ValueError("a bug of the script's"))
+    reduce.keep = False  # a rank that cannot be recovered live (the ranks' positions differ): as without gpuherd
+    with pytest.raises(RuntimeError, match="Connection reset by peer"):
+        reduce._failed(RuntimeError("Connection reset by peer"))
 
 
 def test_the_optimizer_step_is_skipped_while_the_group_is_broken():
