@@ -30,7 +30,7 @@ import torch
 from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
 
 from gpuherd.config import resolve
-from worker import rng
+from gpuherd import rng
 from worker.attention import resolve_backend
 from worker.data import cache_bundle
 from worker.engines.precision import adamw_kwargs, optimizer_groups

@@ -37,6 +37,9 @@ class StatusWriter:
     # in this process: the script reports for itself, and the automatic step counts (another
     # numbering of steps) must not interleave with its own (worker/script_bootstrap.py).
     explicit_records = False
+    # True once something in the process numbers the steps itself (a script's live session,
+    # gpuherd/live/): the bootstrap's heartbeat then sends no `step` record of its own count.
+    explicit_steps = False
 
     def __init__(self, fd: int | None, rank: int, automatic: bool = False) -> None:
         self._fd = fd

@@ -349,10 +349,11 @@ class AttemptRunner:
                          timer_file=str(timer_fifo(os.environ, log_dir)) if file_timer_wanted(os.environ) else "")
         timer = FileTimer(Path(run_env.timer_file), log_dir / "file-timer.log") if run_env.timer_file else None
         live = live_for_attempt(
-            AttemptLive(cfg, self.command, plan, run_env, python_env(), log_dir, guard.watch,
-                        tell=self.store_server.set if setup.store is not None else None),  # multi-node: node 0
-            budget=order.live_budget, attempt=attempt,
-            numbered_from=len(self.recoveries), script=self.mode == "script", multi_node=self.launch.node.multi,
+            AttemptLive(cfg, self._command_of(0), plan, run_env, python_env() if self.mode == "train" else script_env(),
+                        log_dir, guard.watch, tell=self.store_server.set if setup.store is not None else None,
+                        lend=self.standbys.lend),
+            budget=order.live_budget, attempt=attempt,  # tell: multi-node, node 0
+            numbered_from=len(self.recoveries), script=self.launch.script, multi_node=self.launch.node.multi,
             write_metric=metrics.write, regroup=self.rendezvous.regroup(attempt),
             node=self.rendezvous.node_rank if multi else None)
         observers = [self.checkpoints.observe, suspects.observe, self.progress.observe, self._first_step] + (
@@ -424,7 +425,7 @@ class AttemptRunner:
             self._spare_node_done(guard)
             if att.live is not None and att.setup.promotion is not None:
                 att.live.promoted(att.setup.join_generation, att.setup.promotion, att.workers, time.monotonic())
-            if att.live is not None:
+            if att.live is not None and not att.live.lazy_spares:  # else once a rank attaches (gpuherd.live)
                 att.live.pool.fill()  # after the workers: a spare never delays the training start
             self._standbys_due = lambda: self._start_standbys(att, base_env, guard, numa=bool(bindings))
             logger.debug(f"attempt {att.number}: spawned {len(att.workers)} worker(s); rendezvous store on "

@@ -95,7 +95,7 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
     vocab = _vocab_checks(cfg, console) if mode == "train" else None
     checks = _preflight(launch, plan, console, master_bound=listen is not None) if cfg.system.preflight else None
     if vocab is not None:  # last: a wrong flag above is named as such, not as a model that does not fit
-        live = why_off(cfg, script=False, multi_node=node.multi, world_size=plan.world_size) is None
+        live = why_off(cfg, script=None, multi_node=node.multi, world_size=plan.world_size) is None
         _memory_checks(cfg, plan, vocab, spare_count(cfg) if live else 0, console)
     # ---- nothing was written before this line; everything below may write
     _open_run_dir(launch, run_dir, checks, console)

@@ -34,7 +34,7 @@ from gpuherd.exit_codes import ExitCode
 from gpuherd.model_size import checkpoint_bytes
 from gpuherd.storage import format_bytes, probe_errno, storage_errno, storage_message
 from worker import distributed as wdist
-from worker import rng
+from gpuherd import rng
 from worker.checkpoint_io import checkpoint_format, read_meta
 from worker.distributed import WorkerError
 from worker.engines import Engine

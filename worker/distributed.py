@@ -1,4 +1,6 @@
-"""Device choice, the device-UUID check, and process-group setup from the environment."""
+"""Device choice, the device-UUID check, and process-group setup from the environment. A group a
+lost peer broke, and its rebuilt generation: gpuherd/broken_group.py (a script's live recovery uses
+them too)."""
 
 from __future__ import annotations
 
@@ -9,19 +11,18 @@ from datetime import timedelta
 from typing import Any
 
 import orjson
-import psutil
 import torch
 import torch.distributed as dist
 
 from gpuherd import contract
+from gpuherd.broken_group import (  # noqa: F401 - the trainer's modules find them here too
+    COLLECTIVE_TIMEOUT, PEER_LOSS_WORDS, active, is_peer_loss, job_store, join_rebuilt, leave_broken_group,
+    sever_peer_connections)
 from gpuherd.config import Config
 from gpuherd.contract import WorkerIdentity
 from gpuherd.errors import GpuherdError
 from gpuherd.exit_codes import ExitCode
 
-# Collectives after the rendezvous may legitimately take long (a large checkpoint
-# written by one rank while the others wait); real hangs are the supervisor's job.
-COLLECTIVE_TIMEOUT = timedelta(minutes=30)
 
 
 class WorkerError(GpuherdError, RuntimeError):
@@ -113,32 +114,18 @@ def init_process_group(cfg: Config, identity: WorkerIdentity, device: torch.devi
 
 
 def join_generation(cfg: Config, identity: WorkerIdentity, device: torch.device, generation: int) -> None:
-    """Form rebuilt group `generation` of a live recovery: the same store (the supervisor's,
-    MASTER_ADDR:MASTER_PORT) under a prefix of its own, so no key of an earlier group is read
-    back, and the same world size (a spare takes the lost rank). Exit 5 if it does not form
-    within system.rendezvous_timeout (a second failure: the supervisor restarts everyone)."""
+    """Form rebuilt group `generation` of a live recovery (gpuherd/broken_group.py: `join_rebuilt`).
+    Exit 5 if it does not form within system.rendezvous_timeout (a second failure: the supervisor
+    restarts everyone)."""
     where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-    timeout = timedelta(seconds=cfg.system.rendezvous_timeout)
     try:
-        store = job_store(timeout)
-        backend = backend_for(cfg, device)
-        kwargs: dict[str, Any] = {"device_id": device} if device.type == "cuda" and backend == "nccl" else {}
-        dist.init_process_group(backend, store=dist.PrefixStore(f"gpuherd-live/{generation}", store),
-                                rank=identity.rank, world_size=identity.world_size, timeout=timeout, **kwargs)
-        dist.barrier()
+        join_rebuilt(backend_for(cfg, device), cfg.system.rendezvous_timeout, identity.rank, identity.world_size,
+                     device, generation)
     except (RuntimeError, ValueError, TimeoutError, KeyError) as exc:
         detail = " ".join(str(exc).split())[:300]
         raise WorkerError(f"live recovery: rebuilt group {generation} did not form within "
                           f"{cfg.system.rendezvous_timeout:g}s (system.rendezvous_timeout): rank {identity.rank} of "
                           f"{identity.world_size} waited at {where}; {detail}", ExitCode.RENDEZVOUS) from None
-    if hasattr(dist.distributed_c10d, "_set_pg_timeout"):
-        dist.distributed_c10d._set_pg_timeout(COLLECTIVE_TIMEOUT)
-
-
-def job_store(timeout: timedelta) -> Any:
-    """A client of the attempt's store (MASTER_ADDR:MASTER_PORT), which the supervisor serves."""
-    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
-                         timeout=timeout, wait_for_workers=False)
 
 
 class RegrowEnded(Exception):
@@ -203,64 +190,6 @@ class DecisionWatch:
         if self._store is None:
             self._store = job_store(timedelta(seconds=self.cfg.system.rendezvous_timeout))
         return self._store
-
-
-def leave_broken_group() -> None:
-    """Drop a process group a lost peer broke. Its connections to the peers are shut down first
-    (`sever_peer_connections`); NCCL: the communicators are aborted too, so nothing waits for the
-    collective timeout on a peer that is gone."""
-    if not active():
-        return
-    sever_peer_connections()
-    try:
-        if dist.get_backend() == "nccl" and hasattr(dist.distributed_c10d, "_abort_process_group"):
-            dist.distributed_c10d._abort_process_group()
-        else:
-            dist.destroy_process_group()
-    except RuntimeError:
-        pass  # a group that cannot even be torn down cleanly is dropped all the same
-    if active():
-        dist.distributed_c10d._world.default_pg = None
-
-
-def sever_peer_connections() -> int:
-    """Shut down every TCP connection of this process to its peers (all but the store's, at
-    MASTER_PORT); returns how many. A gloo collective waits on one peer only, so with more than
-    two ranks a survivor can wait on another survivor rather than on the lost rank, and gloo gives
-    it no error: it is freed only when that survivor's connection closes. Destroying or aborting
-    a gloo group does not close them while anything (DDP, a vote, a writer's group) still holds
-    it, and its destructor would wait for its own blocked threads; a socket shut down here fails
-    those threads' operations at once, on this rank and at every peer it served."""
-    store_port = int(os.environ.get("MASTER_PORT") or 0)
-    severed = 0
-    for conn in psutil.Process().net_connections(kind="tcp"):
-        if conn.status != psutil.CONN_ESTABLISHED or conn.fd < 0 or not conn.raddr:
-            continue
-        if store_port in (conn.raddr.port, conn.laddr.port):  # the store's, from either end
-            continue
-        try:
-            with socket.socket(fileno=os.dup(conn.fd)) as sock:  # the duplicate shares the connection
-                sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            continue  # closed meanwhile
-        severed += 1
-    return severed
-
-
-# What a collective raises on a rank whose peer died: gloo's closed or reset connection, the
-# store's lost socket, NCCL's aborted communicator. Anything else is this rank's own failure.
-PEER_LOSS_WORDS = ("connection closed by peer", "connection reset by peer", "connection was likely closed",
-                   "broken pipe", "communicator was aborted", "nccl communicator", "remote worker crashing")
-
-
-def is_peer_loss(exc: BaseException) -> bool:
-    if isinstance(exc, (dist.DistNetworkError, dist.DistBackendError)):
-        return True
-    return isinstance(exc, RuntimeError) and any(w in str(exc).lower() for w in PEER_LOSS_WORDS)
-
-
-def active() -> bool:
-    return dist.is_available() and dist.is_initialized()
 
 
 def barrier(group: Any = None) -> None:

@@ -49,11 +49,11 @@ from loguru import logger
 from gpuherd import contract
 from gpuherd.exit_codes import ExitCode
 from worker import distributed as wdist
-from worker import rng
+from gpuherd import rng
 from worker.data_slots import loss_scale, slots_of
 from worker.distributed import WorkerError, is_peer_loss
 from worker.shard_copies import ShardCopies, restore_step
-from worker.state_broadcast import broadcast_state
+from gpuherd.state_broadcast import broadcast_state
 
 if TYPE_CHECKING:
     from gpuherd.memory_plan import Layout

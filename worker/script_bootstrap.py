@@ -53,6 +53,7 @@ from typing import Any
 HEARTBEAT_EVERY = 0.5  # seconds between step records: well under any sensible --hang-timeout
 STANDBY = "GPUHERD_STANDBY"  # gpuherd/contract.py's name (nothing of gpuherd's is imported this early)
 STATUS_FD = "GPUHERD_STATUS_FD"
+LIVE_RECOVERY = "GPUHERD_LIVE_RECOVERY"
 STANDBY_NICE = 19  # the standby's import yields to every training rank
 # What a torchrun-style script's start imports, in the order it does: torch, its process group, and
 # torch._dynamo, which DistributedDataParallel's constructor (and FSDP's, and torch.compile) imports
@@ -142,7 +143,7 @@ class Heartbeat:
             self._send(now)
 
     def _send(self, now: float) -> None:
-        if not self._quiet():
+        if not self._quiet() and not type(self.writer).explicit_steps:  # gpuherd.live numbers them itself
             self.writer.send("step", step=self.steps)
             self.sent, self.last_sent = self.steps, now
 
@@ -329,7 +330,29 @@ def _watch(rank: int) -> None:
     # and of torch, right before the interpreter finalizes (gpuherd/gloo_exit.py: why).
     atexit.register(_settle_gloo_threads, settle, LIMIT_S)
     heartbeat = Heartbeat(StatusWriter.from_env(rank, automatic=True))
-    AfterImport("torch", heartbeat.attach).install()
+    then = heartbeat.attach
+    if os.environ.get(LIVE_RECOVERY) == "1":
+        then = _with_live_hooks(then)
+    AfterImport("torch", then).install()
+
+
+def _with_live_hooks(attach: Callable[[types.ModuleType], None]) -> Callable[[types.ModuleType], None]:
+    """`attach`, then gpuherd.live's hooks (gpuherd/live/hooks.py: before the script makes its
+    process group and DDP wrapper, whatever the order of its imports). Its module is imported now,
+    while gpuherd's packages are first on sys.path; it imports torch only once the script has."""
+    try:
+        from gpuherd.live import hooks
+    except Exception as exc:  # noqa: BLE001 - the script runs regardless; a lost rank then restarts everyone
+        _warn(f"gpuherd.live cannot be imported here ({type(exc).__name__}: {exc}): no live recovery")
+        return attach
+
+    def then(torch: types.ModuleType) -> None:
+        attach(torch)
+        try:
+            hooks.install()
+        except Exception as exc:  # noqa: BLE001 - as above: the script's import of torch must not fail
+            _warn(f"gpuherd.live's hooks not installed ({type(exc).__name__}: {exc}): no live recovery")
+    return then
 
 
 def _preload() -> None:

@@ -84,7 +84,7 @@ def rehearse_first_step(config_path: str, data_vocab: int | None) -> str:
     from gpuherd.config import Config
     from gpuherd.memory_plan import Layout
     from gpuherd.model_size import count_params
-    from worker import rng
+    from gpuherd import rng
     from worker.attention import resolve_backend
     from worker.engines import Precision, build_engine
     from worker.model import ModelArgs

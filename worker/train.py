@@ -20,7 +20,7 @@ from gpuherd.liveness import Liveness
 from gpuherd.memory_plan import Layout
 from gpuherd.status_channel import StatusWriter
 from worker import distributed as wdist
-from worker import rng
+from gpuherd import rng
 from worker import signals as wsignals
 from worker.attention import resolve_backend
 from worker.checkpoint import Checkpointer, meta_base, run_id_from_env

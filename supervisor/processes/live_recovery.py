@@ -154,19 +154,24 @@ class LiveRecovery:
                  Mapping[str, str]], numbered_from: int, write_metric: Callable[[dict], None],
                  off: str | None = None, regroup: Regroup | None = None, node: int | None = None,
                  shrink_floor: int = 0, tell: Callable[[str, str], bool] | None = None,
-                 worker_env: Mapping[str, str] | None = None, world_size: int = 0) -> None:
+                 worker_env: Mapping[str, str] | None = None, world_size: int = 0, script: bool = False,
+                 lazy_spares: bool = False) -> None:
         """`budget`: recoveries allowed (what --max-restarts leaves); `env_for(slot, spare)`: the lost
         rank's environment for the spare, joining rebuilt group n; `off`: why live recovery is off for
         the whole attempt; `regroup`, `node`: a multi-node job's control plane, and this node's rank;
         `shrink_floor`: --min-replicas (0: never shrink); `tell(key, value)`: a key into the workers'
         store (multi-node: node 0's, None elsewhere); `worker_env`: what every worker of the attempt
-        gets in its environment; `world_size`: the job's ranks (multi-node: every node's)."""
+        gets in its environment; `world_size`: the job's ranks (multi-node: every node's); `script`: the
+        ranks run a user's script, recovered live through gpuherd.live; `lazy_spares`: the pool's first
+        spares start once a rank says it can be recovered live, not with the attempt (a script whose
+        file does not name gpuherd.live: one that never attaches keeps no spare)."""
         self.pool, self.budget, self.attempt, self.env_for = pool, budget, attempt, env_for
         self.off, self.numbered_from, self.write_metric = off, numbered_from, write_metric
         self.regroup, self.node = regroup, node
         self.shrink_floor, self.tell = shrink_floor, tell
         self.worker_env = dict(worker_env or {contract.LIVE_RECOVERY: "1"})
         self.world_size = world_size
+        self.script, self.lazy_spares = script, lazy_spares
         self.group: list[int] | None = None  # shrunk: the ranks training on, job-wide (a regrow adds one back)
         self.shrunk_since: dict[int, Recovery] = {}  # a rank whose data slot is carried -> the shrink that lost it
         self.asked: dict[int, int] = {}  # a spare an operator asked for (`gpuherd spare`): its pid -> the rank it takes
@@ -207,6 +212,9 @@ class LiveRecovery:
         if not survivors and self.regroup is None:  # multi-node: the other nodes' ranks survive
             return "every rank was lost: no survivor holds the state"
         for r in [rank, *survivors]:
+            if r not in self.able and self.script:
+                return (f"rank {r}'s script had not called gpuherd.live.attach (a script is recovered live only "
+                        "through it)")
             if r not in self.able:
                 return f"rank {r} had not started training yet (no state to hand over)"
             if self.able[r] is not None:
@@ -593,6 +601,8 @@ class LiveRecovery:
                 self._finish(rec, time.monotonic())
             case LiveAble():
                 self.able[rank] = None if record.able else (record.why or "cannot be recovered live")
+                if self.lazy_spares and record.able and not self.pool.started and self.budget > 0:
+                    self._first_spares()
                 if record.no_shrink:
                     self.no_shrink[rank] = record.no_shrink
             case Done():
@@ -606,6 +616,14 @@ class LiveRecovery:
                 self.rejoined.setdefault(generation, {})[rank] = record
             case LiveFirstStep() if rec is not None:
                 self._finish(rec, time.monotonic())
+
+    def _first_spares(self) -> None:
+        """A script's ranks said they can be recovered live (gpuherd.live.attach): the pool's first
+        spares start now, after the ranks' own start (a spare importing torch beside them slows it)."""
+        started = self.pool.fill()
+        if started:
+            logger.info(f"warm spare(s) pid {', '.join(str(s.pid) for s in started)} started for the script's live "
+                        "recovery (gpuherd.live)")
 
     def _finish(self, rec: Recovery, now: float) -> None:
         rec.outcome = "recovered"

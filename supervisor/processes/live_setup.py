@@ -1,8 +1,8 @@
 """An attempt's live recovery, put together: whether it applies, its spares, their environment.
 
 `live_for_attempt` returns None when there is nothing to decide (no --max-restarts, or
---spares 0 without --min-replicas) and when live recovery cannot apply to the run at all (a --script run, a
-single worker: known at launch, said once then, and no spare is started that could never
+--spares 0 without --min-replicas) and when live recovery cannot apply to the run at all (a script
+without the bootstrap, a single worker: known at launch, said once then, and no spare is started that could never
 be used): the attempt then behaves exactly as without the feature. A multi-node job's
 attempt gets the job's control plane (`regroup`): each node keeps its own spares and
 replaces its own lost ranks (or, with --min-replicas and none left, shrinks the job's group
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 from pathlib import Path
 
 from loguru import logger
@@ -25,12 +26,25 @@ from supervisor.processes.error_file import error_file_for
 from supervisor.processes.live_recovery import LiveRecovery, Regroup
 from supervisor.processes.spares import SparePool
 from supervisor.processes.spawn import WorkerProcess, spawn
+from supervisor.processes.standbys import standby_env
 from supervisor.processes.worker_env import RunEnv, worker_env
 
 LIVE_ENV = {contract.LIVE_RECOVERY: "1"}  # in every worker's environment while spares stand by
 SHRINK_ENV = {**LIVE_ENV, contract.SHRINK: "1"}  # ... and when a loss with no spare left may shrink the group
 
 
+
+
+class Script(Protocol):
+    """What live recovery reads of a user's script (supervisor/torchrun/script.py's Script)."""
+
+    target: str
+    module: bool
+
+    @property
+    def bootstrapped(self) -> bool: ...
+
+    def command(self, local_rank: int | None = None) -> list[str]: ...
 
 
 def spare_count(cfg: Config) -> int:
@@ -40,13 +54,42 @@ def spare_count(cfg: Config) -> int:
     return 1 if cfg.system.max_restarts > 0 else 0
 
 
-def why_off(cfg: Config, script: bool, multi_node: bool, world_size: int) -> str | None:
-    """Why no rank of this attempt can be replaced live, whatever happens (None: it can)."""
-    if script:
-        return "a --script run (live recovery hands over the built-in trainer's state; a script's is its own)"
+def why_off(cfg: Config, script: Script | None, multi_node: bool, world_size: int) -> str | None:
+    """Why no rank of this attempt can be replaced live, whatever happens (None: it can). A
+    script's ranks are recovered live only through gpuherd.live (their `able` records say so)."""
+    if script is not None:
+        why = why_off_script(cfg, script, multi_node)
+        if why:
+            return why
     if world_size < 2 and not multi_node:  # a multi-node job's other nodes hold the state
         return "a single worker: no survivor holds the state"
     return None
+
+
+def why_off_script(cfg: Config, script: Script, multi_node: bool) -> str | None:
+    if not script.bootstrapped:
+        return ("a script run without gpuherd's bootstrap (--no-python or --no-auto-heartbeat): a warm spare of a "
+                "script is its interpreter waiting in the bootstrap")
+    if script.command(0) != script.command(1):
+        return "the script's command line names ${local_rank}: a warm spare cannot know it before it takes a rank"
+    if multi_node:
+        return "a script across nodes (a script's live recovery is built for one node)"
+    if cfg.system.min_replicas > 0:
+        return "--min-replicas with a script (a script's data slots cannot be carried by another rank)"
+    return None
+
+
+def names_live(script: Script) -> bool:
+    """The script's file names gpuherd.live: its spares start with the attempt, as the built-in
+    trainer's do, so that one is warm for an early loss; else once a rank attaches (a script of
+    which no rank does keeps no spare, whose torch import would slow the ranks' start)."""
+    if script.module:
+        return False
+    try:
+        text = Path(script.target).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return "gpuherd.live" in text or "gpuherd import live" in text
 
 
 @dataclass
@@ -62,6 +105,8 @@ class AttemptLive:
     watch: Callable[[int], None]  # the orphan guard's: every spare's process group is guarded too
     tell: Callable[[str, str], bool] | None = None  # a key into the workers' store (None: not hosted by this node)
     shrink: bool = False  # set by live_for_attempt: --min-replicas applies to this attempt
+    script: bool = False  # a user's script: its spare is the script's interpreter waiting in the bootstrap
+    lend: Callable[[float], WorkerProcess | None] | None = None  # a script's restart standbys, older than a spare
 
     @property
     def env(self) -> dict[str, str]:
@@ -70,6 +115,8 @@ class AttemptLive:
     def start_spare(self, number: int) -> WorkerProcess:
         slot = self.plan.slots[0]  # a placeholder: the real rank comes with the assignment
         env = {**worker_env(self.base_env, self.plan, slot, self.run_env, 0), **self.env, contract.SPARE: "1"}
+        if self.script:  # the restart standby's wait (worker/script_bootstrap.py: `stand_by`), for a lost rank
+            env = standby_env({**worker_env(self.base_env, self.plan, slot, self.run_env, 0), **self.env})
         spare = spawn(self.command, lambda fd: {**env, contract.STATUS_FD: str(fd)}, slot,
                       self.log_dir / f"spare-{number}.log", stdin_pipe=True)
         self.watch(spare.pgid)
@@ -82,7 +129,7 @@ class AttemptLive:
                 **self.env, contract.JOIN_GENERATION: str(generation)}
 
 
-def live_for_attempt(parts: AttemptLive, budget: int, attempt: int, numbered_from: int, script: bool,
+def live_for_attempt(parts: AttemptLive, budget: int, attempt: int, numbered_from: int, script: Script | None,
                      multi_node: bool, write_metric: Callable[[dict], None], regroup: Regroup | None = None,
                      node: int | None = None) -> LiveRecovery | None:
     """`regroup`, `node`: a multi-node job's control plane, and this node's rank."""
@@ -95,10 +142,11 @@ def live_for_attempt(parts: AttemptLive, budget: int, attempt: int, numbered_fro
             logger.info(f"live recovery off: {off}; a failure restarts every worker (--max-restarts), "
                         "no warm spare is started")
         return None
-    parts.shrink = floor > 0
-    return LiveRecovery(SparePool(count, parts.start_spare), budget, attempt, parts.env_for, numbered_from,
+    parts.shrink, parts.script = floor > 0, script is not None
+    return LiveRecovery(SparePool(count, parts.start_spare, parts.lend if script is not None else None), budget, attempt, parts.env_for, numbered_from,
                         write_metric, regroup=regroup, node=node, shrink_floor=floor, tell=parts.tell,
-                        worker_env=parts.env, world_size=parts.run_env.world_size)
+                        worker_env=parts.env, world_size=parts.run_env.world_size, script=script is not None,
+                        lazy_spares=script is not None and not names_live(script))
 
 
 def discard_spares(pool: SparePool, forget: Callable[[int], None]) -> None:

@@ -29,9 +29,12 @@ from supervisor.summary import how_it_ended
 
 
 class SparePool:
-    def __init__(self, count: int, start: Callable[[int], WorkerProcess]) -> None:
-        """`start(n)`: spawn spare number n (a WorkerProcess whose slot is only a placeholder)."""
-        self.count, self._start = count, start
+    def __init__(self, count: int, start: Callable[[int], WorkerProcess],
+                 lend: Callable[[float], WorkerProcess | None] | None = None) -> None:
+        """`start(n)`: spawn spare number n (a WorkerProcess whose slot is only a placeholder);
+        `lend(before)`: a process of the same kind started before `before`, taken instead of a
+        younger spare (a script's restart standbys: supervisor/processes/standbys.py)."""
+        self.count, self._start, self._lend = count, start, lend
         self.spares: list[WorkerProcess] = []
         self.started = 0
         self._warm: set[int] = set()  # pids of the spares whose warm-up ended
@@ -81,7 +84,13 @@ class SparePool:
         return spare
 
     def take(self) -> tuple[WorkerProcess | None, str]:
-        """A live spare, or None and why there is none."""
+        """A live spare (or an older process `lend` gives: it had longer to warm up), or None and
+        why there is none."""
+        if self._lend is not None:
+            oldest_spare = min((s.started for s in self.spares if s.poll() is None), default=float("inf"))
+            older = self._lend(oldest_spare)
+            if older is not None:
+                return older, ""
         gone = []
         for spare in list(self.spares):
             self.spares.remove(spare)

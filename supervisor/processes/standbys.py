@@ -41,6 +41,7 @@ from supervisor.processes.spawn import WorkerProcess
 RANK_KEYS = ("RANK", "GROUP_RANK", "ROLE_RANK")  # a standby is no rank until it is promoted
 ATTEMPT_KEYS = frozenset({
     contract.STATUS_FD, contract.STANDBY, contract.TRACE_DIR, contract.RESUME, ERROR_FILE_VAR,
+    contract.LIVE_RECOVERY, contract.SHRINK, contract.JOIN_GENERATION,  # read by gpuherd.live, after the import
     "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT", "TORCH_FR_DUMP_TEMP_FILE", "TORCHELASTIC_TIMER_FILE",
     # who the rank is: read when the script joins its group, never at torch's import
     *RANK_KEYS, "WORLD_SIZE", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE",
@@ -112,6 +113,24 @@ class Standbys:
             logger.debug(f"restart standby pid {standby.pid}: {exc}")
             standby.discard()
             return None
+
+    def lend(self, before: float) -> WorkerProcess | None:
+        """The oldest live standby started before `before` (time.monotonic()), out of the set: a
+        script's live recovery takes it for a lost rank when its own spare is younger (still
+        importing, most likely: the pool's spare started after an earlier recovery). Its local
+        rank then restarts afresh, should the attempt fail."""
+        alive = [(process.started, local) for local, (process, _) in self._by_local.items()
+                 if process.poll() is None and process.started < before]
+        for _, local in sorted(alive):
+            process = self._by_local.pop(local)[0]
+            state = cannot_run(process.pid)
+            if state is None:
+                return process
+            # a stopped or stuck standby would hold the whole rebuilt group: never lent
+            logger.warning(f"restart standby of local rank {local} (pid {process.pid}) not lent to a live recovery: "
+                           f"{MEANING[state]} (state {state}); killed")
+            process.discard()
+        return None
 
     def pids(self) -> set[int]:
         return {process.pid for process, _ in self._by_local.values()}

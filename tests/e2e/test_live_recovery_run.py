@@ -240,18 +240,20 @@ def test_a_second_failure_during_the_recovery_falls_back_to_a_restart_saying_why
     assert _losses(run_dir) == uninterrupted  # the restart began afresh (no checkpoint yet): the same run
 
 
-def test_a_script_run_says_once_at_launch_that_live_recovery_is_off_and_starts_no_spare(tmp_path, python_env):
+def test_a_script_that_never_calls_gpuherd_live_is_restarted_and_starts_no_spare(tmp_path, python_env):
+    """A script is recovered live only through gpuherd.live (tests/e2e/test_script_live_recovery_run.py);
+    one that never attaches keeps no spare, and its loss says why it restarts."""
     script = tmp_path / "train.py"
-    script.write_text("import os, sys\n"
-                      "sys.exit(3 if os.environ['RANK'] == '1' and os.environ['TORCHELASTIC_RESTART_COUNT'] == '0' "
-                      "else 0)\n")
+    script.write_text("import os, sys, time\n"
+                      "first = os.environ['TORCHELASTIC_RESTART_COUNT'] == '0'\n"
+                      "time.sleep(3 if first and os.environ['RANK'] == '0' else 0)  # a survivor when rank 1 fails\n"
+                      "sys.exit(3 if os.environ['RANK'] == '1' and first else 0)\n")
     run = subprocess.run([sys.executable, "-m", "supervisor", "--nproc", "2", "--set", "system.device=cpu",
                           "--no-report", "--max-restarts", "1", "--run-id", "script", str(script)],
                          cwd=tmp_path, env=python_env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stderr.count("live recovery off: a --script run (live recovery hands over the built-in trainer's "
-                            "state; a script's is its own)") == 1  # at launch, not at the failure
-    assert "live recovery not possible" not in run.stderr
+    assert "live recovery off" not in run.stderr
+    assert run.stderr.count("live recovery not possible: rank 1's script had not called gpuherd.live.attach") == 1
     summary = orjson.loads((tmp_path / "logs" / "script" / "summary.json").read_bytes())
     assert summary["restarts"] == 1 and summary["recoveries"] == []
     assert not list((tmp_path / "logs" / "script").rglob("spare-*.log"))  # no spare it could never use

@@ -18,6 +18,7 @@ from gpuherd.config import Config, ConfigError, validate
 from gpuherd.status_records import from_object as record
 from supervisor.gpus import DeviceSlot
 from supervisor.processes import LiveRecovery
+from supervisor.torchrun import Script
 from supervisor.processes.live_setup import AttemptLive, live_for_attempt, spare_count, why_off
 from supervisor.processes.spares import SparePool
 from supervisor.summary import RootCause
@@ -178,11 +179,17 @@ def test_spares_default_to_one_with_restarts_and_need_restarts_when_asked_for():
 
 def test_attempts_where_no_rank_can_be_replaced_live_say_why_up_front():
     cfg = Config()
-    assert why_off(cfg, script=True, multi_node=False, world_size=2).startswith("a --script run")
-    assert why_off(cfg, script=False, multi_node=False, world_size=1).startswith("a single worker")
+    script = Script("train.py", ["--steps", "5"])
+    assert why_off(cfg, script=script, multi_node=False, world_size=2) is None  # gpuherd.live's able records decide
+    assert "without gpuherd's bootstrap" in why_off(cfg, script=Script("train.py", auto_heartbeat=False),
+                                                     multi_node=False, world_size=2)
+    assert "${local_rank}" in why_off(cfg, script=Script("train.py", ["--out", "o${local_rank}"]), multi_node=False,
+                                      world_size=2)
+    assert why_off(cfg, script=script, multi_node=True, world_size=2).startswith("a script across nodes")
+    assert why_off(cfg, script=None, multi_node=False, world_size=1).startswith("a single worker")
     # a multi-node job: the other nodes' ranks survive a lost one, even with one worker per node
-    assert why_off(cfg, script=False, multi_node=True, world_size=1) is None
-    assert why_off(cfg, script=False, multi_node=False, world_size=2) is None
+    assert why_off(cfg, script=None, multi_node=True, world_size=1) is None
+    assert why_off(cfg, script=None, multi_node=False, world_size=2) is None
 
 
 def test_a_survivor_that_never_leaves_the_broken_group_ends_the_recovery_after_a_step_allowance():
@@ -311,7 +318,7 @@ def _attempt_live(spares: int, multi_node: bool, lines: list[str]) -> LiveRecove
                         watch=lambda pgid: None, tell=None if multi_node else (lambda key, value: True))
     handler = logger.add(lambda m: lines.append(m.record["message"]), level="INFO")
     try:
-        return live_for_attempt(parts, budget=2, attempt=0, numbered_from=0, script=False, multi_node=multi_node,
+        return live_for_attempt(parts, budget=2, attempt=0, numbered_from=0, script=None, multi_node=multi_node,
                                 write_metric=lambda record: None)
     finally:
         logger.remove(handler)
@@ -422,3 +429,62 @@ def test_no_regrow_once_a_rank_finished_training():
     assert live.regrow_candidate() == 2
     live.observe(record({"type": "done", "rank": 0, "step": 40}))
     assert live.regrow_candidate() is None
+
+
+# ---- a user's script (gpuherd.live): its spares, its restart standbys lent, its words
+
+
+@dataclass
+class AgedProc(FakeProc):
+    started: float = 0.0
+
+
+def test_a_script_spare_older_than_the_pools_is_lent_by_the_restart_standbys():
+    """After a recovery the pool's new spare is still importing torch; a restart standby started
+    earlier (at the attempt's first step) takes the next lost rank instead."""
+    standbys = {3: AgedProc(pid=700, started=5.0), 4: AgedProc(pid=701, started=1.0)}
+
+    def lend(before: float):
+        older = [(p.started, local) for local, p in standbys.items() if p.started < before]
+        return standbys.pop(min(older)[1]) if older else None
+
+    pool = SparePool(1, lambda n: AgedProc(pid=900 + n, started=10.0), lend)
+    pool.fill()
+    assert pool.take()[0].pid == 701  # the oldest standby, before the pool's younger spare
+    assert pool.take()[0].pid == 700
+    assert pool.take()[0].pid == 900  # no standby left older than it: the pool's own
+
+
+def test_a_script_that_never_attaches_keeps_no_spare_and_its_loss_says_why(warnings):
+    pool = SparePool(1, lambda n: FakeProc(pid=900 + n))
+    live = LiveRecovery(pool, 2, attempt=0, env_for=lambda slot, spare, g: {}, numbered_from=0,
+                        write_metric=lambda m: None, script=True, lazy_spares=True)
+    assert pool.started == 0
+    assert live.why_not(1, [0]) == "rank 1's script had not called gpuherd.live.attach (a script is recovered live " \
+                                   "only through it)"
+    live.observe(record({"type": "live", "rank": 0, "event": "able", "able": True, "why": None}))
+    assert pool.started == 1 and pool.ready()  # the first rank that attached: the pool's spare starts now
+    live.observe(record({"type": "live", "rank": 1, "event": "able", "able": True, "why": None}))
+    assert pool.started == 1
+
+
+def test_a_script_naming_gpuherd_live_gets_its_spares_with_the_attempt(tmp_path):
+    from supervisor.processes.live_setup import names_live
+
+    (tmp_path / "live.py").write_text("import gpuherd.live as live\n")
+    (tmp_path / "plain.py").write_text("import torch\n")
+    assert names_live(Script(str(tmp_path / "live.py")))
+    assert not names_live(Script(str(tmp_path / "plain.py")))
+    assert not names_live(Script("pkg.train", module=True))  # a module: its file is not known here
+
+
+def test_the_restart_standbys_lend_their_oldest_live_one_started_before_a_time():
+    from supervisor.processes.standbys import Standbys
+
+    made = iter([AgedProc(pid=700, started=3.0), AgedProc(pid=701, started=1.0, returncode=-9),
+                 AgedProc(pid=702, started=2.0)])
+    standbys = Standbys()
+    standbys.fill([DeviceSlot(r, "cpu", r) for r in range(3)], lambda slot: (next(made), {}))
+    assert standbys.lend(before=1.5) is None  # the only older one died
+    assert standbys.lend(before=10.0).pid == 702
+    assert standbys.pids() == {700, 701}  # lent: no longer a standby of the next attempt

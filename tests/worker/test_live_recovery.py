@@ -19,7 +19,7 @@ from worker.live_recovery import why_not_live
 # tensors, a sampler position, RNG states, odd dtypes); rank 1 saves what it received.
 EXCHANGE = """
 import sys, torch, torch.distributed as dist
-from worker.state_broadcast import broadcast_state
+from gpuherd.state_broadcast import broadcast_state
 rank, store_path, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo", store=dist.FileStore(store_path, 2), rank=rank, world_size=2)
 torch.manual_seed(7)

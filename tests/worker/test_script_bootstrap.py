@@ -228,6 +228,7 @@ class FakeClock:
 @pytest.fixture
 def channel(monkeypatch):
     monkeypatch.setattr(StatusWriter, "explicit_records", False)
+    monkeypatch.setattr(StatusWriter, "explicit_steps", False)
     read, write = os.pipe()
     os.set_blocking(read, False)
 
@@ -269,6 +270,18 @@ def test_a_script_that_reports_for_itself_silences_the_automatic_heartbeat(chann
     beat.on_step(None, (), {})
     beat.at_exit()
     assert records() == []
+
+
+def test_a_script_whose_steps_gpuherd_live_numbers_gets_no_second_numbering_but_keeps_its_phases(channel):
+    """gpuherd.live sends the script's `step` records (the loop's own step numbers); the heartbeat's
+    count of optimizer steps would be a second numbering. Its phases (checkpoint, shutdown) stay."""
+    writer, records = channel
+    beat = Heartbeat(writer, FakeClock())
+    StatusWriter.explicit_steps = True
+    beat.on_step(None, (), {})
+    beat.saving(lambda: None)()
+    beat.at_exit()
+    assert records() == [("phase", "checkpoint"), ("phase", "train"), ("phase", "shutdown")]
 
 
 def test_after_import_calls_back_once_the_module_is_imported(tmp_path, monkeypatch):

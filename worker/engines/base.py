@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from gpuherd.config import Config
+from gpuherd.ddp_buckets import Buckets  # gradient buckets in reduction order (DDP's own description)
 from gpuherd.memory_plan import Layout
 from worker.engines.precision import Precision, adamw_kwargs, optimizer_groups
 from worker.model import Transformer
@@ -28,9 +29,6 @@ from worker.model import Transformer
 # step and the step can no longer be replayed.
 StepCheck = Callable[[torch.Tensor | None, Callable[[], torch.Tensor] | None], bool]
 
-
-# Gradient buckets in reduction order, each a tuple of parameter indices (DDP's own description).
-Buckets = tuple[tuple[int, ...], ...]
 
 
 @dataclass(frozen=True)

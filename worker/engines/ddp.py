@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
+from gpuherd.ddp_buckets import gradient_buckets, starting_buckets
 from worker.engines.base import Buckets, Build
 from worker.engines.precision import adamw_kwargs, optimizer_groups
 from worker.engines.torch_engine import TorchEngine
@@ -59,46 +59,9 @@ def _ddp(model: nn.Module, device: torch.device, init_sync: bool, buckets: Bucke
                               else {"broadcast_buffers": False})
     if not init_sync and "init_sync" in params:
         kwargs["init_sync"] = False
-    with _starting_buckets(buckets):
+    with starting_buckets(buckets):
         return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
                    gradient_as_bucket_view=True, **kwargs)
-
-
-def gradient_buckets(wrapper: nn.Module) -> Buckets | None:
-    """The parameter indices of each gradient bucket, in reduction order, as DDP rebuilt them
-    after its first step (from the order gradients became ready); None before that rebuild.
-
-    A rebuilt process group needs a new wrapper, and a new wrapper starts from DDP's initial
-    buckets (parameters in reverse definition order). With more than two ranks the all-reduce
-    adds each element's values in an order that depends on where the element sits in its
-    bucket, so starting from other buckets than the wrapper it replaces changes the sums in
-    their last bits: the run would no longer equal an uninterrupted one."""
-    text = wrapper._get_ddp_logging_data().get("rebuilt_per_bucket_param_indices")
-    if not isinstance(text, str) or not text.strip():
-        return None
-    return tuple(tuple(int(i) for i in bucket.split()) for bucket in text.split(","))
-
-
-@contextlib.contextmanager
-def _starting_buckets(buckets: Buckets | None):
-    """DDP computes its initial buckets inside its constructor, with no argument to give them:
-    while it runs, that computation answers `buckets` (checked to hold each parameter once)."""
-    if buckets is None:
-        yield
-        return
-    assign = dist._compute_bucket_assignment_by_size
-
-    def given(tensors: list[torch.Tensor], limits: list[int], *args: Any, **kwargs: Any) -> Any:
-        if sorted(i for bucket in buckets for i in bucket) != list(range(len(tensors))):
-            return assign(tensors, limits, *args, **kwargs)  # another model: DDP's own buckets
-        ordered = [list(bucket) for bucket in reversed(buckets)]  # DDP reverses what this returns
-        return ordered, [limits[-1]] * len(ordered)
-
-    dist._compute_bucket_assignment_by_size = given
-    try:
-        yield
-    finally:
-        dist._compute_bucket_assignment_by_size = assign
 
 
 @dataclass

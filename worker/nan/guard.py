@@ -35,7 +35,7 @@ from gpuherd.errors import GpuherdError
 from gpuherd.exit_codes import ExitCode
 from gpuherd.liveness import Liveness
 from gpuherd.status_channel import StatusWriter
-from worker import rng
+from gpuherd import rng
 from worker.nan import dump
 from worker.nan.consensus import StepVerdict, agree, device_label, distributed, gather_dicts, hostname, local_flags
 from worker.nan.evidence import Evidence, nonfinite_evidence, number_or_text, spike_evidence

@@ -33,7 +33,7 @@ class KeptStep:
 
     source: Any  # the loop's batch source (for naming the samples)
     position: dict[str, Any] | None  # its state_dict() before this step's batches
-    rng: dict[str, Any] | None  # worker.rng.capture(), only with a rerun policy
+    rng: dict[str, Any] | None  # gpuherd.rng.capture(), only with a rerun policy
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Putting a corrupted replica right without restarting a process.
 
 - `take_from(source)`: the source (a rank of the healthy majority) broadcasts model, optimizer
-  and grad-scaler state (worker/state_broadcast.py, the live-recovery hand-over); the
+  and grad-scaler state (gpuherd/state_broadcast.py, the live-recovery hand-over); the
   corrupted ranks load it, the others drop it. Data position and RNG stay each rank's own:
   a corrupted value does not touch them. The received bits are the healthy step's result,
   so the corrupted rank's step counts as redone with the healthy one's numbers.
@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from worker import rng
-from worker.state_broadcast import broadcast_state
+from gpuherd import rng
+from gpuherd.state_broadcast import broadcast_state
 
 if TYPE_CHECKING:
     from worker.engines import Engine
