@@ -68,6 +68,20 @@ def test_a_stopped_standby_is_killed_and_its_rank_starts_afresh(tmp_path):
     assert standby.popen.returncode == -signal.SIGKILL and not psutil.pid_exists(standby.pid)  # killed, reaped
 
 
+def test_a_stopped_standby_is_never_lent_to_a_scripts_live_recovery(tmp_path):
+    """A script's live recovery borrows the oldest standby when its own spare is younger: a
+    stopped one would hold the rebuilt group; it is killed and reaped, and the next one lent."""
+    waiter = "import sys\nsys.stdin.buffer.readline()\n"
+    standbys, slots = Standbys(), [DeviceSlot(0, "cpu", 0), DeviceSlot(1, "cpu", 1)]
+    stopped, running = standbys.fill(slots, lambda s: (spawn([sys.executable, "-c", waiter], lambda fd: {"PATH": ""}, s,
+                                                             tmp_path / f"rank{s.local}.log", stdin_pipe=True), {}))
+    stopped.signal_group(signal.SIGSTOP)
+    assert wait_for(lambda: psutil.Process(stopped.pid).status() == psutil.STATUS_STOPPED, timeout=10)
+    assert standbys.lend(before=float("inf")) is running  # the stopped (older) one passed over
+    assert stopped.popen.returncode == -signal.SIGKILL and not psutil.pid_exists(stopped.pid)
+    running.discard()
+
+
 def _stop_standbys_then_kill_rank1(supervisor: int, stopped: int) -> list[psutil.Process]:
     """Once both restart standbys are up: SIGSTOP `stopped` of them, then SIGKILL rank 1."""
     assert wait_for(lambda: len(_standbys(supervisor)) == 2, timeout=90), "no restart standbys started"
