@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""A test tool: slow one process down by a factor from outside, without touching its code.
+
+A stop/continue duty cycle: every `period` seconds the process gets SIGCONT, runs for
+`period / factor`, then SIGSTOP for the rest. A CPU-bound process (a CPU rank of the built-in
+trainer, a `--script` on CPU) then makes progress at 1/factor of its speed; its peers wait
+for it in every collective, as for a throttled GPU or a degraded link. The period is jittered
+(+-20%) so that nothing sampling the process at a fixed rate (the supervisor reads /proc every
+0.5 s) always lands in the same phase of the cycle.
+
+What it slows is the *process*: a new process (a warm spare) on the same machine runs at full
+speed, so on CPU this shows the move-out's mechanism. On a GPU the cause is usually the device
+(a thermal or power cap, a bad link), and only a replacement on another device helps.
+
+It stops when the process is gone, and leaves it running (SIGCONT) when stopped itself.
+
+    python bench/slow_rank.py PID FACTOR [--for SECONDS] [--period SECONDS]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import threading
+import time
+
+PERIOD_S = 0.05
+
+
+class SlowDown:
+    """The duty cycle on `pid`, on a thread of its own (`start`, `stop`)."""
+
+    def __init__(self, pid: int, factor: float, period: float = PERIOD_S) -> None:
+        if factor < 1:
+            raise ValueError(f"factor must be >= 1, got {factor}")
+        self.pid, self.factor, self.period = pid, factor, period
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"slow-{pid}", daemon=True)
+        self.cycles = 0
+
+    def start(self) -> SlowDown:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                period = self.period * random.uniform(0.8, 1.2)
+                os.kill(self.pid, signal.SIGCONT)
+                time.sleep(period / self.factor)
+                os.kill(self.pid, signal.SIGSTOP)
+                self.cycles += 1
+                self._stop.wait(period * (1 - 1 / self.factor))
+        except ProcessLookupError:
+            return
+        finally:
+            try:
+                os.kill(self.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("pid", type=int)
+    parser.add_argument("factor", type=float, help="4: a quarter of its speed")
+    parser.add_argument("--for", dest="seconds", type=float, default=None, help="then let it run (default: until it exits)")
+    parser.add_argument("--period", type=float, default=PERIOD_S)
+    args = parser.parse_args()
+    slow = SlowDown(args.pid, args.factor, args.period).start()
+    try:
+        deadline = None if args.seconds is None else time.monotonic() + args.seconds
+        while slow.running and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        slow.stop()
+
+
+if __name__ == "__main__":
+    main()
