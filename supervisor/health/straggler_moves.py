@@ -17,9 +17,8 @@ slow-down (a checkpoint write on one host, a burst of other work) costs less tha
 itself: a warm spare's join and state transfer, a few seconds plus the step in flight.
 
 Its pace, while a rank is named (stragglers.py's `factor` for `windows` windows, and on until
-it is back under the factor, moved out, or the attempt ends), costs the job what its steps took
-over what they took before it slowed down: `lost_s` (the goodput account's `straggler` cause).
-After a move-out the job's step time is measured again (`after`, the second window closed
+it is back under the factor, moved out, or the attempt ends), costs the job its compute beyond
+the others' at every step: `lost_s` (the goodput account's `straggler` cause). After a move-out the job's step time is measured again (`after`, the second window closed
 after the move: the first holds the recovery's pause), and the time saved is counted on every
 window from then on: the steps completed there at the straggler's pace, minus what they took.
 """
@@ -68,7 +67,7 @@ class Due:
 
     def message(self, factor: float) -> str:
         ev = self.evidence
-        before = ", ".join(f"rank {r} {ms:.0f} ms" for r, ms in sorted(ev["compute_ms_before"].items()))
+        before = ", ".join(f"rank {r} {ms:.0f} ms" for r, ms in ev["compute_ms_before"].items())
         baseline = (f", {ev['baseline_step_s']:.3f} s before it slowed down" if ev.get("baseline_step_s") else "")
         return (f"straggler: rank {self.rank} computed {self.slowdown:.2f}x the median of the other ranks for "
                 f"{self.held_s:.0f} s (over {factor:g}x in every window; compute per step: {before}); the job's "
@@ -105,7 +104,7 @@ class MoveOut:
                 self._given.add(rank)
                 self.due.append(Due(rank, slowdown, w.end - since, again=rank in self._moved, evidence={
                     "slowdown": round(slowdown, 3), "held_s": round(w.end - since, 1),
-                    "compute_ms_before": {r: round(1000 * v, 2) for r, v in sorted(w.per_step.items())},
+                    "compute_ms_before": _per_rank_ms(w),
                     "step_s_before": round(w.step_s, 4),
                     "baseline_step_s": round(baseline, 4) if baseline is not None else None}))
         return measured
@@ -132,12 +131,17 @@ class MoveOut:
             if skip > 0:
                 self._waiting.append((ev, skip - 1))
                 continue
-            ev["compute_ms_after"] = {r: round(1000 * v, 2) for r, v in sorted(w.per_step.items())}
+            ev["compute_ms_after"] = _per_rank_ms(w)
             ev["step_s_after"] = round(w.step_s, 4)
             ev["saved_s"] = round(min(w.steps.values()) * ev["step_s_before"] - (w.end - w.start), 3)
             self._counting.append(ev)
             measured.append(ev)
         return measured
+
+
+def _per_rank_ms(w: Window) -> dict[str, float]:
+    """{"rank": compute ms per step}, by rank (JSON's keys are strings)."""
+    return {str(r): round(1000 * v, 2) for r, v in sorted(w.per_step.items())}
 
 
 def after_line(ev: dict[str, Any]) -> str | None:

@@ -14,8 +14,8 @@ that recovers and slows down again is reported again.
 
 Every window closed also goes to the move-out decision (straggler_moves.py: a rank slower than
 2x for 30 s is moved out live where a warm spare can take it), and a named rank's stretch is
-costed: each of its windows took the job `window - steps x step time before it slowed down`
-(without such a window yet: `window x (1 - 1/slowdown)`); when the stretch ends (the rank is
+costed: in each of its windows every step waited for its compute beyond the others' median
+(`steps x (its compute - the others')`, at most the window); when the stretch ends (the rank is
 back under the factor, it is moved out, or the attempt ends) a `timeline`/`straggler` record
 carries the sum (`lost_s`: the goodput account's `straggler` badput).
 """
@@ -111,7 +111,7 @@ class Stragglers:
                 self._warned.discard(rank)
                 continue
             self._streak[rank] = self._streak.get(rank, 0) + 1
-            self._cost(rank, window, slowdown)
+            self._cost(rank, window, mine, others)
             if self._streak[rank] >= self.windows and rank not in self._warned:
                 self._warned.add(rank)
                 self._report(rank, slowdown, mine, others)
@@ -122,14 +122,11 @@ class Stragglers:
             if line:
                 logger.info(line)
 
-    def _cost(self, rank: int, w: Window, slowdown: float) -> None:
-        """What this window of `rank`'s pace took the job (counted once it is named)."""
-        if self.baseline is not None:
-            lost = max(0.0, (w.end - w.start) - min(w.steps.values()) * self.baseline)
-        else:
-            lost = (w.end - w.start) * (1 - 1 / slowdown)
+    def _cost(self, rank: int, w: Window, mine: float, others: float) -> None:
+        """What this window of `rank`'s pace took the job (counted once it is named): every step
+        waited for its compute beyond the others' median."""
         stretch = self._stretch.setdefault(rank, [w.start, 0.0])
-        stretch[1] += lost
+        stretch[1] += min(w.end - w.start, min(w.steps.values()) * max(0.0, mine - others))
 
     def _end_stretch(self, rank: int, now: float, moved: bool) -> None:
         since, lost = self._stretch.pop(rank, (None, 0.0))
