@@ -21,21 +21,17 @@ import pytest
 
 from bench.slow_rank import SlowDown
 from tests.e2e.helpers import records
+from tests.e2e.test_live_recovery_run import TINY
 from tests.supervisor.helpers import finish, wait_for
 
 STEPS = 250
-TINY = [
-    "data.dataset=dummy", "data.tokenizer=byte", "data.context_length=32", "model.n_layers=2", "model.dim=32",
-    "model.n_heads=4", "model.n_kv_heads=2", "model.multiple_of=16", "training.batch_size=2",
-    "training.grad_accum_nums=1", f"training.max_steps={STEPS}", "training.warmup_steps=5", "training.log_every=1",
-    "training.eval_every=0", "training.save_every=0", "system.straggler_move_after_s=5",
-]
+SETTINGS = [*TINY, f"training.max_steps={STEPS}", "system.straggler_move_after_s=5"]  # a later --set wins
 
 
 def _command(run_id: str) -> list[str]:
     cmd = [sys.executable, "-m", "supervisor", "--debug", "--set", "system.device=cpu", "--no-report", "--nproc", "4",
            "--run-id", run_id, "--max-restarts", "1", "--spares", "1"]
-    for item in TINY:
+    for item in SETTINGS:
         cmd += ["--set", item]
     return cmd
 
