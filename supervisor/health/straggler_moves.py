@@ -4,8 +4,10 @@ windows (stragglers.py), with no process, pipe or clock of its own.
 Each window closed gives every rank's compute per step and the job's wall time per step (the
 window's length over the steps its slowest rank completed in it). A rank whose compute per
 step stays above `factor` times the median of the other ranks' in every window for `after_s`
-seconds is *due*: the supervision (supervision.py) moves it out live when a warm spare can
-take it, else names it only and says why. A rank is moved out once per attempt: when its
+seconds is *due*, again at each window while that holds: the supervision (supervision.py)
+moves it out live when a warm spare can take it, else names it only and says why (once per
+reason: a spare that is warm by the next window takes it then). A rank is moved out once per
+attempt: when its
 replacement is slow too, the cause is not in its process (the host, a link), and a second
 move-out would only cost a second pause.
 
@@ -82,7 +84,7 @@ class MoveOut:
         self.pending: dict[int, Due] = {}  # SIGKILLed to be moved out: its recovery is to get the evidence
         self.moves: list[dict[str, Any]] = []  # every move-out's evidence (the recovery's `straggler`)
         self._since: dict[int, float] = {}  # rank -> start of its first window over the factor, in a row
-        self._given: set[int] = set()  # due already in the current stretch
+        self.said: dict[int, str] = {}  # rank -> why it was not moved out, said once per stretch and reason
         self._moved: set[int] = set()
         self._waiting: list[tuple[dict[str, Any], int]] = []  # a move's evidence, windows to skip before `after`
         self._counting: list[dict[str, Any]] = []  # moves whose time saved is counted
@@ -97,11 +99,10 @@ class MoveOut:
             slowdown = w.slowdown(rank)
             if slowdown <= self.factor:
                 self._since.pop(rank, None)
-                self._given.discard(rank)
+                self.said.pop(rank, None)
                 continue
             since = self._since.setdefault(rank, w.start)
-            if w.end - since >= self.after_s and rank not in self._given:
-                self._given.add(rank)
+            if w.end - since >= self.after_s:  # again at each window while it holds: a spare may be warm now
                 self.due.append(Due(rank, slowdown, w.end - since, again=rank in self._moved, evidence={
                     "slowdown": round(slowdown, 3), "held_s": round(w.end - since, 1),
                     "compute_ms_before": _per_rank_ms(w),
@@ -117,7 +118,7 @@ class MoveOut:
         """`due` was moved out: its evidence, filled in later (`after`, `saved_s`) in place."""
         self._moved.add(due.rank)
         self._since.pop(due.rank, None)
-        self._given.discard(due.rank)
+        self.said.pop(due.rank, None)
         due.evidence.update(compute_ms_after=None, step_s_after=None, saved_s=0.0)
         self.moves.append(due.evidence)
         self._waiting.append((due.evidence, 1))

@@ -38,6 +38,8 @@ def straggler_spare(live: LiveRecovery | None, slot: DeviceSlot, due: Due, survi
     if due.again:
         return pol.Spare(f"rank {due.rank} was moved out once in this attempt already and its replacement is "
                          "slow too: the cause is not in its process (its host? a link?)")
+    if live.in_flight is not None:
+        return pol.Spare(f"a live recovery is under way (rank {live.in_flight.rank})")
     gpu = slot.kind == "cuda"
     why = live.why_not(due.rank, survivors, suspect_gpu=gpu)
     if why is not None:

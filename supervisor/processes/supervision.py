@@ -481,6 +481,10 @@ class Supervision:
                 continue
             survivors = [o.slot.rank for o in self._alive() if o is not w]
             spare = straggler_spare(self.live, w.slot, due, survivors)
+            why = "live recovery is off" if spare is None else spare.why_not
+            if why is not None and stragglers.moves.said.get(due.rank) == why:
+                continue  # said already: named only, until the answer changes
+            stragglers.moves.said[due.rank] = why or ""
             self._decide(pol.StragglerFound(self._view(now), straggler_cause(due, w, stragglers.moves.factor),
                                             spare=spare))
             if due.rank in dict(self.state.condemned):
