@@ -8,7 +8,8 @@ stays slowed. Steps per second of rank 0 (the job's: every rank waits for the sl
 gpuherd's move-out, or WINDOW s for the peers, which never move it) and after (WINDOW s from
 5 s after the move-out; the peers: the WINDOW s after that, still at the straggler's pace).
 
-- gpuherd: the built-in trainer (bench_live_recovery.py's tiny model), `--max-restarts 1`, the
+- gpuherd: the built-in trainer (bench_live_recovery.py's tiny model, widened so that compute is
+  most of a step: `COMPUTE_BOUND`), `--max-restarts 1`, the
   default warm spare and the default move-out (2x for 30 s); the slowed process is the rank's,
   and the spare is a new process at full speed.
 - torchrun, ft_launcher (`--ft-enable-nic-monitor false`): bench/straggler_worker.py, a DDP
@@ -43,6 +44,9 @@ from bench.launchers import Launchers, kill_tree, run_records, worker_env  # noq
 from bench.slow_rank import SlowDown  # noqa: E402
 
 SLOW_AT, WINDOW, FACTOR, RANKS = 20.0, 30.0, 4.0, 4
+# a step whose compute is most of it, like straggler_worker.py's: the tiny model's steps are mostly
+# Python and gloo, which a rank stopped 3/4 of the time slows far less than 4x on a shared host
+COMPUTE_BOUND = ["model.dim=256", "model.n_layers=2", "data.context_length=64", "training.batch_size=8"]
 WORKER = ROOT / "bench" / "straggler_worker.py"
 RESULTS = ROOT / "bench" / "results" / "straggler_move.md"
 
@@ -63,10 +67,10 @@ def _records(run_dir: Path, kind: str) -> list[dict]:
     return [r for r in run_records(run_dir / "metrics.jsonl") if r.get("type") == kind]
 
 
-def _gpuherd_cmd(work: Path, run_id: str, nproc: int) -> list[str]:
+def _gpuherd_cmd(work: Path, run_id: str, nproc: int, model: list[str] = ()) -> list[str]:
     cmd = [sys.executable, "-m", "supervisor", "--set", "system.device=cpu", "--no-report", "--nproc", str(nproc),
            "--run-id", run_id, "--max-restarts", "1", "--set", f"system.run_root={work / 'logs'}"]
-    for item in [*TINY, "training.max_steps=1000000", "training.log_every=1", "training.save_every=0"]:
+    for item in [*TINY, *model, "training.max_steps=1000000", "training.log_every=1", "training.save_every=0"]:
         cmd += ["--set", item]
     return cmd
 
@@ -82,7 +86,7 @@ def _wait(cond, timeout: float) -> bool:
 
 def gpuherd_side(work: Path) -> dict:
     run_dir = work / "logs" / "side"
-    proc = subprocess.Popen(_gpuherd_cmd(work, "side", RANKS), cwd=work, env=worker_env(),
+    proc = subprocess.Popen(_gpuherd_cmd(work, "side", RANKS, COMPUTE_BOUND), cwd=work, env=worker_env(),
                             stdout=subprocess.DEVNULL, stderr=(work / "gpuherd.err").open("w"))
 
     def steps() -> list[tuple[float, int]]:
@@ -110,7 +114,9 @@ def gpuherd_side(work: Path) -> dict:
             kill_tree(proc)
     s = steps()
     rec = (_records(run_dir, "recovery") or [{}])[-1]
-    return {"name": "gpuherd (built-in trainer)", "before": _rate(s, first + 5, slowed),
+    said = [line.strip() for line in (work / "gpuherd.err").read_text(errors="replace").splitlines()
+            if "straggler" in line and "supervisor:" in line]
+    return {"said": said, "name": "gpuherd (built-in trainer)", "before": _rate(s, first + 5, slowed),
             "during": _rate(s, slowed, moved_at or slowed + WINDOW),
             "after": _rate(s, (moved_at or slowed + WINDOW) + 5, end),
             "moved": f"rank 2 moved out {moved_at - slowed:.0f} s after the slowdown ({rec.get('kind')}, "
@@ -149,9 +155,11 @@ def peer_side(work: Path, name: str) -> dict:
             "moved": "not moved (nothing failed)"}
 
 
-def side(work: Path) -> list[str]:
+def side(work: Path, only: str | None = None) -> list[str]:
     load = _load()
-    rows = [gpuherd_side(work), peer_side(work, "torchrun"), peer_side(work, "ft_launcher")]
+    sides = {"gpuherd": lambda: gpuherd_side(work), "torchrun": lambda: peer_side(work, "torchrun"),
+             "ft_launcher": lambda: peer_side(work, "ft_launcher")}
+    rows = [run() for name, run in sides.items() if only in (None, name)]
     lines = [f"## A straggler side by side ({RANKS} CPU ranks, rank 2 slowed to 1/{FACTOR:g} at {SLOW_AT:g} s)", "",
              f"Machine at the start: {load}; at the end: {_load()}.", "",
              "| launcher | steps/s before | during | after | after / before | what happened |",
@@ -160,7 +168,8 @@ def side(work: Path) -> list[str]:
         ratio = f"{r['after'] / r['before']:.2f}" if r["after"] and r["before"] else "-"
         lines.append(f"| {r['name']} | {_f(r['before'])} | {_f(r['during'])} | {_f(r['after'])} | {ratio} | "
                      f"{r['moved']} |")
-    return lines
+    said = [line for r in rows for line in r.get("said", [])]
+    return lines + ([""] + [f"- gpuherd said: `{line}`" for line in said] if said else [])
 
 
 def noise(work: Path, minutes: float) -> list[str]:
@@ -195,9 +204,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", nargs="?", default="side", choices=("side", "noise"))
     parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--only", choices=("gpuherd", "torchrun", "ft_launcher"), help="side: one launcher")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        lines = side(Path(tmp)) if args.mode == "side" else noise(Path(tmp), args.minutes)
+        lines = side(Path(tmp), args.only) if args.mode == "side" else noise(Path(tmp), args.minutes)
     text = "\n".join(lines) + "\n"
     print(text)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

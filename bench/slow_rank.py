@@ -2,7 +2,9 @@
 """A test tool: slow one process down by a factor from outside, without touching its code.
 
 A stop/continue duty cycle: every `period` seconds the process gets SIGCONT, runs for
-`period / factor`, then SIGSTOP for the rest. A CPU-bound process (a CPU rank of the built-in
+`period / factor`, then SIGSTOP for the rest (each stop sized from the times measured so far,
+so that the process runs 1/factor of the wall time even when the sleeps overshoot on a loaded
+host). A CPU-bound process (a CPU rank of the built-in
 trainer, a `--script` on CPU) then makes progress at 1/factor of its speed; its peers wait
 for it in every collective, as for a throttled GPU or a degraded link. The period is jittered
 (+-20%) so that nothing sampling the process at a fixed rate (the supervisor reads /proc every
@@ -53,14 +55,22 @@ class SlowDown:
         return self._thread.is_alive()
 
     def _run(self) -> None:
+        """Each stop lasts what keeps the stopped share of the time at 1 - 1/factor, measured: on a
+        loaded host a sleep overshoots, and a cycle that only slept its nominal lengths would drift
+        toward half and half (a slowdown near 2x whatever the factor)."""
+        ran = stopped = 0.0
         try:
             while not self._stop.is_set():
                 period = self.period * random.uniform(0.8, 1.2)
+                t0 = time.monotonic()
                 os.kill(self.pid, signal.SIGCONT)
                 time.sleep(period / self.factor)
+                t1 = time.monotonic()
                 os.kill(self.pid, signal.SIGSTOP)
+                ran += t1 - t0
                 self.cycles += 1
-                self._stop.wait(period * (1 - 1 / self.factor))
+                self._stop.wait(max(0.0, ran * (self.factor - 1) - stopped))
+                stopped += time.monotonic() - t1
         except ProcessLookupError:
             return
         finally:
