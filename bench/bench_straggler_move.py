@@ -2,8 +2,8 @@
 """A straggler moved out live, side by side with torchrun and ft_launcher; and no false straggler.
 
 `side` (the default): 4 CPU ranks; SLOW_AT s after the first step rank 2 is slowed to a quarter
-of its speed from outside (bench/slow_rank.py: a SIGSTOP/SIGCONT duty cycle on its process) and
-stays slowed. Steps per second of rank 0 (the job's: every rank waits for the slowest), before
+of its speed from outside (bench/slow_rank.py: a SIGSTOP/SIGCONT cycle on its process that holds
+its CPU time at a quarter of the other ranks') and stays slowed. Steps per second of rank 0 (the job's: every rank waits for the slowest), before
 (the SLOW_AT s up to the slowdown, its first 5 s left out), during (from the slowdown to
 gpuherd's move-out, or WINDOW s for the peers, which never move it) and after (WINDOW s from
 5 s after the move-out; the peers: the WINDOW s after that, still at the straggler's pace).
@@ -97,9 +97,9 @@ def gpuherd_side(work: Path) -> dict:
         assert _wait(lambda: steps(), 300), "gpuherd: no step"
         first = steps()[0][0]
         time.sleep(max(0.0, first + SLOW_AT - time.time()))
-        pid = [r["pid"] for r in _records(run_dir, "ready") if r["rank"] == 2][0]
+        pids = {r["rank"]: r["pid"] for r in _records(run_dir, "ready")}
         slowed = time.time()
-        slow = SlowDown(pid, FACTOR).start()
+        slow = SlowDown(pids[2], FACTOR, peers=[pids[r] for r in (0, 1, 3)]).start()
         moved = _wait(lambda: _records(run_dir, "recovery"), 120)
         moved_at = time.time() if moved else None
         end = (moved_at or slowed + WINDOW) + 5 + WINDOW
@@ -142,7 +142,9 @@ def peer_side(work: Path, name: str) -> dict:
         first = steps()[0][0]
         time.sleep(max(0.0, first + SLOW_AT - time.time()))
         slowed = time.time()
-        slow = SlowDown(int((out / "pid.2").read_text()), FACTOR).start()
+        assert _wait(lambda: all((out / f"pid.{r}").exists() for r in range(RANKS)), 30)
+        pids = {r: int((out / f"pid.{r}").read_text()) for r in range(RANKS)}
+        slow = SlowDown(pids[2], FACTOR, peers=[pids[r] for r in (0, 1, 3)]).start()
         end = slowed + 2 * WINDOW + 5
         time.sleep(max(0.0, end - time.time()))
     finally:

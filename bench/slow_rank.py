@@ -14,9 +14,15 @@ What it slows is the *process*: a new process (a warm spare) on the same machine
 speed, so on CPU this shows the move-out's mechanism. On a GPU the cause is usually the device
 (a thermal or power cap, a bad link), and only a replacement on another device helps.
 
+On a host whose cores are shared by more processes than it has, a process stopped part of the
+time gets more of the CPU while it runs (the scheduler favours a process that slept), so a
+wall-time cycle slows it by less than the factor (about 2x for a factor of 4 with 4 ranks on 2
+loaded cores). Given its peers' pids (`--peers`), the cycle holds its CPU time at 1/factor of
+the peers' median instead: its progress, not its wall time.
+
 It stops when the process is gone, and leaves it running (SIGCONT) when stopped itself.
 
-    python bench/slow_rank.py PID FACTOR [--for SECONDS] [--period SECONDS]
+    python bench/slow_rank.py PID FACTOR [--peers PID ...] [--for SECONDS] [--period SECONDS]
 """
 
 from __future__ import annotations
@@ -25,19 +31,24 @@ import argparse
 import os
 import random
 import signal
+import statistics
 import threading
 import time
+
+import psutil
 
 PERIOD_S = 0.05
 
 
 class SlowDown:
-    """The duty cycle on `pid`, on a thread of its own (`start`, `stop`)."""
+    """The duty cycle on `pid`, on a thread of its own (`start`, `stop`). With `peers` (the pids of
+    the processes it is compared with), the cycle holds its CPU time at 1/factor of theirs (the
+    median's) instead of its wall time."""
 
-    def __init__(self, pid: int, factor: float, period: float = PERIOD_S) -> None:
+    def __init__(self, pid: int, factor: float, period: float = PERIOD_S, peers: list[int] = ()) -> None:
         if factor < 1:
             raise ValueError(f"factor must be >= 1, got {factor}")
-        self.pid, self.factor, self.period = pid, factor, period
+        self.pid, self.factor, self.period, self.peers = pid, factor, period, list(peers)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"slow-{pid}", daemon=True)
         self.cycles = 0
@@ -55,6 +66,34 @@ class SlowDown:
         return self._thread.is_alive()
 
     def _run(self) -> None:
+        (self._by_cpu if self.peers else self._by_wall)()
+
+    def _by_cpu(self) -> None:
+        """Stopped whenever its CPU time since the start is over 1/factor of its peers' median: on a
+        host whose cores are shared, a process stopped part of the time gets more of the CPU while
+        it runs (the scheduler favours it after its sleep), so a wall-time cycle slows it by less
+        than the factor; this holds its progress, not its wall time, at 1/factor."""
+        procs = [psutil.Process(p) for p in (self.pid, *self.peers)]
+        start = [_cpu(p) for p in procs]
+        stopped = False
+        try:
+            while not self._stop.is_set():
+                now = [_cpu(p) - s for p, s in zip(procs, start)]
+                ahead = now[0] > statistics.median(now[1:]) / self.factor
+                if ahead != stopped:
+                    os.kill(self.pid, signal.SIGSTOP if ahead else signal.SIGCONT)
+                    stopped = ahead
+                    self.cycles += ahead
+                self._stop.wait(self.period / 5)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            return
+        finally:
+            try:
+                os.kill(self.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+    def _by_wall(self) -> None:
         """Each stop lasts what keeps the stopped share of the time at 1 - 1/factor, measured: on a
         loaded host a sleep overshoots, and a cycle that only slept its nominal lengths would drift
         toward half and half (a slowdown near 2x whatever the factor)."""
@@ -80,14 +119,21 @@ class SlowDown:
                 pass
 
 
+def _cpu(p: psutil.Process) -> float:
+    times = p.cpu_times()
+    return times.user + times.system
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("pid", type=int)
     parser.add_argument("factor", type=float, help="4: a quarter of its speed")
     parser.add_argument("--for", dest="seconds", type=float, default=None, help="then let it run (default: until it exits)")
     parser.add_argument("--period", type=float, default=PERIOD_S)
+    parser.add_argument("--peers", type=int, nargs="*", default=[],
+                        help="pids it is compared with: its CPU time is held at 1/factor of theirs")
     args = parser.parse_args()
-    slow = SlowDown(args.pid, args.factor, args.period).start()
+    slow = SlowDown(args.pid, args.factor, args.period, args.peers).start()
     try:
         deadline = None if args.seconds is None else time.monotonic() + args.seconds
         while slow.running and (deadline is None or time.monotonic() < deadline):
