@@ -88,10 +88,7 @@ class SlowDown:
         except (ProcessLookupError, psutil.NoSuchProcess):
             return
         finally:
-            try:
-                os.kill(self.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+            _release(self.pid)
 
     def _by_wall(self) -> None:
         """Each stop lasts what keeps the stopped share of the time at 1 - 1/factor, measured: on a
@@ -113,10 +110,15 @@ class SlowDown:
         except ProcessLookupError:
             return
         finally:
-            try:
-                os.kill(self.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+            _release(self.pid)
+
+
+def _release(pid: int) -> None:
+    """Leave it running."""
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
 
 
 def _cpu(p: psutil.Process) -> float:
