@@ -3,8 +3,8 @@
 
 `side` (the default): 4 CPU ranks; SLOW_AT s after the first step rank 2 is slowed to a quarter
 of its speed from outside (bench/slow_rank.py: a SIGSTOP/SIGCONT cycle on its process that holds
-its CPU time at a quarter of the other ranks') and stays slowed. Steps per second of rank 0 (the job's: every rank waits for the slowest), before
-(the SLOW_AT s up to the slowdown, its first 5 s left out), during (from the slowdown to
+its CPU rate at a quarter of what it was over the MEASURE s before) and stays slowed. Steps per
+second of rank 0 (the job's: every rank waits for the slowest), before (the SLOW_AT s up to the slowdown, its first 5 s left out), during (from the slowdown to
 gpuherd's move-out, or WINDOW s for the peers, which never move it) and after (WINDOW s from
 5 s after the move-out; the peers: the WINDOW s after that, still at the straggler's pace).
 
@@ -43,7 +43,7 @@ from bench.bench_live_recovery import TINY  # noqa: E402
 from bench.launchers import Launchers, kill_tree, run_records, worker_env  # noqa: E402
 from bench.slow_rank import SlowDown  # noqa: E402
 
-SLOW_AT, WINDOW, FACTOR, RANKS = 20.0, 30.0, 4.0, 4
+SLOW_AT, WINDOW, FACTOR, RANKS, MEASURE = 20.0, 30.0, 4.0, 4, 3.0  # MEASURE: s of its own CPU rate, before
 # a step whose compute is most of it, like straggler_worker.py's: the tiny model's steps are mostly
 # Python and gloo, which a rank stopped 3/4 of the time slows far less than 4x on a shared host
 COMPUTE_BOUND = ["model.dim=256", "model.n_layers=2", "data.context_length=64", "training.batch_size=8"]
@@ -96,10 +96,10 @@ def gpuherd_side(work: Path) -> dict:
     try:
         assert _wait(lambda: steps(), 300), "gpuherd: no step"
         first = steps()[0][0]
-        time.sleep(max(0.0, first + SLOW_AT - time.time()))
+        time.sleep(max(0.0, first + SLOW_AT - MEASURE - time.time()))
         pids = {r["rank"]: r["pid"] for r in _records(run_dir, "ready")}
-        slowed = time.time()
-        slow = SlowDown(pids[2], FACTOR, peers=[pids[r] for r in (0, 1, 3)]).start()
+        slowed = time.time() + MEASURE
+        slow = SlowDown(pids[2], FACTOR, measure=MEASURE).start()
         moved = _wait(lambda: _records(run_dir, "recovery"), 120)
         moved_at = time.time() if moved else None
         end = (moved_at or slowed + WINDOW) + 5 + WINDOW
@@ -140,11 +140,11 @@ def peer_side(work: Path, name: str) -> dict:
     try:
         assert _wait(lambda: steps() and (out / "pid.2").exists(), 300), f"{name}: no step"
         first = steps()[0][0]
-        time.sleep(max(0.0, first + SLOW_AT - time.time()))
-        slowed = time.time()
+        time.sleep(max(0.0, first + SLOW_AT - MEASURE - time.time()))
+        slowed = time.time() + MEASURE
         assert _wait(lambda: all((out / f"pid.{r}").exists() for r in range(RANKS)), 30)
         pids = {r: int((out / f"pid.{r}").read_text()) for r in range(RANKS)}
-        slow = SlowDown(pids[2], FACTOR, peers=[pids[r] for r in (0, 1, 3)]).start()
+        slow = SlowDown(pids[2], FACTOR, measure=MEASURE).start()
         end = slowed + 2 * WINDOW + 5
         time.sleep(max(0.0, end - time.time()))
     finally:

@@ -17,12 +17,12 @@ speed, so on CPU this shows the move-out's mechanism. On a GPU the cause is usua
 On a host whose cores are shared by more processes than it has, a process stopped part of the
 time gets more of the CPU while it runs (the scheduler favours a process that slept), so a
 wall-time cycle slows it by less than the factor (about 2x for a factor of 4 with 4 ranks on 2
-loaded cores). Given its peers' pids (`--peers`), the cycle holds its CPU time at 1/factor of
-the peers' median instead: its progress, not its wall time.
+loaded cores). With `--measure S` it first measures the process's own CPU rate for S seconds,
+then holds it at 1/factor of that (stops of at most 0.5 s): its progress, not its wall time.
 
 It stops when the process is gone, and leaves it running (SIGCONT) when stopped itself.
 
-    python bench/slow_rank.py PID FACTOR [--peers PID ...] [--for SECONDS] [--period SECONDS]
+    python bench/slow_rank.py PID FACTOR [--measure SECONDS] [--for SECONDS] [--period SECONDS]
 """
 
 from __future__ import annotations
@@ -31,24 +31,25 @@ import argparse
 import os
 import random
 import signal
-import statistics
 import threading
 import time
 
 import psutil
 
 PERIOD_S = 0.05
+MAX_STOP_S = 0.5  # --measure: the longest stop (a rank stopped 3 s is a hang verdict)
 
 
 class SlowDown:
-    """The duty cycle on `pid`, on a thread of its own (`start`, `stop`). With `peers` (the pids of
-    the processes it is compared with), the cycle holds its CPU time at 1/factor of theirs (the
-    median's) instead of its wall time."""
+    """The duty cycle on `pid`, on a thread of its own (`start`, `stop`). With `measure` seconds,
+    the cycle holds its CPU rate at 1/factor of what it was over those seconds instead of its wall
+    time."""
 
-    def __init__(self, pid: int, factor: float, period: float = PERIOD_S, peers: list[int] = ()) -> None:
+    def __init__(self, pid: int, factor: float, period: float = PERIOD_S, measure: float = 0.0) -> None:
         if factor < 1:
             raise ValueError(f"factor must be >= 1, got {factor}")
-        self.pid, self.factor, self.period, self.peers = pid, factor, period, list(peers)
+        self.pid, self.factor, self.period, self.measure = pid, factor, period, measure
+        self.rate: float | None = None  # `measure`: its CPU rate before (CPU seconds per second)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"slow-{pid}", daemon=True)
         self.cycles = 0
@@ -66,24 +67,32 @@ class SlowDown:
         return self._thread.is_alive()
 
     def _run(self) -> None:
-        (self._by_cpu if self.peers else self._by_wall)()
+        (self._by_cpu if self.measure > 0 else self._by_wall)()
 
     def _by_cpu(self) -> None:
-        """Stopped whenever its CPU time since the start is over 1/factor of its peers' median: on a
-        host whose cores are shared, a process stopped part of the time gets more of the CPU while
-        it runs (the scheduler favours it after its sleep), so a wall-time cycle slows it by less
-        than the factor; this holds its progress, not its wall time, at 1/factor."""
-        procs = [psutil.Process(p) for p in (self.pid, *self.peers)]
-        start = [_cpu(p) for p in procs]
-        stopped = False
+        """Its own CPU rate measured for `measure` s (unhindered), then held at 1/factor of it: it is
+        stopped whenever its CPU time since then is over that, for at most MAX_STOP_S at a time
+        (never a stop that looks like a hang, and no wait on peers that wait for it)."""
+        proc = psutil.Process(self.pid)
+        t0, c0 = time.monotonic(), _cpu(proc)
+        self._stop.wait(self.measure)
+        t1, c1 = time.monotonic(), _cpu(proc)
+        rate = (c1 - c0) / max(1e-6, t1 - t0)
+        self.rate = rate
+        stopped_at = None
         try:
             while not self._stop.is_set():
-                now = [_cpu(p) - s for p, s in zip(procs, start)]
-                ahead = now[0] > statistics.median(now[1:]) / self.factor
-                if ahead != stopped:
-                    os.kill(self.pid, signal.SIGSTOP if ahead else signal.SIGCONT)
-                    stopped = ahead
-                    self.cycles += ahead
+                now = time.monotonic()
+                ahead = _cpu(proc) - c1 > rate * (now - t1) / self.factor
+                if stopped_at is not None and (not ahead or now - stopped_at > MAX_STOP_S):
+                    os.kill(self.pid, signal.SIGCONT)
+                    stopped_at = None
+                    self._stop.wait(self.period / self.factor)  # it runs a little at least
+                    continue
+                if stopped_at is None and ahead:
+                    os.kill(self.pid, signal.SIGSTOP)
+                    stopped_at = now
+                    self.cycles += 1
                 self._stop.wait(self.period / 5)
         except (ProcessLookupError, psutil.NoSuchProcess):
             return
@@ -132,10 +141,10 @@ def main() -> None:
     parser.add_argument("factor", type=float, help="4: a quarter of its speed")
     parser.add_argument("--for", dest="seconds", type=float, default=None, help="then let it run (default: until it exits)")
     parser.add_argument("--period", type=float, default=PERIOD_S)
-    parser.add_argument("--peers", type=int, nargs="*", default=[],
-                        help="pids it is compared with: its CPU time is held at 1/factor of theirs")
+    parser.add_argument("--measure", type=float, default=0.0,
+                        help="seconds to measure its CPU rate first; then that rate is held at 1/factor")
     args = parser.parse_args()
-    slow = SlowDown(args.pid, args.factor, args.period, args.peers).start()
+    slow = SlowDown(args.pid, args.factor, args.period, args.measure).start()
     try:
         deadline = None if args.seconds is None else time.monotonic() + args.seconds
         while slow.running and (deadline is None or time.monotonic() < deadline):
