@@ -25,7 +25,7 @@ from tests.e2e.helpers import records
 from tests.e2e.test_live_recovery_run import TINY
 from tests.supervisor.helpers import finish, wait_for
 
-STEPS = 250
+STEPS = 400
 SETTINGS = [*TINY, f"training.max_steps={STEPS}", "system.straggler_move_after_s=5"]  # a later --set wins
 
 
