@@ -11,7 +11,8 @@ It happens only where it cannot cost more than it saves:
 - --min-replicas lets the group go on without it and the rank is slower than a shrink makes
   the job (the survivor that carries its data slot computes two slots a step: `SHRINK_COST`).
 
-Otherwise the rank is named only, with the reason. The recovery it becomes carries the
+Otherwise the rank is named only, with the reason; so is any rank while the group is shrunk (its
+carrier computes two slots a step by design: a move-out would only shrink it further). The recovery it becomes carries the
 verdict's evidence (`straggler`: compute per step of every rank before, and after once a
 window has closed, the job's step time before and after, the seconds saved so far).
 """
@@ -40,6 +41,10 @@ def straggler_spare(live: LiveRecovery | None, slot: DeviceSlot, due: Due, survi
                          "slow too: the cause is not in its process (its host? a link?)")
     if live.in_flight is not None:
         return pol.Spare(f"a live recovery is under way (rank {live.in_flight.rank})")
+    if live.shrunk_since:  # the carrier computes two slots: by design, not a straggler
+        carried = ", ".join(str(r) for r in sorted(live.shrunk_since))
+        return pol.Spare(f"the group is shrunk (rank(s) {carried} carried by a survivor, which computes more by "
+                         "design): compute per step is compared again once it grows back")
     gpu = slot.kind == "cuda"
     why = live.why_not(due.rank, survivors, suspect_gpu=gpu)
     if why is not None:

@@ -163,6 +163,9 @@ def test_moved_out_only_where_it_cannot_cost():
                                                    survivors).why_not
     assert "replacement is slow too" in straggler_spare(_live(ready=True), CPU2, _due(again=True), survivors).why_not
     assert straggler_spare(None, CPU2, _due(), survivors) is None
+    shrunk = _live(ready=True, shrink_floor=2)
+    shrunk.shrunk_since[1] = object()  # rank 1's data slot carried: its carrier computes two slots
+    assert "the group is shrunk" in straggler_spare(shrunk, CPU2, _due(), [0, 3]).why_not
 
 
 def _view(now: float = 100.0) -> pol.View:
