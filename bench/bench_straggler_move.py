@@ -4,9 +4,10 @@
 `side` (the default): 4 CPU ranks; SLOW_AT s after the first step rank 2 is slowed to a quarter
 of its speed from outside (bench/slow_rank.py: a SIGSTOP/SIGCONT cycle on its process that holds
 its CPU rate at a quarter of what it was over the MEASURE s before) and stays slowed. Steps per
-second of rank 0 (the job's: every rank waits for the slowest), before (the SLOW_AT s up to the slowdown, its first 5 s left out), during (from the slowdown to
-gpuherd's move-out, or WINDOW s for the peers, which never move it) and after (WINDOW s from
-5 s after the move-out; the peers: the WINDOW s after that, still at the straggler's pace).
+second of rank 0 (the job's: every rank waits for the slowest), before (the SLOW_AT s up to the
+slowdown, its first 5 s left out), during (from the slowdown to gpuherd's move-out, or WINDOW s
+for the peers, which never move it) and after (WINDOW s from 5 s after the move-out; the peers:
+the WINDOW s after that, still at the straggler's pace).
 
 - gpuherd: the built-in trainer (bench_live_recovery.py's tiny model, widened so that compute is
   most of a step: `COMPUTE_BOUND`), `--max-restarts 1`, the

@@ -139,7 +139,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("pid", type=int)
     parser.add_argument("factor", type=float, help="4: a quarter of its speed")
-    parser.add_argument("--for", dest="seconds", type=float, default=None, help="then let it run (default: until it exits)")
+    parser.add_argument("--for", dest="seconds", type=float, default=None,
+                        help="then let it run (default: until it exits)")
     parser.add_argument("--period", type=float, default=PERIOD_S)
     parser.add_argument("--measure", type=float, default=0.0,
                         help="seconds to measure its CPU rate first; then that rate is held at 1/factor")

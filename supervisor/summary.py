@@ -61,8 +61,9 @@ def moved_out_line(rec: dict[str, Any]) -> str:
     ev = rec["straggler"]
     after = (f", {ev['step_s_after']:.3f} s after" if ev.get("step_s_after") is not None else
              ", no straggler window closed after it")
-    return (f"straggler rank {rec['rank']} moved out ({ev['slowdown']:.2f}x the others' compute for {ev['held_s']:.0f} s): "
-            f"job step {ev['step_s_before']:.3f} s at its pace{after}; {ev.get('saved_s') or 0.0:.1f} s saved so far")
+    return (f"straggler rank {rec['rank']} moved out ({ev['slowdown']:.2f}x the others' compute for "
+            f"{ev['held_s']:.0f} s): job step {ev['step_s_before']:.3f} s at its pace{after}; "
+            f"{ev.get('saved_s') or 0.0:.1f} s saved so far")
 
 
 @dataclass(frozen=True)

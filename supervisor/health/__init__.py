@@ -21,7 +21,8 @@ from supervisor.health.timeouts import HangPolicy, LearnedTimeouts, previous_lea
 from supervisor.health.watchers import FatalCause, RunContext, RunWatcher
 
 __all__ = [
-    "FAIL", "PASS", "PROC_SAMPLE_S", "WARN", "CheckReport", "Due", "FatalCause", "MoveOut", "HangPolicy", "HangVerdict", "Heartbeats",
+    "FAIL", "PASS", "PROC_SAMPLE_S", "WARN", "CheckReport", "Due", "FatalCause", "MoveOut", "HangPolicy", "HangVerdict",
+    "Heartbeats",
     "LearnedTimeouts", "MetricsSink", "NcclTransportWatch", "ProcReader", "ProcSample", "ProcTracker", "RunContext",
     "RunWatcher", "StartExclusion", "Stragglers", "SuspectList", "SuspectWatch", "announce_devices", "at_start",
     "avoid_listed", "gpu_watcher", "hang_timeouts", "list_path", "mark_moved", "previous_learned", "remember",

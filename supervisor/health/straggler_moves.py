@@ -20,9 +20,10 @@ itself: a warm spare's join and state transfer, a few seconds plus the step in f
 
 Its pace, while a rank is named (stragglers.py's `factor` for `windows` windows, and on until
 it is back under the factor, moved out, or the attempt ends), costs the job its compute beyond
-the others' at every step: `lost_s` (the goodput account's `straggler` cause). After a move-out the job's step time is measured again (`after`, the second window closed
-after the move: the first holds the recovery's pause), and the time saved is counted on every
-window from then on: the steps completed there at the straggler's pace, minus what they took.
+the others' at every step: `lost_s` (the goodput account's `straggler` cause). After a move-out
+the job's step time is measured again (`after`, the second window closed after the move: the
+first holds the recovery's pause), and the time saved is counted on every window from then on:
+the steps completed there at the straggler's pace, minus what they took.
 """
 
 from __future__ import annotations

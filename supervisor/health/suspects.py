@@ -61,7 +61,7 @@ class SuspectWatch:
         """A straggler moved out live in this attempt (a recovery of kind `straggler`): its device,
         as a second strike of silent data corruption puts it, goes on the host's suspect list."""
         for rec in recoveries:
-            if rec.get("kind") != "straggler" or rec.get("attempt") != self.attempt or rec.get("outcome") != "recovered":
+            if (rec.get("kind"), rec.get("attempt"), rec.get("outcome")) != ("straggler", self.attempt, "recovered"):
                 continue
             rank, ev = rec["rank"], rec.get("straggler") or {}
             slot, uuid = self._slot_of.get(rank, (None, ""))

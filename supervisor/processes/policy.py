@@ -262,6 +262,7 @@ class StragglerFound:
     view: View
     cause: RootCause
     spare: Spare | None = None  # None: no live recovery this attempt
+    how: str = "a warm spare takes its rank"  # or the group goes on without it (--min-replicas)
 
 
 Event = Tick | Exited | SignalReceived | WorkerStop | HangFound | Fatal | TracesIn | AllGone | PipesClosed | \
@@ -656,9 +657,8 @@ def _straggler(s: State, e: StragglerFound, r: Rules) -> Result:
         why = e.spare.why_not if e.spare is not None else "live recovery is off in this attempt"
         return s, [Log("warning", f"{cause.message}; not moved out: {why}")]
     return replace(s, condemned=(*s.condemned, (cause.rank, cause))), [
-        Log("warning", f"{cause.message}; moved out live: SIGKILL to {cause.device} (rank {cause.rank}), a warm "
-                       "spare takes its rank (or the group goes on without it) and the device goes on the "
-                       "suspect list"),
+        Log("warning", f"{cause.message}; moved out live: SIGKILL to {cause.device} (rank {cause.rank}), {e.how} "
+                       "and the device goes on the suspect list"),
         Send((cause.rank,), signal.SIGKILL)]
 
 

@@ -12,9 +12,10 @@ It happens only where it cannot cost more than it saves:
   the job (the survivor that carries its data slot computes two slots a step: `SHRINK_COST`).
 
 Otherwise the rank is named only, with the reason; so is any rank while the group is shrunk (its
-carrier computes two slots a step by design: a move-out would only shrink it further). The recovery it becomes carries the
-verdict's evidence (`straggler`: compute per step of every rank before, and after once a
-window has closed, the job's step time before and after, the seconds saved so far).
+carrier computes two slots a step by design: a move-out would only shrink it further). The
+recovery it becomes carries the verdict's evidence (`straggler`: compute per step of every rank
+before, and after once a window has closed, the job's step time before and after, the seconds
+saved so far).
 """
 
 from __future__ import annotations

@@ -485,8 +485,10 @@ class Supervision:
             if why is not None and stragglers.moves.said.get(due.rank) == why:
                 continue  # said already: named only, until the answer changes
             stragglers.moves.said[due.rank] = why or ""
+            how = ("the group goes on without it (--min-replicas)" if self.live is not None
+                   and self.live.shrinks(w.slot.kind == "cuda") else "a warm spare takes its rank")
             self._decide(pol.StragglerFound(self._view(now), straggler_cause(due, w, stragglers.moves.factor),
-                                            spare=spare))
+                                            spare=spare, how=how))
             if due.rank in dict(self.state.condemned):
                 stragglers.moves.pending[due.rank] = due  # SIGKILLed: its recovery gets the evidence
 

@@ -177,6 +177,9 @@ def test_the_policy_moves_it_out_with_a_spare_and_names_it_only_without():
     s, actions = pol.decide(pol.State(), pol.StragglerFound(_view(), cause, pol.Spare(None)), RULES)
     assert [(a.ranks, a.signum) for a in actions if isinstance(a, pol.Send)] == [((2,), signal.SIGKILL)]
     assert dict(s.condemned)[2] is cause and s.cause is None and s.phase is pol.Phase.RUNNING
+    assert [a.message for a in actions if isinstance(a, pol.Log)] == [
+        f"{cause.message}; moved out live: SIGKILL to CPU2 (rank 2), a warm spare takes its rank and the device goes "
+        "on the suspect list"]
     # its exit is a live recovery with the verdict as its cause, never the attempt's end
     s, actions = pol.decide(s, pol.Exited(_view(), 2, "CPU2", 137, "killed by SIGKILL", killed_by_us=True,
                                           spare=pol.Spare(None)), RULES)
