@@ -21,9 +21,9 @@ the WINDOW s after that, still at the straggler's pace).
 `noise`: 8 CPU ranks of the built-in trainer for MINUTES (10) with nothing slowed, on whatever
 else the machine runs: the stragglers named and the ranks moved out (none expected).
 
-Writes bench/results/straggler_move.md (and prints it).
+Writes bench/results/straggler_move.md and .json (and prints it).
 
-    python3 bench/bench_straggler_move.py [side|noise] [--minutes M]
+    python3 bench/bench_straggler_move.py [side|noise] [--minutes M] [--only LAUNCHER] [--quick]
 """
 
 from __future__ import annotations
@@ -37,11 +37,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import orjson
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_live_recovery import TINY  # noqa: E402
-from bench.launchers import Launchers, kill_tree, run_records, worker_env  # noqa: E402
+from bench.launchers import FT_LAUNCHER, Launchers, kill_tree, run_records, worker_env  # noqa: E402
 from bench.slow_rank import SlowDown  # noqa: E402
 
 SLOW_AT, WINDOW, FACTOR, RANKS, MEASURE = 20.0, 30.0, 4.0, 4, 3.0  # MEASURE: s of its own CPU rate, before
@@ -161,7 +163,9 @@ def peer_side(work: Path, name: str) -> dict:
 def side(work: Path, only: str | None = None) -> list[str]:
     load = _load()
     sides = {"gpuherd": lambda: gpuherd_side(work), "torchrun": lambda: peer_side(work, "torchrun"),
-             "ft_launcher": lambda: peer_side(work, "ft_launcher")}
+             "ft_launcher": lambda: peer_side(work, "ft_launcher") if Path(FT_LAUNCHER).exists() else
+             {"name": "ft_launcher", "before": None, "during": None, "after": None,
+              "moved": "not installed (pip install nvidia-resiliency-ext==0.4.1)"}}
     rows = [run() for name, run in sides.items() if only in (None, name)]
     lines = [f"## A straggler side by side ({RANKS} CPU ranks, rank 2 slowed to 1/{FACTOR:g} at {SLOW_AT:g} s)", "",
              f"Machine at the start: {load}; at the end: {_load()}.", "",
@@ -208,14 +212,18 @@ def main() -> None:
     parser.add_argument("mode", nargs="?", default="side", choices=("side", "noise"))
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--only", choices=("gpuherd", "torchrun", "ft_launcher"), help="side: one launcher")
+    parser.add_argument("--quick", action="store_true", help="`python -m bench --quick`: side, 20 s windows")
     args = parser.parse_args()
+    global WINDOW
+    if args.quick:
+        WINDOW = 20.0
     with tempfile.TemporaryDirectory() as tmp:
         lines = side(Path(tmp), args.only) if args.mode == "side" else noise(Path(tmp), args.minutes)
     text = "\n".join(lines) + "\n"
     print(text)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    with RESULTS.open("a") as f:
-        f.write(text + "\n")
+    RESULTS.write_text(text)
+    RESULTS.with_suffix(".json").write_bytes(orjson.dumps({"mode": args.mode, "lines": lines}))
 
 
 if __name__ == "__main__":
