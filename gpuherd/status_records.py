@@ -359,7 +359,18 @@ class TimelineProc(Timeline):
     state: str | None = None  # the state letter it entered
 
 
-TIMELINE_EVENTS: tuple[type[Timeline], ...] = (TimelineStart, TimelineAttempt, TimelineAttemptEnd, TimelineProc)
+@dataclass(frozen=True, kw_only=True)
+class TimelineStraggler(Timeline):
+    """A named straggler's slow stretch ended (back to pace, moved out, or the attempt's end)."""
+
+    EVENT: ClassVar[str] = "straggler"
+    since: float | None = None  # when its stretch began (wall clock)
+    lost_s: float | None = None  # the job's seconds that went to its pace (goodput: `straggler`)
+    moved: bool = False  # it ended by a move-out (a live recovery)
+
+
+TIMELINE_EVENTS: tuple[type[Timeline], ...] = (TimelineStart, TimelineAttempt, TimelineAttemptEnd, TimelineProc,
+                                               TimelineStraggler)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -388,7 +399,7 @@ class Recovery(Record):
     node: int | None = None  # a multi-node job: the node whose rank was lost (null on one node)
     device: str | None = None  # the lost rank's device
     failed: str | None = None  # what happened to the lost rank
-    kind: str | None = None  # `worker-exit` | `hang` | `regrow` (a warm spare took back a carried rank)
+    kind: str | None = None  # `worker-exit` | `hang` | `straggler` | `regrow` (a warm spare took back a carried rank)
     outcome: str | None = None  # `in progress` | `recovered` | `failed`
     lost_pid: int | None = None  # the lost rank's process
     replaced_by_pid: int | None = None  # the spare that took its place

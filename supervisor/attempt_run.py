@@ -36,6 +36,7 @@ from supervisor.health import (
     Heartbeats,
     LearnedTimeouts,
     MetricsSink,
+    MoveOut,
     NcclTransportWatch,
     RunContext,
     RunWatcher,
@@ -204,6 +205,7 @@ class AttemptRunner:
         cause = _timer_cause(self._supervise(att, guard), att)
         cause = self.rendezvous.settle(attempt, cause, att.sup.notes)
         metrics.write(marks.attempt_end(attempt, cause.kind if cause else None, att.sup.state.failed_at))
+        att.stragglers.close(time.monotonic())
         self.stragglers += [{**found, "attempt": attempt} for found in att.stragglers.found]
         try:
             self.timeouts.save(self.run_dir)
@@ -225,6 +227,7 @@ class AttemptRunner:
         self.notes += sup.notes
         recoveries = att.live.settle() if att.live is not None else []
         self.recoveries += recoveries
+        att.suspects.moved_out(recoveries)  # a straggler moved out: its device is a suspect too
         suspects = att.suspects.devices(self.cfg.system.exclude_suspect_gpus)
         mark_moved(suspects, recoveries)
         remember(self.cfg.system.run_root, self.run_id, suspects)  # the list that outlives the run
@@ -327,7 +330,8 @@ class AttemptRunner:
         log_ranks = [0] if multi and self.mode == "train" and cfg.system.log_ranks is None else cfg.system.log_ranks
         router = LogRouter(list(logs.values()), self.console, log_ranks, cfg.system.collapse_logs,
                            nccl_watch=_nccl_watch(plan), relay=self._line_relay(setup.world_size) if multi else None)
-        stragglers = Stragglers(cfg.system.straggler_factor, cfg.system.straggler_windows, metrics.write)
+        stragglers = Stragglers(cfg.system.straggler_factor, cfg.system.straggler_windows, metrics.write,
+                                moves=MoveOut(cfg.system.straggler_move_factor, cfg.system.straggler_move_after_s))
         heartbeats = Heartbeats([s.rank for s in plan.slots], time.monotonic(), self.timeouts,
                              cfg.system.rendezvous_timeout, expect_heartbeats=self.mode == "train",
                              stragglers=stragglers, write_metric=metrics.write)

@@ -53,6 +53,17 @@ class CauseKind(enum.StrEnum):
     STORE = "store"  # multi-node: the rendezvous store failed
     MEMBERSHIP = "membership"  # an elastic job's membership changed: nobody's failure
     DATASET = "dataset"  # the dataset cache is missing or damaged
+    STRAGGLER = "straggler"  # a rank too slow for too long, moved out live (supervisor/health/straggler_moves.py)
+
+
+def moved_out_line(rec: dict[str, Any]) -> str:
+    """A straggler's move-out (a recovery's `straggler` evidence), for the summary and `gpuherd report`."""
+    ev = rec["straggler"]
+    after = (f", {ev['step_s_after']:.3f} s after" if ev.get("step_s_after") is not None else
+             ", no straggler window closed after it")
+    return (f"straggler rank {rec['rank']} moved out ({ev['slowdown']:.2f}x the others' compute for "
+            f"{ev['held_s']:.0f} s): job step {ev['step_s_before']:.3f} s at its pace{after}; "
+            f"{ev.get('saved_s') or 0.0:.1f} s saved so far")
 
 
 @dataclass(frozen=True)
@@ -106,6 +117,7 @@ class WorkerReport:
 
 
 SDC_CAUSE = "silent data corruption"  # a suspect's cause when replicas disagreed (worker/sdc/)
+STRAGGLER_CAUSE = "straggler"  # a suspect's cause when its rank was moved out for its pace (health/straggler_moves.py)
 
 
 @dataclass
@@ -136,8 +148,10 @@ class SuspectDevice:
     def line(self, name_attempt: bool = False) -> str:
         where = f"GPU {self.gpu}" if self.gpu is not None else self.device
         attempt = f", attempt {self.attempt}" if name_attempt else ""
-        return (f"suspect device: {where} (host {self.host}, rank {self.rank}{attempt}): {self.transient_faults} "
-                f"{self.cause}(s), limit {self.limit}, last at step {self.step}"
+        what = (f"a straggler moved out ({'; '.join(self.evidence) or 'too slow for too long'})"
+                if self.cause == STRAGGLER_CAUSE else
+                f"{self.transient_faults} {self.cause}(s), limit {self.limit}, last at step {self.step}")
+        return (f"suspect device: {where} (host {self.host}, rank {self.rank}{attempt}): {what}"
                 + (f" — {self.then}" if self.then else ""))
 
 
@@ -285,6 +299,8 @@ class Summary:
                              f"{r['steps_redone']} completed step(s) redone, no checkpoint read")
             else:
                 lines.append(f"live recovery {r['number']} of {where}rank {r['rank']} ({r['device']}) failed: {r['failed']}")
+            if r.get("straggler") and r.get("outcome") == "recovered":
+                lines.append(f"    {moved_out_line(r)}")
         return lines
 
     def _stopped_block(self) -> str:

@@ -33,6 +33,10 @@ weakest claim to the strongest (a later paint wins where they overlap):
 6. a script's attempt ended by a stop (Ctrl-C, SIGTERM): gpuherd saved nothing for it, so the
    productive time after its newest `script_save` (none: the whole attempt) is lost: `redone`.
 
+6. a named straggler (supervisor/health/stragglers.py): what its pace cost the job over its slow
+   stretch (its `timeline`/`straggler` record's `lost_s`: the steps' time over what they took
+   before it slowed down), the productive time just before the stretch's end `straggler`.
+
 Time trained shrunk (a lost rank's data slot carried by a survivor, --min-replicas: from the
 loss to its regrow or the attempt's end) is productive, slower; `Goodput.shrunk_s` says how
 much of the wall time it was.
@@ -48,7 +52,7 @@ from supervisor.goodput.timeline import Event
 
 PRODUCTIVE = "productive"
 CAUSES = ("launch", "dataset", "rendezvous", "warmup", "checkpoint_save", "checkpoint_restore", "eval",
-          "failure_detection", "restart", "redone", "sdc", "stopped", "other")
+          "failure_detection", "restart", "redone", "sdc", "stopped", "straggler", "other")
 
 
 @dataclass(frozen=True)
@@ -275,6 +279,9 @@ def _start(mark: Event, events: list[Event], end: float, continues: bool, more_s
                 paint(segs, att.progress_before(lost), lost, "failure_detection")  # a hang's verdict, a kill's exit
                 paint(segs, lost, e.time, "restart")
                 paint_back(segs, lost, (e.step or 0) * median, "redone")
+        for e in att.events:  # after `redone`: the productive time before the steps a recovery redid
+            if e.kind == "straggler" and e.value:
+                paint_back(segs, e.time, e.value, "straggler")
         failed = att.failed_at
         goes_on = i + 1 < len(attempts) or more_starts
         if failed is None and goes_on and i + 1 == len(attempts):  # a start that ended without a word

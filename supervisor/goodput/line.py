@@ -8,7 +8,8 @@ from supervisor.goodput.account import Goodput
 GROUPS = {"startup": ("launch", "dataset", "rendezvous", "warmup"),
           "checkpoints": ("checkpoint_save", "checkpoint_restore"), "eval": ("eval",),
           "failure detection": ("failure_detection",), "restarts": ("restart",), "steps redone": ("redone",),
-          "silent data corruption": ("sdc",), "stopped": ("stopped",), "other": ("other",)}
+          "silent data corruption": ("sdc",), "stopped": ("stopped",), "straggler pace": ("straggler",),
+          "other": ("other",)}
 
 
 def shares(g: Goodput) -> list[tuple[str, float]]:

@@ -60,3 +60,10 @@ def attempt_end(number: int, kind: str | None, failed_at: float | None) -> dict[
 def proc(rank: int, state: str, at: float) -> dict[str, Any]:
     """A rank's process entered state `state` (T: stopped) at `at` (monotonic)."""
     return {"type": "timeline", "event": "proc", "time": wall(at), "rank": rank, "state": state}
+
+
+def straggler(rank: int, since: float, at: float, lost_s: float, moved: bool) -> dict[str, Any]:
+    """A named straggler's slow stretch ended at `at` (monotonic: back to pace, moved out, or the
+    attempt's end): `lost_s` of the job's time went to its pace (the `straggler` badput)."""
+    return {"type": "timeline", "event": "straggler", "time": wall(at), "rank": rank, "since": wall(since),
+            "lost_s": round(lost_s, 3), "moved": moved}

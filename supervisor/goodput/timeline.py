@@ -4,7 +4,8 @@ Worker records (`phase`, `step`, `checkpoint`) place the loop; the supervisor's 
 `timeline` records mark what the workers cannot see: a start of the supervisor (the first
 one, or a SLURM requeue/resubmission continuing the run), each attempt's spawn and end (with
 the moment the failure was known), and a rank the kernel shows stopped (state T) or running
-again; `recovery` records close a live recovery. Anything else is skipped; a field of the
+again, a named straggler's slow stretch ended (what its pace cost); `recovery` records close a
+live recovery. Anything else is skipped; a field of the
 wrong type was dropped at decoding (gpuherd/status_records.py): a script writes records too.
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuherd.status_records import (Checkpoint, Phase, Record, Recovery, Refusal, ScriptSave, Step, TimelineAttempt,
-                                    TimelineAttemptEnd, TimelineProc, TimelineStart, from_object)
+                                    TimelineAttemptEnd, TimelineProc, TimelineStart, TimelineStraggler, from_object)
 from gpuherd.status_records import decode as decode_line
 
 KINDS = ("phase", "step", "checkpoint", "script_save", "timeline", "recovery")
@@ -26,13 +27,14 @@ WANTED = tuple(f'"type":"{kind}"'.encode() for kind in KINDS)  # records are com
 @dataclass(frozen=True)
 class Event:
     time: float  # wall clock (time.time()), as every record carries it
-    kind: str  # phase | step | checkpoint | script_save | start | attempt | attempt_end | proc | recovery
+    kind: str  # phase | step | checkpoint | script_save | start | attempt | attempt_end | proc | recovery | straggler
     rank: int | None = None
     # a phase's name; a proc event's state letter; a recovery's action (shrink, regrow, ...); attempt: `script`
     # for a --script's; attempt_end: its outcome (null: success)
     name: str | None = None
     step: int | None = None  # step / checkpoint step; an attempt's number; a recovery's steps redone
-    value: float | None = None  # start: dataset build seconds; attempt_end: failed_at; recovery, script_save: seconds
+    value: float | None = None  # start: dataset build seconds; attempt_end: failed_at; recovery, script_save: seconds;
+    #                             straggler: the seconds its pace cost the job
     flag: bool = False  # attempt: resumed from a checkpoint; recovery: recovered
 
 
@@ -62,6 +64,8 @@ def event_of(record: Record | Refusal) -> Event | None:
             return Event(t, "attempt_end", name=record.outcome, step=record.attempt, value=record.failed_at)
         case TimelineProc(rank=int(rank)):
             return Event(t, "proc", rank, name=str(record.state))
+        case TimelineStraggler(rank=int(rank), lost_s=float(lost)):
+            return Event(t, "straggler", rank, value=lost)
     return None
 
 

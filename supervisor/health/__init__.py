@@ -13,6 +13,7 @@ from supervisor.health.metrics import MetricsSink
 from supervisor.health.nccl_transport import NcclTransportWatch
 from supervisor.health.preflight import CheckReport, run_checks
 from supervisor.health.proc_state import MEANING, PROC_SAMPLE_S, ProcReader, ProcSample, ProcTracker, cannot_run
+from supervisor.health.straggler_moves import Due, MoveOut
 from supervisor.health.stragglers import Stragglers
 from supervisor.health.suspect_list import StartExclusion, SuspectList, at_start, avoid_listed, list_path, remember
 from supervisor.health.suspects import SuspectWatch, mark_moved
@@ -20,7 +21,8 @@ from supervisor.health.timeouts import HangPolicy, LearnedTimeouts, previous_lea
 from supervisor.health.watchers import FatalCause, RunContext, RunWatcher
 
 __all__ = [
-    "FAIL", "MEANING", "PASS", "PROC_SAMPLE_S", "WARN", "CheckReport", "FatalCause", "HangPolicy", "HangVerdict", "Heartbeats",
+    "FAIL", "MEANING", "PASS", "PROC_SAMPLE_S", "WARN", "CheckReport", "Due", "FatalCause", "MoveOut", "HangPolicy",
+    "HangVerdict", "Heartbeats",
     "LearnedTimeouts", "MetricsSink", "NcclTransportWatch", "ProcReader", "ProcSample", "ProcTracker", "RunContext",
     "RunWatcher", "StartExclusion", "Stragglers", "SuspectList", "SuspectWatch", "announce_devices", "at_start",
     "avoid_listed", "cannot_run", "gpu_watcher", "hang_timeouts", "list_path", "mark_moved", "previous_learned", "remember",

@@ -119,6 +119,11 @@ class _Track:
         self.cpu: deque[tuple[float, float]] = deque()  # (monotonic time, CPU seconds)
 
 
+def _ran(track: _Track, sample: ProcSample) -> bool:
+    """Its CPU time moved on since the previous sample (a stop/continue cycle faster than the samples)."""
+    return bool(track.cpu) and sample.cpu_s is not None and sample.cpu_s > track.cpu[-1][1]
+
+
 class ProcTracker:
     """The samples it is given, per rank: since when each state holds, and how busy the CPU is.
     No I/O: the hang judge's view of the kernel is exactly the samples passed in."""
@@ -140,6 +145,8 @@ class ProcTracker:
                 if "T" in (sample.letter, track.letter):
                     changes.append((sample.rank, sample.letter))
                 track.letter, track.since = sample.letter, now
+            elif sample.letter == "T" and _ran(track, sample):
+                track.since = now  # stopped at both samples but it ran between them: stopped anew, not since then
             if sample.cpu_s is not None:
                 track.cpu.append((now, sample.cpu_s))
                 while len(track.cpu) > 2 and now - track.cpu[1][0] >= CPU_WINDOW_S:

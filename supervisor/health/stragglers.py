@@ -11,6 +11,13 @@ and the likely reason from its latest GPU sample (thermal or power slowdown, clo
 held back, another process on its GPU) or host sample (less CPU than the others); a
 `{"type": "straggler"}` record goes to metrics.jsonl and the summary lists it. A rank
 that recovers and slows down again is reported again.
+
+Every window closed also goes to the move-out decision (straggler_moves.py: a rank slower than
+2x for 30 s is moved out live where a warm spare can take it), and a named rank's stretch is
+costed: in each of its windows every step waited for its compute beyond the others' median
+(`steps x (its compute - the others')`, at most the window); when the stretch ends (the rank is
+back under the factor, it is moved out, or the attempt ends) a `timeline`/`straggler` record
+carries the sum (`lost_s`: the goodput account's `straggler` badput).
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from typing import Any
 from loguru import logger
 
 from gpuherd.status_records import Alive
+from supervisor.goodput import marks
+from supervisor.health.straggler_moves import Due, MoveOut, Window, after_line
 
 WINDOW_S = 5.0
 MIN_STEPS = 2  # a window closes only once every rank finished this many steps in it
@@ -55,9 +64,14 @@ def likely_reason(gpu: dict[str, Any] | None, host: dict[str, Any] | None, other
 
 class Stragglers:
     def __init__(self, factor: float, windows: int, write: Callable[[dict[str, Any]], None],
-                 window_s: float = WINDOW_S, warn: Callable[[str], None] = logger.warning) -> None:
+                 window_s: float = WINDOW_S, warn: Callable[[str], None] = logger.warning,
+                 moves: MoveOut | None = None) -> None:
+        """`moves`: the move-out decision (None: stragglers are named only)."""
         self.factor, self.windows, self.window_s = factor, windows, window_s
         self.write, self.warn = write, warn
+        self.moves = moves or MoveOut(after_s=0)
+        self.baseline: float | None = None  # the job's step time in the latest window nobody was slow in
+        self._stretch: dict[int, list[float]] = {}  # rank -> [since, lost seconds] while slow in a row
         self.found: list[dict[str, Any]] = []  # every warning given, for the summary
         self._acc: dict[int, list[float]] = {}  # rank -> [steps, compute seconds] this window
         self._streak: dict[int, int] = {}
@@ -85,19 +99,56 @@ class Stragglers:
             return
         if len(self._acc) < 2 or min(steps for steps, _ in self._acc.values()) < MIN_STEPS:
             return  # slow steps: the window grows until every rank finished a few
-        acc, self._acc, self._window_start = self._acc, {}, now
+        acc, self._acc, start, self._window_start = self._acc, {}, self._window_start, now
         per_step = {rank: compute / steps for rank, (steps, compute) in acc.items()}
+        window = Window(start, now, per_step, {rank: int(steps) for rank, (steps, _) in acc.items()})
         for rank, mine in per_step.items():
             others = statistics.median(v for r, v in per_step.items() if r != rank)
             slowdown = mine / others if others > 0 else 0.0
             if slowdown <= self.factor:
+                self._end_stretch(rank, now, moved=False)
                 self._streak[rank] = 0
                 self._warned.discard(rank)
                 continue
             self._streak[rank] = self._streak.get(rank, 0) + 1
+            self._cost(rank, window, mine, others)
             if self._streak[rank] >= self.windows and rank not in self._warned:
                 self._warned.add(rank)
                 self._report(rank, slowdown, mine, others)
+        if all(window.slowdown(rank) <= self.factor for rank in per_step):
+            self.baseline = window.step_s
+        for moved in self.moves.window(window, self.baseline):
+            line = after_line(moved)
+            if line:
+                logger.info(line)
+
+    def _cost(self, rank: int, w: Window, mine: float, others: float) -> None:
+        """What this window of `rank`'s pace took the job (counted once it is named): every step
+        waited for its compute beyond the others' median."""
+        stretch = self._stretch.setdefault(rank, [w.start, 0.0])
+        stretch[1] += min(w.end - w.start, min(w.steps.values()) * max(0.0, mine - others))
+
+    def _end_stretch(self, rank: int, now: float, moved: bool) -> None:
+        since, lost = self._stretch.pop(rank, (None, 0.0))
+        if since is not None and (rank in self._warned or moved):
+            self.write(marks.straggler(rank, since, now, lost, moved))
+
+    def take_due(self) -> list[Due]:
+        """The ranks due for a move-out (straggler_moves.py), for the supervision to act on."""
+        return self.moves.take()
+
+    def moved(self, due: Due, now: float) -> dict[str, Any]:
+        """`due`'s rank was moved out live: its stretch ends here; its evidence (the recovery's
+        `straggler`) is filled in as the next windows close."""
+        self._end_stretch(due.rank, now, moved=True)
+        self._streak[due.rank] = 0
+        self._warned.discard(due.rank)
+        return self.moves.moved(due)
+
+    def close(self, now: float) -> None:
+        """The attempt ended: a named rank's stretch ends with it."""
+        for rank in list(self._stretch):
+            self._end_stretch(rank, now, moved=False)
 
     def _report(self, rank: int, slowdown: float, mine: float, others: float) -> None:
         with self._lock:

@@ -9,11 +9,13 @@ its latest one carries its count, so that is the one kept.
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 from gpuherd.status_records import Record, Sdc, Suspect
 from supervisor.gpus import DevicePlan
 from supervisor.summary import SDC_CAUSE as SDC
+from supervisor.summary import STRAGGLER_CAUSE as STRAGGLER
 from supervisor.summary import SuspectDevice
 
 EXCLUDE_HINT = "exclude it with --exclude-suspect-gpus (with --max-restarts)"
@@ -55,6 +57,20 @@ class SuspectWatch:
                     steps=(before.steps if before is not None else [])
                     + ([record.step] if record.step is not None else []))
 
+    def moved_out(self, recoveries: list[dict[str, Any]]) -> None:
+        """A straggler moved out live in this attempt (a recovery of kind `straggler`): its device,
+        as a second strike of silent data corruption puts it, goes on the host's suspect list."""
+        for rec in recoveries:
+            if (rec.get("kind"), rec.get("attempt"), rec.get("outcome")) != ("straggler", self.attempt, "recovered"):
+                continue
+            rank, ev = rec["rank"], rec.get("straggler") or {}
+            slot, uuid = self._slot_of.get(rank, (None, ""))
+            self._earlier.append(SuspectDevice(
+                attempt=self.attempt, rank=rank, device=rec.get("device") or "?", gpu=self._gpu_of.get(rank),
+                host=socket.gethostname(), transient_faults=1, limit=0, step=rec.get("resumed_step"), cause=STRAGGLER,
+                slot=slot, uuid=uuid, evidence=[f"{ev.get('slowdown')}x the other ranks' compute per step for "
+                                                f"{ev.get('held_s')} s"] if ev else []))
+
     def devices(self, exclusion_on: bool) -> list[SuspectDevice]:
         """Every suspect of the attempt, by rank. A GPU over the limit gets the hint to exclude
         it unless `--exclude-suspect-gpus` is on (then the restart says what it did); a device
@@ -70,7 +86,7 @@ def mark_moved(devices: list[SuspectDevice], recoveries: list[dict[str, Any]]) -
     """What came of a device struck out by silent data corruption within its attempt: the live
     recovery that took its rank (summary.json's `then`, `gpuherd report`)."""
     for d in devices:
-        if d.cause != SDC or not d.over_limit:
+        if d.cause not in (SDC, STRAGGLER) or not d.over_limit:
             continue
         rec = next((r for r in recoveries if r.get("rank") == d.rank and r.get("attempt") == d.attempt
                     and r.get("outcome") == "recovered"), None)

@@ -84,7 +84,7 @@ class Recovery:
     rank: int
     device: str
     failed: str  # what happened to the lost rank (the cause's message)
-    kind: str  # worker-exit | hang | regrow (a warm spare took back a carried rank: nothing failed)
+    kind: str  # worker-exit | hang | straggler | regrow (a warm spare took back a carried rank: nothing failed)
     lost_pid: int
     replaced_by_pid: int
     survivors: list[dict[str, int]]  # [{"rank", "pid"}]: the ranks that kept their processes
@@ -103,6 +103,7 @@ class Recovery:
     replicas: int | None = None  # shrink, regrow: the processes training on (after a shrink one carries the lost slot)
     # shrink: from the loss to its regrow, or to the attempt's end; regrow: the same span (the rank's slot carried)
     shrunk_s: float | None = None
+    straggler: dict[str, Any] | None = None  # a straggler moved out: the evidence (health/straggler_moves.py)
     _died: float = field(default=0.0, repr=False)
     _reached: int = field(default=0, repr=False)  # the most completed steps any rank reported before
     _generation: int = field(default=1, repr=False)  # the rebuilt group of this attempt it forms

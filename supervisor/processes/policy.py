@@ -29,6 +29,9 @@ milliseconds. The phases (docs/design/supervision.md):
     any --no worker left--> DRAINING --pipes closed or DRAIN_WAIT--> DONE
     RUNNING/FINISHING --a rank a warm spare can take fails--> (no phase change) ReplaceLive; a hang
         verdict on one: SIGKILL to it, its verdict kept as the cause of its exit (live recovery)
+    RUNNING --a straggler slower than the set factor for the set time, a warm spare free--> (no phase
+        change) SIGKILL to it, its verdict kept as the cause of its exit (moved out live); no spare:
+        named only, and why
     RUNNING --a warm spare can take back a shrunk group's carried rank--> (no phase change) Regrow;
         in any other phase (a stop, a teardown, a rank finishing early) or with a hung rank being
         killed for a recovery, nothing: the spare waits
@@ -251,8 +254,19 @@ class SpareReady:
     rank: int
 
 
+@dataclass(frozen=True)
+class StragglerFound:
+    """A rank slower than the others for the set time (health/straggler_moves.py): `cause` (kind
+    `straggler`) names it with its evidence; `spare`: whether it can be moved out live now."""
+
+    view: View
+    cause: RootCause
+    spare: Spare | None = None  # None: no live recovery this attempt
+    how: str = "a warm spare takes its rank"  # or the group goes on without it (--min-replicas)
+
+
 Event = Tick | Exited | SignalReceived | WorkerStop | HangFound | Fatal | TracesIn | AllGone | PipesClosed | \
-    TracesRead | Published | TailsRead | ReplaceFailed | RecoveryStuck | SpareReady
+    TracesRead | Published | TailsRead | ReplaceFailed | RecoveryStuck | SpareReady | StragglerFound
 
 
 # ---------------------------------------------------------------------------- outputs
@@ -642,6 +656,22 @@ def _kill_for_recovery(s: State, cause: RootCause) -> Result:
         Send((cause.rank,), signal.SIGKILL)]
 
 
+def _straggler(s: State, e: StragglerFound, r: Rules) -> Result:
+    """Moved out only while training runs undisturbed (no stop, teardown, early exit or recovery
+    under way): SIGKILL, and on its exit a warm spare takes the rank (or the group shrinks) with
+    the straggler verdict as the cause; it never ends the attempt. Else it is named only, and why."""
+    cause = e.cause
+    if s.cause is not None or s.phase is not Phase.RUNNING or s.early is not None or s.condemned:
+        return s, []
+    if e.spare is None or e.spare.why_not is not None:
+        why = e.spare.why_not if e.spare is not None else "live recovery is off in this attempt"
+        return s, [Log("warning", f"{cause.message}; not moved out: {why}")]
+    return replace(s, condemned=(*s.condemned, (cause.rank, cause))), [
+        Log("warning", f"{cause.message}; moved out live: SIGKILL to {cause.device} (rank {cause.rank}), {e.how} "
+                       "and the device goes on the suspect list"),
+        Send((cause.rank,), signal.SIGKILL)]
+
+
 def _fatal(s: State, e: Fatal, r: Rules) -> Result:
     if e.remote:
         return _remote(s, e, r)
@@ -711,7 +741,7 @@ def _tails_read(s: State, e: TailsRead, r: Rules) -> Result:
 _HANDLERS = {Tick: _tick, Exited: _exited, SignalReceived: _signal, WorkerStop: _worker_stop, HangFound: _hang,
              Fatal: _fatal, TracesIn: _traces_in, AllGone: _all_gone, PipesClosed: _pipes_closed,
              TracesRead: _traces_read, Published: _published, TailsRead: _tails_read, ReplaceFailed: _replace_failed,
-             RecoveryStuck: _recovery_stuck, SpareReady: _spare_ready}
+             RecoveryStuck: _recovery_stuck, SpareReady: _spare_ready, StragglerFound: _straggler}
 
 
 # ---------------------------------------------------------------------------- steps

@@ -61,6 +61,7 @@ from supervisor.processes.policy import Phase
 from supervisor.processes.signal_rules import inherited_ignored
 from supervisor.processes.spare_requests import Answer, Facts, SpareDesk, judge
 from supervisor.processes.spawn import WorkerProcess
+from supervisor.processes.straggler_out import moved_out, straggler_cause, straggler_spare
 from supervisor.processes.stopping import QUIT, STOP_REQUESTS, StopRules
 from supervisor.summary import RootCause, how_it_ended, shell_code
 
@@ -425,6 +426,8 @@ class Supervision:
             if self.cause is None:
                 self._judge_heartbeats(now)
             if self.cause is None:
+                self._judge_stragglers(now)
+            if self.cause is None:
                 self._offer_regrow(now)
         if self.requests is not None and now - self._last_asked >= 0.25:
             self._last_asked = now
@@ -468,6 +471,27 @@ class Supervision:
         return pol.Spare(self.live.why_not(rank, [w.slot.rank for w in self._alive() if w.slot.rank != rank],
                                            suspect_gpu=suspect_gpu))
 
+    def _judge_stragglers(self, now: float) -> None:
+        """A rank slower than the others for the set time (health/straggler_moves.py): the policy
+        moves it out live where a warm spare can take it (straggler_out.py), else names it only."""
+        stragglers = self.heartbeats.stragglers
+        for due in stragglers.take_due() if stragglers is not None else ():
+            w = self.workers.get(due.rank)
+            if w is None or not w.alive or self.cause is not None:
+                continue
+            survivors = [o.slot.rank for o in self._alive() if o is not w]
+            spare = straggler_spare(self.live, w.slot, due, survivors)
+            why = "live recovery is off" if spare is None else spare.why_not
+            if why is not None and stragglers.moves.said.get(due.rank) == why:
+                continue  # said already: named only, until the answer changes
+            stragglers.moves.said[due.rank] = why or ""
+            how = ("the group goes on without it (--min-replicas)" if self.live is not None
+                   and self.live.shrinks(w.slot.kind == "cuda") else "a warm spare takes its rank")
+            self._decide(pol.StragglerFound(self._view(now), straggler_cause(due, w, stragglers.moves.factor),
+                                            spare=spare, how=how))
+            if due.rank in dict(self.state.condemned):
+                stragglers.moves.pending[due.rank] = due  # SIGKILLed: its recovery gets the evidence
+
     def _judge_live_recovery(self, now: float) -> None:
         """A survivor that never left the broken group's collective: the policy ends the attempt."""
         stuck = self.live.stuck(now, self.heartbeats.timeouts.allowance("step")) if self.live is not None else None
@@ -495,11 +519,14 @@ class Supervision:
         if self.live is not None and self.live.shrinks(_suspect_gpu(lost, action.cause)):
             if not self.live.shrink(lost, action.cause, survivors, now):
                 self._decide(pol.ReplaceFailed(self._view(now), action.rank, action.cause))
+                return
+            moved_out(self.live, self.heartbeats.stragglers, action.rank, now)
             return
         new = None if self.live is None else self.live.replace(lost, action.cause, survivors, now)
         if new is None:
             self._decide(pol.ReplaceFailed(self._view(now), action.rank, action.cause))
             return
+        moved_out(self.live, self.heartbeats.stragglers, action.rank, now)
         self._serve(action.rank, new, now)
 
     def _offer_regrow(self, now: float) -> None:
@@ -583,5 +610,7 @@ class Supervision:
 
 
 def _suspect_gpu(w: WorkerProcess, cause: RootCause) -> bool:
-    """The rank left over its own GPU (exit 8, a suspect device): never replaced on the same GPU."""
-    return w.slot.kind == "cuda" and cause.exit_code == ExitCode.DEVICE_SUSPECT and not cause.script_code
+    """The rank left over its own GPU (exit 8, a suspect device; a straggler moved out): never
+    replaced on the same GPU."""
+    return w.slot.kind == "cuda" and (cause.exit_code == ExitCode.DEVICE_SUSPECT and not cause.script_code
+                                      or cause.kind == "straggler")

@@ -13,7 +13,7 @@ from supervisor.views.report_data import RunData
 COLOURS = {PRODUCTIVE: "tab:green", "launch": "#9ecae1", "dataset": "#6baed6", "rendezvous": "#4292c6",
            "warmup": "#2171b5", "checkpoint_save": "tab:olive", "checkpoint_restore": "#bcbd22", "eval": "tab:cyan",
            "failure_detection": "tab:red", "restart": "tab:orange", "redone": "tab:pink", "sdc": "tab:brown", "stopped": "tab:purple",
-           "other": "lightgray"}
+           "straggler": "gold", "other": "lightgray"}
 
 
 def goodput_timeline(runs: list[RunData]) -> Figure:

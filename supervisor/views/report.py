@@ -24,6 +24,7 @@ from loguru import logger
 
 from gpuherd.files import write_bytes_atomic
 from supervisor.output import rank_set
+from supervisor.summary import moved_out_line
 from supervisor.views import figures
 from supervisor.views.report_data import RunData, load_run
 from supervisor.views.top import clock
@@ -112,6 +113,8 @@ def _numbers(runs: list[RunData]) -> list[list[str]]:
         row("restarts", lambda r: str((r.summary or {}).get("restarts", max(0, len(r.attempts) - 1)))),
         row("checkpoint cost (median per save)", _save_costs),
         row("suspect devices", _suspects),
+        row("stragglers moved out", lambda r: "; ".join(moved_out_line(rec) for rec in (r.summary or {}).get(
+            "recoveries") or [] if rec.get("straggler") and rec.get("outcome") == "recovered") or "-"),
         row("events", lambda r: ", ".join(f"{n} {k}" for k, n in _counts(r).items()) or "-"),
         row("unreadable lines in metrics.jsonl (skipped)", lambda r: str(r.malformed)),
         row("files not read (no regular file)", lambda r: ", ".join(r.not_read) or "-"),
