@@ -281,7 +281,7 @@ def test_a_script_whose_steps_gpuherd_live_numbers_gets_no_second_numbering_but_
     beat.on_step(None, (), {})
     beat.saving(lambda: None)()
     beat.at_exit()
-    assert records() == [("phase", "checkpoint"), ("phase", "train"), ("phase", "shutdown")]
+    assert records() == [("phase", "checkpoint"), ("script_save", 1), ("phase", "train"), ("phase", "shutdown")]
 
 
 def test_after_import_calls_back_once_the_module_is_imported(tmp_path, monkeypatch):
