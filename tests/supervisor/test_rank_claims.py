@@ -18,9 +18,9 @@ from torch.distributed import TCPStore
 from supervisor.rendezvous import rank_claims, spare_node_agent
 from supervisor.rendezvous.beat_watch import JOINED
 from supervisor.rendezvous.liveness import LivenessLink, LivenessServer
-from supervisor.rendezvous.node_agent_main import Agent
 from supervisor.rendezvous.store_calls import StoreCalls
 from tests.supervisor.helpers import wait_for
+from tests.supervisor.test_spare_node_agent import _agent  # a node agent on this process's store (3 nodes)
 
 NODE = {"host": "h", "fingerprint": "f1", "mode": "train", "run_id": "job", "run_id_given": True, "run_dir": "/r"}
 CAUSE = {"kind": "node", "exit_code": 1, "message": "node 1 (h) stopped responding: its connection closed"}
@@ -34,15 +34,6 @@ def store(free_tcp_port):
     for thread in threading.enumerate():
         if thread.name == "spare-node":
             thread.join(timeout=5)
-
-
-def _agent(port: int, node: int) -> tuple[Agent, list[dict]]:
-    connect = lambda: TCPStore("127.0.0.1", port, None, False, timedelta(seconds=10))  # noqa: E731
-    agent = Agent(connect(), node_rank=node, nnodes=2, join_timeout=5.0, where=f"127.0.0.1:{port}")
-    agent.connect = connect
-    events: list[dict] = []
-    agent.emit = lambda event, events=events, **fields: events.append({"event": event, **fields})
-    return agent, events
 
 
 def test_a_rank_whose_owner_was_found_dead_is_taken_back_and_only_that_owners_claim_is_freed(store):
@@ -80,19 +71,19 @@ def test_node_0_names_the_claim_of_the_connection_that_closed_and_a_replaced_one
 def test_a_frozen_spare_node_is_passed_over_and_when_it_wakes_it_ends_itself(store, free_tcp_port, monkeypatch):
     monkeypatch.setattr(spare_node_agent, "PING_S", 0.3)
     monkeypatch.setattr(spare_node_agent, "POLL_S", 0.05)
-    store.set("a0/nodes", orjson.dumps([{**NODE, "node": r, "nproc": 1} for r in (0, 1)]))
+    store.set("a0/nodes", orjson.dumps([{**NODE, "node": r, "nproc": 1} for r in (0, 1, 2)]))
     store.set("a0/all", JOINED)
     node0, _ = _agent(free_tcp_port, 0)
     node0.spare_nodes = 1
-    rank_claims.claim(store, 2, b"h (agent pid 9)")  # spare node 2 stood by, and froze
-    store.set("a0/spare2", orjson.dumps({"host": "h", "nproc": 1, "owner": "h (agent pid 9)"}))
+    rank_claims.claim(store, 3, b"h (agent pid 9)")  # spare node 3 stood by, and froze
+    store.set("a0/spare3", orjson.dumps({"host": "h", "nproc": 1, "owner": "h (agent pid 9)"}))
 
     assert not spare_node_agent.take_over(node0, 0, 1, CAUSE, node0.store)  # no answer to the ping
-    assert 2 in node0.gone and not store.check(["a0/promote2"]) and not store.check(["a0/live1"])
-    assert store.get("a0/pong2") == spare_node_agent.PASSED_OVER
-    assert store.get(rank_claims.owner_key(2)) == b""  # a spare node started again as node 2 stands by
+    assert 3 in node0.gone and not store.check(["a0/promote3"]) and not store.check(["a0/live1"])
+    assert store.get("a0/pong3") == spare_node_agent.PASSED_OVER
+    assert store.get(rank_claims.owner_key(3)) == b""  # a spare node started again as node 3 stands by
 
-    woken, events = _agent(free_tcp_port, 2)  # the agent that wakes reads where it stood: the ping
+    woken, events = _agent(free_tcp_port, 3)  # the agent that wakes reads where it stood: the ping
     woken.handle({"cmd": "stand-by", "attempt": 0, "record": {**NODE, "nproc": 1}})
     assert wait_for(lambda: events and events[-1]["event"] == "spare-passed-over", timeout=10)
-    assert events[-1]["message"].startswith("spare node 2: node 0 needed it in round 0 and it did not answer")
+    assert events[-1]["message"].startswith("spare node 3: node 0 needed it in round 0 and it did not answer")
