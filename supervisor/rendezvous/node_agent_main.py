@@ -540,9 +540,12 @@ class Agent:
     def _declare(self, k: int, r: int, cause: dict[str, Any], store: StoreCalls) -> None:
         """Node 0: node r is dead; its cause goes to every node (the abort, unless a failure came first),
         unless a spare node takes its place or the job goes on without it."""
+        owner = self.owners.get(r)
         if self._go_on_without(k, r, cause, store):
+            if r in self.lost_nodes:  # the job went on without it: node r started again may take its rank
+                rank_claims.release(store, r, owner)
             return
-        rank_claims.release(store, r, self.owners.get(r))  # node r started again takes its rank back
+        rank_claims.release(store, r, owner)  # node r started again takes its rank back
         if self.beats is not None and self.beats.k == k:
             self.beats.dead[r] = cause
             store.set(verdict_key(k), orjson.dumps(self.beats.verdict()))  # named dead before the abort is read

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from supervisor.rendezvous.beat_watch import all_key
+from supervisor.rendezvous.beat_watch import JOINED, all_key
 
 JOINING_KEY = "joining"
 
@@ -53,11 +53,12 @@ def transfer(store: Any, r: int, dead: bytes | None, spare: bytes) -> bool:
 
 
 def round_to_join(store: Any, k: int) -> int:
-    """A node other than 0 joining a fixed-size job for the first time: node 0's latest join
-    when it is still open, else the next one (node 0 joins it at its restart); `k` when node 0
-    has not joined yet (the job's first round)."""
+    """A node other than 0 joining a fixed-size job for the first time: node 0's latest join,
+    unless that round runs (or ran) without this node, then the next one (node 0 joins it at its
+    restart); `k` when node 0 has not joined yet (the job's first round). A round whose join
+    was aborted is joined all the same: this node reads its cause there, as the others did."""
     raw = store.get_if_set(JOINING_KEY)
     if raw is None or not raw.isdigit():
         return k
     joining = int(raw)
-    return max(k, joining + 1 if store.check([all_key(joining)]) else joining)
+    return max(k, joining + 1 if store.get_if_set(all_key(joining)) == JOINED else joining)

@@ -52,7 +52,7 @@ from supervisor.rendezvous.regroup_agent import claim_next
 if TYPE_CHECKING:
     from supervisor.rendezvous.node_agent_main import Agent
 
-POLL_S = 1.0  # a wait's piece: a round's end or the job's is seen within it (3 requests a second per spare node)
+POLL_S = 1.0  # a wait's piece: a round's end or the job's is seen within it (4 requests a second per spare node)
 PING_S = 3.0  # node 0 waits this long for a spare node's answer before it passes it over
 ALIVE, PASSED_OVER = b"alive", b"passed over"
 

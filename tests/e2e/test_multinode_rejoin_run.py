@@ -18,6 +18,7 @@ import sys
 import time
 
 import orjson
+import psutil
 import pytest
 
 from bench.launchers import tree_pids
@@ -71,6 +72,17 @@ def _signal_whole(proc: subprocess.Popen, sig: int) -> None:
             pass
     if sig == signal.SIGKILL:
         proc.wait()
+
+
+def _running(pids: list[int]) -> list[int]:
+    running = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                running.append(pid)
+        except psutil.Error:
+            continue
+    return running
 
 
 def _after_a_checkpoint(job, node: int) -> int:
@@ -167,8 +179,11 @@ def test_a_frozen_spare_node_is_passed_over_and_ends_itself_when_it_wakes(tmp_pa
     def wake(procs):
         log = tmp_path / "logs" / "job-node0" / "supervisor.log"
         assert wait_for(lambda: "attempt 1: spawned" in log.read_text(), timeout=240)  # node 1 rejoined
+        frozen = tree_pids(procs[2].pid)  # its supervisor, agent, orphan guard and warm worker
         _signal_whole(procs[2], signal.SIGCONT)
-        return finish(procs[2], timeout=120)
+        ended = finish(procs[2], timeout=120)
+        assert wait_for(lambda: not _running(frozen), timeout=30)  # no orphaned process
+        return ended
 
     outputs = _job_with_a_rejoin(tmp_path, python_env, ("--spare-nodes", "1"), _freeze_the_spare_node_and_kill_node_1,
                                  wake)

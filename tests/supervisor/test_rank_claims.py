@@ -53,6 +53,9 @@ def test_a_node_started_again_joins_node_0s_open_join_or_its_next_one(store):
     assert rank_claims.round_to_join(store, 0) == 3  # node 0 waits in round 3's join
     store.set("a3/all", JOINED)
     assert rank_claims.round_to_join(store, 0) == 4  # round 3 runs without it: node 0's restart joins 4
+    store.set(rank_claims.JOINING_KEY, b"4")
+    store.set("a4/all", b"abort")  # a node failed before round 4's join completed: read why there
+    assert rank_claims.round_to_join(store, 0) == 4
 
 
 def test_node_0_names_the_claim_of_the_connection_that_closed_and_a_replaced_one_is_no_death():
