@@ -67,7 +67,12 @@ def repo_root() -> Path:
 
 @pytest.fixture
 def python_env() -> dict[str, str]:
-    """Environment for subprocesses that run gpuherd's entry points from any cwd."""
+    return subprocess_env()
+
+
+def subprocess_env() -> dict[str, str]:
+    """Environment for subprocesses that run gpuherd's entry points from any cwd (also for a
+    fixture of a wider scope than `python_env`'s)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"

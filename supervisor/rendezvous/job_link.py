@@ -193,6 +193,8 @@ class JobLink:
                             "node that dies")
             elif event["event"] == "spare-closed":
                 raise SpareNodeUnused(f"spare node {self.spec.node_rank}: the job ended; this node was not needed")
+            elif event["event"] == "spare-passed-over":  # it was frozen when node 0 needed it: it ends, exit 0
+                raise SpareNodeUnused(event["message"])
             elif event["event"] == "spare-refused":  # its settings differ (2), or a value no node wrote (1)
                 raise NodeLinkError(event["message"], int(event.get("exit_code", ExitCode.USAGE)))
             elif event["event"] == "join-aborted":  # its --node-rank is another node's

@@ -4,12 +4,15 @@ is seen the moment the kernel closes its socket, not after a silence.
 The job store cannot tell: torch's `TCPStore` server drops a closed client without a
 word. So node 0's agent listens on one more port of the same interface (published as the
 store key `liveness`), every other agent connects once it has joined and says
-`hello {rank}`, and says `bye` before it leaves. A connection that ends without `bye`
+`hello {rank} {claim}` (its claim on the rank, `rank{r}/owner`: rank_claims.py), and says `bye`
+before it leaves. A connection that ends without `bye`
 is a node whose agent died (SIGKILL, OOM, its supervisor killed with it, its machine
 rebooted): node 0 names it at once. A node cut off without anything closing (a machine
 that lost power, a cable) still falls to the heartbeat silence rule. The other way
 round, a node whose connection to node 0 ends without node 0 having left is cut off
-from node 0's agent (it died) and says so at once.
+from node 0's agent (it died) and says so at once. A newer `hello` for the same rank (the node
+started again, a spare node given its place) replaces an older connection: the older one's end
+is no death (the frozen agent it came from may still wake and close it).
 
 The same connection carries each node's console lines for folding across nodes
 (`lines {JSON list}`, supervisor/output/cross_node.py), so the job store never does.
@@ -28,9 +31,10 @@ HELLO, BYE, LINES = b"hello ", b"bye", b"lines "
 
 
 class LivenessServer:
-    """Node 0: accepts every node's connection; `on_closed(rank)` when one ends without `bye`."""
+    """Node 0: accepts every node's connection; `on_closed(rank, claim)` when one ends without `bye`
+    (`claim`: what its `hello` said after the rank, None if nothing)."""
 
-    def __init__(self, host: str, on_closed: Callable[[int], None],
+    def __init__(self, host: str, on_closed: Callable[[int, bytes | None], None],
                  on_lines: Callable[[int, bytes], None] | None = None) -> None:
         """`on_lines(rank, payload)`: a node's console lines (the JSON list it sent)."""
         self._on_closed, self._on_lines = on_closed, on_lines
@@ -38,7 +42,7 @@ class LivenessServer:
         self.port = self._listen.getsockname()[1]
         self._sel = selectors.DefaultSelector()
         self._sel.register(self._listen, selectors.EVENT_READ)
-        self._state: dict[socket.socket, list] = {}  # connection -> [rank or None, said bye, unparsed bytes]
+        self._state: dict[socket.socket, list] = {}  # connection -> [rank or None, said bye, unparsed bytes, claim]
         threading.Thread(target=self._serve, name="liveness-server", daemon=True).start()
 
     def _serve(self) -> None:
@@ -46,7 +50,7 @@ class LivenessServer:
             for key, _ in self._sel.select():
                 if key.fileobj is self._listen:
                     conn, _addr = self._listen.accept()
-                    self._state[conn] = [None, False, b""]
+                    self._state[conn] = [None, False, b"", None]
                     self._sel.register(conn, selectors.EVENT_READ)
                 else:
                     self._read(key.fileobj)
@@ -61,8 +65,9 @@ class LivenessServer:
             state[2] += chunk
             *lines, state[2] = state[2].split(b"\n")
             for line in lines:
-                if line.startswith(HELLO) and line[len(HELLO):].isdigit():
-                    state[0] = int(line[len(HELLO):])
+                rank, _, claim = line[len(HELLO):].partition(b" ")
+                if line.startswith(HELLO) and rank.isdigit():
+                    self._hello(conn, int(rank), claim or None)
                 elif line == BYE:
                     state[1] = True
                 elif line.startswith(LINES) and state[0] is not None and self._on_lines is not None:
@@ -73,16 +78,25 @@ class LivenessServer:
         del self._state[conn]
         rank, said_bye = state[0], state[1]
         if rank is not None and not said_bye:
-            self._on_closed(rank)
+            self._on_closed(rank, state[3])
+
+    def _hello(self, conn: socket.socket, rank: int, claim: bytes | None) -> None:
+        """`conn` speaks for node `rank` from now on; an older connection for it is replaced."""
+        for other, state in self._state.items():
+            if other is not conn and state[0] == rank:
+                state[0] = None
+        self._state[conn][0], self._state[conn][3] = rank, claim
 
 
 class LivenessLink:
     """A node other than 0: its connection to node 0's agent; `on_closed()` when node 0's end closes."""
 
-    def __init__(self, host: str, port: int, node_rank: int, on_closed: Callable[[], None]) -> None:
+    def __init__(self, host: str, port: int, node_rank: int, on_closed: Callable[[], None], claim: bytes = b"") -> None:
+        """`claim`: this agent's on its rank (rank_claims.owner_mark): node 0 frees it when this ends."""
         self._sock = socket.create_connection((host, port), timeout=10)
         self._sock.settimeout(None)
-        self._sock.sendall(HELLO + str(node_rank).encode() + b"\n")
+        self._claim = claim
+        self._sock.sendall(self._hello_line(node_rank))
         self._on_closed = on_closed
         self._leaving = False
         threading.Thread(target=self._watch, name="liveness-link", daemon=True).start()
@@ -97,7 +111,10 @@ class LivenessLink:
     def hello(self, node_rank: int) -> None:
         """This connection speaks for node `node_rank` from now on (a spare node taking its place)."""
         with contextlib.suppress(OSError):
-            self._sock.sendall(HELLO + str(node_rank).encode() + b"\n")
+            self._sock.sendall(self._hello_line(node_rank))
+
+    def _hello_line(self, node_rank: int) -> bytes:
+        return HELLO + str(node_rank).encode() + (b" " + self._claim if self._claim else b"") + b"\n"
 
     def send_lines(self, payload: bytes) -> None:
         """This node's console lines for node 0's folding point (one JSON list, no newline in it)."""

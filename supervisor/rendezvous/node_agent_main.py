@@ -24,6 +24,9 @@ a client. Keys, per attempt k (names in beat_watch.py):
                    the one summary node 0 prints
     liveness       node 0's "host:port" for the agents' direct connections (liveness.py): one that
                    ends without a goodbye names its node at once, before any silence
+    rank{r}/owner  the agent holding --node-rank r; freed by node 0 once it is found dead, for the node
+                   started again in its place (rank_claims.py)
+    joining        node 0's latest join (fixed size): where a node started again joins
 
 No loop asks the store about N keys: joins, the done wait and the linger are server-side
 waits (`TCPStore.wait`), each node blocks on the abort key in a thread of its own (its own
@@ -63,6 +66,7 @@ events on stdout (stderr is torch's own chatter, kept in the run's agent log).
     {"cmd": "stand-by", "attempt": k, "record": {...}} a spare node (spare_node_agent.py) -> standing-by {attempt,
                                                      nodes} per round, then promoted {attempt, generation, node,
                                                      claim, nodes} | spare-closed | spare-refused {message, exit_code}
+                                                     | spare-passed-over {message} (it was frozen when node 0 needed it)
     (always possible)                                -> lost {message}: the store is gone
 
     python -m supervisor.rendezvous.node_agent_main NODE_RANK MIN_NODES:NNODES HOST PORT JOIN_TIMEOUT_S
@@ -88,6 +92,7 @@ from supervisor.rendezvous.beat_watch import (ABORTED, BEAT_S, JOINED, SETTLED, 
                                               parse_verdict, undecided, verdict_key)
 from supervisor.rendezvous import node_shrink_agent, regroup_agent, spare_node_agent
 from supervisor.rendezvous.elastic_rounds import ElasticRounds, refused_key
+from supervisor.rendezvous import rank_claims
 from supervisor.rendezvous.nodes import settings_problem
 from supervisor.rendezvous.liveness import LIVENESS_KEY, LivenessLink, LivenessServer
 from supervisor.rendezvous.own_lag import OwnLag
@@ -116,9 +121,11 @@ class Agent:
         self.verifying: tuple[int, float, int] | None = None  # an "alive" check: (attempt, began, verdict seq then)
         self.beats: BeatWatch | None = None  # node 0: the attempt whose beats it reads
         self.last_join: int | None = None
+        self.mark = b""  # this agent's claim on its --node-rank (rank_claims.owner_mark), once it holds it
         self.lost = False
         self.leaving = False
         self.hosts: dict[int, str] = {}
+        self.owners: dict[int, bytes] = {}  # node 0: each node's agent in the round (rank_claims.owner_mark)
         self.gone: set[int] = set()  # nodes found dead: nobody waits for them to leave
         self.spare_nodes = 0  # node 0: --spare-nodes (from its own join record)
         self.promoted: dict[int, dict[int, int]] = {}  # node 0: round -> {dead node: the spare node in its place}
@@ -206,7 +213,7 @@ class Agent:
     def _join(self, k: int, msg: dict[str, Any]) -> None:
         if not self._claim_rank(k, msg["record"]):
             return
-        fields = msg["record"]
+        fields = {**msg["record"], "owner": rank_claims.owner_mark(msg["record"]).decode()}
         self.spare_nodes = int(fields.get("spare_nodes") or 0)
         self.min_replicas = int(fields.get("min_replicas") or 0)
         if self.liveness_at is not None:  # node 0: where the direct connections go, read with the records
@@ -216,6 +223,10 @@ class Agent:
         if self.rounds is not None:
             self._join_elastic(record)
             return
+        if self.node_rank == 0:
+            self.store.set(rank_claims.JOINING_KEY, str(k).encode())  # where a node started again joins
+        elif self.last_join is None:  # started (again) while the job runs: node 0's round, or its restart's
+            k = rank_claims.round_to_join(self.store, k)
         self.last_join = k
         keys = [node_key(k, i) for i in range(self.nnodes)]
         enter(self.store, k, self.node_rank, record)
@@ -275,6 +286,7 @@ class Agent:
                 self._join_aborted(k, self._publish(k, cause, self.store))
                 return
         self.hosts = {i: str(n.get("host", "?")) for i, n in zip(members, records, strict=True)}
+        self.owners = {i: str(n.get("owner", "")).encode() for i, n in zip(members, records, strict=True)}
         self.members = members
         self.lost_nodes.clear()  # a restart's join waited for every node again
         self.beating, self._beat_sent = k, b"0"  # from now on: node 0 reads this node's beat
@@ -447,12 +459,17 @@ class Agent:
         self.store.compare_set(abort_key(k), "", orjson.dumps(cause))
 
     def _claim_rank(self, k: int, record: dict[str, Any]) -> bool:
-        """The first agent to join as node r owns that --node-rank for the whole job (its later
-        attempts too); another node started with the same one is refused alone, exit 2, before its
-        record could overwrite the owner's."""
-        mine = owner_mark(record)
-        owner = self.store.compare_set(f"rank{self.node_rank}/owner", "", mine)
+        """The first agent to join as node r owns that --node-rank (its later attempts too) until
+        node 0 finds it dead (rank_claims.py): a node started again then takes it back; another node
+        started with it while its owner lives is refused alone, exit 2, before its record could
+        overwrite the owner's. Once it holds the rank, this agent connects to node 0's (liveness.py):
+        its death from now on, even while it waits in a join, frees the rank."""
+        mine = rank_claims.owner_mark(record)
+        owner = rank_claims.claim(self.store, self.node_rank, mine)
         if owner == mine:
+            self.mark = mine
+            if self.node_rank != 0 and self.connect is not None and self.liveness is None:
+                self._link_to_node0()
             return True
         shown = owner.decode("utf-8", "backslashreplace")[:120]
         cause = {"kind": "rendezvous", "exit_code": int(ExitCode.USAGE), "node": self.node_rank,
@@ -531,8 +548,12 @@ class Agent:
     def _declare(self, k: int, r: int, cause: dict[str, Any], store: StoreCalls) -> None:
         """Node 0: node r is dead; its cause goes to every node (the abort, unless a failure came first),
         unless a spare node takes its place or the job goes on without it."""
+        owner = self.owners.get(r)
         if self._go_on_without(k, r, cause, store):
+            if r in self.lost_nodes:  # the job went on without it: node r started again may take its rank
+                rank_claims.release(store, r, owner)
             return
+        rank_claims.release(store, r, owner)  # node r started again takes its rank back
         if self.beats is not None and self.beats.k == k:
             self.beats.dead[r] = cause
             store.set(verdict_key(k), orjson.dumps(self.beats.verdict()))  # named dead before the abort is read
@@ -608,24 +629,27 @@ class Agent:
         self.liveness_at = f"{host}:{server.port}"
         self.store.set(LIVENESS_KEY, self.liveness_at.encode())
 
-    def _connection_closed(self, r: int) -> None:
-        """Node 0: node r's connection ended without a goodbye: its agent died with its processes.
-        It is dead in the verdict and published as every node's root cause at once (named on every
-        survivor within one fan-out). The cause carries `stop_after_s` (CLOSED_GRACE_S): each
-        survivor's supervisor stops its workers only that long after, so that its workers, failing
-        on the same closed connections at their next collective, fail first and are recorded as
-        the dead node's consequence, not cut short by the stop."""
-        beats = self.beats
-        if r >= self.nnodes:  # a spare node standing by died: it is just no longer one to promote
-            self.gone.add(r)
-            return
-        if beats is None or r not in self.members or r in beats.dead or r in self.lost_nodes or self.lost:
-            return  # between attempts: the next join names it
+    def _connection_closed(self, r: int, mark: bytes | None) -> None:
+        """Node 0: node r's connection ended without a goodbye: its agent (`mark`, its claim on the
+        rank) died with its processes. It is dead in the verdict and published as every node's
+        root cause at once (named on every survivor within one fan-out), and its rank is free for
+        the node started again in its place. The cause carries `stop_after_s` (CLOSED_GRACE_S):
+        each survivor's supervisor stops its workers only that long after, so that its workers,
+        failing on the same closed connections at their next collective, fail first and are
+        recorded as the dead node's consequence, not cut short by the stop."""
         try:
             if self._liveness_store is None:
                 self._liveness_store = self._connection()
             conn = self._liveness_store
+            r = spare_node_agent.promoted_as(self, r)  # a spare node given node r's place: node r died
+            beats = self.beats
+            if r >= self.nnodes or beats is None or r not in self.members or r in beats.dead \
+                    or r in self.lost_nodes or self.lost:
+                self.gone.update([r] if r >= self.nnodes else [])  # a spare node standing by: no longer one
+                rank_claims.release(conn, r, mark)  # between attempts: the next join names it
+                return
             if conn.get_if_set(beat_key(beats.k, r)) in SETTLED:
+                rank_claims.release(conn, r, mark)
                 return
             stall = self._own_stall()
             cause = {**self._silent(r, "its connection to node 0 closed without a goodbye"),
@@ -662,7 +686,7 @@ class Agent:
             where = raw.decode(errors="replace")
         host, _, port = where.rpartition(":")
         try:
-            self.liveness = LivenessLink(host, int(port), self.node_rank, self._node0_closed)
+            self.liveness = LivenessLink(host, int(port), self.node_rank, self._node0_closed, self.mark)
         except (OSError, ValueError) as exc:
             print(f"node agent: no direct connection to node 0's agent at {where!r} ({exc}); a dead node is "
                   f"named after {SILENT_S:.0f} s of silence instead", file=sys.stderr, flush=True)
@@ -675,9 +699,13 @@ class Agent:
         """A node other than 0: a store call unanswered SILENT_S past its due time means node 0 (its
         machine, or the network to it) is gone; this node names it within ~SILENT_S, as node 0 names
         a node whose heartbeat stopped. A blocked call keeps the loop, so the verdict ends the agent too."""
+        thawed = float("-inf")  # when this process last ran again after being stopped
         while True:
+            before = time.monotonic()
             time.sleep(BEAT_S)
-            if overdue(self.timed, SILENT_S) and not self.lost:
+            if time.monotonic() - before > BEAT_S + SILENT_S / 2:  # this agent was frozen (SIGSTOP, a suspended
+                thawed = time.monotonic()  # machine): its calls' silence since is counted from now, not node 0's
+            if overdue(self.timed, SILENT_S, since=thawed) and not self.lost:
                 self.lose(f"lost the job store at {self.where} (node 0 gone?): no answer for {SILENT_S:.0f} s "
                           "(node 0's machine or its node agent stopped, or the network to it)")
                 os._exit(1)
@@ -715,11 +743,6 @@ def renewal_offset(node_rank: int) -> float:
     evenly over the nodes (golden-ratio steps), so that the renewals of N waits that began at
     one join never reach the store at once (its cancel of a wait scans every waiter)."""
     return ABORT_WAIT_S * (0.5 + (node_rank * GOLDEN) % 1.0)
-
-
-def owner_mark(record: dict[str, Any]) -> bytes:
-    """What `rank{r}/owner` holds for the agent that owns --node-rank r (this process)."""
-    return f"{record.get('host', '?')} (agent pid {os.getpid()})".encode()
 
 
 def _short(exc: BaseException) -> str:

@@ -8,25 +8,30 @@ model, mode or --run-id: it is refused alone, exit 2, the job goes on without it
 gpuherd node writes, in the records or its promotion, is named and ends it alone, exit 1), connects to
 node 0's agent (`hello s`: a spare node that dies is seen, and just left out), writes
 
-    a{k}/spare{s}     its record (host, nproc): it stands by in round k
+    a{k}/spare{s}     its record (host, nproc, owner: its claim on rank s): it stands by in round k
 
 and waits, on a connection of its own, for the first of
 
+    a{k}/ping{s}      node 0 is about to choose it: it answers at once, `a{k}/pong{s}` "alive"
+                      (compare_set: node 0 writes "passed over" there first when no answer came
+                      within PING_S; a spare node that wakes to that ends itself, one line)
     a{k}/promote{s}   node 0 hands it a dead node's place: {node, generation, claim}
     a{k}/abort        the round ended (a restart): it stands by in round k+1
     closed            the job ended: it leaves (exit 0, nothing of it ran)
 
 Node 0, when a training node r dies whole (its direct connection closed, or its beat stood
 still), looks for a spare node standing by in the round with r's number of workers and not
-dead. With one, instead of publishing r's death as the round's abort, it claims the rebuilt
+dead, and checks it is alive (the ping: a frozen one, SIGSTOPped or swapped out, is passed over and
+never chosen again). With one, instead of publishing r's death as the round's abort, it claims the rebuilt
 group (`a{k}/live{g}`, g the round's first unclaimed generation, first claim wins: a node that
 lost a rank in the same instant took it, and the death is published as before), naming the
 dead node, its ranks and the spare node, then writes `a{k}/promote{s}`. The survivors'
 supervisors hear the claim as any other node's live recovery (regroup_agent.py); their
 workers rebuild the group with the spare node's, which join generation g. From then on the
 spare node is node r for the rest of the job: its agent beats, finishes (`done`), reports
-(`outcome`) and leaves (`left`) as node r, owns `rank{r}/owner` (a restart's join as node r
-is its), and its direct connection says `hello r` (its death is node r's again).
+(`outcome`) and leaves (`left`) as node r, owns `rank{r}/owner` (node 0 hands it over from the
+dead owner: a restart's join as node r is its; its own rank s is freed), and its direct
+connection says `hello r` (its death is node r's again, even before it said so).
 Node 0 itself cannot be replaced (it hosts the job store and the workers' store).
 """
 
@@ -41,12 +46,15 @@ import orjson
 from supervisor.rendezvous.beat_watch import JOINED, abort_key, all_key, nodes_key
 from supervisor.rendezvous.elastic_rounds import CLOSED_KEY
 from supervisor.rendezvous.nodes import node_ranks, settings_problem
+from supervisor.rendezvous import rank_claims
 from supervisor.rendezvous.regroup_agent import claim_next
 
 if TYPE_CHECKING:
     from supervisor.rendezvous.node_agent_main import Agent
 
-POLL_S = 1.0  # a wait's piece: a round's end or the job's is seen within it (3 requests a second per spare node)
+POLL_S = 1.0  # a wait's piece: a round's end or the job's is seen within it (4 requests a second per spare node)
+PING_S = 3.0  # node 0 waits this long for a spare node's answer before it passes it over
+ALIVE, PASSED_OVER = b"alive", b"passed over"
 
 
 def spare_key(k: int, s: int) -> str:
@@ -55,6 +63,14 @@ def spare_key(k: int, s: int) -> str:
 
 def promote_key(k: int, s: int) -> str:
     return f"a{k}/promote{s}"
+
+
+def ping_key(k: int, s: int) -> str:
+    return f"a{k}/ping{s}"
+
+
+def pong_key(k: int, s: int) -> str:
+    return f"a{k}/pong{s}"
 
 
 def stand_by(agent: Agent, k: int, msg: dict[str, Any]) -> None:
@@ -97,9 +113,19 @@ def _stand_by(agent: Agent, k: int, record: dict[str, Any], conn: Any) -> None:
             return
         if agent.liveness is None and agent.connect is not None:
             agent._link_to_node0(nodes[0].get("liveness"))
-        conn.set(spare_key(k, s), orjson.dumps({"host": record.get("host"), "nproc": record["nproc"]}))
+        conn.set(spare_key(k, s), orjson.dumps({"host": record.get("host"), "nproc": record["nproc"],
+                                                "owner": agent.mark.decode()}))
         agent.emit("standing-by", attempt=k, nodes=nodes)
-        got = _first(conn, [promote_key(k, s), abort_key(k), CLOSED_KEY])
+        got = _first(conn, [ping_key(k, s), promote_key(k, s), abort_key(k), CLOSED_KEY])
+        if got == ping_key(k, s):
+            if conn.compare_set(pong_key(k, s), "", ALIVE) != ALIVE:
+                agent.emit("spare-passed-over", attempt=k,
+                           message=f"spare node {s}: node 0 needed it in round {k} and it did not answer within "
+                                   f"{PING_S:g} s (this node was frozen: stopped, swapped out or starved); node 0 "
+                                   "passed it over and no longer counts on it, so it stops standing by (nothing of "
+                                   "it ran)")
+                return
+            got = _first(conn, [promote_key(k, s), abort_key(k), CLOSED_KEY])
         if got == CLOSED_KEY:
             agent.emit("spare-closed", attempt=k)
             return
@@ -130,9 +156,7 @@ def _first(conn: Any, keys: list[str]) -> str:
 def _become(agent: Agent, k: int, promotion: dict[str, Any], nodes: list[dict[str, Any]],
             record: dict[str, Any]) -> None:
     """This spare node is node r from now on: its beat, done, outcome and leave are node r's."""
-    from supervisor.rendezvous.node_agent_main import owner_mark  # the agent's module imports this one
-    r = int(promotion["node"])
-    agent.store.set(f"rank{r}/owner", owner_mark(record))  # a restart's join as node r is this agent's
+    r = int(promotion["node"])  # node 0 handed this agent rank r's claim (rank_claims.transfer)
     agent.node_rank = r
     agent.members = list(range(agent.nnodes))
     agent.hosts = {i: str(n.get("host", "?")) for i, n in enumerate(nodes)}
@@ -153,19 +177,24 @@ def take_over(agent: Agent, k: int, r: int, cause: dict[str, Any], store: Any) -
     nodes = round_records(store, k)
     if nodes is None or r >= len(nodes):
         return False  # the round's records are not there (it died in the join): the restart as before
-    spare = _free_spare(agent, k, nodes[r].get("nproc"), store)
+    spare = _live_spare(agent, k, nodes[r].get("nproc"), store)
     if spare is None:
         return False
-    s, host = spare
+    s, host, mark = spare
     ranks = node_ranks(nodes, r)
     claim = {"node": r, "rank": ranks[0], "ranks": ranks, "device": f"node {r}", "failed": cause["message"], "kind": "node", "lost_pid": 0,
              "replaced_by_pid": 0, "died_at": time.time(), "spare_node": s, "spare_host": host,
              # what survivors that wait for a decision (--min-replicas) read: node 0 writes it into
              # the workers' store when it hears this claim, as for any node's spare promotion
              "decision": {"spare": ranks[0]}}
+    if not rank_claims.transfer(store, r, agent.owners.get(r), mark):
+        return False  # node r was started again and took its rank back already: the restart is its
     g = claim_next(store, k, claim)
-    if g is None:
-        return False  # a node lost a rank in the same instant: two losses at once, the death is published
+    if g is None:  # a node lost a rank in the same instant: two losses at once, the death is published
+        rank_claims.release(store, r, mark)  # and node r's rank is free for the node started again
+        return False
+    rank_claims.release(store, s, mark)  # a spare node started with --node-rank s stands by again
+    agent.owners[r] = mark
     agent.promoted.setdefault(k, {})[r] = s
     agent.hosts[r] = host
     if agent.beats is not None and agent.beats.k == k:
@@ -182,22 +211,39 @@ def round_records(store: Any, k: int) -> list[dict[str, Any]] | None:
     return nodes if isinstance(nodes, list) and all(isinstance(n, dict) for n in nodes) else None
 
 
-def _free_spare(agent: Agent, k: int, nproc: Any, store: Any) -> tuple[int, str] | None:
-    """The lowest spare node standing by in round k with `nproc` workers, alive and not promoted."""
+def _live_spare(agent: Agent, k: int, nproc: Any, store: Any) -> tuple[int, str, bytes] | None:
+    """The lowest spare node standing by in round k with `nproc` workers, not dead, not promoted,
+    that answers node 0's ping within PING_S (one that does not is passed over for good):
+    (its node rank, its host, its claim)."""
     taken = set(agent.promoted.get(k, {}).values())
     for s in range(agent.nnodes, agent.nnodes + agent.spare_nodes):
         if s in agent.gone or s in taken:
             continue
         record = _json(store.get_if_set(spare_key(k, s)))
-        if isinstance(record, dict) and record.get("nproc") == nproc:
-            return s, str(record.get("host", "?"))
+        if not (isinstance(record, dict) and record.get("nproc") == nproc):
+            continue
+        mark = str(record.get("owner", "")).encode()
+        store.set(ping_key(k, s), b"1")
+        store.wait([pong_key(k, s)], PING_S)
+        if store.compare_set(pong_key(k, s), "", PASSED_OVER) == ALIVE:
+            return s, str(record.get("host", "?")), mark
+        agent.gone.add(s)  # frozen: never chosen; when it wakes it reads "passed over" and ends itself
+        rank_claims.release(store, s, mark)
     return None
+
+
+def promoted_as(agent: Agent, s: int) -> int:
+    """Node 0: the training node whose place spare node s took in the round running (its death is
+    that node's, even before its direct connection said so); `s` when it took none."""
+    if agent.beats is None:
+        return s
+    return next((r for r, spare in agent.promoted.get(agent.beats.k, {}).items() if spare == s), s)
 
 
 def standing(agent: Agent, k: int) -> list[int]:
     """Node 0 at the job's end: the spare nodes that stood by in round k and were not promoted."""
     taken = set(agent.promoted.get(k, {}).values())
-    candidates = [s for s in range(agent.nnodes, agent.nnodes + agent.spare_nodes) if s not in taken]
+    candidates = [s for s in range(agent.nnodes, agent.nnodes + agent.spare_nodes) if s not in taken | agent.gone]
     return [s for s in candidates if agent.store.check([spare_key(k, s)])]
 
 

@@ -101,10 +101,11 @@ class TimedStore:
         return TimedStore(self._store.clone())
 
 
-def overdue(stores: list[TimedStore], silent_s: float) -> bool:
-    """Whether any of these connections waits for an answer more than `silent_s` past its due time."""
+def overdue(stores: list[TimedStore], silent_s: float, since: float = float("-inf")) -> bool:
+    """Whether any of these connections waits for an answer more than `silent_s` past its due time
+    (or past `since`, when later: this process ran again then after being stopped)."""
     now = time.monotonic()
-    return any(s.due is not None and now - s.due > silent_s for s in stores)
+    return any(s.due is not None and now - max(s.due, since) > silent_s for s in stores)
 
 
 Connect = Callable[[], Any]  # a fresh connection to the job store (its own socket, for a thread that blocks)

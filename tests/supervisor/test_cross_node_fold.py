@@ -88,7 +88,7 @@ def test_a_record_no_node_wrote_is_left_out():
 
 def test_a_nodes_lines_reach_node_0_over_its_direct_connection_not_the_store():
     got: queue.SimpleQueue = queue.SimpleQueue()
-    server = LivenessServer("127.0.0.1", on_closed=lambda r: got.put(("closed", r)),
+    server = LivenessServer("127.0.0.1", on_closed=lambda r, claim: got.put(("closed", r)),
                             on_lines=lambda r, payload: got.put((r, payload)))
     link = LivenessLink("127.0.0.1", server.port, 7, on_closed=lambda: None)
     group = Group(STDERR, 7, "GPU", (0, 1), (56, 57), b"warn [GPU *]", b"warn [GPU 0]")

@@ -75,10 +75,11 @@ def test_node_0_hands_a_dead_node_to_a_live_spare_node_with_its_workers(free_tcp
         assert (events5[-1]["generation"], events5[-1]["node"], events5[-1]["claim"]) == (2, 2, claim)
         assert agent5.node_rank == 2 and agent5.beating == 0  # it beats, finishes and leaves as node 2
         assert agent5._claim_rank(1, {**NODE, "nproc": 1})  # a restart's join as node 2 is its own
-        assert StoreCalls(server).get("rank2/owner") == StoreCalls(server).get("rank5/owner")  # the same agent
+        assert StoreCalls(server).get("rank2/owner") == agent5.mark  # node 0 handed node 2's rank over
+        assert StoreCalls(server).get("rank5/owner") == b""  # a spare node started as node 5 stands by again
 
         assert not spare_node_agent.take_over(node0, 0, 2, CAUSE, node0.store)  # its second death: the restart
-        assert spare_node_agent.standing(node0, 0) == [3, 4]
+        assert spare_node_agent.standing(node0, 0) == [3]  # node 0 waits for no dead one's goodbye
         node0._linger(0, {"timeout": 0.1})  # the job's end releases the spare node still standing by
         assert wait_for(lambda: spares[3][1][-1]["event"] == "spare-closed", timeout=10)
     finally:
