@@ -85,7 +85,7 @@ def test_a_node_whose_connection_closed_during_node_0s_stall_is_not_blamed():
     clock = Clock()
     agent, events, store = _node0(clock)
     clock.now += 12.0  # the liveness thread runs first after SIGCONT
-    agent._connection_closed(2)
+    agent._connection_closed(2, None)
     abort = orjson.loads(store.values["a0/abort"])
     assert abort["node"] == 0 and abort["message"].startswith("node 0 (h0) stopped responding: its node agent did "
                                                               "not run for 12.0 s")
@@ -101,7 +101,7 @@ def test_a_short_stall_of_node_0_leaves_a_real_death_named():
     clock.now += 4.0
     agent.own_lag.tick()
     _run_for(agent, clock, 1.0)  # within the margin after it: the stall's length decides
-    agent._connection_closed(2)
+    agent._connection_closed(2, None)
     abort = orjson.loads(store.values["a0/abort"])
     assert abort["node"] == 2 and "its connection to node 0 closed without a goodbye" in abort["message"]
 
