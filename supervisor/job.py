@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -85,6 +86,7 @@ class Job:
         self.state = State(plan=plan, excluded=excluded)  # the attempt policy's: streak, restarts used, recoveries, devices
         self.guard: OrphanGuard | None = None  # started before the dataset build (start_guard)
         self._released_guard: OrphanGuard | None = None  # told to exit; reaped just before ours (reap_helpers)
+        self._reaping: threading.Thread | None = None  # reaps them while the summary is written (release_guard)
         self.dataset_s: float | None = None  # the first dataset build's seconds (goodput: `dataset`)
         self.goodput: goodput.Goodput | None = None  # the whole run's, every start's (summary.json)
         self.goodput_charts = goodput.GoodputScalars(run_dir)  # imports tensorboard's writer in the background
@@ -271,10 +273,22 @@ class Job:
             sweep_children(exclude={self.guard.pid, self.rendezvous.helper_pid, dying})
             self.guard.release()
             self._released_guard, self.guard = self.guard, None
+            if self.rendezvous.helper_pid is None:  # nothing of ours left to end: reaped while the summary is written
+                self._reaping = threading.Thread(target=self._reap_released, name="reap-helpers", daemon=True)
+                self._reaping.start()
 
     def reap_helpers(self) -> None:
-        """Last, just before the exit code: the store helper and the guard, ended earlier (their
-        exits overlapped the summary), are reaped: none of the launcher's processes outlives it."""
+        """Last, just before the exit code: the store helper and the guard, ended earlier, are
+        reaped: none of the launcher's processes outlives it. Where nothing else of ours was left
+        (no node agent), a thread started at `release_guard` has been reaping them meanwhile: the
+        waits for their exits (a time slice each on a busy node) and the cgroup's removal overlap
+        the summary's writing and its fsyncs instead of following them."""
+        if self._reaping is not None:
+            self._reaping.join()
+            self._reaping = None
+        self._reap_released()
+
+    def _reap_released(self) -> None:
         self.attempts.store_server.reap()
         if self._released_guard is not None:
             self._released_guard.reap()

@@ -149,7 +149,7 @@ def decisive(views: list[RankSnapshot], now: float, floor: float) -> tuple[list[
     """(ranks hung beyond doubt, why) by the rules of the module docstring's last paragraph;
     `floor`: no state counts from before this moment (the supervisor itself was stopped)."""
     stopped = [v.rank for v in views if v.proc is not None and v.proc.letter == "T"
-               and now - max(v.proc.since, floor) >= DECISIVE_STOP_S]
+               and v.proc.held(now, floor) >= DECISIVE_STOP_S]
     if stopped and len(stopped) < len(views):
         return stopped, f"stopped by a signal (state T) for {DECISIVE_STOP_S:g} s or more while the others run"
     for v in views:

@@ -238,7 +238,7 @@ class Heartbeats:
         allowances give a verdict if none runs again (the decisive rules leave a whole job stopped be)."""
         procs = [self.procs.state(st.rank) for st in running]
         if not running or not all(p is not None and p.letter == "T"
-                                  and now - max(p.since, self._clock_floor) >= ev.DECISIVE_STOP_S for p in procs):
+                                  and p.held(now, self._clock_floor) >= ev.DECISIVE_STOP_S for p in procs):
             return
         key = tuple(p.since for p in procs if p is not None)
         if key in self._told_stopped or not watched:
@@ -248,6 +248,19 @@ class Heartbeats:
         names = ", ".join(f"rank {st.rank}" + ("" if st.records else " (no record yet)") for st in running)
         self.notices.append(f"every running rank is stopped (state T): {names}; taken for a pause someone made "
                             f"(Ctrl-Z, a cgroup freezer): a verdict in {max(due, 0.0):.0f} s at the latest unless one runs again")
+
+    def stop_due(self) -> float | None:
+        """When a rank seen stopped (state T) will have held it DECISIVE_STOP_S, if no sample has
+        shown it that long yet: the /proc read the decisive rule needs is due then, not at the next
+        regular read (up to PROC_SAMPLE_S later). None: no such rank."""
+        due = []
+        for rank in self.ranks:
+            proc = self.procs.state(rank)
+            if proc is not None and proc.letter == "T":
+                at = max(proc.since, self._clock_floor) + ev.DECISIVE_STOP_S
+                if proc.seen is None or proc.seen < at:
+                    due.append(at)
+        return min(due, default=None)
 
     def responsive(self, now: float, alive: set[int]) -> set[int]:
         """Ranks whose liveness thread still reports and whose process is not frozen: they can answer

@@ -30,7 +30,7 @@ HARD_STATES = frozenset(MEANING)  # states that alone explain a hang
 FROZEN_STATES = frozenset("TtZX")
 CPU_WINDOW_S = 3.0  # CPU time is judged over about this long
 BUSY_FRACTION = 0.05  # of one core: below this the process counts as idle
-PROC_SAMPLE_S = 0.5  # /proc is read this often
+PROC_SAMPLE_S = 0.5  # /proc is read this often (and at each SIGCHLD: a worker stopped, continued or exited)
 
 
 CANNOT_RUN = frozenset("TtD")  # stopped, stopped by a tracer, or asleep in the kernel: handed work, it does none
@@ -57,6 +57,12 @@ class ProcState:
     letter: str  # R S D T t Z X I, "?" when unreadable
     since: float  # monotonic time it was first seen in this state
     cpu_busy: float | None  # fraction of one core over the last CPU_WINDOW_S; None: too few samples
+    seen: float | None = None  # monotonic time of the latest sample, which still shows it (None: taken as now)
+
+    def held(self, now: float, floor: float = float("-inf")) -> float:
+        """Seconds it is known to have held this state: from its first sample in it (or `floor`,
+        if later) to its latest, not to `now` (it may have left the state since that sample)."""
+        return (now if self.seen is None else self.seen) - max(self.since, floor)
 
     @property
     def hard(self) -> bool:
@@ -116,6 +122,7 @@ class _Track:
     def __init__(self) -> None:
         self.letter: str | None = None
         self.since = 0.0
+        self.seen = 0.0  # the latest sample's time
         self.cpu: deque[tuple[float, float]] = deque()  # (monotonic time, CPU seconds)
 
 
@@ -147,6 +154,7 @@ class ProcTracker:
                 track.letter, track.since = sample.letter, now
             elif sample.letter == "T" and _ran(track, sample):
                 track.since = now  # stopped at both samples but it ran between them: stopped anew, not since then
+            track.seen = now
             if sample.cpu_s is not None:
                 track.cpu.append((now, sample.cpu_s))
                 while len(track.cpu) > 2 and now - track.cpu[1][0] >= CPU_WINDOW_S:
@@ -161,4 +169,4 @@ class ProcTracker:
         if len(track.cpu) >= 2 and track.cpu[-1][0] - track.cpu[0][0] > 0.5:
             (t0, c0), (t1, c1) = track.cpu[0], track.cpu[-1]
             busy = max(0.0, (c1 - c0) / (t1 - t0))
-        return ProcState(track.letter, track.since, busy)
+        return ProcState(track.letter, track.since, busy, track.seen)

@@ -231,7 +231,7 @@ class Supervision:
 
     def _timeout(self, now: float) -> float:
         deadlines = [now + 0.5]
-        for d in (self.state.deadline, self.router.next_deadline()):
+        for d in (self.state.deadline, self.router.next_deadline(), self._stop_due()):
             if d is not None:
                 deadlines.append(d)
         return max(0.0, min(deadlines) - now)
@@ -351,6 +351,7 @@ class Supervision:
             signum = self._signals.pop(0)
             if signum == signal.SIGCHLD:
                 self._reap_due = True
+                self._proc_read = float("-inf")  # a worker stopped, continued or exited: /proc is read now
             elif signum == signal.SIGCONT:
                 self._resumed = True
             else:
@@ -420,7 +421,7 @@ class Supervision:
                                   traceback=list(error.traceback) if error is not None else [])
 
     def _timers(self, now: float) -> None:
-        if self.cause is None and now - self._last_check >= 0.25:
+        if self.cause is None and (now - self._last_check >= 0.25 or self._proc_read_due(now)):
             self._last_check = now
             self._judge_live_recovery(now)  # first: a survivor stuck in the broken group is no hang of its own
             if self.cause is None:
@@ -448,7 +449,7 @@ class Supervision:
             logger.info(f"rank(s) {', '.join(map(str, unwatched))} sent no heartbeat in their first "
                         f"{self.heartbeats.timeouts.allowance('startup'):g} s: {self.unwatched_why}")
         samples = ()
-        if now - self._proc_read >= PROC_SAMPLE_S:
+        if now - self._proc_read >= PROC_SAMPLE_S or self._proc_read_due(now):
             self._proc_read, samples = now, self.procs.read()
         verdict = self.heartbeats.check(now, alive, samples)
         while self.heartbeats.notices:
@@ -461,6 +462,18 @@ class Supervision:
         self._decide(pol.HangFound(self._view(now), cause, frozenset(self.heartbeats.responsive(now, alive)),
                                    spare=self._spare(verdict.rank),
                                    stopped=frozenset(w.slot.rank for w in self._alive() if w.stopped())))
+
+    def _stop_due(self) -> float | None:
+        """When the decisive rule for a stopped rank wants its /proc read (Heartbeats.stop_due): a
+        stopped rank is judged the moment it has been stopped DECISIVE_STOP_S, not up to a sampling
+        period later. None once a cause is set (the teardown judges nothing)."""
+        return self.heartbeats.stop_due() if self.cause is None else None
+
+    def _proc_read_due(self, now: float) -> bool:
+        """A read out of turn: a SIGCHLD came (the kernel tells the parent at once when a child
+        stops), or a stop is to be shown 3 s long (`_stop_due`)."""
+        due = self._stop_due()
+        return self._proc_read == float("-inf") or (due is not None and now >= due and self._proc_read < due)
 
     # ------------------------------------------------------------------ live recovery (live_recovery.py)
 
