@@ -223,7 +223,7 @@ class AttemptRunner:
             # in the outcome itself: every node names the same checkpoint (rank 0 wrote it; each rank reported it)
             cause = dataclasses.replace(cause, message=f"{cause.message}; checkpoint step "
                                                        f"{self.checkpoints.step_of(newest)} saved: {newest}")
-        cause, saves = self._script_saves(cause, sup)
+        cause, saves = self._script_saves(cause, sup, reported_save=final_save is not None)
         self.notes += sup.notes
         recoveries = att.live.settle() if att.live is not None else []
         self.recoveries += recoveries
@@ -245,14 +245,17 @@ class AttemptRunner:
             suspect_devices=suspects,
             excluded_gpus=list(order.excluded))
 
-    def _script_saves(self, cause: RootCause | None, sup: Supervision) -> tuple[RootCause | None, dict | None]:
+    def _script_saves(self, cause: RootCause | None, sup: Supervision,
+                      reported_save: bool) -> tuple[RootCause | None, dict | None]:
         """A --script: the last save gpuherd saw in the attempt, in words and as a record; a stop's
-        outcome says whether a save followed the signal (gpuherd saves nothing for a script)."""
+        outcome says whether a save followed the signal (gpuherd saves nothing for a script), unless
+        the script's own status records said how its final save went (`reported_save`: the
+        outcome has those words already)."""
         if self.mode != "script":
             return cause, None
         saves, stop = self.script_saves, sup.state.graceful
         signalled = stop.started if stop is not None else sup.state.failed_at  # a stop's signal (SIGQUIT: no grace)
-        if cause is not None and cause.kind in marks.STOPS and signalled is not None:
+        if cause is not None and cause.kind in marks.STOPS and signalled is not None and not reported_save:
             cause = dataclasses.replace(cause, message=f"{cause.message}; {saves.after_signal(signalled)}")
             return cause, {**saves.record(None), "said": saves.said(None)}
         until = sup.state.failed_at if cause is not None else None

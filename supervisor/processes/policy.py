@@ -569,7 +569,7 @@ def _ctrl_c_line(v: View, r: Rules, wait: float) -> str:
     if r.save_signal is None:
         return (f"Ctrl-C: SIGINT to every worker; what the script does with it is its own (gpuherd saves nothing "
                 f"for a script; the end of the run says whether a save followed): waiting up to {wait:.0f} s for "
-                f"them to exit ({longer}); press Ctrl-C again to kill them now")
+                f"{step}them to exit ({longer}); press Ctrl-C again to kill them now")
     return (f"Ctrl-C: asking every worker to stop at a step boundary and save a checkpoint: waiting up to "
             f"{wait:.0f} s for {step}the save ({longer}); press Ctrl-C again to kill them now")
 

@@ -77,8 +77,9 @@ def test_sigquit_stops_the_workers_writes_the_summary_and_exits_131(tmp_path):
     """Issue 24: SIGQUIT used to kill the supervisor itself (no summary, workers left to the guard)."""
     code, err, summary = _signalled(tmp_path, signal.SIGQUIT, "forever", "forever", args=("--grace-period", "2"))
     assert code == 131, err[-3000:]
-    assert summary["root_cause"]["kind"] == "terminated" and summary["root_cause"]["message"] == \
-        "the supervisor received SIGQUIT"
+    # the scenario saves nothing on SIGQUIT (no save protocol of its own): the outcome says so
+    assert summary["root_cause"]["kind"] == "terminated" and summary["root_cause"]["message"].startswith(
+        "the supervisor received SIGQUIT; no save followed the signal, and gpuherd had seen no save by the script")
     assert {w["ended"] for w in summary["workers"]} == {"killed by SIGTERM"}
     assert "supervisor received SIGQUIT: SIGTERM to every worker (no save)" in err
 
