@@ -93,10 +93,11 @@ def test_ranks_of_a_plain_ddp_script_killed_mid_run_are_replaced_live_with_the_t
     out, errors = Lines(proc.stdout), Lines(proc.stderr)  # both read as they come (a full pipe would block)
     kills: list[tuple[int, int, float]] = []  # (rank, pid, when)
     try:
-        assert wait_for(lambda: _printed(out, 6), timeout=240, interval=0.01)
+        said = lambda: "\n".join(line for _, line in errors.lines[-60:])  # noqa: E731 - what the run said so far
+        assert wait_for(lambda: _printed(out, 6), timeout=240, interval=0.01), said()
         ranks = _ranks(proc.pid)
         for rank, after in ((1, 6), (2, 16)):
-            assert wait_for(lambda after=after: _printed(out, after), timeout=120, interval=0.01)
+            assert wait_for(lambda after=after: _printed(out, after), timeout=120, interval=0.01), said()
             psutil.Process(ranks[rank]).send_signal(signal.SIGKILL)
             kills.append((rank, ranks[rank], time.time()))
     finally:
