@@ -94,14 +94,15 @@ def gpuherd_side(work: Path, ranks: int = 2) -> dict | None:
         reader.join(timeout=10)
     [summary] = (work / "logs").glob("*/summary.json")
     [rec] = orjson.loads(summary.read_bytes())["recoveries"]
-    # the rebuilt group's first step: rank 0 may have completed a step or two before the kill whose
-    # lines arrive after it (the console holds a line briefly); those are no recovery
+    # the rebuilt group's first step: its line is the last of that step's after the kill (rank 0 may
+    # have completed the step in flight before the kill cut the others' all-reduce, and its line,
+    # held briefly by the console, may arrive after the kill too: no recovery, and done again)
     after = [(t, s) for t, s in printed if t > killed]
     nxt = [t for t, s in after if s == rec["resumed_step"]]
     if not nxt:
         return None
     steps = sorted({s for _, s in printed})
-    return {"next": min(nxt) - killed, "redone": rec["steps_redone"], "dropped": BATCH * (STEPS - len(steps)),
+    return {"next": max(nxt) - killed, "redone": rec["steps_redone"], "dropped": BATCH * (STEPS - len(steps)),
             "recovery_s": rec["seconds"]}  # a step never completed at the full batch
 
 
@@ -189,8 +190,8 @@ def _write(tally: Tally, seen: dict[str, list[dict]], rounds: int, load: list[fl
         f"Samples never trained (the lost worker's slice of each step the job took without it, {BATCH} a step): "
         f"gpuherd {each('gpuherd', 'dropped')}; torchft {each('torchft', 'dropped')}.",
         "gpuherd: `gpuherd run --nproc 2 --max-restarts 2` (one warm spare); the figure is the arrival, at the "
-        "reader of its stdout, of rank 0's line for the step the rebuilt group resumed at (summary.json's "
-        "`resumed_step`: a step rank 0 completed before the kill, whose line came after it, is no recovery).",
+        "reader of its stdout, of rank 0's last line for the step the rebuilt group resumed at (summary.json's "
+        "`resumed_step`; a line for it that came earlier was rank 0's before the loss cut the step short).",
     ]
     if with_torchft:
         notes.append(f"torchft-nightly {importlib.metadata.version('torchft-nightly')}: 2 replica groups of 1 rank, "
