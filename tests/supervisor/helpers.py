@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 import signal
 import subprocess
@@ -145,3 +147,15 @@ def finish(proc: subprocess.Popen, timeout: float = 30) -> tuple[int, str, str]:
         out, err = proc.communicate()
         raise
     return proc.returncode, out, err
+
+
+@contextlib.contextmanager
+def none_left(procs: list[subprocess.Popen]):
+    """Whatever the test's end, every process of `procs` still running is killed and reaped."""
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()

@@ -363,16 +363,11 @@ def test_garbage_on_the_abort_key_is_named_and_crashes_no_node_agent(tmp_path):
 
     port = _port()
     procs = [_node(tmp_path, r, port, "forever") for r in (0, 1)]
-    try:
+    with sh.none_left(procs):
         store = TCPStore("127.0.0.1", port, None, False, timedelta(seconds=120))
         store.wait(["a0/beat0", "a0/beat1"], timedelta(seconds=120))  # both nodes' workers are running
         store.set("a0/abort", b"\xffnot json{")
         results = [sh.finish(p, timeout=120) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.communicate()
     for r, (code, _, err) in enumerate(results):
         assert code == 1, err[-3000:]
         assert "malformed data on the job store at 127.0.0.1:" in err and "key a0/abort holds" in err, err[-3000:]

@@ -32,7 +32,7 @@ def _agent_of(supervisor_pid: int) -> psutil.Process:
 def test_node_0s_agent_stopped_12_s_names_node_0_on_every_node_and_no_healthy_node(tmp_path):
     port = _port()
     procs = [_node(tmp_path, r, port, *["forever"] * NODES, nnodes=NODES) for r in range(NODES)]
-    try:
+    with sh.none_left(procs):
         assert sh.wait_for(lambda: len(list((tmp_path / "logs").glob("job-node*/worker-rank*.log"))) == NODES,
                            timeout=90)
         time.sleep(2)  # a few beats into the attempt
@@ -41,11 +41,6 @@ def test_node_0s_agent_stopped_12_s_names_node_0_on_every_node_and_no_healthy_no
         time.sleep(12)
         os.kill(agent.pid, signal.SIGCONT)
         results = [sh.finish(p, timeout=90) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
     for r, (code, _out, err) in enumerate(results):
         assert code == 1, (r, err[-3000:])
         rc = _summary(tmp_path, r)["root_cause"]
