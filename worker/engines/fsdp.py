@@ -82,6 +82,7 @@ class FSDPEngine(TorchEngine):
         # a step cut short may have left blocks unsharded (their full parameters registered in place of
         # the shards) and collectives pending: back to the sharded, idle state first
         self.inner.reset_iter_state()
+        self._drop_unsharded_grads()
         group = dist.distributed_c10d._get_default_group()
         meshes = {}
         for module in self.inner.modules():
@@ -98,6 +99,22 @@ class FSDPEngine(TorchEngine):
         for mesh in meshes.values():
             mesh._dim_group_names = [group.group_name]
             mesh._pg_registry = {group.group_name: group}
+
+    def _drop_unsharded_grads(self) -> None:
+        """A backward cut short leaves gradients on the unsharded parameters of the groups whose
+        reduce-scatter had not run yet (the root's: the output layer and final norm, computed first,
+        reduced last); `reset_iter_state` keeps them, and autograd would add them to the step done
+        again. Gradient accumulation without a reduce per micro-batch keeps its sum there too."""
+        from torch.distributed.fsdp._fully_shard._fsdp_state import _get_module_fsdp_state
+
+        for module in self.inner.modules():
+            state = _get_module_fsdp_state(module)
+            params = getattr(state, "_fsdp_param_group", None) if state is not None else None
+            for fsdp_param in params.fsdp_params if params is not None else ():
+                fsdp_param.unsharded_accumulated_grad = None
+                unsharded = getattr(fsdp_param, "_unsharded_param", None)
+                if unsharded is not None:
+                    unsharded.grad = None
 
     def autocast(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()  # FSDP casts through its MixedPrecisionPolicy instead
