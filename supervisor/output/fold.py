@@ -8,7 +8,10 @@ message read as `[GPU *]` (the built-in trainer names its device in every line).
 
 A line that may have twins is held until they came: at most `gap` seconds after the last
 one arrived, at most `longest` after the first, and not at all once every rank printed it.
-A lone line therefore waits `gap` (0.2 s). Lines that must not wait or fold (the caller's
+A lone line therefore waits `gap` (0.2 s), except a line of a kind only one rank prints: once
+`LONE_AFTER` lines in a row of its shape (its digits read as one) came from that rank alone with
+no twin, the next ones are not held (a script's per-step print on rank 0 shows at once); a
+second rank printing that shape makes it held again. Lines that must not wait or fold (the caller's
 choice: progress lines, errors) go through `add(..., hold=False)`: in order behind what is
 held, never merged. Output keeps first-seen order, so no rank's lines ever change order.
 What is held is bounded (`max_held` bytes): a flood of distinct lines is printed sooner,
@@ -17,12 +20,26 @@ never kept. Only the console is folded; the per-rank log files get every line as
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from supervisor.output import rank_set
 from supervisor.output.cross_node import Group
+
+LONE_AFTER = 3  # lines of one shape in a row, from one rank and never twinned, before it is not held
+MAX_SHAPES = 4096  # shapes remembered (lines full of words that vary would grow it without end)
+_DIGITS = re.compile(rb"\d+")
+
+
+@dataclass
+class _Shape:
+    """What the folder learned of the lines that read alike once their numbers are ignored."""
+
+    rank: int  # the one rank that printed lines of this shape (-1: more than one)
+    lone: int = 0  # of its lines in a row, printed with no twin
+
 
 @dataclass(frozen=True)
 class Source:
@@ -47,6 +64,7 @@ class _Group:
     first_line: bytes  # the first rank's line, verbatim (printed as is when no twin comes)
     deadline: float
     last_chance: float  # first seen + longest: the deadline never moves past it
+    shape: _Shape | None = None
     members: list[Source] = field(default_factory=list)
     seen: set[int] = field(default_factory=set)  # the members' ranks
     open: bool = True  # still taking ranks
@@ -64,6 +82,7 @@ class LineFolder:
         self._open: dict[tuple[int, bytes], list[_Group]] = {}  # groups still taking ranks
         self._stars: dict[int, tuple[bytes, bytes]] = {}  # rank -> its own tag, and the same starred
         self._held = 0  # bytes of first lines queued
+        self._shapes: dict[tuple[int, bytes], _Shape] = {}
 
     def add(self, fd: int, source: Source, line: bytes, now: float, hold: bool = True) -> None:
         if not hold:  # due at once, behind what is held: a plain (fd, line) is all it needs
@@ -74,13 +93,17 @@ class LineFolder:
             own = source.own_tag
             stars = self._stars[source.rank] = (own, own.replace(str(source.device).encode() + b"]", b"*]"))
         key = line.replace(stars[0], stars[1]) if stars[0] in line else line
+        shape = self._shape(fd, key, source.rank)
+        if shape.lone >= LONE_AFTER and (self._relay is None or fd != 2):  # no twin ever came: show it now
+            self._queue.append((fd, source.prefix + line + b"\n"))
+            return
         candidates = self._open.get((fd, key))
         if candidates is None:
             candidates = self._open[(fd, key)] = []
         # A rank that prints the same line twice opens a second group for its second copy.
         group = next((g for g in candidates if source.rank not in g.seen), None)
         if group is None:
-            group = _Group(fd, key, line, now + self._gap, now + self._longest)
+            group = _Group(fd, key, line, now + self._gap, now + self._longest, shape)
             candidates.append(group)
             self._enqueue(group)
         else:
@@ -106,6 +129,8 @@ class LineFolder:
             self._held -= len(group.first_line)
             if group.open:
                 self._close(group)
+            if group.shape is not None:
+                group.shape.lone = group.shape.lone + 1 if len(group.members) == 1 else 0
             # stderr (warnings, logs) folds across nodes; stdout is a program's output and stays
             # on its node, as under torchrun
             if self._relay is not None and group.members[0].node is not None and group.fd == 2:
@@ -119,6 +144,18 @@ class LineFolder:
             return None
         head = self._queue[0]
         return 0.0 if type(head) is tuple else head.deadline
+
+    def _shape(self, fd: int, key: bytes, rank: int) -> _Shape:
+        """The shape of `key` as learned so far, with `rank` seen printing it."""
+        name = (fd, _DIGITS.sub(b"#", key))
+        shape = self._shapes.get(name)
+        if shape is None:
+            if len(self._shapes) >= MAX_SHAPES:
+                self._shapes.clear()
+            shape = self._shapes[name] = _Shape(rank)
+        elif shape.rank != rank:
+            shape.rank, shape.lone = -1, 0  # more than one rank prints it: its lines may have twins
+        return shape
 
     def _enqueue(self, group: _Group) -> None:
         self._queue.append(group)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from supervisor.output import rank_set
 from supervisor.output.console import STDERR
-from supervisor.output.fold import LineFolder, Source
+from supervisor.output.fold import LONE_AFTER, LineFolder, Source
 from supervisor.output.router import FLOOD_LINES, LogRouter, WorkerLog
 from tests.supervisor import helpers as sh
 
@@ -71,6 +71,29 @@ def test_a_lone_line_waits_only_the_short_gap_and_twins_extend_it_up_to_a_limit(
         folder.add(1, g[i], WARNING % i, t)
     assert folder.due(1.99) == []  # still within the longest wait (first + 1.0)
     assert folder.due(2.0) == [(1, b"GPU[0-6]:WARNING | [GPU *] the dataloader is 2x slower than the step\n")]
+
+
+def test_a_kind_of_line_only_one_rank_prints_stops_waiting_for_twins_until_another_rank_prints_it():
+    """A script printing its own step line on rank 0: after LONE_AFTER lines of that shape with no
+    twin, the next shows at once; rank 1 printing the same shape makes it wait for twins again."""
+    g = _sources(4)
+    folder = LineFolder(g, gap=0.2, longest=1.0)
+    t = 0.0
+    for step in range(LONE_AFTER):
+        folder.add(1, g[0], b"step %d | loss %d.%02d" % (step, 3, step), t)
+        assert folder.due(t + 0.19) == []  # held: a twin might still come
+        assert folder.due(t + 0.2) == [(1, b"GPU0:step %d | loss 3.%02d\n" % (step, step))]
+        t += 1.0
+    folder.add(1, g[0], b"step 3 | loss 2.97", t)
+    assert folder.due(t) == [(1, b"GPU0:step 3 | loss 2.97\n")]  # at once
+    folder.add(1, g[1], b"step 3 | loss 2.97", t + 0.01)  # another rank prints that kind of line
+    folder.add(1, g[0], b"step 4 | loss 2.95", t + 0.02)
+    assert folder.due(t + 0.05) == []
+    folder.add(1, g[1], b"step 4 | loss 2.95", t + 0.06)
+    assert folder.due(t + 0.3) == [(1, b"GPU1:step 3 | loss 2.97\n"), (1, b"GPU[0-1]:step 4 | loss 2.95\n")]
+    # a line of another shape from the same rank is held as before
+    folder.add(1, g[0], b"saving a checkpoint", t + 1.0)
+    assert folder.due(t + 1.1) == []
 
 
 def test_step_lines_and_errors_are_never_folded_and_errors_do_not_wait(tmp_path):
