@@ -51,6 +51,7 @@ from supervisor.processes import (
     StopSignal,
     become_subreaper,
     python_env,
+    restarts_used,
     stops_raise,
     sweep_children,
 )
@@ -200,9 +201,7 @@ class Job:
         newest = self.attempts.checkpoints.newest_of_this_run()
         return AttemptEnded(report.root_cause, report.duration_s, stop_signal=report.stop_signal,
                             progressed=self.attempts.progress.made,
-                            # a regrow used no restart: nothing failed
-                            recovered=sum(1 for r in report.recoveries
-                                          if r["outcome"] == "recovered" and r.get("action") != "regrow"),
+                            recovered=restarts_used(report.recoveries),  # live_policy's rule, as its budget
                             suspects=tuple(report.suspect_devices), newest=str(newest) if newest is not None else None,
                             saw=report.script_saves["said"] if report.script_saves is not None else None)
 

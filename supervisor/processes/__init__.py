@@ -9,7 +9,9 @@ watched by one event loop, and torn down together.
   error_file_for, read_error_file (error_file.py): TORCHELASTIC_ERROR_FILE per rank, read back
   StopRules, GracefulStop, SAVE_AND_STOP, stop_exit_code, within_kill_wait (stopping.py): a graceful
     stop's rules (which signal, how long) and its outcome (was the final checkpoint saved?)
-  LiveRecovery, Recovery (live_recovery.py): a lost rank replaced by a warm spare, or why not
+  LiveRecovery (live_recovery.py): a lost rank replaced by a warm spare, the group shrunk, or why not, as
+    live_policy.py decides (restarts_used: what an attempt's recoveries used of --max-restarts);
+    Recovery (recovery_record.py): one recovery as recorded
   live_for_attempt, AttemptLive, discard_spares, LIVE_ENV, spare_count, why_off (live_setup.py): an attempt's live
     recovery put together; how many spares, and why none
   SparePool (spares.py): warm spare workers (--spares), promoted to a lost rank
@@ -26,7 +28,9 @@ watched by one event loop, and torn down together.
 
 from supervisor.processes.error_file import ERROR_FILE_VAR, RankError, error_file_for, read_error_file
 from supervisor.processes.inherited_markers import markers_notice, take_inherited_markers
-from supervisor.processes.live_recovery import LiveRecovery, Recovery
+from supervisor.processes.live_policy import restarts_used
+from supervisor.processes.live_recovery import LiveRecovery
+from supervisor.processes.recovery_record import Recovery
 from supervisor.processes.live_setup import LIVE_ENV, AttemptLive, discard_spares, live_for_attempt, spare_count, why_off
 from supervisor.processes.orphan_guard import OrphanGuard, sweep_children
 from supervisor.processes.signal_rules import (
@@ -52,7 +56,7 @@ __all__ = [
     "SAVE_AND_STOP", "STOP_SIGNALS", "GracefulStop", "StopSignal", "honoured", "ignored_notice",
     "inherited_ignored", "stops_raise", "OrphanGuard", "Phase", "RankError", "RunEnv", "StopRules", "Supervision",
     "LIVE_ENV", "AttemptLive", "LiveRecovery", "Recovery", "SpareDesk", "SpareNodeWorkers", "SparePool", "Standbys", "device_name", "read_answer",
-    "request_path", "write_request", "discard_spares", "live_for_attempt",
+    "request_path", "restarts_used", "write_request", "discard_spares", "live_for_attempt",
     "WorkerProcess", "become_subreaper", "die_with_parent", "error_file_for", "helper_preexec", "python_env",
     "read_error_file",
     "script_env", "spawn", "standby_env", "stop_exit_code", "sweep_children", "within_kill_wait",

@@ -1,11 +1,17 @@
 """Live recovery, the supervisor's side: a lost rank is replaced by a warm spare while the
 other workers keep their processes (worker/live_recovery.py is the ranks' side).
 
+This is the executor: every decision is live_policy.py's, a pure function of the events this
+class turns what it sees into (a rank lost, a spare warm, another node's claim, a rank's
+`able` record); it carries the policy's actions out (takes and promotes spares, claims rebuilt
+groups, tells the workers' store, records) and answers with what came of them.
+
 When a rank dies (an exit, a signal, or a SIGKILL after a hang verdict), the supervision
-policy (policy.py) decides from `why_not` whether a spare takes it; `replace()` then either
-promotes a spare to its rank (the survivors notice the closed connections in their next
-collective and rebuild the group with it) or says in one line why live recovery cannot
-apply, and the supervision tears down as before: a restart from the last checkpoint.
+policy (policy.py) decides from `why_not` whether live recovery applies; `recover()` then
+either promotes a spare to its rank (the survivors notice the closed connections in their next
+collective and rebuild the group with it), shrinks the group (below), or says in one line why
+live recovery cannot apply, and the supervision tears down as before: a restart from the last
+checkpoint.
 Each recovery is accounted for (`recoveries`: summary.json, metrics.jsonl, the console)
 and uses one of --max-restarts. The pool refills the moment a spare is promoted (while a
 restart is left for another recovery), so --spares K spares stand by after every recovery.
@@ -21,7 +27,7 @@ counted against --max-restarts alike, its own ranks as the survivors), watches i
 survivors leave the broken group (`stuck`), and ends it at their first completed step.
 
 With --min-replicas N, a loss with no warm spare left shrinks the group instead
-(`shrinks`, `shrink`): the decision goes into the workers' store (contract.DECISION_KEY,
+(the policy's `Shrink`): the decision goes into the workers' store (contract.DECISION_KEY,
 which the survivors read before they rebuild the group; a spare's promotion is written there
 too), the survivors rebuild it without the lost rank and one of them carries its data slot
 (worker/data_slots.py), so the global batch and the data order stay the same. The pool then
@@ -43,11 +49,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-
-import orjson
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import orjson
 from loguru import logger
 
 from gpuherd import contract
@@ -55,11 +60,16 @@ from gpuherd.exit_codes import ExitCode
 from gpuherd.status_records import Done, LiveAble, LiveFirstStep, LiveLostPeer, LiveRejoined, Record, Step
 
 from supervisor.gpus import DeviceSlot
+from supervisor.processes import live_policy as lp
+from supervisor.processes.recovery_record import Recovery, begun, ranks_and_pids
 from supervisor.processes.spares import SparePool
 from supervisor.processes.spawn import WorkerProcess
 from supervisor.summary import RootCause, now_iso
 
 STUCK_S = 10.0  # after a loss, every survivor has left the broken group's collective by then, or never will
+FILLED = {"refill": "new warm spare(s) pid {} started in the background (the pool of --spares refills)",
+          "regrow": "new warm spare(s) pid {} started in the background: the group grows back once one is warm",
+          "first": "warm spare(s) pid {} started for the script's live recovery (gpuherd.live)"}
 
 
 class Regroup(Protocol):
@@ -75,79 +85,19 @@ class Regroup(Protocol):
         """No call of `on_claim` after this returns."""
 
 
-@dataclass
-class Recovery:
-    """One live recovery, as summary.json and `gpuherd report` show it."""
+@dataclass(frozen=True)
+class Loss:
+    """What a recovery's record says of its rank and of who took it (the policy decides the rest)."""
 
-    number: int  # 1, 2, ... in this run
-    attempt: int
-    rank: int
     device: str
-    failed: str  # what happened to the lost rank (the cause's message)
-    kind: str  # worker-exit | hang | straggler | regrow (a warm spare took back a carried rank: nothing failed)
-    lost_pid: int
-    replaced_by_pid: int
-    survivors: list[dict[str, int]]  # [{"rank", "pid"}]: the ranks that kept their processes
-    started_at: str
-    outcome: str = "in progress"  # recovered | failed (a second failure: restarted from a checkpoint)
-    resumed_step: int | None = None  # completed steps the rebuilt group continued from
-    source_rank: int | None = None  # the survivor whose state the newcomer took
-    steps_redone: int | None = None  # completed steps trained again (the step in flight is redone too)
-    seconds: float | None = None  # death -> the newcomer's first completed step
-    rejoin_s: float | None = None  # the newcomer's own join + state transfer
-    checkpoint_reads: int = 0
-    node: int | None = None  # multi-node: the node whose rank was lost (it promoted its own spare)
-    action: str = "replaced"  # replaced (by a warm spare) | shrink (the survivors went on without it) | regrow
-    #                           | spare-node (a node died whole: a spare node took its ranks)
-    spare_node: int | None = None  # spare-node: the --node-rank of the spare node that took the dead node's place
-    replicas: int | None = None  # shrink, regrow: the processes training on (after a shrink one carries the lost slot)
-    # shrink: from the loss to its regrow, or to the attempt's end; regrow: the same span (the rank's slot carried)
-    shrunk_s: float | None = None
-    straggler: dict[str, Any] | None = None  # a straggler moved out: the evidence (health/straggler_moves.py)
-    _died: float = field(default=0.0, repr=False)
-    _reached: int = field(default=0, repr=False)  # the most completed steps any rank reported before
-    _generation: int = field(default=1, repr=False)  # the rebuilt group of this attempt it forms
-    _remote: bool = field(default=False, repr=False)  # another node's rank: this node's survivors end it
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
-
-    def line(self) -> str:
-        survivors = ", ".join(f"rank {s['rank']} pid {s['pid']}" for s in self.survivors) or "none on this node"
-        where = f"node {self.node}'s " if self.node is not None else ""
-        if self.outcome != "recovered":
-            return f"live recovery {self.number}: {where}rank {self.rank} ({self.device}) {self.outcome}: {self.failed}"
-        if self.action == "regrow":
-            return (f"live recovery {self.number}: regrow: {where}warm spare pid {self.replaced_by_pid} took back rank "
-                    f"{self.rank} ({self.device}) after {self.shrunk_s:.1f} s shrunk: {self.replicas} process(es) "
-                    f"train again, its data slot no longer carried; {self.seconds:.2f} s from the decision to its "
-                    f"first completed step, joined at step {self.resumed_step} from rank {self.source_rank}, "
-                    f"{self.steps_redone} completed step(s) redone, no checkpoint read; kept their processes: "
-                    f"{survivors}")
-        if self.action == "shrink" and self.kind == "node":
-            return (f"live recovery {self.number}: node {self.node} died whole with no spare node left: "
-                    f"{self.replicas} process(es) on the other nodes train on with its ranks' data slots carried "
-                    f"(same global batch and data order) after {self.seconds:.2f} s (loss -> next completed step), "
-                    f"resumed at step {self.resumed_step} from rank {self.source_rank}, {self.steps_redone} completed "
-                    f"step(s) redone, no checkpoint read; kept their processes: {survivors}")
-        if self.action == "shrink":
-            return (f"live recovery {self.number}: {where}rank {self.rank} ({self.device}, pid {self.lost_pid}) lost "
-                    f"with no spare left: {self.replicas} process(es) train on with its data slot carried (same global "
-                    f"batch and data order) after {self.seconds:.2f} s (loss -> next completed step), resumed at "
-                    f"step {self.resumed_step} from rank {self.source_rank}, {self.steps_redone} completed step(s) "
-                    f"redone, no checkpoint read; kept their processes: {survivors}")
-        if self.action == "spare-node":
-            return (f"live recovery {self.number}: node {self.node} died whole; spare node {self.spare_node} took its "
-                    f"ranks (from rank {self.rank}) in {self.seconds:.2f} s (loss -> next completed step), resumed at "
-                    f"step {self.resumed_step} from rank {self.source_rank}, {self.steps_redone} completed step(s) "
-                    f"redone, no checkpoint read; kept their processes: {survivors}")
-        how = (f"that node's spare pid {self.replaced_by_pid}; this node's ranks rebuilt the group with it"
-               if self._remote else f"spare pid {self.replaced_by_pid}")
-        return (f"live recovery {self.number}: {where}rank {self.rank} ({self.device}, pid {self.lost_pid}) "
-                f"replaced by {how} in {self.seconds:.2f} s (loss -> next completed step), resumed at step "
-                f"{self.resumed_step} from rank {self.source_rank}, {self.steps_redone} completed step(s) redone, "
-                "no checkpoint read; "
-                f"kept their processes: {survivors}")
+    failed: str
+    kind: str
+    died: float  # monotonic
+    lost_pid: int = 0
+    pid: int = 0  # the process that takes the rank (0: none, a shrink)
+    survivors: list[WorkerProcess] = field(default_factory=list)
+    claim: Mapping[str, Any] = field(default_factory=dict)  # another node's claim, as heard
+    newcomers: tuple[int, ...] = ()  # a spare node: its workers' pids
 
 
 class LiveRecovery:
@@ -166,22 +116,17 @@ class LiveRecovery:
         ranks run a user's script, recovered live through gpuherd.live; `lazy_spares`: the pool's first
         spares start once a rank says it can be recovered live, not with the attempt (a script whose
         file does not name gpuherd.live: one that never attaches keeps no spare)."""
-        self.pool, self.budget, self.attempt, self.env_for = pool, budget, attempt, env_for
-        self.off, self.numbered_from, self.write_metric = off, numbered_from, write_metric
-        self.regroup, self.node = regroup, node
-        self.shrink_floor, self.tell = shrink_floor, tell
+        self.pool, self.attempt, self.env_for = pool, attempt, env_for
+        self.numbered_from, self.write_metric = numbered_from, write_metric
+        self.regroup, self.tell = regroup, tell
+        self.rules = lp.Rules(off=off, shrink_floor=shrink_floor, world_size=world_size, node=node,
+                              multi_node=regroup is not None, script=script)
+        self.state = lp.State(budget=budget)  # every decision's facts, changed by live_policy.decide only
         self.worker_env = dict(worker_env or {contract.LIVE_RECOVERY: "1"})
-        self.world_size = world_size
-        self.script, self.lazy_spares = script, lazy_spares
-        self.group: list[int] | None = None  # shrunk: the ranks training on, job-wide (a regrow adds one back)
-        self.shrunk_since: dict[int, Recovery] = {}  # a rank whose data slot is carried -> the shrink that lost it
+        self.lazy_spares = lazy_spares
         self.asked: dict[int, int] = {}  # a spare an operator asked for (`gpuherd spare`): its pid -> the rank it takes
-        self.finished = False  # a rank said `done`: training is over, no regrow any more
-        self.able: dict[int, str | None] = {}  # rank -> None (can be recovered live) or why not
-        self.no_shrink: dict[int, str] = {}  # rank -> why the group cannot go on without it (fsdp's shards)
         self.completed: dict[int, int] = {}  # rank -> completed steps it reported
         self.recoveries: list[Recovery] = []
-        self.joined_at = 0  # a spare node that took a dead node's place: the rebuilt group it joined
         # rebuilt group -> {survivor rank: completed steps}: its `lost_peer` records, which may come
         # before the supervisor has even reaped the lost rank
         self.left: dict[int, dict[int, int]] = {}
@@ -189,68 +134,160 @@ class LiveRecovery:
         # rejoin before the supervisor has heard of another node's claim
         self.rejoined: dict[int, dict[int, LiveRejoined]] = {}
 
+    # ------------------------------------------------------------------ the policy's state, read
+
+    @property
+    def off(self) -> str | None:
+        return self.rules.off
+
+    @property
+    def shrink_floor(self) -> int:
+        return self.rules.shrink_floor
+
+    @property
+    def budget(self) -> int:
+        return self.state.budget
+
+    @property
+    def finished(self) -> bool:
+        return self.state.finished
+
+    @property
+    def group(self) -> list[int] | None:
+        """Shrunk: the ranks training on, job-wide (a regrow adds one back)."""
+        return list(self.state.group) if self.state.group is not None else None
+
     @property
     def next_generation(self) -> int:
-        """The rebuilt group the next recovery forms (a spare node's first attempt joined the
-        job's at `joined_at`: the groups before were formed without it)."""
-        return self.joined_at + len(self.recoveries) + 1 - (1 if self.joined_at else 0)
+        return self.state.next_generation
 
     @property
     def in_flight(self) -> Recovery | None:
-        last = self.recoveries[-1] if self.recoveries else None
-        return last if last is not None and last.outcome == "in progress" else None
+        return self.recoveries[-1] if self.state.in_flight is not None else None
 
     def why_not(self, rank: int, survivors: list[int], suspect_gpu: bool = False) -> str | None:
-        """None when a spare can take `rank` now; else the reason, in words for the user.
-        `suspect_gpu`: the rank left over its own GPU (exit 8): a spare promoted into its slot would
-        train on that same GPU, so only a shrink can go on without it."""
-        if self.off:
-            return self.off
-        if self.in_flight is not None:
-            return f"a second failure during a recovery (rank {self.in_flight.rank} was being replaced)"
-        if self.budget <= 0:
-            return "no restart left for it (--max-restarts counts recoveries and restarts alike)"
-        if not survivors and self.regroup is None:  # multi-node: the other nodes' ranks survive
-            return "every rank was lost: no survivor holds the state"
-        for r in [rank, *survivors]:
-            if r not in self.able and self.script:
-                return (f"rank {r}'s script had not called gpuherd.live.attach (a script is recovered live only "
-                        "through it)")
-            if r not in self.able:
-                return f"rank {r} had not started training yet (no state to hand over)"
-            if self.able[r] is not None:
-                return f"rank {r}: {self.able[r]}"
-        if self.shrinks(suspect_gpu):
-            return self.why_not_shrink(rank, survivors)
-        if suspect_gpu:
-            return (f"rank {rank}'s GPU is a suspect device and a warm spare takes a rank on the rank's own GPU "
-                    "(a spare on another GPU is not built; --min-replicas would go on without it)")
-        return None
+        """None when live recovery can take `rank` now; else the reason, in words for the user."""
+        return lp.why_not(self.state, self.rules, rank, survivors, suspect_gpu, self._spare_ready(suspect_gpu))
 
     def shrinks(self, suspect_gpu: bool = False) -> bool:
-        """A loss now shrinks the group: --min-replicas, and no warm spare (or shrunk already, or
-        the lost rank's GPU is suspect: a spare would run on it)."""
-        return self.shrink_floor > 0 and (self.group is not None or suspect_gpu or not self.pool.ready())
+        """A loss now shrinks the group (live_policy.shrinks)."""
+        return lp.shrinks(self.state, self.rules, suspect_gpu, self._spare_ready(suspect_gpu))
 
-    def why_not_shrink(self, rank: int, survivors: list[int]) -> str | None:
-        """Rank 0 may be the one lost: the shrunk group's first rank (its lowest survivor) takes over
-        what rank 0 did for the group (the checkpoints, the run's scalars) until a regrow brings
-        rank 0 back (worker/train.py: `on_place`). Multi-node: `survivors` are this node's, the
-        floor counts the job's."""
-        job = [r for r in self.members() if r != rank] if self.regroup is not None else survivors
-        if len(job) < self.shrink_floor:
-            return (f"no spare left, and {len(job)} survivor(s) are fewer than --min-replicas "
-                    f"{self.shrink_floor}")
-        if rank in self.no_shrink:
-            return f"no spare left, and rank {rank}: {self.no_shrink[rank]}"
-        if not survivors:
-            return (f"no spare left on this node (node {self.node}), and rank {rank} was its last training rank: "
-                    "a node's supervisor ends with its last worker (a node left empty is not built)")
-        return None
+    def _spare_ready(self, suspect_gpu: bool) -> bool:
+        """A live spare waits: read only where the answer matters (a shrink is possible)."""
+        return self.pool.ready() if self.rules.shrink_floor and self.state.group is None and not suspect_gpu else True
 
     def members(self) -> list[int]:
-        """The ranks training now, job-wide: the shrunk group's, else every rank of the job."""
-        return list(self.group) if self.group is not None else list(range(self.world_size))
+        return lp.members(self.state, self.rules)
+
+    def carried(self) -> list[int]:
+        return lp.carried(self.state)
+
+    def carried_elsewhere(self) -> dict[int, int]:
+        return lp.carried_elsewhere(self.state)
+
+    def dead_nodes(self) -> tuple[int, ...]:
+        return lp.dead_nodes(self.state)
+
+    def regrow_candidate(self) -> int | None:
+        """The carried rank a warm spare can take back now, or None (live_policy.regrow_candidate;
+        no spare is warm yet)."""
+        if lp.regrow_candidate(self.state) is None:
+            return None
+        spare = self.pool.warm()
+        return None if spare is None else lp.regrow_candidate(self.state, self.asked.get(spare.pid))
+
+    # ------------------------------------------------------------------ events in, actions carried out
+
+    def _step(self, event: lp.Event) -> tuple[lp.Action, ...]:
+        self.state, actions = lp.decide(self.state, event, self.rules)
+        return actions
+
+    def _carry(self, actions: tuple[lp.Action, ...], loss: Loss | None = None,
+               cause: RootCause | None = None) -> lp.GiveUp | None:
+        """Carry out the policy's actions that need no answer; a `GiveUp`, returned, fails the
+        recovery in flight over `cause`."""
+        for action in actions:
+            match action:
+                case lp.Record():
+                    self._record(action, loss)
+                case lp.FillPool(why=why):
+                    started = self.pool.fill()
+                    if started:
+                        logger.info(FILLED[why].format(", ".join(str(s.pid) for s in started)))
+                case lp.Tell(generation=generation, decision=decision):
+                    self._tell_workers(generation, dict(decision))
+                case lp.Warn(message=message):
+                    logger.warning(message)
+                case lp.GiveUp():
+                    if action.in_flight and cause is not None:
+                        self._failed(self.recoveries[-1], cause)
+                    return action
+        return None
+
+    def _record(self, a: lp.Record, loss: Loss) -> Recovery:
+        """Recovery `a` begins: recorded, and said in one line."""
+        rec = Recovery(number=self.numbered_from + a.nth, attempt=self.attempt, rank=a.rank, device=loss.device,
+                       failed=loss.failed, kind=loss.kind, lost_pid=loss.lost_pid, replaced_by_pid=loss.pid,
+                       survivors=ranks_and_pids(loss.survivors), started_at=now_iso(), node=a.node, action=a.how,
+                       replicas=a.replicas, _died=loss.died, _reached=max(self.completed.values(), default=0),
+                       _generation=a.generation, _remote=a.remote)
+        if a.how == "spare-node":
+            rec.spare_node = loss.claim.get("spare_node")
+        if a.how == "regrow":
+            shrink = self._shrink_of(a.rank)
+            shrink.shrunk_s = rec.shrunk_s = round(loss.died - shrink._died, 3)
+        self.recoveries.append(rec)
+        line = begun(rec, a.ranks, len(loss.survivors), self.regroup is not None,
+                     loss.claim.get("ranks", [a.rank]), loss.claim.get("spare_host", "?"), loss.newcomers)
+        logger.log("INFO" if a.how == "regrow" else "WARNING", line)
+        return rec
+
+    def _shrink_of(self, rank: int) -> Recovery:
+        return next(r for r in reversed(self.recoveries) if r.action == "shrink" and r.rank == rank)
+
+    # ------------------------------------------------------------------ this node's rank lost
+
+    def recover(self, lost: WorkerProcess, cause: RootCause, survivors: list[WorkerProcess], now: float,
+                suspect_gpu: bool = False) -> tuple[bool, WorkerProcess | None]:
+        """`lost` died: the policy decides (a warm spare takes its rank, the survivors go on without
+        it, or no live recovery: said why in one line). (True, the spare now serving the rank, or
+        None for a shrink), or (False, None): the supervision restarts every worker."""
+        actions = self._step(lp.Lost(lost.slot.rank, tuple(w.slot.rank for w in survivors), suspect_gpu,
+                                     self._spare_ready(suspect_gpu)))
+        (action,) = actions
+        claim = {"rank": lost.slot.rank, "device": lost.slot.tag, "failed": cause.message, "kind": cause.kind,
+                 "lost_pid": lost.pid, "died_at": _wall(now)}
+        new, why = None, None
+        if isinstance(action, lp.Shrink):
+            why = self._agree(action.generation, "shrink", {"shrink": action.rank, "ranks": list(action.ranks)},
+                              {**claim, "replaced_by_pid": 0})
+        elif isinstance(action, lp.Promote):
+            new, why = self._promote(action, lost, claim)
+        if isinstance(action, lp.GiveUp) or why is not None:
+            give_up = self._carry(actions if why is None else self._step(lp.Refused(why)), cause=cause)
+            logger.warning(f"live recovery not possible: {give_up.why}")
+            return False, None
+        self._carry(self._step(lp.Done()), Loss(lost.slot.tag, cause.message, cause.kind, now, lost.pid,
+                                                new.pid if new is not None else 0, survivors))
+        return True, new
+
+    def _promote(self, action: lp.Promote, lost: WorkerProcess,
+                 claim: dict[str, Any]) -> tuple[WorkerProcess | None, str | None]:
+        """A spare out of the pool, claimed for the rank (multi-node), promoted: it, or why not."""
+        spare, why = self.pool.take()
+        if spare is not None and self.regroup is not None:
+            why = self._claim(action.generation, "replaced", {"spare": action.rank},
+                              {**claim, "replaced_by_pid": spare.pid})
+            if why is not None:
+                self.pool.put_back(spare)
+                spare = None
+        if spare is None:
+            return None, why
+        new = self.pool.promote(spare, lost.slot, lost.log_path, self.env_for(lost.slot, spare, action.generation))
+        if action.tell:  # the survivors wait for the word before they rebuild
+            self._tell_workers(action.generation, {"spare": action.rank})
+        return new, None
 
     def _claim(self, generation: int, action: str, decision: dict[str, Any], claim: dict[str, Any]) -> str | None:
         """Multi-node: rebuilt group `generation` claimed on the job store, the decision with it (the
@@ -264,77 +301,18 @@ class LiveRecovery:
         """A shrink or a regrow: claimed (multi-node), then into the workers' store where this node
         hosts it; None: done, else why not."""
         why = self._claim(generation, action, decision, claim)
-        if why is None and not self._decide(generation, decision) and (self.regroup is None or self.tell is not None):
+        if why is None and not self._tell_workers(generation, decision) and \
+                (self.regroup is None or self.tell is not None):
             why = "the rendezvous store is gone, so the workers cannot be told"
         return why
 
-    def shrink(self, lost: WorkerProcess, cause: RootCause, survivors: list[WorkerProcess], now: float) -> bool:
-        """No spare left: the survivors rebuild the group without `lost`, one of them carrying its
-        data slot. False (said why): the decision could not reach them."""
-        generation = self.next_generation
-        ranks = sorted(w.slot.rank for w in survivors) if self.regroup is None else \
-            [r for r in self.members() if r != lost.slot.rank]
-        decision = {"shrink": lost.slot.rank, "ranks": ranks}
-        why = self._agree(generation, "shrink", decision, {
-            "rank": lost.slot.rank, "device": lost.slot.tag, "failed": cause.message, "kind": cause.kind,
-            "lost_pid": lost.pid, "replaced_by_pid": 0, "died_at": _wall(now)})
-        if why is not None:
-            self._fail_in_flight(cause)
-            logger.warning(f"live recovery not possible: {why}")
-            return False
-        self.budget -= 1
-        started = self.pool.fill()  # a regrow's spare, warming up at a low priority (--spares K)
-        if started:
-            logger.info(f"new warm spare(s) pid {', '.join(str(s.pid) for s in started)} started in the background: "
-                        "the group grows back once one is warm")
-        rec = Recovery(number=self.numbered_from + len(self.recoveries) + 1, attempt=self.attempt, rank=lost.slot.rank,
-                       device=lost.slot.tag, failed=cause.message, kind=cause.kind, lost_pid=lost.pid,
-                       replaced_by_pid=0, survivors=_ranks_and_pids(survivors), started_at=now_iso(),
-                       action="shrink", replicas=len(ranks), _died=now, node=self.node,
-                       _reached=max(self.completed.values(), default=0), _generation=generation)
-        self._shrunk(rec, ranks, f"{cause.message}: live recovery {rec.number}: no warm spare left: the other "
-                                 f"{len(ranks)} worker(s){' of the job' if self.regroup else ''} keep running")
-        return True
-
-    def _shrunk(self, rec: Recovery, ranks: list[int], said: str, without: str | None = None) -> None:
-        self.recoveries.append(rec)
-        self.shrunk_since[rec.rank] = rec
-        self.group = ranks
-        lead = f"; rank {ranks[0]} leads in its place (checkpoints, the run's scalars)" if rec.rank < ranks[0] else ""
-        without = without or f"rank {rec.rank}, one of them carrying its data slot"
-        logger.warning(f"{said} and go on without {without} (same global batch and data order; --min-replicas)"
-                       f"{lead}")
-
-    def _decide(self, generation: int, decision: dict[str, Any]) -> bool:
+    def _tell_workers(self, generation: int, decision: dict[str, Any]) -> bool:
         """The supervisor's word on rebuilt group `generation`, into the workers' store
         (contract.DECISION_KEY); False: there is no store to tell, or it is gone."""
         return self.tell is not None and bool(self.tell(contract.DECISION_KEY.format(generation=generation),
                                                         orjson.dumps(decision).decode()))
 
-    def regrow_candidate(self) -> int | None:
-        """The carried rank a warm spare can take back now (the one an operator asked it for, else the
-        lowest), or None: the group is not shrunk, a recovery is in flight, a rank finished training
-        (`done`), or no spare is warm yet."""
-        carried = self.carried()
-        spare = self.pool.warm() if carried and self.in_flight is None and not self.finished else None
-        if spare is None:
-            return None
-        asked = self.asked.get(spare.pid)  # the operator named the rank's device
-        return asked if asked in carried else min(carried)
-
-    def carried(self) -> list[int]:
-        """This node's ranks whose data slots are carried (another node's are that node's to take back)."""
-        return sorted(rank for rank, rec in self.shrunk_since.items() if not rec._remote)
-
-    def carried_elsewhere(self) -> dict[int, int]:
-        """Multi-node: another node's carried rank -> that node (its own spares take it back)."""
-        return {rank: rec.node for rank, rec in self.shrunk_since.items()
-                if rec._remote and rec.node is not None and rec.kind != "node"}
-
-    def dead_nodes(self) -> tuple[int, ...]:
-        """Multi-node: the nodes that died whole and the job went on without (their ranks stay carried)."""
-        return tuple(sorted(rec.node for rec in self.shrunk_since.values() if rec.kind == "node"
-                            and rec.node is not None))
+    # ------------------------------------------------------------------ a carried rank grown back
 
     def ask_spare(self, rank: int) -> WorkerProcess:
         """One warm spare more for carried rank `rank` (`gpuherd spare`): it takes the rank back once warm."""
@@ -347,203 +325,54 @@ class LiveRecovery:
         """A warm spare takes back carried rank `slot.rank`; the group rebuilds with it at its next
         step boundary. None (said why): the decision could not reach the workers."""
         spare = self.pool.take_warm()
-        shrink = self.shrunk_since.get(slot.rank)
-        if spare is None or shrink is None:
+        if spare is None:
             return None
-        generation = self.next_generation
-        ranks = sorted([*(self.group or []), slot.rank])
-        decision = {"regrow": slot.rank, "ranks": ranks}
-        why = self._agree(generation, "regrow", decision, {
+        actions = self._step(lp.SpareWarm(slot.rank, spare.pid))
+        if not actions:
+            self.pool.put_back(spare)
+            return None
+        (action,) = actions
+        why = self._agree(action.generation, "regrow", {"regrow": slot.rank, "ranks": list(action.ranks)}, {
             "rank": slot.rank, "device": slot.tag, "failed": "", "kind": "regrow", "lost_pid": 0,
             "replaced_by_pid": spare.pid, "died_at": _wall(now)})
         if why is not None:
             self.pool.put_back(spare)
-            logger.warning(f"regrow not possible: {why} (warm spare pid {spare.pid} was to take back rank "
-                           f"{slot.rank})")
+            self._carry(self._step(lp.Refused(why, spare.pid)))
             return None
-        new = self.pool.promote(spare, slot, log_path, self.env_for(slot, spare, generation))
-        rec = self._grown(slot.rank, slot.tag, new.pid, ranks, survivors, now, generation)
-        logger.info(f"live recovery {rec.number}: warm spare pid {new.pid} takes back rank {rec.rank} "
-                    f"({rec.device}), whose data slot was carried for {rec.shrunk_s:.1f} s: the {len(survivors)} "
-                    f"worker(s){' of this node and every other node' if self.regroup else ''} rebuild the group "
-                    f"with it at their next step boundary ({len(ranks)} process(es))")
+        new = self.pool.promote(spare, slot, log_path, self.env_for(slot, spare, action.generation))
+        self._carry(self._step(lp.Done()), Loss(slot.tag, "", "regrow", now, pid=new.pid, survivors=survivors))
         return new
 
-    def _grown(self, rank: int, device: str, pid: int, ranks: list[int], survivors: list[WorkerProcess],
-               now: float, generation: int, node: int | None = None, remote: bool = False) -> Recovery:
-        """Carried rank `rank` is trained by its own process `pid` again: the regrow, recorded."""
-        shrink = self.shrunk_since.pop(rank)
-        shrink.shrunk_s = round(now - shrink._died, 3)
-        self.group = ranks if self.shrunk_since else None
-        rec = Recovery(number=self.numbered_from + len(self.recoveries) + 1, attempt=self.attempt, rank=rank,
-                       device=device, failed="", kind="regrow", lost_pid=0, replaced_by_pid=pid,
-                       survivors=_ranks_and_pids(survivors), started_at=now_iso(), action="regrow",
-                       replicas=len(ranks), shrunk_s=shrink.shrunk_s, _died=now,
-                       node=self.node if node is None else node, _reached=max(self.completed.values(), default=0),
-                       _generation=generation, _remote=remote)
-        self.recoveries.append(rec)
-        return rec
-
-    def replace(self, lost: WorkerProcess, cause: RootCause, survivors: list[WorkerProcess],
-                now: float) -> WorkerProcess | None:
-        """The spare now serving `lost`'s rank, or None (said why, in one line)."""
-        why = self.why_not(lost.slot.rank, [w.slot.rank for w in survivors])
-        spare = None
-        generation = self.next_generation
-        if why is None:
-            spare, why = self.pool.take()
-        if spare is not None and self.regroup is not None:
-            why = self._claim(generation, "replaced", {"spare": lost.slot.rank}, {
-                "rank": lost.slot.rank, "device": lost.slot.tag, "failed": cause.message, "kind": cause.kind,
-                "lost_pid": lost.pid, "replaced_by_pid": spare.pid, "died_at": _wall(now)})
-            if why is not None:
-                self.pool.put_back(spare)
-                spare = None
-        if spare is None:
-            self._fail_in_flight(cause)
-            logger.warning(f"live recovery not possible: {why}")
-            return None
-        new = self.pool.promote(spare, lost.slot, lost.log_path, self.env_for(lost.slot, spare, generation))
-        if self.shrink_floor:  # the survivors wait for the word before they rebuild
-            self._decide(generation, {"spare": lost.slot.rank})
-        self.budget -= 1
-        rec = Recovery(number=self.numbered_from + len(self.recoveries) + 1, attempt=self.attempt, rank=lost.slot.rank,
-                       device=lost.slot.tag, failed=cause.message, kind=cause.kind, lost_pid=lost.pid,
-                       replaced_by_pid=new.pid, survivors=_ranks_and_pids(survivors), started_at=now_iso(),
-                       node=self.node, _died=now, _reached=max(self.completed.values(), default=0),
-                       _generation=generation)
-        self.recoveries.append(rec)
-        others = f"the other {len(survivors)} worker(s)" if self.regroup is None else \
-            f"every other node's workers and this node's {len(survivors)} other worker(s)"
-        logger.warning(f"{cause.message}: live recovery {rec.number}: warm spare pid {new.pid} takes rank "
-                       f"{rec.rank}; {others} keep running and rebuild the group with it")
-        if self.budget > 0:  # a spare for the next failure, warming up at a low priority meanwhile
-            started = self.pool.fill()
-            if started:
-                logger.info(f"new warm spare(s) pid {', '.join(str(s.pid) for s in started)} started in the "
-                            "background (the pool of --spares refills)")
-        return new
+    # ------------------------------------------------------------------ multi-node: the other nodes' claims
 
     def heard(self, generation: int, claim: dict[str, Any] | None, survivors: list[WorkerProcess],
               now: float) -> str | None:
         """Multi-node: a node claimed rebuilt group `generation` (this node's own claims come back
         too). Another node's is recorded as this node's recovery too, its ranks as the survivors;
         returns why this node cannot take part (the attempt must end: a job-wide restart)."""
-        if claim is not None and claim.get("node") == self.node or generation <= self.joined_at:
-            return None  # this node's own claim, or one made before this spare node took its place
-        lost = f"node {claim.get('node')}'s rank {claim.get('rank')}" if claim else "a rank"
-        why = self._why_not_join(generation, claim, [w.slot.rank for w in survivors])
-        if why is not None:
-            why = (f"live recovery not possible: {lost} was lost and is being replaced, but {why}; "
-                   "restarting every worker")
-            self._fail_in_flight(RootCause("rendezvous", ExitCode.FAILURE, why))
-            return why
-        if self.shrink_floor and isinstance(claim.get("decision"), dict):  # node 0: into the workers' store
-            self._decide(generation, claim["decision"])
-        died_at = claim.get("died_at")
-        ago = max(0.0, time.time() - died_at) if isinstance(died_at, (int, float)) else 0.0
-        if claim.get("action") in ("shrink", "regrow"):
-            self._heard_resize(generation, claim, survivors, now - min(ago, STUCK_S))
-            return None
-        self.budget -= 1
-        rec = Recovery(number=self.numbered_from + len(self.recoveries) + 1, attempt=self.attempt, rank=claim["rank"],
-                       device=str(claim.get("device")), failed=str(claim.get("failed")), kind=str(claim.get("kind")),
-                       lost_pid=int(claim.get("lost_pid") or 0), replaced_by_pid=int(claim.get("replaced_by_pid") or 0),
-                       survivors=_ranks_and_pids(survivors), started_at=now_iso(), node=claim["node"],
-                       _died=now - min(ago, STUCK_S), _reached=max(self.completed.values(), default=0),
-                       _generation=generation, _remote=True)
-        self.recoveries.append(rec)
-        if isinstance(claim.get("spare_node"), int):  # a node died whole: a spare node takes its place
-            rec.action, rec.spare_node = "spare-node", claim["spare_node"]
-            logger.warning(f"{rec.failed}: live recovery {rec.number}: spare node {rec.spare_node} "
-                           f"({claim.get('spare_host', '?')}) takes its ranks {claim.get('ranks', [rec.rank])}; this "
-                           f"node's {len(survivors)} worker(s) keep running and rebuild the group with it")
-            return None
-        logger.warning(f"node {rec.node}: {rec.failed}: live recovery {rec.number}: its warm spare pid "
-                       f"{rec.replaced_by_pid} takes rank {rec.rank}; this node's {len(survivors)} worker(s) keep "
-                       "running and rebuild the group with it")
+        actions = self._step(lp.Heard(generation, _decoded(claim), tuple(w.slot.rank for w in survivors)))
+        loss = None
+        if claim is not None:
+            loss = Loss(str(claim.get("device")), str(claim.get("failed")), str(claim.get("kind")),
+                        now - min(_ago(claim), STUCK_S), int(claim.get("lost_pid") or 0),
+                        int(claim.get("replaced_by_pid") or 0), survivors, claim)
+        give_up = self._carry(actions, loss)
+        if give_up is not None:
+            if give_up.in_flight:
+                self._failed(self.recoveries[-1], RootCause("rendezvous", ExitCode.FAILURE, give_up.why))
+            return give_up.why
         return None
-
-    def _heard_resize(self, generation: int, claim: dict[str, Any], survivors: list[WorkerProcess],
-                      died: float) -> None:
-        """Another node's shrink or regrow: this node's ranks rebuild the group with the claim's ranks."""
-        ranks, node, rank = [int(r) for r in claim["decision"]["ranks"]], int(claim["node"]), int(claim["rank"])
-        if claim["action"] == "regrow":
-            rec = self._grown(rank, str(claim.get("device")), int(claim.get("replaced_by_pid") or 0), ranks,
-                              survivors, died, generation, node=node, remote=True)
-            logger.info(f"node {node}: live recovery {rec.number}: its warm spare pid {rec.replaced_by_pid} takes "
-                        f"back rank {rank}: this node's {len(survivors)} worker(s) rebuild the group with it at "
-                        f"their next step boundary ({len(ranks)} process(es))")
-            return
-        self.budget -= 1
-        rec = Recovery(number=self.numbered_from + len(self.recoveries) + 1, attempt=self.attempt, rank=rank,
-                       device=str(claim.get("device")), failed=str(claim.get("failed")), kind=str(claim.get("kind")),
-                       lost_pid=int(claim.get("lost_pid") or 0), replaced_by_pid=0,
-                       survivors=_ranks_and_pids(survivors), started_at=now_iso(), node=node, action="shrink",
-                       replicas=len(ranks), _died=died, _reached=max(self.completed.values(), default=0),
-                       _generation=generation, _remote=True)
-        if rec.kind == "node":  # node 0 found the whole node dead, and no spare node free (node_shrink_agent.py)
-            lost = ", ".join(str(r) for r in claim.get("ranks", [rank]))
-            self._shrunk(rec, ranks, f"{rec.failed}: live recovery {rec.number}: no spare node left: this node's "
-                                     f"{len(survivors)} worker(s) keep running",
-                         without=f"node {node}'s rank(s) {lost} (it cannot come back before a restart), the "
-                                 "survivors carrying their data slots")
-            return
-        self._shrunk(rec, ranks, f"node {node}: {rec.failed}: live recovery {rec.number}: no warm spare left there: "
-                                 f"this node's {len(survivors)} worker(s) keep running")
 
     def promoted(self, generation: int, claim: dict[str, Any], newcomers: list[WorkerProcess], now: float) -> None:
         """A spare node took a dead node's place in rebuilt group `generation` (its workers, just
         started, are the newcomers): the recovery every other node records too, ended at the
         newcomers' first completed step."""
-        self.joined_at = generation
-        self.budget -= 1
-        died_at = claim.get("died_at")
-        ago = max(0.0, time.time() - died_at) if isinstance(died_at, (int, float)) else 0.0
-        rec = Recovery(number=self.numbered_from + 1, attempt=self.attempt, rank=int(claim["rank"]),
-                       device=str(claim.get("device")), failed=str(claim.get("failed")), kind=str(claim.get("kind")),
-                       lost_pid=0, replaced_by_pid=newcomers[0].pid if newcomers else 0, survivors=[],
-                       started_at=now_iso(), node=int(claim["node"]), _died=now - ago, _generation=generation,
-                       action="spare-node", spare_node=claim.get("spare_node"))
-        self.recoveries.append(rec)
-        logger.warning(f"{rec.failed}: live recovery {rec.number}: this spare node takes node {rec.node}'s ranks "
-                       f"{', '.join(str(r) for r in claim.get('ranks', [rec.rank]))} (pid(s) "
-                       f"{', '.join(str(w.pid) for w in newcomers)}); every other node's workers keep running")
+        actions = self._step(lp.SpareNodeJoined(generation, int(claim["rank"]), int(claim["node"])))
+        self._carry(actions, Loss(str(claim.get("device")), str(claim.get("failed")), str(claim.get("kind")),
+                                  now - _ago(claim), pid=newcomers[0].pid if newcomers else 0, claim=claim,
+                                  newcomers=tuple(w.pid for w in newcomers)))
 
-    def _why_not_join(self, generation: int, claim: dict[str, Any] | None, ranks: list[int]) -> str | None:
-        if claim is None:
-            return f"the claim of rebuilt group {generation} on the job store is unreadable"
-        if generation != self.next_generation:
-            return f"this node expected rebuilt group {self.next_generation}, not {generation}"
-        action = claim.get("action", "replaced")
-        if action in ("shrink", "regrow"):
-            why = self._why_not_resize(action, claim)
-            if why is not None:
-                return why
-        if action == "shrink" and (sharded := [r for r in ranks if r in self.no_shrink]):
-            return f"this node's rank {sharded[0]}: {self.no_shrink[sharded[0]]}"  # fsdp: a node lost whole
-        if self.off or self.in_flight is not None or (self.budget <= 0 and action != "regrow"):
-            return f"on this node: {self.why_not(claim['rank'], ranks)}"
-        for r in ranks:  # the lost rank is the other node's to judge
-            if r not in self.able:
-                return f"this node's rank {r} had not started training yet (no state to hand over)"
-            if self.able[r] is not None:
-                return f"this node's rank {r}: {self.able[r]}"
-        return None
-
-    def _why_not_resize(self, action: str, claim: dict[str, Any]) -> str | None:
-        """A shrink or regrow claim this node cannot follow: shrinking is off here, or its decision
-        is not one gpuherd writes (the store has no authentication), or names a rank not carried."""
-        decision = claim.get("decision")
-        ranks = decision.get("ranks") if isinstance(decision, dict) else None
-        if not self.shrink_floor:
-            return "this node does not shrink (--min-replicas 0 here)"
-        if not isinstance(ranks, list) or not all(isinstance(r, int) for r in ranks) or decision.get(action) != \
-                claim["rank"]:
-            return f"the {action} claimed on the job store names no group of ranks"
-        if action == "regrow" and claim["rank"] not in self.shrunk_since:
-            return f"rank {claim['rank']} is not carried here"
-        return None
+    # ------------------------------------------------------------------ the recovery's end
 
     def stuck(self, now: float, step_allowance: float) -> tuple[str, int] | None:
         """(why, a rank) when a survivor is still inside a collective of the broken group a step's
@@ -563,28 +392,31 @@ class LiveRecovery:
 
     def give_up(self, cause: RootCause) -> None:
         """The supervision ends the attempt over `cause` while a recovery is in flight."""
-        self._fail_in_flight(cause)
+        rec = self.in_flight
+        if rec is not None:
+            self._step(lp.Ended(recovered=False))
+            self._failed(rec, cause)
 
     def settle(self) -> list[dict[str, Any]]:
         """The attempt is over: its recoveries for summary.json (one still in flight failed)."""
         now = time.monotonic()
-        for shrunk in self.shrunk_since.values():  # not grown back: shrunk to the end
+        for rank in self.state.carried:  # not grown back: shrunk to the end
+            shrunk = self._shrink_of(rank)
             if shrunk.outcome == "recovered":
                 shrunk.shrunk_s = round(now - shrunk._died, 3)
         rec = self.in_flight
         if rec is not None:
+            self._step(lp.Ended(recovered=False))
             rec.outcome = "failed"
             rec.failed = (f"{rec.failed}; " if rec.failed else "") + "the attempt ended before the rebuilt group " \
                 "completed a step"
             self.write_metric({"type": "recovery", "time": time.time(), **rec.to_dict()})
         return [r.to_dict() for r in self.recoveries]
 
-    def _fail_in_flight(self, cause: RootCause) -> None:
-        rec = self.in_flight
-        if rec is not None:
-            rec.outcome = "failed"
-            rec.failed = (f"{rec.failed}; then " if rec.failed else "") + f"{cause.message} during the recovery"
-            self.write_metric({"type": "recovery", "time": time.time(), **rec.to_dict()})
+    def _failed(self, rec: Recovery, cause: RootCause) -> None:
+        rec.outcome = "failed"
+        rec.failed = (f"{rec.failed}; then " if rec.failed else "") + f"{cause.message} during the recovery"
+        self.write_metric({"type": "recovery", "time": time.time(), **rec.to_dict()})
 
     def observe(self, record: Record) -> None:
         """Every status record: who can be recovered live, steps completed, and the recovery's end."""
@@ -601,32 +433,23 @@ class LiveRecovery:
                 rec.resumed_step, rec.source_rank = joined.step, joined.source
                 self._finish(rec, time.monotonic())
             case LiveAble():
-                self.able[rank] = None if record.able else (record.why or "cannot be recovered live")
-                if self.lazy_spares and record.able and not self.pool.started and self.budget > 0:
-                    self._first_spares()
-                if record.no_shrink:
-                    self.no_shrink[rank] = record.no_shrink
+                why = None if record.able else (record.why or "cannot be recovered live")
+                due = self.lazy_spares and not self.pool.started
+                self._carry(self._step(lp.Able(rank, why, record.no_shrink, spares_due=due)))
             case Done():
-                self.finished = True
+                self._step(lp.TrainingDone())
             case LiveLostPeer(step=int(step), generation=int(generation)):
                 self.left.setdefault(generation, {})[rank] = step
             case LiveRejoined(role="newcomer") if rec is not None:
                 rec.resumed_step, rec.source_rank, rec.rejoin_s = record.step, record.source, record.seconds
-                self.able[rank] = None
+                self._step(lp.Able(rank))
             case LiveRejoined(generation=int(generation)):  # a survivor, in the new group
                 self.rejoined.setdefault(generation, {})[rank] = record
             case LiveFirstStep() if rec is not None:
                 self._finish(rec, time.monotonic())
 
-    def _first_spares(self) -> None:
-        """A script's ranks said they can be recovered live (gpuherd.live.attach): the pool's first
-        spares start now, after the ranks' own start (a spare importing torch beside them slows it)."""
-        started = self.pool.fill()
-        if started:
-            logger.info(f"warm spare(s) pid {', '.join(str(s.pid) for s in started)} started for the script's live "
-                        "recovery (gpuherd.live)")
-
     def _finish(self, rec: Recovery, now: float) -> None:
+        self._step(lp.Ended(recovered=True))
         rec.outcome = "recovered"
         rec.seconds = round(now - rec._died, 3)
         resumed = rec.resumed_step or 0
@@ -636,10 +459,27 @@ class LiveRecovery:
         self.write_metric({"type": "recovery", "time": time.time(), **rec.to_dict()})
 
 
+def _decoded(claim: dict[str, Any] | None) -> lp.Claim | None:
+    """Another node's claim as the policy reads it (the job store has no authentication: a
+    shrink's or regrow's group that gpuherd would not write reads as none)."""
+    if claim is None:
+        return None
+    action, decision = claim.get("action", "replaced"), claim.get("decision")
+    ranks = decision.get("ranks") if isinstance(decision, dict) else None
+    valid = isinstance(ranks, list) and all(isinstance(r, int) for r in ranks) and \
+        decision.get(action) == claim.get("rank")
+    return lp.Claim(claim.get("node"), claim.get("rank"), action, tuple(ranks) if valid else None,
+                    decision if isinstance(decision, dict) else None,
+                    claim["spare_node"] if isinstance(claim.get("spare_node"), int) else None,
+                    whole_node=claim.get("kind") == "node")
+
+
+def _ago(claim: Mapping[str, Any]) -> float:
+    """How long ago the claim's loss was (its wall-clock `died_at`), 0 where it says none."""
+    died_at = claim.get("died_at")
+    return max(0.0, time.time() - died_at) if isinstance(died_at, (int, float)) else 0.0
+
+
 def _wall(now: float) -> float:
     """The wall-clock time of monotonic `now` (a claim's time travels to other machines)."""
     return time.time() - (time.monotonic() - now)
-
-
-def _ranks_and_pids(workers: list[WorkerProcess]) -> list[dict[str, int]]:
-    return [{"rank": w.slot.rank, "pid": w.pid} for w in sorted(workers, key=lambda w: w.slot.rank)]

@@ -42,8 +42,8 @@ def straggler_spare(live: LiveRecovery | None, slot: DeviceSlot, due: Due, survi
                          "slow too: the cause is not in its process (its host? a link?)")
     if live.in_flight is not None:
         return pol.Spare(f"a live recovery is under way (rank {live.in_flight.rank})")
-    if live.shrunk_since:  # the carrier computes two slots: by design, not a straggler
-        carried = ", ".join(str(r) for r in sorted(live.shrunk_since))
+    if live.state.carried:  # the carrier computes two slots: by design, not a straggler
+        carried = ", ".join(str(r) for r in sorted(live.state.carried))
         return pol.Spare(f"the group is shrunk (rank(s) {carried} carried by a survivor, which computes more by "
                          "design): compute per step is compared again once it grows back")
     gpu = slot.kind == "cuda"

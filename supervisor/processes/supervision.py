@@ -523,24 +523,19 @@ class Supervision:
             self._decide(pol.RecoveryStuck(self._view(now), RootCause("rendezvous", ExitCode.FAILURE, why)))
 
     def _replace_live(self, action: pol.ReplaceLive, now: float) -> None:
-        """The policy's `ReplaceLive`: a warm spare takes the lost rank, whose pipes and heartbeats
-        are read as the rank's from now on, or (--min-replicas, no spare left) the survivors go on
-        without it; if neither can be done (said why), the policy decides."""
+        """The policy's `ReplaceLive`: live recovery takes the lost rank (live_policy.py decides: a
+        warm spare, whose pipes and heartbeats are read as the rank's from now on, or with
+        --min-replicas the survivors go on without it); if it cannot (said why), the policy decides."""
         lost = self.workers[action.rank]
         survivors = [o for o in self._alive() if o is not lost]
-        # no spare left (or the lost rank's GPU is suspect): the survivors go on without it
-        if self.live is not None and self.live.shrinks(_suspect_gpu(lost, action.cause)):
-            if not self.live.shrink(lost, action.cause, survivors, now):
-                self._decide(pol.ReplaceFailed(self._view(now), action.rank, action.cause))
-                return
-            moved_out(self.live, self.heartbeats.stragglers, action.rank, now)
-            return
-        new = None if self.live is None else self.live.replace(lost, action.cause, survivors, now)
-        if new is None:
+        recovered, new = (False, None) if self.live is None else \
+            self.live.recover(lost, action.cause, survivors, now, suspect_gpu=_suspect_gpu(lost, action.cause))
+        if not recovered:
             self._decide(pol.ReplaceFailed(self._view(now), action.rank, action.cause))
             return
         moved_out(self.live, self.heartbeats.stragglers, action.rank, now)
-        self._serve(action.rank, new, now)
+        if new is not None:
+            self._serve(action.rank, new, now)
 
     def _offer_regrow(self, now: float) -> None:
         """A shrunk group and a warm spare: the policy decides whether it takes back a carried rank now."""

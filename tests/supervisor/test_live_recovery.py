@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from pathlib import Path
 
@@ -84,7 +84,7 @@ def test_a_spare_takes_the_lost_rank_and_the_recovery_is_accounted_from_the_rank
     live, metrics = _live()
     for step in range(7):  # step records carry the 0-based index of the completed step
         live.observe(record({"type": "step", "rank": 0, "step": step}))
-    new = live.replace(FakeProc(pid=11, rank=1), _cause(), [FakeProc(pid=10, rank=0)], now=100.0)
+    new = live.recover(FakeProc(pid=11, rank=1), _cause(), [FakeProc(pid=10, rank=0)], now=100.0)[1]
     assert new is not None and new.pid == 900 and new.slot.rank == 1
     assert live.pool.promoted == [(1, {"GEN": "1"})]  # the first rebuilt group of the attempt
     assert live.budget == 1 and live.in_flight is not None
@@ -102,7 +102,7 @@ def test_a_spare_takes_the_lost_rank_and_the_recovery_is_accounted_from_the_rank
 
 def _recover(live: LiveRecovery, number: int, now: float) -> FakeProc | None:
     """Rank 1 lost and, when a spare took it, its first step completed in rebuilt group `number`."""
-    new = live.replace(FakeProc(pid=10 + number, rank=1), _cause(), [FakeProc(pid=10, rank=0)], now=now)
+    new = live.recover(FakeProc(pid=10 + number, rank=1), _cause(), [FakeProc(pid=10, rank=0)], now=now)[1]
     if new is not None:
         live.observe(record({"type": "live", "rank": 1, "event": "first_step", "generation": number, "step": 8}))
     return new
@@ -126,9 +126,10 @@ def test_no_new_spare_is_started_once_no_restart_is_left_for_it():
 
 
 @pytest.mark.parametrize(("setup", "why"), [
-    (lambda live: setattr(live, "off", "a --script run (x)"), "a --script run (x)"),
-    (lambda live: setattr(live, "budget", 0), "no restart left for it"),
-    (lambda live: live.able.pop(0), "rank 0 had not started training yet"),
+    (lambda live: setattr(live, "rules", replace(live.rules, off="a --script run (x)")), "a --script run (x)"),
+    (lambda live: setattr(live, "state", replace(live.state, budget=0)), "no restart left for it"),
+    (lambda live: setattr(live, "state", replace(live.state, able={1: None})),
+     "rank 0 had not started training yet"),
     (lambda live: live.observe(record({"type": "live", "rank": 0, "event": "able", "able": False,
                                 "why": "strategy fsdp shards its state"})), "rank 0: strategy fsdp shards its state"),
     (lambda live: live.pool.spares.clear(), "no warm spare left"),
@@ -137,7 +138,7 @@ def test_no_new_spare_is_started_once_no_restart_is_left_for_it():
 def test_where_live_recovery_cannot_apply_it_says_why_and_leaves_the_restart_to_the_supervision(setup, why, warnings):
     live, _ = _live()
     setup(live)
-    assert live.replace(FakeProc(pid=11, rank=1), _cause(), [FakeProc(pid=10, rank=0)], now=1.0) is None
+    assert live.recover(FakeProc(pid=11, rank=1), _cause(), [FakeProc(pid=10, rank=0)], now=1.0)[1] is None
     assert live.recoveries == [] and live.pool.promoted == []
     (line,) = warnings
     assert line.startswith("live recovery not possible: ") and why in line
@@ -145,8 +146,8 @@ def test_where_live_recovery_cannot_apply_it_says_why_and_leaves_the_restart_to_
 
 def test_a_second_failure_during_a_recovery_fails_it_and_falls_back(warnings):
     live, metrics = _live(pool=FakePool(count=2))
-    live.replace(FakeProc(pid=11, rank=1), _cause(), [FakeProc(pid=10, rank=0)], now=1.0)
-    assert live.replace(FakeProc(pid=10, rank=0), _cause(0), [FakeProc(pid=900, rank=1)], now=2.0) is None
+    live.recover(FakeProc(pid=11, rank=1), _cause(), [FakeProc(pid=10, rank=0)], now=1.0)
+    assert live.recover(FakeProc(pid=10, rank=0), _cause(0), [FakeProc(pid=900, rank=1)], now=2.0)[1] is None
     assert warnings[-1] == "live recovery not possible: a second failure during a recovery (rank 1 was being replaced)"
     (rec,) = live.recoveries
     assert rec.outcome == "failed" and "then CPU0 (rank 0) killed by SIGKILL" in rec.failed
@@ -155,7 +156,7 @@ def test_a_second_failure_during_a_recovery_fails_it_and_falls_back(warnings):
 
 def test_a_recovery_still_in_flight_when_the_attempt_ends_is_recorded_as_failed():
     live, _ = _live()
-    live.replace(FakeProc(pid=11, rank=1), _cause(), [FakeProc(pid=10, rank=0)], now=1.0)
+    live.recover(FakeProc(pid=11, rank=1), _cause(), [FakeProc(pid=10, rank=0)], now=1.0)
     (rec,) = live.settle()
     assert rec["outcome"] == "failed" and "before the rebuilt group completed a step" in rec["failed"]
 
@@ -197,7 +198,7 @@ def test_a_survivor_that_never_leaves_the_broken_group_ends_the_recovery_after_a
     live.observe(record({"type": "live", "rank": 2, "event": "able", "able": True, "why": None}))
     # a survivor may notice the loss before the supervisor has reaped the lost rank
     live.observe(record({"type": "live", "rank": 0, "event": "lost_peer", "generation": 1, "step": 5}))
-    live.replace(FakeProc(pid=11, rank=1), _cause(), [FakeProc(pid=10, rank=0), FakeProc(pid=12, rank=2)], now=100.0)
+    live.recover(FakeProc(pid=11, rank=1), _cause(), [FakeProc(pid=10, rank=0), FakeProc(pid=12, rank=2)], now=100.0)
     assert live.stuck(105.0, step_allowance=2.0) is None  # at least STUCK_S
     assert live.stuck(115.0, step_allowance=30.0) is None  # a step's allowance when longer
     why, rank = live.stuck(111.0, step_allowance=2.0)
@@ -223,7 +224,7 @@ def test_with_no_spare_left_a_lost_rank_shrinks_the_group_and_the_survivors_are_
     live, metrics, told = _shrinking()
     assert live.shrinks() and live.why_not(2, [0, 1, 3]) is None
     survivors = [FakeProc(pid=10 + r, rank=r) for r in (0, 1, 3)]
-    assert live.shrink(FakeProc(pid=12, rank=2), _cause(2), survivors, now=100.0)
+    assert live.recover(FakeProc(pid=12, rank=2), _cause(2), survivors, now=100.0)[0]
     assert told == [("gpuherd-live/1/decision", {"shrink": 2, "ranks": [0, 1, 3]})]
     assert live.budget == 2 and live.group == [0, 1, 3] and live.pool.promoted == []
     rec = live.in_flight
@@ -244,10 +245,10 @@ def test_with_no_spare_left_a_lost_rank_shrinks_the_group_and_the_survivors_are_
 def test_a_shrunk_group_shrinks_again_even_when_a_spare_is_back_since_no_spare_can_join_it():
     live, _metrics, told = _shrinking(floor=2, spares=1)
     assert not live.shrinks()  # a warm spare waits: it takes the lost rank, and the survivors are told so
-    new = live.replace(FakeProc(pid=12, rank=2), _cause(2), [FakeProc(pid=10 + r, rank=r) for r in (0, 1, 3)], 1.0)
+    new = live.recover(FakeProc(pid=12, rank=2), _cause(2), [FakeProc(pid=10 + r, rank=r) for r in (0, 1, 3)], 1.0)[1]
     assert new is not None and told == [("gpuherd-live/1/decision", {"spare": 2})]
-    live.recoveries[-1].outcome = "recovered"
-    live.group = [0, 1, 3]  # as after a shrink
+    live.observe(record({"type": "live", "rank": 2, "event": "first_step", "generation": 1, "step": 8}))
+    live.state = replace(live.state, group=(0, 1, 3))  # as after a shrink
     assert live.shrinks() and live.pool.ready()
 
 
@@ -271,7 +272,7 @@ def test_rank_0_lost_with_no_spare_left_shrinks_too_its_lowest_survivor_leading_
     live.pool.spares[0].returncode = 137  # the standing spare died: none left
     assert live.shrinks() and live.why_not(0, [1, 2, 3]) is None
     survivors = [FakeProc(pid=10 + r, rank=r) for r in (1, 2, 3)]
-    assert live.shrink(FakeProc(pid=10, rank=0), _cause(0), survivors, now=100.0)
+    assert live.recover(FakeProc(pid=10, rank=0), _cause(0), survivors, now=100.0)[0]
     assert told == [("gpuherd-live/1/decision", {"shrink": 0, "ranks": [1, 2, 3]})]
     assert "go on without rank 0" in warnings[-1] and "rank 1 leads in its place" in warnings[-1]
     rec = live.in_flight
@@ -291,7 +292,7 @@ def test_rank_0_lost_with_no_spare_left_shrinks_too_its_lowest_survivor_leading_
 def test_without_min_replicas_no_spare_left_stays_a_restart():
     live, _metrics, told = _shrinking(floor=0)
     assert not live.shrinks() and live.why_not(2, [0, 1, 3]) is None  # the pool says why, at the replacement
-    assert live.replace(FakeProc(pid=12, rank=2), _cause(2), [FakeProc(pid=10, rank=0)], 1.0) is None
+    assert live.recover(FakeProc(pid=12, rank=2), _cause(2), [FakeProc(pid=10, rank=0)], 1.0)[1] is None
     assert told == []
 
 
@@ -346,13 +347,23 @@ def _shrunk_without_rank_2(spares: int = 1) -> tuple[LiveRecovery, list[dict], l
     for spare in live.pool.spares:
         spare.returncode = 137
     assert live.shrinks()
-    assert live.shrink(FakeProc(pid=12, rank=2), _cause(2), [FakeProc(pid=10 + r, rank=r) for r in (0, 1, 3)], 100.0)
+    survivors = [FakeProc(pid=10 + r, rank=r) for r in (0, 1, 3)]
+    assert live.recover(FakeProc(pid=12, rank=2), _cause(2), survivors, 100.0)[0]
     for r in (0, 1, 3):
         live.observe(record({"type": "live", "rank": r, "event": "rejoined", "generation": 1, "step": 8, "source": 0,
                              "role": "survivor", "seconds": 0.3, "replicas": 3}))
     live.observe(record({"type": "step", "rank": 1, "step": 8}))
     assert live.recoveries[-1].outcome == "recovered"
     return live, metrics, told
+
+
+def _rebuilt(live: LiveRecovery, generation: int, ranks: tuple[int, ...]) -> None:
+    """The survivors rejoined rebuilt group `generation` and one completed a step in it: the shrink's end."""
+    for r in ranks:
+        live.observe(record({"type": "live", "rank": r, "event": "rejoined", "generation": generation, "step": 9,
+                             "source": ranks[0], "role": "survivor", "seconds": 0.3, "replicas": len(ranks)}))
+    live.observe(record({"type": "step", "rank": ranks[0], "step": 9}))
+    assert live.in_flight is None
 
 
 def test_after_a_shrink_the_pool_refills_and_once_warm_its_spare_takes_back_the_carried_rank(warnings):
@@ -385,9 +396,9 @@ def test_after_a_shrink_the_pool_refills_and_once_warm_its_spare_takes_back_the_
 def test_a_group_shrunk_twice_grows_back_one_rank_at_a_time_and_stays_shrunk_until_the_last():
     live, _metrics, told = _shrunk_without_rank_2(spares=1)
     survivors = [FakeProc(pid=10 + r, rank=r) for r in (0, 1)]
-    assert live.shrink(FakeProc(pid=13, rank=3), _cause(3), survivors, now=110.0)
+    assert live.recover(FakeProc(pid=13, rank=3), _cause(3), survivors, now=110.0)[0]
     assert told[-1] == ("gpuherd-live/2/decision", {"shrink": 3, "ranks": [0, 1]})
-    live.recoveries[-1].outcome = "recovered"
+    _rebuilt(live, 2, (0, 1))
     live.pool.said_warm(901)
     assert live.regrow_candidate() == 2
     live.regrow(DeviceSlot(2, "cpu", 2), Path("/dev/null"), survivors, now=130.0)

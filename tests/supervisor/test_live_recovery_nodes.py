@@ -54,7 +54,7 @@ def test_the_node_that_lost_its_only_rank_claims_the_group_and_promotes_its_spar
     regroup = FakeRegroup()
     live, _ = _node(1, (1,), regroup)
     assert live.why_not(1, []) is None  # the other nodes' ranks hold the state
-    new = live.replace(FakeProc(pid=11, rank=1), _cause(), [], now=100.0)
+    new = live.recover(FakeProc(pid=11, rank=1), _cause(), [], now=100.0)[1]
     assert new is not None and new.pid == 900 and live.pool.promoted == [(1, {"GEN": "1"})]
     claim = regroup.claims[1]
     assert (claim["rank"], claim["lost_pid"], claim["replaced_by_pid"]) == (1, 11, 900)
@@ -64,7 +64,7 @@ def test_the_node_that_lost_its_only_rank_claims_the_group_and_promotes_its_spar
 def test_a_claim_another_node_made_first_falls_back_and_keeps_the_spare(warnings):
     pool = FakePool()
     live, metrics = _node(1, (1,), FakeRegroup({1: {"node": 2}}), pool=pool)
-    assert live.replace(FakeProc(pid=11, rank=1), _cause(), [], now=100.0) is None
+    assert live.recover(FakeProc(pid=11, rank=1), _cause(), [], now=100.0)[1] is None
     assert warnings == ["live recovery not possible: node 2 claimed rebuilt group 1 first"]
     assert pool.promoted == [] and [s.pid for s in pool.spares] == [900]  # waits for the next failure
     assert live.recoveries == [] and live.budget == 2
@@ -92,7 +92,7 @@ def test_another_nodes_claim_is_this_nodes_recovery_too_ended_by_its_own_survivo
 
 def test_this_nodes_own_claim_coming_back_is_not_a_second_recovery():
     live, _ = _node(1, (1,))
-    live.replace(FakeProc(pid=11, rank=1), _cause(), [], now=100.0)
+    live.recover(FakeProc(pid=11, rank=1), _cause(), [], now=100.0)
     assert live.heard(1, _claim(), [], now=100.1) is None and len(live.recoveries) == 1
 
 
@@ -148,7 +148,7 @@ def test_a_rank_lost_on_node_1_with_no_spare_there_shrinks_the_jobs_group_and_no
     zero = _shrinking_node(0, (0, 1), regroup, spares=1, told=told)
     zero.pool.said_warm(900)
     assert one.shrinks() and one.why_not(3, [2]) is None
-    assert one.shrink(FakeProc(pid=13, rank=3), _cause(3), [FakeProc(pid=12, rank=2)], now=100.0)
+    assert one.recover(FakeProc(pid=13, rank=3), _cause(3), [FakeProc(pid=12, rank=2)], now=100.0)[0]
     claim = regroup.claims[1]
     assert claim["action"] == "shrink" and claim["decision"] == {"shrink": 3, "ranks": [0, 1, 2]}
     assert (claim["rank"], claim["lost_pid"], claim["replaced_by_pid"]) == (3, 13, 0)
@@ -172,7 +172,7 @@ def test_node_1s_refilled_spare_grows_the_jobs_group_back_and_every_node_records
     one.pool.spares[0].returncode = 137  # the standing spare died: no spare left
     zero = _shrinking_node(0, (0, 1), regroup, told=told)
     survivors0 = [FakeProc(pid=10, rank=0), FakeProc(pid=11, rank=1)]
-    one.shrink(FakeProc(pid=13, rank=3), _cause(3), [FakeProc(pid=12, rank=2)], now=100.0)
+    one.recover(FakeProc(pid=13, rank=3), _cause(3), [FakeProc(pid=12, rank=2)], now=100.0)
     zero.heard(1, regroup.claims[1], survivors0, now=100.0)
     _first_step_in(one, 1, 2, 9)
     _first_step_in(zero, 1, 0, 9)
@@ -191,7 +191,7 @@ def test_node_1s_refilled_spare_grows_the_jobs_group_back_and_every_node_records
         shrink, regrow = live.recoveries
         assert (regrow.action, regrow.outcome, regrow.node, regrow.replaced_by_pid) == ("regrow", "recovered", 1, 901)
         assert shrink.shrunk_s == regrow.shrunk_s and 20.0 <= regrow.shrunk_s <= 40.0
-        assert live.group is None and live.shrunk_since == {} and live.budget == 2  # a regrow uses no restart
+        assert live.group is None and live.state.carried == {} and live.budget == 2  # a regrow uses no restart
 
 
 def test_a_node_shrinks_only_while_the_job_keeps_its_floor_and_the_node_a_rank_of_its_own():
@@ -221,7 +221,7 @@ def test_node_0_writes_its_own_shrink_at_once_and_every_nodes_spare_promotion_fo
                       now=1.0) is None
     assert told == [("gpuherd-live/1/decision", {"spare": 3})] and zero.in_flight.action == "replaced"
     _first_step_in(zero, 1, 0, 5)
-    assert zero.shrink(FakeProc(pid=10, rank=0), _cause(0), [FakeProc(pid=11, rank=1)], now=2.0)
+    assert zero.recover(FakeProc(pid=10, rank=0), _cause(0), [FakeProc(pid=11, rank=1)], now=2.0)[0]
     assert told[-1] == ("gpuherd-live/2/decision", {"shrink": 0, "ranks": [1, 2, 3]})
     assert regroup.claims[2]["decision"] == {"shrink": 0, "ranks": [1, 2, 3]}
     assert "rank 1 leads in its place" in warnings[-1] and "the other 3 worker(s) of the job" in warnings[-1]

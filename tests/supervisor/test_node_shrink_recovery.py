@@ -7,6 +7,8 @@ tests/e2e/test_multinode_shrink_run.py."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import orjson
 
 from gpuherd.status_records import decode
@@ -23,7 +25,7 @@ CLAIM = {"node": 2, "rank": 3, "ranks": [3, 4], "device": "node 2", "kind": "nod
 
 def _shrinking(ranks: tuple[int, ...]):
     live, metrics = _node(1, ranks)
-    live.shrink_floor, live.world_size = 2, 5
+    live.rules = replace(live.rules, shrink_floor=2, world_size=5)
     return live, metrics
 
 

@@ -31,7 +31,7 @@ from supervisor.processes.spare_requests import (
 )
 from supervisor.processes.stopping import StopRules
 from supervisor.processes.supervision import Supervision
-from tests.supervisor.test_live_recovery import _shrinking, _shrunk_without_rank_2, FakeProc, _cause
+from tests.supervisor.test_live_recovery import _rebuilt, _shrinking, _shrunk_without_rank_2, FakeProc, _cause
 
 CPUS = {r: (f"CPU{r}", "") for r in range(4)}
 
@@ -98,8 +98,8 @@ def test_a_device_whose_rank_has_a_spare_coming_is_refused():
 
 def test_with_no_spares_the_asked_spare_takes_back_the_rank_it_was_asked_for():
     live, _metrics, told = _shrunk_without_rank_2(spares=0)
-    live.shrink(FakeProc(pid=13, rank=3), _cause(3), [FakeProc(pid=10 + r, rank=r) for r in (0, 1)], now=110.0)
-    live.recoveries[-1].outcome = "recovered"
+    live.recover(FakeProc(pid=13, rank=3), _cause(3), [FakeProc(pid=10 + r, rank=r) for r in (0, 1)], now=110.0)
+    _rebuilt(live, 2, (0, 1))
     assert live.pool.spares == [] and live.regrow_candidate() is None  # --spares 0: nothing grows it back alone
     spare = live.ask_spare(3)
     assert live.pool.spares == [spare] and live.regrow_candidate() is None  # warming up

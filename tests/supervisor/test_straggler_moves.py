@@ -5,6 +5,7 @@ named only without one), and the setting that turns it off."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 import signal
 
 import orjson
@@ -16,6 +17,7 @@ from supervisor.health import Due, MoveOut, Stragglers
 from supervisor.health.proc_state import ProcSample, ProcTracker
 from supervisor.health.straggler_moves import Window
 from supervisor.processes import policy as pol
+from supervisor.processes.live_policy import Carried
 from supervisor.processes.live_recovery import LiveRecovery
 from supervisor.processes.spares import SparePool
 from supervisor.processes.straggler_out import straggler_cause, straggler_spare
@@ -141,7 +143,7 @@ def _live(ready: bool, shrink_floor: int = 0) -> LiveRecovery:
         pool.warm = lambda: object()  # a warm spare stands by (the pool's own process is not needed here)
     live = LiveRecovery(pool, budget=2, attempt=0, env_for=lambda *a: {}, numbered_from=0,
                         write_metric=lambda r: None, shrink_floor=shrink_floor, world_size=4)
-    live.able = dict.fromkeys(range(4))
+    live.state = replace(live.state, able=dict.fromkeys(range(4)))
     return live
 
 
@@ -164,7 +166,8 @@ def test_moved_out_only_where_it_cannot_cost():
     assert "replacement is slow too" in straggler_spare(_live(ready=True), CPU2, _due(again=True), survivors).why_not
     assert straggler_spare(None, CPU2, _due(), survivors) is None
     shrunk = _live(ready=True, shrink_floor=2)
-    shrunk.shrunk_since[1] = object()  # rank 1's data slot carried: its carrier computes two slots
+    # rank 1's data slot carried: its carrier computes two slots
+    shrunk.state = replace(shrunk.state, carried={1: Carried(None)})
     assert "the group is shrunk" in straggler_spare(shrunk, CPU2, _due(), [0, 3]).why_not
 
 
