@@ -9,7 +9,8 @@
     RegroupLink (regroup_link.py -> regroup_agent.py, inside the agent): a live recovery's rebuilt
       group, claimed by the node that lost a rank and heard of by every other node
     spare_node_agent.py, node_shrink_agent.py (inside node 0's agent): a node that died whole, its
-      place handed to a spare node (--spare-nodes) or, with none free, the job shrunk without it
+      place handed to a spare node (--spare-nodes) or, with none free, the job shrunk without it;
+      they get a frozen Roster (roster.py), never the agent, and return what the agent applies
   HostedStore, StoreServer (store.py -> store_main.py, a helper process kept warm across
     attempts): each attempt's torch TCPStore, on a socket the supervisor bound first
   NodeSpec, bind_master, NodeLinkError (nodes.py): multi-node addresses and errors;

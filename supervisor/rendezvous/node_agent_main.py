@@ -96,7 +96,8 @@ from supervisor.rendezvous import rank_claims
 from supervisor.rendezvous.nodes import settings_problem
 from supervisor.rendezvous.liveness import LIVENESS_KEY, LivenessLink, LivenessServer
 from supervisor.rendezvous.own_lag import OwnLag
-from supervisor.rendezvous.store_calls import Connect, StoreCalls, TimedStore, overdue
+from supervisor.rendezvous.roster import Roster
+from supervisor.rendezvous.store_calls import Connect, StoreCalls, TimedStore, malformed, overdue
 
 WAIT_SLICE_S = 5.0  # a long server-side wait is asked in pieces this long: the watchdog sees a partition in it
 ABORT_WAIT_S = 30.0  # the abort wait's pieces (two requests each: the wait, and its cancel when it ran out)
@@ -150,9 +151,8 @@ class Agent:
             "wait-done": self._wait_done, "alive": self._alive, "outcome": self._outcome,
             "outcomes": self._outcomes, "leave": self._leave, "linger": self._linger,
             "lines": self._lines,
-            "regroup-claim": lambda k, msg: regroup_agent.claim(self, k, msg),  # a multi-node live recovery
-            "regroup-watch": lambda k, msg: regroup_agent.watch(self, k, msg),
-            "stand-by": lambda k, msg: spare_node_agent.stand_by(self, k, msg),  # a spare node (--spare-nodes)
+            "regroup-claim": lambda k, msg: regroup_agent.claim(self.store, self.emit, k, msg),  # a live recovery
+            "regroup-watch": self._regroup_watch, "stand-by": self._stand_by,  # a spare node (--spare-nodes)
         }
 
     # ---------------------------------------------------------------- events
@@ -188,12 +188,7 @@ class Agent:
         return self._malformed(key, raw, "a root cause, written by the node that failed first")
 
     def _malformed(self, key: str, raw: bytes, expected: str) -> dict[str, Any]:
-        shown = raw[:80].decode("utf-8", "backslashreplace") + ("..." if len(raw) > 80 else "")
-        return {"kind": "store", "exit_code": 1, "node": None, "host": None, "rank": None, "device": None,
-                "stderr_tail": [],
-                "message": f"malformed data on the job store at {self.where}: key {key} holds {shown!r}, not "
-                           f"{expected}; no gpuherd node of this job wrote it (another program reached the store: "
-                           "it has no authentication, as under torchrun)"}
+        return malformed(self.where, key, raw, expected)
 
     def _publish(self, k: int, cause: dict[str, Any], store: StoreCalls) -> bytes:
         """Offer a root cause for attempt k; returns the winner (first writer wins). A node still
@@ -292,7 +287,7 @@ class Agent:
         self.beating, self._beat_sent = k, b"0"  # from now on: node 0 reads this node's beat
         if self.node_rank == 0:
             self.beats = BeatWatch(k)  # from the join on: a node dying before its workers start is named too
-        elif self.connect is not None and self.liveness is None:
+        else:
             self._link_to_node0(records[members.index(0)].get(LIVENESS_KEY) if 0 in members else None)
         self.emit("joined", attempt=k, round=k, members=members, nodes=records)
 
@@ -398,7 +393,7 @@ class Agent:
         absent = set(self.store.missing([node_key(last, i) for i in candidates]))
         joined = [r for i, r in enumerate(candidates) if i not in absent]
         self.store.set(spare_node_agent.CLOSED_KEY, b"1")  # a spare node standing by leaves too
-        joined += spare_node_agent.standing(self, last)
+        joined += spare_node_agent.standing(self.store, self._roster(last))
         left = [f"left{i}" for i in joined]
         self.store.wait(left, float(msg["timeout"]))
         self.emit("lingered", missing=[joined[i] for i in self.store.missing(left)])
@@ -468,7 +463,7 @@ class Agent:
         owner = rank_claims.claim(self.store, self.node_rank, mine)
         if owner == mine:
             self.mark = mine
-            if self.node_rank != 0 and self.connect is not None and self.liveness is None:
+            if self.node_rank != 0:
                 self._link_to_node0()
             return True
         shown = owner.decode("utf-8", "backslashreplace")[:120]
@@ -479,6 +474,54 @@ class Agent:
         self.emit("abort", attempt=k, cause=cause)
         self.emit("join-aborted", attempt=k)
         return False
+
+    def _regroup_watch(self, k: int, msg: dict[str, Any]) -> None:
+        """Every claim of round k's rebuilt groups, in order (regroup_agent.py), from a thread."""
+        if self.connect is not None:  # a test's in-process store has no second connection: nothing to wait on
+            threading.Thread(target=self._follow_claims, args=(k,), name=f"regroup-wait-{k}", daemon=True).start()
+
+    def _follow_claims(self, k: int) -> None:
+        over = lambda: self.lost or self.leaving or k in self._reported or self._moved_past(k)  # noqa: E731
+        for g, claimed in regroup_agent.follow(self._connection, self._spare.append, k, over):
+            self.gone.update(regroup_agent.lost_whole(claimed))  # the job went on without it: no `alive` waits
+            self.emit("regroup", attempt=k, generation=g, claim=claimed)
+
+    def _moved_past(self, k: int) -> bool:
+        return self.last_join is not None and self.last_join > k
+
+    def _stand_by(self, k: int, msg: dict[str, Any]) -> None:
+        """A spare node (spare_node_agent.py): from round k on it stands by, in a thread (it keeps beating)."""
+        if not self._claim_rank(k, msg["record"]):
+            return
+        if self.connect is None:  # a test's in-process store: no second connection, no thread
+            self._become(spare_node_agent.stand_by(self.store, self._spare_node(), k, msg["record"]))
+            return
+        threading.Thread(target=self._follow_rounds, args=(k, msg["record"]), name="spare-node", daemon=True).start()
+
+    def _follow_rounds(self, k: int, record: dict[str, Any]) -> None:
+        try:
+            promotion = spare_node_agent.stand_by(self._connection(), self._spare_node(), k, record)
+        except RuntimeError as exc:
+            self.lose(f"lost the job store at {self.where} (node 0 gone?): {' '.join(str(exc).split())[:200]}")
+            return
+        self._become(promotion)
+
+    def _spare_node(self) -> spare_node_agent.SpareNode:
+        return spare_node_agent.SpareNode(self.node_rank, self.mark, self.where, self.emit, self._link_to_node0)
+
+    def _become(self, promotion: spare_node_agent.Promotion | None) -> None:
+        """This spare node is node r from now on: its beat, done, outcome and leave are node r's."""
+        if promotion is None:
+            return  # it stopped standing by (said already)
+        k, r = promotion.k, promotion.node  # node 0 handed this agent rank r's claim (rank_claims.transfer)
+        self.node_rank, self.members = r, list(range(self.nnodes))
+        self.hosts = {i: str(n.get("host", "?")) for i, n in enumerate(promotion.nodes)}
+        self.last_join = k
+        self.beating, self._beat_sent = k, b"0"
+        if self.liveness is not None:
+            self.liveness.hello(r)
+        self.emit("promoted", attempt=k, generation=promotion.generation, node=r, claim=promotion.claim,
+                  nodes=promotion.nodes)
 
     def _settings_agree(self, k: int, r: int) -> bool:
         """Node 0: a waiting node with another --run-id, model or mode would take the healthy job
@@ -566,8 +609,43 @@ class Agent:
         with self._naming:
             if r in self.lost_nodes:
                 return True  # judged already (its silence and its closed connection both name it)
-            return spare_node_agent.take_over(self, k, r, cause, store) or \
-                node_shrink_agent.shrink_over(self, k, r, cause, store)
+            return self._spare_node_takes(k, r, cause, store) or self._shrink_without(k, r, cause, store)
+
+    def _roster(self, k: int) -> Roster:
+        """What the friend modules read of round k's nodes: a copy, never this agent's own sets."""
+        return Roster(k, self.nnodes, self.spare_nodes, self.min_replicas, self.rounds is not None,
+                      frozenset(self.gone), dict(self.promoted.get(k, {})), dict(self.owners))
+
+    def _spare_node_takes(self, k: int, r: int, cause: dict[str, Any], store: StoreCalls) -> bool:
+        """Node 0: a spare node standing by takes dead node r's place (spare_node_agent.py): from now
+        on it is node r here (its claim, its host; its beat not yet due), then it is told so."""
+        took = spare_node_agent.take_over(store, self._roster(k), r, cause["message"])
+        self.gone.update(took.passed_over)  # frozen spare nodes: never chosen again
+        hand = took.handover
+        if hand is None:
+            return False
+        self.owners[r] = hand.mark
+        self.promoted.setdefault(k, {})[r] = hand.spare
+        self.hosts[r] = hand.host
+        if self.beats is not None and self.beats.k == k:
+            self.beats.dead.pop(r, None)
+            self.beats.forget(r)
+        self.gone.discard(r)
+        spare_node_agent.promote(store, k, hand)
+        return True
+
+    def _shrink_without(self, k: int, r: int, cause: dict[str, Any], store: StoreCalls) -> bool:
+        """Node 0, no spare node free: with --min-replicas the job goes on without dead node r
+        (node_shrink_agent.py), waiting for it no more; else `cause` says why not, where the floor is why."""
+        shrink = node_shrink_agent.shrink_over(store, self._roster(k), r, cause["message"])
+        cause["message"] += shrink.why_not
+        if not shrink.claimed:
+            return False
+        self.lost_nodes.add(r)
+        self.gone.add(r)
+        if self.beats is not None and self.beats.k == k:
+            self.beats.forget(r)
+        return True
 
     def _verdict(self, k: int) -> dict[str, Any] | None:
         """Node 0's latest reading of attempt k's beats (its own, on node 0); None: a foreign value."""
@@ -606,7 +684,7 @@ class Agent:
                     # round trip (torch's `get` is two: a wait, then the get), for every node at once.
                     self.report_abort(k, conn.compare_set(abort_key(k), "", b""))
                     break
-                if self.leaving or (self.last_join is not None and self.last_join > k):
+                if self.leaving or self._moved_past(k):
                     break
                 piece = ABORT_WAIT_S
             self._spare.append(conn)  # a restart's wait reuses it: no new connection per attempt
@@ -641,8 +719,8 @@ class Agent:
             if self._liveness_store is None:
                 self._liveness_store = self._connection()
             conn = self._liveness_store
-            r = spare_node_agent.promoted_as(self, r)  # a spare node given node r's place: node r died
-            beats = self.beats
+            beats = self.beats  # a spare node given node r's place: node r died
+            r = spare_node_agent.promoted_as(self.promoted.get(beats.k, {}) if beats is not None else {}, r)
             if r >= self.nnodes or beats is None or r not in self.members or r in beats.dead \
                     or r in self.lost_nodes or self.lost:
                 self.gone.update([r] if r >= self.nnodes else [])  # a spare node standing by: no longer one
@@ -678,7 +756,10 @@ class Agent:
                            "closed then: a consequence, not a cause)"}
 
     def _link_to_node0(self, where: str | None = None) -> None:
-        """`where`: node 0's "host:port" as its join record carries it (no request); else the store's key."""
+        """Connect to node 0's agent once (none in a test's in-process store: no threads). `where`:
+        node 0's "host:port" as its join record carries it (no request); else the store's key."""
+        if self.connect is None or self.liveness is not None:
+            return
         if not isinstance(where, str):
             raw = self.store.get_if_set(LIVENESS_KEY)
             if raw is None:
