@@ -86,18 +86,16 @@ from typing import Any
 
 import orjson
 
-from gpuherd.exit_codes import ExitCode
 from supervisor.rendezvous.beat_watch import (ABORTED, BEAT_S, JOINED, SETTLED, SILENT_S, BeatWatch, abort_key,
                                               all_key, beat_key, done_key, enter, node_key, nodes_key,
                                               parse_verdict, undecided, verdict_key)
-from supervisor.rendezvous import node_shrink_agent, regroup_agent, spare_node_agent
-from supervisor.rendezvous.elastic_rounds import ElasticRounds, refused_key
+from supervisor.rendezvous import agent_causes, elastic_join, node_shrink_agent, regroup_agent, spare_node_agent
+from supervisor.rendezvous.elastic_rounds import ElasticRounds
 from supervisor.rendezvous import rank_claims
-from supervisor.rendezvous.nodes import settings_problem
 from supervisor.rendezvous.liveness import LIVENESS_KEY, LivenessLink, LivenessServer
 from supervisor.rendezvous.own_lag import OwnLag
 from supervisor.rendezvous.roster import Roster
-from supervisor.rendezvous.store_calls import Connect, StoreCalls, TimedStore, malformed, overdue
+from supervisor.rendezvous.store_calls import Connect, StoreCalls, TimedStore, json_or_none, overdue
 
 WAIT_SLICE_S = 5.0  # a long server-side wait is asked in pieces this long: the watchdog sees a partition in it
 ABORT_WAIT_S = 30.0  # the abort wait's pieces (two requests each: the wait, and its cancel when it ran out)
@@ -181,14 +179,10 @@ class Agent:
 
     def _cause(self, key: str, raw: bytes) -> dict[str, Any]:
         """A root cause read from the store; a value that is not one becomes a cause naming it."""
-        cause = _json_or_none(raw)
-        if isinstance(cause, dict) and isinstance(cause.get("message"), str) and isinstance(cause.get("kind"), str) \
-                and isinstance(cause.get("exit_code"), int):
-            return cause
-        return self._malformed(key, raw, "a root cause, written by the node that failed first")
+        return agent_causes.read(self.where, key, raw)
 
     def _malformed(self, key: str, raw: bytes, expected: str) -> dict[str, Any]:
-        return malformed(self.where, key, raw, expected)
+        return agent_causes.malformed(self.where, key, raw, expected)
 
     def _publish(self, k: int, cause: dict[str, Any], store: StoreCalls) -> bytes:
         """Offer a root cause for attempt k; returns the winner (first writer wins). A node still
@@ -233,7 +227,7 @@ class Agent:
         decided = self.store.get(all_key(k))
         if decided == JOINED:
             raw = self.store.get(nodes_key(k))
-            records = _json_or_none(raw)
+            records = json_or_none(raw)
             if not (isinstance(records, list) and len(records) == self.nnodes):
                 records = [None] * self.nnodes
             self._joined(k, list(range(self.nnodes)), records, lambda i: (nodes_key(k), raw))
@@ -249,7 +243,7 @@ class Agent:
         store serve N x N records (200 MB at 1,024 nodes, all of it on node 0's one store thread).
         A record no gpuherd node writes is named here, with its key, as the job's cause."""
         raws = self.store.multi_get(keys)
-        records = [_json_or_none(raw) for raw in raws]
+        records = [json_or_none(raw) for raw in raws]
         for i, (key, raw, record) in enumerate(zip(keys, raws, records, strict=True)):
             if not _is_record(record):
                 self._publish(k, self._malformed(key, raw, f"node {i}'s join record (host, nproc, settings)"), self.store)
@@ -350,7 +344,7 @@ class Agent:
         absent = set(self.store.missing(keys))
         present = [key for i, key in enumerate(keys) if i not in absent]
         found = dict(zip(present, self.store.multi_get(present), strict=True))
-        outcomes = [_json_or_none(found[key]) if key in found else None for key in keys]
+        outcomes = [json_or_none(found[key]) if key in found else None for key in keys]
         for i, r in enumerate(others):
             if r in self.lost_nodes and outcomes[i] is None:
                 outcomes[i] = {"node": r, "outcome": f"lost ({self.hosts.get(r, '?')}): it died whole and the job "
@@ -371,7 +365,7 @@ class Agent:
 
     def _node_lines(self, r: int, payload: bytes) -> None:
         """Node 0: another node's console lines, for its supervisor's folding point."""
-        records = _json_or_none(payload)
+        records = json_or_none(payload)
         if isinstance(records, list):
             self.emit("lines", node=r, records=records)
 
@@ -400,58 +394,18 @@ class Agent:
 
     # ---------------------------------------------------------------- elastic
     def _join_elastic(self, record: bytes) -> None:
-        """Join the next round of an elastic job (elastic_rounds.py): node 0 decides who is in."""
-        rounds = self.rounds
-        aborted = lambda k: self.store.check([abort_key(k)])  # noqa: E731 - a node failed before joining
-        if self.node_rank == 0:
-            k, members = rounds.open_and_close(record, aborted)
-            if members is None and not aborted(k):  # fewer than MIN in time: every waiting node reads why
-                too_few = rounds.too_few(k, lambda r: self._record_host(k, r), self.where)
-                self.store.compare_set(abort_key(k), "", orjson.dumps(too_few))
-        else:
-            target = rounds.wait_round(self.join_timeout)
-            if target is None:
-                self.emit("join-timeout", attempt=0, missing=[0], timeout=self.join_timeout)
-                return
-            k, late = target
-            if late:  # round k-1 runs without this node
-                self._say_waiting(k - 1, rounds.members_of(k - 1) or [])
-            k, members, why = rounds.admitted(k, record, aborted, self._say_waiting)
-            if why == "closed":
-                self.emit("join-closed", attempt=k)
-                return
-            if why == "refused":  # node 0 found this node's settings differ from the job's
-                self.emit("abort", attempt=k, cause=self._cause(refused_key(self.node_rank),
-                                                                self.store.get(refused_key(self.node_rank))))
-                self.emit("join-aborted", attempt=k)
-                return
+        """Join the next round of an elastic job (elastic_join.py): node 0 decides who is in."""
+        joined = elastic_join.join(self.store, self.rounds, record, self.join_timeout, self.where, self.emit)
+        if joined is None:
+            return  # said already
+        k, members = joined
         self.last_join = k
         if members is None:
             self._join_aborted(k, self.store.get(abort_key(k)))
         else:
             keys = [node_key(k, r) for r in members]
             raws = self.store.multi_get(keys)
-            self._joined(k, members, [_json_or_none(raw) for raw in raws], lambda i: (keys[i], raws[i]))
-
-    def _say_waiting(self, k: int, members: list[int]) -> None:
-        self.emit("waiting", attempt=k, round=k, members=members)
-
-    def _record_host(self, k: int, r: int) -> str:
-        record = _json_or_none(self.store.get(node_key(k, r)))
-        return str(record.get("host", "?")) if isinstance(record, dict) else "?"
-
-    def _admit_waiting(self, k: int) -> None:
-        """Node 0 of an elastic job, while round k runs: a node waiting for the next round restarts
-        every node's workers so it joins (torchrun's num_nodes_waiting > 0)."""
-        waiting = [r for r in self.rounds.waiting(k) if self._settings_agree(k, r)]
-        if not waiting:
-            return
-        who = ", ".join(f"node {r} ({self._record_host(k + 1, r)})" for r in waiting)
-        cause = {"kind": "membership", "exit_code": 0, "node": None, "host": None, "rank": None, "device": None,
-                 "stderr_tail": [],
-                 "message": f"{who} asked to join: restarting every node's workers to admit it (a membership "
-                            "change, not counted against --max-restarts)"}
-        self.store.compare_set(abort_key(k), "", orjson.dumps(cause))
+            self._joined(k, members, [json_or_none(raw) for raw in raws], lambda i: (keys[i], raws[i]))
 
     def _claim_rank(self, k: int, record: dict[str, Any]) -> bool:
         """The first agent to join as node r owns that --node-rank (its later attempts too) until
@@ -466,12 +420,7 @@ class Agent:
             if self.node_rank != 0:
                 self._link_to_node0()
             return True
-        shown = owner.decode("utf-8", "backslashreplace")[:120]
-        cause = {"kind": "rendezvous", "exit_code": int(ExitCode.USAGE), "node": self.node_rank,
-                 "host": record.get("host"), "rank": None, "device": None, "stderr_tail": [],
-                 "message": f"--node-rank {self.node_rank} is already taken in this job, by {shown}: give each "
-                            "node its own --node-rank (0..N-1)"}
-        self.emit("abort", attempt=k, cause=cause)
+        self.emit("abort", attempt=k, cause=agent_causes.rank_taken(self.node_rank, record.get("host"), owner))
         self.emit("join-aborted", attempt=k)
         return False
 
@@ -523,21 +472,6 @@ class Agent:
         self.emit("promoted", attempt=k, generation=promotion.generation, node=r, claim=promotion.claim,
                   nodes=promotion.nodes)
 
-    def _settings_agree(self, k: int, r: int) -> bool:
-        """Node 0: a waiting node with another --run-id, model or mode would take the healthy job
-        down at its admission (every node exits 2 then): it is refused alone, before that."""
-        mine, theirs = (_json_or_none(self.store.get(key)) for key in (f"a{k}/node0", f"a{k + 1}/node{r}"))
-        if not (isinstance(mine, dict) and isinstance(theirs, dict)):
-            return True  # a malformed record is named at the join itself
-        problem = settings_problem(theirs, mine, r)
-        if problem is None:
-            return True
-        cause = {"kind": "rendezvous", "exit_code": int(ExitCode.USAGE), "node": r, "host": theirs.get("host"),
-                 "rank": None, "device": None, "stderr_tail": [],
-                 "message": f"{problem}; it was not admitted, the job goes on without it"}
-        self.rounds.refuse(k, r, orjson.dumps(cause))
-        return False
-
     # ---------------------------------------------------------------- once a second
     def poll(self) -> None:
         """The loop's tick: this node's beat; on node 0, the one reading of every beat."""
@@ -557,7 +491,7 @@ class Agent:
         if self.beats is not None:
             self._read_beats(now)
             if self.rounds is not None and self.watching is not None:
-                self._admit_waiting(self.watching)
+                elastic_join.admit_waiting(self.store, self.rounds, self.watching)
         if self.verifying is not None:
             self._verify_alive(now)
 
@@ -582,11 +516,7 @@ class Agent:
         self.store.set(verdict_key(beats.k), orjson.dumps(beats.verdict()))
 
     def _silent(self, r: int, why: str) -> dict[str, Any]:
-        host = self.hosts.get(r, "?")
-        return {"kind": "node", "exit_code": 1, "node": r, "host": host, "rank": None, "device": None,
-                "stderr_tail": [],
-                "message": f"node {r} ({host}) stopped responding: {why} (its machine, its supervisor or its node "
-                           "agent died; see that node's logs)"}
+        return agent_causes.silent(r, self.hosts.get(r, "?"), why)
 
     def _declare(self, k: int, r: int, cause: dict[str, Any], store: StoreCalls) -> None:
         """Node 0: node r is dead; its cause goes to every node (the abort, unless a failure came first),
@@ -730,8 +660,8 @@ class Agent:
                 rank_claims.release(conn, r, mark)
                 return
             stall = self._own_stall()
-            cause = {**self._silent(r, "its connection to node 0 closed without a goodbye"),
-                     "stop_after_s": CLOSED_GRACE_S} if stall is None else self._stalled(r, stall)
+            cause = agent_causes.stalled(self.hosts.get(0, "?"), r, stall) if stall is not None else \
+                {**self._silent(r, "its connection to node 0 closed without a goodbye"), "stop_after_s": CLOSED_GRACE_S}
             self._declare(beats.k, r, cause, conn)
         except RuntimeError as exc:
             print(f"node agent: could not name node {r}: {_short(exc)}", file=sys.stderr, flush=True)
@@ -744,16 +674,6 @@ class Agent:
         self.own_lag.tick()  # a stall still unseen by the ticker (this thread ran first) counts too
         stall = self.own_lag.stalled_within(STALL_MARGIN_S)
         return stall if stall is not None and stall >= SILENT_S - BEAT_S else None
-
-    def _stalled(self, r: int, stall: float) -> dict[str, Any]:
-        """Node 0's own stall as the job's cause: the nodes that ended meanwhile gave node 0 up."""
-        host = self.hosts.get(0, "?")
-        return {"kind": "node", "exit_code": 1, "node": 0, "host": host, "rank": None, "device": None,
-                "stderr_tail": [],
-                "message": f"node 0 ({host}) stopped responding: its node agent did not run for {stall:.1f} s "
-                           f"(stopped, a frozen machine, or starved of CPU), so every node's store calls went "
-                           f"unanswered and the nodes gave it up after {SILENT_S:.0f} s (node {r}'s connection "
-                           "closed then: a consequence, not a cause)"}
 
     def _link_to_node0(self, where: str | None = None) -> None:
         """Connect to node 0's agent once (none in a test's in-process store: no threads). `where`:
@@ -832,13 +752,6 @@ def _short(exc: BaseException) -> str:
 
 def _is_record(record: Any) -> bool:
     return isinstance(record, dict) and isinstance(record.get("nproc"), int) and record["nproc"] > 0
-
-
-def _json_or_none(raw: bytes) -> Any:
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
 
 
 def main(argv: list[str]) -> int:

@@ -53,9 +53,10 @@ from supervisor.rendezvous.beat_watch import JOINED, abort_key, all_key, nodes_k
 from supervisor.rendezvous.elastic_rounds import CLOSED_KEY
 from supervisor.rendezvous.nodes import node_ranks, settings_problem
 from supervisor.rendezvous import rank_claims
+from supervisor.rendezvous.agent_causes import malformed
 from supervisor.rendezvous.regroup_agent import claim_next
 from supervisor.rendezvous.roster import Roster
-from supervisor.rendezvous.store_calls import malformed
+from supervisor.rendezvous.store_calls import json_or_none
 
 POLL_S = 1.0  # a wait's piece: a round's end or the job's is seen within it (4 requests a second per spare node)
 PING_S = 3.0  # node 0 waits this long for a spare node's answer before it passes it over
@@ -112,7 +113,7 @@ def stand_by(conn: Any, me: SpareNode, k: int, record: dict[str, Any]) -> Promot
             k += 1
             continue
         raw = conn.get(nodes_key(k))
-        nodes = _json(raw)
+        nodes = json_or_none(raw)
         if not (isinstance(nodes, list) and nodes and all(isinstance(n, dict) for n in nodes)):
             cause = malformed(me.where, nodes_key(k), raw, "every node's join record (a JSON list)")
             me.emit("spare-refused", attempt=k, message=cause["message"], exit_code=cause["exit_code"])
@@ -143,7 +144,7 @@ def stand_by(conn: Any, me: SpareNode, k: int, record: dict[str, Any]) -> Promot
             k += 1
             continue
         raw = conn.get(promote_key(k, s))
-        promotion = _json(raw)
+        promotion = json_or_none(raw)
         if not (isinstance(promotion, dict) and isinstance(promotion.get("node"), int)
                 and isinstance(promotion.get("generation"), int) and isinstance(promotion.get("claim"), dict)):
             cause = malformed(me.where, promote_key(k, s), raw, "node 0's promotion of this spare node")
@@ -220,7 +221,7 @@ def promote(store: Any, k: int, hand: Handover) -> None:
 
 def round_records(store: Any, k: int) -> list[dict[str, Any]] | None:
     """Round k's join records, every training node's (None: the round's join was not decided)."""
-    nodes = _json(store.get_if_set(nodes_key(k)))
+    nodes = json_or_none(store.get_if_set(nodes_key(k)))
     return nodes if isinstance(nodes, list) and all(isinstance(n, dict) for n in nodes) else None
 
 
@@ -230,7 +231,7 @@ def _live_spare(store: Any, roster: Roster, nproc: Any) -> tuple[tuple[int, str,
     (its node rank, its host, its claim), and the spare nodes passed over on the way."""
     k, passed_over = roster.k, []
     for s in roster.spares_free():
-        record = _json(store.get_if_set(spare_key(k, s)))
+        record = json_or_none(store.get_if_set(spare_key(k, s)))
         if not (isinstance(record, dict) and record.get("nproc") == nproc):
             continue
         mark = str(record.get("owner", "")).encode()
@@ -254,11 +255,3 @@ def standing(store: Any, roster: Roster) -> list[int]:
     """Node 0 at the job's end: the spare nodes that stood by in round `roster.k` and were not promoted."""
     return [s for s in roster.spares_free() if store.check([spare_key(roster.k, s)])]
 
-
-def _json(raw: bytes | None) -> Any:
-    if raw is None:
-        return None
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import orjson
+
 STANDIN_POLL_S = 0.05  # a store without server-side waits is asked this often
 
 
@@ -111,12 +113,12 @@ def overdue(stores: list[TimedStore], silent_s: float, since: float = float("-in
 Connect = Callable[[], Any]  # a fresh connection to the job store (its own socket, for a thread that blocks)
 
 
-def malformed(where: str, key: str, raw: bytes, expected: str) -> dict[str, Any]:
-    """The root cause for a value read back that no gpuherd node of this job writes (`expected`:
-    what `key` should hold): it names the key, the value and why, never a crash."""
-    shown = raw[:80].decode("utf-8", "backslashreplace") + ("..." if len(raw) > 80 else "")
-    return {"kind": "store", "exit_code": 1, "node": None, "host": None, "rank": None, "device": None,
-            "stderr_tail": [],
-            "message": f"malformed data on the job store at {where}: key {key} holds {shown!r}, not "
-                       f"{expected}; no gpuherd node of this job wrote it (another program reached the store: "
-                       "it has no authentication, as under torchrun)"}
+
+def json_or_none(raw: bytes | None) -> Any:
+    """A value read back from the store, decoded; None where there is none or it is not JSON."""
+    if raw is None:
+        return None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
