@@ -59,7 +59,8 @@ def rank_taken(r: int, host: Any, owner: bytes) -> dict[str, Any]:
 
 def not_admitted(r: int, host: Any, problem: str) -> dict[str, Any]:
     """Node 0 of an elastic job refuses waiting node r alone: its settings differ (`problem`)."""
-    return cause("rendezvous", int(ExitCode.USAGE), r, host, f"{problem}; it was not admitted, the job goes on without it")
+    return cause("rendezvous", int(ExitCode.USAGE), r, host,
+                 f"{problem}; it was not admitted, the job goes on without it")
 
 
 def admitting(who: str) -> dict[str, Any]:

@@ -89,7 +89,8 @@ import orjson
 from supervisor.rendezvous.beat_watch import (ABORTED, BEAT_S, JOINED, SETTLED, SILENT_S, BeatWatch, abort_key,
                                               all_key, beat_key, done_key, enter, node_key, nodes_key,
                                               parse_verdict, undecided, verdict_key)
-from supervisor.rendezvous import agent_causes, elastic_join, node_shrink_agent, regroup_agent, spare_node_agent
+from supervisor.rendezvous import (agent_causes, agent_end, elastic_join, node_shrink_agent, regroup_agent,
+                                   spare_node_agent)
 from supervisor.rendezvous.elastic_rounds import ElasticRounds
 from supervisor.rendezvous import rank_claims
 from supervisor.rendezvous.liveness import LIVENESS_KEY, LivenessLink, LivenessServer
@@ -221,7 +222,7 @@ class Agent:
         enter(self.store, k, self.node_rank, record)
         if self.store.check(keys):  # this record came last: it gathers them all, and everyone waiting goes on
             self._gather(k, keys)
-        if not self._wait_long([all_key(k)], self.join_timeout):
+        if not self.store.wait_long([all_key(k)], self.join_timeout, WAIT_SLICE_S):
             self.emit("join-timeout", attempt=k, missing=self.store.missing(keys), timeout=self.join_timeout)
             return
         decided = self.store.get(all_key(k))
@@ -250,14 +251,6 @@ class Agent:
                 return
         self.store.compare_set(nodes_key(k), "", orjson.dumps(records))
         self.store.compare_set(all_key(k), "", JOINED)
-
-    def _wait_long(self, keys: list[str], timeout: float) -> bool:
-        """A server-side wait of up to `timeout` s, in pieces the store watchdog can judge."""
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            if self.store.wait(keys, min(left, WAIT_SLICE_S)):
-                return True
-        return False
 
     def _join_aborted(self, k: int, raw: bytes) -> None:
         self.emit("abort", attempt=k, cause=self._cause(abort_key(k), raw))
@@ -315,17 +308,9 @@ class Agent:
     def _wait_done(self, k: int, msg: dict[str, Any]) -> None:
         """Node 0: until every member's workers finished, the abort, or the timeout."""
         members = [i for i in self.members if i not in self.lost_nodes]  # a node the job went on without never is
-        keys = [done_key(k, i) for i in members]
-        deadline = time.monotonic() + float(msg["timeout"])
-        missing: list[int] = []
-        while not self.store.wait(keys, max(0.0, min(BEAT_S, deadline - time.monotonic()))):
-            raw = self.store.get_if_set(abort_key(k))
-            if raw is not None:
-                self.emit("abort", attempt=k, cause=self._cause(abort_key(k), raw))
-                break
-            if time.monotonic() >= deadline:
-                missing = [members[i] for i in self.store.missing(keys)]
-                break
+        abort, missing = agent_end.wait_done(self.store, k, members, float(msg["timeout"]))
+        if abort is not None:
+            self.emit("abort", attempt=k, cause=self._cause(abort_key(k), abort))
         self.emit("finished", attempt=k, missing=missing)
 
     def _alive(self, k: int, msg: dict[str, Any]) -> None:
@@ -339,17 +324,9 @@ class Agent:
     def _outcomes(self, k: int, msg: dict[str, Any]) -> None:
         """Node 0: the others' (a node found dead is not waited for)."""
         others = [i for i in self.members if i != 0]  # elastic: the last round's nodes, not every rank up to MAX
-        self.store.wait([f"outcome{i}" for i in others if i not in self.gone], float(msg["timeout"]))
-        keys = [f"outcome{i}" for i in others]
-        absent = set(self.store.missing(keys))
-        present = [key for i, key in enumerate(keys) if i not in absent]
-        found = dict(zip(present, self.store.multi_get(present), strict=True))
-        outcomes = [json_or_none(found[key]) if key in found else None for key in keys]
-        for i, r in enumerate(others):
-            if r in self.lost_nodes and outcomes[i] is None:
-                outcomes[i] = {"node": r, "outcome": f"lost ({self.hosts.get(r, '?')}): it died whole and the job "
-                                                     "went on without its ranks (--min-replicas)"}
-        self.emit("outcomes", ranks=others, nodes=[o if isinstance(o, dict) else None for o in outcomes])
+        nodes = agent_end.outcomes(self.store, others, frozenset(self.gone), frozenset(self.lost_nodes),
+                                   dict(self.hosts), float(msg["timeout"]))
+        self.emit("outcomes", ranks=others, nodes=nodes)
 
     def _lines(self, k: int, msg: dict[str, Any]) -> None:
         """Console lines this node's supervisor held for folding across nodes: to node 0's folding
@@ -383,14 +360,7 @@ class Agent:
         if self.rounds is not None:
             self.rounds.close_job()  # a node still waiting to be admitted stops waiting
         last = 0 if self.last_join is None else self.last_join  # node 0 may fail before its own join
-        candidates = [i for i in range(1, self.nnodes) if i not in self.gone]
-        absent = set(self.store.missing([node_key(last, i) for i in candidates]))
-        joined = [r for i, r in enumerate(candidates) if i not in absent]
-        self.store.set(spare_node_agent.CLOSED_KEY, b"1")  # a spare node standing by leaves too
-        joined += spare_node_agent.standing(self.store, self._roster(last))
-        left = [f"left{i}" for i in joined]
-        self.store.wait(left, float(msg["timeout"]))
-        self.emit("lingered", missing=[joined[i] for i in self.store.missing(left)])
+        self.emit("lingered", missing=agent_end.linger(self.store, self._roster(last), float(msg["timeout"])))
 
     # ---------------------------------------------------------------- elastic
     def _join_elastic(self, record: bytes) -> None:

@@ -198,13 +198,13 @@ def take_over(store: Any, roster: Roster, r: int, failed: str) -> Takeover:
         return Takeover(None, passed_over)
     s, host, mark = spare
     ranks = node_ranks(nodes, r)
-    claim = {"node": r, "rank": ranks[0], "ranks": ranks, "device": f"node {r}", "failed": failed, "kind": "node", "lost_pid": 0,
-             "replaced_by_pid": 0, "died_at": time.time(), "spare_node": s, "spare_host": host,
+    claim = {"node": r, "rank": ranks[0], "ranks": ranks, "device": f"node {r}", "failed": failed, "kind": "node",
+             "lost_pid": 0, "replaced_by_pid": 0, "died_at": time.time(), "spare_node": s, "spare_host": host,
              # what survivors that wait for a decision (--min-replicas) read: node 0 writes it into
              # the workers' store when it hears this claim, as for any node's spare promotion
              "decision": {"spare": ranks[0]}}
     if not rank_claims.transfer(store, r, roster.owners.get(r), mark):
-        return Takeover(None, passed_over)  # node r was started again and took its rank back already: the restart is its
+        return Takeover(None, passed_over)  # node r, started again, took its rank back already: the restart is its
     g = claim_next(store, k, claim)
     if g is None:  # a node lost a rank in the same instant: two losses at once, the death is published
         rank_claims.release(store, r, mark)  # and node r's rank is free for the node started again

@@ -54,6 +54,14 @@ class StoreCalls:
             raise
         return True
 
+    def wait_long(self, keys: list[str], timeout: float, piece: float) -> bool:
+        """`wait` for up to `timeout` s, asked in pieces of `piece` s that a store watchdog can judge."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if self.wait(keys, min(left, piece)):
+                return True
+        return False
+
     def multi_get(self, keys: list[str]) -> list[bytes]:
         """Every key's value in one request (each key must exist: torch's store waits for it)."""
         if not keys:
