@@ -6,6 +6,8 @@
       node_agent_main.py, a helper process), global ranks, cross-node root causes
     ElasticRounds (elastic_rounds.py, inside the agent; elastic_join.py, the agent's join through
       it): --nnodes MIN:MAX, who node 0 admits to each round, and a late node's wait for the next one
+    fixed_join.py, agent_end.py (inside the agent): a fixed-size round's join; node 0's end of an
+      attempt and of the job (the done wait, every node's outcome, the linger)
     agent_causes.py: every root cause the agent writes or emits, built from what it is given
     RegroupLink (regroup_link.py -> regroup_agent.py, inside the agent): a live recovery's rebuilt
       group, claimed by the node that lost a rank and heard of by every other node

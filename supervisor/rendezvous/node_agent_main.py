@@ -86,11 +86,11 @@ from typing import Any
 
 import orjson
 
-from supervisor.rendezvous.beat_watch import (ABORTED, BEAT_S, JOINED, SETTLED, SILENT_S, BeatWatch, abort_key,
-                                              all_key, beat_key, done_key, enter, node_key, nodes_key,
-                                              parse_verdict, undecided, verdict_key)
-from supervisor.rendezvous import (agent_causes, agent_end, elastic_join, node_shrink_agent, regroup_agent,
-                                   spare_node_agent)
+from supervisor.rendezvous.beat_watch import (BEAT_S, SETTLED, SILENT_S, BeatWatch, abort_key, beat_key, done_key,
+                                              node_key, nodes_key, parse_verdict, publish, undecided, verdict_key)
+from supervisor.rendezvous import (agent_causes, agent_end, elastic_join, fixed_join, node_shrink_agent,
+                                   regroup_agent, spare_node_agent)
+from supervisor.rendezvous.fixed_join import is_record
 from supervisor.rendezvous.elastic_rounds import ElasticRounds
 from supervisor.rendezvous import rank_claims
 from supervisor.rendezvous.liveness import LIVENESS_KEY, LivenessLink, LivenessServer
@@ -98,7 +98,6 @@ from supervisor.rendezvous.own_lag import OwnLag
 from supervisor.rendezvous.roster import Roster
 from supervisor.rendezvous.store_calls import Connect, StoreCalls, TimedStore, json_or_none, overdue
 
-WAIT_SLICE_S = 5.0  # a long server-side wait is asked in pieces this long: the watchdog sees a partition in it
 ABORT_WAIT_S = 30.0  # the abort wait's pieces (two requests each: the wait, and its cancel when it ran out)
 GOLDEN = 0.6180339887498949  # node r's first piece: consecutive ranks land far apart in the period
 CLOSED_GRACE_S = 5.0  # a node named dead by its closed connection: survivors stop their workers this long after
@@ -185,13 +184,6 @@ class Agent:
     def _malformed(self, key: str, raw: bytes, expected: str) -> dict[str, Any]:
         return agent_causes.malformed(self.where, key, raw, expected)
 
-    def _publish(self, k: int, cause: dict[str, Any], store: StoreCalls) -> bytes:
-        """Offer a root cause for attempt k; returns the winner (first writer wins). A node still
-        waiting in attempt k's join learns of it from `a{k}/all`."""
-        winner = store.compare_set(abort_key(k), "", orjson.dumps(cause))
-        store.compare_set(all_key(k), "", ABORTED)
-        return winner
-
     # ---------------------------------------------------------------- commands
     def handle(self, msg: dict[str, Any]) -> None:
         command = self._commands.get(msg.get("cmd"))
@@ -218,39 +210,13 @@ class Agent:
         elif self.last_join is None:  # started (again) while the job runs: node 0's round, or its restart's
             k = rank_claims.round_to_join(self.store, k)
         self.last_join = k
-        keys = [node_key(k, i) for i in range(self.nnodes)]
-        enter(self.store, k, self.node_rank, record)
-        if self.store.check(keys):  # this record came last: it gathers them all, and everyone waiting goes on
-            self._gather(k, keys)
-        if not self.store.wait_long([all_key(k)], self.join_timeout, WAIT_SLICE_S):
-            self.emit("join-timeout", attempt=k, missing=self.store.missing(keys), timeout=self.join_timeout)
-            return
-        decided = self.store.get(all_key(k))
-        if decided == JOINED:
-            raw = self.store.get(nodes_key(k))
-            records = json_or_none(raw)
-            if not (isinstance(records, list) and len(records) == self.nnodes):
-                records = [None] * self.nnodes
-            self._joined(k, list(range(self.nnodes)), records, lambda i: (nodes_key(k), raw))
-        elif (cause := self.store.get_if_set(abort_key(k))) is not None:  # a node failed before the join completed
-            self._join_aborted(k, cause)
+        got = fixed_join.join(self.store, k, self.node_rank, self.nnodes, record, self.join_timeout, self.where)
+        if got.missing is not None:
+            self.emit("join-timeout", attempt=k, missing=got.missing, timeout=self.join_timeout)
+        elif got.abort is not None:
+            self._join_aborted(k, got.abort)
         else:
-            malformed = self._malformed(all_key(k), decided, f'"{JOINED.decode()}" or "{ABORTED.decode()}"')
-            self._join_aborted(k, self._publish(k, malformed, self.store))
-
-    def _gather(self, k: int, keys: list[str]) -> None:
-        """The node whose record came last reads every record (one request) and writes them as one
-        value: every node then reads one key, where each reading all N records would make the
-        store serve N x N records (200 MB at 1,024 nodes, all of it on node 0's one store thread).
-        A record no gpuherd node writes is named here, with its key, as the job's cause."""
-        raws = self.store.multi_get(keys)
-        records = [json_or_none(raw) for raw in raws]
-        for i, (key, raw, record) in enumerate(zip(keys, raws, records, strict=True)):
-            if not _is_record(record):
-                self._publish(k, self._malformed(key, raw, f"node {i}'s join record (host, nproc, settings)"), self.store)
-                return
-        self.store.compare_set(nodes_key(k), "", orjson.dumps(records))
-        self.store.compare_set(all_key(k), "", JOINED)
+            self._joined(k, list(range(self.nnodes)), got.records, lambda i: (nodes_key(k), got.nodes_raw))
 
     def _join_aborted(self, k: int, raw: bytes) -> None:
         self.emit("abort", attempt=k, cause=self._cause(abort_key(k), raw))
@@ -262,10 +228,10 @@ class Agent:
         (`source(i)`: the key it came from, and that key's value) as the job's cause instead of
         crashing this agent."""
         for i, record in enumerate(records):
-            if not _is_record(record):
+            if not is_record(record):
                 key, raw = source(i)
                 cause = self._malformed(key, raw, f"node {members[i]}'s join record (host, nproc, settings)")
-                self._join_aborted(k, self._publish(k, cause, self.store))
+                self._join_aborted(k, publish(self.store, k, cause))
                 return
         self.hosts = {i: str(n.get("host", "?")) for i, n in zip(members, records, strict=True)}
         self.owners = {i: str(n.get("owner", "")).encode() for i, n in zip(members, records, strict=True)}
@@ -293,7 +259,7 @@ class Agent:
             threading.Thread(target=self._wait_abort, args=(k,), name=f"abort-wait-{k}", daemon=True).start()
 
     def _abort(self, k: int, msg: dict[str, Any]) -> None:
-        winner = self._publish(k, msg["cause"], self.store)
+        winner = publish(self.store, k, msg["cause"])
         self.emit("abort", attempt=k, cause=self._cause(abort_key(k), winner))
         with self._reporting:
             self._reported.add(k)
@@ -501,7 +467,7 @@ class Agent:
             self.beats.dead[r] = cause
             store.set(verdict_key(k), orjson.dumps(self.beats.verdict()))  # named dead before the abort is read
         self.gone.add(r)
-        self.report_abort(k, self._publish(k, cause, store))
+        self.report_abort(k, publish(store, k, cause))
 
     def _go_on_without(self, k: int, r: int, cause: dict[str, Any], store: StoreCalls) -> bool:
         """Node 0: True when round k goes on without dead node r: a spare node takes its place
@@ -718,10 +684,6 @@ def renewal_offset(node_rank: int) -> float:
 
 def _short(exc: BaseException) -> str:
     return " ".join(str(exc).split("Exception raised from")[0].split())[:200]
-
-
-def _is_record(record: Any) -> bool:
-    return isinstance(record, dict) and isinstance(record.get("nproc"), int) and record["nproc"] > 0
 
 
 def main(argv: list[str]) -> int:
