@@ -4,7 +4,8 @@
 - Code outside a subpackage imports it through its `__init__` only (its API),
   never from the modules inside it.
 - No import cycle between modules: module-level imports, those under `if TYPE_CHECKING:` (or any
-  other module-level block) included, since a type-only cycle still ties two modules together.
+  other module-level block) included, since a type-only cycle still ties two modules together;
+  nor through imports deferred into functions. `from pkg import mod` ties a module to pkg/mod.py.
 - No function of the product longer than 60 lines.
 """
 
@@ -19,11 +20,11 @@ PACKAGES = ("gpuherd", "supervisor", "worker", "dataset_cache")
 MAX_FUNCTION_LINES = 60
 
 
-def _modules() -> dict[str, Path]:
+def _modules(root: Path = REPO, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
     mods = {}
-    for pkg in PACKAGES:
-        for path in sorted((REPO / pkg).rglob("*.py")):
-            rel = path.relative_to(REPO).with_suffix("")
+    for pkg in packages:
+        for path in sorted((root / pkg).rglob("*.py")):
+            rel = path.relative_to(root).with_suffix("")
             parts = list(rel.parts)
             if parts[-1] == "__init__":
                 parts.pop()
@@ -34,9 +35,12 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _imports(path: Path, module_level_only: bool, entered: bool = False) -> list[tuple[str, int]]:
+def _imports(path: Path, module_level_only: bool, entered: bool = False,
+             modules: dict[str, Path] = MODULES) -> list[tuple[str, int]]:
     """Absolute names this module imports. `entered`: the module an import goes into
-    (`from a.b import c` enters a.b); otherwise what it binds (a.b.c where that is a module)."""
+    (`from a.b import c` enters a.b); otherwise every module the import runs and binds:
+    `from a.b import c` runs a.b, and a.b.c too where that is a module (`modules`), so
+    `from supervisor.rendezvous import regroup_agent` ties this module to regroup_agent.py."""
     tree = ast.parse(path.read_text())
     nodes = list(_module_level(tree)) if module_level_only else list(ast.walk(tree))
     found = []
@@ -44,11 +48,12 @@ def _imports(path: Path, module_level_only: bool, entered: bool = False) -> list
         if isinstance(node, ast.Import):
             found += [(a.name, node.lineno) for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            for a in node.names:
-                full = f"{node.module}.{a.name}"
-                bound = full if full in MODULES and MODULES[node.module].name != "__init__.py" else node.module
-                found.append((node.module if entered else bound, node.lineno))
-    return [(name, line) for name, line in found if name.split(".")[0] in PACKAGES]
+            found.append((node.module, node.lineno))
+            if not entered:
+                found += [(f"{node.module}.{a.name}", node.lineno) for a in node.names
+                          if f"{node.module}.{a.name}" in modules]
+    roots = {mod.split(".")[0] for mod in modules}
+    return list(dict.fromkeys((name, line) for name, line in found if name.split(".")[0] in roots))
 
 
 def _module_level(node: ast.AST):
@@ -87,15 +92,17 @@ def test_subpackages_are_entered_through_their_init():
     assert not offenders, "\n".join(offenders)
 
 
-def test_no_import_cycles():
+def _cycles(modules: dict[str, Path], module_level_only: bool = True) -> list[str]:
+    """Import circles among `modules`, each as a -> b -> a (at least one per circle). An import
+    ties a module to what it names and to the packages above that (their `__init__` runs first),
+    never to a package the module itself is in (that one is being imported already)."""
     graph = defaultdict(set)
-    for mod, path in MODULES.items():
-        for name, _ in _imports(path, module_level_only=True):
-            target = name
-            while target not in MODULES and "." in target:
-                target = target.rsplit(".", 1)[0]
-            if target in MODULES and target != mod and not mod.startswith(target + "."):
-                graph[mod].add(target)
+    for mod, path in modules.items():
+        for name, _ in _imports(path, module_level_only=module_level_only, modules=modules):
+            parts = name.split(".")
+            for target in (".".join(parts[:n]) for n in range(len(parts), 0, -1)):
+                if target in modules and target != mod and not mod.startswith(target + "."):
+                    graph[mod].add(target)
     state: dict[str, int] = {}
     cycles = []
 
@@ -108,9 +115,21 @@ def test_no_import_cycles():
                 visit(nxt, stack + [node])
         state[node] = 2
 
-    for mod in sorted(MODULES):
+    for mod in sorted(modules):
         if mod not in state:
             visit(mod, [])
+    return cycles
+
+
+def test_no_import_cycles():
+    cycles = _cycles(MODULES)
+    assert not cycles, "\n".join(cycles)
+
+
+def test_no_import_cycles_through_imports_deferred_into_functions_either():
+    """An import put inside a function (torch, a heavy module, loaded only when needed) is fine; one
+    put there to dodge a circle still ties the two modules together, and is one too."""
+    cycles = _cycles(MODULES, module_level_only=False)
     assert not cycles, "\n".join(cycles)
 
 
@@ -135,3 +154,24 @@ def test_type_only_and_block_imports_count_for_cycles(tmp_path):
                     "def later():\n    from supervisor import main\n")
     assert _imports(path, module_level_only=True) == [("worker.train", 3), ("dataset_cache", 5)]
     assert ("supervisor", 9) in _imports(path, module_level_only=False)
+
+
+def test_a_circle_through_from_package_import_module_is_caught(tmp_path):
+    """The node agent's old circle, planted: `agent.py` takes its friend with `from pkg import friend`,
+    the friend names `Agent` under `if TYPE_CHECKING:`. The checker used to resolve
+    `from pkg import friend` to the package `pkg` alone, and an edge from a module into its own
+    package is dropped (the package is being imported already), so it saw no edge agent -> friend and
+    no circle. It resolves the name to the module pkg/friend.py now, where one exists."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text('"""A package."""\n')
+    (pkg / "agent.py").write_text("from pkg import friend\n\n\nclass Agent:\n    pass\n")
+    (pkg / "friend.py").write_text("from typing import TYPE_CHECKING\n\n"
+                                   "if TYPE_CHECKING:\n    from pkg.agent import Agent\n")
+    modules = _modules(tmp_path, ("pkg",))
+    assert ("pkg.friend", 1) in _imports(pkg / "agent.py", module_level_only=True, modules=modules)
+    assert _cycles(modules) == ["pkg.agent -> pkg.friend -> pkg.agent"]
+
+    (pkg / "agent.py").write_text("from pkg import VERSION\n")  # a name, not a module: the package alone
+    assert _imports(pkg / "agent.py", module_level_only=True, modules=modules) == [("pkg", 1)]
+    assert _cycles(modules) == []

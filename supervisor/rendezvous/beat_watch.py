@@ -55,6 +55,14 @@ def enter(store: Any, k: int, r: int, record: bytes) -> None:
     store.set(node_key(k, r), record)
 
 
+def publish(store: Any, k: int, cause: dict[str, Any]) -> bytes:
+    """Offer a root cause for attempt k; returns the winner (first writer wins). A node still
+    waiting in attempt k's join learns of it from `a{k}/all`."""
+    winner = store.compare_set(abort_key(k), "", orjson.dumps(cause))
+    store.compare_set(all_key(k), "", ABORTED)
+    return winner
+
+
 class BeatWatch:
     """Node 0's view of attempt k: when each other node's beat last moved, counted in node 0's
     own reads (`seq`), and the nodes found dead with the cause that names each."""

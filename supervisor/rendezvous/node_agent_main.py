@@ -86,19 +86,18 @@ from typing import Any
 
 import orjson
 
-from gpuherd.exit_codes import ExitCode
-from supervisor.rendezvous.beat_watch import (ABORTED, BEAT_S, JOINED, SETTLED, SILENT_S, BeatWatch, abort_key,
-                                              all_key, beat_key, done_key, enter, node_key, nodes_key,
-                                              parse_verdict, undecided, verdict_key)
-from supervisor.rendezvous import node_shrink_agent, regroup_agent, spare_node_agent
-from supervisor.rendezvous.elastic_rounds import ElasticRounds, refused_key
+from supervisor.rendezvous.beat_watch import (BEAT_S, SETTLED, SILENT_S, BeatWatch, abort_key, beat_key, done_key,
+                                              node_key, nodes_key, parse_verdict, publish, undecided, verdict_key)
+from supervisor.rendezvous import (agent_causes, agent_end, elastic_join, fixed_join, node_shrink_agent,
+                                   regroup_agent, spare_node_agent)
+from supervisor.rendezvous.fixed_join import is_record
+from supervisor.rendezvous.elastic_rounds import ElasticRounds
 from supervisor.rendezvous import rank_claims
-from supervisor.rendezvous.nodes import settings_problem
 from supervisor.rendezvous.liveness import LIVENESS_KEY, LivenessLink, LivenessServer
 from supervisor.rendezvous.own_lag import OwnLag
-from supervisor.rendezvous.store_calls import Connect, StoreCalls, TimedStore, overdue
+from supervisor.rendezvous.roster import Roster
+from supervisor.rendezvous.store_calls import Connect, StoreCalls, TimedStore, json_or_none, overdue
 
-WAIT_SLICE_S = 5.0  # a long server-side wait is asked in pieces this long: the watchdog sees a partition in it
 ABORT_WAIT_S = 30.0  # the abort wait's pieces (two requests each: the wait, and its cancel when it ran out)
 GOLDEN = 0.6180339887498949  # node r's first piece: consecutive ranks land far apart in the period
 CLOSED_GRACE_S = 5.0  # a node named dead by its closed connection: survivors stop their workers this long after
@@ -150,9 +149,8 @@ class Agent:
             "wait-done": self._wait_done, "alive": self._alive, "outcome": self._outcome,
             "outcomes": self._outcomes, "leave": self._leave, "linger": self._linger,
             "lines": self._lines,
-            "regroup-claim": lambda k, msg: regroup_agent.claim(self, k, msg),  # a multi-node live recovery
-            "regroup-watch": lambda k, msg: regroup_agent.watch(self, k, msg),
-            "stand-by": lambda k, msg: spare_node_agent.stand_by(self, k, msg),  # a spare node (--spare-nodes)
+            "regroup-claim": lambda k, msg: regroup_agent.claim(self.store, self.emit, k, msg),  # a live recovery
+            "regroup-watch": self._regroup_watch, "stand-by": self._stand_by,  # a spare node (--spare-nodes)
         }
 
     # ---------------------------------------------------------------- events
@@ -181,26 +179,10 @@ class Agent:
 
     def _cause(self, key: str, raw: bytes) -> dict[str, Any]:
         """A root cause read from the store; a value that is not one becomes a cause naming it."""
-        cause = _json_or_none(raw)
-        if isinstance(cause, dict) and isinstance(cause.get("message"), str) and isinstance(cause.get("kind"), str) \
-                and isinstance(cause.get("exit_code"), int):
-            return cause
-        return self._malformed(key, raw, "a root cause, written by the node that failed first")
+        return agent_causes.read(self.where, key, raw)
 
     def _malformed(self, key: str, raw: bytes, expected: str) -> dict[str, Any]:
-        shown = raw[:80].decode("utf-8", "backslashreplace") + ("..." if len(raw) > 80 else "")
-        return {"kind": "store", "exit_code": 1, "node": None, "host": None, "rank": None, "device": None,
-                "stderr_tail": [],
-                "message": f"malformed data on the job store at {self.where}: key {key} holds {shown!r}, not "
-                           f"{expected}; no gpuherd node of this job wrote it (another program reached the store: "
-                           "it has no authentication, as under torchrun)"}
-
-    def _publish(self, k: int, cause: dict[str, Any], store: StoreCalls) -> bytes:
-        """Offer a root cause for attempt k; returns the winner (first writer wins). A node still
-        waiting in attempt k's join learns of it from `a{k}/all`."""
-        winner = store.compare_set(abort_key(k), "", orjson.dumps(cause))
-        store.compare_set(all_key(k), "", ABORTED)
-        return winner
+        return agent_causes.malformed(self.where, key, raw, expected)
 
     # ---------------------------------------------------------------- commands
     def handle(self, msg: dict[str, Any]) -> None:
@@ -228,47 +210,13 @@ class Agent:
         elif self.last_join is None:  # started (again) while the job runs: node 0's round, or its restart's
             k = rank_claims.round_to_join(self.store, k)
         self.last_join = k
-        keys = [node_key(k, i) for i in range(self.nnodes)]
-        enter(self.store, k, self.node_rank, record)
-        if self.store.check(keys):  # this record came last: it gathers them all, and everyone waiting goes on
-            self._gather(k, keys)
-        if not self._wait_long([all_key(k)], self.join_timeout):
-            self.emit("join-timeout", attempt=k, missing=self.store.missing(keys), timeout=self.join_timeout)
-            return
-        decided = self.store.get(all_key(k))
-        if decided == JOINED:
-            raw = self.store.get(nodes_key(k))
-            records = _json_or_none(raw)
-            if not (isinstance(records, list) and len(records) == self.nnodes):
-                records = [None] * self.nnodes
-            self._joined(k, list(range(self.nnodes)), records, lambda i: (nodes_key(k), raw))
-        elif (cause := self.store.get_if_set(abort_key(k))) is not None:  # a node failed before the join completed
-            self._join_aborted(k, cause)
+        got = fixed_join.join(self.store, k, self.node_rank, self.nnodes, record, self.join_timeout, self.where)
+        if got.missing is not None:
+            self.emit("join-timeout", attempt=k, missing=got.missing, timeout=self.join_timeout)
+        elif got.abort is not None:
+            self._join_aborted(k, got.abort)
         else:
-            malformed = self._malformed(all_key(k), decided, f'"{JOINED.decode()}" or "{ABORTED.decode()}"')
-            self._join_aborted(k, self._publish(k, malformed, self.store))
-
-    def _gather(self, k: int, keys: list[str]) -> None:
-        """The node whose record came last reads every record (one request) and writes them as one
-        value: every node then reads one key, where each reading all N records would make the
-        store serve N x N records (200 MB at 1,024 nodes, all of it on node 0's one store thread).
-        A record no gpuherd node writes is named here, with its key, as the job's cause."""
-        raws = self.store.multi_get(keys)
-        records = [_json_or_none(raw) for raw in raws]
-        for i, (key, raw, record) in enumerate(zip(keys, raws, records, strict=True)):
-            if not _is_record(record):
-                self._publish(k, self._malformed(key, raw, f"node {i}'s join record (host, nproc, settings)"), self.store)
-                return
-        self.store.compare_set(nodes_key(k), "", orjson.dumps(records))
-        self.store.compare_set(all_key(k), "", JOINED)
-
-    def _wait_long(self, keys: list[str], timeout: float) -> bool:
-        """A server-side wait of up to `timeout` s, in pieces the store watchdog can judge."""
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            if self.store.wait(keys, min(left, WAIT_SLICE_S)):
-                return True
-        return False
+            self._joined(k, list(range(self.nnodes)), got.records, lambda i: (nodes_key(k), got.nodes_raw))
 
     def _join_aborted(self, k: int, raw: bytes) -> None:
         self.emit("abort", attempt=k, cause=self._cause(abort_key(k), raw))
@@ -280,10 +228,10 @@ class Agent:
         (`source(i)`: the key it came from, and that key's value) as the job's cause instead of
         crashing this agent."""
         for i, record in enumerate(records):
-            if not _is_record(record):
+            if not is_record(record):
                 key, raw = source(i)
                 cause = self._malformed(key, raw, f"node {members[i]}'s join record (host, nproc, settings)")
-                self._join_aborted(k, self._publish(k, cause, self.store))
+                self._join_aborted(k, publish(self.store, k, cause))
                 return
         self.hosts = {i: str(n.get("host", "?")) for i, n in zip(members, records, strict=True)}
         self.owners = {i: str(n.get("owner", "")).encode() for i, n in zip(members, records, strict=True)}
@@ -292,7 +240,7 @@ class Agent:
         self.beating, self._beat_sent = k, b"0"  # from now on: node 0 reads this node's beat
         if self.node_rank == 0:
             self.beats = BeatWatch(k)  # from the join on: a node dying before its workers start is named too
-        elif self.connect is not None and self.liveness is None:
+        else:
             self._link_to_node0(records[members.index(0)].get(LIVENESS_KEY) if 0 in members else None)
         self.emit("joined", attempt=k, round=k, members=members, nodes=records)
 
@@ -311,7 +259,7 @@ class Agent:
             threading.Thread(target=self._wait_abort, args=(k,), name=f"abort-wait-{k}", daemon=True).start()
 
     def _abort(self, k: int, msg: dict[str, Any]) -> None:
-        winner = self._publish(k, msg["cause"], self.store)
+        winner = publish(self.store, k, msg["cause"])
         self.emit("abort", attempt=k, cause=self._cause(abort_key(k), winner))
         with self._reporting:
             self._reported.add(k)
@@ -326,17 +274,9 @@ class Agent:
     def _wait_done(self, k: int, msg: dict[str, Any]) -> None:
         """Node 0: until every member's workers finished, the abort, or the timeout."""
         members = [i for i in self.members if i not in self.lost_nodes]  # a node the job went on without never is
-        keys = [done_key(k, i) for i in members]
-        deadline = time.monotonic() + float(msg["timeout"])
-        missing: list[int] = []
-        while not self.store.wait(keys, max(0.0, min(BEAT_S, deadline - time.monotonic()))):
-            raw = self.store.get_if_set(abort_key(k))
-            if raw is not None:
-                self.emit("abort", attempt=k, cause=self._cause(abort_key(k), raw))
-                break
-            if time.monotonic() >= deadline:
-                missing = [members[i] for i in self.store.missing(keys)]
-                break
+        abort, missing = agent_end.wait_done(self.store, k, members, float(msg["timeout"]))
+        if abort is not None:
+            self.emit("abort", attempt=k, cause=self._cause(abort_key(k), abort))
         self.emit("finished", attempt=k, missing=missing)
 
     def _alive(self, k: int, msg: dict[str, Any]) -> None:
@@ -350,17 +290,9 @@ class Agent:
     def _outcomes(self, k: int, msg: dict[str, Any]) -> None:
         """Node 0: the others' (a node found dead is not waited for)."""
         others = [i for i in self.members if i != 0]  # elastic: the last round's nodes, not every rank up to MAX
-        self.store.wait([f"outcome{i}" for i in others if i not in self.gone], float(msg["timeout"]))
-        keys = [f"outcome{i}" for i in others]
-        absent = set(self.store.missing(keys))
-        present = [key for i, key in enumerate(keys) if i not in absent]
-        found = dict(zip(present, self.store.multi_get(present), strict=True))
-        outcomes = [_json_or_none(found[key]) if key in found else None for key in keys]
-        for i, r in enumerate(others):
-            if r in self.lost_nodes and outcomes[i] is None:
-                outcomes[i] = {"node": r, "outcome": f"lost ({self.hosts.get(r, '?')}): it died whole and the job "
-                                                     "went on without its ranks (--min-replicas)"}
-        self.emit("outcomes", ranks=others, nodes=[o if isinstance(o, dict) else None for o in outcomes])
+        nodes = agent_end.outcomes(self.store, others, frozenset(self.gone), frozenset(self.lost_nodes),
+                                   dict(self.hosts), float(msg["timeout"]))
+        self.emit("outcomes", ranks=others, nodes=nodes)
 
     def _lines(self, k: int, msg: dict[str, Any]) -> None:
         """Console lines this node's supervisor held for folding across nodes: to node 0's folding
@@ -376,7 +308,7 @@ class Agent:
 
     def _node_lines(self, r: int, payload: bytes) -> None:
         """Node 0: another node's console lines, for its supervisor's folding point."""
-        records = _json_or_none(payload)
+        records = json_or_none(payload)
         if isinstance(records, list):
             self.emit("lines", node=r, records=records)
 
@@ -394,69 +326,22 @@ class Agent:
         if self.rounds is not None:
             self.rounds.close_job()  # a node still waiting to be admitted stops waiting
         last = 0 if self.last_join is None else self.last_join  # node 0 may fail before its own join
-        candidates = [i for i in range(1, self.nnodes) if i not in self.gone]
-        absent = set(self.store.missing([node_key(last, i) for i in candidates]))
-        joined = [r for i, r in enumerate(candidates) if i not in absent]
-        self.store.set(spare_node_agent.CLOSED_KEY, b"1")  # a spare node standing by leaves too
-        joined += spare_node_agent.standing(self, last)
-        left = [f"left{i}" for i in joined]
-        self.store.wait(left, float(msg["timeout"]))
-        self.emit("lingered", missing=[joined[i] for i in self.store.missing(left)])
+        self.emit("lingered", missing=agent_end.linger(self.store, self._roster(last), float(msg["timeout"])))
 
     # ---------------------------------------------------------------- elastic
     def _join_elastic(self, record: bytes) -> None:
-        """Join the next round of an elastic job (elastic_rounds.py): node 0 decides who is in."""
-        rounds = self.rounds
-        aborted = lambda k: self.store.check([abort_key(k)])  # noqa: E731 - a node failed before joining
-        if self.node_rank == 0:
-            k, members = rounds.open_and_close(record, aborted)
-            if members is None and not aborted(k):  # fewer than MIN in time: every waiting node reads why
-                too_few = rounds.too_few(k, lambda r: self._record_host(k, r), self.where)
-                self.store.compare_set(abort_key(k), "", orjson.dumps(too_few))
-        else:
-            target = rounds.wait_round(self.join_timeout)
-            if target is None:
-                self.emit("join-timeout", attempt=0, missing=[0], timeout=self.join_timeout)
-                return
-            k, late = target
-            if late:  # round k-1 runs without this node
-                self._say_waiting(k - 1, rounds.members_of(k - 1) or [])
-            k, members, why = rounds.admitted(k, record, aborted, self._say_waiting)
-            if why == "closed":
-                self.emit("join-closed", attempt=k)
-                return
-            if why == "refused":  # node 0 found this node's settings differ from the job's
-                self.emit("abort", attempt=k, cause=self._cause(refused_key(self.node_rank),
-                                                                self.store.get(refused_key(self.node_rank))))
-                self.emit("join-aborted", attempt=k)
-                return
+        """Join the next round of an elastic job (elastic_join.py): node 0 decides who is in."""
+        joined = elastic_join.join(self.store, self.rounds, record, self.join_timeout, self.where, self.emit)
+        if joined is None:
+            return  # said already
+        k, members = joined
         self.last_join = k
         if members is None:
             self._join_aborted(k, self.store.get(abort_key(k)))
         else:
             keys = [node_key(k, r) for r in members]
             raws = self.store.multi_get(keys)
-            self._joined(k, members, [_json_or_none(raw) for raw in raws], lambda i: (keys[i], raws[i]))
-
-    def _say_waiting(self, k: int, members: list[int]) -> None:
-        self.emit("waiting", attempt=k, round=k, members=members)
-
-    def _record_host(self, k: int, r: int) -> str:
-        record = _json_or_none(self.store.get(node_key(k, r)))
-        return str(record.get("host", "?")) if isinstance(record, dict) else "?"
-
-    def _admit_waiting(self, k: int) -> None:
-        """Node 0 of an elastic job, while round k runs: a node waiting for the next round restarts
-        every node's workers so it joins (torchrun's num_nodes_waiting > 0)."""
-        waiting = [r for r in self.rounds.waiting(k) if self._settings_agree(k, r)]
-        if not waiting:
-            return
-        who = ", ".join(f"node {r} ({self._record_host(k + 1, r)})" for r in waiting)
-        cause = {"kind": "membership", "exit_code": 0, "node": None, "host": None, "rank": None, "device": None,
-                 "stderr_tail": [],
-                 "message": f"{who} asked to join: restarting every node's workers to admit it (a membership "
-                            "change, not counted against --max-restarts)"}
-        self.store.compare_set(abort_key(k), "", orjson.dumps(cause))
+            self._joined(k, members, [json_or_none(raw) for raw in raws], lambda i: (keys[i], raws[i]))
 
     def _claim_rank(self, k: int, record: dict[str, Any]) -> bool:
         """The first agent to join as node r owns that --node-rank (its later attempts too) until
@@ -468,32 +353,60 @@ class Agent:
         owner = rank_claims.claim(self.store, self.node_rank, mine)
         if owner == mine:
             self.mark = mine
-            if self.node_rank != 0 and self.connect is not None and self.liveness is None:
+            if self.node_rank != 0:
                 self._link_to_node0()
             return True
-        shown = owner.decode("utf-8", "backslashreplace")[:120]
-        cause = {"kind": "rendezvous", "exit_code": int(ExitCode.USAGE), "node": self.node_rank,
-                 "host": record.get("host"), "rank": None, "device": None, "stderr_tail": [],
-                 "message": f"--node-rank {self.node_rank} is already taken in this job, by {shown}: give each "
-                            "node its own --node-rank (0..N-1)"}
-        self.emit("abort", attempt=k, cause=cause)
+        self.emit("abort", attempt=k, cause=agent_causes.rank_taken(self.node_rank, record.get("host"), owner))
         self.emit("join-aborted", attempt=k)
         return False
 
-    def _settings_agree(self, k: int, r: int) -> bool:
-        """Node 0: a waiting node with another --run-id, model or mode would take the healthy job
-        down at its admission (every node exits 2 then): it is refused alone, before that."""
-        mine, theirs = (_json_or_none(self.store.get(key)) for key in (f"a{k}/node0", f"a{k + 1}/node{r}"))
-        if not (isinstance(mine, dict) and isinstance(theirs, dict)):
-            return True  # a malformed record is named at the join itself
-        problem = settings_problem(theirs, mine, r)
-        if problem is None:
-            return True
-        cause = {"kind": "rendezvous", "exit_code": int(ExitCode.USAGE), "node": r, "host": theirs.get("host"),
-                 "rank": None, "device": None, "stderr_tail": [],
-                 "message": f"{problem}; it was not admitted, the job goes on without it"}
-        self.rounds.refuse(k, r, orjson.dumps(cause))
-        return False
+    def _regroup_watch(self, k: int, msg: dict[str, Any]) -> None:
+        """Every claim of round k's rebuilt groups, in order (regroup_agent.py), from a thread."""
+        if self.connect is not None:  # a test's in-process store has no second connection: nothing to wait on
+            threading.Thread(target=self._follow_claims, args=(k,), name=f"regroup-wait-{k}", daemon=True).start()
+
+    def _follow_claims(self, k: int) -> None:
+        over = lambda: self.lost or self.leaving or k in self._reported or self._moved_past(k)  # noqa: E731
+        for g, claimed in regroup_agent.follow(self._connection, self._spare.append, k, over):
+            self.gone.update(regroup_agent.lost_whole(claimed))  # the job went on without it: no `alive` waits
+            self.emit("regroup", attempt=k, generation=g, claim=claimed)
+
+    def _moved_past(self, k: int) -> bool:
+        return self.last_join is not None and self.last_join > k
+
+    def _stand_by(self, k: int, msg: dict[str, Any]) -> None:
+        """A spare node (spare_node_agent.py): from round k on it stands by, in a thread (it keeps beating)."""
+        if not self._claim_rank(k, msg["record"]):
+            return
+        if self.connect is None:  # a test's in-process store: no second connection, no thread
+            self._become(spare_node_agent.stand_by(self.store, self._spare_node(), k, msg["record"]))
+            return
+        threading.Thread(target=self._follow_rounds, args=(k, msg["record"]), name="spare-node", daemon=True).start()
+
+    def _follow_rounds(self, k: int, record: dict[str, Any]) -> None:
+        try:
+            promotion = spare_node_agent.stand_by(self._connection(), self._spare_node(), k, record)
+        except RuntimeError as exc:
+            self.lose(f"lost the job store at {self.where} (node 0 gone?): {' '.join(str(exc).split())[:200]}")
+            return
+        self._become(promotion)
+
+    def _spare_node(self) -> spare_node_agent.SpareNode:
+        return spare_node_agent.SpareNode(self.node_rank, self.mark, self.where, self.emit, self._link_to_node0)
+
+    def _become(self, promotion: spare_node_agent.Promotion | None) -> None:
+        """This spare node is node r from now on: its beat, done, outcome and leave are node r's."""
+        if promotion is None:
+            return  # it stopped standing by (said already)
+        k, r = promotion.k, promotion.node  # node 0 handed this agent rank r's claim (rank_claims.transfer)
+        self.node_rank, self.members = r, list(range(self.nnodes))
+        self.hosts = {i: str(n.get("host", "?")) for i, n in enumerate(promotion.nodes)}
+        self.last_join = k
+        self.beating, self._beat_sent = k, b"0"
+        if self.liveness is not None:
+            self.liveness.hello(r)
+        self.emit("promoted", attempt=k, generation=promotion.generation, node=r, claim=promotion.claim,
+                  nodes=promotion.nodes)
 
     # ---------------------------------------------------------------- once a second
     def poll(self) -> None:
@@ -514,7 +427,7 @@ class Agent:
         if self.beats is not None:
             self._read_beats(now)
             if self.rounds is not None and self.watching is not None:
-                self._admit_waiting(self.watching)
+                elastic_join.admit_waiting(self.store, self.rounds, self.watching)
         if self.verifying is not None:
             self._verify_alive(now)
 
@@ -539,11 +452,7 @@ class Agent:
         self.store.set(verdict_key(beats.k), orjson.dumps(beats.verdict()))
 
     def _silent(self, r: int, why: str) -> dict[str, Any]:
-        host = self.hosts.get(r, "?")
-        return {"kind": "node", "exit_code": 1, "node": r, "host": host, "rank": None, "device": None,
-                "stderr_tail": [],
-                "message": f"node {r} ({host}) stopped responding: {why} (its machine, its supervisor or its node "
-                           "agent died; see that node's logs)"}
+        return agent_causes.silent(r, self.hosts.get(r, "?"), why)
 
     def _declare(self, k: int, r: int, cause: dict[str, Any], store: StoreCalls) -> None:
         """Node 0: node r is dead; its cause goes to every node (the abort, unless a failure came first),
@@ -558,7 +467,7 @@ class Agent:
             self.beats.dead[r] = cause
             store.set(verdict_key(k), orjson.dumps(self.beats.verdict()))  # named dead before the abort is read
         self.gone.add(r)
-        self.report_abort(k, self._publish(k, cause, store))
+        self.report_abort(k, publish(store, k, cause))
 
     def _go_on_without(self, k: int, r: int, cause: dict[str, Any], store: StoreCalls) -> bool:
         """Node 0: True when round k goes on without dead node r: a spare node takes its place
@@ -566,8 +475,43 @@ class Agent:
         with self._naming:
             if r in self.lost_nodes:
                 return True  # judged already (its silence and its closed connection both name it)
-            return spare_node_agent.take_over(self, k, r, cause, store) or \
-                node_shrink_agent.shrink_over(self, k, r, cause, store)
+            return self._spare_node_takes(k, r, cause, store) or self._shrink_without(k, r, cause, store)
+
+    def _roster(self, k: int) -> Roster:
+        """What the friend modules read of round k's nodes: a copy, never this agent's own sets."""
+        return Roster(k, self.nnodes, self.spare_nodes, self.min_replicas, self.rounds is not None,
+                      frozenset(self.gone), dict(self.promoted.get(k, {})), dict(self.owners))
+
+    def _spare_node_takes(self, k: int, r: int, cause: dict[str, Any], store: StoreCalls) -> bool:
+        """Node 0: a spare node standing by takes dead node r's place (spare_node_agent.py): from now
+        on it is node r here (its claim, its host; its beat not yet due), then it is told so."""
+        took = spare_node_agent.take_over(store, self._roster(k), r, cause["message"])
+        self.gone.update(took.passed_over)  # frozen spare nodes: never chosen again
+        hand = took.handover
+        if hand is None:
+            return False
+        self.owners[r] = hand.mark
+        self.promoted.setdefault(k, {})[r] = hand.spare
+        self.hosts[r] = hand.host
+        if self.beats is not None and self.beats.k == k:
+            self.beats.dead.pop(r, None)
+            self.beats.forget(r)
+        self.gone.discard(r)
+        spare_node_agent.promote(store, k, hand)
+        return True
+
+    def _shrink_without(self, k: int, r: int, cause: dict[str, Any], store: StoreCalls) -> bool:
+        """Node 0, no spare node free: with --min-replicas the job goes on without dead node r
+        (node_shrink_agent.py), waiting for it no more; else `cause` says why not, where the floor is why."""
+        shrink = node_shrink_agent.shrink_over(store, self._roster(k), r, cause["message"])
+        cause["message"] += shrink.why_not
+        if not shrink.claimed:
+            return False
+        self.lost_nodes.add(r)
+        self.gone.add(r)
+        if self.beats is not None and self.beats.k == k:
+            self.beats.forget(r)
+        return True
 
     def _verdict(self, k: int) -> dict[str, Any] | None:
         """Node 0's latest reading of attempt k's beats (its own, on node 0); None: a foreign value."""
@@ -606,7 +550,7 @@ class Agent:
                     # round trip (torch's `get` is two: a wait, then the get), for every node at once.
                     self.report_abort(k, conn.compare_set(abort_key(k), "", b""))
                     break
-                if self.leaving or (self.last_join is not None and self.last_join > k):
+                if self.leaving or self._moved_past(k):
                     break
                 piece = ABORT_WAIT_S
             self._spare.append(conn)  # a restart's wait reuses it: no new connection per attempt
@@ -641,8 +585,8 @@ class Agent:
             if self._liveness_store is None:
                 self._liveness_store = self._connection()
             conn = self._liveness_store
-            r = spare_node_agent.promoted_as(self, r)  # a spare node given node r's place: node r died
-            beats = self.beats
+            beats = self.beats  # a spare node given node r's place: node r died
+            r = spare_node_agent.promoted_as(self.promoted.get(beats.k, {}) if beats is not None else {}, r)
             if r >= self.nnodes or beats is None or r not in self.members or r in beats.dead \
                     or r in self.lost_nodes or self.lost:
                 self.gone.update([r] if r >= self.nnodes else [])  # a spare node standing by: no longer one
@@ -652,8 +596,8 @@ class Agent:
                 rank_claims.release(conn, r, mark)
                 return
             stall = self._own_stall()
-            cause = {**self._silent(r, "its connection to node 0 closed without a goodbye"),
-                     "stop_after_s": CLOSED_GRACE_S} if stall is None else self._stalled(r, stall)
+            cause = agent_causes.stalled(self.hosts.get(0, "?"), r, stall) if stall is not None else \
+                {**self._silent(r, "its connection to node 0 closed without a goodbye"), "stop_after_s": CLOSED_GRACE_S}
             self._declare(beats.k, r, cause, conn)
         except RuntimeError as exc:
             print(f"node agent: could not name node {r}: {_short(exc)}", file=sys.stderr, flush=True)
@@ -667,18 +611,11 @@ class Agent:
         stall = self.own_lag.stalled_within(STALL_MARGIN_S)
         return stall if stall is not None and stall >= SILENT_S - BEAT_S else None
 
-    def _stalled(self, r: int, stall: float) -> dict[str, Any]:
-        """Node 0's own stall as the job's cause: the nodes that ended meanwhile gave node 0 up."""
-        host = self.hosts.get(0, "?")
-        return {"kind": "node", "exit_code": 1, "node": 0, "host": host, "rank": None, "device": None,
-                "stderr_tail": [],
-                "message": f"node 0 ({host}) stopped responding: its node agent did not run for {stall:.1f} s "
-                           f"(stopped, a frozen machine, or starved of CPU), so every node's store calls went "
-                           f"unanswered and the nodes gave it up after {SILENT_S:.0f} s (node {r}'s connection "
-                           "closed then: a consequence, not a cause)"}
-
     def _link_to_node0(self, where: str | None = None) -> None:
-        """`where`: node 0's "host:port" as its join record carries it (no request); else the store's key."""
+        """Connect to node 0's agent once (none in a test's in-process store: no threads). `where`:
+        node 0's "host:port" as its join record carries it (no request); else the store's key."""
+        if self.connect is None or self.liveness is not None:
+            return
         if not isinstance(where, str):
             raw = self.store.get_if_set(LIVENESS_KEY)
             if raw is None:
@@ -747,17 +684,6 @@ def renewal_offset(node_rank: int) -> float:
 
 def _short(exc: BaseException) -> str:
     return " ".join(str(exc).split("Exception raised from")[0].split())[:200]
-
-
-def _is_record(record: Any) -> bool:
-    return isinstance(record, dict) and isinstance(record.get("nproc"), int) and record["nproc"] > 0
-
-
-def _json_or_none(raw: bytes) -> Any:
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
 
 
 def main(argv: list[str]) -> int:

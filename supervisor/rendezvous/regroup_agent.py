@@ -29,13 +29,12 @@ Commands (the agent's dispatch table):
 
 from __future__ import annotations
 
-import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import orjson
 
-if TYPE_CHECKING:
-    from supervisor.rendezvous.node_agent_main import Agent
+from supervisor.rendezvous.store_calls import StoreCalls
 
 # One server-side wait for the next claim, as long as the abort wait's (2 requests per 30 s while
 # nothing happens); between two, the thread checks that the round is still on.
@@ -65,37 +64,40 @@ def claims(store: Any, k: int) -> list[dict[str, Any] | None]:
     return found
 
 
-def claim(agent: Agent, k: int, msg: dict[str, Any]) -> None:
+def claim(store: Any, emit: Callable[..., None], k: int, msg: dict[str, Any]) -> None:
+    """The agent's `regroup-claim`: this node's claim of rebuilt group g, answered with the winner."""
     g = int(msg["generation"])
     mine = orjson.dumps(msg["claim"])
-    winner = agent.store.compare_set(live_key(k, g), "", mine)
-    agent.emit("regroup-claim", attempt=k, generation=g, won=winner == mine, claim=_claim_or_none(winner))
+    winner = store.compare_set(live_key(k, g), "", mine)
+    emit("regroup-claim", attempt=k, generation=g, won=winner == mine, claim=_claim_or_none(winner))
 
 
-def watch(agent: Agent, k: int, msg: dict[str, Any]) -> None:
-    if agent.connect is not None:  # a test's in-process store has no second connection: nothing to wait on
-        threading.Thread(target=_follow, args=(agent, k), name=f"regroup-wait-{k}", daemon=True).start()
-
-
-def _follow(agent: Agent, k: int) -> None:
-    """Report round k's claims in order until the round is over (aborted, left, or a later join)."""
+def follow(take: Callable[[], StoreCalls], give_back: Callable[[StoreCalls], None], k: int,
+           over: Callable[[], bool]) -> Iterator[tuple[int, dict[str, Any] | None]]:
+    """Round k's claims in order, (generation, claim), until `over()` (the round aborted, left, or a
+    later join), on a connection of its own (`take`; given back for a later round's wait when the
+    round is over). A lost store ends it quietly: the abort wait names that."""
     try:
-        conn = agent._connection()
+        conn = take()
     except RuntimeError:
-        return  # the abort wait names a lost store
+        return
     g = 1
     try:
-        while not (agent.lost or agent.leaving or k in agent._reported
-                   or (agent.last_join is not None and agent.last_join > k)):
+        while not over():
             if conn.wait([live_key(k, g)], WAIT_S):
-                claimed = _claim_or_none(conn.get(live_key(k, g)))
-                if claimed is not None and claimed.get("kind") == "node" and claimed.get("action") == "shrink":
-                    agent.gone.add(claimed["node"])  # dead whole, the job went on without it: no `alive` waits for it
-                agent.emit("regroup", attempt=k, generation=g, claim=claimed)
+                yield g, _claim_or_none(conn.get(live_key(k, g)))
                 g += 1
     except RuntimeError:
         return
-    agent._spare.append(conn)  # a later round's wait reuses it
+    give_back(conn)
+
+
+def lost_whole(claimed: dict[str, Any] | None) -> list[int]:
+    """The node a claim says died whole and the job went on without (a shrink node 0 claimed for it,
+    node_shrink_agent.py): no `alive` check waits for it. Empty for any other claim."""
+    if claimed is not None and claimed.get("kind") == "node" and claimed.get("action") == "shrink":
+        return [claimed["node"]]
+    return []
 
 
 def _claim_or_none(raw: bytes) -> dict[str, Any] | None:

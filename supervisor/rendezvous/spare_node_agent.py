@@ -33,13 +33,19 @@ spare node is node r for the rest of the job: its agent beats, finishes (`done`)
 dead owner: a restart's join as node r is its; its own rank s is freed), and its direct
 connection says `hello r` (its death is node r's again, even before it said so).
 Node 0 itself cannot be replaced (it hosts the job store and the workers' store).
+
+The agent (node_agent_main.py) hands this module what it needs, never itself: a spare node's
+`SpareNode` (who it is, how it speaks), node 0's `Roster` (roster.py); what is decided comes
+back as a value the agent applies to its own state: a `Promotion` (the spare node becomes node
+r), a `Takeover` (node 0 counts the spare node as node r, then `promote` tells it).
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -47,10 +53,10 @@ from supervisor.rendezvous.beat_watch import JOINED, abort_key, all_key, nodes_k
 from supervisor.rendezvous.elastic_rounds import CLOSED_KEY
 from supervisor.rendezvous.nodes import node_ranks, settings_problem
 from supervisor.rendezvous import rank_claims
+from supervisor.rendezvous.agent_causes import malformed
 from supervisor.rendezvous.regroup_agent import claim_next
-
-if TYPE_CHECKING:
-    from supervisor.rendezvous.node_agent_main import Agent
+from supervisor.rendezvous.roster import Roster
+from supervisor.rendezvous.store_calls import json_or_none
 
 POLL_S = 1.0  # a wait's piece: a round's end or the job's is seen within it (4 requests a second per spare node)
 PING_S = 3.0  # node 0 waits this long for a spare node's answer before it passes it over
@@ -73,74 +79,78 @@ def pong_key(k: int, s: int) -> str:
     return f"a{k}/pong{s}"
 
 
-def stand_by(agent: Agent, k: int, msg: dict[str, Any]) -> None:
-    """The spare node's command: stand by from round k on (a thread: the agent keeps beating)."""
-    if not agent._claim_rank(k, msg["record"]):
-        return
-    if agent.connect is None:  # a test's in-process store: no second connection, no thread
-        _stand_by(agent, k, msg["record"], agent.store)
-        return
-    threading.Thread(target=_follow_rounds, args=(agent, k, msg["record"]), name="spare-node", daemon=True).start()
+@dataclass(frozen=True)
+class SpareNode:
+    """What a spare node's agent hands `stand_by`: who it is, and how it speaks (never itself)."""
+    s: int  # its --node-rank (N or more)
+    mark: bytes  # its claim on rank s (rank_claims.owner_mark)
+    where: str  # the job store's host:port, for a line naming a foreign value
+    emit: Callable[..., None]  # an event to its supervisor
+    link: Callable[[str | None], None]  # connect to node 0's agent ("host:port"), once (liveness.py)
 
 
-def _follow_rounds(agent: Agent, k: int, record: dict[str, Any]) -> None:
-    try:
-        _stand_by(agent, k, record, agent._connection())
-    except RuntimeError as exc:
-        agent.lose(f"lost the job store at {agent.where} (node 0 gone?): {' '.join(str(exc).split())[:200]}")
+@dataclass(frozen=True)
+class Promotion:
+    """Node 0 handed this spare node dead node `node`'s place in round k: the agent becomes node `node`."""
+    k: int
+    node: int
+    generation: int  # the rebuilt group its workers join
+    claim: dict[str, Any]
+    nodes: list[dict[str, Any]]  # round k's join records
 
 
-def _stand_by(agent: Agent, k: int, record: dict[str, Any], conn: Any) -> None:
-    s = agent.node_rank
+def stand_by(conn: Any, me: SpareNode, k: int, record: dict[str, Any]) -> Promotion | None:
+    """The spare node's side, from round k on (`record`: its own join record): per round, stand by
+    until node 0 promotes it (returned: the agent takes the place), the job ends or it is refused
+    (said with `me.emit`; None)."""
+    s = me.s
     while True:
         got = _first(conn, [all_key(k), CLOSED_KEY])
         if got == CLOSED_KEY:
-            agent.emit("spare-closed", attempt=k)
-            return
+            me.emit("spare-closed", attempt=k)
+            return None
         if conn.get(all_key(k)) != JOINED:  # the round failed before it ran: the next one
             k += 1
             continue
         raw = conn.get(nodes_key(k))
-        nodes = _json(raw)
+        nodes = json_or_none(raw)
         if not (isinstance(nodes, list) and nodes and all(isinstance(n, dict) for n in nodes)):
-            cause = agent._malformed(nodes_key(k), raw, "every node's join record (a JSON list)")
-            agent.emit("spare-refused", attempt=k, message=cause["message"], exit_code=cause["exit_code"])
-            return
+            cause = malformed(me.where, nodes_key(k), raw, "every node's join record (a JSON list)")
+            me.emit("spare-refused", attempt=k, message=cause["message"], exit_code=cause["exit_code"])
+            return None
         problem = settings_problem(record, nodes[0], s)
         if problem is not None:
-            agent.emit("spare-refused", attempt=k, message=f"{problem}: this spare node does not stand by for the job",
-                       exit_code=2)
-            return
-        if agent.liveness is None and agent.connect is not None:
-            agent._link_to_node0(nodes[0].get("liveness"))
+            me.emit("spare-refused", attempt=k, message=f"{problem}: this spare node does not stand by for the job",
+                    exit_code=2)
+            return None
+        me.link(nodes[0].get("liveness"))
         conn.set(spare_key(k, s), orjson.dumps({"host": record.get("host"), "nproc": record["nproc"],
-                                                "owner": agent.mark.decode()}))
-        agent.emit("standing-by", attempt=k, nodes=nodes)
+                                                "owner": me.mark.decode()}))
+        me.emit("standing-by", attempt=k, nodes=nodes)
         got = _first(conn, [ping_key(k, s), promote_key(k, s), abort_key(k), CLOSED_KEY])
         if got == ping_key(k, s):
             if conn.compare_set(pong_key(k, s), "", ALIVE) != ALIVE:
-                agent.emit("spare-passed-over", attempt=k,
-                           message=f"spare node {s}: node 0 needed it in round {k} and it did not answer within "
-                                   f"{PING_S:g} s (this node was frozen: stopped, swapped out or starved); node 0 "
-                                   "passed it over and no longer counts on it, so it stops standing by (nothing of "
-                                   "it ran)")
-                return
+                me.emit("spare-passed-over", attempt=k,
+                        message=f"spare node {s}: node 0 needed it in round {k} and it did not answer within "
+                                f"{PING_S:g} s (this node was frozen: stopped, swapped out or starved); node 0 "
+                                "passed it over and no longer counts on it, so it stops standing by (nothing of "
+                                "it ran)")
+                return None
             got = _first(conn, [promote_key(k, s), abort_key(k), CLOSED_KEY])
         if got == CLOSED_KEY:
-            agent.emit("spare-closed", attempt=k)
-            return
+            me.emit("spare-closed", attempt=k)
+            return None
         if got == abort_key(k):
             k += 1
             continue
         raw = conn.get(promote_key(k, s))
-        promotion = _json(raw)
+        promotion = json_or_none(raw)
         if not (isinstance(promotion, dict) and isinstance(promotion.get("node"), int)
                 and isinstance(promotion.get("generation"), int) and isinstance(promotion.get("claim"), dict)):
-            cause = agent._malformed(promote_key(k, s), raw, "node 0's promotion of this spare node")
-            agent.emit("spare-refused", attempt=k, message=cause["message"], exit_code=cause["exit_code"])
-            return
-        _become(agent, k, promotion, nodes, record)
-        return
+            cause = malformed(me.where, promote_key(k, s), raw, "node 0's promotion of this spare node")
+            me.emit("spare-refused", attempt=k, message=cause["message"], exit_code=cause["exit_code"])
+            return None
+        return Promotion(k, int(promotion["node"]), int(promotion["generation"]), promotion["claim"], nodes)
 
 
 def _first(conn: Any, keys: list[str]) -> str:
@@ -153,104 +163,95 @@ def _first(conn: Any, keys: list[str]) -> str:
         conn.wait(keys[:1], POLL_S)
 
 
-def _become(agent: Agent, k: int, promotion: dict[str, Any], nodes: list[dict[str, Any]],
-            record: dict[str, Any]) -> None:
-    """This spare node is node r from now on: its beat, done, outcome and leave are node r's."""
-    r = int(promotion["node"])  # node 0 handed this agent rank r's claim (rank_claims.transfer)
-    agent.node_rank = r
-    agent.members = list(range(agent.nnodes))
-    agent.hosts = {i: str(n.get("host", "?")) for i, n in enumerate(nodes)}
-    agent.last_join = k
-    agent.beating, agent._beat_sent = k, b"0"
-    if agent.liveness is not None:
-        agent.liveness.hello(r)
-    agent.emit("promoted", attempt=k, generation=int(promotion["generation"]), node=r, claim=promotion["claim"],
-               nodes=nodes)
+@dataclass(frozen=True)
+class Handover:
+    """Node 0 gives dead node `node`'s place to spare node `spare` (its host, its claim `mark`), in
+    rebuilt group `generation` (`claim`: what every node hears)."""
+    node: int
+    spare: int
+    host: str
+    mark: bytes
+    generation: int
+    claim: dict[str, Any]
 
 
-# ---------------------------------------------------------------- node 0
-def take_over(agent: Agent, k: int, r: int, cause: dict[str, Any], store: Any) -> bool:
-    """Node 0: node r died whole in round k; True when a spare node takes its place (the death
-    is then a live recovery, not the round's abort)."""
-    if agent.spare_nodes <= 0 or r == 0 or r in agent.promoted.get(k, {}):
-        return False
+@dataclass(frozen=True)
+class Takeover:
+    """Node 0's look for a spare node: the one handed the place (None: no spare node takes it, the
+    death goes on as before), and the spare nodes it found frozen (dead to it from now on)."""
+    handover: Handover | None
+    passed_over: tuple[int, ...] = ()
+
+
+def take_over(store: Any, roster: Roster, r: int, failed: str) -> Takeover:
+    """Node 0: node r died whole in round `roster.k` (`failed`: its cause's message); a spare node
+    that takes its place is claimed and named in the result (the death is then a live recovery,
+    not the round's abort). Node 0 applies it, then tells the spare node (`promote`)."""
+    k = roster.k
+    if roster.spare_nodes <= 0 or r == 0 or r in roster.promoted:
+        return Takeover(None)
     nodes = round_records(store, k)
     if nodes is None or r >= len(nodes):
-        return False  # the round's records are not there (it died in the join): the restart as before
-    spare = _live_spare(agent, k, nodes[r].get("nproc"), store)
+        return Takeover(None)  # the round's records are not there (it died in the join): the restart as before
+    spare, passed_over = _live_spare(store, roster, nodes[r].get("nproc"))
     if spare is None:
-        return False
+        return Takeover(None, passed_over)
     s, host, mark = spare
     ranks = node_ranks(nodes, r)
-    claim = {"node": r, "rank": ranks[0], "ranks": ranks, "device": f"node {r}", "failed": cause["message"], "kind": "node", "lost_pid": 0,
-             "replaced_by_pid": 0, "died_at": time.time(), "spare_node": s, "spare_host": host,
+    claim = {"node": r, "rank": ranks[0], "ranks": ranks, "device": f"node {r}", "failed": failed, "kind": "node",
+             "lost_pid": 0, "replaced_by_pid": 0, "died_at": time.time(), "spare_node": s, "spare_host": host,
              # what survivors that wait for a decision (--min-replicas) read: node 0 writes it into
              # the workers' store when it hears this claim, as for any node's spare promotion
              "decision": {"spare": ranks[0]}}
-    if not rank_claims.transfer(store, r, agent.owners.get(r), mark):
-        return False  # node r was started again and took its rank back already: the restart is its
+    if not rank_claims.transfer(store, r, roster.owners.get(r), mark):
+        return Takeover(None, passed_over)  # node r, started again, took its rank back already: the restart is its
     g = claim_next(store, k, claim)
     if g is None:  # a node lost a rank in the same instant: two losses at once, the death is published
         rank_claims.release(store, r, mark)  # and node r's rank is free for the node started again
-        return False
+        return Takeover(None, passed_over)
     rank_claims.release(store, s, mark)  # a spare node started with --node-rank s stands by again
-    agent.owners[r] = mark
-    agent.promoted.setdefault(k, {})[r] = s
-    agent.hosts[r] = host
-    if agent.beats is not None and agent.beats.k == k:
-        agent.beats.dead.pop(r, None)
-        agent.beats.forget(r)
-    agent.gone.discard(r)
-    store.set(promote_key(k, s), orjson.dumps({"node": r, "generation": g, "claim": claim}))
-    return True
+    return Takeover(Handover(r, s, host, mark, g, claim), passed_over)
+
+
+def promote(store: Any, k: int, hand: Handover) -> None:
+    """Node 0, once it counts spare node `hand.spare` as node `hand.node`: the spare node becomes it."""
+    store.set(promote_key(k, hand.spare), orjson.dumps({"node": hand.node, "generation": hand.generation,
+                                                        "claim": hand.claim}))
 
 
 def round_records(store: Any, k: int) -> list[dict[str, Any]] | None:
     """Round k's join records, every training node's (None: the round's join was not decided)."""
-    nodes = _json(store.get_if_set(nodes_key(k)))
+    nodes = json_or_none(store.get_if_set(nodes_key(k)))
     return nodes if isinstance(nodes, list) and all(isinstance(n, dict) for n in nodes) else None
 
 
-def _live_spare(agent: Agent, k: int, nproc: Any, store: Any) -> tuple[int, str, bytes] | None:
-    """The lowest spare node standing by in round k with `nproc` workers, not dead, not promoted,
+def _live_spare(store: Any, roster: Roster, nproc: Any) -> tuple[tuple[int, str, bytes] | None, tuple[int, ...]]:
+    """The lowest spare node standing by in the round with `nproc` workers, not dead, not promoted,
     that answers node 0's ping within PING_S (one that does not is passed over for good):
-    (its node rank, its host, its claim)."""
-    taken = set(agent.promoted.get(k, {}).values())
-    for s in range(agent.nnodes, agent.nnodes + agent.spare_nodes):
-        if s in agent.gone or s in taken:
-            continue
-        record = _json(store.get_if_set(spare_key(k, s)))
+    (its node rank, its host, its claim), and the spare nodes passed over on the way."""
+    k, passed_over = roster.k, []
+    for s in roster.spares_free():
+        record = json_or_none(store.get_if_set(spare_key(k, s)))
         if not (isinstance(record, dict) and record.get("nproc") == nproc):
             continue
         mark = str(record.get("owner", "")).encode()
         store.set(ping_key(k, s), b"1")
         store.wait([pong_key(k, s)], PING_S)
         if store.compare_set(pong_key(k, s), "", PASSED_OVER) == ALIVE:
-            return s, str(record.get("host", "?")), mark
-        agent.gone.add(s)  # frozen: never chosen; when it wakes it reads "passed over" and ends itself
+            return (s, str(record.get("host", "?")), mark), tuple(passed_over)
+        passed_over.append(s)  # frozen: never chosen; when it wakes it reads "passed over" and ends itself
         rank_claims.release(store, s, mark)
-    return None
+    return None, tuple(passed_over)
 
 
-def promoted_as(agent: Agent, s: int) -> int:
-    """Node 0: the training node whose place spare node s took in the round running (its death is
-    that node's, even before its direct connection said so); `s` when it took none."""
-    if agent.beats is None:
-        return s
-    return next((r for r, spare in agent.promoted.get(agent.beats.k, {}).items() if spare == s), s)
+def promoted_as(promoted: Mapping[int, int], s: int) -> int:
+    """Node 0: the training node whose place spare node s took in the round running (`promoted`:
+    that round's dead node -> spare node; its death is that node's, even before its direct
+    connection said so); `s` when it took none."""
+    return next((r for r, spare in promoted.items() if spare == s), s)
 
 
-def standing(agent: Agent, k: int) -> list[int]:
-    """Node 0 at the job's end: the spare nodes that stood by in round k and were not promoted."""
-    taken = set(agent.promoted.get(k, {}).values())
-    candidates = [s for s in range(agent.nnodes, agent.nnodes + agent.spare_nodes) if s not in taken | agent.gone]
-    return [s for s in candidates if agent.store.check([spare_key(k, s)])]
+def standing(store: Any, roster: Roster) -> list[int]:
+    """Node 0 at the job's end: the spare nodes that stood by in round `roster.k` and were not promoted."""
+    return [s for s in roster.spares_free() if store.check([spare_key(roster.k, s)])]
 
-
-def _json(raw: bytes | None) -> Any:
-    if raw is None:
-        return None
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None

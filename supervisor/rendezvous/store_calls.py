@@ -15,6 +15,8 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import orjson
+
 STANDIN_POLL_S = 0.05  # a store without server-side waits is asked this often
 
 
@@ -51,6 +53,14 @@ class StoreCalls:
                 return False
             raise
         return True
+
+    def wait_long(self, keys: list[str], timeout: float, piece: float) -> bool:
+        """`wait` for up to `timeout` s, asked in pieces of `piece` s that a store watchdog can judge."""
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if self.wait(keys, min(left, piece)):
+                return True
+        return False
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
         """Every key's value in one request (each key must exist: torch's store waits for it)."""
@@ -109,3 +119,14 @@ def overdue(stores: list[TimedStore], silent_s: float, since: float = float("-in
 
 
 Connect = Callable[[], Any]  # a fresh connection to the job store (its own socket, for a thread that blocks)
+
+
+
+def json_or_none(raw: bytes | None) -> Any:
+    """A value read back from the store, decoded; None where there is none or it is not JSON."""
+    if raw is None:
+        return None
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None

@@ -14,6 +14,8 @@ import pytest
 from torch.distributed import TCPStore
 
 from supervisor.rendezvous import node_shrink_agent, spare_node_agent
+from supervisor.rendezvous.node_shrink_agent import Shrink
+from supervisor.rendezvous.roster import Roster
 from supervisor.rendezvous.beat_watch import SILENT_S, BeatWatch
 from supervisor.rendezvous.store_calls import StoreCalls
 from tests.supervisor.helpers import wait_for
@@ -84,13 +86,13 @@ def test_below_the_floor_the_death_is_the_abort_and_says_why(server, free_tcp_po
 def test_node_0_or_shrinking_off_leaves_the_death_to_the_restart(server, free_tcp_port):
     _round(server, [1, 1, 1])
     node0, _ = _node0(free_tcp_port, 2)
-    assert not node_shrink_agent.shrink_over(node0, 0, 0, dict(CAUSE), node0.store)  # it hosts the stores
+    assert not node0._shrink_without(0, 0, dict(CAUSE), node0.store)  # it hosts the stores
     node0.min_replicas = 0
-    assert not node_shrink_agent.shrink_over(node0, 0, 2, dict(CAUSE), node0.store)
+    assert not node0._shrink_without(0, 2, dict(CAUSE), node0.store)
     assert not StoreCalls(server).check(["a0/live1"])
     StoreCalls(server).set("a0/live1", b"\x00not a claim")  # no gpuherd node writes that: the restart
     node0.min_replicas = 2
-    assert not node_shrink_agent.shrink_over(node0, 0, 2, dict(CAUSE), node0.store)
+    assert not node0._shrink_without(0, 2, dict(CAUSE), node0.store)
 
 
 def test_a_free_spare_node_takes_the_dead_nodes_place_before_any_shrink(server, free_tcp_port):
@@ -105,3 +107,18 @@ def test_a_free_spare_node_takes_the_dead_nodes_place_before_any_shrink(server, 
     claim = orjson.loads(StoreCalls(server).get("a0/live1"))
     assert claim["spare_node"] == 3 and "action" not in claim and node0.lost_nodes == set() and not events
     assert wait_for(lambda: spare_events[-1]["event"] == "promoted", timeout=10)
+
+
+def test_the_shrink_is_judged_from_a_roster_and_comes_back_as_a_value_for_node_0_to_apply(server):
+    """node_shrink_agent.py never sees the agent: it reads the store and a frozen Roster, claims the
+    shrink or says why not, and node 0's agent applies the answer to its own sets."""
+    _round(server, [1, 1, 1])
+    store = StoreCalls(server)
+    below = node_shrink_agent.shrink_over(store, Roster(0, 3, min_replicas=3), 2, "node 2 died")
+    assert below == Shrink(False, "; no spare node free, and the 2 rank(s) left on the other nodes are fewer "
+                                  "than --min-replicas 3: the job cannot go on without it (a restart, if one is left)")
+    assert node_shrink_agent.shrink_over(store, Roster(0, 3, min_replicas=2, elastic=True), 2, "x") == Shrink(False)
+    assert not store.check(["a0/live1"])
+    assert node_shrink_agent.shrink_over(store, Roster(0, 3, min_replicas=2), 2, "node 2 died") == Shrink(True)
+    claim = orjson.loads(store.get("a0/live1"))
+    assert (claim["failed"], claim["decision"]) == ("node 2 died", {"shrink": 2, "ranks": [0, 1]})

@@ -81,7 +81,7 @@ def test_a_frozen_spare_node_is_passed_over_and_when_it_wakes_it_ends_itself(sto
     rank_claims.claim(store, 3, b"h (agent pid 9)")  # spare node 3 stood by, and froze
     store.set("a0/spare3", orjson.dumps({"host": "h", "nproc": 1, "owner": "h (agent pid 9)"}))
 
-    assert not spare_node_agent.take_over(node0, 0, 1, CAUSE, node0.store)  # no answer to the ping
+    assert not node0._spare_node_takes(0, 1, CAUSE, node0.store)  # no answer to the ping
     assert 3 in node0.gone and not store.check(["a0/promote3"]) and not store.check(["a0/live1"])
     assert store.get("a0/pong3") == spare_node_agent.PASSED_OVER
     assert store.get(rank_claims.owner_key(3)) == b""  # a spare node started again as node 3 stands by

@@ -72,3 +72,19 @@ def test_claims_of_another_round_are_not_heard(free_tcp_port):
         assert [(e["attempt"], e["claim"]["rank"]) for e in events0] == [(1, 3)]
     finally:
         agent0.leaving = True
+
+
+def test_a_node_shrink_heard_marks_that_node_gone_and_a_ranks_claim_marks_none(free_tcp_port):
+    """regroup_agent.follow only yields the claims; the agent applies them: a node node 0 found
+    dead whole and shrank the job without is gone (no `alive` check waits for it), a lost rank's
+    node is not."""
+    server, [(agent0, events0), _] = _agents(free_tcp_port)
+    try:
+        agent0.handle({"cmd": "regroup-watch", "attempt": 0})
+        StoreCalls(server).set("a0/live1", orjson.dumps({"node": 1, "rank": 1, "kind": "rank"}))
+        StoreCalls(server).set("a0/live2", orjson.dumps({"node": 1, "rank": 1, "kind": "node", "action": "shrink"}))
+        assert wait_for(lambda: len(events0) == 2, timeout=10)
+        assert [e["generation"] for e in events0] == [1, 2] and agent0.gone == {1}
+        assert regroup_agent.lost_whole(events0[0]["claim"]) == [] and regroup_agent.lost_whole(None) == []
+    finally:
+        agent0.leaving = True

@@ -67,7 +67,7 @@ def test_node_0_hands_a_dead_node_to_a_live_spare_node_with_its_workers(free_tcp
         assert wait_for(lambda: all(e and e[-1]["event"] == "standing-by" for _, e in spares.values()), timeout=10)
         node0.gone.add(4)
 
-        assert spare_node_agent.take_over(node0, 0, 2, CAUSE, node0.store)
+        assert node0._spare_node_takes(0, 2, CAUSE, node0.store)
         claim = orjson.loads(StoreCalls(server).get("a0/live2"))  # the round's next rebuilt group
         assert (claim["node"], claim["rank"], claim["ranks"], claim["spare_node"]) == (2, 3, [3], 5)
         agent5, events5 = spares[5]
@@ -78,8 +78,8 @@ def test_node_0_hands_a_dead_node_to_a_live_spare_node_with_its_workers(free_tcp
         assert StoreCalls(server).get("rank2/owner") == agent5.mark  # node 0 handed node 2's rank over
         assert StoreCalls(server).get("rank5/owner") == b""  # a spare node started as node 5 stands by again
 
-        assert not spare_node_agent.take_over(node0, 0, 2, CAUSE, node0.store)  # its second death: the restart
-        assert spare_node_agent.standing(node0, 0) == [3]  # node 0 waits for no dead one's goodbye
+        assert not node0._spare_node_takes(0, 2, CAUSE, node0.store)  # its second death: the restart
+        assert spare_node_agent.standing(node0.store, node0._roster(0)) == [3]  # node 0 waits for no dead one's goodbye
         node0._linger(0, {"timeout": 0.1})  # the job's end releases the spare node still standing by
         assert wait_for(lambda: spares[3][1][-1]["event"] == "spare-closed", timeout=10)
     finally:
@@ -91,14 +91,14 @@ def test_no_spare_node_free_leaves_the_death_to_the_restart(free_tcp_port):
     try:
         _round(server, [1, 1, 1])
         node0, _ = _agent(free_tcp_port, 0)
-        assert not spare_node_agent.take_over(node0, 0, 2, CAUSE, node0.store)  # --spare-nodes 0
+        assert not node0._spare_node_takes(0, 2, CAUSE, node0.store)  # --spare-nodes 0
         node0.spare_nodes = 1
-        assert not spare_node_agent.take_over(node0, 0, 2, CAUSE, node0.store)  # none stands by
+        assert not node0._spare_node_takes(0, 2, CAUSE, node0.store)  # none stands by
         spare, events = _agent(free_tcp_port, 3)
         _stand_by(spare, 1)
         assert wait_for(lambda: events and events[-1]["event"] == "standing-by", timeout=10)
         StoreCalls(server).set("a0/live1", orjson.dumps({"node": 1, "rank": 1}))
-        assert not spare_node_agent.take_over(node0, 0, 0, CAUSE, node0.store)  # node 0 cannot be replaced
+        assert not node0._spare_node_takes(0, 0, CAUSE, node0.store)  # node 0 cannot be replaced
     finally:
         StoreCalls(server).set(spare_node_agent.CLOSED_KEY, b"1")
 
