@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import orjson
@@ -84,9 +85,14 @@ def _same_run_under_both(tmp_path: Path, flags: list[str], script: str) -> tuple
     """The same launch line under both, `torchrun` replaced by `gpuherd run`; the losses must agree."""
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    # torchrun first: a fixed --master-port is then free again for gpuherd, which binds it with SO_REUSEADDR
-    theirs = launch(torchrun(), tmp_path / "b", *flags, str(SCRIPTS / script))
-    ours = launch(gpuherd_run(), tmp_path / "a", *flags, str(SCRIPTS / script))
+    if "--standalone" in flags:  # each launcher picks a free port of its own: both at once
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            pending = pool.submit(launch, torchrun(), tmp_path / "b", *flags, str(SCRIPTS / script))
+            ours = launch(gpuherd_run(), tmp_path / "a", *flags, str(SCRIPTS / script))
+            theirs = pending.result()
+    else:  # torchrun first: a fixed --master-port is then free again for gpuherd, which binds it with SO_REUSEADDR
+        theirs = launch(torchrun(), tmp_path / "b", *flags, str(SCRIPTS / script))
+        ours = launch(gpuherd_run(), tmp_path / "a", *flags, str(SCRIPTS / script))
     assert losses(ours) == reference_losses(theirs)
     return ours, theirs
 
