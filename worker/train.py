@@ -35,7 +35,7 @@ from worker.model import ModelArgs
 from worker.reporting import ScalarSinks, StepReporter, TensorBoard
 from worker.saver import Saver
 from worker.schedule import WarmupCosine
-from worker.sdc import SdcCheck
+from worker.sdc import Loop, SdcCheck, SdcSettings
 from worker.wandb_log import WandbLog
 from worker.collectives import GradientSync, dump_collective_trace
 
@@ -278,6 +278,14 @@ class Trainer:
         guard.attach()
         return guard
 
+    def _sdc_check(self) -> SdcCheck:
+        """The check's parts: the loop's counters and data position, which its rollback puts back."""
+        loop = Loop(step=lambda: self.step, counters=self.state_dict, load_counters=self.load_state_dict,
+                    data_position=lambda: self.data.train.state_dict(), rewind_data=self.rewind_data,
+                    exclude_pause=self.reporter.exclude_pause)
+        return SdcCheck(SdcSettings.of(self.cfg.training, self.strategy), self.engine, self.identity, self.device,
+                        self.status, self.live, self.recovery, loop)
+
     def _save_for_guard(self, path: Path) -> None:
         # inside a step, but as long as any save: the step's learned allowance must not cover it
         with self.live.phase("checkpoint"):
@@ -297,7 +305,7 @@ class Trainer:
         t = self.cfg.training
         self.status.send("phase", name="train")
         self.engine.train()
-        self.sdc = SdcCheck(self)  # replicas compared after optimizer steps (worker/sdc/)
+        self.sdc = self._sdc_check()  # replicas compared after optimizer steps (worker/sdc/)
         self.recovery.announce()
         self.recovery.mark()
         stopped = False
