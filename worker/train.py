@@ -33,6 +33,7 @@ from worker.logs import setup_logging
 from worker.mfu import FlopsModel
 from worker.model import ModelArgs
 from worker.reporting import ScalarSinks, StepReporter, TensorBoard
+from worker.save_schedule import SaveSchedule
 from worker.saver import Saver
 from worker.schedule import WarmupCosine
 from worker.sdc import Loop, SdcCheck, SdcSettings
@@ -141,12 +142,12 @@ class Trainer:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         self.flops = FlopsModel.for_model(self.engine.n_matmul_params, self.args.n_layers,
                                           self.args.n_heads, self.args.head_dim, cfg.data.context_length, name)
-        self.schedule = WarmupCosine.from_config(t)
+        self.schedule, self.saves = WarmupCosine.from_config(t), SaveSchedule.of(t)  # the learning rate; the saves
         self.checkpointer = Checkpointer(
             self.engine, Path(cfg.system.checkpoint_dir), t.keep_last, identity.rank, identity.world_size,
             meta_base(self.args, cfg.to_dict(), self.schedule.state_dict(), data.tokenizer), run_id)
         self.start_step = self._resume() if joining is None else 0
-        self.saver = Saver(self.checkpointer, status, live, identity.bracket, t.async_save and t.save_every > 0,
+        self.saver = Saver(self.checkpointer, status, live, identity.bracket, t.async_save and self.saves.periodic_saves,
                            cfg.system.stop_timeout, agreed=None if joining is None else (joining.saves_blocking,))
         self.step = self.saved_step = self.start_step
         if t.num_workers:  # after the resume: the sampler is at its restored position
@@ -283,8 +284,8 @@ class Trainer:
         loop = Loop(step=lambda: self.step, counters=self.state_dict, load_counters=self.load_state_dict,
                     data_position=lambda: self.data.train.state_dict(), rewind_data=self.rewind_data,
                     exclude_pause=self.reporter.exclude_pause)
-        return SdcCheck(SdcSettings.of(self.cfg.training, self.strategy), self.engine, self.identity, self.device,
-                        self.status, self.live, self.recovery, loop)
+        return SdcCheck(SdcSettings.of(self.cfg.training, self.saves, self.strategy), self.engine, self.identity,
+                        self.device, self.status, self.live, self.recovery, loop)
 
     def _save_for_guard(self, path: Path) -> None:
         # inside a step, but as long as any save: the step's learned allowance must not cover it
@@ -375,7 +376,7 @@ class Trainer:
         t, due = self.cfg.training, []
         if t.eval_every and step % t.eval_every == 0 and self.data.make_val is not None:
             due.append("eval")
-        if t.save_every and step % t.save_every == 0 and step < t.max_steps:
+        if self.saves.periodic_after(step):
             due.append("checkpoint")
         return due
 

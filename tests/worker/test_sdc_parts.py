@@ -1,6 +1,6 @@
 """The silent-data-corruption check built from its parts, without a trainer and without processes:
 the rollback a two-replica mismatch does puts back every part it kept, and the check is due at
-its interval and before every checkpoint."""
+its interval and before every checkpoint, which one save schedule says."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from torch import nn
 from gpuherd.contract import WorkerIdentity
 from gpuherd.liveness import Liveness
 from gpuherd.status_channel import StatusWriter
+from worker.save_schedule import SaveSchedule
 from worker.sdc import Loop, SdcCheck, SdcSettings
 
 CPU = torch.device("cpu")
@@ -42,7 +43,7 @@ class ToyLoop:
 
 
 def _check(loop: ToyLoop, engine: Any, **settings: Any) -> SdcCheck:
-    s = {"every": 1, "optim_every": 10, "max_steps": 20, "save_every": 0, "strategy": "ddp", **settings}
+    s = {"every": 1, "optim_every": 10, "saves": SaveSchedule(every=0, max_steps=20), "strategy": "ddp", **settings}
     identity = WorkerIdentity(rank=0, local_rank=0, world_size=2, local_world_size=2, device_kind="cpu",
                               device_id=0, supervised=False)
     status = StatusWriter(None, 0)
@@ -87,7 +88,16 @@ def test_a_two_replica_check_rolls_the_engine_data_rng_and_counters_back_to_the_
 
 
 def test_a_check_is_due_at_its_interval_and_before_every_checkpoint_and_the_last_step():
-    check = _check(ToyLoop(), _engine(), every=3, max_steps=10, save_every=4)
+    check = _check(ToyLoop(), _engine(), every=3, saves=SaveSchedule(every=4, max_steps=10))
     assert [done for done in range(1, 11) if check._due(done, check.every)] == [3, 4, 6, 8, 9, 10]
     assert not any(check._due(done, 0) for done in range(1, 11))  # 0: off, saves or not
 
+
+
+def test_the_loop_and_the_check_read_one_save_schedule():
+    """Periodic saves every 4 steps up to step 10; the final save after step 10 is not periodic,
+    but its state is written all the same (the check compares the replicas before it)."""
+    saves = SaveSchedule(every=4, max_steps=10)
+    assert [d for d in range(1, 11) if saves.periodic_after(d)] == [4, 8]
+    assert [d for d in range(1, 11) if saves.saved_after(d)] == [4, 8, 10]
+    assert [d for d in range(1, 11) if SaveSchedule(every=0, max_steps=10).saved_after(d)] == [10]

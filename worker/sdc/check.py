@@ -148,9 +148,7 @@ class SdcCheck:
     # ------------------------------------------------------------------ pieces
     def _due(self, done: int, every: int) -> bool:
         """A check after `done` completed steps: every `every`-th, and before each checkpoint."""
-        s = self.settings
-        saving = done == s.max_steps or bool(s.save_every and done % s.save_every == 0)
-        return bool(every) and (done % every == 0 or saving)
+        return bool(every) and (done % every == 0 or self.settings.saves.saved_after(done))
 
     def _recompute(self, step: int) -> None:
         started = time.perf_counter()

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 if TYPE_CHECKING:
+    from worker.save_schedule import SaveSchedule
     from gpuherd.config import TrainingConfig
 
 
@@ -15,14 +16,12 @@ if TYPE_CHECKING:
 class SdcSettings:
     every: int  # training.sdc_check_every: parameters compared every N optimizer steps (0: off)
     optim_every: int  # training.sdc_optim_check_every: optimizer state too (FSDP: a recompute of the step)
-    max_steps: int  # training.max_steps, and
-    save_every: int  # training.save_every: a check is due before every checkpoint
+    saves: SaveSchedule  # the trainer's: a check is due before every checkpoint
     strategy: str  # the layout's strategy: what of the state is replicated
 
     @classmethod
-    def of(cls, training: TrainingConfig, strategy: str) -> SdcSettings:
-        return cls(training.sdc_check_every, training.sdc_optim_check_every, training.max_steps,
-                   training.save_every, strategy)
+    def of(cls, training: TrainingConfig, saves: SaveSchedule, strategy: str) -> SdcSettings:
+        return cls(training.sdc_check_every, training.sdc_optim_check_every, saves, strategy)
 
 
 class Group(Protocol):
