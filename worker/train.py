@@ -28,7 +28,7 @@ from worker.data import BatchSource, DataBundle, Prefetched, cache_bundle
 from worker.data_slots import draw_position
 from worker.distributed import StopVote, WorkerError
 from worker.engines import Engine, Precision, StepCheck, build_engine, compile_enabled, needs_process_group, plan_layout
-from worker.live_recovery import Joining, LiveRecovery, join_as_newcomer
+from worker.live_recovery import Joining, LiveRecovery, RecoveryParts, join_as_newcomer
 from worker.logs import setup_logging
 from worker.mfu import FlopsModel
 from worker.model import ModelArgs
@@ -163,7 +163,7 @@ class Trainer:
             self._log_rank0(f"{identity.bracket} {data.describe(tokens_per_step * identity.world_size * t.max_steps)}")
         self.skipped_steps, self.carried, self.carried_micro_losses, self.drawn = 0, [], [], None
         self.owed: list[str] = []  # "eval", "checkpoint": due after the last completed step, not done yet
-        self.recovery = LiveRecovery(self, joining)
+        self.recovery = LiveRecovery(self._recovery_parts(), self, joining)
         if joining is not None:
             self.recovery.join(joining)
             self.reporter.restart_window(self.step)
@@ -178,6 +178,14 @@ class Trainer:
                            WandbLog(self.cfg.logging.wandb, self.run_dir, group_rank, self.cfg.to_dict()))
 
     # ------------------------------------------------------------------ what live recovery asks of it
+    def _recovery_parts(self) -> RecoveryParts:
+        return RecoveryParts(self.cfg, self.identity, self.device, self.layout, self.layout_note, self.engine,
+                             self.status, self.live, self.saver, self.reporter)
+
+    def data_position(self) -> dict[str, Any]:
+        """Where the training data stands (the sampler's state): what a rewind puts back."""
+        return self.data.train.state_dict()
+
     def state_dict(self) -> dict[str, Any]:
         """The loop's counters, and what a lost peer cut short (`owed`): what a survivor hands a
         rebuilt group besides model and data, so every rank of it does the same collectives."""
@@ -282,7 +290,7 @@ class Trainer:
     def _sdc_check(self) -> SdcCheck:
         """The check's parts: the loop's counters and data position, which its rollback puts back."""
         loop = Loop(step=lambda: self.step, counters=self.state_dict, load_counters=self.load_state_dict,
-                    data_position=lambda: self.data.train.state_dict(), rewind_data=self.rewind_data,
+                    data_position=self.data_position, rewind_data=self.rewind_data,
                     exclude_pause=self.reporter.exclude_pause)
         return SdcCheck(SdcSettings.of(self.cfg.training, self.saves, self.strategy), self.engine, self.identity,
                         self.device, self.status, self.live, self.recovery, loop)
