@@ -6,7 +6,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -27,7 +27,7 @@ from worker.checkpoint import Checkpointer, meta_base, run_id_from_env
 from worker.data import BatchSource, DataBundle, Prefetched, cache_bundle
 from worker.data_slots import draw_position
 from worker.distributed import StopVote, WorkerError
-from worker.engines import Engine, Precision, StepCheck, build_engine, compile_enabled, needs_process_group, plan_layout
+from worker.engines import Buckets, Engine, Precision, StepCheck, build_engine, compile_enabled, needs_process_group, plan_layout
 from worker.live_recovery import Joining, LiveRecovery, RecoveryParts, join_as_newcomer
 from worker.logs import setup_logging
 from worker.mfu import FlopsModel
@@ -39,6 +39,9 @@ from worker.schedule import WarmupCosine
 from worker.sdc import Loop, SdcCheck, SdcSettings
 from worker.wandb_log import WandbLog
 from worker.collectives import GradientSync, dump_collective_trace
+
+if TYPE_CHECKING:
+    from worker.nan import NanGuard
 
 
 def run(cfg: Config, identity: WorkerIdentity, *, cache_dir: Path | None = None, data: DataBundle | None = None,
@@ -205,7 +208,7 @@ class Trainer:
         if self.guard is not None:
             self.guard.model = self.engine.model
 
-    def on_regroup(self, buckets: Any) -> None:
+    def on_regroup(self, buckets: Buckets | None) -> None:
         """A rebuilt group formed: the objects bound to a group, over the new one (`buckets`: the
         gradient buckets every rank of it reduces in). The groups are made in the order a newcomer's
         constructor makes them: the saver's, then the stop vote's."""
@@ -274,7 +277,7 @@ class Trainer:
         self._log_rank0(f"resumed from {restored.path} at step {restored.step}")
         return restored.step
 
-    def _nan_guard(self) -> Any:
+    def _nan_guard(self) -> NanGuard | None:
         if not self.cfg.debug.nan_detection:
             return None
         try:
