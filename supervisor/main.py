@@ -36,7 +36,7 @@ from supervisor.health import (WARN, CheckReport, StartExclusion, SuspectList, a
 from supervisor.job import Job
 from supervisor.output import STDERR, Console
 from supervisor.processes import (helper_preexec, ignored_notice, inherited_ignored, markers_notice, python_env,
-                                  spare_count, take_inherited_markers, why_off, within_kill_wait)
+                                  take_inherited_markers, why_off, within_kill_wait)
 from supervisor.rendezvous import MultiNode, NodeLinkError, NodeSpec, SingleNode, bind_master, kill_wait
 from supervisor.summary import now_iso
 from supervisor.validation import LaunchError, validate_launch
@@ -96,7 +96,7 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
     checks = _preflight(launch, plan, console, master_bound=listen is not None) if cfg.system.preflight else None
     if vocab is not None:  # last: a wrong flag above is named as such, not as a model that does not fit
         live = why_off(cfg, script=None, multi_node=node.multi, world_size=plan.world_size) is None
-        _memory_checks(cfg, plan, vocab, spare_count(cfg) if live else 0, console)
+        _memory_checks(cfg, plan, vocab, cfg.system.spares if live else 0, console)
     # ---- nothing was written before this line; everything below may write
     _open_run_dir(launch, run_dir, checks, console)
     _notices(launch, left_out, markers)

@@ -61,37 +61,41 @@ if TYPE_CHECKING:
     from gpuherd.contract import WorkerIdentity
     from gpuherd.liveness import Liveness
     from gpuherd.status_channel import StatusWriter
-    from worker.data import DataBundle
     from worker.engines import Buckets, Engine
     from worker.reporting import StepReporter
     from worker.saver import Saver
 
 
-class Recoverable(Protocol):
-    """What live recovery reads of a trainer, and the calls through which the trainer changes its
-    own state: its counters (`state_dict`/`load_state_dict`), its group-bound objects
-    (`on_group_lost`, `on_regroup`) and its data position (`rewind_data`)."""
+@dataclass(frozen=True)
+class RecoveryParts:
+    """What live recovery reads of a rank: its parts, the same objects for the process's life
+    (each changes inside: the engine rewraps its model over a rebuilt group, the saver regroups)."""
 
     cfg: Config
     identity: WorkerIdentity
     device: torch.device
-    strategy: str
     layout: Layout
     layout_note: str | None
     engine: Engine
-    data: DataBundle
     status: StatusWriter
     live: Liveness
     saver: Saver
     reporter: StepReporter
-    step: int
-    owed: list[str]
+
+
+class Recoverable(Protocol):
+    """The calls through which the trainer changes its own state when live recovery asks (live
+    recovery reads no trainer member and assigns none): its counters (`state_dict`, with the
+    completed steps and what is owed after the last one, and `load_state_dict`), its data
+    position (`data_position`, `rewind_data`), its group-bound objects (`on_group_lost`,
+    `on_regroup`), the data slots it trains (`on_slots`) and its place in the group (`on_place`)."""
 
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def data_position(self) -> dict[str, Any]: ...
+    def rewind_data(self, sampler: dict[str, Any]) -> None: ...
     def on_group_lost(self) -> None: ...
     def on_regroup(self, buckets: Buckets | None) -> None: ...
-    def rewind_data(self, sampler: dict[str, Any]) -> None: ...
     def on_slots(self, carried: list[int], scale: float) -> None: ...
     def on_place(self, group_rank: int) -> None: ...
 
@@ -143,7 +147,7 @@ class Joining:
     infos: list[dict[str, Any] | None]  # what every rank said in the exchange (None: the newcomer itself)
 
 
-def join_as_newcomer(cfg: Any, identity: Any, device: torch.device, generation: int) -> Joining:
+def join_as_newcomer(cfg: Config, identity: WorkerIdentity, device: torch.device, generation: int) -> Joining:
     """A spare's start on rebuilt group `generation`: join it, then the survivors' exchange
     (`LiveRecovery.rejoin`'s, from the newcomer's side), which names the layout and the source.
     A regrow's group (the supervisor's decision) may still lack other ranks: the newcomer then
@@ -171,27 +175,31 @@ def _source(infos: list[dict[str, Any] | None]) -> int:
 class LiveRecovery:
     """One trainer's side of live recovery: the marks, the rejoin, the state hand-over."""
 
-    def __init__(self, trainer: Recoverable, joining: Joining | None = None) -> None:
-        self.t = trainer
+    def __init__(self, parts: RecoveryParts, trainer: Recoverable, joining: Joining | None = None) -> None:
+        self.p, self.t = parts, trainer
         self.generation = joining.generation if joining is not None else 0
-        engine, identity = trainer.engine, trainer.identity
+        engine, identity = parts.engine, parts.identity
         wants_copies = engine.shard_copies and engine.live_recoverable
-        self.why_not = why_not_live(trainer.strategy, engine.live_recoverable, identity.world_size,
-                                    trainer.cfg.system.shard_copies if wants_copies else None)
+        self.why_not = why_not_live(parts.layout.strategy, engine.live_recoverable, identity.world_size,
+                                    parts.cfg.system.shard_copies if wants_copies else None)
         # FSDP: each rank's shard also on its neighbour (worker/shard_copies.py)
         self.copies = ShardCopies(engine.local_state, identity.rank, identity.world_size) \
             if wants_copies and self.why_not is None else None
         self._mark: Mark | None = None
         self._joined_at: int | None = None  # the step this rank (re)joined at, until its first step after
         # the group's members, in group order
-        self.ranks = list(joining.ranks) if joining is not None else list(range(trainer.identity.world_size))
-        self._watch = wdist.DecisionWatch(trainer.cfg) if os.environ.get(contract.SHRINK) == "1" else None
+        self.ranks = list(joining.ranks) if joining is not None else list(range(identity.world_size))
+        self._watch = wdist.DecisionWatch(parts.cfg) if os.environ.get(contract.SHRINK) == "1" else None
         self._unwritten: int | None = None  # the step of a background save the lost peer cut short
 
     @property
     def group_rank(self) -> int:
         """This process's rank in the current group (identity.rank until a shrink)."""
-        return self.ranks.index(self.t.identity.rank)
+        return self.ranks.index(self.p.identity.rank)
+
+    def _step(self) -> int:
+        """The trainer's completed steps (its counters say)."""
+        return int(self.t.state_dict()["step"])
 
     @property
     def enabled(self) -> bool:
@@ -199,7 +207,7 @@ class LiveRecovery:
 
     @property
     def shrunk(self) -> bool:
-        return len(self.ranks) < self.t.identity.world_size
+        return len(self.ranks) < self.p.identity.world_size
 
     def regrow_due(self) -> int:
         """At a step boundary: the rebuilt group a warm spare waits in, when the supervisor decided
@@ -223,7 +231,7 @@ class LiveRecovery:
         if why is None and self.copies is not None and not self.copies.ready:
             why = (f"no complete copy of its shard on rank {self.copies.buddy} yet (lost before the first "
                    "step's copy arrived)")
-        self.t.status.send("live", event="able", able=why is None, why=why,
+        self.p.status.send("live", event="able", able=why is None, why=why,
                            no_shrink=NO_SHRINK if self.copies is not None else None)
 
     def before_update(self) -> None:
@@ -235,14 +243,14 @@ class LiveRecovery:
     def mark(self) -> None:
         """After each completed step (and before the first): what a rejoin rewinds to; with shard
         copies, this step's copy leaves for the neighbour (none before the optimizer has state)."""
-        t = self.t
+        p, step = self.p, self._step()
         if self.enabled:
-            self._mark = Mark(t.step, t.data.train.state_dict(), rng.capture(t.device))
-            if self.copies is not None and t.engine.optimizer.state:  # AdamW's state exists after a step
-                self.copies.post(t.step, self._copy_header())
-        if self._joined_at is not None and t.step > self._joined_at:
+            self._mark = Mark(step, self.t.data_position(), rng.capture(p.device))
+            if self.copies is not None and p.engine.optimizer.state:  # AdamW's state exists after a step
+                self.copies.post(step, self._copy_header())
+        if self._joined_at is not None and step > self._joined_at:
             self._joined_at = None  # the supervisor's clock of this recovery stops here
-            t.status.send("live", event="first_step", generation=self.generation, step=t.step)
+            p.status.send("live", event="first_step", generation=self.generation, step=step)
 
     def can_rejoin(self, exc: BaseException) -> bool:
         ready = self.copies is None or self.copies.shapes is not None
@@ -252,24 +260,24 @@ class LiveRecovery:
         """A survivor's whole recovery (`lost`: what the collective raised, one line); raises (the
         rank fails, the supervisor restarts everyone) if the rebuilt group does not form or a
         peer is lost again meanwhile."""
-        t, started = self.t, time.perf_counter()
+        p, started = self.p, time.perf_counter()
         self.generation += 1
-        logger.warning(f"{t.identity.bracket} lost a peer at step {self._mark.step} ({lost}); rejoining "
+        logger.warning(f"{p.identity.bracket} lost a peer at step {self._mark.step} ({lost}); rejoining "
                        f"rebuilt group {self.generation} with a spare in its place")
-        t.status.send("live", event="lost_peer", generation=self.generation, step=self._mark.step)
-        t.status.send("phase", name="rendezvous")
-        t.live.at("rendezvous")
+        p.status.send("live", event="lost_peer", generation=self.generation, step=self._mark.step)
+        p.status.send("phase", name="rendezvous")
+        p.live.at("rendezvous")
         if self.copies is not None:
             self.copies.settle()  # a neighbour's copy that finished arriving counts
         self._leave()
-        self._unwritten = t.saver.cut_short()  # a sharded save in flight on the broken group
-        decision = wdist.read_decision(t.cfg, self.generation) if os.environ.get(contract.SHRINK) == "1" else {}
+        self._unwritten = p.saver.cut_short()  # a sharded save in flight on the broken group
+        decision = wdist.read_decision(p.cfg, self.generation) if os.environ.get(contract.SHRINK) == "1" else {}
         if "shrink" in decision and self.copies is not None:
-            raise WorkerError(f"{t.identity.bracket} live recovery: told to go on without rank {decision['shrink']}, "
+            raise WorkerError(f"{p.identity.bracket} live recovery: told to go on without rank {decision['shrink']}, "
                               f"but {NO_SHRINK}", ExitCode.FAILURE)
         if "shrink" in decision:
             self._resize(decision["ranks"])
-            logger.warning(f"{t.identity.bracket} no spare left for rank {decision['shrink']}: rebuilding the group "
+            logger.warning(f"{p.identity.bracket} no spare left for rank {decision['shrink']}: rebuilding the group "
                            f"with {len(self.ranks)} rank(s) (this one as rank {self.group_rank} of it)")
         self._rebuild(started)
 
@@ -278,20 +286,20 @@ class LiveRecovery:
         the group and rebuild it as rebuilt group `generation` with the warm spare that takes back
         a carried rank; its carrier stops carrying that slot. The step boundary is the mark, so
         nothing is redone and the data goes on where it was."""
-        t, started = self.t, time.perf_counter()
-        decision = wdist.read_decision(t.cfg, generation)
+        p, started = self.p, time.perf_counter()
+        decision = wdist.read_decision(p.cfg, generation)
         if self.group_rank == 0:
             self._watch.answer(generation, "go")  # the newcomer waits for this before it joins
         self.generation = generation
-        t.status.send("phase", name="rendezvous")
-        t.live.at("rendezvous")
+        p.status.send("phase", name="rendezvous")
+        p.live.at("rendezvous")
         self._leave()
-        before = slots_of(t.identity.rank, self.ranks, t.identity.world_size)
+        before = slots_of(p.identity.rank, self.ranks, p.identity.world_size)
         self._resize(decision["ranks"])
-        dropped = [s for s in before if s not in slots_of(t.identity.rank, self.ranks, t.identity.world_size)]
+        dropped = [s for s in before if s not in slots_of(p.identity.rank, self.ranks, p.identity.world_size)]
         if self.group_rank == 0 or dropped:
-            logger.info(f"{t.identity.bracket} a warm spare takes back rank {decision['regrow']}: rebuilding the "
-                        f"group with {len(self.ranks)} rank(s) at step {t.step}"
+            logger.info(f"{p.identity.bracket} a warm spare takes back rank {decision['regrow']}: rebuilding the "
+                        f"group with {len(self.ranks)} rank(s) at step {self._step()}"
                         + (f"; this rank no longer carries data slot(s) {', '.join(map(str, dropped))}"
                            if dropped else ""))
         self._rebuild(started)
@@ -299,18 +307,18 @@ class LiveRecovery:
     def _resize(self, ranks: list[int]) -> None:
         """The group's members are `ranks` from now on: the data slots this process trains, and its
         loss scale, follow (worker/data_slots.py)."""
-        t, world = self.t, self.t.identity.world_size
+        p, t, world = self.p, self.t, self.p.identity.world_size
         self.ranks = [int(r) for r in ranks]
-        t.on_slots(slots_of(t.identity.rank, self.ranks, world)[1:], loss_scale(len(self.ranks), world))
+        t.on_slots(slots_of(p.identity.rank, self.ranks, world)[1:], loss_scale(len(self.ranks), world))
         t.on_place(self.group_rank)  # place 0 leads (checkpoints, scalars): rank 0, or its lowest survivor
 
     def _rebuild(self, started: float) -> None:
         """Join rebuilt group `generation` with the members `ranks`, agree on the source, take its state."""
-        t = self.t
-        wdist.join_generation(t.cfg, replace(t.identity, rank=self.group_rank, world_size=len(self.ranks)), t.device,
+        p, t = self.p, self.t
+        wdist.join_generation(p.cfg, replace(p.identity, rank=self.group_rank, world_size=len(self.ranks)), p.device,
                               self.generation)
-        infos = wdist.gather_objects({"step": self._mark.step, "layout": t.layout, "note": t.layout_note,
-                                      "saves_blocking": t.saver.why_blocking, "buckets": t.engine.buckets,
+        infos = wdist.gather_objects({"step": self._mark.step, "layout": p.layout, "note": p.layout_note,
+                                      "saves_blocking": p.saver.why_blocking, "buckets": p.engine.buckets,
                                       "counters": t.state_dict(), "unwritten": self._unwritten,
                                       "copies": self.copies.report() if self.copies is not None else None})
         source = _source(infos)
@@ -343,15 +351,15 @@ class LiveRecovery:
             source = self._take_shards(joining.infos)
         else:
             self._take_state(source, behind=True)
-        self._joined_at = self.t.step
+        self._joined_at = self._step()
         self._rejoined(started, source, "newcomer")
 
     def _take_state(self, source: int, behind: bool) -> None:
         """The source's state by broadcast; a rank already at its step keeps its own (the same
         bits) and only rewinds its data position and RNG to its mark."""
-        t = self.t
+        p = self.p
         mine = self._state() if self.group_rank == source else None
-        state = broadcast_state(mine, source, t.device)
+        state = broadcast_state(mine, source, p.device)
         if behind:
             self._load(state)
         else:
@@ -360,22 +368,24 @@ class LiveRecovery:
 
     def _settled(self, counters: dict[str, Any]) -> None:
         """The loop's counters of the step the rebuilt group goes on from, and that step's mark."""
-        t = self.t
+        p, t = self.p, self.t
         t.load_state_dict(counters)
-        if t.owed and self.group_rank == 0:
-            logger.warning(f"{t.identity.bracket} the {' and the '.join(_OWED[o] for o in t.owed)} of step {t.step} "
+        owed = counters.get("owed", [])
+        if owed and self.group_rank == 0:
+            logger.warning(f"{p.identity.bracket} the {' and the '.join(_OWED[o] for o in owed)} of step "
+                           f"{counters['step']} "
                            "was cut short by the lost peer: the rebuilt group does it now")
-        self._mark = Mark(t.step, t.data.train.state_dict(), rng.capture(t.device))
+        self._mark = Mark(self._step(), t.data_position(), rng.capture(p.device))
 
     def _take_shards(self, infos: list[dict[str, Any] | None]) -> int:
         """Sharded state: every rank returns to the newest step of the lost rank's copy on its buddy
         that every survivor has a snapshot of (`restore_step`; at most one step back): the buddy
         sends the copy to the newcomer, each survivor takes its own snapshot of that step back.
         Then the copies start again in the rebuilt group. Returns the buddy's place (the source)."""
-        t = self.t
+        p = self.p
         step, why = restore_step([info["copies"] if info is not None else None for info in infos])
         if step is None:
-            raise WorkerError(f"{t.identity.bracket} live recovery not possible: {why}", ExitCode.FAILURE)
+            raise WorkerError(f"{p.identity.bracket} live recovery not possible: {why}", ExitCode.FAILURE)
         lost = next(r for r, info in enumerate(infos) if info is None)
         buddy = (lost + 1) % len(infos)
         at_step = [r for r, info in enumerate(infos) if info is not None and info["step"] == step]
@@ -405,39 +415,39 @@ class LiveRecovery:
         return {"sampler": self._mark.sampler, "rng": self._mark.rng, "counters": {**self.t.state_dict(), "owed": []}}
 
     def _state(self) -> dict[str, Any]:
-        engine = self.t.engine
+        engine = self.p.engine
         return {**self.t.state_dict(), "step": self._mark.step,
                 "model": engine.inner.state_dict(), "optimizer": engine.optimizer.state_dict(),
                 "scaler": engine.scaler.state_dict() if engine.scaler is not None else None,
                 "sampler": self._mark.sampler, "rng": self._mark.rng}
 
     def _load(self, state: dict[str, Any]) -> None:
-        engine = self.t.engine
+        engine = self.p.engine
         engine.inner.load_state_dict(state["model"])
         engine.optimizer.load_state_dict(state["optimizer"])
         if engine.scaler is not None and state["scaler"] is not None:
             engine.scaler.load_state_dict(state["scaler"])
         sampler = dict(state["sampler"])
         if "rank" in sampler:  # a sampler's position is the same on every rank but for its rank
-            sampler["rank"] = self.t.identity.rank
+            sampler["rank"] = self.p.identity.rank
         self._rewind(sampler, state["rng"])
 
     def _rewind(self, sampler: dict[str, Any], rng_state: dict[str, Any]) -> None:
         """Data position and RNG back to the last completed step (the step in flight is redone)."""
-        t = self.t
-        t.engine.optimizer.zero_grad(set_to_none=True)
+        p, t = self.p, self.t
+        p.engine.optimizer.zero_grad(set_to_none=True)
         t.rewind_data(sampler)
-        rng.restore(rng_state, t.device)
+        rng.restore(rng_state, p.device)
 
     def _rejoined(self, started: float, source: int, role: str) -> None:
-        t = self.t
+        p, step = self.p, self._step()
         seconds = time.perf_counter() - started
-        t.status.send("live", event="rejoined", generation=self.generation, step=t.step, source=self.ranks[source],
+        p.status.send("live", event="rejoined", generation=self.generation, step=step, source=self.ranks[source],
                       role=role, seconds=round(seconds, 4), replicas=len(self.ranks),
-                      slots=slots_of(t.identity.rank, self.ranks, t.identity.world_size))
-        t.status.send("phase", name="train")
-        t.reporter.exclude_pause(seconds)
+                      slots=slots_of(p.identity.rank, self.ranks, p.identity.world_size))
+        p.status.send("phase", name="train")
+        p.reporter.exclude_pause(seconds)
         if self.group_rank == source:
-            logger.info(f"{t.identity.bracket} rebuilt group {self.generation} formed: continuing from step {t.step} "
+            logger.info(f"{p.identity.bracket} rebuilt group {self.generation} formed: continuing from step {step} "
                         f"with this rank's state ({seconds:.2f} s, no checkpoint read)")
 

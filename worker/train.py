@@ -6,7 +6,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -27,17 +27,21 @@ from worker.checkpoint import Checkpointer, meta_base, run_id_from_env
 from worker.data import BatchSource, DataBundle, Prefetched, cache_bundle
 from worker.data_slots import draw_position
 from worker.distributed import StopVote, WorkerError
-from worker.engines import Engine, Precision, StepCheck, build_engine, compile_enabled, needs_process_group, plan_layout
-from worker.live_recovery import Joining, LiveRecovery, join_as_newcomer
+from worker.engines import Buckets, Engine, Precision, StepCheck, build_engine, compile_enabled, needs_process_group, plan_layout
+from worker.live_recovery import Joining, LiveRecovery, RecoveryParts, join_as_newcomer
 from worker.logs import setup_logging
 from worker.mfu import FlopsModel
 from worker.model import ModelArgs
 from worker.reporting import ScalarSinks, StepReporter, TensorBoard
+from worker.save_schedule import SaveSchedule
 from worker.saver import Saver
 from worker.schedule import WarmupCosine
-from worker.sdc import SdcCheck
+from worker.sdc import Loop, SdcCheck, SdcSettings
 from worker.wandb_log import WandbLog
 from worker.collectives import GradientSync, dump_collective_trace
+
+if TYPE_CHECKING:
+    from worker.nan import NanGuard
 
 
 def run(cfg: Config, identity: WorkerIdentity, *, cache_dir: Path | None = None, data: DataBundle | None = None,
@@ -141,12 +145,12 @@ class Trainer:
         name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         self.flops = FlopsModel.for_model(self.engine.n_matmul_params, self.args.n_layers,
                                           self.args.n_heads, self.args.head_dim, cfg.data.context_length, name)
-        self.schedule = WarmupCosine.from_config(t)
+        self.schedule, self.saves = WarmupCosine.from_config(t), SaveSchedule.of(t)  # the learning rate; the saves
         self.checkpointer = Checkpointer(
             self.engine, Path(cfg.system.checkpoint_dir), t.keep_last, identity.rank, identity.world_size,
             meta_base(self.args, cfg.to_dict(), self.schedule.state_dict(), data.tokenizer), run_id)
         self.start_step = self._resume() if joining is None else 0
-        self.saver = Saver(self.checkpointer, status, live, identity.bracket, t.async_save and t.save_every > 0,
+        self.saver = Saver(self.checkpointer, status, live, identity.bracket, t.async_save and self.saves.periodic_saves,
                            cfg.system.stop_timeout, agreed=None if joining is None else (joining.saves_blocking,))
         self.step = self.saved_step = self.start_step
         if t.num_workers:  # after the resume: the sampler is at its restored position
@@ -162,7 +166,7 @@ class Trainer:
             self._log_rank0(f"{identity.bracket} {data.describe(tokens_per_step * identity.world_size * t.max_steps)}")
         self.skipped_steps, self.carried, self.carried_micro_losses, self.drawn = 0, [], [], None
         self.owed: list[str] = []  # "eval", "checkpoint": due after the last completed step, not done yet
-        self.recovery = LiveRecovery(self, joining)
+        self.recovery = LiveRecovery(self._recovery_parts(), self, joining)
         if joining is not None:
             self.recovery.join(joining)
             self.reporter.restart_window(self.step)
@@ -177,6 +181,14 @@ class Trainer:
                            WandbLog(self.cfg.logging.wandb, self.run_dir, group_rank, self.cfg.to_dict()))
 
     # ------------------------------------------------------------------ what live recovery asks of it
+    def _recovery_parts(self) -> RecoveryParts:
+        return RecoveryParts(self.cfg, self.identity, self.device, self.layout, self.layout_note, self.engine,
+                             self.status, self.live, self.saver, self.reporter)
+
+    def data_position(self) -> dict[str, Any]:
+        """Where the training data stands (the sampler's state): what a rewind puts back."""
+        return self.data.train.state_dict()
+
     def state_dict(self) -> dict[str, Any]:
         """The loop's counters, and what a lost peer cut short (`owed`): what a survivor hands a
         rebuilt group besides model and data, so every rank of it does the same collectives."""
@@ -196,7 +208,7 @@ class Trainer:
         if self.guard is not None:
             self.guard.model = self.engine.model
 
-    def on_regroup(self, buckets: Any) -> None:
+    def on_regroup(self, buckets: Buckets | None) -> None:
         """A rebuilt group formed: the objects bound to a group, over the new one (`buckets`: the
         gradient buckets every rank of it reduces in). The groups are made in the order a newcomer's
         constructor makes them: the saver's, then the stop vote's."""
@@ -265,7 +277,7 @@ class Trainer:
         self._log_rank0(f"resumed from {restored.path} at step {restored.step}")
         return restored.step
 
-    def _nan_guard(self) -> Any:
+    def _nan_guard(self) -> NanGuard | None:
         if not self.cfg.debug.nan_detection:
             return None
         try:
@@ -277,6 +289,14 @@ class Trainer:
                          scaler=self.engine.scaler, live=self.live)
         guard.attach()
         return guard
+
+    def _sdc_check(self) -> SdcCheck:
+        """The check's parts: the loop's counters and data position, which its rollback puts back."""
+        loop = Loop(step=lambda: self.step, counters=self.state_dict, load_counters=self.load_state_dict,
+                    data_position=self.data_position, rewind_data=self.rewind_data,
+                    exclude_pause=self.reporter.exclude_pause)
+        return SdcCheck(SdcSettings.of(self.cfg.training, self.saves, self.strategy), self.engine, self.identity,
+                        self.device, self.status, self.live, self.recovery, loop)
 
     def _save_for_guard(self, path: Path) -> None:
         # inside a step, but as long as any save: the step's learned allowance must not cover it
@@ -297,7 +317,7 @@ class Trainer:
         t = self.cfg.training
         self.status.send("phase", name="train")
         self.engine.train()
-        self.sdc = SdcCheck(self)  # replicas compared after optimizer steps (worker/sdc/)
+        self.sdc = self._sdc_check()  # replicas compared after optimizer steps (worker/sdc/)
         self.recovery.announce()
         self.recovery.mark()
         stopped = False
@@ -367,7 +387,7 @@ class Trainer:
         t, due = self.cfg.training, []
         if t.eval_every and step % t.eval_every == 0 and self.data.make_val is not None:
             due.append("eval")
-        if t.save_every and step % t.save_every == 0 and step < t.max_steps:
+        if self.saves.periodic_after(step):
             due.append("checkpoint")
         return due
 

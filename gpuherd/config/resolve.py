@@ -1,5 +1,7 @@
 """Building a config: preset -> `--config FILE.json` (partial, nested) -> `--max-steps`
--> `--set section.key=value`, paths made absolute, then validated as a whole."""
+-> `--set section.key=value`, paths made absolute, then validated as a whole, then the
+defaults that depend on other settings settled (`--spares -1`), so every reader of the config
+(the supervisor, config.json, the workers) sees the one value the run uses."""
 
 from __future__ import annotations
 
@@ -46,7 +48,16 @@ def resolve(
         set_dotted(cfg, key.strip(), parse_value(text.strip()), source="--set")
     _absolutize_paths(cfg, cwd)
     validate(cfg, files)
+    settle_defaults(cfg)
     return cfg
+
+
+def settle_defaults(cfg: Config) -> None:
+    """The defaults whose value depends on another setting, decided once: system.spares -1 (the
+    default) is one warm spare per node whenever restarts are allowed, else none. Validated
+    first, so a limit names what was typed; what is settled passes validation by construction."""
+    if cfg.system.spares == -1:
+        cfg.system.spares = 1 if cfg.system.max_restarts > 0 else 0
 
 
 def read_json_file(path: Path) -> dict[str, Any]:

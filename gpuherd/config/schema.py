@@ -54,7 +54,7 @@ class SystemConfig:
     monitor_interval: float = limited(5.0, gt=0, le=LONGEST_WAIT_S)  # seconds between GPU samples
     max_restarts: int = limited(0, ge=0)  # restart every worker after a failure, resuming from the newest checkpoint
     restart_backoff: float = limited(0.2, ge=0, le=LONGEST_WAIT_S)  # seconds before the first restart; doubles for each further quick failure
-    spares: int = limited(-1, ge=-1)  # warm spare workers per node for live recovery; -1 = 1 when max_restarts > 0
+    spares: int = limited(-1, ge=-1)  # warm spare workers per node for live recovery; -1 = 1 when max_restarts > 0, settled when the config is built
     # a lost rank with no spare left: the survivors go on with its data slot (same global batch) while at
     # least this many remain; 0 = never shrink (restart instead)
     min_replicas: int = limited(0, ge=0)

@@ -12,8 +12,8 @@ watched by one event loop, and torn down together.
   LiveRecovery (live_recovery.py): a lost rank replaced by a warm spare, the group shrunk, or why not, as
     live_policy.py decides (restarts_used: what an attempt's recoveries used of --max-restarts);
     Recovery (recovery_record.py): one recovery as recorded
-  live_for_attempt, AttemptLive, discard_spares, LIVE_ENV, spare_count, why_off (live_setup.py): an attempt's live
-    recovery put together; how many spares, and why none
+  live_for_attempt, AttemptLive, discard_spares, LIVE_ENV, why_off (live_setup.py): an attempt's live
+    recovery put together, and why none
   SparePool (spares.py): warm spare workers (--spares), promoted to a lost rank
   SpareNodeWorkers (spare_node_workers.py): a spare node's (--spare-nodes) warm workers, handed a dead node's ranks
   Standbys (standbys.py): a --script's next attempt, its interpreters importing torch while this one trains
@@ -31,7 +31,7 @@ from supervisor.processes.inherited_markers import markers_notice, take_inherite
 from supervisor.processes.live_policy import restarts_used
 from supervisor.processes.live_recovery import LiveRecovery
 from supervisor.processes.recovery_record import Recovery
-from supervisor.processes.live_setup import LIVE_ENV, AttemptLive, discard_spares, live_for_attempt, spare_count, why_off
+from supervisor.processes.live_setup import LIVE_ENV, AttemptLive, discard_spares, live_for_attempt, why_off
 from supervisor.processes.orphan_guard import OrphanGuard, sweep_children
 from supervisor.processes.signal_rules import (
     STOP_SIGNALS,
@@ -60,5 +60,5 @@ __all__ = [
     "WorkerProcess", "become_subreaper", "die_with_parent", "error_file_for", "helper_preexec", "python_env",
     "read_error_file",
     "script_env", "spawn", "standby_env", "stop_exit_code", "sweep_children", "within_kill_wait",
-    "worker_env", "spare_count", "why_off", "markers_notice", "take_inherited_markers",
+    "worker_env", "why_off", "markers_notice", "take_inherited_markers",
 ]

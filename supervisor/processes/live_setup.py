@@ -47,13 +47,6 @@ class Script(Protocol):
     def command(self, local_rank: int | None = None) -> list[str]: ...
 
 
-def spare_count(cfg: Config) -> int:
-    """--spares K; by default one per node whenever restarts are allowed."""
-    if cfg.system.spares >= 0:
-        return cfg.system.spares
-    return 1 if cfg.system.max_restarts > 0 else 0
-
-
 def why_off(cfg: Config, script: Script | None, multi_node: bool, world_size: int) -> str | None:
     """Why no rank of this attempt can be replaced live, whatever happens (None: it can). A
     script's ranks are recovered live only through gpuherd.live (their `able` records say so)."""
@@ -133,7 +126,7 @@ def live_for_attempt(parts: AttemptLive, budget: int, attempt: int, numbered_fro
                      multi_node: bool, write_metric: Callable[[dict], None], regroup: Regroup | None = None,
                      node: int | None = None) -> LiveRecovery | None:
     """`regroup`, `node`: a multi-node job's control plane, and this node's rank."""
-    count, floor = spare_count(parts.cfg), parts.cfg.system.min_replicas
+    count, floor = parts.cfg.system.spares, parts.cfg.system.min_replicas  # settled when the config was built
     if (count == 0 and floor == 0) or parts.cfg.system.max_restarts == 0:
         return None
     off = why_off(parts.cfg, script, multi_node, parts.plan.world_size)

@@ -14,12 +14,12 @@ import pytest
 from loguru import logger
 
 from gpuherd import contract
-from gpuherd.config import Config, ConfigError, validate
+from gpuherd.config import Config, ConfigError, resolve, validate
 from gpuherd.status_records import from_object as record
 from supervisor.gpus import DeviceSlot
 from supervisor.processes import LiveRecovery
 from supervisor.torchrun import Script
-from supervisor.processes.live_setup import AttemptLive, live_for_attempt, spare_count, why_off
+from supervisor.processes.live_setup import AttemptLive, live_for_attempt, why_off
 from supervisor.processes.spares import SparePool
 from supervisor.summary import RootCause
 
@@ -166,16 +166,32 @@ def test_every_rank_lost_leaves_no_survivor_to_take_the_state_from():
     assert live.why_not(1, []) == "every rank was lost: no survivor holds the state"
 
 
-def test_spares_default_to_one_with_restarts_and_need_restarts_when_asked_for():
+def test_spares_default_to_one_with_restarts_and_need_restarts_when_asked_for(tmp_path):
+    def spares(*overrides: str) -> int:
+        return resolve(overrides=list(overrides), cwd=tmp_path, files=False).system.spares
+
+    assert spares() == 0
+    assert spares("system.max_restarts=2") == 1
+    assert spares("system.max_restarts=2", "system.spares=0") == 0
+    assert spares("system.max_restarts=2", "system.spares=3") == 3
+    with pytest.raises(ConfigError, match="system.spares=1 needs system.max_restarts > 0"):
+        resolve(overrides=["system.spares=1"], cwd=tmp_path, files=False)
     cfg = Config()
-    assert spare_count(cfg) == 0
-    cfg.system.max_restarts = 2
-    assert spare_count(cfg) == 1
-    cfg.system.spares = 0
-    assert spare_count(cfg) == 0
     cfg.system.max_restarts, cfg.system.spares = 0, 1
     with pytest.raises(ConfigError, match="system.spares=1 needs system.max_restarts > 0"):
         validate(cfg)
+
+
+@pytest.mark.parametrize(("argv", "settled"), [(["--max-restarts", "2"], 1), (["--max-restarts", "2", "--spares", "-1"], 1),
+                                               ([], 0), (["--max-restarts", "2", "--spares", "0"], 0)])
+def test_the_launch_settles_spares_once_and_the_config_the_workers_read_holds_the_number(argv, settled):
+    """--spares -1 (the default) is decided when the config is built: the supervisor, config.json
+    and the workers read that number; nothing downstream derives it again."""
+    from supervisor.cli import parse
+
+    cfg = parse(["--debug", *argv], files=False).config
+    assert cfg.system.spares == settled
+    assert orjson.loads(cfg.to_json())["system"]["spares"] == settled
 
 
 def test_attempts_where_no_rank_can_be_replaced_live_say_why_up_front():

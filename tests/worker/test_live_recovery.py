@@ -175,3 +175,36 @@ def test_a_survivor_that_becomes_place_0_of_a_shrunk_group_takes_over_rank_0s_ch
         t.saver.close()
         if isinstance(t.data.train, Prefetched):
             t.data.train.close()
+
+
+def _trainer_uses(source: str, attribute: str) -> set[tuple[str, bool]]:
+    """(member, called) for every `self.<attribute>.<member>`, and `t.<member>` where t = self.<attribute>."""
+    import ast
+
+    tree = ast.parse(source)
+    aliases = {target.id for n in ast.walk(tree) if isinstance(n, ast.Assign)
+               and isinstance(n.targets[0], ast.Tuple) and isinstance(n.value, ast.Tuple)
+               for target, v in zip(n.targets[0].elts, n.value.elts, strict=True)
+               if isinstance(target, ast.Name) and isinstance(v, ast.Attribute) and v.attr == attribute}
+    aliases |= {n.targets[0].id for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                and isinstance(n.targets[0], ast.Name) and isinstance(n.value, ast.Attribute) and n.value.attr == attribute}
+    calls = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    return {(n.attr, id(n) in calls) for n in ast.walk(tree) if isinstance(n, ast.Attribute) and (
+        (isinstance(n.value, ast.Name) and n.value.id in aliases)
+        or (isinstance(n.value, ast.Attribute) and n.value.attr == attribute and isinstance(n.value.value, ast.Name)
+            and n.value.value.id == "self"))}
+
+
+def test_live_recovery_reads_no_trainer_member_and_changes_it_only_through_its_calls():
+    """The trainer is a `Recoverable`: its calls only. What live recovery reads (engine, identity,
+    status, ...) comes as RecoveryParts; the trainer class has every call the protocol names."""
+    import inspect
+
+    from worker import live_recovery
+    from worker.live_recovery import Recoverable
+    from worker.train import Trainer
+
+    calls = {name for name in vars(Recoverable) if not name.startswith("_")}
+    uses = _trainer_uses(inspect.getsource(live_recovery), "t")
+    assert uses and all(called and member in calls for member, called in uses), sorted(uses)
+    assert all(callable(getattr(Trainer, name, None)) for name in calls)

@@ -7,8 +7,10 @@ heal.py         a healthy rank's state by broadcast; the kept state a rollback r
 recompute.py    FSDP (nothing replicated): the optimizer step recomputed and compared bit for bit
 injector.py     GPUHERD_INJECT_BITFLIP: one flipped bit, for tests
 check.py        the trainer's hook tying them together (SdcCheck)
+parts.py        what SdcCheck is built from: its settings, the group, the loop's hooks
 """
 
 from worker.sdc.check import SdcCheck
+from worker.sdc.parts import Group, Loop, SdcSettings
 
-__all__ = ["SdcCheck"]
+__all__ = ["Group", "Loop", "SdcCheck", "SdcSettings"]

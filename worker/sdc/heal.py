@@ -24,6 +24,7 @@ from gpuherd.state_broadcast import broadcast_state
 
 if TYPE_CHECKING:
     from worker.engines import Engine
+    from worker.sdc.parts import Loop
 
 
 def _host_copy(obj: Any) -> Any:
@@ -98,14 +99,14 @@ class Kept:
     counters: dict[str, Any]
 
     @classmethod
-    def take(cls, trainer: Any, completed: int) -> Kept:
-        return cls(completed, host_copy(engine_state(trainer.engine)), copy.deepcopy(trainer.data.train.state_dict()),
-                   rng.capture(trainer.device), dict(trainer.state_dict(), step=completed, owed=[]))
+    def take(cls, engine: Engine, loop: Loop, device: torch.device, completed: int) -> Kept:
+        return cls(completed, host_copy(engine_state(engine)), copy.deepcopy(loop.data_position()),
+                   rng.capture(device), dict(loop.counters(), step=completed, owed=[]))
 
-    def restore(self, trainer: Any) -> None:
-        """The trainer back at this state; the copy is kept (a second rollback reuses it)."""
+    def restore(self, engine: Engine, loop: Loop, device: torch.device) -> None:
+        """The engine and the loop back at this state; the copy is kept (a second rollback reuses it)."""
         state = host_copy(self.engine)  # the optimizer adopts the tensors it is given
-        load_engine_state(trainer.engine, state)
-        trainer.rewind_data(copy.deepcopy(self.sampler))
-        rng.restore(self.rng, trainer.device)
-        trainer.load_state_dict(dict(self.counters))
+        load_engine_state(engine, state)
+        loop.rewind_data(copy.deepcopy(self.sampler))
+        rng.restore(self.rng, device)
+        loop.load_counters(dict(self.counters))
