@@ -113,7 +113,10 @@ def test_a_trace_request_is_answered_once_from_the_thread(pipe, tmp_path):
     live = Liveness(StatusWriter(w, 0), interval=0.05, trace_dir=tmp_path, dump=dump).start()
     time.sleep(0.15)
     assert calls == []  # nothing asked yet
-    (tmp_path / "request").write_text("1")
+    # written as the supervisor writes it (supervisor/health/traces.py): at once, by a rename; a
+    # file created and then written is two changes, and a tick between them sees both as requests
+    (tmp_path / "request.tmp").write_text("1")
+    (tmp_path / "request.tmp").rename(tmp_path / "request")
     assert done.wait(5)
     time.sleep(0.2)  # further ticks see the same request
     live.stop()
