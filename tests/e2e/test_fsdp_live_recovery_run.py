@@ -28,11 +28,10 @@ def _fsdp(run_id: str, *extra: str) -> list[str]:
 
 
 def test_a_lost_fsdp_rank_is_recovered_live_from_its_neighbours_copy_of_its_shard(tmp_path, python_env):
-    plain = subprocess.run(_fsdp("plain"), cwd=tmp_path, env=python_env, capture_output=True, text=True, timeout=300)
-    assert plain.returncode == 0, plain.stderr[-3000:]
-    expected = _losses(tmp_path / "logs" / "plain")
-    assert len(expected) == RANKS * STEPS
-
+    # the uninterrupted run beside the recovered one (its own directory: its own checkpoints)
+    (tmp_path / "plain").mkdir()
+    plain = subprocess.Popen(_fsdp("plain"), cwd=tmp_path / "plain", env=python_env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
     kill_at, lost = random.randint(3, STEPS - 8), random.randrange(RANKS)
     proc = subprocess.Popen(_fsdp("r", "--max-restarts", "1"), cwd=tmp_path, env=python_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -44,6 +43,10 @@ def test_a_lost_fsdp_rank_is_recovered_live_from_its_neighbours_copy_of_its_shar
         psutil.Process(pids[lost]).send_signal(signal.SIGKILL)
     finally:
         code, _out, err = finish(proc, timeout=300)
+        plain_code, _out, plain_err = finish(plain, timeout=300)
+    assert plain_code == 0, plain_err[-3000:]
+    expected = _losses(tmp_path / "plain" / "logs" / "plain")
+    assert len(expected) == RANKS * STEPS
     where = f"rank {lost} killed at step {kill_at}"
     assert code == 0, f"{where}: {err[-3000:]}"
     summary = orjson.loads((run_dir / "summary.json").read_bytes())
