@@ -70,15 +70,15 @@ class MultiNode:
         """A spare node: no rank until node 0 hands it a dead node's place (spare_node_agent.py);
         from then on it is that node, for this attempt and every later one."""
         promotion = self.link.stand_by(self._round(attempt - 1) + 1 if attempt else 0, record)
-        nodes, r = promotion["nodes"], int(promotion["node"])
+        nodes, r = promotion.nodes, promotion.node
         self.spare, self.node_rank, self.group_rank = False, r, r
-        self._rounds[attempt] = int(promotion["attempt"])
+        self._rounds[attempt] = promotion.attempt
         lay = layout(nodes, r)
         self.nnodes = len(nodes)
         self._place(nodes)
         return Setup(plan.with_rank_offset(lay.rank_offset), self.spec.master_addr, int(nodes[0]["worker_port"]),
-                     lay.world_size, nodes[0].get("resume"), None, join_generation=int(promotion["generation"]),
-                     promotion=promotion["claim"])
+                     lay.world_size, nodes[0].get("resume"), None, join_generation=promotion.generation,
+                     promotion=promotion.claim)
 
     def _place(self, nodes: list[dict]) -> None:
         self.nodes = [{"node": n.get("node", r), "first_rank": sum(m["nproc"] for m in nodes[:r]),

@@ -34,6 +34,7 @@ from typing import Any
 
 import orjson
 
+from supervisor.rendezvous.agent_messages import ClaimRegroup
 from supervisor.rendezvous.store_calls import StoreCalls
 
 # One server-side wait for the next claim, as long as the abort wait's (2 requests per 30 s while
@@ -64,10 +65,10 @@ def claims(store: Any, k: int) -> list[dict[str, Any] | None]:
     return found
 
 
-def claim(store: Any, emit: Callable[..., None], k: int, msg: dict[str, Any]) -> None:
+def claim(store: Any, emit: Callable[..., None], cmd: ClaimRegroup) -> None:
     """The agent's `regroup-claim`: this node's claim of rebuilt group g, answered with the winner."""
-    g = int(msg["generation"])
-    mine = orjson.dumps(msg["claim"])
+    k, g = cmd.attempt, cmd.generation
+    mine = orjson.dumps(cmd.claim)
     winner = store.compare_set(live_key(k, g), "", mine)
     emit("regroup-claim", attempt=k, generation=g, won=winner == mine, claim=_claim_or_none(winner))
 
