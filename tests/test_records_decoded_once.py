@@ -1,12 +1,13 @@
-"""A status record is decoded once, in gpuherd/status_records.py, and a node agent's command or
-event once, in supervisor/rendezvous/agent_messages.py; each is read as a typed value after.
+"""A status record is decoded once, in gpuherd/status_records.py, a node agent's command or
+event once, in supervisor/rendezvous/agent_messages.py, and a live recovery's claim once, in
+supervisor/rendezvous/live_claim.py; each is read as a typed value after.
 
-No code outside those modules reads a decoded record or message as a dict (`.get(...)`,
+No code outside those modules reads a decoded record, message or claim as a dict (`.get(...)`,
 `record["field"]`): the checker below finds, in every module of the product, the names that hold
-one (a parameter or name annotated with a record or message type; a name bound to `decode(...)`,
-`from_object(...)`, `readable(...)`, `decode_command(...)` or `decode_event(...)`, or to a call
-of a product function declared to return a record or message; a loop over what a metrics reader
-yields) and fails on a dict read of any of them. Nor may any module read the `"type"`, `"cmd"`
+one (a parameter or name annotated with a record, message or claim type; a name bound to
+`decode(...)`, `from_object(...)`, `readable(...)`, `decode_command(...)`, `decode_event(...)` or
+`decode_claim(...)`, or to a call of a product function declared to return one; a loop over what a
+metrics reader yields) and fails on a dict read of any of them. Nor may any module read the `"type"`, `"cmd"`
 or `"event"` of a dict it parsed from JSON itself (`orjson.loads`, `json.loads`): that is a
 record or message decoded outside its decoder. Other dicts (summary.json, a join record, a
 sample the supervisor built itself) are not flagged. At run time a record or message has no
@@ -24,17 +25,19 @@ from gpuherd import status_records
 from gpuherd.status_records import Record
 from supervisor.rendezvous import agent_messages
 from supervisor.rendezvous.agent_messages import Command, Event
+from supervisor.rendezvous.live_claim import LiveClaim
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("gpuherd", "supervisor", "worker", "dataset_cache")
-DECODERS = (REPO / "gpuherd" / "status_records.py", REPO / "supervisor" / "rendezvous" / "agent_messages.py")
+DECODERS = tuple(REPO / path for path in ("gpuherd/status_records.py", "supervisor/rendezvous/agent_messages.py",
+                                           "supervisor/rendezvous/live_claim.py"))
 DECODING_MODULES = ("gpuherd.status_records", "gpuherd.status_channel", "supervisor.views.run_files")
-DECODING_CALLS = {"decode", "from_object", "readable", "decode_line", "decode_command", "decode_event"}
+DECODING_CALLS = {"decode", "from_object", "readable", "decode_line", "decode_command", "decode_event", "decode_claim"}
 READER_METHODS = {"poll_each", "poll", "each_new", "read_new"}  # RunFiles / JsonlTail: records as they come
 TYPE_KEYS = {"type", "cmd", "event"}  # what names a record's or a message's kind on the wire
 MESSAGES_MODULE = "supervisor.rendezvous.agent_messages"
 RECORD_TYPES = frozenset(name for name, value in vars(status_records).items()
-                         if isinstance(value, type) and issubclass(value, Record))
+                         if isinstance(value, type) and issubclass(value, Record)) | {"LiveClaim"}
 # Names as plain as `Event` or `Lines` mean a message only in a module that imports them from
 # agent_messages.py (goodput has an `Event` of its own)
 MESSAGE_TYPES = frozenset(name for name, value in vars(agent_messages).items()
@@ -183,6 +186,9 @@ def test_no_decoded_record_or_message_is_read_as_a_dict_outside_its_decoder():
     "def f(line):\n    event = orjson.loads(line)\n    return event['event'] == 'joined'",
     "from supervisor.rendezvous.agent_messages import Event\ndef _reply(self, timeout) -> Event:\n    ...\n"
     "def f(self):\n    e = self._reply(3)\n    return e['missing']",
+    # a live recovery's claim
+    "def f(claim: LiveClaim | None):\n    return claim.get('spare_node')",
+    "def f(raw):\n    heard = decode_claim(raw)\n    return heard['rank']",
 ])
 def test_the_checker_finds_each_way_a_record_is_read_as_a_dict(source):
     assert dict_reads(source)
@@ -212,5 +218,5 @@ def test_a_product_function_that_returns_a_message_marks_what_it_returns_elsewhe
 
 def test_a_record_or_message_has_no_dict_interface_at_all():
     for name in RECORD_TYPES | MESSAGE_TYPES:
-        cls = getattr(status_records, name, None) or getattr(agent_messages, name)
+        cls = getattr(status_records, name, None) or getattr(agent_messages, name, None) or LiveClaim
         assert not hasattr(cls, "get") and not hasattr(cls, "__getitem__"), name

@@ -35,6 +35,7 @@ from typing import Any
 import orjson
 
 from supervisor.rendezvous.agent_messages import ClaimRegroup
+from supervisor.rendezvous.live_claim import decode_claim
 from supervisor.rendezvous.store_calls import StoreCalls
 
 # One server-side wait for the next claim, as long as the abort wait's (2 requests per 30 s while
@@ -96,9 +97,8 @@ def follow(take: Callable[[], StoreCalls], give_back: Callable[[StoreCalls], Non
 def lost_whole(claimed: dict[str, Any] | None) -> list[int]:
     """The node a claim says died whole and the job went on without (a shrink node 0 claimed for it,
     node_shrink_agent.py): no `alive` check waits for it. Empty for any other claim."""
-    if claimed is not None and claimed.get("kind") == "node" and claimed.get("action") == "shrink":
-        return [claimed["node"]]
-    return []
+    claim = decode_claim(claimed)
+    return [claim.node] if claim is not None and claim.kind == "node" and claim.action == "shrink" else []
 
 
 def _claim_or_none(raw: bytes) -> dict[str, Any] | None:
@@ -108,6 +108,6 @@ def _claim_or_none(raw: bytes) -> dict[str, Any] | None:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-    if isinstance(value, dict) and isinstance(value.get("node"), int) and isinstance(value.get("rank"), int):
+    if decode_claim(value) is not None:
         return value
     return None

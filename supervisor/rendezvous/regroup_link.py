@@ -16,6 +16,7 @@ from typing import Any
 
 from supervisor.rendezvous.agent_messages import RegroupClaimed, Regrouped
 from supervisor.rendezvous.job_link import JobLink
+from supervisor.rendezvous.live_claim import decode_claim
 
 CLAIM_S = 10.0  # the agent answers a claim in one store round trip; past this the store is taken as lost
 
@@ -41,9 +42,10 @@ class RegroupLink:
                 break  # an answer of an earlier round, or a claim timed out before, is skipped
         if answer.won:
             return None
-        other = answer.claim or {}
-        return (f"node {other.get('node', '?')} claimed rebuilt group {generation} first (its rank "
-                f"{other.get('rank', '?')} was lost at the same time): two ranks lost at once on two nodes")
+        other = decode_claim(answer.claim)
+        node, rank = (other.node, other.rank) if other is not None else ("?", "?")
+        return (f"node {node} claimed rebuilt group {generation} first (its rank {rank} was lost at the same "
+                "time): two ranks lost at once on two nodes")
 
     def follow(self, on_claim: Callable[[int, dict[str, Any] | None], None]) -> None:
         """From now on every claim of this round (any node's, this one's too) calls back
