@@ -37,6 +37,8 @@ from supervisor.rendezvous.agent_messages import (Aborted, AliveChecked, Event, 
                                                   SpareClosed, SparePassedOver, SpareRefused, StandingBy, Waiting,
                                                   command, decode_event, encode)
 from supervisor.rendezvous.nodes import NodeLinkError, NodeSpec, SpareNodeUnused
+from supervisor.rendezvous.wire_cause import HeardCause, decode_cause
+from supervisor.summary import RootCause
 
 SILENT_CHECK_S = 30.0  # the agent answers an "alive" check within its SILENT_S + 2 s
 STOP_AFTER_MAX_S = 30.0  # a cause's `stop_after_s` beyond this is not node 0's agent's: stop at once
@@ -52,9 +54,9 @@ class JobLink:
         self.spec, self.join_timeout, self.last_call = spec, join_timeout, last_call
         self.where = f"{spec.master_addr}:{spec.master_port}"
         self._replies: queue.SimpleQueue[Event] = queue.SimpleQueue()
-        self._aborts: dict[int, dict[str, Any]] = {}
+        self._aborts: dict[int, RootCause] = {}
         self._abort_seen = threading.Condition()
-        self._on_abort: dict[int, Callable[[dict[str, Any]], None]] = {}
+        self._on_abort: dict[int, Callable[[RootCause], None]] = {}
         self.lost: str | None = None
         self._on_lost: Callable[[str], None] | None = None
         self._callbacks = threading.Lock()  # unwatch() waits for a callback in progress
@@ -91,7 +93,7 @@ class JobLink:
                 logger.warning(f"node agent: {exc}")
                 continue
             if isinstance(event, Aborted):
-                self._record_abort(event.attempt, event.cause)
+                self._record_abort(event.attempt, decode_cause(event.cause))  # the cause decoded once, here
             elif isinstance(event, Lost):
                 self._set_lost(event.message)
             elif isinstance(event, Lines):
@@ -103,7 +105,8 @@ class JobLink:
                 self._replies.put(event)
         self._set_lost(f"the node agent (job store link to {self.where}) exited")
 
-    def _record_abort(self, attempt: int, cause: dict[str, Any]) -> None:
+    def _record_abort(self, attempt: int, heard: HeardCause) -> None:
+        cause, delay = heard.cause, heard.stop_after_s
         with self._abort_seen:
             first = attempt not in self._aborts
             self._aborts.setdefault(attempt, cause)
@@ -113,15 +116,14 @@ class JobLink:
         # A node named dead by its closed connection is the cause at once (`winner`), but this node's
         # workers are stopped a few seconds later: failing first on the dead node's connections, they
         # are recorded as its consequence instead of being cut short by the stop.
-        delay = cause.get("stop_after_s")
-        if isinstance(delay, int | float) and 0 < delay <= STOP_AFTER_MAX_S:
+        if delay is not None and 0 < delay <= STOP_AFTER_MAX_S:
             timer = threading.Timer(delay, self._call_back, args=(attempt, cause))
             timer.daemon = True
             timer.start()
         else:
             self._call_back(attempt, cause)
 
-    def _call_back(self, attempt: int, cause: dict[str, Any]) -> None:
+    def _call_back(self, attempt: int, cause: RootCause) -> None:
         with self._callbacks:
             callback = self._on_abort.get(attempt)
             if callback is not None:
@@ -172,7 +174,7 @@ class JobLink:
                                 "admitted this node (it never ran)")
         if isinstance(event, JoinAborted):
             cause = self.winner(event.attempt, timeout=0)
-            raise NodeLinkError(cause["message"], int(cause["exit_code"]), cause)
+            raise NodeLinkError(cause.message, cause.exit_code, cause)
         if not isinstance(event, JoinTimedOut):
             raise NodeLinkError(f"node {self.spec.node_rank}: the node agent answered {event.EVENT!r} to a join")
         if event.unreachable:
@@ -206,9 +208,9 @@ class JobLink:
                 raise NodeLinkError(event.message, event.exit_code)
             elif isinstance(event, JoinAborted):  # its --node-rank is another node's
                 cause = self.winner(event.attempt, timeout=0)
-                raise NodeLinkError(cause["message"], int(cause["exit_code"]), cause)
+                raise NodeLinkError(cause.message, cause.exit_code, cause)
 
-    def watch(self, attempt: int, on_abort: Callable[[dict[str, Any]], None], on_lost: Callable[[str], None]) -> None:
+    def watch(self, attempt: int, on_abort: Callable[[RootCause], None], on_lost: Callable[[str], None]) -> None:
         """From now on, another node's failure (or the store's loss) calls back, from the reader thread."""
         with self._callbacks:
             self._on_abort[attempt] = on_abort
@@ -229,13 +231,13 @@ class JobLink:
         """Offer this node's failure as the job's root cause (returns at once)."""
         self._send("abort", attempt, cause=cause)
 
-    def winner(self, attempt: int, timeout: float = 3.0) -> dict[str, Any] | None:
+    def winner(self, attempt: int, timeout: float = 3.0) -> RootCause | None:
         """The job's root cause for this attempt (after publish), or None if the store never said."""
         with self._abort_seen:
             self._abort_seen.wait_for(lambda: attempt in self._aborts or self.lost is not None, timeout)
             return self._aborts.get(attempt)
 
-    def silent_nodes(self, attempt: int) -> list[dict[str, Any]]:
+    def silent_nodes(self, attempt: int) -> list[RootCause]:
         """After a failure: the other nodes that stopped beating, each as a root cause ("node r
         (host) stopped responding"); [] when every other node is alive, done or gone. Takes
         about two seconds when all are alive (node 0's next readings of the beats), up to the
@@ -245,9 +247,9 @@ class JobLink:
             event = self._reply(SILENT_CHECK_S)
         except NodeLinkError:
             return []
-        return list(event.silent) if isinstance(event, AliveChecked) else []
+        return [decode_cause(d).cause for d in event.silent] if isinstance(event, AliveChecked) else []
 
-    def finished(self, attempt: int, wait_for_all: float | None) -> dict[str, Any] | None:
+    def finished(self, attempt: int, wait_for_all: float | None) -> RootCause | None:
         """Say this node's workers finished. Node 0 (`wait_for_all` seconds) keeps the store up
         until every node has said so; returns the job's abort cause if one came instead."""
         self._send("done", attempt)

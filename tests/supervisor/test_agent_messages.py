@@ -112,3 +112,28 @@ def test_the_job_link_says_each_event_it_drops_and_still_hears_the_next(tmp_path
                       'node agent: dropped an unknown event: {"event": "rebooted"}',
                       'node agent: dropped a \'joined\' event without \'round\', \'members\', \'nodes\': '
                       '{"event": "joined", "attempt": 0}']
+
+
+def test_the_job_link_hands_on_each_root_cause_decoded_and_names_one_it_cannot_read(tmp_path: Path):
+    """Every node's supervisor gets the job's root cause as a `RootCause`, decoded once in the job
+    link's reader; a kind this gpuherd does not know is named as such, not a crash of that reader."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\n"
+                    "echo '{\"event\": \"abort\", \"attempt\": 0, \"cause\": {\"kind\": \"node\", \"exit_code\": 1, "
+                    "\"message\": \"node 1 (h1) stopped responding\", \"node\": 1, \"stop_after_s\": 99}}'\n"
+                    "echo '{\"event\": \"abort\", \"attempt\": 1, \"cause\": {\"kind\": \"meteor\", \"exit_code\": 1, "
+                    "\"message\": \"a meteor\"}}'\n"
+                    "cat > /dev/null\n")
+    fake.chmod(0o755)
+    link = JobLink(NodeSpec(nnodes=2, master_addr="127.0.0.1", master_port=1), 5.0, str(fake), {},
+                   lambda: None, tmp_path / "agent.log", None)
+    heard: list = []
+    try:
+        link.watch(0, on_abort=heard.append, on_lost=lambda message: None)  # 99 s: past STOP_AFTER_MAX_S, at once
+        first, second = link.winner(0, timeout=30), link.winner(1, timeout=30)
+    finally:
+        link.close(linger=0.1)
+    assert (first.kind, first.node, first.message) == ("node", 1, "node 1 (h1) stopped responding")
+    assert heard == [first]
+    assert second.kind == "store" and second.message.startswith("the job's root cause came in a form this gpuherd "
+                                                                "cannot read: {'kind': 'meteor'")
