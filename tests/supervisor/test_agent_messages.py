@@ -137,3 +137,24 @@ def test_the_job_link_hands_on_each_root_cause_decoded_and_names_one_it_cannot_r
     assert heard == [first]
     assert second.kind == "store" and second.message.startswith("the job's root cause came in a form this gpuherd "
                                                                 "cannot read: {'kind': 'meteor'")
+
+
+def test_every_event_the_agent_emits_is_declared_with_the_fields_it_is_given():
+    """The agent's tests catch its events in place of `emit`, past the encoding: each `emit("name",
+    field=...)` of the agent and its parts is checked here against its class instead."""
+    import ast
+    import dataclasses
+
+    calls = []
+    for path in sorted(Path(am.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            func = node.func if isinstance(node, ast.Call) else None
+            if (isinstance(func, ast.Attribute) and func.attr == "emit" or isinstance(func, ast.Name)
+                    and func.id == "emit") and node.args and isinstance(node.args[0], ast.Constant):
+                calls.append((f"{path.name}:{node.lineno}", node.args[0].value, {k.arg for k in node.keywords}))
+    assert len(calls) >= 25
+    for where, name, given in calls:
+        assert name in am.EVENTS, where
+        fields = dataclasses.fields(am.EVENTS[name])
+        required = {f.name for f in fields if f.default is dataclasses.MISSING}
+        assert required <= given <= {f.name for f in fields}, (where, name, given)
