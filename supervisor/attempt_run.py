@@ -271,7 +271,7 @@ class AttemptRunner:
             self.notes.append(str(exc))
         else:
             logger.error(str(exc) if exc.cause is None else f"the job failed on another node: {exc}")
-            cause = RootCause.from_dict(exc.cause) if exc.cause is not None else RootCause(
+            cause = exc.cause if exc.cause is not None else RootCause(
                 "rendezvous", exc.exit_code, str(exc), node=self.rendezvous.node_rank)
         return AttemptReport(attempt=order.number, started_at=started_at, duration_s=duration_s,
                              exit_code=cause.exit_code if cause else 0, outcome=cause.kind if cause else "success",

@@ -64,6 +64,7 @@ from supervisor.processes import live_policy as lp
 from supervisor.processes.recovery_record import Recovery, begun, ranks_and_pids
 from supervisor.processes.spares import SparePool
 from supervisor.processes.spawn import WorkerProcess
+from supervisor.rendezvous import LiveClaim, decode_claim
 from supervisor.summary import RootCause, now_iso
 
 STUCK_S = 10.0  # after a loss, every survivor has left the broken group's collective by then, or never will
@@ -96,7 +97,7 @@ class Loss:
     lost_pid: int = 0
     pid: int = 0  # the process that takes the rank (0: none, a shrink)
     survivors: list[WorkerProcess] = field(default_factory=list)
-    claim: Mapping[str, Any] = field(default_factory=dict)  # another node's claim, as heard
+    claim: LiveClaim | None = None  # another node's claim, as heard
     newcomers: tuple[int, ...] = ()  # a spare node: its workers' pids
 
 
@@ -233,13 +234,13 @@ class LiveRecovery:
                        replicas=a.replicas, _died=loss.died, _reached=max(self.completed.values(), default=0),
                        _generation=a.generation, _remote=a.remote)
         if a.how == "spare-node":
-            rec.spare_node = loss.claim.get("spare_node")
+            rec.spare_node = loss.claim.spare_node if loss.claim is not None else None
         if a.how == "regrow":
             shrink = self._shrink_of(a.rank)
             shrink.shrunk_s = rec.shrunk_s = round(loss.died - shrink._died, 3)
         self.recoveries.append(rec)
         line = begun(rec, a.ranks, len(loss.survivors), self.regroup is not None,
-                     loss.claim.get("ranks", [a.rank]), loss.claim.get("spare_host", "?"), loss.newcomers)
+                     *_said_of_node(loss.claim, a.rank), loss.newcomers)
         logger.log("INFO" if a.how == "regrow" else "WARNING", line)
         return rec
 
@@ -350,12 +351,12 @@ class LiveRecovery:
         """Multi-node: a node claimed rebuilt group `generation` (this node's own claims come back
         too). Another node's is recorded as this node's recovery too, its ranks as the survivors;
         returns why this node cannot take part (the attempt must end: a job-wide restart)."""
-        actions = self._step(lp.Heard(generation, _decoded(claim), tuple(w.slot.rank for w in survivors)))
+        heard = decode_claim(claim)  # decoded here once, as it comes from the job store
+        actions = self._step(lp.Heard(generation, _decoded(heard), tuple(w.slot.rank for w in survivors)))
         loss = None
-        if claim is not None:
-            loss = Loss(str(claim.get("device")), str(claim.get("failed")), str(claim.get("kind")),
-                        now - min(_ago(claim), STUCK_S), int(claim.get("lost_pid") or 0),
-                        int(claim.get("replaced_by_pid") or 0), survivors, claim)
+        if heard is not None:
+            loss = Loss(str(heard.device), str(heard.failed), str(heard.kind), now - min(_ago(heard), STUCK_S),
+                        heard.lost_pid, heard.replaced_by_pid, survivors, heard)
         give_up = self._carry(actions, loss)
         if give_up is not None:
             if give_up.in_flight:
@@ -367,9 +368,14 @@ class LiveRecovery:
         """A spare node took a dead node's place in rebuilt group `generation` (its workers, just
         started, are the newcomers): the recovery every other node records too, ended at the
         newcomers' first completed step."""
-        actions = self._step(lp.SpareNodeJoined(generation, int(claim["rank"]), int(claim["node"])))
-        self._carry(actions, Loss(str(claim.get("device")), str(claim.get("failed")), str(claim.get("kind")),
-                                  now - _ago(claim), pid=newcomers[0].pid if newcomers else 0, claim=claim,
+        took = decode_claim(claim)  # decoded here once (the agent checked it: node 0 wrote it)
+        if took is None:
+            logger.warning(f"a spare node's promotion to rebuilt group {generation} carries no claim gpuherd writes "
+                           f"({claim!r:.200}): not recorded as a recovery")
+            return
+        actions = self._step(lp.SpareNodeJoined(generation, took.rank, took.node))
+        self._carry(actions, Loss(str(took.device), str(took.failed), str(took.kind), now - _ago(took),
+                                  pid=newcomers[0].pid if newcomers else 0, claim=took,
                                   newcomers=tuple(w.pid for w in newcomers)))
 
     # ------------------------------------------------------------------ the recovery's end
@@ -459,25 +465,25 @@ class LiveRecovery:
         self.write_metric({"type": "recovery", "time": time.time(), **rec.to_dict()})
 
 
-def _decoded(claim: dict[str, Any] | None) -> lp.Claim | None:
+def _decoded(claim: LiveClaim | None) -> lp.Claim | None:
     """Another node's claim as the policy reads it (the job store has no authentication: a
     shrink's or regrow's group that gpuherd would not write reads as none)."""
     if claim is None:
         return None
-    action, decision = claim.get("action", "replaced"), claim.get("decision")
-    ranks = decision.get("ranks") if isinstance(decision, dict) else None
-    valid = isinstance(ranks, list) and all(isinstance(r, int) for r in ranks) and \
-        decision.get(action) == claim.get("rank")
-    return lp.Claim(claim.get("node"), claim.get("rank"), action, tuple(ranks) if valid else None,
-                    decision if isinstance(decision, dict) else None,
-                    claim["spare_node"] if isinstance(claim.get("spare_node"), int) else None,
-                    whole_node=claim.get("kind") == "node")
+    group = claim.group if claim.decided == claim.rank else None
+    return lp.Claim(claim.node, claim.rank, claim.action, group, claim.decision, claim.spare_node,
+                    whole_node=claim.kind == "node")
 
 
-def _ago(claim: Mapping[str, Any]) -> float:
+def _said_of_node(claim: LiveClaim | None, rank: int) -> tuple[list[int], str]:
+    """A node that died whole: its ranks and the spare node's host, as its claim says them."""
+    ranks = claim.ranks if claim is not None and claim.ranks is not None else (rank,)
+    return list(ranks), (claim.spare_host if claim is not None and claim.spare_host is not None else "?")
+
+
+def _ago(claim: LiveClaim) -> float:
     """How long ago the claim's loss was (its wall-clock `died_at`), 0 where it says none."""
-    died_at = claim.get("died_at")
-    return max(0.0, time.time() - died_at) if isinstance(died_at, (int, float)) else 0.0
+    return max(0.0, time.time() - claim.died_at) if claim.died_at is not None else 0.0
 
 
 def _wall(now: float) -> float:

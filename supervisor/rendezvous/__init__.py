@@ -16,6 +16,7 @@
       they get a frozen Roster (roster.py), never the agent, and return what the agent applies
   HostedStore, StoreServer (store.py -> store_main.py, a helper process kept warm across
     attempts): each attempt's torch TCPStore, on a socket the supervisor bound first
+  LiveClaim, decode_claim (live_claim.py): a live recovery's claim of a rebuilt group, decoded once
   NodeSpec, bind_master, NodeLinkError (nodes.py): multi-node addresses and errors;
     training_fingerprint: what must match between nodes (and between runs sharing learned timeouts)
   read_slurm, kill_wait, slurm_stop, requeue_after_preemption (slurm_env.py): this node's place in
@@ -23,6 +24,7 @@
 """
 
 from supervisor.rendezvous.api import OnCause, Rendezvous, Setup
+from supervisor.rendezvous.live_claim import LiveClaim, decode_claim
 from supervisor.rendezvous.multi import MultiNode
 from supervisor.rendezvous.nodes import (DEFAULT_PORT, NodeLinkError, NodeSpec, SpareNodeUnused, bind_master,
                                         training_fingerprint)
@@ -41,6 +43,7 @@ from supervisor.rendezvous.store import HostedStore, StoreServer
 
 __all__ = [
     "DEFAULT_PORT", "SLURM_STOP", "HostedStore", "MultiNode", "NodeLinkError", "NodeSpec", "SpareNodeUnused", "OnCause", "Rendezvous", "Setup",
+    "LiveClaim", "decode_claim",
     "SingleNode", "SingleStore", "SlurmError", "StoreServer", "bind_master", "job_info", "kill_wait", "read_slurm",
     "SlurmStop", "requeue_after_preemption", "slurm_stop", "training_fingerprint",
 ]

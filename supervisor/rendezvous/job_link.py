@@ -28,12 +28,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
 from loguru import logger
 
 from gpuherd.exit_codes import ExitCode
 from gpuherd.files import open_log
+from supervisor.rendezvous.agent_messages import (Aborted, AliveChecked, Event, Finished, JoinAborted, JoinClosed,
+                                                  Joined, JoinTimedOut, Lines, Lost, Malformed, Outcomes, Promoted,
+                                                  SpareClosed, SparePassedOver, SpareRefused, StandingBy, Waiting,
+                                                  command, decode_event, encode)
 from supervisor.rendezvous.nodes import NodeLinkError, NodeSpec, SpareNodeUnused
+from supervisor.rendezvous.wire_cause import HeardCause, decode_cause
+from supervisor.summary import RootCause
 
 SILENT_CHECK_S = 30.0  # the agent answers an "alive" check within its SILENT_S + 2 s
 STOP_AFTER_MAX_S = 30.0  # a cause's `stop_after_s` beyond this is not node 0's agent's: stop at once
@@ -48,14 +53,14 @@ class JobLink:
         """`last_call`: an elastic job's (--nnodes MIN:MAX) wait for more nodes once MIN joined."""
         self.spec, self.join_timeout, self.last_call = spec, join_timeout, last_call
         self.where = f"{spec.master_addr}:{spec.master_port}"
-        self._replies: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
-        self._aborts: dict[int, dict[str, Any]] = {}
+        self._replies: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        self._aborts: dict[int, RootCause] = {}
         self._abort_seen = threading.Condition()
-        self._on_abort: dict[int, Callable[[dict[str, Any]], None]] = {}
+        self._on_abort: dict[int, Callable[[RootCause], None]] = {}
         self.lost: str | None = None
         self._on_lost: Callable[[str], None] | None = None
         self._callbacks = threading.Lock()  # unwatch() waits for a callback in progress
-        self._listeners: dict[str, Callable[[dict[str, Any]], None]] = {}  # other events by kind (listen())
+        self._listeners: dict[str, Callable[[Any], None]] = {}  # other events by kind (listen())
         self._on_lines: Callable[[int, list[Any]], None] | None = None  # node 0: every node's folded lines
         self._log = os.fdopen(open_log(log_path), "ab")  # the agent writes to it for the whole job
         argv = [python, "-m", "supervisor.rendezvous.node_agent_main", str(spec.node_rank),
@@ -72,8 +77,10 @@ class JobLink:
 
     # ---------------------------------------------------------------- agent I/O
     def _send(self, cmd: str, attempt: int = -1, **fields: Any) -> None:
+        """The command `cmd` (agent_messages.py declares its fields) to the agent."""
+        line = encode(command(cmd, attempt=attempt, **fields))
         try:
-            self.proc.stdin.write(orjson.dumps({"cmd": cmd, "attempt": attempt, **fields}) + b"\n")
+            self.proc.stdin.write(line)
             self.proc.stdin.flush()
         except (OSError, ValueError):
             pass  # the agent is gone; the reader reports it
@@ -81,24 +88,25 @@ class JobLink:
     def _read(self) -> None:
         for line in self.proc.stdout:
             try:
-                event = orjson.loads(line)
-            except orjson.JSONDecodeError:
+                event = decode_event(line)  # decoded here once: typed from now on
+            except Malformed as exc:
+                logger.warning(f"node agent: {exc}")
                 continue
-            kind = event.get("event")
-            if kind == "abort":
-                self._record_abort(int(event["attempt"]), event["cause"])
-            elif kind == "lost":
-                self._set_lost(event["message"])
-            elif kind == "lines":
-                if self._on_lines is not None and isinstance(event.get("records"), list):
-                    self._on_lines(int(event.get("node", -1)), event["records"])
-            elif kind in self._listeners:
-                self._listeners[kind](event)
+            if isinstance(event, Aborted):
+                self._record_abort(event.attempt, decode_cause(event.cause))  # the cause decoded once, here
+            elif isinstance(event, Lost):
+                self._set_lost(event.message)
+            elif isinstance(event, Lines):
+                if self._on_lines is not None:
+                    self._on_lines(event.node, event.records)
+            elif event.EVENT in self._listeners:
+                self._listeners[event.EVENT](event)
             else:
                 self._replies.put(event)
         self._set_lost(f"the node agent (job store link to {self.where}) exited")
 
-    def _record_abort(self, attempt: int, cause: dict[str, Any]) -> None:
+    def _record_abort(self, attempt: int, heard: HeardCause) -> None:
+        cause, delay = heard.cause, heard.stop_after_s
         with self._abort_seen:
             first = attempt not in self._aborts
             self._aborts.setdefault(attempt, cause)
@@ -108,15 +116,14 @@ class JobLink:
         # A node named dead by its closed connection is the cause at once (`winner`), but this node's
         # workers are stopped a few seconds later: failing first on the dead node's connections, they
         # are recorded as its consequence instead of being cut short by the stop.
-        delay = cause.get("stop_after_s")
-        if isinstance(delay, int | float) and 0 < delay <= STOP_AFTER_MAX_S:
+        if delay is not None and 0 < delay <= STOP_AFTER_MAX_S:
             timer = threading.Timer(delay, self._call_back, args=(attempt, cause))
             timer.daemon = True
             timer.start()
         else:
             self._call_back(attempt, cause)
 
-    def _call_back(self, attempt: int, cause: dict[str, Any]) -> None:
+    def _call_back(self, attempt: int, cause: RootCause) -> None:
         with self._callbacks:
             callback = self._on_abort.get(attempt)
             if callback is not None:
@@ -127,21 +134,21 @@ class JobLink:
             self.lost = message
             with self._abort_seen:
                 self._abort_seen.notify_all()
-            self._replies.put({"event": "lost", "message": message})
+            self._replies.put(Lost(message=message))
             with self._callbacks:
                 if self._on_lost is not None:
                     self._on_lost(message)
 
-    def _reply(self, timeout: float | None) -> dict[str, Any]:
+    def _reply(self, timeout: float | None) -> Event:
         try:
             event = self._replies.get(timeout=timeout)
         except queue.Empty:
             raise NodeLinkError(f"the node agent did not answer within {timeout:g} s") from None
-        if event.get("event") == "lost":
-            raise NodeLinkError(event["message"])
+        if isinstance(event, Lost):
+            raise NodeLinkError(event.message)
         return event
 
-    def listen(self, kind: str, callback: Callable[[dict[str, Any]], None]) -> None:
+    def listen(self, kind: str, callback: Callable[[Any], None]) -> None:
         """Agent events of `kind` go to `callback` (the reader thread) instead of the replies;
         `command` sends what asks for them (regroup_link.py: a live recovery's control plane)."""
         self._listeners[kind] = callback
@@ -155,28 +162,30 @@ class JobLink:
         attempt itself, except in an elastic job a late node joins a later round of the others."""
         self._send("join", attempt, record=record)
         event = self._reply(self.join_timeout * 2 + self.last_call + 60)  # the agent's import + connect + wait
-        while event["event"] == "waiting":  # elastic: a round runs without this node; it joins the next one
-            running = ", ".join(str(r) for r in event["members"])
+        while isinstance(event, Waiting):  # elastic: a round runs without this node; it joins the next one
+            running = ", ".join(str(r) for r in event.members)
             logger.info(f"node {self.spec.node_rank}: the job is running on node(s) {running} (round "
-                        f"{event['round']}); this node waits to join at its next restart")
+                        f"{event.round}); this node waits to join at its next restart")
             event = self._reply(None)  # as long as that round runs; the agent says if the store goes
-        if event["event"] == "joined":
-            return int(event.get("round", attempt)), event["nodes"]
-        if event["event"] == "join-closed":
+        if isinstance(event, Joined):
+            return event.round, event.nodes
+        if isinstance(event, JoinClosed):
             raise NodeLinkError(f"node {self.spec.node_rank}: the job on {self.where} ended before a restart "
                                 "admitted this node (it never ran)")
-        if event["event"] == "join-aborted":
-            cause = self.winner(int(event.get("attempt", attempt)), timeout=0)
-            raise NodeLinkError(cause["message"], int(cause["exit_code"]), cause)
-        if event.get("unreachable"):
+        if isinstance(event, JoinAborted):
+            cause = self.winner(event.attempt, timeout=0)
+            raise NodeLinkError(cause.message, cause.exit_code, cause)
+        if not isinstance(event, JoinTimedOut):
+            raise NodeLinkError(f"node {self.spec.node_rank}: the node agent answered {event.EVENT!r} to a join")
+        if event.unreachable:
             raise NodeLinkError(f"node {self.spec.node_rank}: node 0's job store at {self.where} did not answer "
                                 f"within {self.join_timeout:g} s (is node 0 started, and --master-addr/--master-port "
-                                f"right?): {event.get('detail', '')}".rstrip(": "))
-        missing = ", ".join(str(n) for n in event["missing"])
+                                f"right?): {event.detail}".rstrip(": "))
+        missing = ", ".join(str(n) for n in event.missing)
         raise NodeLinkError(f"node(s) {missing} of {self.spec.nnodes} did not join within {self.join_timeout:g} s "
                             f"(system.rendezvous_timeout) at {self.where}")
 
-    def stand_by(self, attempt: int, record: dict[str, Any]) -> dict[str, Any]:
+    def stand_by(self, attempt: int, record: dict[str, Any]) -> Promoted:
         """A spare node (--spare-nodes): stand by in the job's rounds from `attempt` on, holding no
         rank, until node 0 hands this node a dead node's place: the `promoted` event (round,
         generation, node, claim, nodes). The job's end first: SpareNodeUnused."""
@@ -184,24 +193,24 @@ class JobLink:
         said = False
         while True:
             event = self._reply(None if said else self.join_timeout * 2 + 60)
-            if event["event"] == "promoted":
+            if isinstance(event, Promoted):
                 return event
-            if event["event"] == "standing-by" and not said:
+            if isinstance(event, StandingBy) and not said:
                 said = True
                 logger.info(f"spare node {self.spec.node_rank}: standing by in the job at {self.where} (round "
-                            f"{event['attempt']}, {len(event['nodes'])} training node(s)): it takes the place of a "
+                            f"{event.attempt}, {len(event.nodes)} training node(s)): it takes the place of a "
                             "node that dies")
-            elif event["event"] == "spare-closed":
+            elif isinstance(event, SpareClosed):
                 raise SpareNodeUnused(f"spare node {self.spec.node_rank}: the job ended; this node was not needed")
-            elif event["event"] == "spare-passed-over":  # it was frozen when node 0 needed it: it ends, exit 0
-                raise SpareNodeUnused(event["message"])
-            elif event["event"] == "spare-refused":  # its settings differ (2), or a value no node wrote (1)
-                raise NodeLinkError(event["message"], int(event.get("exit_code", ExitCode.USAGE)))
-            elif event["event"] == "join-aborted":  # its --node-rank is another node's
-                cause = self.winner(int(event.get("attempt", attempt)), timeout=0)
-                raise NodeLinkError(cause["message"], int(cause["exit_code"]), cause)
+            elif isinstance(event, SparePassedOver):  # it was frozen when node 0 needed it: it ends, exit 0
+                raise SpareNodeUnused(event.message)
+            elif isinstance(event, SpareRefused):  # its settings differ (2), or a value no node wrote (1)
+                raise NodeLinkError(event.message, event.exit_code)
+            elif isinstance(event, JoinAborted):  # its --node-rank is another node's
+                cause = self.winner(event.attempt, timeout=0)
+                raise NodeLinkError(cause.message, cause.exit_code, cause)
 
-    def watch(self, attempt: int, on_abort: Callable[[dict[str, Any]], None], on_lost: Callable[[str], None]) -> None:
+    def watch(self, attempt: int, on_abort: Callable[[RootCause], None], on_lost: Callable[[str], None]) -> None:
         """From now on, another node's failure (or the store's loss) calls back, from the reader thread."""
         with self._callbacks:
             self._on_abort[attempt] = on_abort
@@ -222,13 +231,13 @@ class JobLink:
         """Offer this node's failure as the job's root cause (returns at once)."""
         self._send("abort", attempt, cause=cause)
 
-    def winner(self, attempt: int, timeout: float = 3.0) -> dict[str, Any] | None:
+    def winner(self, attempt: int, timeout: float = 3.0) -> RootCause | None:
         """The job's root cause for this attempt (after publish), or None if the store never said."""
         with self._abort_seen:
             self._abort_seen.wait_for(lambda: attempt in self._aborts or self.lost is not None, timeout)
             return self._aborts.get(attempt)
 
-    def silent_nodes(self, attempt: int) -> list[dict[str, Any]]:
+    def silent_nodes(self, attempt: int) -> list[RootCause]:
         """After a failure: the other nodes that stopped beating, each as a root cause ("node r
         (host) stopped responding"); [] when every other node is alive, done or gone. Takes
         about two seconds when all are alive (node 0's next readings of the beats), up to the
@@ -238,9 +247,9 @@ class JobLink:
             event = self._reply(SILENT_CHECK_S)
         except NodeLinkError:
             return []
-        return list(event.get("silent") or [])
+        return [decode_cause(d).cause for d in event.silent] if isinstance(event, AliveChecked) else []
 
-    def finished(self, attempt: int, wait_for_all: float | None) -> dict[str, Any] | None:
+    def finished(self, attempt: int, wait_for_all: float | None) -> RootCause | None:
         """Say this node's workers finished. Node 0 (`wait_for_all` seconds) keeps the store up
         until every node has said so; returns the job's abort cause if one came instead."""
         self._send("done", attempt)
@@ -248,8 +257,10 @@ class JobLink:
             return None
         self._send("wait-done", attempt, timeout=wait_for_all)
         event = self._reply(wait_for_all + 30)
-        if event["missing"]:
-            missing = ", ".join(str(n) for n in event["missing"])
+        if not isinstance(event, Finished):
+            raise NodeLinkError(f"the node agent answered {event.EVENT!r} to wait-done")
+        if event.missing:
+            missing = ", ".join(str(n) for n in event.missing)
             raise NodeLinkError(f"node(s) {missing} did not finish within {wait_for_all:g} s of node 0's workers",
                                 ExitCode.HANG)
         with self._abort_seen:
@@ -275,10 +286,10 @@ class JobLink:
         try:
             event = self._reply(timeout + 10)
         except NodeLinkError:
-            event = {}
-        ranks = event["ranks"] if "ranks" in event else list(range(1, self.spec.nnodes))
-        nodes = event.get("nodes") or [None] * len(ranks)
-        return list(zip(ranks, nodes, strict=True))
+            event = None
+        if not isinstance(event, Outcomes):
+            return [(r, None) for r in range(1, self.spec.nnodes)]
+        return list(zip(event.ranks, event.nodes or [None] * len(event.ranks), strict=True))
 
     def close(self, linger: float = 30.0) -> None:
         """Leave the job. Node 0 keeps the store up (at most `linger` s) until every other node

@@ -70,15 +70,15 @@ class MultiNode:
         """A spare node: no rank until node 0 hands it a dead node's place (spare_node_agent.py);
         from then on it is that node, for this attempt and every later one."""
         promotion = self.link.stand_by(self._round(attempt - 1) + 1 if attempt else 0, record)
-        nodes, r = promotion["nodes"], int(promotion["node"])
+        nodes, r = promotion.nodes, promotion.node
         self.spare, self.node_rank, self.group_rank = False, r, r
-        self._rounds[attempt] = int(promotion["attempt"])
+        self._rounds[attempt] = promotion.attempt
         lay = layout(nodes, r)
         self.nnodes = len(nodes)
         self._place(nodes)
         return Setup(plan.with_rank_offset(lay.rank_offset), self.spec.master_addr, int(nodes[0]["worker_port"]),
-                     lay.world_size, nodes[0].get("resume"), None, join_generation=int(promotion["generation"]),
-                     promotion=promotion["claim"])
+                     lay.world_size, nodes[0].get("resume"), None, join_generation=promotion.generation,
+                     promotion=promotion.claim)
 
     def _place(self, nodes: list[dict]) -> None:
         self.nodes = [{"node": n.get("node", r), "first_rank": sum(m["nproc"] for m in nodes[:r]),
@@ -99,7 +99,7 @@ class MultiNode:
         return lambda cause: self.link.publish(self._round(attempt), self._as_job_cause(cause))
 
     def watch(self, attempt: int, on_remote: OnCause) -> None:
-        self.link.watch(self._round(attempt), on_abort=lambda d: on_remote(RootCause.from_dict(d)),
+        self.link.watch(self._round(attempt), on_abort=on_remote,
                         on_lost=lambda message: on_remote(RootCause("node", ExitCode.FAILURE, message, node=0)))
 
     def unwatch(self) -> None:
@@ -120,7 +120,7 @@ class MultiNode:
             return cause
         self.link.publish(0, self._as_job_cause(cause))
         winner = self.link.winner(0, timeout=min(self.cfg.system.rendezvous_timeout, 30.0) + 10)
-        return RootCause.from_dict(winner) if winner is not None else cause
+        return winner if winner is not None else cause
 
     def settle(self, attempt: int, cause: RootCause | None, notes: list[str]) -> RootCause | None:
         """Every node ends the attempt with the same root cause: the first one published."""
@@ -130,20 +130,20 @@ class MultiNode:
                 remote = self.link.finished(attempt, self.finish_wait if self.node_rank == 0 else None)
             except NodeLinkError as exc:
                 return RootCause("node", exc.exit_code, str(exc), node=self.node_rank, host=self.host)
-            return RootCause.from_dict(remote) if remote is not None else None
+            return remote
         if cause.kind == CauseKind.MEMBERSHIP:  # node 0's agent published it for every node: nobody's failure
             return cause
-        ours = self._as_job_cause(cause) if cause.node is None else dataclasses.asdict(cause)
+        ours = RootCause.from_dict(self._as_job_cause(cause)) if cause.node is None else cause
         winner = self.link.winner(attempt) or ours
         asked = (CauseKind.TERMINATED, CauseKind.INTERRUPTED)  # a stop every node was asked for: one event, not two
-        if winner["message"] != ours["message"] and not (winner.get("kind") in asked and cause.kind in asked):
+        if winner.message != ours.message and not (winner.kind in asked and cause.kind in asked):
             # A failure here after another node was found dead broke on that node's closed connections.
-            dead = winner.get("kind") == "node" and winner.get("node") != self.node_rank
-            notes.append(f"a consequence of that, not the cause: {ours['message']}" if dead
+            dead = winner.kind == CauseKind.NODE and winner.node != self.node_rank
+            notes.append(f"a consequence of that, not the cause: {ours.message}" if dead
                          else f"also on this node, after the job's first failure: {cause.message}")
-        if winner.get("node") == self.node_rank and cause.node is None:
-            winner["stderr_tail"] = cause.stderr_tail  # complete now that every pipe is drained
-        return self._blame_dead_node(attempt, RootCause.from_dict(winner), notes)
+        if winner.node == self.node_rank and cause.node is None:
+            winner = dataclasses.replace(winner, stderr_tail=cause.stderr_tail)  # complete now every pipe is drained
+        return self._blame_dead_node(attempt, winner, notes)
 
     def _blame_dead_node(self, attempt: int, cause: RootCause, notes: list[str]) -> RootCause:
         """A worker failure in the moment another node died (its workers' connections closed)
@@ -152,10 +152,10 @@ class MultiNode:
         and, on a node that lost the job store meanwhile, a hang across the cut."""
         if cause.kind in (CauseKind.NODE, CauseKind.STORE, CauseKind.INTERRUPTED, CauseKind.MEMBERSHIP):
             return cause
-        silent = [d for d in self.link.silent_nodes(attempt) if d.get("node") != cause.node]
+        silent = [d for d in self.link.silent_nodes(attempt) if d.node != cause.node]
         if silent:
             notes.append(f"a consequence of that, not the cause: {cause.message}")
-            return RootCause.from_dict(silent[0])
+            return silent[0]
         if self.link.lost is not None and self.node_rank != 0:
             # Cut off from node 0 (its machine, or the network): the workers' collectives across
             # that cut stall or break before the store call notices, so the hang or broken

@@ -42,7 +42,9 @@ Every value read back is checked: one that no node of this job writes (the store
 authentication, as under torchrun) becomes a root cause naming the key, never a crash.
 
 Protocol with the supervisor: one JSON object per line; commands on stdin,
-events on stdout (stderr is torch's own chatter, kept in the run's agent log).
+events on stdout (stderr is torch's own chatter, kept in the run's agent log). Each command
+and event is a frozen class of agent_messages.py, decoded there once: a command in `handle`,
+an event in the job link's reader (a line that is none is said on stderr and dropped).
 
     {"cmd": "join", "attempt": k, "record": {...}}   -> [waiting {round, members}] joined {round, members, nodes}
                                                         | join-timeout {missing} | join-closed
@@ -86,6 +88,10 @@ from typing import Any
 
 import orjson
 
+from supervisor.rendezvous.agent_messages import (CheckAlive, ClaimRegroup, Command, Done, GatherOutcomes, Join,
+                                                  Leave, Linger, Malformed, PublishAbort, ShareLines, ShareOutcome,
+                                                  StandBy, WaitDone, Watch, WatchRegroups, decode_command, encode,
+                                                  event)
 from supervisor.rendezvous.beat_watch import (BEAT_S, SETTLED, SILENT_S, BeatWatch, abort_key, beat_key, done_key,
                                               node_key, nodes_key, parse_verdict, publish, undecided, verdict_key)
 from supervisor.rendezvous import (agent_causes, agent_end, elastic_join, fixed_join, node_shrink_agent,
@@ -144,19 +150,21 @@ class Agent:
         self.liveness_at: str | None = None  # node 0: its liveness server's "host:port"
         self._liveness_store: StoreCalls | None = None  # node 0: the connection its liveness thread names nodes on
         self.own_lag: OwnLag | None = None  # node 0: its own stalls, never read as another node's death
-        self._commands: dict[str, Callable[[int, dict[str, Any]], None]] = {
-            "join": self._join, "watch": self._watch, "abort": self._abort, "done": self._done,
-            "wait-done": self._wait_done, "alive": self._alive, "outcome": self._outcome,
-            "outcomes": self._outcomes, "leave": self._leave, "linger": self._linger,
-            "lines": self._lines,
-            "regroup-claim": lambda k, msg: regroup_agent.claim(self.store, self.emit, k, msg),  # a live recovery
-            "regroup-watch": self._regroup_watch, "stand-by": self._stand_by,  # a spare node (--spare-nodes)
+        self._commands: dict[type[Command], Callable[[Any], None]] = {
+            Join: self._join, Watch: self._watch, PublishAbort: self._abort, Done: self._done,
+            WaitDone: self._wait_done, CheckAlive: self._alive, ShareOutcome: self._outcome,
+            GatherOutcomes: self._outcomes, Leave: self._leave, Linger: self._linger,
+            ShareLines: self._lines,
+            ClaimRegroup: lambda cmd: regroup_agent.claim(self.store, self.emit, cmd),  # a live recovery
+            WatchRegroups: self._regroup_watch, StandBy: self._stand_by,  # a spare node (--spare-nodes)
         }
 
     # ---------------------------------------------------------------- events
-    def emit(self, event: str, **fields: Any) -> None:
+    def emit(self, name: str, **fields: Any) -> None:
+        """The event `name` (agent_messages.py declares its fields) to the supervisor."""
+        line = encode(event(name, **fields))
         with self._emitting:  # the loop, the abort wait, the liveness threads and the watchdog
-            sys.stdout.buffer.write(orjson.dumps({"event": event, **fields}) + b"\n")
+            sys.stdout.buffer.write(line)
             sys.stdout.buffer.flush()
 
     def lose(self, message: str) -> None:
@@ -185,17 +193,20 @@ class Agent:
         return agent_causes.malformed(self.where, key, raw, expected)
 
     # ---------------------------------------------------------------- commands
-    def handle(self, msg: dict[str, Any]) -> None:
-        command = self._commands.get(msg.get("cmd"))
-        if command is None:
-            print(f"node agent: unknown command {msg!r} ignored", file=sys.stderr, flush=True)
+    def handle(self, raw: bytes | dict[str, Any]) -> None:
+        """One command from the supervisor, decoded here once; one that is none is said and dropped."""
+        try:
+            cmd = decode_command(raw)
+        except Malformed as exc:
+            print(f"node agent: {exc}", file=sys.stderr, flush=True)
             return
-        command(int(msg.get("attempt", -1)), msg)
+        self._commands[type(cmd)](cmd)
 
-    def _join(self, k: int, msg: dict[str, Any]) -> None:
-        if not self._claim_rank(k, msg["record"]):
+    def _join(self, cmd: Join) -> None:
+        k = cmd.attempt
+        if not self._claim_rank(k, cmd.record):
             return
-        fields = {**msg["record"], "owner": rank_claims.owner_mark(msg["record"]).decode()}
+        fields = {**cmd.record, "owner": rank_claims.owner_mark(cmd.record).decode()}
         self.spare_nodes = int(fields.get("spare_nodes") or 0)
         self.min_replicas = int(fields.get("min_replicas") or 0)
         if self.liveness_at is not None:  # node 0: where the direct connections go, read with the records
@@ -251,55 +262,60 @@ class Agent:
             self.beating = None
         self.beats = None
 
-    def _watch(self, k: int, msg: dict[str, Any]) -> None:
+    def _watch(self, cmd: Watch) -> None:
+        k = cmd.attempt
         self.watching = self.beating = k
         if self.node_rank == 0 and (self.beats is None or self.beats.k != k):
             self.beats = BeatWatch(k)
         if self.connect is not None:
             threading.Thread(target=self._wait_abort, args=(k,), name=f"abort-wait-{k}", daemon=True).start()
 
-    def _abort(self, k: int, msg: dict[str, Any]) -> None:
-        winner = publish(self.store, k, msg["cause"])
+    def _abort(self, cmd: PublishAbort) -> None:
+        k = cmd.attempt
+        winner = publish(self.store, k, cmd.cause)
         self.emit("abort", attempt=k, cause=self._cause(abort_key(k), winner))
         with self._reporting:
             self._reported.add(k)
         self.watching = None  # reported
 
-    def _done(self, k: int, msg: dict[str, Any]) -> None:
+    def _done(self, cmd: Done) -> None:
+        k = cmd.attempt
         self.store.set(done_key(k, self.node_rank), b"1")
         if self.beating == k:
             self.store.set(beat_key(k, self.node_rank), b"done")
             self.beating = None
 
-    def _wait_done(self, k: int, msg: dict[str, Any]) -> None:
+    def _wait_done(self, cmd: WaitDone) -> None:
         """Node 0: until every member's workers finished, the abort, or the timeout."""
+        k = cmd.attempt
         members = [i for i in self.members if i not in self.lost_nodes]  # a node the job went on without never is
-        abort, missing = agent_end.wait_done(self.store, k, members, float(msg["timeout"]))
+        abort, missing = agent_end.wait_done(self.store, k, members, cmd.timeout)
         if abort is not None:
             self.emit("abort", attempt=k, cause=self._cause(abort_key(k), abort))
         self.emit("finished", attempt=k, missing=missing)
 
-    def _alive(self, k: int, msg: dict[str, Any]) -> None:
+    def _alive(self, cmd: CheckAlive) -> None:
+        k = cmd.attempt
         verdict = self._verdict(k)
         self.verifying = (k, time.monotonic(), verdict["seq"] if verdict is not None else 0)
         self._next_beat = 0.0  # answer from the next reading on
 
-    def _outcome(self, k: int, msg: dict[str, Any]) -> None:
-        self.store.set(f"outcome{self.node_rank}", orjson.dumps(msg["outcome"]))
+    def _outcome(self, cmd: ShareOutcome) -> None:
+        self.store.set(f"outcome{self.node_rank}", orjson.dumps(cmd.outcome))
 
-    def _outcomes(self, k: int, msg: dict[str, Any]) -> None:
+    def _outcomes(self, cmd: GatherOutcomes) -> None:
         """Node 0: the others' (a node found dead is not waited for)."""
         others = [i for i in self.members if i != 0]  # elastic: the last round's nodes, not every rank up to MAX
         nodes = agent_end.outcomes(self.store, others, frozenset(self.gone), frozenset(self.lost_nodes),
-                                   dict(self.hosts), float(msg["timeout"]))
+                                   dict(self.hosts), cmd.timeout)
         self.emit("outcomes", ranks=others, nodes=nodes)
 
-    def _lines(self, k: int, msg: dict[str, Any]) -> None:
+    def _lines(self, cmd: ShareLines) -> None:
         """Console lines this node's supervisor held for folding across nodes: to node 0's folding
         point over the direct connection (never the store); node 0's own, and a node without that
         connection's, come straight back as a `lines` event for its supervisor to print."""
-        records = msg.get("records")
-        if not isinstance(records, list) or not records:
+        records = cmd.records
+        if not records:
             return
         if self.liveness is not None:
             self.liveness.send_lines(orjson.dumps(records))
@@ -312,7 +328,7 @@ class Agent:
         if isinstance(records, list):
             self.emit("lines", node=r, records=records)
 
-    def _leave(self, k: int, msg: dict[str, Any]) -> None:
+    def _leave(self, cmd: Leave) -> None:
         self.leaving = True
         if self.beating is not None:
             self.store.set(beat_key(self.beating, self.node_rank), b"left")
@@ -321,12 +337,12 @@ class Agent:
         if self.liveness is not None:
             self.liveness.bye()
 
-    def _linger(self, k: int, msg: dict[str, Any]) -> None:
+    def _linger(self, cmd: Linger) -> None:
         """Node 0: the store stays up until every node that joined has read what it needs."""
         if self.rounds is not None:
             self.rounds.close_job()  # a node still waiting to be admitted stops waiting
         last = 0 if self.last_join is None else self.last_join  # node 0 may fail before its own join
-        self.emit("lingered", missing=agent_end.linger(self.store, self._roster(last), float(msg["timeout"])))
+        self.emit("lingered", missing=agent_end.linger(self.store, self._roster(last), cmd.timeout))
 
     # ---------------------------------------------------------------- elastic
     def _join_elastic(self, record: bytes) -> None:
@@ -360,8 +376,9 @@ class Agent:
         self.emit("join-aborted", attempt=k)
         return False
 
-    def _regroup_watch(self, k: int, msg: dict[str, Any]) -> None:
+    def _regroup_watch(self, cmd: WatchRegroups) -> None:
         """Every claim of round k's rebuilt groups, in order (regroup_agent.py), from a thread."""
+        k = cmd.attempt
         if self.connect is not None:  # a test's in-process store has no second connection: nothing to wait on
             threading.Thread(target=self._follow_claims, args=(k,), name=f"regroup-wait-{k}", daemon=True).start()
 
@@ -374,14 +391,15 @@ class Agent:
     def _moved_past(self, k: int) -> bool:
         return self.last_join is not None and self.last_join > k
 
-    def _stand_by(self, k: int, msg: dict[str, Any]) -> None:
+    def _stand_by(self, cmd: StandBy) -> None:
         """A spare node (spare_node_agent.py): from round k on it stands by, in a thread (it keeps beating)."""
-        if not self._claim_rank(k, msg["record"]):
+        k = cmd.attempt
+        if not self._claim_rank(k, cmd.record):
             return
         if self.connect is None:  # a test's in-process store: no second connection, no thread
-            self._become(spare_node_agent.stand_by(self.store, self._spare_node(), k, msg["record"]))
+            self._become(spare_node_agent.stand_by(self.store, self._spare_node(), k, cmd.record))
             return
-        threading.Thread(target=self._follow_rounds, args=(k, msg["record"]), name="spare-node", daemon=True).start()
+        threading.Thread(target=self._follow_rounds, args=(k, cmd.record), name="spare-node", daemon=True).start()
 
     def _follow_rounds(self, k: int, record: dict[str, Any]) -> None:
         try:
@@ -663,7 +681,7 @@ class Agent:
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
                     if line.strip():
-                        self._guarded(lambda line=line: self.handle(orjson.loads(line)))
+                        self._guarded(lambda line=line: self.handle(line))
             self._guarded(self.poll)
 
     def _guarded(self, action: Any) -> None:

@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from supervisor.rendezvous.live_claim import decode_claim
 from supervisor.rendezvous.nodes import node_ranks
 from supervisor.rendezvous.regroup_agent import claim_next, claims
 from supervisor.rendezvous.roster import Roster
@@ -76,11 +77,10 @@ def _training(store: Any, k: int, world_size: int) -> list[int] | None:
     """The ranks training in round k now: the last claim's decision that names them (a shrink or a
     regrow: a spare's replacement keeps the group as it was), else all; None: an unreadable claim."""
     ranks = list(range(world_size))
-    for claim in claims(store, k):
+    for raw in claims(store, k):
+        claim = decode_claim(raw)
         if claim is None:
             return None
-        decision = claim.get("decision")
-        named = decision.get("ranks") if isinstance(decision, dict) else None
-        if isinstance(named, list) and all(isinstance(x, int) for x in named):
-            ranks = sorted(named)
+        if claim.group is not None:
+            ranks = sorted(claim.group)
     return ranks

@@ -19,6 +19,7 @@ import orjson
 from gpuherd.config import Config
 from gpuherd.errors import GpuherdError
 from gpuherd.exit_codes import ExitCode
+from supervisor.summary import RootCause
 
 DEFAULT_PORT = 29500  # torchrun's
 
@@ -46,7 +47,7 @@ class NodeLinkError(GpuherdError):
 
     exit_code = ExitCode.RENDEZVOUS
 
-    def __init__(self, message: str, exit_code: int | None = None, cause: dict[str, Any] | None = None) -> None:
+    def __init__(self, message: str, exit_code: int | None = None, cause: RootCause | None = None) -> None:
         super().__init__(message, exit_code)
         self.cause = cause
 

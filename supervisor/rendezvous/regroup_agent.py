@@ -34,6 +34,8 @@ from typing import Any
 
 import orjson
 
+from supervisor.rendezvous.agent_messages import ClaimRegroup
+from supervisor.rendezvous.live_claim import decode_claim
 from supervisor.rendezvous.store_calls import StoreCalls
 
 # One server-side wait for the next claim, as long as the abort wait's (2 requests per 30 s while
@@ -64,10 +66,10 @@ def claims(store: Any, k: int) -> list[dict[str, Any] | None]:
     return found
 
 
-def claim(store: Any, emit: Callable[..., None], k: int, msg: dict[str, Any]) -> None:
+def claim(store: Any, emit: Callable[..., None], cmd: ClaimRegroup) -> None:
     """The agent's `regroup-claim`: this node's claim of rebuilt group g, answered with the winner."""
-    g = int(msg["generation"])
-    mine = orjson.dumps(msg["claim"])
+    k, g = cmd.attempt, cmd.generation
+    mine = orjson.dumps(cmd.claim)
     winner = store.compare_set(live_key(k, g), "", mine)
     emit("regroup-claim", attempt=k, generation=g, won=winner == mine, claim=_claim_or_none(winner))
 
@@ -95,9 +97,8 @@ def follow(take: Callable[[], StoreCalls], give_back: Callable[[StoreCalls], Non
 def lost_whole(claimed: dict[str, Any] | None) -> list[int]:
     """The node a claim says died whole and the job went on without (a shrink node 0 claimed for it,
     node_shrink_agent.py): no `alive` check waits for it. Empty for any other claim."""
-    if claimed is not None and claimed.get("kind") == "node" and claimed.get("action") == "shrink":
-        return [claimed["node"]]
-    return []
+    claim = decode_claim(claimed)
+    return [claim.node] if claim is not None and claim.kind == "node" and claim.action == "shrink" else []
 
 
 def _claim_or_none(raw: bytes) -> dict[str, Any] | None:
@@ -107,6 +108,6 @@ def _claim_or_none(raw: bytes) -> dict[str, Any] | None:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-    if isinstance(value, dict) and isinstance(value.get("node"), int) and isinstance(value.get("rank"), int):
+    if decode_claim(value) is not None:
         return value
     return None

@@ -14,7 +14,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from supervisor.rendezvous.agent_messages import RegroupClaimed, Regrouped
 from supervisor.rendezvous.job_link import JobLink
+from supervisor.rendezvous.live_claim import decode_claim
 
 CLAIM_S = 10.0  # the agent answers a claim in one store round trip; past this the store is taken as lost
 
@@ -22,7 +24,7 @@ CLAIM_S = 10.0  # the agent answers a claim in one store round trip; past this t
 class RegroupLink:
     def __init__(self, link: JobLink, round_: int, node_rank: int) -> None:
         self.link, self.round, self.node_rank = link, round_, node_rank
-        self._answers: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        self._answers: queue.SimpleQueue[RegroupClaimed] = queue.SimpleQueue()
         self._on_claim: Callable[[int, dict[str, Any] | None], None] | None = None
         self._calls = threading.Lock()  # stop() waits for a callback in progress
         link.listen("regroup-claim", self._answers.put)
@@ -36,13 +38,14 @@ class RegroupLink:
                 answer = self._answers.get(timeout=CLAIM_S)
             except queue.Empty:
                 return f"the job store did not answer the claim of rebuilt group {generation} within {CLAIM_S:g} s"
-            if answer.get("attempt") == self.round and answer.get("generation") == generation:
+            if answer.attempt == self.round and answer.generation == generation:
                 break  # an answer of an earlier round, or a claim timed out before, is skipped
-        if answer.get("won"):
+        if answer.won:
             return None
-        other = answer.get("claim") or {}
-        return (f"node {other.get('node', '?')} claimed rebuilt group {generation} first (its rank "
-                f"{other.get('rank', '?')} was lost at the same time): two ranks lost at once on two nodes")
+        other = decode_claim(answer.claim)
+        node, rank = (other.node, other.rank) if other is not None else ("?", "?")
+        return (f"node {node} claimed rebuilt group {generation} first (its rank {rank} was lost at the same "
+                "time): two ranks lost at once on two nodes")
 
     def follow(self, on_claim: Callable[[int, dict[str, Any] | None], None]) -> None:
         """From now on every claim of this round (any node's, this one's too) calls back
@@ -55,9 +58,9 @@ class RegroupLink:
         with self._calls:
             self._on_claim = None
 
-    def _heard(self, event: dict[str, Any]) -> None:
-        if event.get("attempt") != self.round:
+    def _heard(self, event: Regrouped) -> None:
+        if event.attempt != self.round:
             return
         with self._calls:
             if self._on_claim is not None:
-                self._on_claim(int(event["generation"]), event.get("claim"))
+                self._on_claim(event.generation, event.claim)

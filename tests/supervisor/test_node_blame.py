@@ -13,7 +13,7 @@ HANG = RootCause("hang", ExitCode.HANG, "hang: rank 1 (every rank waits in a col
 
 class StandInLink:
     def __init__(self, silent=(), lost_during_check: str | None = None):
-        self.silent, self.lost_during_check = list(silent), lost_during_check
+        self.silent, self.lost_during_check = [RootCause.from_dict(d) for d in silent], lost_during_check
         self.lost: str | None = None
 
     def winner(self, attempt, timeout=3.0):

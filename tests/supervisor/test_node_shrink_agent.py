@@ -63,10 +63,10 @@ def test_a_dead_node_with_no_spare_node_shrinks_the_job_onto_the_ranks_still_tra
     assert not store.check(["a0/abort"]) and node0.beats.dead == {}
     store.set("a0/done0", b"1")
     store.set("a0/done1", b"1")
-    node0._wait_done(0, {"timeout": 5.0})
+    node0.handle({"cmd": "wait-done", "attempt": 0, "timeout": 5.0})
     assert events[-1] == {"event": "finished", "attempt": 0, "missing": []}
     store.set("outcome1", orjson.dumps({"node": 1, "exit_code": 0, "outcome": "completed"}))
-    node0._outcomes(-1, {"timeout": 5.0})
+    node0.handle({"cmd": "outcomes", "timeout": 5.0})
     one, two = events[-1]["nodes"]
     assert one["exit_code"] == 0 and two["node"] == 2 and two["outcome"].startswith("lost (h2): it died whole")
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from supervisor.rendezvous import regroup_link
+from supervisor.rendezvous.agent_messages import decode_event
 from supervisor.rendezvous.regroup_link import RegroupLink
 
 
@@ -24,8 +25,12 @@ class FakeLink:
     def command(self, cmd: str, attempt: int, **fields: Any) -> None:
         self.sent.append((cmd, attempt, fields))
         for kind, event in self.answers:
-            self.listeners[kind](event)
+            self.hear(kind, event)
         self.answers.clear()
+
+    def hear(self, kind: str, event: dict) -> None:
+        """The agent's event as the job link's reader hands it on: decoded."""
+        self.listeners[kind](decode_event({"event": kind, **event}))
 
 
 def test_a_won_claim_carries_this_nodes_rank_and_skips_answers_of_other_claims():
@@ -54,9 +59,9 @@ def test_only_this_rounds_claims_are_passed_on_until_stopped():
     heard: list[tuple[int, dict | None]] = []
     regroup.follow(lambda g, claim: heard.append((g, claim)))
     assert link.sent == [("regroup-watch", 4, {})]
-    link.listeners["regroup"]({"attempt": 3, "generation": 1, "claim": {"node": 1, "rank": 1}})
-    link.listeners["regroup"]({"attempt": 4, "generation": 1, "claim": {"node": 1, "rank": 1}})
-    link.listeners["regroup"]({"attempt": 4, "generation": 2, "claim": None})
+    link.hear("regroup", {"attempt": 3, "generation": 1, "claim": {"node": 1, "rank": 1}})
+    link.hear("regroup", {"attempt": 4, "generation": 1, "claim": {"node": 1, "rank": 1}})
+    link.hear("regroup", {"attempt": 4, "generation": 2, "claim": None})
     regroup.stop()
-    link.listeners["regroup"]({"attempt": 4, "generation": 3, "claim": {"node": 2, "rank": 2}})
+    link.hear("regroup", {"attempt": 4, "generation": 3, "claim": {"node": 2, "rank": 2}})
     assert heard == [(1, {"node": 1, "rank": 1}), (2, None)]

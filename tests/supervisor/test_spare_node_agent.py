@@ -80,7 +80,8 @@ def test_node_0_hands_a_dead_node_to_a_live_spare_node_with_its_workers(free_tcp
 
         assert not node0._spare_node_takes(0, 2, CAUSE, node0.store)  # its second death: the restart
         assert spare_node_agent.standing(node0.store, node0._roster(0)) == [3]  # node 0 waits for no dead one's goodbye
-        node0._linger(0, {"timeout": 0.1})  # the job's end releases the spare node still standing by
+        # the job's end releases the spare node still standing by
+        node0.handle({"cmd": "linger", "attempt": 0, "timeout": 0.1})
         assert wait_for(lambda: spares[3][1][-1]["event"] == "spare-closed", timeout=10)
     finally:
         StoreCalls(server).set(spare_node_agent.CLOSED_KEY, b"1")
