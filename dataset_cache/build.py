@@ -65,10 +65,7 @@ def build_cache(
         token_record, offsets_record, total, documents = _tokenize_into(
             tmp, corpus, tokenizer, dtype, workers, num_samples, progress
         )
-        if total == 0:
-            raise DatasetError(f"dataset {corpus.name} holds no text (every document is empty)")
-        doc_offsets = np.memmap(tmp / OFFSETS_FILE, dtype=OFFSETS_DTYPE, mode="r")  # bounded memory for any count
-        n_train = split_index(doc_offsets, total, val_fraction, context_length, corpus.name)
+        split = _split_record(tmp, total, val_fraction, context_length, corpus.name)
         seconds = progress.elapsed
         meta = {
             "format_version": FORMAT_VERSION,
@@ -84,21 +81,39 @@ def build_cache(
             "context_length": context_length,
             "num_samples": num_samples,
             "val_fraction": val_fraction,
-            "tokens": {"total": total, "train": n_train, "val": total - n_train},
-            "splits": {"train": [0, n_train], "val": [n_train, total]},
-            "split_at_document_boundary": _is_offset(doc_offsets, n_train),
+            **split,
             "files": {TOKENS_FILE: token_record.as_dict(), OFFSETS_FILE: offsets_record.as_dict()},
             "build": _build_record(seconds, workers, progress.text_bytes),
         }
         write_bytes_atomic(tmp / METADATA_FILE, canonical_json(meta))  # last: its presence means complete
         publish_dir(tmp, final_dir)
+    _log_built(key.short, corpus, meta, seconds)
+    return meta
+
+
+def _split_record(tmp: Path, total: int, val_fraction: float, context_length: int, name: str) -> dict[str, Any]:
+    """The metadata entries that say where train ends and val begins (a document boundary
+    where one fits), read from the offsets file just written."""
+    if total == 0:
+        raise DatasetError(f"dataset {name} holds no text (every document is empty)")
+    doc_offsets = np.memmap(tmp / OFFSETS_FILE, dtype=OFFSETS_DTYPE, mode="r")  # bounded memory for any count
+    n_train = split_index(doc_offsets, total, val_fraction, context_length, name)
+    return {
+        "tokens": {"total": total, "train": n_train, "val": total - n_train},
+        "splits": {"train": [0, n_train], "val": [n_train, total]},
+        "split_at_document_boundary": _is_offset(doc_offsets, n_train),
+    }
+
+
+def _log_built(short: str, corpus: Corpus, meta: dict[str, Any], seconds: float) -> None:
+    """The closing lines of a build, from the metadata it wrote."""
+    documents, tokens = meta["dataset"]["documents"], meta["tokens"]
     logger.info(
-        f"built dataset cache {key.short}: {documents:,} documents, {total:,} tokens "
-        f"({n_train:,} train / {total - n_train:,} val) in {seconds:.2f} s, {meta['build']['mb_per_s']:.1f} MB/s"
+        f"built dataset cache {short}: {documents:,} documents, {tokens['total']:,} tokens "
+        f"({tokens['train']:,} train / {tokens['val']:,} val) in {seconds:.2f} s, {meta['build']['mb_per_s']:.1f} MB/s"
     )
     if corpus.bad and corpus.bad.any:
-        logger.warning(f"dataset cache {key.short}: {corpus.bad.summary()}")
-    return meta
+        logger.warning(f"dataset cache {short}: {corpus.bad.summary()}")
 
 
 def _is_offset(doc_offsets: np.ndarray, position: int) -> bool:

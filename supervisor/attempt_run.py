@@ -31,7 +31,7 @@ from gpuherd.status_records import Record, Step
 from supervisor import run_dir as rundir
 from supervisor.cli import Launch
 from supervisor.goodput import marks
-from supervisor.gpus import DevicePlan
+from supervisor.gpus import Binding, DevicePlan, DeviceSlot
 from supervisor.health import (
     Heartbeats,
     LearnedTimeouts,
@@ -213,16 +213,7 @@ class AttemptRunner:
             logger.warning(f"hang allowances not saved to {self.run_dir} ({exc.strerror}); the next --resume "
                            "learns them again")
         sup = att.sup
-        final_save = sup.final_save()
-        if final_save == "not saved" and cause is not None:
-            cause = _save_cut(cause, sup.state.graceful.unfinished, self.checkpoints.newest_of_this_run())
-            if self.mode == "train":  # every worker is gone: the cut save's temp file has no writer left
-                remove_orphans(Path(self.cfg.system.checkpoint_dir))
-        elif final_save == "saved" and self.checkpoints.newest_of_this_run() is not None and cause is not None:
-            newest = self.checkpoints.newest_of_this_run()
-            # in the outcome itself: every node names the same checkpoint (rank 0 wrote it; each rank reported it)
-            cause = dataclasses.replace(cause, message=f"{cause.message}; checkpoint step "
-                                                       f"{self.checkpoints.step_of(newest)} saved: {newest}")
+        cause, final_save = _final_save(cause, sup, self.checkpoints, self.mode, Path(self.cfg.system.checkpoint_dir))
         cause, saves = self._script_saves(cause, sup, reported_save=final_save is not None)
         self.notes += sup.notes
         recoveries = att.live.settle() if att.live is not None else []
@@ -344,16 +335,7 @@ class AttemptRunner:
         suspects = SuspectWatch(plan, attempt)
         stop = StopRules(cfg.system.grace_period, self.stop_timeout) if self.mode == "train" \
             else StopRules.for_script(cfg.system.grace_period, self.stop_timeout)
-        run_env = RunEnv(run_id=self.run_id, run_dir=str(self.run_dir), master_addr=setup.master_addr,
-                         master_port=setup.master_port, supervisor_pid=os.getpid(),
-                         config_path=str(self.run_dir / "config.json"), dataset_cache=order.dataset_path,
-                         restart_count=order.restart_count, max_restarts=cfg.system.max_restarts,
-                         resume=setup.resume or "",
-                         world_size=setup.world_size, node_rank=self.rendezvous.group_rank,
-                         nnodes=self.rendezvous.nnodes, trace_dir=str(trace_dir), role=self.launch.torchrun.role,
-                         signals_to_handle=self.launch.torchrun.signals_to_handle,
-                         virtual_local_rank=self.launch.torchrun.virtual_local_rank,
-                         timer_file=str(timer_fifo(os.environ, log_dir)) if file_timer_wanted(os.environ) else "")
+        run_env = self._run_env(order, setup, log_dir, trace_dir)
         timer = FileTimer(Path(run_env.timer_file), log_dir / "file-timer.log") if run_env.timer_file else None
         live = live_for_attempt(
             AttemptLive(cfg, self._command_of(0), plan, run_env, python_env() if self.mode == "train" else script_env(),
@@ -371,6 +353,20 @@ class AttemptRunner:
                           trace_dir=trace_dir, live=live, requests=self.spare_desk)
         return Attempt(attempt, setup, logs, router, heartbeats, sup, run_env, metrics, stragglers, suspects, timer=timer,
                        live=live)
+
+    def _run_env(self, order: AttemptOrder, setup: Setup, log_dir: Path, trace_dir: Path) -> RunEnv:
+        """What every worker of this attempt is told of the run (worker_env turns it into variables)."""
+        torchrun = self.launch.torchrun
+        return RunEnv(run_id=self.run_id, run_dir=str(self.run_dir), master_addr=setup.master_addr,
+                      master_port=setup.master_port, supervisor_pid=os.getpid(),
+                      config_path=str(self.run_dir / "config.json"), dataset_cache=order.dataset_path,
+                      restart_count=order.restart_count, max_restarts=self.cfg.system.max_restarts,
+                      resume=setup.resume or "",
+                      world_size=setup.world_size, node_rank=self.rendezvous.group_rank,
+                      nnodes=self.rendezvous.nnodes, trace_dir=str(trace_dir), role=torchrun.role,
+                      signals_to_handle=torchrun.signals_to_handle,
+                      virtual_local_rank=torchrun.virtual_local_rank,
+                      timer_file=str(timer_fifo(os.environ, log_dir)) if file_timer_wanted(os.environ) else "")
 
     def _announcer(self, attempt: int) -> Callable[[RootCause], RootCause]:
         """What the supervision calls with this node's root cause the moment it has one: a stop
@@ -408,24 +404,7 @@ class AttemptRunner:
                 guard.watch(att.timer.start(sys.executable, python_env(), self.run_id, die_with_parent()))
             bindings = numa_plan(self.launch.torchrun.numa_binding, plan, first=att.number == 0)
             for i, slot in enumerate(plan.slots):
-                error_file = error_file_for(att.logs[slot.rank].path)
-                error_file.unlink(missing_ok=True)  # only what this attempt's rank writes may be read back
-                binding = bindings[i] if bindings else None
-                extra = att.live.worker_env if att.live is not None and not att.live.off else {}
-                if att.setup.join_generation:  # a spare node taking a dead node's place: its ranks join the group
-                    extra = {**extra, contract.JOIN_GENERATION: str(att.setup.join_generation)}
-
-                def env_of(fd: int, slot=slot, ef=str(error_file), extra=extra) -> dict[str, str]:
-                    return {**worker_env(base_env, plan, slot, att.run_env, fd, error_file=ef), **extra}
-
-                w = self.standbys.take(slot, env_of(-1), att.logs[slot.rank].path) if binding is None else None
-                if w is None and self.spare_node_workers is not None:  # a spare node promoted: its warm workers
-                    w = self.spare_node_workers.take(slot, env_of(-1), att.logs[slot.rank].path)
-                if w is None:
-                    w = spawn(bound(binding, self._command_of(slot.local)), env_of, slot, att.logs[slot.rank].path)
-                if binding is not None and not shutil.which("numactl"):
-                    with contextlib.suppress(ProcessLookupError):  # already gone: its exit tells the rest
-                        os.sched_setaffinity(w.pid, binding.cpus)  # before it starts a thread: they inherit it
+                w = self._start_worker(att, slot, bindings[i] if bindings else None, base_env)
                 sup.add_worker(w)
                 att.workers.append(w)
                 guard.watch(w.pgid)
@@ -451,6 +430,21 @@ class AttemptRunner:
         finally:
             self._end_attempt(att, guard, watchers)
         return cause
+
+    def _start_worker(self, att: Attempt, slot: DeviceSlot, binding: Binding | None,
+                      base_env: dict[str, str]) -> WorkerProcess:
+        """One rank's worker: a standby (unbound ranks only) or a promoted spare node's warm
+        worker where one waits, else a new process; bound to its NUMA CPUs where asked."""
+        env_of = _env_of(att, slot, base_env)
+        w = self.standbys.take(slot, env_of(-1), att.logs[slot.rank].path) if binding is None else None
+        if w is None and self.spare_node_workers is not None:  # a spare node promoted: its warm workers
+            w = self.spare_node_workers.take(slot, env_of(-1), att.logs[slot.rank].path)
+        if w is None:
+            w = spawn(bound(binding, self._command_of(slot.local)), env_of, slot, att.logs[slot.rank].path)
+        if binding is not None and not shutil.which("numactl"):
+            with contextlib.suppress(ProcessLookupError):  # already gone: its exit tells the rest
+                os.sched_setaffinity(w.pid, binding.cpus)  # before it starts a thread: they inherit it
+        return w
 
     def _first_step(self, record: Record) -> None:
         """The attempt's first completed step: its start, which the standbys' imports would slow
@@ -567,6 +561,40 @@ def _save_cut(cause: RootCause, unfinished: tuple[str, ...], newest: Path | None
     return dataclasses.replace(cause, exit_code=int(ExitCode.FAILURE),
                                message=f"{cause.message}; the final checkpoint was NOT saved: {'; '.join(unfinished)}; "
                                        f"{fallback}")
+
+
+def _final_save(cause: RootCause | None, sup: Supervision, checkpoints: RunCheckpoints, mode: str,
+                checkpoint_dir: Path) -> tuple[RootCause | None, str | None]:
+    """How the final save of a stopped attempt went ("saved", "not saved", None: none was
+    due), and the outcome that says so: a cut save names what was left unfinished, a
+    finished one names the checkpoint."""
+    final_save = sup.final_save()
+    if final_save == "not saved" and cause is not None:
+        cause = _save_cut(cause, sup.state.graceful.unfinished, checkpoints.newest_of_this_run())
+        if mode == "train":  # every worker is gone: the cut save's temp file has no writer left
+            remove_orphans(checkpoint_dir)
+    elif final_save == "saved" and checkpoints.newest_of_this_run() is not None and cause is not None:
+        newest = checkpoints.newest_of_this_run()
+        # in the outcome itself: every node names the same checkpoint (rank 0 wrote it; each rank reported it)
+        cause = dataclasses.replace(cause, message=f"{cause.message}; checkpoint step "
+                                                   f"{checkpoints.step_of(newest)} saved: {newest}")
+    return cause, final_save
+
+
+def _env_of(att: Attempt, slot: DeviceSlot, base_env: dict[str, str]) -> Callable[[int], dict[str, str]]:
+    """A rank's environment given the fd of its status pipe; its error file is cleared now, so
+    only what this attempt's rank writes may be read back."""
+    plan = att.setup.plan
+    error_file = error_file_for(att.logs[slot.rank].path)
+    error_file.unlink(missing_ok=True)
+    extra = att.live.worker_env if att.live is not None and not att.live.off else {}
+    if att.setup.join_generation:  # a spare node taking a dead node's place: its ranks join the group
+        extra = {**extra, contract.JOIN_GENERATION: str(att.setup.join_generation)}
+
+    def env_of(fd: int, slot=slot, ef=str(error_file), extra=extra) -> dict[str, str]:
+        return {**worker_env(base_env, plan, slot, att.run_env, fd, error_file=ef), **extra}
+
+    return env_of
 
 
 def _start_watchers(cfg: Config, plan: DevicePlan, run_dir: Path, sup: Supervision, att: Attempt,

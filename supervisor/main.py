@@ -80,10 +80,7 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
     cfg, node = launch.config, launch.node
     mode = "script" if launch.script else "train"
     if launch.script is None:  # the built-in trainer: a too-old torch is exit 2 here, not a crash in every worker
-        try:
-            check_torch_version(installed_torch_version())
-        except TorchTooOld as exc:
-            _refuse(console, str(exc), exc.exit_code)
+        _check_torch(console)
     plan, left_out = _plan(launch, console)
     try:  # before the pre-flight checks: they read these paths too, and would trip over a bad one
         validate_launch(cfg, plan, train=mode == "train", hosted_nodes=_hosted_nodes(node, cfg))
@@ -110,15 +107,9 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
     job = Job(launch, plan, run_id, run_dir, command, started_at, t0, console, _stop_timeout(cfg.system.stop_timeout),
               excluded=left_out.gpus)
     job.start_guard()  # before any helper or the dataset build starts a process: none outlives us, ever
-    if not node.multi and listen is not None:
-        job.rendezvous = SingleNode(launch.store, listen)  # held for the job; every attempt serves from it
-    if node.multi:  # the agent imports torch while the dataset is prepared
-        hang, _ = hang_timeouts(cfg.preset, cfg.system.hang_timeout, cfg.system.startup_timeout,
-                                script=mode == "script")
-        job.rendezvous = MultiNode(node, cfg, mode, run_id, run_dir, bind_ip, listen, python_env(),
-                                   helper_preexec(), finish_wait=max(60.0, hang), run_id_given=bool(launch.run_id))
-        if listen is not None:
-            listen.close()  # the agent holds it now
+    rendezvous = _rendezvous(launch, mode, run_id, run_dir, listen, bind_ip)
+    if rendezvous is not None:  # else the single node's default
+        job.rendezvous = rendezvous
     try:
         if mode == "train":
             failure = job.prepare_dataset()
@@ -130,6 +121,30 @@ def _run(launch: Launch, console: Console, started_at: str, t0: float) -> int:
         job.rendezvous.close()
         job.release_guard()  # a no-op unless the run ended before its attempts
         job.reap_helpers()  # the exit code comes after every process the launcher started is gone
+
+
+def _check_torch(console: Console) -> None:
+    """A torch older than the trainer needs: one line and its exit code."""
+    try:
+        check_torch_version(installed_torch_version())
+    except TorchTooOld as exc:
+        _refuse(console, str(exc), exc.exit_code)
+
+
+def _rendezvous(launch: Launch, mode: str, run_id: str, run_dir: Path, listen: socket.socket | None,
+                bind_ip: str | None) -> SingleNode | MultiNode | None:
+    """The job's rendezvous where it is not the default one: torchrun's store flags on one node
+    (served from the socket bound at the start, held for the job; every attempt serves from
+    it), or a multi-node job's agent (it imports torch while the dataset is prepared)."""
+    cfg, node = launch.config, launch.node
+    if not node.multi:
+        return SingleNode(launch.store, listen) if listen is not None else None
+    hang, _ = hang_timeouts(cfg.preset, cfg.system.hang_timeout, cfg.system.startup_timeout, script=mode == "script")
+    agent = MultiNode(node, cfg, mode, run_id, run_dir, bind_ip, listen, python_env(),
+                      helper_preexec(), finish_wait=max(60.0, hang), run_id_given=bool(launch.run_id))
+    if listen is not None:
+        listen.close()  # the agent holds it now
+    return agent
 
 
 def _notices(launch: Launch, left_out: StartExclusion, markers: dict[str, str]) -> None:

@@ -106,6 +106,13 @@ def _join_if_spare(cfg: Config, identity: WorkerIdentity, device: torch.device, 
     return join_as_newcomer(cfg, identity, device, generation)
 
 
+def _allow_tf32(device: torch.device) -> None:
+    """TF32 tensor cores on Ampere and later: matmuls in fp32 run several times faster."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
 class Trainer:
     carried: list[tuple[int, BatchSource]]  # a shrunk group: the lost ranks' data slots this one trains too
     carried_micro_losses: list[torch.Tensor]  # the last step's micro-batch losses of the slots carried
@@ -121,9 +128,7 @@ class Trainer:
         t = cfg.training
         status.send("phase", name="init")
         live.at("init")
-        if device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = True  # TF32 tensor cores on Ampere+
-            torch.backends.cudnn.allow_tf32 = True
+        _allow_tf32(device)
         rng.seed_everything(cfg.system.seed)
         precision = Precision.choose(cfg, device)
         attention, why = resolve_backend(cfg.model.attention, device, precision.autocast_dtype)
@@ -135,16 +140,8 @@ class Trainer:
                                            joining=joining is not None,
                                            buckets=joining.buckets if joining is not None else None)
         self.sync = GradientSync(self.engine.inner, layout.strategy, identity.world_size, live)
-        n_params = self.engine.n_params
-        self._log_rank0(f"{identity.bracket} model: {n_params / 1e6:.2f}M parameters, {self.args.n_layers} layers, "
-                        f"dim {self.args.dim}, vocab {self.args.vocab_size} | strategy {layout.describe()} "
-                        f"x{identity.world_size}{f' ({layout_note})' if layout_note else ''} | "
-                        f"attention {attention} ({why}) | "
-                        f"precision {precision.autocast_dtype or 'fp32'}{' + grad scaler' if precision.use_scaler else ''}"
-                        f"{' | compiled per block' if compile_enabled(cfg, device) else ''}")
-        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        self.flops = FlopsModel.for_model(self.engine.n_matmul_params, self.args.n_layers,
-                                          self.args.n_heads, self.args.head_dim, cfg.data.context_length, name)
+        self._log_rank0(self._model_line(precision, attention, why))
+        self.flops = self._flops_model()
         self.schedule, self.saves = WarmupCosine.from_config(t), SaveSchedule.of(t)  # the learning rate; the saves
         self.checkpointer = Checkpointer(
             self.engine, Path(cfg.system.checkpoint_dir), t.keep_last, identity.rank, identity.world_size,
@@ -170,6 +167,23 @@ class Trainer:
         if joining is not None:
             self.recovery.join(joining)
             self.reporter.restart_window(self.step)
+
+    def _model_line(self, precision: Precision, attention: str, why: str) -> str:
+        """What this run trains, in the one line rank 0 prints: size, layout, attention, precision."""
+        args, identity, layout_note = self.args, self.identity, self.layout_note
+        return (f"{identity.bracket} model: {self.engine.n_params / 1e6:.2f}M parameters, {args.n_layers} layers, "
+                f"dim {args.dim}, vocab {args.vocab_size} | strategy {self.layout.describe()} "
+                f"x{identity.world_size}{f' ({layout_note})' if layout_note else ''} | "
+                f"attention {attention} ({why}) | "
+                f"precision {precision.autocast_dtype or 'fp32'}{' + grad scaler' if precision.use_scaler else ''}"
+                f"{' | compiled per block' if compile_enabled(self.cfg, self.device) else ''}")
+
+    def _flops_model(self) -> FlopsModel:
+        """The FLOPs per token of this model, and the peak of this device (MFU's two halves)."""
+        device = self.device
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        return FlopsModel.for_model(self.engine.n_matmul_params, self.args.n_layers,
+                                    self.args.n_heads, self.args.head_dim, self.cfg.data.context_length, name)
 
     def _log_rank0(self, message: str) -> None:
         if self.identity.rank == 0:

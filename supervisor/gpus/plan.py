@@ -55,25 +55,34 @@ def plan_gpus(
         raise DeviceError(f"GPU {_ids(requested)} requested but no GPU is usable: {exc}", ExitCode.USAGE) from None
     allowed = allowed_gpus(inventory, allowed_env)
     if requested is None:
-        allowed = _avoided(_without_unusable(allowed), avoid)
-        chosen = allowed
-        if first is not None and allowed:
-            if first > len(allowed):
-                raise DeviceError(f"--nproc {first} asks for more workers than the {len(allowed)} usable GPU(s) "
-                                  f"({_ids([g.index for g in allowed])})", ExitCode.USAGE)
-            chosen = allowed[:first]
+        chosen = _automatic(_avoided(_without_unusable(allowed), avoid), first)
     else:
         chosen = [_pick(inventory, allowed, allowed_env, gpu_id) for gpu_id in _unique(requested)]
+    _refuse_unusable(chosen)
+    if not force:
+        _refuse_busy(chosen, requested is None)
+    _claim(chosen, force, lock_dir)
+    return chosen
+
+
+def _automatic(allowed: list[GpuInfo], first: int | None) -> list[GpuInfo]:
+    """The automatic choice (no --gpus): every usable allowed GPU, or the first `first` of them."""
+    if first is None or not allowed:
+        return allowed
+    if first > len(allowed):
+        raise DeviceError(f"--nproc {first} asks for more workers than the {len(allowed)} usable GPU(s) "
+                          f"({_ids([g.index for g in allowed])})", ExitCode.USAGE)
+    return allowed[:first]
+
+
+def _refuse_unusable(chosen: list[GpuInfo]) -> None:
+    """A chosen GPU that is lost (exit 4) or otherwise unusable (exit 2) ends the plan here."""
     for gpu in chosen:
         if gpu.lost:
             raise DeviceError(f"GPU {gpu.index} cannot be used: it is lost ({gpu.lost}); "
                               "check `nvidia-smi` and dmesg for XID errors", ExitCode.DEVICE)
         if gpu.unusable:
             raise DeviceError(f"GPU {gpu.index} cannot be used: {gpu.unusable}", ExitCode.USAGE)
-    if not force:
-        _refuse_busy(chosen, requested is None)
-    _claim(chosen, force, lock_dir)
-    return chosen
 
 
 def release_claims() -> None:

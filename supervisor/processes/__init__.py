@@ -1,7 +1,9 @@
 """The worker processes of an attempt: started so they can never outlive the supervisor,
 watched by one event loop, and torn down together.
 
-  Supervision (supervision.py): the event loop: pipes, reaping, events for the policy, its actions done
+  Supervision (supervision.py): the event loop: pipes, reaping, events for the policy, its actions done;
+    its parts: WakeUps (wakeups.py), Announcer (announcing.py), HangWatch (hang_watch.py), LiveRanks
+    (live_ranks.py), worker_cause (worker_causes.py), answer_requests (spare_answers.py)
   Phase, decide (policy.py): the supervision policy, a pure function of events and time
   spawn, WorkerProcess (spawn.py): one worker in its own process group, death signal set;
     helper_preexec: a helper's death signal, and stop signals ignored

@@ -20,7 +20,7 @@ The time is the injected clock's (`time.monotonic` by default), so a test can dr
 Publishing the root cause may be slow (under SLURM, attempt_run.py asks `scontrol` why the
 job was stopped, up to its timeout; multi-node, the cause goes to the store): it runs on a
 worker thread, its answer comes back through the wake-up pipe as a `Published` event, and
-the loop never blocks on it. At the end the loop waits for it at most ANNOUNCE_WAIT.
+the loop never blocks on it. At the end the loop waits for it at most ANNOUNCE_WAIT (announcing.py).
 
 Teardown: the teardown signal (gpuherd's worker: TEARDOWN_SIGNAL, which only the supervisor
 sends; a --script: SIGTERM) (+ SIGCONT, so a stopped worker can act on it) to every worker's
@@ -38,11 +38,9 @@ SIGTERM/SIGHUP/SIGQUIT, 143 for SIGUSR1/2.
 
 from __future__ import annotations
 
-import os
 import queue
 import signal
 import subprocess
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -52,24 +50,27 @@ from loguru import logger
 
 from gpuherd.exit_codes import ExitCode
 from gpuherd.status_records import Record, Stop
-from supervisor.health import PROC_SAMPLE_S, FatalCause, Heartbeats, MetricsSink, ProcReader, traces
+from supervisor.health import FatalCause, Heartbeats, MetricsSink, traces
 from supervisor.output import LogRouter, WorkerPipes
 from supervisor.processes import policy as pol
-from supervisor.processes.error_file import error_file_for, read_error_file
+from supervisor.processes.announcing import Announcer
+from supervisor.processes.hang_watch import HangWatch
+from supervisor.processes.live_ranks import LiveRanks
 from supervisor.processes.live_recovery import LiveRecovery
 from supervisor.processes.policy import Phase
-from supervisor.processes.signal_rules import inherited_ignored
-from supervisor.processes.spare_requests import Answer, Facts, SpareDesk, judge
+from supervisor.processes.spare_answers import answer_requests
+from supervisor.processes.spare_requests import SpareDesk
 from supervisor.processes.spawn import WorkerProcess
-from supervisor.processes.straggler_out import moved_out, straggler_cause, straggler_spare
+from supervisor.processes.straggler_out import straggler_cause, straggler_spare
 from supervisor.processes.stopping import QUIT, STOP_REQUESTS, StopRules
+from supervisor.processes.wakeups import WakeUps
+from supervisor.processes.worker_causes import exit_failure, suspect_gpu, worker_cause
 from supervisor.summary import RootCause, how_it_ended, shell_code
 
 LOOP_GAP = 1.0  # the loop slept this much longer than it asked to: the supervisor was stopped
 CATCH_UP_CHUNKS = 256  # per pipe after a stop: 16 MiB, so a flooding worker cannot hold the loop
 LIVE_STEP_S = 5.0  # a rank's liveness record this fresh saying phase `step`: it is inside a step
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGCHLD, signal.SIGCONT, QUIT, *STOP_REQUESTS)
-ANNOUNCE_WAIT = 8.0  # at the end: the longest wait for a root cause still being published (scontrol's 5 s)
 
 
 class Supervision:
@@ -101,33 +102,23 @@ class Supervision:
                                teardown_signal=stop.teardown_signal, stacks_signal=stop.stacks_signal)
         self.state = pol.State()
         self.script = script
-        self.unwatched_why = unwatched_why
         self.notes: list[str] = []
         self.all_gone_at: float | None = None
-        self._wake_r, self._wake_w = os.pipe()
-        for fd in (self._wake_r, self._wake_w):
-            os.set_blocking(fd, False)
-        self._signals: list[int] = []
+        self.wakeups = WakeUps()  # the signal handlers and other threads wake the loop through it
         self._fatal: queue.SimpleQueue[FatalCause] = queue.SimpleQueue()
         self.pipes = WorkerPipes(router, self._record, metrics.write_lines)
         self._reap_due = True
         self._last_reap = 0.0
         self._last_check = 0.0
-        self.procs = ProcReader()  # the kernel's view of each worker, handed to the hang judge
-        self._proc_read = float("-inf")
-        self._old_handlers: dict[int, object] = {}
+        self.hangs = HangWatch(heartbeats, unwatched_why)  # when /proc is read, what the hang judge says
+        self.ranks = LiveRanks(live, self.workers, heartbeats, self.hangs.procs, self.pipes)  # spares taking ranks
         self._helpers: list[tuple[str, subprocess.Popen, Callable[[], str]]] = []
-        self._old_wakeup = -1
         self._remote: queue.SimpleQueue[RootCause] = queue.SimpleQueue()
         self._regroups: queue.SimpleQueue[tuple[int, dict | None]] = queue.SimpleQueue()
-        self._published: queue.SimpleQueue[tuple[RootCause, RootCause | None]] = queue.SimpleQueue()
-        self._announcing: list[threading.Thread] = []
-        self._announce_lock = threading.Lock()  # an answer after the wait is over is dropped, never woken for
-        self._announce_open = True
+        self.announcer = Announcer(on_cause, self.wakeups.wake)  # publishes the cause off the loop
         self._events: deque[pol.Event] = deque()  # the policy's events not decided yet, oldest first
         self._deciding = False
         self._clock = clock
-        self._on_cause = on_cause
         self._on_record = on_record
         self._resumed = False  # SIGCONT came: the supervisor itself was stopped meanwhile (I/O, not policy)
         self.trace_dir = trace_dir
@@ -152,52 +143,36 @@ class Supervision:
     def add_worker(self, w: WorkerProcess) -> None:
         self.workers[w.slot.rank] = w
         self.heartbeats.ranks[w.slot.rank].spawned = w.started
-        self.procs.watch(w.slot.rank, w.pid)
+        self.hangs.procs.watch(w.slot.rank, w.pid)
 
     def install_signal_handlers(self) -> None:
         """Before the first spawn: a SIGCHLD or Ctrl-C from then on is never missed."""
-        def on_signal(signum: int, _frame: object) -> None:
-            self._signals.append(signum)
-
-        for sig in HANDLED_SIGNALS:
-            if sig not in inherited_ignored():  # ignored when gpuherd started: ignored for the whole run
-                self._old_handlers[sig] = signal.signal(sig, on_signal)
-        self._old_wakeup = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        self.wakeups.install(HANDLED_SIGNALS)
 
     def restore_signal_handlers(self) -> None:
-        signal.set_wakeup_fd(self._old_wakeup)
-        for sig, handler in self._old_handlers.items():
-            signal.signal(sig, handler)
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        self.wakeups.restore()
 
     def report_fatal(self, cause: FatalCause) -> None:
         """Thread-safe: a watcher (or the rendezvous store) ends the run."""
         self._fatal.put(cause)
-        self._wake()
+        self.wakeups.wake()
 
     def report_remote(self, cause: RootCause) -> None:
         """Thread-safe: the job failed elsewhere (another node); tear this node down."""
         self._remote.put(cause)
-        self._wake()
+        self.wakeups.wake()
 
     def report_regroup(self, generation: int, claim: dict | None) -> None:
         """Thread-safe: a node of the job claimed rebuilt group `generation` (a multi-node live recovery)."""
         self._regroups.put((generation, claim))
-        self._wake()
-
-    def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"\0")
-        except BlockingIOError:
-            pass  # the pipe is full: the loop is awake already
+        self.wakeups.wake()
 
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> RootCause | None:
         for rank, w in self.workers.items():
             self.pipes.add(rank, w.popen.stdout, w.popen.stderr, w.status_fd)
-        self.pipes.wake_on(self._wake_r, self._drain_wakeups)
+        self.pipes.wake_on(self.wakeups.read_fd, self.wakeups.drain)
         while True:
             before = self._clock()
             timeout = self._timeout(before)
@@ -231,17 +206,10 @@ class Supervision:
 
     def _timeout(self, now: float) -> float:
         deadlines = [now + 0.5]
-        for d in (self.state.deadline, self.router.next_deadline(), self._stop_due()):
+        for d in (self.state.deadline, self.router.next_deadline(), self.hangs.stop_due(self.cause)):
             if d is not None:
                 deadlines.append(d)
         return max(0.0, min(deadlines) - now)
-
-    def _drain_wakeups(self) -> None:
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except BlockingIOError:
-            pass
 
     def _record(self, rank: int, record: Record, now: float) -> None:
         """A status record from `rank`: the heartbeat judge's, then whoever else listens."""
@@ -296,8 +264,7 @@ class Supervision:
             elif isinstance(action, pol.Note):
                 self.notes.append(action.message)
             elif isinstance(action, pol.Publish):
-                if self._on_cause is not None:
-                    self._announce(action.cause)
+                self.announcer.announce(action.cause)
             elif isinstance(action, pol.RequestTraces):
                 traces.request(self.trace_dir)
             elif isinstance(action, pol.AnalyseTraces):  # the collective traces are in (or their wait is over)
@@ -306,52 +273,29 @@ class Supervision:
             elif isinstance(action, pol.Forward):
                 self._forward(action)
             elif isinstance(action, pol.ReplaceLive):
-                self._replace_live(action, now)
+                if not self.ranks.replace(action.rank, action.cause, now):  # it said why; the policy decides
+                    self._decide(pol.ReplaceFailed(self._view(now), action.rank, action.cause))
             elif isinstance(action, pol.Regrow):
-                self._regrow(action, now)
+                self.ranks.regrow(action.rank, now)
             elif isinstance(action, pol.GiveUpLive) and self.live is not None:
                 self.live.give_up(action.cause)
 
-    def _announce(self, cause: RootCause) -> None:
-        """`on_cause` on a worker thread: it may ask SLURM (a subprocess, seconds) or the store."""
-        def publish() -> None:
-            try:
-                published = self._on_cause(cause)
-            except Exception as exc:  # noqa: BLE001 - the cause stands as it is; the run goes on
-                logger.warning(f"the root cause could not be published: {type(exc).__name__}: {exc}")
-                published = None
-            with self._announce_lock:
-                if self._announce_open:  # else the loop is over and its wake-up pipe may be closed
-                    self._published.put((cause, published))
-                    self._wake()
-
-        thread = threading.Thread(target=publish, name="gpuherd-publish", daemon=True)
-        self._announcing.append(thread)
-        thread.start()
-
     def _handle_published(self, now: float) -> None:
-        while not self._published.empty():
-            cause, published = self._published.get()
+        for cause, published in self.announcer.answers():
             if published is not None and published != cause:
                 self._decide(pol.Published(self._view(now), published, of=cause))
 
     def _await_announcements(self) -> None:
         """The root cause as published becomes the attempt's, so its answer is waited for (bounded)."""
-        deadline = time.monotonic() + ANNOUNCE_WAIT  # a real wait, whatever clock the policy is given
-        for thread in self._announcing:
-            thread.join(timeout=max(0.0, deadline - time.monotonic()))
-        with self._announce_lock:
-            self._announce_open = False
-        if any(thread.is_alive() for thread in self._announcing):
-            logger.warning(f"publishing the root cause took over {ANNOUNCE_WAIT:g} s: it stands as this node saw it")
+        self.announcer.wait()
         self._handle_published(self._clock())
 
     def _handle_signals(self, now: float) -> None:
-        while self._signals:
-            signum = self._signals.pop(0)
+        while self.wakeups.signals:
+            signum = self.wakeups.signals.pop(0)
             if signum == signal.SIGCHLD:
                 self._reap_due = True
-                self._proc_read = float("-inf")  # a worker stopped, continued or exited: /proc is read now
+                self.hangs.read_now()  # a worker stopped, continued or exited: /proc is read now
             elif signum == signal.SIGCONT:
                 self._resumed = True
             else:
@@ -401,27 +345,14 @@ class Supervision:
         st = self.heartbeats.ranks[w.slot.rank]
         failure, spare = None, None
         if code != 0 and self.cause is None:
-            failure = self._failure(w, code, now)
-            spare = self._spare(w.slot.rank, suspect_gpu=_suspect_gpu(w, failure))
+            failure = exit_failure(w, code, now, self.router.logs[w.slot.rank], st.error, self.script)
+            spare = self.ranks.spare(w.slot.rank, suspect=suspect_gpu(w, failure))
         self._decide(pol.Exited(self._view(now), w.slot.rank, w.slot.tag, code, how_it_ended(w.returncode),
                                 done=st.done, killed_by_us="SIGKILL" in w.signalled, failure=failure,
                                 where=st.describe(), spare=spare))
 
-    def _failure(self, w: WorkerProcess, code: int, now: float) -> RootCause:
-        """A worker's failure as the root cause: its own account first (torch's @record error
-        file), else its status record."""
-        message = (f"{w.slot.tag} (rank {w.slot.rank}) {how_it_ended(w.returncode, self.script)} "
-                   f"after {now - w.started:.1f} s")
-        error = read_error_file(error_file_for(w.log_path))
-        st_error = self.heartbeats.ranks[w.slot.rank].error
-        if error is not None or st_error:
-            message += f": {error.message if error is not None else st_error}"
-        return self._worker_cause("worker-exit", code, message, w,
-                                  script_code=self.script and w.returncode > 0,  # a signal's death: nobody's code
-                                  traceback=list(error.traceback) if error is not None else [])
-
     def _timers(self, now: float) -> None:
-        if self.cause is None and (now - self._last_check >= 0.25 or self._proc_read_due(now)):
+        if self.cause is None and (now - self._last_check >= 0.25 or self.hangs.read_due(now, self.cause)):
             self._last_check = now
             self._judge_live_recovery(now)  # first: a survivor stuck in the broken group is no hang of its own
             if self.cause is None:
@@ -444,45 +375,17 @@ class Supervision:
 
     def _judge_heartbeats(self, now: float) -> None:
         alive = {w.slot.rank for w in self._alive()}
-        unwatched = self.heartbeats.newly_unwatched(now, alive)
-        if unwatched and self.unwatched_why:
-            logger.info(f"rank(s) {', '.join(map(str, unwatched))} sent no heartbeat in their first "
-                        f"{self.heartbeats.timeouts.allowance('startup'):g} s: {self.unwatched_why}")
-        samples = ()
-        if now - self._proc_read >= PROC_SAMPLE_S or self._proc_read_due(now):
-            self._proc_read, samples = now, self.procs.read()
-        verdict = self.heartbeats.check(now, alive, samples)
-        while self.heartbeats.notices:
-            logger.info(self.heartbeats.notices.pop(0))
+        verdict = self.hangs.verdict(now, alive, self.cause)
         if verdict is None:
             return
         code = ExitCode.RENDEZVOUS if verdict.kind == "rendezvous" else ExitCode.HANG
         cause = self._worker_cause(verdict.kind, code, verdict.message, self.workers[verdict.rank],
                                    evidence=list(verdict.evidence))
         self._decide(pol.HangFound(self._view(now), cause, frozenset(self.heartbeats.responsive(now, alive)),
-                                   spare=self._spare(verdict.rank),
+                                   spare=self.ranks.spare(verdict.rank),
                                    stopped=frozenset(w.slot.rank for w in self._alive() if w.stopped())))
 
-    def _stop_due(self) -> float | None:
-        """When the decisive rule for a stopped rank wants its /proc read (Heartbeats.stop_due): a
-        stopped rank is judged the moment it has been stopped DECISIVE_STOP_S, not up to a sampling
-        period later. None once a cause is set (the teardown judges nothing)."""
-        return self.heartbeats.stop_due() if self.cause is None else None
-
-    def _proc_read_due(self, now: float) -> bool:
-        """A read out of turn: a SIGCHLD came (the kernel tells the parent at once when a child
-        stops), or a stop is to be shown 3 s long (`_stop_due`)."""
-        due = self._stop_due()
-        return self._proc_read == float("-inf") or (due is not None and now >= due and self._proc_read < due)
-
     # ------------------------------------------------------------------ live recovery (live_recovery.py)
-
-    def _spare(self, rank: int, suspect_gpu: bool = False) -> pol.Spare | None:
-        """Can a warm spare take `rank` now, the other live ranks surviving (None: no live recovery)."""
-        if self.live is None:
-            return None
-        return pol.Spare(self.live.why_not(rank, [w.slot.rank for w in self._alive() if w.slot.rank != rank],
-                                           suspect_gpu=suspect_gpu))
 
     def _judge_stragglers(self, now: float) -> None:
         """A rank slower than the others for the set time (health/straggler_moves.py): the policy
@@ -522,74 +425,17 @@ class Supervision:
         if why is not None:
             self._decide(pol.RecoveryStuck(self._view(now), RootCause("rendezvous", ExitCode.FAILURE, why)))
 
-    def _replace_live(self, action: pol.ReplaceLive, now: float) -> None:
-        """The policy's `ReplaceLive`: live recovery takes the lost rank (live_policy.py decides: a
-        warm spare, whose pipes and heartbeats are read as the rank's from now on, or with
-        --min-replicas the survivors go on without it); if it cannot (said why), the policy decides."""
-        lost = self.workers[action.rank]
-        survivors = [o for o in self._alive() if o is not lost]
-        recovered, new = (False, None) if self.live is None else \
-            self.live.recover(lost, action.cause, survivors, now, suspect_gpu=_suspect_gpu(lost, action.cause))
-        if not recovered:
-            self._decide(pol.ReplaceFailed(self._view(now), action.rank, action.cause))
-            return
-        moved_out(self.live, self.heartbeats.stragglers, action.rank, now)
-        if new is not None:
-            self._serve(action.rank, new, now)
-
     def _offer_regrow(self, now: float) -> None:
         """A shrunk group and a warm spare: the policy decides whether it takes back a carried rank now."""
         rank = self.live.regrow_candidate() if self.live is not None else None
         if rank is not None:
             self._decide(pol.SpareReady(self._view(now), rank))
 
-    def _regrow(self, action: pol.Regrow, now: float) -> None:
-        """The policy's `Regrow`: a warm spare serves the carried rank from now on (its old process
-        is long gone); the group rebuilds with it at its next step boundary."""
-        carried = self.workers[action.rank]
-        new = self.live.regrow(carried.slot, carried.log_path, self._alive(), now)
-        if new is not None:
-            self._serve(action.rank, new, now)
-
     def _answer_requests(self) -> None:
-        """`gpuherd spare`: each request judged (spare_requests.judge) and answered; a granted one
-        starts a spare, which takes its carried rank back once warm (`_offer_regrow`)."""
-        for request in self.requests.take():
-            verdict = judge(request, self._facts())
-            answer = verdict if isinstance(verdict, Answer) else self._start_asked_spare(verdict)
-            logger.log("INFO" if answer.granted else "WARNING", f"gpuherd spare: {answer.message}")
-            self.requests.answer(request.id, answer)
-
-    def _start_asked_spare(self, rank: int) -> Answer:
-        tag = self.workers[rank].slot.tag
-        try:
-            spare = self.live.ask_spare(rank)
-        except OSError as exc:
-            return Answer(ExitCode.FAILURE, f"the spare for rank {rank} could not be started: {exc}")
-        return Answer(ExitCode.OK, f"warm spare pid {spare.pid} started for rank {rank} on {tag}: the group grows "
-                                   "back to it at a step boundary once it is warm",
-                      rank=rank, device=tag, pid=spare.pid)
-
-    def _facts(self) -> Facts:
-        """What a spare request is judged by: the phase, the carried ranks, the spares already there."""
-        live = self.live
+        """`gpuherd spare` (spare_answers.py); a granted spare takes its carried rank back once warm
+        (`_offer_regrow`)."""
         running = None if self.phase is Phase.RUNNING and self.cause is None else self.phase.value
-        devices = {rank: (w.slot.tag, w.slot.uuid) for rank, w in self.workers.items()}
-        if live is None:
-            return Facts(running, "live recovery is off (--max-restarts with --min-replicas lets a group shrink, "
-                                  "then grow back)", {}, devices, {})
-        pids = [s.pid for s in live.pool.spares if s.poll() is None]
-        carried = {rank: devices[rank][0] for rank in live.carried()}  # this node's: its spares take them back
-        asked = {live.asked[pid]: pid for pid in pids if live.asked.get(pid) in carried}
-        return Facts(running, live.off, carried, devices, asked, tuple(p for p in pids if p not in live.asked),
-                     finished=live.finished, elsewhere=live.carried_elsewhere(), dead_nodes=live.dead_nodes())
-
-    def _serve(self, rank: int, new: WorkerProcess, now: float) -> None:
-        """`new` (a promoted spare) is `rank`'s worker: its pipes and heartbeats are read as the rank's."""
-        self.workers[rank] = new
-        self.heartbeats.rejoin(rank, now)
-        self.procs.watch(rank, new.pid)
-        self.pipes.replace(rank, new.popen.stdout, new.popen.stderr, new.status_fd)
+        answer_requests(self.requests, self.live, self.workers, running)
 
     # ------------------------------------------------------------------ helpers
 
@@ -597,10 +443,7 @@ class Supervision:
         return [w for w in self.workers.values() if w.alive]
 
     def _worker_cause(self, kind: str, code: int, message: str, w: WorkerProcess, **more: object) -> RootCause:
-        """A rank's cause, complete (RootCause is immutable): its stderr tail so far, and `more`."""
-        log = self.router.logs[w.slot.rank]
-        return RootCause(kind, int(code), message, rank=w.slot.rank, device=w.slot.tag,
-                         stderr_tail=[line.decode(errors="replace") for line in log.stderr_tail], **more)
+        return worker_cause(kind, code, message, w, self.router.logs[w.slot.rank], **more)
 
     def final_save(self) -> str | None:
         """After a graceful stop: "saved", "not saved" (see `graceful.unfinished`), or None."""
@@ -616,9 +459,3 @@ class Supervision:
             w.signal_group(signal.SIGKILL)
             w.poll()
 
-
-def _suspect_gpu(w: WorkerProcess, cause: RootCause) -> bool:
-    """The rank left over its own GPU (exit 8, a suspect device; a straggler moved out): never
-    replaced on the same GPU."""
-    return w.slot.kind == "cuda" and (cause.exit_code == ExitCode.DEVICE_SUSPECT and not cause.script_code
-                                      or cause.kind == "straggler")

@@ -60,24 +60,8 @@ def worker_env(base: Mapping[str, str], plan: DevicePlan, slot: DeviceSlot, run:
     gpuherd's own markers (contract.INTERNAL_VARS) is taken from `base`: each is this worker's own
     or absent, never one left in the environment of whoever started the supervisor."""
     env = {name: value for name, value in base.items() if name not in contract.INTERNAL_VARS}
-    world = str(run.world_size or plan.world_size)
+    env.update(_torchrun_env(plan, slot, run))
     env.update({
-        "RANK": str(slot.rank),
-        "LOCAL_RANK": "0" if run.virtual_local_rank else str(slot.local),
-        "WORLD_SIZE": world,
-        "LOCAL_WORLD_SIZE": str(plan.world_size),
-        "GROUP_RANK": str(run.node_rank),
-        "GROUP_WORLD_SIZE": str(run.nnodes),
-        "ROLE_RANK": str(slot.rank),
-        "ROLE_NAME": run.role,
-        "ROLE_WORLD_SIZE": world,
-        "MASTER_ADDR": run.master_addr,
-        "MASTER_PORT": str(run.master_port),
-        "TORCHELASTIC_RUN_ID": run.run_id,
-        "TORCHELASTIC_RESTART_COUNT": str(run.restart_count),
-        "TORCHELASTIC_MAX_RESTARTS": str(run.max_restarts),
-        "TORCHELASTIC_USE_AGENT_STORE": "True",
-        "TORCHELASTIC_SIGNALS_TO_HANDLE": run.signals_to_handle,
         contract.GPU_RANK: str(slot.device_id),
         contract.DEVICE_KIND: slot.kind,
         contract.DEVICE_ID: str(slot.device_id),
@@ -108,6 +92,30 @@ def worker_env(base: Mapping[str, str], plan: DevicePlan, slot: DeviceSlot, run:
     if threads is not None:
         env["OMP_NUM_THREADS"] = threads
     return env
+
+
+def _torchrun_env(plan: DevicePlan, slot: DeviceSlot, run: RunEnv) -> dict[str, str]:
+    """The variables torchrun gives its workers, with the same names and meanings, so a
+    script written for torchrun reads its rank, world and store the same way here."""
+    world = str(run.world_size or plan.world_size)
+    return {
+        "RANK": str(slot.rank),
+        "LOCAL_RANK": "0" if run.virtual_local_rank else str(slot.local),
+        "WORLD_SIZE": world,
+        "LOCAL_WORLD_SIZE": str(plan.world_size),
+        "GROUP_RANK": str(run.node_rank),
+        "GROUP_WORLD_SIZE": str(run.nnodes),
+        "ROLE_RANK": str(slot.rank),
+        "ROLE_NAME": run.role,
+        "ROLE_WORLD_SIZE": world,
+        "MASTER_ADDR": run.master_addr,
+        "MASTER_PORT": str(run.master_port),
+        "TORCHELASTIC_RUN_ID": run.run_id,
+        "TORCHELASTIC_RESTART_COUNT": str(run.restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(run.max_restarts),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": run.signals_to_handle,
+    }
 
 
 def _device_env(base: Mapping[str, str], plan: DevicePlan, slot: DeviceSlot, virtual_local_rank: bool) -> dict:

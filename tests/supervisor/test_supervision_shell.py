@@ -9,8 +9,8 @@ import threading
 from dataclasses import replace
 from types import SimpleNamespace
 
+from supervisor.processes import announcing
 from supervisor.processes import policy as pol
-from supervisor.processes import supervision
 from supervisor.processes.stopping import StopRules
 from supervisor.processes.supervision import Supervision
 
@@ -60,7 +60,7 @@ def test_a_publisher_that_fails_leaves_the_cause_as_this_node_saw_it():
 
 
 def test_an_answer_later_than_the_wait_is_dropped(monkeypatch):
-    monkeypatch.setattr(supervision, "ANNOUNCE_WAIT", 0.2)
+    monkeypatch.setattr(announcing, "ANNOUNCE_WAIT", 0.2)
     answer, answered = threading.Event(), threading.Event()
 
     def hung_slurm(cause):
@@ -77,5 +77,5 @@ def test_an_answer_later_than_the_wait_is_dropped(monkeypatch):
         sup.restore_signal_handlers()  # the wake-up pipe is closed: the late answer must not write to it
     answer.set()
     assert answered.wait(10)
-    sup._announcing[0].join(10)
-    assert sup.cause.message == "the supervisor received SIGTERM" and sup._published.empty()
+    sup.announcer.threads[0].join(10)
+    assert sup.cause.message == "the supervisor received SIGTERM" and sup.announcer.published.empty()

@@ -21,7 +21,7 @@ from worker.nan import dump
 from worker.nan.banner import NanReport, SpikeRecord, SpikeReport, render, render_spike
 from worker.nan.consensus import StepVerdict, device_label, gather_dicts, gather_records, hostname
 from worker.nan.findings import RankRecord
-from worker.nan.inspect_model import inspect_model
+from worker.nan.inspect_model import ModelInspection, inspect_model
 from worker.nan.names import local_tensor, named_parameters
 from worker.nan.probes import ForwardProbe, GradProbe
 from worker.nan.spikes import SpikeDetector
@@ -72,35 +72,38 @@ def nonfinite_evidence(model: torch.nn.Module, identity: WorkerIdentity, probes:
         first_bad_gradient=first_grad, ranks=[asdict(r) for r in records],
         sharded=inspection.sharded, hooks=forward is not None,
     )
-
-    def entries() -> dict[str, Any]:
-        selection = dump.select_tensors(model, inspection.affected_layers, max_dump_mb * 2**20)
-        notes = []
-        if inspection.sharded:
-            notes.append(f"FSDP: rank {identity.rank} dumped its local shards; arrays have local shard shapes,"
-                         " 'shapes' holds the global ones; load every rank's file for whole tensors")
-        if selection.empty_shards:
-            notes.append(f"no local elements (empty shards, not dumped): {selection.empty_shards}")
-        omitted = dump.omitted_note(selection, max_dump_mb)
-        if omitted:
-            notes.append(omitted)
-            logger.warning(f"{identity.bracket} {omitted}")
-        return {
-            "parameters": selection.parameters, "gradients": selection.gradients,
-            "affected_layers": report.affected_layers, "first_bad_module": first_module,
-            "first_bad_gradient": first_grad, "ranks": report.ranks, "sharded": inspection.sharded,
-            "shapes": {f.name: f.shape for f in inspection.parameters}, "omitted": selection.omitted,
-            "max_dump_mb": max_dump_mb, "notes": notes, "report": asdict(report),
-        }
-
     origin = [r.rank for r in records if r.evidence] or [r.rank for r in records if r.flagged]
     return Evidence(
         record_type="nan", kind="nonfinite", banner=render(report), origin=origin, reporters=reporters,
         # Under sharding every flagged rank holds a different piece of the state: all of them dump.
         dumpers=sorted(set(reporters) | {r.rank for r in records if r.flagged and r.sharded}),
-        device=device, dump_entries=entries,
+        device=device, dump_entries=lambda: _nonfinite_entries(model, identity, inspection, report, max_dump_mb),
         fields={"loss": number_or_text(loss), "grad_norm": number_or_text(grad_norm)},
     )
+
+
+def _nonfinite_entries(model: torch.nn.Module, identity: WorkerIdentity, inspection: ModelInspection,
+                       report: NanReport, max_dump_mb: int) -> dict[str, Any]:
+    """The pickle entries of a non-finite step; called by the dumping ranks only, since
+    selecting the tensors reads them back to the host."""
+    selection = dump.select_tensors(model, inspection.affected_layers, max_dump_mb * 2**20)
+    notes = []
+    if inspection.sharded:
+        notes.append(f"FSDP: rank {identity.rank} dumped its local shards; arrays have local shard shapes,"
+                     " 'shapes' holds the global ones; load every rank's file for whole tensors")
+    if selection.empty_shards:
+        notes.append(f"no local elements (empty shards, not dumped): {selection.empty_shards}")
+    omitted = dump.omitted_note(selection, max_dump_mb)
+    if omitted:
+        notes.append(omitted)
+        logger.warning(f"{identity.bracket} {omitted}")
+    return {
+        "parameters": selection.parameters, "gradients": selection.gradients,
+        "affected_layers": report.affected_layers, "first_bad_module": report.first_bad_module,
+        "first_bad_gradient": report.first_bad_gradient, "ranks": report.ranks, "sharded": inspection.sharded,
+        "shapes": {f.name: f.shape for f in inspection.parameters}, "omitted": selection.omitted,
+        "max_dump_mb": max_dump_mb, "notes": notes, "report": asdict(report),
+    }
 
 
 def _reporters(records: list[RankRecord]) -> list[int]:
