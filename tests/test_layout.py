@@ -6,7 +6,8 @@
 - No import cycle between modules: module-level imports, those under `if TYPE_CHECKING:` (or any
   other module-level block) included, since a type-only cycle still ties two modules together;
   nor through imports deferred into functions. `from pkg import mod` ties a module to pkg/mod.py.
-- No function of the product longer than 60 lines.
+- No function of the product longer than 50 lines, no class longer than 400 (one named exception,
+  with what is left to do about it).
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("gpuherd", "supervisor", "worker", "dataset_cache")
-MAX_FUNCTION_LINES = 60
+MAX_FUNCTION_LINES = 50
+MAX_CLASS_LINES = 400
+# Over the class cap today, and why: each entry holds its size then, so it may shrink, never grow.
+LONG_CLASSES = {
+    # node 0's state (lost nodes, spare nodes, claims) and the methods that apply the parts' results
+    # to it; under 400 once node 0's side is an object of its own
+    "supervisor/rendezvous/node_agent_main.py::Agent": 579,
+}
 
 
 def _modules(root: Path = REPO, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
@@ -133,7 +141,7 @@ def test_no_import_cycles_through_imports_deferred_into_functions_either():
     assert not cycles, "\n".join(cycles)
 
 
-def test_no_function_over_sixty_lines():
+def test_no_function_over_fifty_lines():
     long = []
     for path in MODULES.values():
         for node in ast.walk(ast.parse(path.read_text())):
@@ -141,6 +149,18 @@ def test_no_function_over_sixty_lines():
                 lines = node.end_lineno - node.lineno + 1
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {lines} lines")
+    assert not long, "\n".join(long)
+
+
+def test_no_class_over_four_hundred_lines():
+    long = []
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                lines = node.end_lineno - node.lineno + 1
+                name = f"{path.relative_to(REPO)}::{node.name}"
+                if lines > LONG_CLASSES.get(name, MAX_CLASS_LINES):
+                    long.append(f"{name}: {lines} lines")
     assert not long, "\n".join(long)
 
 

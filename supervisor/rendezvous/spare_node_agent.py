@@ -129,12 +129,7 @@ def stand_by(conn: Any, me: SpareNode, k: int, record: dict[str, Any]) -> Promot
         me.emit("standing-by", attempt=k, nodes=nodes)
         got = _first(conn, [ping_key(k, s), promote_key(k, s), abort_key(k), CLOSED_KEY])
         if got == ping_key(k, s):
-            if conn.compare_set(pong_key(k, s), "", ALIVE) != ALIVE:
-                me.emit("spare-passed-over", attempt=k,
-                        message=f"spare node {s}: node 0 needed it in round {k} and it did not answer within "
-                                f"{PING_S:g} s (this node was frozen: stopped, swapped out or starved); node 0 "
-                                "passed it over and no longer counts on it, so it stops standing by (nothing of "
-                                "it ran)")
+            if not _answer_ping(conn, me, k):
                 return None
             got = _first(conn, [promote_key(k, s), abort_key(k), CLOSED_KEY])
         if got == CLOSED_KEY:
@@ -143,14 +138,34 @@ def stand_by(conn: Any, me: SpareNode, k: int, record: dict[str, Any]) -> Promot
         if got == abort_key(k):
             k += 1
             continue
-        raw = conn.get(promote_key(k, s))
-        promotion = json_or_none(raw)
-        if not (isinstance(promotion, dict) and isinstance(promotion.get("node"), int)
-                and isinstance(promotion.get("generation"), int) and isinstance(promotion.get("claim"), dict)):
-            cause = malformed(me.where, promote_key(k, s), raw, "node 0's promotion of this spare node")
-            me.emit("spare-refused", attempt=k, message=cause["message"], exit_code=cause["exit_code"])
-            return None
-        return Promotion(k, int(promotion["node"]), int(promotion["generation"]), promotion["claim"], nodes)
+        return _promotion(conn, me, k, nodes)
+
+
+def _answer_ping(conn: Any, me: SpareNode, k: int) -> bool:
+    """Node 0 checks this spare node is alive before it promotes it: answer, unless node 0 already
+    gave up on the answer (this node was frozen meanwhile), which is said (False: stand by no more)."""
+    s = me.s
+    if conn.compare_set(pong_key(k, s), "", ALIVE) == ALIVE:
+        return True
+    me.emit("spare-passed-over", attempt=k,
+            message=f"spare node {s}: node 0 needed it in round {k} and it did not answer within "
+                    f"{PING_S:g} s (this node was frozen: stopped, swapped out or starved); node 0 "
+                    "passed it over and no longer counts on it, so it stops standing by (nothing of "
+                    "it ran)")
+    return False
+
+
+def _promotion(conn: Any, me: SpareNode, k: int, nodes: list[dict[str, Any]]) -> Promotion | None:
+    """Node 0's promotion of this spare node in round k, decoded; None (refused, said) if unreadable."""
+    key = promote_key(k, me.s)
+    raw = conn.get(key)
+    promotion = json_or_none(raw)
+    if not (isinstance(promotion, dict) and isinstance(promotion.get("node"), int)
+            and isinstance(promotion.get("generation"), int) and isinstance(promotion.get("claim"), dict)):
+        cause = malformed(me.where, key, raw, "node 0's promotion of this spare node")
+        me.emit("spare-refused", attempt=k, message=cause["message"], exit_code=cause["exit_code"])
+        return None
+    return Promotion(k, int(promotion["node"]), int(promotion["generation"]), promotion["claim"], nodes)
 
 
 def _first(conn: Any, keys: list[str]) -> str:
