@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
@@ -96,6 +97,7 @@ def init_process_group(cfg: Config, identity: WorkerIdentity, device: torch.devi
     where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
     timeout = timedelta(seconds=cfg.system.rendezvous_timeout)
     backend = backend_for(cfg, device)
+    started = time.monotonic()
     try:
         kwargs: dict[str, Any] = {}
         if device.type == "cuda" and backend == "nccl":
@@ -106,7 +108,7 @@ def init_process_group(cfg: Config, identity: WorkerIdentity, device: torch.devi
     except (RuntimeError, ValueError, TimeoutError) as exc:
         detail = " ".join(str(exc).split())[:300]
         raise WorkerError(
-            f"process group did not form within {cfg.system.rendezvous_timeout:g}s (system.rendezvous_timeout): "
+            f"process group {not_formed(cfg.system.rendezvous_timeout, started)}: "
             f"rank {identity.rank} of {identity.world_size} waited at {where} for the other ranks; {detail}",
             ExitCode.RENDEZVOUS) from None
     if hasattr(dist.distributed_c10d, "_set_pg_timeout"):
@@ -118,14 +120,24 @@ def join_generation(cfg: Config, identity: WorkerIdentity, device: torch.device,
     Exit 5 if it does not form within system.rendezvous_timeout (a second failure: the supervisor
     restarts everyone)."""
     where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+    started = time.monotonic()
     try:
         join_rebuilt(backend_for(cfg, device), cfg.system.rendezvous_timeout, identity.rank, identity.world_size,
                      device, generation)
     except (RuntimeError, ValueError, TimeoutError, KeyError) as exc:
         detail = " ".join(str(exc).split())[:300]
-        raise WorkerError(f"live recovery: rebuilt group {generation} did not form within "
-                          f"{cfg.system.rendezvous_timeout:g}s (system.rendezvous_timeout): rank {identity.rank} of "
+        raise WorkerError(f"live recovery: rebuilt group {generation} "
+                          f"{not_formed(cfg.system.rendezvous_timeout, started)}: rank {identity.rank} of "
                           f"{identity.world_size} waited at {where}; {detail}", ExitCode.RENDEZVOUS) from None
+
+
+def not_formed(timeout_s: float, started: float) -> str:
+    """Why a group did not form, as far as the clock can tell: the rendezvous timeout ran out, or
+    something ended the wait sooner (a peer's connection closed: the detail after says what)."""
+    waited = time.monotonic() - started
+    if waited >= 0.9 * timeout_s:
+        return f"did not form within {timeout_s:g}s (system.rendezvous_timeout)"
+    return f"did not form: the wait ended after {waited:.1f} s, before system.rendezvous_timeout ({timeout_s:g}s)"
 
 
 class RegrowEnded(Exception):

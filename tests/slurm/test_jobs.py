@@ -348,10 +348,12 @@ def test_worker_failure_is_restarted_across_nodes(cluster: Cluster, workdir: Pat
 
 
 def test_worker_lost_on_node_1_is_replaced_live_by_that_nodes_spare(cluster: Cluster, workdir: Path,
-                                                                    uninterrupted: Job):
+                                                                    uninterrupted_long: Job):
     """Node 1 claims the rebuilt group on the job store and promotes its own warm spare; node 0's
-    worker keeps its process and hands the state over; nobody restarts, the losses are the same."""
-    job = submit(cluster, workdir, "--max-restarts", "1", steps=STEPS)
+    worker keeps its process and hands the state over; nobody restarts, the losses are the same.
+    LONG_STEPS: on a loaded host a 12-step job could reach its end before the kill, and node 0's
+    worker, done, left no group to rebuild (a restart, rightly)."""
+    job = submit(cluster, workdir, "--max-restarts", "1", steps=LONG_STEPS)
     job.wait_step(2)
     (survivor,), _ = _workers(cluster, cluster.names[0])
     (victim,), (spare,) = _workers(cluster, cluster.names[1])
@@ -365,5 +367,5 @@ def test_worker_lost_on_node_1_is_replaced_live_by_that_nodes_spare(cluster: Clu
         assert rec["outcome"] == "recovered" and rec["node"] == 1 and rec["rank"] == 1
         assert rec["lost_pid"] == victim and rec["replaced_by_pid"] == spare and rec["steps_redone"] <= 1
     assert job.summary(0)["workers"][0]["pid"] == survivor  # node 0's worker kept its process
-    got, expected = job.steps(), uninterrupted.steps()
-    assert len(got) == STEPS and got == expected  # bit for bit, every step
+    got, expected = job.steps(), uninterrupted_long.steps()
+    assert len(got) == LONG_STEPS and got == expected  # bit for bit, every step

@@ -200,3 +200,15 @@ def test_pretrain_main_bad_config_is_one_line(tmp_path: Path):
     assert res.stderr.strip().splitlines() == [
         "gpuherd: error: --set: unknown key 'training.batch_sise' (did you mean 'training.batch_size'?)"]
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_a_group_that_failed_before_its_timeout_is_not_said_to_have_timed_out():
+    """A peer that exited (its training over) ends a rebuilt group's wait at once: the line says the
+    wait ended early, not that the rendezvous timeout ran out."""
+    import time
+
+    from worker.distributed import not_formed
+
+    assert not_formed(60, time.monotonic() - 0.4) == ("did not form: the wait ended after 0.4 s, before "
+                                                      "system.rendezvous_timeout (60s)")
+    assert not_formed(3, time.monotonic() - 3.0) == "did not form within 3s (system.rendezvous_timeout)"
