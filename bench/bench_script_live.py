@@ -67,9 +67,9 @@ def lines_changed(script: Path) -> int:
     return sum(1 for d in diff if d.startswith("+ "))
 
 
-def gpuherd_side(work: Path, ranks: int = 2) -> dict | None:
-    """One `gpuherd run --nproc RANKS --max-restarts 2` of the example; rank 1 SIGKILLed once rank
-    0 printed step KILL_AT. None if it never got there or did not exit 0."""
+def start_example(work: Path, ranks: int) -> tuple[subprocess.Popen, list[tuple[float, int]], threading.Thread]:
+    """`gpuherd run --nproc RANKS --max-restarts 2` of the example, and a thread that notes the time
+    each of its step lines arrives on stdout, as (time, step)."""
     cmd = Launchers(work, EXAMPLE, grace_period=2).gpuherd(ranks, "--steps", str(STEPS), flags=("--max-restarts", "2"))
     proc = subprocess.Popen(cmd, cwd=work, env=worker_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True, start_new_session=True)
@@ -78,6 +78,13 @@ def gpuherd_side(work: Path, ranks: int = 2) -> dict | None:
                                               for line in proc.stdout if (m := STEP.match(line.rstrip("\n")))],
                               daemon=True)
     reader.start()
+    return proc, printed, reader
+
+
+def gpuherd_side(work: Path, ranks: int = 2) -> dict | None:
+    """One `gpuherd run --nproc RANKS --max-restarts 2` of the example; rank 1 SIGKILLed once rank
+    0 printed step KILL_AT. None if it never got there or did not exit 0."""
+    proc, printed, reader = start_example(work, ranks)
     try:
         deadline = time.monotonic() + 300
         while not any(s >= KILL_AT for _, s in printed):
