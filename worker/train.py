@@ -372,7 +372,6 @@ class Trainer:
 
     def _iteration(self) -> bool:
         """One step and what follows it (eval, save); True when the ranks agreed to stop."""
-        t = self.cfg.training
         self.live.step(self.step)
         regrow = self.recovery.regrow_due()  # a shrunk group: a warm spare waits to take back a carried rank
         with self.live.collective("all_reduce (stop vote)"):  # 143 wins over 130: a stop request is a stop request
