@@ -16,9 +16,7 @@ import torch
 import torch.distributed as dist
 
 from gpuherd import contract
-from gpuherd.broken_group import (  # noqa: F401 - the trainer's modules find them here too
-    COLLECTIVE_TIMEOUT, PEER_LOSS_WORDS, active, is_peer_loss, job_store, join_rebuilt, leave_broken_group,
-    sever_peer_connections)
+from gpuherd.broken_group import COLLECTIVE_TIMEOUT, active, job_store, join_rebuilt
 from gpuherd.config import Config
 from gpuherd.contract import WorkerIdentity
 from gpuherd.errors import GpuherdError

@@ -51,7 +51,8 @@ from gpuherd.exit_codes import ExitCode
 from worker import distributed as wdist
 from gpuherd import rng
 from worker.data_slots import loss_scale, slots_of
-from worker.distributed import WorkerError, is_peer_loss
+from gpuherd.broken_group import is_peer_loss, leave_broken_group
+from worker.distributed import WorkerError
 from worker.shard_copies import ShardCopies, restore_step
 from gpuherd.state_broadcast import broadcast_state
 
@@ -337,7 +338,7 @@ class LiveRecovery:
         self.t.on_group_lost()
         if self.copies is not None:
             self.copies.drop_group()
-        wdist.leave_broken_group()
+        leave_broken_group()
         gc.collect()
 
     def join(self, joining: Joining) -> None:

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from gpuherd import contract
 from tests.worker.helpers import run_pair
-from worker.distributed import is_peer_loss, sever_peer_connections
+from gpuherd.broken_group import is_peer_loss, sever_peer_connections
 from worker.engines.ddp import _ddp, gradient_buckets
 from worker.live_recovery import why_not_live
 

@@ -69,7 +69,7 @@ class FSDPEngine(TorchEngine):
 
     def drop_group(self) -> None:
         # FSDP's modules keep their groups until regroup() points them at the rebuilt one; the broken
-        # group's connections are shut down by the caller (worker/distributed.py: sever_peer_connections)
+        # group's connections are shut down by the caller (gpuherd/broken_group.py: sever_peer_connections)
         self.optimizer.zero_grad(set_to_none=True)
 
     def regroup(self, buckets: Buckets | None) -> None:
