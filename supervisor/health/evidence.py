@@ -148,9 +148,11 @@ def _step(v: RankSnapshot) -> int:
 def decisive(views: list[RankSnapshot], now: float, floor: float) -> tuple[list[int], str]:
     """(ranks hung beyond doubt, why) by the rules of the module docstring's last paragraph;
     `floor`: no state counts from before this moment (the supervisor itself was stopped)."""
-    stopped = [v.rank for v in views if v.proc is not None and v.proc.letter == "T"
-               and v.proc.held(now, floor) >= DECISIVE_STOP_S]
-    if stopped and len(stopped) < len(views):
+    in_t = [v for v in views if v.proc is not None and v.proc.letter == "T"]
+    stopped = [v.rank for v in in_t if v.proc.held(now, floor) >= DECISIVE_STOP_S]
+    # a rank seen in T for less time is stopped too, not running: the whole job may be stopping
+    # (Ctrl-Z reaches the ranks one by one, and /proc may show them in two reads)
+    if stopped and len(in_t) < len(views):
         return stopped, f"stopped by a signal (state T) for {DECISIVE_STOP_S:g} s or more while the others run"
     for v in views:
         others = [o for o in views if o.rank != v.rank]

@@ -49,6 +49,8 @@ def test_a_rank_stopped_for_three_seconds_while_another_runs_is_hung():
 def test_a_stop_and_continue_the_whole_job_paused_or_the_supervisor_stopped_are_not_decisive():
     assert decisive([snap(0, IDLE), snap(1, stopped(10.0))], now=12.0, floor=0.0) == ([], "")  # 2 s: passing
     assert decisive([snap(0, stopped(1.0)), snap(1, stopped(1.0))], now=60.0, floor=0.0) == ([], "")  # Ctrl-Z
+    # the whole job stopped, its ranks first seen in T in two /proc reads: the later one is not running
+    assert decisive([snap(0, stopped(10.0)), snap(1, stopped(10.4))], now=13.1, floor=0.0) == ([], "")
     # the supervisor itself was stopped until 58 s: the state counts from then
     assert decisive([snap(0, IDLE), snap(1, stopped(1.0))], now=60.0, floor=58.0) == ([], "")
 

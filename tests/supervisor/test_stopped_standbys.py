@@ -136,6 +136,20 @@ def test_ranks_stopped_before_their_first_record_are_said_and_named_after_the_st
     assert "process stopped (state T) for 20 s" in verdict.message
 
 
+def test_ranks_stopped_together_but_seen_in_two_reads_are_not_taken_for_one_stopped_rank():
+    """The first stop's SIGCHLD can wake the supervisor before the second rank is stopped: /proc
+    shows rank 1 in T a read later. Rank 0 alone past 3 s is not "stopped while the others run"."""
+    hb = _script_heartbeats()
+    assert hb.check(50.0, {0, 1}, [ProcSample(0, "T", 1.0), ProcSample(1, "S", 1.0)]) is None
+    assert hb.check(50.3, {0, 1}, [ProcSample(0, "T", 1.0), ProcSample(1, "T", 1.0)]) is None
+    assert hb.check(53.0, {0, 1}, [ProcSample(0, "T", 1.0), ProcSample(1, "T", 1.0)]) is None
+    assert hb.check(53.4, {0, 1}, [ProcSample(0, "T", 1.0), ProcSample(1, "T", 1.0)]) is None
+    assert [n.split(";")[0] for n in hb.notices] == [
+        "every running rank is stopped (state T): rank 0 (no record yet), rank 1 (no record yet)"]
+    verdict = hb.check(70.5, {0, 1}, [ProcSample(0, "T", 1.0), ProcSample(1, "T", 1.0)])
+    assert verdict is not None and verdict.message.startswith("hang: rank 0, rank 1 (the kernel shows it cannot run)")
+
+
 def test_a_script_rank_that_runs_without_records_is_still_left_alone():
     hb = _script_heartbeats()
     for now in (50.0, 100.0, 400.0):
@@ -159,5 +173,5 @@ def test_an_attempt_stopped_before_its_first_record_ends_named_after_the_startup
     finally:  # before the fix: never judged (no record, none expected), the run sat there for good
         code, _, err = finish(proc, timeout=60)
     assert code == 124, err[-3000:]
-    assert "every running rank is stopped (state T): rank 0 (no record yet), rank 1 (no record yet)" in err
+    assert "every running rank is stopped (state T): rank 0 (no record yet), rank 1 (no record yet)" in err, err[-3000:]
     assert "root cause: hang: rank 0, rank 1 (the kernel shows it cannot run)" in err, err[-3000:]
