@@ -388,10 +388,13 @@ class Trainer:
         # The mark comes before the SDC check's collective: a peer lost there is lost after a
         # completed step, which the rebuilt group must not do again (its update is in the model).
         self.recovery.mark()
+        # Owed from here on: a peer lost in the SDC check's collective leaves this step's eval and
+        # save to the rebuilt group (its counters carry `owed`), instead of dropping them.
+        self.owed = self._due_after(self.step)
         if self.sdc.after_step(self.step - 1):  # silent data corruption: rolled back to the replicas' last agreed state
+            self.owed = []  # as before a rollback: nothing of the rolled-back step is done
             self.recovery.mark()  # a rejoin now rewinds to that state
             return False
-        self.owed = self._due_after(self.step)
         self.settle_owed()
         return False
 
