@@ -69,6 +69,7 @@ class Saver:
         self.exit_wait_s = exit_wait_s
         self.stats = SaveStats()
         self.inflight: BackgroundWrite | None = None
+        self._raised: BackgroundWrite | None = None  # the failed write the loop raised last (`cut_short`)
         self._lock = threading.Lock()  # the writer thread's reports vs the loop's reads of stats
         why_not = agreed[0] if agreed is not None else self._why_blocking(want_async)
         self.why_blocking = why_not
@@ -101,7 +102,9 @@ class Saver:
         """A peer was lost and this rank has left the broken group: a sharded write in flight, whose
         DCP collectives ran on that group, ends (it fails, or it had finished). The step of one
         that failed (the rebuilt group writes it again: worker/live_recovery.py), else None."""
-        write = self.inflight
+        # the loop may have met the write's failure first (`poll`, `drain_or_raise`): it is the
+        # lost peer's doing all the same, and that save is owed just as much
+        write, self._raised = self.inflight or self._raised, None
         if self.group is None or write is None:
             return None
         write.wait(self.exit_wait_s)
@@ -252,7 +255,8 @@ class Saver:
 
     def _collect(self) -> None:
         write, self.inflight = self.inflight, None
-        if write is not None and write.error is not None:
+        self._raised = write if write is not None and write.error is not None else None
+        if self._raised is not None:
             raise write.error
 
     def close(self) -> None:
