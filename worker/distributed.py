@@ -206,15 +206,27 @@ def barrier(group: Any = None) -> None:
     """`group`: another process group than the default (a checkpoint writer thread's own)."""
     if active():
         dist.barrier(group=group)
+    else:
+        _no_group_left(group)
 
 
 def gather_objects(obj: Any, group: Any = None) -> list[Any]:
     """Every rank's `obj`, in rank order, on every rank."""
     if not active():
+        _no_group_left(group)
         return [obj]
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj, group=group)
     return out
+
+
+def _no_group_left(group: Any) -> None:
+    """A collective over an explicit group once no group exists any more (live recovery left the
+    broken one, destroying every group): a checkpoint writer thread that reaches its collectives
+    only now must fail, not go on alone as if it were a single process (it would publish a
+    checkpoint of its own shards only)."""
+    if group is not None:
+        raise RuntimeError("its process group is gone (left after a lost peer): a collective over it cannot run")
 
 
 def smallest_device_memory(device: torch.device) -> int | None:

@@ -367,14 +367,19 @@ class LiveRecovery:
             self._rewind(self._mark.sampler, self._mark.rng)
         self._settled(state)
 
-    def _settled(self, counters: dict[str, Any]) -> None:
-        """The loop's counters of the step the rebuilt group goes on from, and that step's mark."""
+    def _settled(self, counters: dict[str, Any], cut: int | None = None) -> None:
+        """The loop's counters of the step the rebuilt group goes on from, and that step's mark.
+        `cut`: the step of a background save the loss cut short (None: none was)."""
         p, t = self.p, self.t
         t.load_state_dict(counters)
-        owed = counters.get("owed", [])
+        owed, step = counters.get("owed", []), counters["step"]
+        if self.group_rank == 0 and cut is not None and cut < step and "checkpoint" in owed:
+            logger.warning(f"{p.identity.bracket} the checkpoint of step {cut} was cut short by the lost peer and "
+                           f"no rank holds that step's state any more: the rebuilt group saves step {step} in its "
+                           "place now")
+            owed = [o for o in owed if o != "checkpoint"]
         if owed and self.group_rank == 0:
-            logger.warning(f"{p.identity.bracket} the {' and the '.join(_OWED[o] for o in owed)} of step "
-                           f"{counters['step']} "
+            logger.warning(f"{p.identity.bracket} the {' and the '.join(_OWED[o] for o in owed)} of step {step} "
                            "was cut short by the lost peer: the rebuilt group does it now")
         self._mark = Mark(self._step(), t.data_position(), rng.capture(p.device))
 
@@ -393,8 +398,11 @@ class LiveRecovery:
         # a survivor still at that step knows what its lost peer cut short after it (owed); else
         # the step's own counters, which every snapshot of it carries
         counters = infos[at_step[0]]["counters"] if at_step else None
-        # a background save of that step which the loss cut short is written again (as an owed one)
-        rewrite = any(info is not None and info["unwritten"] == step for info in infos)
+        # a background save the loss cut short is written again (as an owed one): of that step, or,
+        # where the write was of an older step whose state no rank holds any more, of that step in its place
+        cut = max((info["unwritten"] for info in infos if info is not None and info["unwritten"] is not None),
+                  default=None)
+        rewrite = cut is not None and cut <= step
         self.copies.regroup()
         if self.group_rank == lost:
             header = self.copies.receive(infos[buddy]["copies"]["shapes"])
@@ -406,7 +414,7 @@ class LiveRecovery:
         counters = dict(counters if counters is not None else header["counters"])
         if rewrite and "checkpoint" not in counters["owed"]:
             counters["owed"] = [*counters["owed"], "checkpoint"]
-        self._settled(counters)
+        self._settled(counters, cut)
         self.copies.restart(step, self._copy_header())
         return buddy
 
