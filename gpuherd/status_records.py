@@ -253,6 +253,10 @@ class Live(Record):
     EVENT: ClassVar[str] = ""
     event: str | None = None  # which of the live-recovery events below
 
+    def __post_init__(self) -> None:  # built by its class (not decoded): its event is the class's
+        if self.event is None and self.EVENT:
+            object.__setattr__(self, "event", self.EVENT)
+
 
 @dataclass(frozen=True, kw_only=True)
 class LiveAble(Live):
@@ -320,6 +324,10 @@ class Timeline(Record):
     TYPE: ClassVar[str] = "timeline"
     EVENT: ClassVar[str] = ""
     event: str | None = None  # which of the timeline events below
+
+    def __post_init__(self) -> None:  # built by its class (not decoded): its event is the class's
+        if self.event is None and self.EVENT:
+            object.__setattr__(self, "event", self.EVENT)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -676,3 +684,21 @@ def decode(line: bytes, supervisor: bool = False) -> Record | Refusal:
         return Refusal(Refused.UNREADABLE)
     return from_object(obj, supervisor)
 
+
+
+def to_object(record: Record) -> dict[str, Any]:
+    """A record as its line's JSON object, the inverse of `from_object`: `type` (and `event`),
+    then every field, without the header's unknowns (a null rank or time) and its decoding marks
+    (`truncated`, `refused`). The supervisor writes its own records through this."""
+    kind = type(record)
+    out: dict[str, Any] = {"type": kind.TYPE}
+    event = getattr(kind, "EVENT", "")
+    if event:
+        out["event"] = event
+    for field in dataclasses.fields(record):
+        name, value = field.name, getattr(record, field.name)
+        if (name in ("rank", "time") and value is None) or name in ("truncated", "refused") or (
+                name == "event" and event):
+            continue
+        out[name] = list(value) if isinstance(value, tuple) else value
+    return out

@@ -21,6 +21,7 @@ from pathlib import Path
 from loguru import logger
 
 from gpuherd import contract
+from gpuherd import status_records as records
 from gpuherd.exit_codes import ExitCode
 from gpuherd.log_writes import LOG_WRITES
 from supervisor import goodput
@@ -218,11 +219,11 @@ class Job:
             logger.warning(line)
         mark_excluded(report.suspect_devices, restart.exclude_gpus, restart.attempt)
         logger.warning(restart.message)
-        metrics.write({"type": "restart", "time": time.time(), "attempt": restart.attempt,
-                       "after": restart.after.message, "exit_code": restart.after.exit_code, "resume": restart.resume,
-                       "membership": restart.membership, "restarts_used": self.state.restarts_used,
-                       "excluded_gpus": list(self.state.excluded), "world_size": restart.plan.world_size,
-                       "script_save": report.script_saves["said"] if report.script_saves is not None else None})
+        metrics.write(records.Restart(
+            time=time.time(), attempt=restart.attempt, after=restart.after.message, exit_code=restart.after.exit_code,
+            resume=restart.resume, membership=restart.membership, restarts_used=self.state.restarts_used,
+            excluded_gpus=tuple(self.state.excluded), world_size=restart.plan.world_size,
+            script_save=report.script_saves["said"] if report.script_saves is not None else None))
         self._goodput_so_far()
         return pause(restart.delay, since=ended)
 

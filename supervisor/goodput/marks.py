@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any
-
 import psutil
+
+from gpuherd.status_records import TimelineAttempt, TimelineAttemptEnd, TimelineProc, TimelineStart, TimelineStraggler
 
 STOPS = ("terminated", "interrupted")  # a stop someone asked for: not a failure to detect
 
@@ -21,12 +21,11 @@ def wall(monotonic: float) -> float:
     return time.time() - (time.monotonic() - monotonic)
 
 
-def start(number: int, started: float, dataset_s: float | None) -> dict[str, Any]:
+def start(number: int, started: float, dataset_s: float | None) -> TimelineStart:
     """`started`: the supervisor's own start (time.monotonic()). The start is the launcher
     process's creation when that is earlier: its interpreter and imports (seconds on a busy
     node) are the run's launch time too."""
-    return {"type": "timeline", "event": "start", "time": min(wall(started), _process_created()), "start": number,
-            "dataset_s": dataset_s}
+    return TimelineStart(time=min(wall(started), _process_created()), start=number, dataset_s=dataset_s)
 
 
 def _process_created() -> float:
@@ -45,25 +44,22 @@ def _process_created() -> float:
             return time.time()
 
 
-def attempt(number: int, resumed: bool, script: bool = False) -> dict[str, Any]:
-    return {"type": "timeline", "event": "attempt", "time": time.time(), "attempt": number, "resumed": resumed,
-            "script": script}
+def attempt(number: int, resumed: bool, script: bool = False) -> TimelineAttempt:
+    return TimelineAttempt(time=time.time(), attempt=number, resumed=resumed, script=script)
 
 
-def attempt_end(number: int, kind: str | None, failed_at: float | None) -> dict[str, Any]:
+def attempt_end(number: int, kind: str | None, failed_at: float | None) -> TimelineAttemptEnd:
     """`kind`: the root cause's (None: success); `failed_at`: when the supervision knew (monotonic)."""
     failed = None if kind is None or kind in STOPS else wall(failed_at) if failed_at is not None else time.time()
-    return {"type": "timeline", "event": "attempt_end", "time": time.time(), "attempt": number, "outcome": kind,
-            "failed_at": failed}
+    return TimelineAttemptEnd(time=time.time(), attempt=number, outcome=kind, failed_at=failed)
 
 
-def proc(rank: int, state: str, at: float) -> dict[str, Any]:
+def proc(rank: int, state: str, at: float) -> TimelineProc:
     """A rank's process entered state `state` (T: stopped) at `at` (monotonic)."""
-    return {"type": "timeline", "event": "proc", "time": wall(at), "rank": rank, "state": state}
+    return TimelineProc(time=wall(at), rank=rank, state=state)
 
 
-def straggler(rank: int, since: float, at: float, lost_s: float, moved: bool) -> dict[str, Any]:
+def straggler(rank: int, since: float, at: float, lost_s: float, moved: bool) -> TimelineStraggler:
     """A named straggler's slow stretch ended at `at` (monotonic: back to pace, moved out, or the
     attempt's end): `lost_s` of the job's time went to its pace (the `straggler` badput)."""
-    return {"type": "timeline", "event": "straggler", "time": wall(at), "rank": rank, "since": wall(since),
-            "lost_s": round(lost_s, 3), "moved": moved}
+    return TimelineStraggler(time=wall(at), rank=rank, since=wall(since), lost_s=round(lost_s, 3), moved=moved)

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from gpuherd.status_records import (Alive, Checkpoint, CheckpointWrite, Done, Error, Eval, Nan, Phase, Record,
                                     Step)
@@ -110,7 +109,7 @@ class HangVerdict:
 class Heartbeats:
     def __init__(self, ranks: list[int], now: float, timeouts: LearnedTimeouts, rendezvous: float,
                  expect_heartbeats: bool, stragglers: Stragglers | None = None,
-                 write_metric: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 write_metric: Callable[[Record], None] | None = None) -> None:
         """`write_metric`: where a rank seen stopped (state T) or running again is recorded (goodput)."""
         self.ranks = {r: RankState(r, now) for r in ranks}
         self.timeouts, self.rendezvous = timeouts, rendezvous

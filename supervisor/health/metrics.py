@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 from gpuherd.log_writes import LOG_WRITES
+from gpuherd.status_records import Record, to_object
 
 
 class MetricsSink:
@@ -24,8 +25,10 @@ class MetricsSink:
         if data:
             LOG_WRITES.write(self._fd, data, self.path)  # a full log disk drops records (counted), never the run
 
-    def write(self, record: dict[str, Any]) -> None:
-        self.write_lines(orjson.dumps(record, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+    def write(self, record: Record | dict[str, Any]) -> None:
+        """A declared record (gpuherd/status_records.py), or a dict for the types not declared there."""
+        obj = to_object(record) if isinstance(record, Record) else record
+        self.write_lines(orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
 
     def close(self) -> None:
         if self._fd is not None:

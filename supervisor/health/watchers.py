@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gpuherd.config import Config
+from gpuherd.status_records import Record
 from supervisor.gpus import DevicePlan
 
 
@@ -35,7 +36,7 @@ class RunContext:
     plan: DevicePlan
     run_dir: Path
     pids: dict[int, int]  # rank -> worker pid
-    write_metric: Callable[[dict[str, Any]], None]  # thread-safe; one JSON line in metrics.jsonl
+    write_metric: Callable[[Record | dict[str, Any]], None]  # thread-safe; one JSON line in metrics.jsonl
     report_fatal: Callable[[FatalCause], None]  # thread-safe; the supervisor tears down
 
 

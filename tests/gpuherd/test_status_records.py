@@ -11,7 +11,8 @@ import pytest
 
 from gpuherd import status_records as sr
 from gpuherd.status_channel import RECORD_TYPES
-from gpuherd.status_records import decode
+from gpuherd.status_records import (Restart, TimelineAttemptEnd, TimelineProc, TimelineStart, decode, from_object,
+                                    to_object)
 
 
 def _line(**fields) -> bytes:
@@ -64,3 +65,16 @@ def test_the_writer_accepts_exactly_the_declared_types_each_a_frozen_dataclass()
     declared = {*sr.STATUS_RECORDS, *sr.LIVE_EVENTS, *sr.SUPERVISOR_RECORDS, *sr.TIMELINE_EVENTS}
     for cls in declared:
         assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, cls
+
+
+def test_the_supervisors_records_written_as_their_classes_decode_back_to_the_same_record():
+    written = [TimelineStart(time=1.5e9, start=1, dataset_s=None), TimelineProc(time=1.5e9, rank=2, state="T"),
+               TimelineAttemptEnd(time=1.5e9, attempt=0, outcome=None, failed_at=None),
+               Restart(time=1.5e9, attempt=1, after="worker-exit: rank 1", exit_code=3, excluded_gpus=(0, 3))]
+    for record in written:
+        obj = to_object(record)
+        assert "refused" not in obj and "truncated" not in obj
+        assert from_object(orjson.loads(orjson.dumps(obj)), supervisor=True) == record
+    assert to_object(written[0]) == {"type": "timeline", "event": "start", "time": 1.5e9, "start": 1,
+                                     "dataset_s": None}  # no rank: the start is nobody's
+    assert to_object(written[3])["excluded_gpus"] == [0, 3]

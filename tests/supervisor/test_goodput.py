@@ -310,7 +310,7 @@ def test_a_starts_mark_is_when_its_process_was_created_to_a_clock_tick():
     from tests.supervisor.helpers import env
 
     code = ("import time; time.sleep(0.5); from supervisor.goodput import marks; "
-            "print(marks.start(0, time.monotonic(), None)['time'])")
+            "print(marks.start(0, time.monotonic(), None).time)")
     before = time.time()
     out = subprocess.run([sys.executable, "-c", code], env=env(), capture_output=True, text=True, timeout=60)
     after = time.time()

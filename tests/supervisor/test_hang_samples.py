@@ -28,7 +28,7 @@ def test_a_rank_the_samples_show_stopped_is_named_long_before_any_allowance():
     assert hb.check(4.0, {0, 1}, _samples(1.0, r0="S", r1="T")) is None  # 2 s
     verdict = hb.check(5.0, {0, 1}, _samples(1.0, r0="S", r1="T"))  # 3 s in state T while rank 0 runs
     assert verdict is not None and verdict.rank == 1 and "stopped by a signal (state T)" in verdict.message
-    assert [(m["rank"], m["state"]) for m in written] == [(1, "T")]  # goodput's mark, once, from the samples
+    assert [(m.rank, m.state) for m in written] == [(1, "T")]  # goodput's mark, once, from the samples
 
 
 def test_without_samples_the_judge_knows_nothing_of_the_kernel():

@@ -10,7 +10,7 @@ import signal
 
 import orjson
 
-from gpuherd.status_records import Alive
+from gpuherd.status_records import Alive, TimelineStraggler
 from supervisor.goodput import account, decode
 from supervisor.gpus import DeviceSlot
 from supervisor.health import Due, MoveOut, Stragglers
@@ -119,9 +119,9 @@ def test_stragglers_cost_a_named_ranks_pace_and_hand_it_over_when_due():
     assert [(d.rank, d.held_s) for d in dues] == [(2, 30.0), (2, 35.0), (2, 40.0)]
     due = dues[-1]
     ev = s.moved(due, t)
-    (mark,) = [w for w in written if w.get("event") == "straggler"]
-    assert mark["rank"] == 2 and mark["moved"] is True
-    assert mark["lost_s"] == 24.0  # 8 windows of 5 steps, each waiting 0.6 s more for rank 2
+    (mark,) = [w for w in written if isinstance(w, TimelineStraggler)]
+    assert mark.rank == 2 and mark.moved is True
+    assert mark.lost_s == 24.0  # 8 windows of 5 steps, each waiting 0.6 s more for rank 2
     assert ev is s.moves.moves[0]
 
 
