@@ -402,6 +402,12 @@ class AttemptRunner:
         try:
             if att.timer is not None:  # before any rank: a rank's first timer needs the server's FIFO
                 guard.watch(att.timer.start(sys.executable, python_env(), self.run_id, die_with_parent()))
+            if store is not None:  # before the ranks: its first start imports torch while they spawn
+                store_proc = self.store_server.serve(store)
+                if store_proc.pid not in self._guarded:
+                    guard.watch(store_proc.pid)
+                    self._guarded.add(store_proc.pid)
+                sup.watch_helper("rendezvous store", store_proc, self.store_server.failure)
             bindings = numa_plan(self.launch.torchrun.numa_binding, plan, first=att.number == 0)
             for i, slot in enumerate(plan.slots):
                 w = self._start_worker(att, slot, bindings[i] if bindings else None, base_env)
@@ -416,12 +422,6 @@ class AttemptRunner:
             self._standbys_due = lambda: self._start_standbys(att, base_env, guard, numa=bool(bindings))
             logger.debug(f"attempt {att.number}: spawned {len(att.workers)} worker(s); rendezvous store on "
                          f"{att.setup.master_addr}:{att.setup.master_port}")
-            if store is not None:
-                store_proc = self.store_server.serve(store)
-                if store_proc.pid not in self._guarded:
-                    guard.watch(store_proc.pid)
-                    self._guarded.add(store_proc.pid)
-                sup.watch_helper("rendezvous store", store_proc, self.store_server.failure)
             watchers = _start_watchers(self.cfg, plan, self.run_dir, sup, att, att.workers)
             cause = sup.run()
         except OSError as exc:
@@ -599,7 +599,7 @@ def _env_of(att: Attempt, slot: DeviceSlot, base_env: dict[str, str]) -> Callabl
 
 def _start_watchers(cfg: Config, plan: DevicePlan, run_dir: Path, sup: Supervision, att: Attempt,
                     workers: list[WorkerProcess]) -> list[RunWatcher]:
-    def write_metric(record: dict) -> None:  # the straggler check reads the GPU/host samples too
+    def write_metric(record: dict[str, Any]) -> None:  # the straggler check reads the GPU/host samples too
         att.stragglers.sample(record)
         att.metrics.write(record)
 
