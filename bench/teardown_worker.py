@@ -1,6 +1,7 @@
 """A torchrun-style worker for bench_teardown.py.
 
-Every rank marks itself up; once all are, rank 1 writes the time of its death to
+Every rank marks itself up; once all are (and the bench wrote OUT/go: it noted every process of
+the launcher's tree), rank 1 writes the time of its death to
 OUT/died and dies as argv[1] says: `exception` (an uncaught RuntimeError), `exit`
 (os._exit(1)), `sigkill` (SIGKILL to itself), or `ignore-sigterm` (os._exit(1)
 while every other rank ignores SIGTERM, so the launcher has to escalate to SIGKILL).
@@ -25,7 +26,7 @@ if how == "ignore-sigterm" and rank != 1:
 if rank != 1 or how == "ctrl-c":
     time.sleep(600)
     sys.exit(0)
-while len(list(out.glob("up*"))) < world:
+while len(list(out.glob("up*"))) < world or not (out / "go").exists():  # go: the bench noted every process
     time.sleep(0.01)
 (out / "died.tmp").write_text(repr(time.time()))
 os.replace(out / "died.tmp", out / "died")
