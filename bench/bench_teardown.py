@@ -3,10 +3,13 @@
 Both launchers run the same script (bench/teardown_worker.py) with 2 and 8 workers;
 rank 1 dies in one of four ways, once every rank is up: an uncaught exception,
 os._exit(1), SIGKILL, or os._exit(1) while every other rank ignores SIGTERM, so the
-launcher has to escalate to SIGKILL. Both get the same grace period (gpuherd
+launcher has to escalate to SIGKILL; and, 2 workers only, SIGKILL once every rank imported
+torch and joined a gloo group (a training script's processes take longer to die). Both get the same grace period (gpuherd
 `--grace-period G`, torchrun `--shutdown-timeout G`). Measured: the time rank 1 wrote
-right before dying -> the launcher's exit. A launcher still running --cap seconds
-after the death is killed with its workers and counted as the cap (a lower bound).
+right before dying -> the launcher's exit; and whether every process of the launcher's tree
+(noted once every rank was up) was gone and reaped when its exit code came. A launcher still
+running --cap seconds after the death is killed with its workers and counted as the cap (a
+lower bound).
 Ctrl-C rows: every rank up and sleeping (nothing to save) and the launcher's process tree
 quiet (no CPU for 0.2 s: nothing still starting), SIGINT to the launcher -> its exit. Both
 launchers run with their default settings otherwise.
@@ -28,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.compare import interleaved, write_results  # noqa: E402
-from bench.launchers import Launchers, exit_after, kill_tree, wait_quiet, worker_env  # noqa: E402
+from bench.launchers import (Launchers, exit_after, kill_tree, still_there, tree_processes,  # noqa: E402
+                             wait_quiet, worker_env)
 
 WORKER = ROOT / "bench" / "teardown_worker.py"
 HOW = {  # teardown_worker.py's argv[1] -> how the row names it
@@ -36,21 +40,35 @@ HOW = {  # teardown_worker.py's argv[1] -> how the row names it
     "exit": "os._exit(1)",
     "sigkill": "SIGKILL",
     "ignore-sigterm": "os._exit(1); the others ignore SIGTERM",
+    "sigkill-torch": "SIGKILL, every rank with torch imported and a gloo group formed",
 }
+TWO_ONLY = ("sigkill-torch",)  # a torch import per rank: 8 of them take a while on 2 cores
 SANE_CAP = 60.0  # seconds: a launcher that honours SIGTERM-able workers and still runs this long is broken
 
 
-def teardown_ms(cmd_for, n: int, how: str, cap: float, work: Path) -> float:
+def teardown_ms(cmd_for, n: int, how: str, cap: float, work: Path, left: dict[str, int] | None = None) -> float:
+    """Rank 1's death -> the launcher's exit; `left[launcher]` counts the processes of its tree
+    (noted once every rank was up) still there, running or unreaped, when its exit code came."""
     out = Path(tempfile.mkdtemp(dir=work))
     proc = subprocess.Popen(cmd_for(n, how, str(out)), env=worker_env(), cwd=work, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     died, deadline = out / "died", time.monotonic() + SANE_CAP
+    while len(list(out.glob("up*"))) < n:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            kill_tree(proc)
+            raise RuntimeError(f"{cmd_for.__name__}: the ranks never came up (launcher exit code {proc.returncode})")
+        time.sleep(0.005)
+    tree = tree_processes(proc.pid)
+    (out / "go").touch()
     while not died.exists():
         if (proc.poll() is not None or time.monotonic() > deadline) and not died.exists():
             kill_tree(proc)
             raise RuntimeError(f"{cmd_for.__name__}: rank 1 never died (launcher exit code {proc.returncode})")
         time.sleep(0.005)
-    return exit_after(proc, float(died.read_text()), cap) * 1000
+    ms = exit_after(proc, float(died.read_text()), cap) * 1000
+    if left is not None and ms < cap * 1000:  # a capped launcher's tree was killed by the bench: not counted
+        left[cmd_for.__name__] = left.get(cmd_for.__name__, 0) + len(still_there(tree))
+    return ms
 
 
 def ctrl_c_ms(cmd_for, n: int, work: Path) -> float:
@@ -86,14 +104,14 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-teardown-") as tmp:
         work = Path(tmp)
         ln = Launchers(work, WORKER, grace_period=args.grace)
-        comparisons = []
+        comparisons, left = [], {}
         for how, label in HOW.items():
             cap = args.cap if how == "ignore-sigterm" else SANE_CAP
-            for n in (2, 8):
+            for n in (2,) if how in TWO_ONLY else (2, 8):
                 comparisons.append(interleaved(
                     f"{n} workers, rank 1 dies by {label}", "ms",
-                    ("gpuherd", lambda n=n, how=how, cap=cap: teardown_ms(ln.gpuherd, n, how, cap, work)),
-                    ("torchrun", lambda n=n, how=how, cap=cap: teardown_ms(ln.torchrun, n, how, cap, work)),
+                    ("gpuherd", lambda n=n, how=how, cap=cap: teardown_ms(ln.gpuherd, n, how, cap, work, left)),
+                    ("torchrun", lambda n=n, how=how, cap=cap: teardown_ms(ln.torchrun, n, how, cap, work, left)),
                     repeats=escalation_reps if how == "ignore-sigterm" else reps))
         for n in (2, 8):
             comparisons.append(interleaved(
@@ -104,6 +122,10 @@ def main() -> int:
         f"{reps} interleaved repetitions per row ({escalation_reps} where the others ignore SIGTERM; "
         f"{'quick' if args.quick else 'full'} mode); ratios >1 mean gpuherd exits sooner",
         "measured from the time rank 1 wrote right before dying to the launcher's exit; the other ranks sleep",
+        "every process reaped: the launcher's process tree, noted once every rank was up, checked the moment its "
+        "exit code came (a process still running, or exited and not reaped, is left over): "
+        + ", ".join(f"{name} {count}" for name, count in sorted(left.items()))
+        + " left over in all the death rows (a launcher stopped at the cap is not counted: the bench killed its tree)",
         "default settings on both sides (gpuherd renders no report on the exit path: the summary names "
         "`gpuherd report RUN`); Ctrl-C rows: from the SIGINT to the launcher to its exit",
         f"grace period {args.grace} s on both sides: gpuherd `--grace-period {args.grace}`, "

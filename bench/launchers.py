@@ -65,6 +65,33 @@ def tree_pids(pid: int) -> list[int]:
         return [pid]
 
 
+def tree_processes(pid: int) -> dict[int, float]:
+    """Every process below `pid`, pid -> its start time (so a reused pid is not taken for it)."""
+    found = {}
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return found
+    for child in children:
+        try:
+            found[child.pid] = child.create_time()
+        except psutil.Error:
+            continue
+    return found
+
+
+def still_there(processes: dict[int, float]) -> list[int]:
+    """Those of `processes` (tree_processes) still present: running, or exited and not reaped."""
+    left = []
+    for pid, started in processes.items():
+        try:
+            if psutil.Process(pid).create_time() == started:
+                left.append(pid)
+        except psutil.Error:
+            continue
+    return left
+
+
 def kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL a launcher and every process below it. torchrun starts its workers in
     sessions of their own, so this goes by pid, not by process group."""

@@ -348,7 +348,8 @@ class AttemptRunner:
         observers = [self.checkpoints.observe, suspects.observe, self.progress.observe, self._first_step] + (
             [live.observe] if live is not None else []) + ([self.script_saves.observe] if self.mode == "script" else [])
         sup = Supervision([], router, heartbeats, metrics, stop, finish_window=self.timeouts.policy.step_default,
-                          on_cause=self._announcer(attempt), on_record=_fan_out(*observers),
+                          on_cause=self._announcer(attempt, guard if _last(order, self.launch.node.multi) else None),
+                          on_record=_fan_out(*observers),
                           script=self.mode == "script", unwatched_why=_unwatched_why(self.launch),
                           trace_dir=trace_dir, live=live, requests=self.spare_desk)
         return Attempt(attempt, setup, logs, router, heartbeats, sup, run_env, metrics, stragglers, suspects, timer=timer,
@@ -368,11 +369,14 @@ class AttemptRunner:
                       virtual_local_rank=torchrun.virtual_local_rank,
                       timer_file=str(timer_fifo(os.environ, log_dir)) if file_timer_wanted(os.environ) else "")
 
-    def _announcer(self, attempt: int) -> Callable[[RootCause], RootCause]:
-        """What the supervision calls with this node's root cause the moment it has one: a stop
-        SLURM sent (scancel, the time limit, a preemption, a requeue) is named as that, in words
-        every node reports alike; then the other nodes are told. Returns the cause as published
-        (the supervision's policy takes it as the root cause)."""
+    def _announcer(self, attempt: int, leaving: OrphanGuard | None) -> Callable[[RootCause], RootCause]:
+        """What the supervision calls with this node's root cause the moment it has one (on a
+        thread of its own): a stop SLURM sent (scancel, the time limit, a preemption, a requeue) is
+        named as that, in words every node reports alike; then the other nodes are told. Returns the
+        cause as published (the supervision's policy takes it as the root cause). `leaving`: the
+        run ends with this attempt, so the supervisor leaves the run's cgroup now, while its workers
+        are torn down (the kernel's wait on that move overlaps their exits instead of following
+        them; nothing is started from here on, and what runs stays in the cgroup)."""
         publish = self.rendezvous.publisher(attempt)
 
         def announce(cause: RootCause) -> RootCause:
@@ -386,6 +390,8 @@ class AttemptRunner:
                     cause = dataclasses.replace(cause, message=stop.message, slurm_stop=True, preempted=stop.preempted)
             if publish is not None:
                 publish(cause)
+            if leaving is not None:
+                leaving.step_out()
             return cause
         return announce
 
@@ -511,6 +517,13 @@ class AttemptRunner:
         for pgid in {w.pgid for w in [*att.workers, *sup.workers.values()]}:
             guard.forget(pgid)
         sup.restore_signal_handlers()
+
+
+def _last(order: AttemptOrder, multi_node: bool) -> bool:
+    """No restart can follow this attempt, whatever ends it: one node (no membership change), and
+    --max-restarts used up before it started (restarts and live recoveries alike; the default 0:
+    always)."""
+    return not multi_node and order.live_budget <= 0
 
 
 def _fan_out(*observers: Callable[[dict], None]) -> Callable[[dict], None]:

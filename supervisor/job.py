@@ -187,10 +187,12 @@ class Job:
         except KeyboardInterrupt:  # Ctrl-C in the instant between an attempt's handlers and the pause
             final = self._decide(Interrupted(signal.SIGINT, in_pause=False)).cause
         finally:
-            self.goodput = self._goodput_so_far(end_of_start=metrics)
-            metrics.close()
+            # the helpers first: the store helper's death (the kernel unmaps its torch) and the guard's
+            # exit then overlap the goodput account, its TensorBoard point and the summary's fsyncs
             self.attempts.retire_standbys(self.guard)
             self.release_guard(dying=self.attempts.store_server.close(wait=False))
+            self.goodput = self._goodput_so_far(end_of_start=metrics)
+            metrics.close()
         return self.finish(final, attempts)
 
     def _decide(self, event: Event) -> Decision:
@@ -289,6 +291,8 @@ class Job:
         self._reap_released()
 
     def _reap_released(self) -> None:
+        if self._released_guard is not None:  # first: the kernel's wait on the move overlaps the helper's death
+            self._released_guard.step_out()
         self.attempts.store_server.reap()
         if self._released_guard is not None:
             self._released_guard.reap()

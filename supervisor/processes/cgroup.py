@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from loguru import logger
@@ -56,13 +57,25 @@ def enter_run_cgroup() -> Path | None:
     return group
 
 
-def leave_run_cgroup(group: Path) -> bool:
-    """At the run's end, every process it started reaped: move this process back to the cgroup
-    it came from and remove the run's. False (left to the orphan guard, which removes it once we
-    exited) when something is still in it or the move is refused."""
+def step_out_of_run_cgroup(group: Path) -> bool:
+    """At the run's end: move this process back to the cgroup it came from (nothing it starts from
+    now on is in the run's). The first move in a while waits for an RCU grace period in the kernel
+    (about 10 ms here), so the run's end does it while its last helpers are still dying, not after
+    them. False when the move is refused."""
+    return _done(lambda: (group.parent / "cgroup.procs").write_text(f"{os.getpid()}\n"), group)
+
+
+def remove_run_cgroup(group: Path) -> bool:
+    """Remove the run's cgroup, this process out of it and every process it held reaped; False
+    (left to the orphan guard) when something is still in it."""
+    return _done(group.rmdir, group)
+
+
+def _done(action: Callable[[], object], group: Path) -> bool:
+    """`action` on the run's cgroup; False when the kernel refuses it (the cgroup then stays for
+    the orphan guard to remove once we exited)."""
     try:
-        (group.parent / "cgroup.procs").write_text(f"{os.getpid()}\n")
-        group.rmdir()
+        action()
     except FileNotFoundError:
         return True
     except OSError as exc:

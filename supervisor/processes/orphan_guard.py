@@ -13,7 +13,7 @@ from pathlib import Path
 
 import psutil
 
-from supervisor.processes.cgroup import enter_run_cgroup, leave_run_cgroup
+from supervisor.processes.cgroup import enter_run_cgroup, remove_run_cgroup, step_out_of_run_cgroup
 
 GUARD_MAIN = Path(__file__).with_name("orphan_guard_main.py")  # imports os, signal and sys only
 REAP_WAIT_S = 5.0  # a released guard exits at once; this only bounds a machine that does not schedule it
@@ -33,6 +33,7 @@ class OrphanGuard:
         )
         # after the guard started (it stays outside): every process started from now on is in it
         self.cgroup = enter_run_cgroup()
+        self._out = False  # this process has left the run's cgroup (step_out)
         if self.cgroup is not None:
             self._send(f"cgroup {self.cgroup}\n")
 
@@ -55,6 +56,13 @@ class OrphanGuard:
             self._close()
         self._proc.poll()
 
+    def step_out(self) -> bool:
+        """Released: this process leaves the run's cgroup (False: the move was refused). Called
+        while the last helpers die: the kernel's wait on the move overlaps theirs."""
+        if self.cgroup is not None and not self._out:
+            self._out = step_out_of_run_cgroup(self.cgroup)
+        return self._out
+
     def reap(self, timeout: float = REAP_WAIT_S) -> None:
         """Released: wait for its exit, so the launcher's exit code comes after it (bounded: a
         guard that does not end is killed). With a cgroup, every process in it is reaped by now
@@ -62,7 +70,7 @@ class OrphanGuard:
         exits; a cgroup that cannot be removed yet the guard removes once we exited, so that
         guard outlives us by design and is not waited for."""
         if self.cgroup is not None:
-            removed = leave_run_cgroup(self.cgroup)
+            removed = self.step_out() and remove_run_cgroup(self.cgroup)
             if removed:
                 self._send("uncgroup\n")
             self._close()

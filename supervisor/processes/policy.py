@@ -467,9 +467,9 @@ def _failed(s: State, v: View, r: Rules, cause: RootCause) -> Result:
     """The root cause, and the teardown (after an early exit, a peer's absence blames that rank)."""
     if s.early is not None and _on_its_absence(cause):
         cause = _first_to_leave(s.early, cause)
-    s, actions = _set_cause(s, cause, v.now)
-    s, more = _terminate(s, v, r)
-    return s, actions + more
+    s, publish = _set_cause(s, cause, v.now)
+    s, signals = _terminate(s, v, r)
+    return s, signals + publish  # the ranks first: publishing starts a thread (and may ask SLURM)
 
 
 def _replace_failed(s: State, e: ReplaceFailed, r: Rules) -> Result:
@@ -677,9 +677,9 @@ def _fatal(s: State, e: Fatal, r: Rules) -> Result:
         return _remote(s, e, r)
     if s.cause is not None:
         return s, [Note(f"also reported after the root cause: {e.cause.message}")]
-    s, actions = _set_cause(s, e.cause, e.view.now)
-    s, more = _terminate(s, e.view, r)
-    return s, [Log("error", e.cause.message), *actions, *more]
+    s, publish = _set_cause(s, e.cause, e.view.now)
+    s, signals = _terminate(s, e.view, r)
+    return s, [Log("error", e.cause.message), *signals, *publish]
 
 
 def _remote(s: State, e: Fatal, r: Rules) -> Result:

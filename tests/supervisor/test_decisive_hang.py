@@ -55,6 +55,21 @@ def test_a_stop_and_continue_the_whole_job_paused_or_the_supervisor_stopped_are_
     assert decisive([snap(0, IDLE), snap(1, stopped(1.0))], now=60.0, floor=58.0) == ([], "")
 
 
+def test_peers_waiting_in_a_collective_for_a_stopped_rank_never_shorten_the_stop_rule():
+    """Issue 49 asked for a stopped rank decided sooner when its peers wait for it in a collective.
+    That is what every stop-and-continue of a training rank looks like (its peers block in the
+    next all-reduce within a step), and the docs promise to ride out a stop-and-continue under
+    DECISIVE_STOP_S (the goodput benchmark's fault schedule has one of 2 s): the peers' wait says
+    nothing of how long the stop lasts, so the rule keeps its 3 s."""
+    peers = [snap(rank, IDLE, WAITING) for rank in (0, 2, 3)]  # their liveness threads report: waiting for it
+    almost = DECISIVE_STOP_S - 0.1
+    assert decisive([*peers, snap(1, stopped(10.0), live(7, "forward/backward"), age=almost)],
+                    now=10.0 + almost, floor=0.0) == ([], "")
+    hung, why = decisive([*peers, snap(1, stopped(10.0), live(7, "forward/backward"), age=DECISIVE_STOP_S)],
+                         now=10.0 + DECISIVE_STOP_S, floor=0.0)
+    assert hung == [1] and "state T" in why
+
+
 def test_a_wedged_rank_that_the_others_wait_for_is_hung():
     wedged = snap(1, IDLE, live(7, "forward/backward"), age=3.5)
     hung, why = decisive([snap(0, IDLE, WAITING), wedged], now=100.0, floor=0.0)

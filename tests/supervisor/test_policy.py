@@ -85,6 +85,9 @@ def test_a_crash_terminates_every_other_group_then_kills_at_the_grace_period():
     assert sends(actions) == [((0, 2), signal.SIGTERM, True), ((0, 2), signal.SIGCONT, True)]
     assert run.state.cause.rank == 1 and run.state.failed_at == 10.0
     assert [a.cause for a in actions if isinstance(a, pol.Publish)] == [run.state.cause]
+    # the survivors are signalled before the cause is published (a thread; under SLURM, scontrol)
+    kinds = [type(a) for a in actions]
+    assert kinds.index(pol.Send) < kinds.index(pol.Publish)
     assert run.tick(14.9, rank(0)) == []  # not yet
     actions = run.tick(15.0, rank(0))
     assert run.phase is Phase.KILLING and sends(actions) == [((0,), signal.SIGKILL, True)]
@@ -140,6 +143,8 @@ def test_a_watchers_fatal_cause_terminates_with_its_code():
     actions = run(pol.Fatal(view(3.0, *TWO), RootCause("watcher", 4, "GPU lost: GPU 1", rank=1)))
     assert run.phase is Phase.TERMINATING and run.state.cause.exit_code == 4
     assert logs(actions, "error") == ["GPU lost: GPU 1"]
+    kinds = [type(a) for a in actions]
+    assert kinds.index(pol.Send) < kinds.index(pol.Publish)
 
 
 def test_a_node_lost_elsewhere_terminates_this_node_without_publishing_it_back():
