@@ -9,8 +9,10 @@ handed over, this rank's own backward is done (`ready`); from then until the las
 the step completes (`reduced`, from the backend's thread), it waits for the others. A step whose
 group broke (a lost peer) is not counted, nor one that all-reduced nothing (the wait is unknown).
 
-The sums since the last `take` go on the session's `step` records (`steps`, `compute_s`,
-`wait_s`), which the supervisor's straggler check reads as it reads the trainer's `alive` records.
+All of it is the host's clock: checked with gloo on CPU ranks; on GPUs, whose kernels run apart
+from the host, it has not been tried. The sums since the last `take` go on the session's `step`
+records (`steps`, `compute_s`, `wait_s`), which the supervisor's straggler check reads as it
+reads the trainer's `alive` records.
 """
 
 from __future__ import annotations
