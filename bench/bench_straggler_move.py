@@ -15,8 +15,9 @@ the WINDOW s after that, still at the straggler's pace).
   and the spare is a new process at full speed.
 - torchrun, ft_launcher (`--ft-enable-nic-monitor false`): bench/straggler_worker.py, a DDP
   script of a CPU-bound step. A straggler makes no process fail, so neither launcher does
-  anything. gpuherd moves a rank out only for its own trainer, whose state a spare can take
-  live; a `--script` straggler is named, not moved.
+  anything.
+- gpuherd-script: the same script under `gpuherd run --max-restarts 1` (its loop goes through
+  gpuherd.live, a no-op under the other two): gpuherd moves its straggler out to the warm spare.
 
 `noise`: 8 CPU ranks of the built-in trainer for MINUTES (10) with nothing slowed, on whatever
 else the machine runs: the stragglers named and the ranks moved out (none expected).
@@ -127,9 +128,13 @@ def gpuherd_side(work: Path) -> dict:
 
 
 def peer_side(work: Path, name: str) -> dict:
+    """torchrun, ft_launcher or gpuherd-script (gpuherd running the same script: it moves the rank out)."""
     out = work / name
     launch = Launchers(work, WORKER)
-    cmd = (launch.torchrun if name == "torchrun" else launch.ft_launcher)(RANKS, str(out), "1000000")
+    if name == "gpuherd-script":
+        cmd = launch.gpuherd(RANKS, str(out), "1000000", flags=("--max-restarts", "1", "--run-id", "script"))
+    else:
+        cmd = (launch.torchrun if name == "torchrun" else launch.ft_launcher)(RANKS, str(out), "1000000")
     proc = subprocess.Popen(cmd, cwd=work, env=worker_env(), stdout=subprocess.DEVNULL,
                             stderr=(work / f"{name}.err").open("w"), start_new_session=True)
     log = out / "steps.log"
@@ -148,21 +153,30 @@ def peer_side(work: Path, name: str) -> dict:
         assert _wait(lambda: all((out / f"pid.{r}").exists() for r in range(RANKS)), 30)
         pids = {r: int((out / f"pid.{r}").read_text()) for r in range(RANKS)}
         slow = SlowDown(pids[2], FACTOR, measure=MEASURE).start()
-        end = slowed + 2 * WINDOW + 5
+        moved_at = None
+        if name == "gpuherd-script" and _wait(lambda: _records(work / "logs" / "script", "recovery"), 120):
+            moved_at = time.time()
+        end = (moved_at or slowed + WINDOW) + 5 + WINDOW
         time.sleep(max(0.0, end - time.time()))
     finally:
         if slow is not None:
             slow.stop()
         kill_tree(proc)
     s = steps()
+    rec = (_records(work / "logs" / "script", "recovery") or [{}])[-1] if moved_at else {}
+    after = _rate(s, (moved_at or slowed + WINDOW) + 5, end)
+    last = [line.strip() for line in (work / f"{name}.err").read_text(errors="replace").splitlines()][-3:]
     return {"name": f"{name} (bench/straggler_worker.py)", "before": _rate(s, first + 5, slowed),
-            "during": _rate(s, slowed, slowed + WINDOW), "after": _rate(s, slowed + WINDOW + 5, end),
-            "moved": "not moved (nothing failed)"}
+            "during": _rate(s, slowed, moved_at or slowed + WINDOW), "after": after,
+            "moved": f"rank 2 moved out {moved_at - slowed:.0f} s after the slowdown ({rec.get('kind')}, "
+                     f"{rec.get('action')})" if moved_at else "not moved (nothing failed)",
+            "said": [] if after else [f"{name}'s last words: {line}" for line in last]}
 
 
 def side(work: Path, only: str | None = None) -> list[str]:
     load = _load()
-    sides = {"gpuherd": lambda: gpuherd_side(work), "torchrun": lambda: peer_side(work, "torchrun"),
+    sides = {"gpuherd": lambda: gpuherd_side(work), "gpuherd-script": lambda: peer_side(work, "gpuherd-script"),
+             "torchrun": lambda: peer_side(work, "torchrun"),
              "ft_launcher": lambda: peer_side(work, "ft_launcher") if Path(FT_LAUNCHER).exists() else
              {"name": "ft_launcher", "before": None, "during": None, "after": None,
               "moved": "not installed (pip install nvidia-resiliency-ext==0.4.1)"}}
@@ -176,7 +190,7 @@ def side(work: Path, only: str | None = None) -> list[str]:
         lines.append(f"| {r['name']} | {_f(r['before'])} | {_f(r['during'])} | {_f(r['after'])} | {ratio} | "
                      f"{r['moved']} |")
     said = [line for r in rows for line in r.get("said", [])]
-    return lines + ([""] + [f"- gpuherd said: `{line}`" for line in said] if said else [])
+    return lines + ([""] + [f"- said: `{line[:300]}`" for line in said] if said else [])
 
 
 def noise(work: Path, minutes: float) -> list[str]:
@@ -211,7 +225,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", nargs="?", default="side", choices=("side", "noise"))
     parser.add_argument("--minutes", type=float, default=10.0)
-    parser.add_argument("--only", choices=("gpuherd", "torchrun", "ft_launcher"), help="side: one launcher")
+    parser.add_argument("--only", choices=("gpuherd", "gpuherd-script", "torchrun", "ft_launcher"),
+                        help="side: one launcher")
     parser.add_argument("--quick", action="store_true", help="`python -m bench --quick`: side, 20 s windows")
     args = parser.parse_args()
     global WINDOW

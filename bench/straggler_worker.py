@@ -1,7 +1,11 @@
 """The torchrun-style DDP script of the straggler benchmark: gloo, a CPU-bound step (a small
-MLP, one torch thread), nothing of gpuherd in it. Each rank writes its pid to OUT/pid.RANK (so
-the benchmark can slow one down from outside); rank 0 appends `time step` per completed step to
-OUT/steps.log. Under ft_launcher it sends NVIDIA's rank-monitor heartbeats too.
+MLP, one torch thread). Each rank writes its pid to OUT/pid.RANK (so the benchmark can slow one
+down from outside); rank 0 appends `time step` per completed step to OUT/steps.log. Under
+ft_launcher it sends NVIDIA's rank-monitor heartbeats too. Its loop goes through gpuherd.live
+(two lines: `live.attach`, `session.steps`), which does nothing under torchrun and ft_launcher and
+under `gpuherd run` lets a warm spare take a rank live (so gpuherd can move its straggler out):
+the same script under all three launchers. One seed on every rank (a newcomer takes a survivor's
+RNG state, so it must be the same on all).
 
     python straggler_worker.py OUT_DIR STEPS
 """
@@ -16,6 +20,8 @@ import torch.distributed as dist
 from ft_heartbeat import ft_client
 from torch.nn.parallel import DistributedDataParallel
 
+import gpuherd.live as live
+
 WIDTH, BATCH, LEARN_AT = 512, 256, 30
 
 
@@ -27,13 +33,14 @@ def main() -> int:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     (out / f"pid.{rank}").write_text(str(os.getpid()))
-    torch.manual_seed(rank)
+    torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(),
                                                         torch.nn.Linear(WIDTH, WIDTH)))
     opt = torch.optim.SGD(model.parameters(), lr=0.001)
     data = torch.randn(BATCH, WIDTH)
     log = (out / "steps.log").open("a") if rank == 0 else None
-    for step in range(steps):
+    session = live.attach(model, opt)
+    for step in session.steps(range(steps)):
         loss = model(data).pow(2).mean()
         opt.zero_grad()
         loss.backward()

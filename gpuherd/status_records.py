@@ -76,6 +76,11 @@ class Step(Record):
     # with debug.record_samples: every micro-batch drawn, as (data slot, epoch, windows consumed
     # in it after the draw) triples, flattened; the triple names the sampler's windows exactly
     samples: tuple[int, ...] = ()
+    # a script's live session (gpuherd/live/pace.py), as `alive` records carry them: since its previous `step`
+    # record, the steps that ended (absent when none did)
+    steps: int | None = None
+    compute_s: float | None = None  # their time minus the time waiting in the gradient all-reduce
+    wait_s: float | None = None  # their time waiting in the gradient all-reduce
 
 
 @dataclass(frozen=True, kw_only=True)

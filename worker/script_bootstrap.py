@@ -52,6 +52,7 @@ from typing import Any
 
 HEARTBEAT_EVERY = 0.5  # seconds between step records: well under any sensible --hang-timeout
 STANDBY = "GPUHERD_STANDBY"  # gpuherd/contract.py's name (nothing of gpuherd's is imported this early)
+SPARE = "GPUHERD_SPARE"  # ... and this: a live recovery's warm spare (a restart standby has none)
 STATUS_FD = "GPUHERD_STATUS_FD"
 LIVE_RECOVERY = "GPUHERD_LIVE_RECOVERY"
 STANDBY_NICE = 19  # the standby's import yields to every training rank
@@ -355,21 +356,49 @@ def _with_live_hooks(attach: Callable[[types.ModuleType], None]) -> Callable[[ty
     return then
 
 
-def _preload() -> None:
+class WarmWord:
+    """A live recovery's warm spare of a script (GPUHERD_SPARE=1, supervisor/processes/live_setup.py)
+    says `live`/`warm` on its status channel once its import of torch is over, as the built-in
+    trainer's spare does (worker/spare.py): the straggler move-out takes only a warm spare
+    (supervisor/processes/straggler_out.py). Never once it was handed a rank: the channel is the
+    rank's from then on. A restart standby (no GPUHERD_SPARE) says nothing."""
+
+    def __init__(self, fd: str | None) -> None:
+        self.fd = int(fd) if fd else None
+        self._lock = threading.Lock()
+
+    def say(self) -> None:
+        with self._lock:
+            if self.fd is None:
+                return
+            line = json.dumps({"type": "live", "event": "warm", "rank": 0, "time": time.time()}) + "\n"
+            try:
+                os.write(self.fd, line.encode())
+            except OSError:
+                pass
+            self.fd = None
+
+    def promoted(self) -> None:
+        with self._lock:
+            self.fd = None
+
+
+def _preload() -> bool:
     """The standby's import of torch, at the lowest priority (Linux nice is per thread, so the
     main thread keeps its own). Against the training ranks, each a session of its own, it is the
     supervisor's choice of when to start the standby that counts (autogroups share the CPU by
-    session): once the attempt has stepped (supervisor/processes/standbys.py)."""
+    session): once the attempt has stepped (supervisor/processes/standbys.py). False: it failed."""
     with_nice(STANDBY_NICE)
     for name in PRELOAD:
         try:
             importlib.import_module(name)
         except BaseException:  # noqa: BLE001 - the script's own import of it says what is wrong
-            return
+            return False
     # What was imported lives as long as the process: out of the collector's way, so the script's
     # collections do not walk torch's objects again and again (as the built-in worker, worker/heap.py).
     gc.collect()
     gc.freeze()
+    return True
 
 
 def with_nice(nice: int, tid: int | None = None) -> bool:
@@ -390,9 +419,11 @@ def stand_by(argv: list[str], stdin: Any = None) -> bool:
     anyway, and the heartbeat hooks torch's optimizer once torch is whole. torch is imported with
     the sys.path[0] the script will have (run_script, run_module), as the script would import it."""
     sys.path[0] = os.getcwd() if argv[0] == "-m" else os.path.dirname(os.path.realpath(argv[0]))
-    loader = threading.Thread(target=_preload, name="gpuherd-standby", daemon=True)
+    warm = WarmWord(os.environ.get(STATUS_FD) if os.environ.get(SPARE) == "1" else None)
+    loader = threading.Thread(target=lambda: _preload() and warm.say(), name="gpuherd-standby", daemon=True)
     loader.start()
     line = (stdin or sys.stdin.buffer).readline()
+    warm.promoted()
     if not line.strip():
         return False
     env = json.loads(line)["env"]

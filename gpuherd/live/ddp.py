@@ -4,7 +4,8 @@
   own does (each gradient times 1/world, then a sum) but does not raise when the group breaks:
   the error is kept (`broken`), this rank's connections of the group are shut down at once (so a
   survivor waiting on this one in a collective is freed: gloo gives a rank waiting on a live peer
-  no error), and backward ends. The loop's `loss.backward()` returns as usual.
+  no error), and backward ends. The loop's `loss.backward()` returns as usual. It also tells the
+  rank's pace (gpuherd/live/pace.py) when a bucket is handed over and when its all-reduce is done.
 - `optimizer.step()` does nothing while the group is broken: the model and the optimizer stay
   as they were after the last completed step, which is what the rebuilt group goes on from.
 - `rebuild` makes the same wrapper object (the one the script holds) anew over the rebuilt
@@ -23,6 +24,7 @@ import torch.distributed as dist
 
 from gpuherd.broken_group import is_peer_loss
 from gpuherd.ddp_buckets import Buckets, starting_buckets
+from gpuherd.live.pace import StepPace
 
 INIT_ARGS = "_gpuherd_init_args"  # on a wrapper: the (args, kwargs) its constructor was called with
 
@@ -30,8 +32,9 @@ INIT_ARGS = "_gpuherd_init_args"  # on a wrapper: the (args, kwargs) its constru
 class SafeReduce:
     """DDP's all-reduce, which keeps a lost peer's error instead of raising it."""
 
-    def __init__(self, on_lost: Callable[[str], None]) -> None:
-        self.on_lost = on_lost
+    def __init__(self, on_lost: Callable[[str], None], pace: StepPace | None = None) -> None:
+        """`pace`: told when a bucket is handed over and when its all-reduce completes (gpuherd/live/pace.py)."""
+        self.on_lost, self.pace = on_lost, pace
         self.broken: str | None = None  # what the collective raised, one line
         self.keep = True  # False: this rank cannot be recovered live after all, a lost peer raises as without gpuherd
         self._lock = threading.Lock()
@@ -43,6 +46,8 @@ class SafeReduce:
         buffer = bucket.buffer()
         if self.broken is not None:
             return _done(buffer)
+        if self.pace is not None:
+            self.pace.ready()
         world = dist.get_world_size()
         buffer.mul_(1.0 / world)  # as DDP's reducer scales a gradient when it copies it into its bucket
         try:
@@ -53,7 +58,10 @@ class SafeReduce:
 
         def reduced(fut: torch.futures.Future) -> torch.Tensor:
             try:
-                return fut.value()[0]
+                value = fut.value()[0]
+                if self.pace is not None:
+                    self.pace.reduced()
+                return value
             except Exception as exc:  # noqa: BLE001 - a peer loss is kept; anything else is raised
                 self._failed(exc)
                 return buffer

@@ -16,6 +16,9 @@ constructor made no broadcast (gpuherd/live/hooks.py), and `attach` takes the so
 
 The supervisor hears the same status records as from the built-in trainer (`live` able,
 lost_peer, rejoined, first_step; `step`; `phase`), so it decides, accounts and says the same.
+The `step` records carry the rank's compute per step (gpuherd/live/pace.py), so a rank slower
+than its peers is named and moved out live to a warm spare as the trainer's is
+(supervisor/health/straggler_moves.py).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from gpuherd.live import ddp as live_ddp
 from gpuherd.live import position as pos
 from gpuherd.broken_group import join_rebuilt
 from gpuherd.live.hooks import HOOKS, rendezvous_timeout
+from gpuherd.live.pace import StepPace
 from gpuherd.state_broadcast import broadcast_state
 from gpuherd.status_channel import StatusWriter
 
@@ -70,7 +74,8 @@ class LiveSession:
         self._sent = 0.0
         self.shared: set[str] = set()  # the parts of a mark every rank had alike at attach (a newcomer: the source's)
         self.why_not = self._why_not()
-        self.reduce = live_ddp.SafeReduce(self._lost)
+        self.pace = StepPace()  # compute per step, for the supervisor's straggler check
+        self.reduce = live_ddp.SafeReduce(self._lost, self.pace)
         if self.why_not is None:
             self.reduce.install(model)
             live_ddp.skip_when_broken(optimizer, self.reduce)
@@ -128,7 +133,9 @@ class LiveSession:
             self.step = steps.start
         self.mark()
         while self.step < steps.stop:
+            self.pace.begin()
             yield self.step
+            self.pace.end(counted=self.reduce.broken is None)
             if self.reduce.broken is not None:
                 self._recover(self.reduce.broken)
                 continue
@@ -143,7 +150,7 @@ class LiveSession:
     def _report(self, last: bool = False) -> None:
         now = time.monotonic()
         if self.step > 0 and (last or self._sent == 0.0 or now - self._sent >= STEP_RECORD_EVERY):
-            self.status.send("step", step=self.step - 1)
+            self.status.send("step", step=self.step - 1, **self.pace.take())
             self._sent = now
         if self._joined_at is not None and self.step > self._joined_at:
             self._joined_at = None  # the supervisor's clock of this recovery stops here

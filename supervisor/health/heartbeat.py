@@ -159,6 +159,8 @@ class Heartbeats:
                 # Step records alone teach the timeouts nothing: between two of them a script may
                 # evaluate, save or reshuffle for minutes unannounced; `alive` records name the phase.
                 st.step, st.max_steps, st.loss = rec.step, rec.max_steps, rec.loss
+                if self.stragglers is not None and rec.steps and rec.compute_s is not None:
+                    self.stragglers.add(st.rank, rec, now)  # a script's live session times its steps
                 st.joined = True
                 if st.phase in ("init", "rendezvous", None):
                     st.phase = "train"

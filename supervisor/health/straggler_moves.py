@@ -23,7 +23,10 @@ it is back under the factor, moved out, or the attempt ends), costs the job its 
 the others' at every step: `lost_s` (the goodput account's `straggler` cause). After a move-out
 the job's step time is measured again (`after`, the second window closed after the move: the
 first holds the recovery's pause), and the time saved is counted on every window from then on:
-the steps completed there at the straggler's pace, minus what they took.
+the steps completed there at the straggler's pace, minus what they took. The replacement's own
+pace is judged from that second window on too: in the first, its compute per step holds its
+join (a script's newcomer runs the script from its start), which would read as a replacement
+slow too.
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ class MoveOut:
         self._since: dict[int, float] = {}  # rank -> start of its first window over the factor, in a row
         self.said: dict[int, str] = {}  # rank -> why it was not moved out, said once per stretch and reason
         self._moved: set[int] = set()
+        self._settling: set[int] = set()  # moved out: its replacement's first window (its join) is not judged
         self._waiting: list[tuple[dict[str, Any], int]] = []  # a move's evidence, windows to skip before `after`
         self._counting: list[dict[str, Any]] = []  # moves whose time saved is counted
 
@@ -98,6 +102,9 @@ class MoveOut:
             return measured
         for rank in w.per_step:
             slowdown = w.slowdown(rank)
+            if rank in self._settling:  # the newcomer's first steps: its join and start, not its pace
+                self._settling.discard(rank)
+                continue
             if slowdown <= self.factor:
                 self._since.pop(rank, None)
                 self.said.pop(rank, None)
@@ -118,6 +125,7 @@ class MoveOut:
     def moved(self, due: Due) -> dict[str, Any]:
         """`due` was moved out: its evidence, filled in later (`after`, `saved_s`) in place."""
         self._moved.add(due.rank)
+        self._settling.add(due.rank)
         self._since.pop(due.rank, None)
         self.said.pop(due.rank, None)
         due.evidence.update(compute_ms_after=None, step_s_after=None, saved_s=0.0)

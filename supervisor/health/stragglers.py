@@ -3,7 +3,8 @@
 In synchronous training every rank's step takes the same wall-clock time: the fast
 ranks wait for the slow one in the collectives. What tells them apart is *compute*
 time per step, step time minus time waiting in collectives, which gpuherd/liveness.py
-measures in each worker (the `alive` records carry the sums). Every `WINDOW_S` (longer
+measures in each worker (the `alive` records carry the sums), and gpuherd/live/pace.py in each
+rank of a script recovered live through gpuherd.live (its `step` records carry them). Every `WINDOW_S` (longer
 when steps are slow: a window holds at least `MIN_STEPS` steps of every rank) each
 rank's mean compute per step is divided by the median of the other ranks'; a rank
 above `factor` for `windows` windows in a row gets one WARNING naming it, its slowdown
@@ -30,7 +31,7 @@ from typing import Any
 
 from loguru import logger
 
-from gpuherd.status_records import Alive
+from gpuherd.status_records import Alive, Step
 from supervisor.goodput import marks
 from supervisor.health.straggler_moves import Due, MoveOut, Window, after_line
 
@@ -80,8 +81,8 @@ class Stragglers:
         self._samples: dict[tuple[str, int], dict[str, Any]] = {}  # (gpu|host, rank) -> latest sample
         self._lock = threading.Lock()
 
-    def add(self, rank: int, rec: Alive, now: float) -> None:
-        """An `alive` record's step timings (steps, compute_s)."""
+    def add(self, rank: int, rec: Alive | Step, now: float) -> None:
+        """An `alive` record's step timings (steps, compute_s), or a script's live session's `step` record's."""
         if self._window_start is None:
             self._window_start = now
         acc = self._acc.setdefault(rank, [0, 0.0])

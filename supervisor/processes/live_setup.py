@@ -108,8 +108,10 @@ class AttemptLive:
     def start_spare(self, number: int) -> WorkerProcess:
         slot = self.plan.slots[0]  # a placeholder: the real rank comes with the assignment
         env = {**worker_env(self.base_env, self.plan, slot, self.run_env, 0), **self.env, contract.SPARE: "1"}
-        if self.script:  # the restart standby's wait (worker/script_bootstrap.py: `stand_by`), for a lost rank
-            env = standby_env({**worker_env(self.base_env, self.plan, slot, self.run_env, 0), **self.env})
+        if self.script:  # the restart standby's wait (worker/script_bootstrap.py: `stand_by`), for a lost rank;
+            # GPUHERD_SPARE: it says `warm` once torch is imported (a straggler moves only to a warm spare)
+            env = {**standby_env({**worker_env(self.base_env, self.plan, slot, self.run_env, 0), **self.env}),
+                   contract.SPARE: "1"}
         spare = spawn(self.command, lambda fd: {**env, contract.STATUS_FD: str(fd)}, slot,
                       self.log_dir / f"spare-{number}.log", stdin_pipe=True)
         self.watch(spare.pgid)

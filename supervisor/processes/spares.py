@@ -10,7 +10,9 @@ rank's environment there as one JSON line and closes the pipe; the process, its 
 its status channel then serve as that rank's worker. Its own output before promotion stays
 in its pipes (a spare prints nothing while it waits) and is read as the rank's; its status
 channel carries one record before then, `live`/`warm` at the end of its warm-up, which the
-pool reads itself (`warm`): a regrow takes only a spare that said it.
+pool reads itself (`warm`): a regrow takes only a spare that said it, and so does a straggler's
+move-out. A script's spare (its interpreter waiting in the bootstrap, live_setup.py) says it
+too, once its import of torch is over (worker/script_bootstrap.py's `WarmWord`).
 """
 
 from __future__ import annotations

@@ -84,8 +84,9 @@ def test_a_rank_slowed_from_outside_is_moved_out_live_to_the_warm_spare(tmp_path
 
     (suspect,) = summary["suspect_devices"]
     assert suspect["cause"] == "straggler" and suspect["rank"] == 2 and "moved to a warm spare" in suspect["then"]
-    (mark,) = [r for r in records(run_dir, "timeline") if r.get("event") == "straggler"]
-    assert mark["rank"] == 2 and mark["moved"] is True and mark["lost_s"] > 0
+    # rank 2's stretch (on a loaded host another rank may be named for a while too: its own mark, not moved)
+    (mark,) = [r for r in records(run_dir, "timeline") if r.get("event") == "straggler" and r.get("rank") == 2]
+    assert mark["moved"] is True and mark["lost_s"] > 0
     assert summary["goodput"]["badput_s"]["straggler"] > 0
 
     steps = _steps(run_dir)

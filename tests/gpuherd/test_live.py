@@ -11,6 +11,7 @@ import torch
 
 import gpuherd.live as live
 from gpuherd.live import ddp as live_ddp
+from gpuherd.live.pace import StepPace
 from gpuherd.live import position as pos
 
 
@@ -96,3 +97,43 @@ def test_the_optimizer_step_is_skipped_while_the_group_is_broken():
     reduce.broken = None
     optimizer.step()
     assert torch.equal(weight.detach(), torch.zeros(2))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _step(pace: StepPace, clock: Clock, start: float, ready: float | None, reduced: float | None, end: float,
+          counted: bool = True) -> None:
+    """One step as the session and its all-reduce hook tell it: begins, hands its last bucket over, the
+    all-reduce completes, ends."""
+    for at, call in ((start, pace.begin), (ready, pace.ready), (reduced, pace.reduced)):
+        if at is not None:
+            clock.now = at
+            call()
+    clock.now = end
+    pace.end(counted)
+
+
+def test_a_ranks_pace_is_its_step_minus_its_wait_for_the_others_in_the_gradient_all_reduce():
+    clock = Clock()
+    fast, slow = StepPace(clock), StepPace(clock)
+    _step(fast, clock, 0.0, 0.1, 0.9, 1.0)  # its backward done at 0.1, the others' gradients at 0.9
+    _step(slow, clock, 0.0, 0.9, 0.95, 1.0)  # the one the others waited for
+    assert fast.take() == {"steps": 1, "compute_s": 0.2, "wait_s": 0.8}
+    assert slow.take() == {"steps": 1, "compute_s": 0.95, "wait_s": 0.05}
+    assert fast.take() == {}  # taken: nothing since
+
+
+def test_a_step_of_a_broken_group_or_with_no_all_reduce_says_nothing_of_the_pace():
+    clock = Clock()
+    pace = StepPace(clock)
+    _step(pace, clock, 0.0, 0.1, 0.2, 5.0, counted=False)  # a peer lost in it: its time is the recovery's
+    _step(pace, clock, 5.0, None, None, 5.5)  # no bucket handed over (an eval step): its wait is unknown
+    _step(pace, clock, 6.0, 6.2, 6.3, 6.5)
+    _step(pace, clock, 7.0, 7.2, None, 7.5)  # the all-reduce's completion not seen: no wait
+    assert pace.take() == {"steps": 2, "compute_s": 0.9, "wait_s": 0.1}

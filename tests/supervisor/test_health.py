@@ -163,6 +163,23 @@ def test_gpu_samples_name_thermal_slowdown_and_a_recovered_rank_is_reported_agai
     assert len(warned) == 2 and all("thermal slowdown (91 C" in w for w in warned)
 
 
+def test_a_scripts_step_records_with_its_compute_per_step_name_its_straggler():
+    """A script recovered live through gpuherd.live sends no `alive` records: its session's `step`
+    records carry its compute per step (gpuherd/live/pace.py), which the check reads alike."""
+    warned = []
+    s = Stragglers(factor=1.3, windows=2, write=lambda rec: None, window_s=5.0, warn=warned.append)
+    hb = Heartbeats([0, 1, 2], now=0.0, timeouts=LearnedTimeouts(POLICY), rendezvous=60, expect_heartbeats=False,
+                    stragglers=s)
+    for second in range(1, 21):
+        for r in range(3):
+            hb.record(r, rec({"type": "step", "step": 4 * second, "steps": 4,
+                              "compute_s": 0.4 if r == 2 and second > 5 else 0.1, "wait_s": 0.05}), float(second))
+        hb.record(0, rec({"type": "step", "step": 4 * second}), float(second))  # a plain one (no timings): nothing
+        s.tick(float(second))
+    assert len(warned) == 1 and "rank 2 computes 4.00x slower" in warned[0]
+    assert hb.ranks[2].step == 80  # a step record all the same
+
+
 # ---------------------------------------------------------------------------- collective traces
 
 

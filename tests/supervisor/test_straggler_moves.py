@@ -96,6 +96,21 @@ def test_a_rank_moved_out_once_is_due_again_only_as_named():
     assert again.again
 
 
+def test_a_replacements_first_window_after_the_move_is_its_join_not_its_pace():
+    """The newcomer's first window holds its join (a script's spare runs the script from its start):
+    slow there, it is not judged; slow from the next window on, it is."""
+    move = MoveOut(after_s=5.0)
+    t = windows(move, {2: 4.0}, 5.0)
+    (due,) = move.take()
+    move.moved(due)
+    t = windows(move, {2: 3.0}, 5.0, start=t)  # its join
+    t = windows(move, {}, 5.0, start=t)
+    assert move.take() == []
+    windows(move, {2: 3.0}, 5.0, start=t)  # slow in a window of its own: the replacement is slow too
+    (again,) = move.take()
+    assert again.again and again.held_s == 5.0
+
+
 def _alive(steps: int, compute: float) -> Alive:
     return Alive(rank=0, time=0.0, steps=steps, compute_s=compute)
 

@@ -17,7 +17,8 @@ import pytest
 
 from gpuherd.status_channel import StatusWriter
 from worker import script_bootstrap
-from worker.script_bootstrap import AFTER_SAVE_S, HEARTBEAT_EVERY, AfterImport, Heartbeat, SaveShield
+from gpuherd.status_records import LiveWarm, decode
+from worker.script_bootstrap import AFTER_SAVE_S, HEARTBEAT_EVERY, AfterImport, Heartbeat, SaveShield, WarmWord
 
 BOOTSTRAP_SELF = Path(script_bootstrap.__file__)
 
@@ -106,6 +107,24 @@ def test_a_standby_imports_torch_then_runs_the_script_with_the_environment_it_is
 def test_a_standby_told_it_is_not_needed_exits_0_without_running_the_script(project):
     done = _standby(project, b"")
     assert done.returncode == 0 and done.stdout == b"" and done.stderr == b""
+
+
+def test_a_live_spare_says_warm_once_torch_is_imported_but_never_once_it_holds_a_rank():
+    """A script's warm spare (GPUHERD_SPARE=1) tells its pool it is warm, as the trainer's spare does
+    (the straggler move-out takes only a warm one); the word is never said on a channel that is a
+    rank's already, nor by a restart standby (no GPUHERD_SPARE: fd None)."""
+    read, write = os.pipe()
+    try:
+        WarmWord(str(write)).say()
+        promoted = WarmWord(str(write))
+        promoted.promoted()  # handed a rank mid-import: its channel is the rank's
+        promoted.say()
+        WarmWord(None).say()
+    finally:
+        os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        said = [decode(line) for line in pipe.read().splitlines()]
+    assert len(said) == 1 and isinstance(said[0], LiveWarm)
 
 
 def _bootstrapped(script: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess, list[dict]]:
