@@ -12,12 +12,14 @@ import signal
 import subprocess
 import time
 import sys
+from pathlib import Path
 
 import orjson
 import psutil
 import pytest
 
 from tests.e2e.helpers import records
+from tests.shared_runs import once_per_session
 from tests.supervisor.helpers import finish, wait_for
 from worker.save_phases import PAUSE_VAR
 
@@ -74,20 +76,23 @@ def _reached(run_dir, step: int) -> bool:
     return any(r["step"] >= step for r in records(run_dir, "step"))
 
 
-_PLAIN: dict[int, dict[tuple[int, int], float]] = {}  # ranks -> one uninterrupted run, for every test of this module
-PLAIN_RUNS: dict[int, object] = {}  # ranks -> that run's directory (its other records)
+PLAIN_RUNS: dict[int, Path] = {}  # ranks -> one uninterrupted run's directory (its other records)
 
 
 def _uninterrupted(tmp_path_factory, python_env, nproc: int) -> dict[tuple[int, int], float]:
-    if nproc not in _PLAIN:
-        cwd = tmp_path_factory.mktemp(f"plain{nproc}")
+    """One uninterrupted run per rank count for the whole session (tests/e2e/test_shrink_run.py's
+    too, often on another xdist worker)."""
+
+    def make(cwd: Path) -> Path:
         run = subprocess.run(_command("plain", nproc=nproc), cwd=cwd, env=python_env, capture_output=True, text=True,
                              timeout=300)
         assert run.returncode == 0, run.stderr[-3000:]
-        _PLAIN[nproc] = _losses(cwd / "logs" / "plain")
-        PLAIN_RUNS[nproc] = cwd / "logs" / "plain"
-    assert len(_PLAIN[nproc]) == nproc * STEPS
-    return _PLAIN[nproc]
+        return cwd / "logs" / "plain"
+
+    PLAIN_RUNS[nproc] = once_per_session(tmp_path_factory, f"uninterrupted-{nproc}-ranks", make)
+    losses = _losses(PLAIN_RUNS[nproc])
+    assert len(losses) == nproc * STEPS
+    return losses
 
 
 @pytest.fixture

@@ -13,8 +13,10 @@ from tests.worker.nan.helpers import SEED_SNIPPET
 
 def test_exploding_run_stops_with_exit_6_and_the_seed_files(repo_root, tmp_path, python_env):
     result = subprocess.run(
+        # the byte tokenizer: a 256-token vocabulary, not GPT-2's 50,304 (the blow-up, not the model's
+        # size, is the point: GPT-2's embedding and output layers are 97% of the debug model's parameters)
         ["bash", str(repo_root / "run_training.sh"), "--debug", "--set", "data.dataset=dummy",
-         "--set", "training.learning_rate=1e4", "--set", "training.max_grad_norm=0"],
+         "--set", "data.tokenizer=byte", "--set", "training.learning_rate=1e4", "--set", "training.max_grad_norm=0"],
         cwd=tmp_path, env=python_env, capture_output=True, text=True, timeout=300,
     )
     out = result.stdout + result.stderr
