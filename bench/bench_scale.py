@@ -47,7 +47,7 @@ def main() -> int:
     parser.add_argument("--long-steady", type=float, default=None,
                         help="seconds of steady state at the largest N only (the 10-minute run, once)")
     args = parser.parse_args()
-    roomy()
+    roomy(0)  # torchrun's side: its N store clients in this process (up to --c10d-max, under the soft limit)
     steady = args.steady if args.steady is not None else (20.0 if args.quick else 600.0)
     sizes = [int(n) for n in args.nodes.split(",")]
     rows = []

@@ -46,6 +46,8 @@ from typing import Any
 import orjson
 
 from supervisor.rendezvous.node_agent_main import Agent
+from supervisor.validation import LaunchError
+from supervisor.validation.limits import ensure_open_files
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = "127.0.0.1"
@@ -89,30 +91,34 @@ class Counted:
 CLUSTER_SOFT_FILES = 1024  # the soft open-file limit a cluster's node usually starts a job with
 
 
-def start_store_server(nodes: int = 0) -> tuple[subprocess.Popen, int]:
+def start_store_server(nodes: int = 0, hard_limit: int | None = None) -> tuple[subprocess.Popen, int]:
     """The job store in a process of its own (its one libuv thread is the store host's CPU),
     started under a cluster's usual soft open-file limit, never raised by the harness: with
     `nodes`, it raises its own limit as node 0's supervisor does for the stores it starts
-    (supervisor/validation/limits.py), or ends with that one line when the hard limit is too low."""
+    (supervisor/validation/limits.py), or ends with that one line when the hard limit (this
+    machine's, or `hard_limit`) is too low."""
     code = (f"import sys, time\nsys.path.insert(0, {str(ROOT)!r})\nfrom datetime import timedelta\n"
-            "from supervisor.validation.limits import ensure_open_files\n"
-            f"ensure_open_files(1, hosted_nodes={nodes})\nfrom torch.distributed import TCPStore\n"
+            "from supervisor.validation import LaunchError\nfrom supervisor.validation.limits import ensure_open_files\n"
+            f"try:\n    ensure_open_files(1, hosted_nodes={nodes})\n"
+            "except LaunchError as exc:\n    sys.exit(str(exc))\nfrom torch.distributed import TCPStore\n"
             "s = TCPStore('127.0.0.1', 0, None, True, timedelta(seconds=600), wait_for_workers=False)\n"
             "print(s.port, flush=True)\nsys.stdin.read()\n")
-
-    def cluster_limit() -> None:
-        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
-        soft = CLUSTER_SOFT_FILES if hard == resource.RLIM_INFINITY else min(CLUSTER_SOFT_FILES, hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-
     errors = tempfile.TemporaryFile()  # not a pipe: a store that logs a lot must never block on it
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=errors, preexec_fn=cluster_limit)
+                            stderr=errors, preexec_fn=lambda: cluster_limit(hard_limit))
     line = proc.stdout.readline()
     if not line:
         errors.seek(0)
-        raise RuntimeError(f"the job store did not start: {errors.read().decode(errors='replace')[-500:]}")
+        raise RuntimeError(f"the job store did not start: {errors.read().decode(errors='replace')[-1000:].strip()}")
     return proc, int(line)
+
+
+def cluster_limit(hard_limit: int | None = None) -> None:
+    """A child's soft open-file limit as a cluster's node starts a job: CLUSTER_SOFT_FILES (the
+    hard limit stays this machine's, or `hard_limit`), whatever this process was given."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1] if hard_limit is None else hard_limit
+    soft = CLUSTER_SOFT_FILES if hard == resource.RLIM_INFINITY else min(CLUSTER_SOFT_FILES, hard)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def client(port: int) -> Any:
@@ -128,10 +134,14 @@ def clients(port: int, count: int) -> list[Any]:
         return list(pool.map(lambda _: client(port), range(count)))
 
 
-def roomy() -> None:
-    """Thousands of sockets and threads in one process."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+def roomy(hosted_nodes: int) -> None:
+    """Hundreds of sockets and threads in one process, under the cluster's soft open-file limit
+    (cluster_limit): a shard of NODES_PER_SHARD nodes holds about 3 sockets a node, well under
+    it, and is never raised by the harness. The shard of node 0 (`hosted_nodes`: N, else 0) holds
+    node 0's agent, whose liveness server holds a socket per node: it raises its limit as node
+    0's supervisor does before the join for the agent it starts (the agent inherits it), or ends
+    with that supervisor's one-line refusal."""
+    ensure_open_files(1, hosted_nodes=hosted_nodes)
     threading.stack_size(STACK)
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
@@ -216,7 +226,11 @@ def shard_main(argv: list[str]) -> int:
     """One shard: simulated nodes FIRST..LAST-1 of N, driven by JSON lines on stdin, their
     events as JSON lines on stdout.  python -m bench.scale_sim PORT N FIRST LAST"""
     port, n, first, last = (int(a) for a in argv)
-    roomy()
+    try:
+        roomy(n if first == 0 else 0)
+    except LaunchError as exc:
+        print(exc, file=sys.stderr, flush=True)
+        return 2
     requests = Requests()
     made = clients(port, 2 * (last - first) + (first == 0))  # each node: its main connection and its abort wait's
     conns = {r: [made.pop(), made.pop()] for r in range(first, last)}
@@ -256,13 +270,23 @@ class Shard:
     def __init__(self, port: int, n: int, first: int, last: int) -> None:
         self.nodes = {r: RemoteNode(r, self) for r in range(first, last)}
         env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        self.errors = tempfile.TemporaryFile()  # not a pipe: torch's chatter must never block a shard
         self.proc = subprocess.Popen([sys.executable, "-m", "bench.scale_sim", str(port), str(n), str(first),
                                       str(last)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, cwd=ROOT, env=env)
+                                     stderr=self.errors, cwd=ROOT, env=env, preexec_fn=cluster_limit)
         self.ready = threading.Event()
         self._counts: queue.SimpleQueue[dict[str, int]] = queue.SimpleQueue()
         self._writing = threading.Lock()
         threading.Thread(target=self._read, daemon=True).start()
+
+    def started(self, timeout: float) -> None:
+        """Its nodes are up; else a RuntimeError with what the shard said (node 0's refusal)."""
+        deadline = time.monotonic() + timeout
+        while not self.ready.wait(0.1):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.errors.seek(0)
+                said = self.errors.read().decode(errors="replace").strip()[-1000:]
+                raise RuntimeError(f"a shard of simulated nodes did not start: {said or 'no output'}")
 
     def _read(self) -> None:
         for line in self.proc.stdout:
@@ -315,10 +339,12 @@ class GpuherdJob:
         self.n = n
         self.server, self.port = start_store_server(n)
         self.shards = [Shard(self.port, n, first, min(n, first + per_shard)) for first in range(0, n, per_shard)]
-        for shard in self.shards:
-            if not shard.ready.wait(SHARD_START_S):
-                self.close()
-                raise TimeoutError(f"a shard of simulated nodes did not start within {SHARD_START_S:g} s")
+        try:
+            for shard in self.shards:
+                shard.started(SHARD_START_S)
+        except RuntimeError:
+            self.close()
+            raise
         self.nodes = [node for shard in self.shards for node in shard.nodes.values()]
 
     def requests(self) -> Counter[str]:

@@ -49,6 +49,10 @@ class SystemConfig:
     rendezvous_timeout: float = limited(120.0, gt=0, le=LONGEST_WAIT_S)  # process-group init
     # --nnodes MIN:MAX: once MIN nodes joined, how long node 0 waits for more (torchrun's last_call_timeout)
     rendezvous_last_call: float = limited(30.0, ge=0, le=LONGEST_WAIT_S)
+    # multi-node: seconds of silence before a node is given up: node 0 names a node whose heartbeat stood still
+    # this long, and the other nodes give node 0 up when its job store answers nothing this long (a stall of
+    # node 0, a frozen VM or machine, shorter than this is ridden out)
+    node_silence_timeout: float = limited(10.0, ge=3, le=3600)
     log_ranks: list[int] | None = limited(None, ids=True)  # console shows these ranks (+ all warnings)
     collapse_logs: bool = False  # fold every rank's step line too (other alike lines always fold)
     monitor_interval: float = limited(5.0, gt=0, le=LONGEST_WAIT_S)  # seconds between GPU samples

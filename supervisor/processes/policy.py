@@ -175,6 +175,7 @@ class Fatal:
     view: View
     cause: RootCause
     remote: bool = False
+    here: bool = False  # remote (from the job store), yet the cause names this node (node 0's agent: its own stall)
 
 
 @dataclass(frozen=True)
@@ -694,7 +695,8 @@ def _remote(s: State, e: Fatal, r: Rules) -> Result:
     if e.cause.kind in ("terminated", "membership"):  # the same for a stop request (a preemption) there,
         return _save_and_stop(s, e.view, r, e.cause.message)  # and for a node asking to join (elastic)
     s, actions = _terminate(s, e.view, r)
-    return s, [Log("error", f"the job failed on another node: {e.cause.message}; stopping this node's workers"),
+    where = "on this node" if e.here else "on another node"
+    return s, [Log("error", f"the job failed {where}: {e.cause.message}; stopping this node's workers"),
                *actions]
 
 

@@ -113,7 +113,7 @@ class Supervision:
         self.hangs = HangWatch(heartbeats, unwatched_why)  # when /proc is read, what the hang judge says
         self.ranks = LiveRanks(live, self.workers, heartbeats, self.hangs.procs, self.pipes)  # spares taking ranks
         self._helpers: list[tuple[str, subprocess.Popen, Callable[[], str]]] = []
-        self._remote: queue.SimpleQueue[RootCause] = queue.SimpleQueue()
+        self._remote: queue.SimpleQueue[tuple[RootCause, bool]] = queue.SimpleQueue()
         self._regroups: queue.SimpleQueue[tuple[int, dict | None]] = queue.SimpleQueue()
         self.announcer = Announcer(on_cause, self.wakeups.wake)  # publishes the cause off the loop
         self._events: deque[pol.Event] = deque()  # the policy's events not decided yet, oldest first
@@ -157,9 +157,10 @@ class Supervision:
         self._fatal.put(cause)
         self.wakeups.wake()
 
-    def report_remote(self, cause: RootCause) -> None:
-        """Thread-safe: the job failed elsewhere (another node); tear this node down."""
-        self._remote.put(cause)
+    def report_remote(self, cause: RootCause, here: bool = False) -> None:
+        """Thread-safe: the job failed (on another node; `here`: the cause, from another node's agent,
+        names this node); tear this node down."""
+        self._remote.put((cause, here))
         self.wakeups.wake()
 
     def report_regroup(self, generation: int, claim: dict | None) -> None:
@@ -313,7 +314,8 @@ class Supervision:
         while not self._regroups.empty():
             self._heard_regroup(*self._regroups.get(), now)
         while not self._remote.empty():
-            self._decide(pol.Fatal(self._view(now), self._remote.get(), remote=True))
+            cause, here = self._remote.get()
+            self._decide(pol.Fatal(self._view(now), cause, remote=True, here=here))
         while not self._fatal.empty():
             fatal = self._fatal.get()
             w = self.workers.get(fatal.rank) if fatal.rank is not None else None

@@ -41,12 +41,14 @@ def silent(r: int, host: str, why: str) -> dict[str, Any]:
                                      "its node agent died; see that node's logs)")
 
 
-def stalled(host0: str, r: int, stall: float) -> dict[str, Any]:
-    """Node 0's own stall (`stall` s) as the job's cause: the nodes that ended meanwhile gave node 0 up."""
+def stalled(host0: str, r: int, stall: float, silent_s: float = SILENT_S) -> dict[str, Any]:
+    """Node 0's own stall (`stall` s) as the job's cause: the nodes that ended meanwhile gave node 0 up
+    after `silent_s` unanswered (system.node_silence_timeout)."""
     return cause("node", 1, 0, host0,
                  f"node 0 ({host0}) stopped responding: its node agent did not run for {stall:.1f} s (stopped, a "
                  f"frozen machine, or starved of CPU), so every node's store calls went unanswered and the nodes "
-                 f"gave it up after {SILENT_S:.0f} s (node {r}'s connection closed then: a consequence, not a cause)")
+                 f"gave it up after {silent_s:g} s (system.node_silence_timeout; node {r}'s connection closed then: a "
+                 "consequence, not a cause)")
 
 
 def rank_taken(r: int, host: Any, owner: bytes) -> dict[str, Any]:

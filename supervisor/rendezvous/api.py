@@ -20,6 +20,13 @@ from supervisor.summary import RootCause
 OnCause = Callable[[RootCause], None]
 
 
+class OnRemote(Protocol):
+    """Told the job's root cause from the job store; `here`: it names this very node (node 0's agent
+    found its own stall, or node 0 named this node dead): not a failure "on another node"."""
+
+    def __call__(self, cause: RootCause, here: bool = False) -> None: ...
+
+
 @dataclass
 class Setup:
     """One attempt's rendezvous, as the workers see it."""
@@ -47,7 +54,7 @@ class Rendezvous(Protocol):
     def publisher(self, attempt: int) -> OnCause | None:
         """What the supervision calls with this node's root cause (None: nobody to tell)."""
 
-    def watch(self, attempt: int, on_remote: OnCause) -> None:
+    def watch(self, attempt: int, on_remote: OnRemote) -> None:
         """From now on, a failure elsewhere in the job is handed to `on_remote` (any thread)."""
 
     def unwatch(self) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 
 BEAT_S = 1.0  # each agent sets its beat key this often while an attempt runs; node 0 reads them all as often
-SILENT_S = 10.0  # a beat that stood still this long is a node gone (its machine, or the network to it)
+SILENT_S = 10.0  # default (system.node_silence_timeout): a beat that stood still this long is a node gone
 SETTLED = (b"done", b"left", b"moved")  # a node's last beat: its workers finished, it left, it joined the next attempt
 JOINED = b"in"  # a{k}/all: every node's join record is there
 ABORTED = b"abort"  # a{k}/all: a node failed before the join completed (a{k}/abort says how)
@@ -67,14 +67,15 @@ class BeatWatch:
     """Node 0's view of attempt k: when each other node's beat last moved, counted in node 0's
     own reads (`seq`), and the nodes found dead with the cause that names each."""
 
-    def __init__(self, k: int) -> None:
-        self.k = k
+    def __init__(self, k: int, silent_s: float = SILENT_S) -> None:
+        """`silent_s`: a beat that stood still this long is a node gone (system.node_silence_timeout)."""
+        self.k, self.silent_s = k, silent_s
         self.seq = 0
         self._seen: dict[int, tuple[bytes, float, int]] = {}  # node -> (last value, when it changed, seq then)
         self.dead: dict[int, dict[str, Any]] = {}
 
     def observe(self, ranks: list[int], values: list[bytes], now: float) -> list[tuple[int, float]]:
-        """One read of their beats; returns (node, seconds still) for each that stood still past SILENT_S.
+        """One read of their beats; returns (node, seconds still) for each that stood still past silent_s.
         Values are compared as bytes, never parsed (a foreign value is just another value)."""
         self.seq += 1
         silent = []
@@ -82,7 +83,7 @@ class BeatWatch:
             last = self._seen.get(r)
             if last is None or last[0] != value or value in SETTLED:
                 self._seen[r] = (value, now, self.seq)
-            elif now - last[1] > SILENT_S and r not in self.dead:
+            elif now - last[1] > self.silent_s and r not in self.dead:
                 silent.append((r, now - last[1]))
         return silent
 

@@ -36,11 +36,12 @@ from supervisor.rendezvous.agent_messages import (Aborted, AliveChecked, Event, 
                                                   Joined, JoinTimedOut, Lines, Lost, Malformed, Outcomes, Promoted,
                                                   SpareClosed, SparePassedOver, SpareRefused, StandingBy, Waiting,
                                                   command, decode_event, encode)
+from supervisor.rendezvous.beat_watch import SILENT_S
 from supervisor.rendezvous.nodes import NodeLinkError, NodeSpec, SpareNodeUnused
 from supervisor.rendezvous.wire_cause import HeardCause, decode_cause
 from supervisor.summary import RootCause
 
-SILENT_CHECK_S = 30.0  # the agent answers an "alive" check within its SILENT_S + 2 s
+SILENT_CHECK_S = 20.0  # the agent answers an "alive" check within its silent_s + 2 s: waited this much beyond
 STOP_AFTER_MAX_S = 30.0  # a cause's `stop_after_s` beyond this is not node 0's agent's: stop at once
 
 
@@ -49,9 +50,10 @@ class JobLink:
 
     def __init__(self, spec: NodeSpec, join_timeout: float, python: str, env: dict[str, str],
                  preexec: Callable[[], None], log_path: Path, listen: socket.socket | None,
-                 last_call: float = 0.0) -> None:
-        """`last_call`: an elastic job's (--nnodes MIN:MAX) wait for more nodes once MIN joined."""
-        self.spec, self.join_timeout, self.last_call = spec, join_timeout, last_call
+                 last_call: float = 0.0, silent_s: float = SILENT_S) -> None:
+        """`last_call`: an elastic job's (--nnodes MIN:MAX) wait for more nodes once MIN joined; `silent_s`:
+        system.node_silence_timeout, after which a node (or node 0, seen from the others) is given up."""
+        self.spec, self.join_timeout, self.last_call, self.silent_s = spec, join_timeout, last_call, silent_s
         self.where = f"{spec.master_addr}:{spec.master_port}"
         self._replies: queue.SimpleQueue[Event] = queue.SimpleQueue()
         self._aborts: dict[int, RootCause] = {}
@@ -65,7 +67,7 @@ class JobLink:
         self._log = os.fdopen(open_log(log_path), "ab")  # the agent writes to it for the whole job
         argv = [python, "-m", "supervisor.rendezvous.node_agent_main", str(spec.node_rank),
                 f"{spec.min_nodes or spec.nnodes}:{spec.nnodes}", spec.master_addr, str(spec.master_port),
-                str(join_timeout), str(last_call)]
+                str(join_timeout), str(last_call), str(silent_s)]
         fds: tuple[int, ...] = ()
         if listen is not None:
             argv.append(str(listen.fileno()))
@@ -241,10 +243,10 @@ class JobLink:
         """After a failure: the other nodes that stopped beating, each as a root cause ("node r
         (host) stopped responding"); [] when every other node is alive, done or gone. Takes
         about two seconds when all are alive (node 0's next readings of the beats), up to the
-        agent's SILENT_S when one is not."""
+        agent's silent_s (system.node_silence_timeout) when one is not."""
         self._send("alive", attempt)
         try:
-            event = self._reply(SILENT_CHECK_S)
+            event = self._reply(self.silent_s + SILENT_CHECK_S)
         except NodeLinkError:
             return []
         return [decode_cause(d).cause for d in event.silent] if isinstance(event, AliveChecked) else []

@@ -15,7 +15,7 @@ from pathlib import Path
 from gpuherd.config import Config
 from gpuherd.exit_codes import ExitCode
 from supervisor.gpus import DevicePlan
-from supervisor.rendezvous.api import OnCause, Setup
+from supervisor.rendezvous.api import OnCause, OnRemote, Setup
 from supervisor.rendezvous.job_link import JobLink
 from supervisor.rendezvous.nodes import NodeLinkError, NodeSpec, layout, training_fingerprint
 from supervisor.rendezvous.regroup_link import RegroupLink
@@ -43,7 +43,8 @@ class MultiNode:
         self.spare = spec.node_rank >= spec.nnodes  # a spare node (--spare-nodes) until it takes a dead node's place
         self.nodes: list[dict] = []
         self.link = JobLink(spec, cfg.system.rendezvous_timeout, sys.executable, env, preexec,
-                            run_dir / "node-agent.log", listen, last_call=cfg.system.rendezvous_last_call)
+                            run_dir / "node-agent.log", listen, last_call=cfg.system.rendezvous_last_call,
+                            silent_s=cfg.system.node_silence_timeout)
         self.helper_pid: int | None = self.link.proc.pid  # the agent lives for the whole job
 
     def begin(self, attempt: int, plan: DevicePlan, resume: str | None) -> Setup:
@@ -98,8 +99,8 @@ class MultiNode:
     def publisher(self, attempt: int) -> OnCause:
         return lambda cause: self.link.publish(self._round(attempt), self._as_job_cause(cause))
 
-    def watch(self, attempt: int, on_remote: OnCause) -> None:
-        self.link.watch(self._round(attempt), on_abort=on_remote,
+    def watch(self, attempt: int, on_remote: OnRemote) -> None:
+        self.link.watch(self._round(attempt), on_abort=lambda cause: on_remote(cause, cause.node == self.node_rank),
                         on_lost=lambda message: on_remote(RootCause("node", ExitCode.FAILURE, message, node=0)))
 
     def unwatch(self) -> None:

@@ -16,7 +16,7 @@ a client. Keys, per attempt k (names in beat_watch.py):
     a{k}/beat{r}   node r's heartbeat counter, set by node r every BEAT_S from its join until it
                    leaves ("left"), finishes ("done") or joins attempt k+1 ("moved"); node 0
                    alone reads them all (one multi_get per BEAT_S) and publishes "node r stopped
-                   responding" as the abort when one stands still for SILENT_S
+                   responding" as the abort when one stands still for SILENT_S (system.node_silence_timeout)
     a{k}/verdict   node 0's latest reading of the beats: {seq, moved: {r: seq it last moved}, dead:
                    [causes]}, for an `alive` check on any node
     left{r}        node r is done with the store (node 0 keeps it up until then)
@@ -72,7 +72,7 @@ an event in the job link's reader (a line that is none is said on stderr and dro
     (always possible)                                -> lost {message}: the store is gone
 
     python -m supervisor.rendezvous.node_agent_main NODE_RANK MIN_NODES:NNODES HOST PORT JOIN_TIMEOUT_S
-        LAST_CALL_S [LISTEN_FD]
+        LAST_CALL_S [SILENT_S [LISTEN_FD]]
 """
 
 from __future__ import annotations
@@ -95,14 +95,14 @@ from supervisor.rendezvous.agent_messages import (CheckAlive, ClaimRegroup, Comm
 from supervisor.rendezvous.beat_watch import (BEAT_S, SETTLED, SILENT_S, BeatWatch, abort_key, beat_key, done_key,
                                               node_key, nodes_key, parse_verdict, publish, undecided, verdict_key)
 from supervisor.rendezvous import (agent_causes, agent_end, elastic_join, fixed_join, node_shrink_agent,
-                                   regroup_agent, spare_node_agent)
+                                   regroup_agent, spare_node_agent, store_watchdog)
 from supervisor.rendezvous.fixed_join import is_record
 from supervisor.rendezvous.elastic_rounds import ElasticRounds
 from supervisor.rendezvous import rank_claims
 from supervisor.rendezvous.liveness import LIVENESS_KEY, LivenessLink, LivenessServer
 from supervisor.rendezvous.own_lag import OwnLag
 from supervisor.rendezvous.roster import Roster
-from supervisor.rendezvous.store_calls import Connect, StoreCalls, TimedStore, json_or_none, overdue
+from supervisor.rendezvous.store_calls import Connect, StoreCalls, TimedStore, json_or_none
 
 ABORT_WAIT_S = 30.0  # the abort wait's pieces (two requests each: the wait, and its cancel when it ran out)
 GOLDEN = 0.6180339887498949  # node r's first piece: consecutive ranks land far apart in the period
@@ -114,9 +114,10 @@ STALL_MARGIN_S = 5.0
 
 class Agent:
     def __init__(self, store: Any, node_rank: int, nnodes: int, join_timeout: float, where: str,
-                 rounds: ElasticRounds | None = None) -> None:
-        """`rounds`: an elastic job's (--nnodes MIN:MAX, `nnodes` is MAX); None: a fixed size."""
-        self.store = StoreCalls(store)
+                 rounds: ElasticRounds | None = None, silent_s: float = SILENT_S) -> None:
+        """`rounds`: an elastic job's (--nnodes MIN:MAX, `nnodes` is MAX); None: a fixed size. `silent_s`:
+        system.node_silence_timeout, the silence after which a node (or, seen from the others, node 0) is gone."""
+        self.store, self.silent_s = StoreCalls(store), silent_s
         self.node_rank, self.nnodes = node_rank, nnodes
         self.rounds = rounds
         self.members = list(range(nnodes))  # the nodes in the round being run
@@ -149,7 +150,7 @@ class Agent:
         self.liveness: LivenessLink | None = None
         self.liveness_at: str | None = None  # node 0: its liveness server's "host:port"
         self._liveness_store: StoreCalls | None = None  # node 0: the connection its liveness thread names nodes on
-        self.own_lag: OwnLag | None = None  # node 0: its own stalls, never read as another node's death
+        self.own_lag: OwnLag | None = None  # its own stalls: never another node's death, nor node 0's silence
         self._commands: dict[type[Command], Callable[[Any], None]] = {
             Join: self._join, Watch: self._watch, PublishAbort: self._abort, Done: self._done,
             WaitDone: self._wait_done, CheckAlive: self._alive, ShareOutcome: self._outcome,
@@ -250,7 +251,7 @@ class Agent:
         self.lost_nodes.clear()  # a restart's join waited for every node again
         self.beating, self._beat_sent = k, b"0"  # from now on: node 0 reads this node's beat
         if self.node_rank == 0:
-            self.beats = BeatWatch(k)  # from the join on: a node dying before its workers start is named too
+            self.beats = BeatWatch(k, self.silent_s)  # from the join on: a node dying before its workers start is named too
         else:
             self._link_to_node0(records[members.index(0)].get(LIVENESS_KEY) if 0 in members else None)
         self.emit("joined", attempt=k, round=k, members=members, nodes=records)
@@ -266,7 +267,7 @@ class Agent:
         k = cmd.attempt
         self.watching = self.beating = k
         if self.node_rank == 0 and (self.beats is None or self.beats.k != k):
-            self.beats = BeatWatch(k)
+            self.beats = BeatWatch(k, self.silent_s)
         if self.connect is not None:
             threading.Thread(target=self._wait_abort, args=(k,), name=f"abort-wait-{k}", daemon=True).start()
 
@@ -458,7 +459,7 @@ class Agent:
         got = self.store.compare_set(beat_key(self.beating, self.node_rank), self._beat_sent, value)
         self._beat_sent = value if got == value else got
 
-    def _read_beats(self, now: float) -> None:
+    def _read_beats(self, now: float) -> None:  # node 0 only (self.beats)
         """Node 0: every other member's beat in one request; one that stood still is named."""
         beats = self.beats
         others = [r for r in self.members if r != self.node_rank and r not in self.lost_nodes]
@@ -539,7 +540,7 @@ class Agent:
 
     def _verify_alive(self, now: float) -> None:
         """An `alive` check: done once node 0's reading proves each node alive since the check began
-        or names it dead; undecided ones are waited for at most SILENT_S + 2 s (then counted alive)."""
+        or names it dead; undecided ones are waited for at most silent_s + 2 s (then counted alive)."""
         k, began, seq0 = self.verifying
         verdict = self._verdict(k)
         if verdict is None:
@@ -549,7 +550,7 @@ class Agent:
             return
         ranks = [r for r in self.members if r not in (0, self.node_rank) and r not in self.gone]
         silent = [c for c in verdict["dead"] if c["node"] != self.node_rank]
-        if not silent and undecided(verdict, seq0, ranks) and now - began < SILENT_S + 2:
+        if not silent and undecided(verdict, seq0, ranks) and now - began < self.silent_s + 2:
             return  # a node named dead answers at once: the first one is the cause, whoever else is alive
         self.verifying = None
         self.gone.update(c["node"] for c in silent)
@@ -614,7 +615,7 @@ class Agent:
                 rank_claims.release(conn, r, mark)
                 return
             stall = self._own_stall()
-            cause = agent_causes.stalled(self.hosts.get(0, "?"), r, stall) if stall is not None else \
+            cause = agent_causes.stalled(self.hosts.get(0, "?"), r, stall, self.silent_s) if stall is not None else \
                 {**self._silent(r, "its connection to node 0 closed without a goodbye"), "stop_after_s": CLOSED_GRACE_S}
             self._declare(beats.k, r, cause, conn)
         except RuntimeError as exc:
@@ -622,12 +623,12 @@ class Agent:
 
     def _own_stall(self) -> float | None:
         """Node 0: how long it stood still lately, where that was long enough for every other
-        node's store watchdog to give it up (SILENT_S unanswered); None: no such stall."""
-        if self.own_lag is None:
+        node's store watchdog to give it up (silent_s unanswered); None: no such stall."""
+        if self.own_lag is None or self.node_rank != 0:
             return None
         self.own_lag.tick()  # a stall still unseen by the ticker (this thread ran first) counts too
         stall = self.own_lag.stalled_within(STALL_MARGIN_S)
-        return stall if stall is not None and stall >= SILENT_S - BEAT_S else None
+        return stall if stall is not None and stall >= self.silent_s - BEAT_S else None
 
     def _link_to_node0(self, where: str | None = None) -> None:
         """Connect to node 0's agent once (none in a test's in-process store: no threads). `where`:
@@ -644,26 +645,18 @@ class Agent:
             self.liveness = LivenessLink(host, int(port), self.node_rank, self._node0_closed, self.mark)
         except (OSError, ValueError) as exc:
             print(f"node agent: no direct connection to node 0's agent at {where!r} ({exc}); a dead node is "
-                  f"named after {SILENT_S:.0f} s of silence instead", file=sys.stderr, flush=True)
+                  f"named after {self.silent_s:g} s of silence instead", file=sys.stderr, flush=True)
 
     def _node0_closed(self) -> None:
         self.lose(f"lost the job store at {self.where} (node 0 gone?): node 0's node agent closed its connection "
                   "(node 0's supervisor or machine died)")
 
     def watch_store(self) -> None:
-        """A node other than 0: a store call unanswered SILENT_S past its due time means node 0 (its
-        machine, or the network to it) is gone; this node names it within ~SILENT_S, as node 0 names
-        a node whose heartbeat stopped. A blocked call keeps the loop, so the verdict ends the agent too."""
-        thawed = float("-inf")  # when this process last ran again after being stopped
-        while True:
-            before = time.monotonic()
-            time.sleep(BEAT_S)
-            if time.monotonic() - before > BEAT_S + SILENT_S / 2:  # this agent was frozen (SIGSTOP, a suspended
-                thawed = time.monotonic()  # machine): its calls' silence since is counted from now, not node 0's
-            if overdue(self.timed, SILENT_S, since=thawed) and not self.lost:
-                self.lose(f"lost the job store at {self.where} (node 0 gone?): no answer for {SILENT_S:.0f} s "
-                          "(node 0's machine or its node agent stopped, or the network to it)")
-                os._exit(1)
+        """A node other than 0: node 0's job store answered nothing for silent_s (store_watchdog.py):
+        said, and the agent ends (a blocked call keeps the loop, so the verdict ends it too)."""
+        store_watchdog.watch_store(self.timed, self.silent_s, self.own_lag, lambda: self.lost)
+        self.lose(store_watchdog.store_silence(self.where, self.silent_s))
+        os._exit(1)
 
     # ---------------------------------------------------------------- the loop
     def serve(self) -> None:
@@ -708,7 +701,8 @@ def main(argv: list[str]) -> int:
     node_rank, host, port, join_timeout = int(argv[0]), argv[2], int(argv[3]), float(argv[4])
     min_nodes, nnodes = (int(n) for n in argv[1].split(":"))
     last_call = float(argv[5])
-    listen_fd = int(argv[6]) if len(argv) > 6 else None
+    silent_s = float(argv[6]) if len(argv) > 6 else SILENT_S
+    listen_fd = int(argv[7]) if len(argv) > 7 else None
     where = f"{host}:{port}"
     from torch.distributed import TCPStore
 
@@ -729,10 +723,10 @@ def main(argv: list[str]) -> int:
     rounds = None
     if min_nodes < nnodes:
         rounds = ElasticRounds(store, node_rank, min_nodes, nnodes, join_timeout, last_call)
-    agent = Agent(store, node_rank, nnodes, join_timeout, where, rounds)
+    agent = Agent(store, node_rank, nnodes, join_timeout, where, rounds, silent_s)
     agent.connect = connect
+    agent.own_lag = OwnLag()  # node 0: its stalls are nobody's silence; the others: not node 0's either
     if node_rank == 0:
-        agent.own_lag = OwnLag()
         agent.serve_liveness(host)
     else:
         agent.timed.append(store)

@@ -57,6 +57,13 @@ class OwnLag:
             taken, self._untaken = self._untaken, 0.0
         return taken
 
+    def thawed_at(self) -> float:
+        """When this process last ran again after a stall (its clock); -inf: it never stood still.
+        Ticks first: a stall the ticker has not seen yet (this thread ran first) counts too."""
+        self.tick()
+        with self._lock:
+            return self.stalls[-1][0] if self.stalls else float("-inf")
+
     def stalled_within(self, window_s: float) -> float | None:
         """The longest stall that ended in the last `window_s` seconds, or is still going on (this
         thread ran before the ticker did); None: none."""

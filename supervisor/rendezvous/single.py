@@ -12,7 +12,7 @@ import socket
 from dataclasses import dataclass
 
 from supervisor.gpus import DevicePlan
-from supervisor.rendezvous.api import OnCause, Setup
+from supervisor.rendezvous.api import OnCause, OnRemote, Setup
 from supervisor.rendezvous.store import MASTER_ADDR, HostedStore
 from supervisor.summary import RootCause
 
@@ -42,7 +42,7 @@ class SingleNode:
     def publisher(self, attempt: int) -> OnCause | None:
         return None
 
-    def watch(self, attempt: int, on_remote: OnCause) -> None:
+    def watch(self, attempt: int, on_remote: OnRemote) -> None:
         pass
 
     def unwatch(self) -> None:

@@ -62,7 +62,9 @@ def _too_few_files(world_size: int, hosted_nodes: int, need: int, hard: int) -> 
                 f"{hard} (ulimit -Hn); lower --nproc or raise the limit")
     return (f"node 0 of {hosted_nodes} nodes ({world_size} workers each) needs about {need} open files for the "
             f"job's connections, but this process may open only {hard} (ulimit -Hn); raise the hard limit on "
-            f"node 0 (limits.conf nofile, systemd LimitNOFILE=, or `ulimit -Hn {need}` as root)")
+            f"node 0 to {need} or more (`ulimit -n {need}` where the hard limit allows, else nofile in "
+            "limits.conf or `ulimit -Hn` as root; a systemd service's LimitNOFILE=; under SLURM, slurmd's "
+            "LimitNOFILE=, with PropagateResourceLimits copying the submitting shell's `ulimit -n`)")
 
 
 def check_backend(backend: str, device_kind: str) -> None:

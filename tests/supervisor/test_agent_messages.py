@@ -158,3 +158,21 @@ def test_every_event_the_agent_emits_is_declared_with_the_fields_it_is_given():
         fields = dataclasses.fields(am.EVENTS[name])
         required = {f.name for f in fields if f.default is dataclasses.MISSING}
         assert required <= given <= {f.name for f in fields}, (where, name, given)
+
+
+def test_the_node_silence_setting_reaches_the_agent_before_its_listen_fd(tmp_path: Path):
+    """system.node_silence_timeout is the agent's SILENT_S (argv[6], before node 0's LISTEN_FD):
+    a stand-in agent says the arguments it was given as its loss."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nshift 2\necho \"{\\\"event\\\": \\\"lost\\\", \\\"message\\\": \\\"$*\\\"}\"\n"
+                    "cat > /dev/null\n")
+    fake.chmod(0o755)
+    link = JobLink(NodeSpec(nnodes=2, master_addr="127.0.0.1", master_port=1), 5.0, str(fake), {},
+                   lambda: None, tmp_path / "agent.log", None, last_call=0.0, silent_s=25.0)
+    try:
+        deadline = time.monotonic() + 30
+        while link.lost is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        link.close(linger=0.1)
+    assert link.lost == "0 2:2 127.0.0.1 1 5.0 0.0 25.0"  # node rank, MIN:MAX, host, port, join, last call, silence

@@ -5,10 +5,13 @@ processes died is named on every survivor."""
 
 from __future__ import annotations
 
+import resource
+
 import orjson
+import psutil
 import pytest
 
-from bench.scale_sim import GpuherdJob, roomy
+from bench.scale_sim import CLUSTER_SOFT_FILES, GpuherdJob, roomy, start_store_server
 from supervisor.rendezvous.beat_watch import BEAT_S
 from supervisor.rendezvous.node_agent_main import CLOSED_GRACE_S, Agent
 from tests.supervisor.test_node_agent_data import DictStore
@@ -18,7 +21,7 @@ NODES = 64
 
 @pytest.fixture(scope="module")
 def job():
-    roomy()
+    roomy(0)
     job = GpuherdJob(NODES)
     yield job
     job.close()
@@ -37,6 +40,28 @@ def test_64_nodes_join_beat_abort_and_name_a_dead_node(job):
     assert named and took <= 3 * 2  # named within 3 s (not after the grace): slack for 2 busy cores
     survivors = [nd.first("abort", 1)[1]["cause"] for nd in job.nodes if nd.r != 3]
     assert all(c["stop_after_s"] == CLOSED_GRACE_S for c in survivors)  # their workers are stopped later
+
+
+@pytest.mark.integration
+def test_the_harness_runs_every_node_under_a_clusters_soft_file_limit(job):
+    """The harness measures what a cluster meets: no process of it raises its open-file limit for
+    the simulation's sake (64 nodes a shard need far fewer); node 0's shard and the store raise it
+    only as node 0's supervisor would, for what N needs (64 nodes: within 1,024, so not at all)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    expected = CLUSTER_SOFT_FILES if hard == resource.RLIM_INFINITY else min(CLUSTER_SOFT_FILES, hard)
+    procs = [job.server] + [shard.proc for shard in job.shards]
+    assert [psutil.Process(p.pid).rlimit(psutil.RLIMIT_NOFILE)[0] for p in procs] == [expected] * len(procs)
+
+
+@pytest.mark.integration
+def test_the_harness_store_under_a_low_hard_file_limit_is_refused_with_node_0s_line():
+    """1,024 nodes where the hard limit is 1,024: the store refuses in node 0's one line (how to
+    raise the limit), as node 0's supervisor would, instead of being raised by the harness."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip(f"the hard open-file limit here is {hard}")
+    with pytest.raises(RuntimeError, match=r"node 0 of 1024 nodes \(1 workers each\) needs about 5192 open files"):
+        start_store_server(1024, hard_limit=1024)
 
 
 def _agent(node_rank: int, values: dict[str, bytes]) -> tuple[Agent, list[dict]]:

@@ -786,3 +786,16 @@ def test_ctrl_c_on_a_script_says_the_signal_went_to_it_and_promises_no_save():
     assert line.startswith("Ctrl-C: SIGINT to every worker; what the script does with it is its own (gpuherd saves "
                            "nothing for a script; the end of the run says whether a save followed): waiting up to 5 s")
     assert "save a checkpoint" not in line
+
+
+def test_a_cause_from_the_store_that_names_this_node_is_not_said_to_be_another_nodes():
+    """Node 0's agent SIGSTOPped 12 s publishes its own stall (node 0) as the job's cause: node 0's
+    supervisor hears it from the store like any remote cause, but the failure is its own node's."""
+    run = Run()
+    stall = RootCause("node", 1, "node 0 (h0) stopped responding: its node agent did not run for 12.1 s", node=0)
+    actions = run(pol.Fatal(view(3.0, *TWO), stall, remote=True, here=True))
+    assert run.phase is Phase.TERMINATING and not [a for a in actions if isinstance(a, pol.Publish)]
+    assert logs(actions, "error") == [f"the job failed on this node: {stall.message}; stopping this node's workers"]
+    elsewhere = Run()
+    assert logs(elsewhere(pol.Fatal(view(3.0, *TWO), stall, remote=True)), "error")[0].startswith(
+        "the job failed on another node: node 0 (h0)")
