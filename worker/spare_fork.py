@@ -26,7 +26,10 @@ ended): a fork copies no other thread, and a lock one of them held would stay he
 Native threads are left to their libraries' fork handlers: torch's import leaves one, numpy's
 OpenBLAS thread server (`blas_thread_server`, waiting on its condition variable), which OpenBLAS
 shuts down around a fork itself, as in every process that forks DataLoader workers; torch's own
-intra-op (OpenMP) pool is started only by a first operation, which the source never runs. The
+intra-op (OpenMP) pool is started only by a first operation, which a script's source never runs
+(the built-in's rehearsal runs its step in the warm-up thread, whose pool ends with it). Nor is
+one forked once the CUDA driver is loaded (libcuda mapped): a fork cannot use it, and a spare
+touches CUDA only once its assignment names the GPU. The
 source still waits on its stdin as any spare does: handed a rank (no fork of it was there yet), it
 serves no more spares and becomes the rank.
 
@@ -91,6 +94,8 @@ def _answer(sock: socket.socket) -> str:
         reply = {"error": f"not a fork request: {message[:32]!r} with {len(fds)} fd(s)"}
     elif threading.active_count() > 1:
         reply = {"error": f"the source runs {threading.active_count()} Python threads: no fork"}
+    elif cuda_driver_loaded():
+        reply = {"error": "the source loaded the CUDA driver: a fork of it could not use CUDA"}
     else:
         pid = _fork_spare(sock, fds)
         if pid is None:
@@ -103,6 +108,16 @@ def _answer(sock: socket.socket) -> str:
     except OSError:
         pass
     return "served"
+
+
+def cuda_driver_loaded(maps: str = "/proc/self/maps") -> bool:
+    """libcuda is mapped: something initialized the CUDA driver here, which a forked child cannot
+    use (a spare is forked before CUDA is touched: the assignment says which GPU)."""
+    try:
+        with open(maps, encoding="utf-8", errors="replace") as f:
+            return any("libcuda.so" in line for line in f)
+    except OSError:
+        return False
 
 
 def _fork_spare(sock: socket.socket, fds: list[int]) -> int | None:

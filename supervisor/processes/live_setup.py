@@ -120,7 +120,7 @@ class AttemptLive:
         return spare
 
     def start_source(self, number: int) -> SpareSource:
-        """A script's spare source (spare_source.py): a spare that forks the others."""
+        """A spare source (spare_source.py): a spare that forks the others, warm."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             process = self.start_spare(number, {contract.SPARE_SOURCE_FD: str(theirs.fileno())}, (theirs.fileno(),))
@@ -152,9 +152,8 @@ def live_for_attempt(parts: AttemptLive, budget: int, attempt: int, numbered_fro
                         "no warm spare is started")
         return None
     parts.shrink, parts.script = floor > 0, script is not None
-    forks = script is not None and SpareSource.possible()  # a script's spares: forks of one warm interpreter
     pool = SparePool(count, parts.start_spare, parts.lend if script is not None else None,
-                     parts.start_source if forks else None)
+                     parts.start_source if SpareSource.possible() else None)  # the spares: forks of one warm one
     return LiveRecovery(pool, budget, attempt, parts.env_for, numbered_from,
                         write_metric, regroup=regroup, node=node, shrink_floor=floor, tell=parts.tell,
                         worker_env=parts.env, world_size=parts.run_env.world_size, script=script is not None,

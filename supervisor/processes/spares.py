@@ -12,9 +12,10 @@ in its pipes (a spare prints nothing while it waits) and is read as the rank's; 
 channel carries one record before then, `live`/`warm` at the end of its warm-up, which the
 pool reads itself (`warm`): a regrow takes only a spare that said it.
 
-A script's pool (`source`) starts one spare source instead (supervisor/processes/spare_source.py,
-worker/spare_fork.py): the script's interpreter importing torch once, which then forks the K
-spares, and each refill, warm at once and for a few ms of CPU. The source is one process more
+Where the supervisor is a child subreaper (`source`), the pool starts one spare source instead
+(supervisor/processes/spare_source.py, worker/spare_fork.py): a spare that warms up once (a
+script's interpreter importing torch; the built-in's imports, dataset and rehearsal) and then
+forks the K spares, and each refill, warm at once and for a few ms of CPU. The source is one process more
 than K; it is itself taken for a lost rank only where no spare it forked is there yet (a loss
 during its import), and the next refill starts a new one.
 """
@@ -48,6 +49,7 @@ class SparePool:
         self.started = 0
         self._warm: set[int] = set()  # pids of the spares whose warm-up ended (a fork of the source: at birth)
         self.source: SpareSource | None = None
+        self.asked = 0  # spares asked of a source so far
 
     def fill(self) -> list[WorkerProcess]:
         """Start spares until `count` are waiting (or, with a source, asked of it); the ones started."""
@@ -56,6 +58,7 @@ class SparePool:
         while len([s for s in self.spares if s.poll() is None]) + self._asked() < self.count:
             if self.source is not None and self.source.ask(self.started):
                 self.started += 1
+                self.asked += 1
                 continue
             new.append(self.add())
         return new
@@ -83,7 +86,9 @@ class SparePool:
         for spare in forked:
             self.spares.append(spare)
             self._warm.add(spare.pid)
-            logger.debug(f"warm spare pid {spare.pid} forked by the spare source pid {self.source.process.pid}")
+        if forked:
+            logger.debug(f"warm spare(s) pid {', '.join(str(s.pid) for s in forked)} forked by the spare source pid "
+                        f"{self.source.process.pid} (a copy of its warm interpreter: no import of their own)")
         if failed:
             logger.debug(f"{failed} spare(s) asked of the spare source pid {self.source.process.pid} not forked")
         return forked

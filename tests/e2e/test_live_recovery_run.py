@@ -60,14 +60,26 @@ def _pid(run_dir, rank: int) -> int:
     return [r["pid"] for r in records(run_dir, "ready") if r["rank"] == rank][0]
 
 
-def _spare(supervisor_pid: int) -> psutil.Process:
+def _forked_spares(supervisor_pid: int) -> list[psutil.Process]:
+    """The warm spares the pool's spare source forked, oldest first. Every spare carries
+    GPUHERD_SPARE=1 in its initial environment, the source (started first) and its forks alike;
+    the pool hands a lost rank a fork before the source."""
+    marked = []
     for p in psutil.Process(supervisor_pid).children():
         try:
             if p.environ().get("GPUHERD_SPARE") == "1":
-                return p
+                marked.append(p)
         except psutil.Error:
             continue
-    raise AssertionError("no warm spare found")
+    return sorted(marked, key=lambda p: p.create_time())[1:]
+
+
+def _spare(supervisor_pid: int) -> psutil.Process:
+    """The spare the next lost rank goes to: the source's fork (it forks once its warm-up is over)."""
+    found: list[psutil.Process] = []
+    assert wait_for(lambda: bool(found.extend(_forked_spares(supervisor_pid)) or found), timeout=240,
+                    interval=0.05), "no warm spare forked by the spare source"
+    return found[0]
 
 
 def _reached(run_dir, step: int) -> bool:
@@ -151,19 +163,14 @@ def test_with_four_ranks_any_lost_rank_is_replaced_live_while_the_other_three_ke
 
 
 def _spare_other_than(supervisor_pid: int, used: set[int]) -> psutil.Process | None:
-    """A warm spare not promoted yet (a promoted one keeps GPUHERD_SPARE=1 in its initial environment)."""
-    for p in psutil.Process(supervisor_pid).children():
-        try:
-            if p.pid not in used and p.environ().get("GPUHERD_SPARE") == "1":
-                return p
-        except psutil.Error:
-            continue
-    return None
+    """A warm spare forked and not promoted yet (a promoted one keeps GPUHERD_SPARE=1 in its initial
+    environment)."""
+    return next((p for p in _forked_spares(supervisor_pid) if p.pid not in used), None)
 
 
 def test_with_the_defaults_four_kills_in_a_row_are_all_recovered_live_as_the_spare_pool_refills(tmp_path, python_env):
-    """One warm spare and --max-restarts 8 (the defaults): each recovery starts a new spare, so the
-    second, third and fourth kill find one standing by too; nobody restarts."""
+    """One warm spare and --max-restarts 8 (the defaults): each recovery forks a new spare from the
+    pool's spare source, so the second, third and fourth kill find one standing by too; nobody restarts."""
     proc = subprocess.Popen(_command("k4", "--max-restarts", "8", steps=100000), cwd=tmp_path,
                             env=python_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_dir = tmp_path / "logs" / "k4"
@@ -174,7 +181,7 @@ def test_with_the_defaults_four_kills_in_a_row_are_all_recovered_live_as_the_spa
         for kill in range(1, 5):
             found: list[psutil.Process] = []
             assert wait_for(lambda: found.append(_spare_other_than(proc.pid, spares)) or found[-1] is not None,
-                            timeout=60, interval=0.05), f"no new warm spare before kill {kill}"
+                            timeout=240, interval=0.05), f"no new warm spare before kill {kill}"
             spares.add(found[-1].pid)
             psutil.Process(victim).send_signal(signal.SIGKILL)
             victims.append(victim)
