@@ -7,7 +7,7 @@ each process under the supervisor is read from /proc (utime + stime): the ranks'
 environment) and the spares' (GPUHERD_SPARE=1: spawned spares, the spare source and its forks,
 which carry the source's environment). One JSON line per run: rank 0's steps in the first
 `--window` seconds after its first step, and over the last interval the waiting processes' CPU
-seconds against the ranks'.
+seconds against the ranks', and the CPU seconds the spares used in all (their warm-ups).
 
     python bench/spare_cost.py [--spares 1 4] [--root CHECKOUT] [--seconds 75]
 
@@ -94,6 +94,8 @@ def one_run(root: Path, spares: int, seconds: float, every: float, window: float
             "steps_in_window": sum(1 for t in steps if steps and t - steps[0] <= window),
             "waiting": sum(1 for role in samples[-1][1].values() if role == "spare") if samples else 0,
             "last_window_cpu_s": {k: round(v, 2) for k, v in last.items()},
+            "spares_cpu_total_s": round(sum(c for pid, c in samples[-1][2].items() if samples[-1][1][pid] == "spare"), 2)
+            if samples else None,
             "spares_vs_ranks": round(last["spare"] / last["rank"], 4) if last["rank"] else None}
 
 

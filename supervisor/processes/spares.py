@@ -54,7 +54,7 @@ class SparePool:
     def fill(self) -> list[WorkerProcess]:
         """Start spares until `count` are waiting (or, with a source, asked of it); the ones started."""
         self.adopt()
-        new = self._fill_source() if self._new_source is not None else []
+        new = self._fill_source() if self._new_source is not None and self.count > 0 else []
         while len([s for s in self.spares if s.poll() is None]) + self._asked() < self.count:
             if self.source is not None and self.source.ask(self.started):
                 self.started += 1

@@ -17,7 +17,7 @@ import orjson
 import psutil
 import pytest
 
-from tests.e2e.helpers import records
+from tests.e2e.helpers import forked_spares, next_spare, records
 from tests.supervisor.helpers import finish, wait_for
 from worker.save_phases import PAUSE_VAR
 
@@ -60,28 +60,6 @@ def _pid(run_dir, rank: int) -> int:
     return [r["pid"] for r in records(run_dir, "ready") if r["rank"] == rank][0]
 
 
-def _forked_spares(supervisor_pid: int) -> list[psutil.Process]:
-    """The warm spares the pool's spare source forked, oldest first. Every spare carries
-    GPUHERD_SPARE=1 in its initial environment, the source (started first) and its forks alike;
-    the pool hands a lost rank a fork before the source."""
-    marked = []
-    for p in psutil.Process(supervisor_pid).children():
-        try:
-            if p.environ().get("GPUHERD_SPARE") == "1":
-                marked.append(p)
-        except psutil.Error:
-            continue
-    return sorted(marked, key=lambda p: p.create_time())[1:]
-
-
-def _spare(supervisor_pid: int) -> psutil.Process:
-    """The spare the next lost rank goes to: the source's fork (it forks once its warm-up is over)."""
-    found: list[psutil.Process] = []
-    assert wait_for(lambda: bool(found.extend(_forked_spares(supervisor_pid)) or found), timeout=240,
-                    interval=0.05), "no warm spare forked by the spare source"
-    return found[0]
-
-
 def _reached(run_dir, step: int) -> bool:
     return any(r["step"] >= step for r in records(run_dir, "step"))
 
@@ -116,7 +94,7 @@ def test_a_rank_killed_at_a_random_step_is_replaced_live_with_bit_identical_loss
     try:
         assert wait_for(lambda: _reached(run_dir, kill_at), timeout=240, interval=0.02)
         survivor, victim = _pid(run_dir, 0), _pid(run_dir, 1)
-        spare = _spare(proc.pid).pid
+        spare = next_spare(proc.pid).pid
         psutil.Process(victim).send_signal(signal.SIGKILL)
     finally:
         code, _out, err = finish(proc, timeout=300)
@@ -146,7 +124,7 @@ def test_with_four_ranks_any_lost_rank_is_replaced_live_while_the_other_three_ke
     try:
         assert wait_for(lambda: _reached(run_dir, kill_at), timeout=240, interval=0.02)
         pids = {rank: _pid(run_dir, rank) for rank in range(4)}
-        spare = _spare(proc.pid).pid
+        spare = next_spare(proc.pid).pid
         psutil.Process(pids[lost]).send_signal(signal.SIGKILL)
     finally:
         code, _out, err = finish(proc, timeout=300)
@@ -165,7 +143,7 @@ def test_with_four_ranks_any_lost_rank_is_replaced_live_while_the_other_three_ke
 def _spare_other_than(supervisor_pid: int, used: set[int]) -> psutil.Process | None:
     """A warm spare forked and not promoted yet (a promoted one keeps GPUHERD_SPARE=1 in its initial
     environment)."""
-    return next((p for p in _forked_spares(supervisor_pid) if p.pid not in used), None)
+    return next((p for p in forked_spares(supervisor_pid) if p.pid not in used), None)
 
 
 def test_with_the_defaults_four_kills_in_a_row_are_all_recovered_live_as_the_spare_pool_refills(tmp_path, python_env):
@@ -227,7 +205,7 @@ def test_a_second_failure_during_the_recovery_falls_back_to_a_restart_saying_why
     run_dir = tmp_path / "logs" / "s"
     try:
         assert wait_for(lambda: _reached(run_dir, 5), timeout=240, interval=0.02)
-        spare = _spare(proc.pid)
+        spare = next_spare(proc.pid)
         spare.send_signal(signal.SIGSTOP)  # the recovery cannot finish before the survivor dies too
         psutil.Process(_pid(run_dir, 1)).send_signal(signal.SIGKILL)
         assert wait_for(lambda: records(run_dir, "live") and any(

@@ -540,7 +540,7 @@ class FakeSource:
         self.closed = True
 
 
-def test_a_scripts_pool_takes_a_spare_forked_by_its_source_before_an_older_standby_and_the_source_last():
+def test_a_pool_with_a_spare_source_takes_a_fork_before_an_older_standby_and_the_source_last():
     """A fork of the warm source is warm at once; a restart standby older than it may still be
     importing torch. Before the source forked any, the source itself takes the rank (as a spare
     still importing did), serves no more, and the next refill starts a new source."""
@@ -564,3 +564,5 @@ def test_a_scripts_pool_takes_a_spare_forked_by_its_source_before_an_older_stand
     assert [p.pid for p in pool.fill()] == [603] and sources[1].asked == [4]  # a new source for the next refill
     sources[1].forked = 1
     assert [p.pid for p in pool.adopt()] == [804] and pool.take()[0].pid == 804
+    none = SparePool(0, lambda n: AgedProc(pid=900 + n), None, new_source)  # --spares 0 (--min-replicas alone)
+    assert none.fill() == [] and none.source is None and len(sources) == 2 and not none.ready()
