@@ -44,6 +44,10 @@ class Record:
     truncated: bool = False  # the writer dropped every other field: the line would have passed PIPE_BUF
     refused: tuple[str, ...] = ()  # fields of the wrong type, dropped at decoding (their defaults stand)
 
+    def __post_init__(self) -> None:  # built by its class (a Live or Timeline event; decoding skips this)
+        if getattr(self, "event", "") is None and getattr(self, "EVENT", ""):
+            object.__setattr__(self, "event", self.EVENT)
+
 
 # ----------------------------------------------------------------------------- worker -> supervisor
 
@@ -258,10 +262,6 @@ class Live(Record):
     EVENT: ClassVar[str] = ""
     event: str | None = None  # which of the live-recovery events below
 
-    def __post_init__(self) -> None:  # built by its class (not decoded): its event is the class's
-        if self.event is None and self.EVENT:
-            object.__setattr__(self, "event", self.EVENT)
-
 
 @dataclass(frozen=True, kw_only=True)
 class LiveAble(Live):
@@ -329,10 +329,6 @@ class Timeline(Record):
     TYPE: ClassVar[str] = "timeline"
     EVENT: ClassVar[str] = ""
     event: str | None = None  # which of the timeline events below
-
-    def __post_init__(self) -> None:  # built by its class (not decoded): its event is the class's
-        if self.event is None and self.EVENT:
-            object.__setattr__(self, "event", self.EVENT)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,7 +15,8 @@ import orjson
 import psutil
 
 from tests.e2e.helpers import records
-from tests.e2e.test_live_recovery_run import _command, _losses, _pid, _reached, _same_losses, _spare
+from tests.e2e.test_live_recovery_run import (_command, _losses, _pid, _reached, _same_losses, _spare,
+                                              handed_to_spare)
 from tests.supervisor.helpers import finish, wait_for
 from worker.save_phases import PAUSE_VAR
 
@@ -91,8 +92,7 @@ def test_a_save_whose_step_is_gone_when_the_group_is_rebuilt_is_written_at_the_s
         assert not records(run_dir, "checkpoint"), "step 5's write was not held"
         psutil.Process(_pid(run_dir, 1)).send_signal(signal.SIGKILL)
         # released once the supervisor handed rank 1 to the spare: the write then fails on the broken group
-        assert wait_for(lambda: "live recovery 1: warm spare" in (run_dir / "supervisor.log").read_text(
-            errors="replace"), timeout=60)
+        assert wait_for(lambda: handed_to_spare(run_dir), timeout=60)
     finally:
         release.touch()
         code, _out, err = finish(proc, timeout=300)

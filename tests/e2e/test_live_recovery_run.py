@@ -72,6 +72,11 @@ def _spare(supervisor_pid: int) -> psutil.Process:
     raise AssertionError("no warm spare found")
 
 
+def handed_to_spare(run_dir) -> bool:
+    """The supervisor has handed the first lost rank to a warm spare (its line is in the log)."""
+    return "live recovery 1: warm spare" in (run_dir / "supervisor.log").read_text(errors="replace")
+
+
 def _reached(run_dir, step: int) -> bool:
     return any(r["step"] >= step for r in records(run_dir, "step"))
 
@@ -315,8 +320,7 @@ def test_a_periodic_save_cut_short_by_a_lost_peer_is_written_by_the_rebuilt_grou
         assert wait_for(lambda: paused(0) and paused(1), timeout=240)
         psutil.Process(_pid(run_dir, 1)).send_signal(signal.SIGKILL)
         # rank 0 is released only once the supervisor has handed rank 1 to the spare
-        assert wait_for(lambda: "live recovery 1: warm spare" in (run_dir / "supervisor.log").read_text(
-            errors="replace"), timeout=60)
+        assert wait_for(lambda: handed_to_spare(run_dir), timeout=60)
     finally:
         release.touch()
         code, _out, err = finish(proc, timeout=300)
