@@ -553,6 +553,12 @@ def _interrupt(s: State, v: View, r: Rules) -> Result:
         actions.append(Log("warning", _ctrl_c_line(v, r, wait)))
         s, more = _stop_all(s, v, r, signal.SIGINT, wait)
         return s, actions + more
+    if s.interrupts == 1 and s.phase is Phase.STOPPING:
+        # The first Ctrl-C heard here, while a graceful stop is under way: often the same Ctrl-C
+        # (a terminal or srun signals every node) heard first from another node through the job
+        # store, or from a worker. Killing now would throw away the save every rank is heading for.
+        return s, [Log("warning", f"Ctrl-C: the graceful stop already under way goes on ({s.cause.message}); "
+                                  "press Ctrl-C again to kill every worker now")]
     actions = [Log("warning", f"Ctrl-C {'again' if s.interrupts > 1 else 'during the teardown'}: "
                               "killing every worker now")]
     if s.cause is None:

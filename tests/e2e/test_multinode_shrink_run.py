@@ -60,8 +60,9 @@ def test_a_rank_lost_on_node_1_with_no_spare_shrinks_the_job_and_its_refilled_sp
             proc.send_signal(signal.SIGINT)
     finally:
         outputs = [finish(p, timeout=300) for p in procs]
-    for node, (code, _out, err) in enumerate(outputs):
-        assert code == 130, f"node {node}, rank {lost} killed at step {kill_at}: {err[-3000:]}"
+    tails = "\n".join(f"--- node {node} (exit {code}):\n{err[-3000:]}" for node, (code, _o, err) in enumerate(outputs))
+    for node, (code, _out, _err) in enumerate(outputs):
+        assert code == 130, f"node {node}, rank {lost} killed at step {kill_at}:\n{tails}"
 
     survivors = {rank: pid for rank, pid in pids.items() if rank != lost}
     for node in range(2):

@@ -341,6 +341,29 @@ def test_ctrl_c_on_one_node_stops_every_node_gracefully(tmp_path):
     assert "saving checkpoint" in (tmp_path / "logs" / "job-node1" / "worker-rank1-CPU0.log").read_text()
 
 
+def test_the_same_ctrl_c_reaching_a_node_after_another_nodes_is_not_a_second_one(tmp_path):
+    """One Ctrl-C signals every node (a terminal, srun), and a node may hear it from node 0
+    through the job store before its own copy arrives: its workers are already saving, and its
+    own SIGINT must not be taken for the second Ctrl-C that kills them."""
+    port = _port()
+    procs = [_node(tmp_path, node, port, "save-on:INT:3", "save-on:INT:3") for node in (0, 1)]  # per global rank
+    logs = [tmp_path / "logs" / f"job-node{rank}" / f"worker-rank{rank}-CPU0.log" for rank in (0, 1)]
+    worker1 = logs[1]
+    with sh.none_left(procs):  # each worker's handler is in place once it trains
+        assert sh.wait_for(lambda: all(p.is_file() and "Step [1/" in p.read_text() for p in logs), timeout=120)
+        procs[0].send_signal(signal.SIGINT)
+        assert sh.wait_for(lambda: "SIGINT: saving a checkpoint" in worker1.read_text(), timeout=30)  # from node 0
+        procs[1].send_signal(signal.SIGINT)
+        results = [sh.finish(proc, timeout=60) for proc in procs]
+    for code, _, err in results:
+        assert code == 130, err[-2000:]
+    assert "Ctrl-C: the graceful stop already under way goes on (node 0 (" in results[1][2]
+    assert "checkpoint saved" in worker1.read_text()
+    s1 = _summary(tmp_path, 1)
+    assert s1["workers"][0]["signals_sent"] == ["SIGINT"] and s1["workers"][0]["exit_code"] == 130
+    assert s1["root_cause"]["kind"] == "interrupted" and s1["root_cause"]["node"] == 0
+
+
 def test_nodes_started_with_different_run_ids_refuse_to_train_together(tmp_path):
     port = _port()
     procs = [_node(tmp_path, 0, port, "train:3", args=("--run-id", "exp1")),

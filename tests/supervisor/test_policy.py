@@ -162,6 +162,30 @@ def test_ctrl_c_on_another_node_stops_this_one_gracefully():
     assert run.phase is Phase.STOPPING and sends(actions) == [((0, 1), signal.SIGINT, False)]
 
 
+@pytest.mark.parametrize("first", ["another node", "a worker", "a stop request"])
+def test_the_first_ctrl_c_heard_after_a_graceful_stop_began_elsewhere_joins_it_and_a_second_kills(first):
+    """One Ctrl-C reaches every node (a terminal, srun): a node that heard it first from another
+    node through the job store, or from its own worker, must not take its own copy for a second
+    Ctrl-C and kill the ranks on their way to the save."""
+    run = Run()
+    if first == "another node":
+        run(pol.Fatal(view(3.0, *TWO), RootCause("interrupted", 130, "node 0 (h0): interrupted by Ctrl-C"),
+                      remote=True))
+    elif first == "a worker":
+        run(pol.WorkerStop(view(3.0, *TWO), 1, "CPU1", "SIGINT"))
+    else:
+        run(pol.SignalReceived(view(3.0, *TWO), signal.SIGTERM))
+    cause, deadline = run.state.cause, run.state.deadline
+    actions = run(pol.SignalReceived(view(3.1, *TWO), signal.SIGINT))
+    assert run.phase is Phase.STOPPING and not sends(actions) and run.state.deadline == deadline
+    assert run.state.cause is cause and run.state.stop_signal is not None  # asked to stop: never restarted
+    assert logs(actions) == [f"Ctrl-C: the graceful stop already under way goes on ({cause.message}); "
+                             "press Ctrl-C again to kill every worker now"]
+    actions = run(pol.SignalReceived(view(3.5, *TWO), signal.SIGINT))
+    assert run.phase is Phase.KILLING and sends(actions) == [((0, 1), signal.SIGKILL, True)]
+    assert logs(actions) == ["Ctrl-C again: killing every worker now"]
+
+
 def test_a_stop_request_on_another_node_saves_and_stops_here():
     run = Run()
     stopped = RootCause("terminated", 143, "node 1 (h1): the supervisor received SIGTERM")
