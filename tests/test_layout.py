@@ -21,11 +21,7 @@ PACKAGES = ("gpuherd", "supervisor", "worker", "dataset_cache")
 MAX_FUNCTION_LINES = 50
 MAX_CLASS_LINES = 400
 # Over the class cap today, and why: each entry holds its size then, so it may shrink, never grow.
-LONG_CLASSES = {
-    # node 0's state (lost nodes, spare nodes, claims) and the methods that apply the parts' results
-    # to it; under 400 once node 0's side is an object of its own
-    "supervisor/rendezvous/node_agent_main.py::Agent": 572,
-}
+LONG_CLASSES: dict[str, int] = {}  # a class allowed past MAX_CLASS_LINES, with the reason; none today
 
 
 def _modules(root: Path = REPO, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:

@@ -63,6 +63,38 @@ def publish(store: Any, k: int, cause: dict[str, Any]) -> bytes:
     return winner
 
 
+class OwnBeat:
+    """This node's beat key for one attempt, from its join until it joins the next attempt
+    ("moved"), its workers finish ("done") or it leaves ("left")."""
+
+    def __init__(self, store: Any, node_rank: int) -> None:
+        self.store, self.node_rank = store, node_rank  # node_rank: a spare node's changes when it takes a place
+        self.attempt: int | None = None  # the attempt whose beat key this node sets
+        self._count = 0
+        self._sent = b"0"  # the value the key holds (enter() writes "0")
+
+    def start(self, k: int, fresh: bool = True) -> None:
+        """Beat for attempt k from now on; `fresh`: its key was just entered ("0")."""
+        self.attempt = k
+        if fresh:
+            self._sent = b"0"
+
+    def tick(self) -> None:
+        """One request with an answer (compare_set: a plain set is never answered, so a partition
+        would go unseen): the store watchdog sees node 0 gone when it stays unanswered. Not `add`:
+        a foreign value in the key cannot break our connection; it is replaced at the next beat."""
+        self._count += 1
+        value = str(self._count).encode()
+        got = self.store.compare_set(beat_key(self.attempt, self.node_rank), self._sent, value)
+        self._sent = value if got == value else got
+
+    def end(self, last: bytes, k: int | None = None) -> None:
+        """The last beat (one of SETTLED), if it still beats (for attempt k, when given)."""
+        if self.attempt is not None and (k is None or self.attempt == k):
+            self.store.set(beat_key(self.attempt, self.node_rank), last)
+            self.attempt = None
+
+
 class BeatWatch:
     """Node 0's view of attempt k: when each other node's beat last moved, counted in node 0's
     own reads (`seq`), and the nodes found dead with the cause that names each."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import selectors
 import socket
+import sys
 import threading
 from collections.abc import Callable
 
@@ -133,3 +134,22 @@ class LivenessLink:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
+
+
+def link_to_node0(where: str | None, read_key: Callable[[str], bytes | None], node_rank: int,
+                  on_closed: Callable[[], None], claim: bytes, silent_s: float) -> LivenessLink | None:
+    """A node other than 0: its connection to node 0's agent. `where`: node 0's "host:port" as its
+    join record carries it (no request); else `read_key(LIVENESS_KEY)` from the store. None: node 0
+    has none (a test's store), or it could not be reached (said): the heartbeat silence rule holds."""
+    if not isinstance(where, str):
+        raw = read_key(LIVENESS_KEY)
+        if raw is None:
+            return None
+        where = raw.decode(errors="replace")
+    host, _, port = where.rpartition(":")
+    try:
+        return LivenessLink(host, int(port), node_rank, on_closed, claim)
+    except (OSError, ValueError) as exc:
+        print(f"node agent: no direct connection to node 0's agent at {where!r} ({exc}); a dead node is "
+              f"named after {silent_s:g} s of silence instead", file=sys.stderr, flush=True)
+        return None

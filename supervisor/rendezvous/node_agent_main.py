@@ -92,24 +92,18 @@ from supervisor.rendezvous.agent_messages import (CheckAlive, ClaimRegroup, Comm
                                                   Leave, Linger, Malformed, PublishAbort, ShareLines, ShareOutcome,
                                                   StandBy, WaitDone, Watch, WatchRegroups, decode_command, encode,
                                                   event)
-from supervisor.rendezvous.beat_watch import (BEAT_S, SETTLED, SILENT_S, BeatWatch, abort_key, beat_key, done_key,
-                                              node_key, nodes_key, parse_verdict, publish, undecided, verdict_key)
-from supervisor.rendezvous import (agent_causes, agent_end, elastic_join, fixed_join, node_shrink_agent,
-                                   regroup_agent, spare_node_agent, store_watchdog)
+from supervisor.rendezvous.alive_check import AliveCheck
+from supervisor.rendezvous.beat_watch import (BEAT_S, SILENT_S, OwnBeat, abort_key, done_key, node_key, nodes_key,
+                                              publish)
+from supervisor.rendezvous import (abort_wait, agent_causes, agent_end, elastic_join, fixed_join, regroup_agent,
+                                   spare_node_agent, store_watchdog)
 from supervisor.rendezvous.fixed_join import is_record
 from supervisor.rendezvous.elastic_rounds import ElasticRounds
 from supervisor.rendezvous import rank_claims
-from supervisor.rendezvous.liveness import LIVENESS_KEY, LivenessLink, LivenessServer
+from supervisor.rendezvous.liveness import LIVENESS_KEY, LivenessLink, LivenessServer, link_to_node0
+from supervisor.rendezvous.node0_judge import Judge, Nodes
 from supervisor.rendezvous.own_lag import OwnLag
-from supervisor.rendezvous.roster import Roster
 from supervisor.rendezvous.store_calls import Connect, StoreCalls, TimedStore, json_or_none
-
-ABORT_WAIT_S = 30.0  # the abort wait's pieces (two requests each: the wait, and its cancel when it ran out)
-GOLDEN = 0.6180339887498949  # node r's first piece: consecutive ranks land far apart in the period
-CLOSED_GRACE_S = 5.0  # a node named dead by its closed connection: survivors stop their workers this long after
-# node 0 ran again after a stall: connections that close this long after it are the stall's doing (the
-# other nodes' watchdogs give node 0 up within a beat or two of SILENT_S without an answer)
-STALL_MARGIN_S = 5.0
 
 
 class Agent:
@@ -118,29 +112,17 @@ class Agent:
         """`rounds`: an elastic job's (--nnodes MIN:MAX, `nnodes` is MAX); None: a fixed size. `silent_s`:
         system.node_silence_timeout, the silence after which a node (or, seen from the others, node 0) is gone."""
         self.store, self.silent_s = StoreCalls(store), silent_s
+        self.beat = OwnBeat(self.store, node_rank)
         self.node_rank, self.nnodes = node_rank, nnodes
         self.rounds = rounds
-        self.members = list(range(nnodes))  # the nodes in the round being run
+        self.nodes = Nodes(nnodes, list(range(nnodes)), elastic=rounds is not None)
         self.join_timeout, self.where = join_timeout, where
         self.watching: int | None = None  # the attempt whose abort is not reported yet
-        self.beating: int | None = None  # the attempt whose beat key this agent sets
-        self.verifying: tuple[int, float, int] | None = None  # an "alive" check: (attempt, began, verdict seq then)
-        self.beats: BeatWatch | None = None  # node 0: the attempt whose beats it reads
         self.last_join: int | None = None
         self.mark = b""  # this agent's claim on its --node-rank (rank_claims.owner_mark), once it holds it
         self.lost = False
         self.leaving = False
-        self.hosts: dict[int, str] = {}
-        self.owners: dict[int, bytes] = {}  # node 0: each node's agent in the round (rank_claims.owner_mark)
-        self.gone: set[int] = set()  # nodes found dead: nobody waits for them to leave
-        self.spare_nodes = 0  # node 0: --spare-nodes (from its own join record)
-        self.promoted: dict[int, dict[int, int]] = {}  # node 0: round -> {dead node: the spare node in its place}
-        self.min_replicas = 0  # node 0: --min-replicas (from its own join record): a dead node may shrink the job
-        self.lost_nodes: set[int] = set()  # node 0: nodes dead whole the round went on without (node_shrink_agent.py)
-        self._naming = threading.Lock()  # node 0: one dead node judged at a time (the loop, the liveness thread)
         self._next_beat = 0.0
-        self._beat_count = 0
-        self._beat_sent = b"0"  # the value this node's beat key holds (enter() writes "0")
         self._emitting = threading.Lock()
         self._reported: set[int] = set()  # attempts whose abort was emitted
         self._reporting = threading.Lock()
@@ -149,8 +131,11 @@ class Agent:
         self._spare: list[StoreCalls] = []  # an abort wait's connection once that wait ended: the next one's
         self.liveness: LivenessLink | None = None
         self.liveness_at: str | None = None  # node 0: its liveness server's "host:port"
-        self._liveness_store: StoreCalls | None = None  # node 0: the connection its liveness thread names nodes on
-        self.own_lag: OwnLag | None = None  # its own stalls: never another node's death, nor node 0's silence
+        # node 0: its judgement of the other nodes (their beats, their closed connections)
+        self.judge = Judge(self.nodes, self.store, silent_s, self.report_abort, self._connection, lambda: self.lost)
+        # `emit` looked up at each call: a test or the scale harness replaces it after construction
+        self.alive = AliveCheck(self.store, self.nodes, self.judge, silent_s, where,
+                                lambda name, **fields: self.emit(name, **fields))
         self._commands: dict[type[Command], Callable[[Any], None]] = {
             Join: self._join, Watch: self._watch, PublishAbort: self._abort, Done: self._done,
             WaitDone: self._wait_done, CheckAlive: self._alive, ShareOutcome: self._outcome,
@@ -159,6 +144,15 @@ class Agent:
             ClaimRegroup: lambda cmd: regroup_agent.claim(self.store, self.emit, cmd),  # a live recovery
             WatchRegroups: self._regroup_watch, StandBy: self._stand_by,  # a spare node (--spare-nodes)
         }
+
+    @property
+    def own_lag(self) -> OwnLag | None:
+        """Its own stalls: never another node's death (node 0's judge), nor node 0's silence (the others)."""
+        return self.judge.own_lag
+
+    @own_lag.setter
+    def own_lag(self, lag: OwnLag | None) -> None:
+        self.judge.own_lag = lag
 
     # ---------------------------------------------------------------- events
     def emit(self, name: str, **fields: Any) -> None:
@@ -183,7 +177,7 @@ class Agent:
             self.watching = None
         cause = self._cause(abort_key(k), raw)
         if cause.get("kind") == "node" and isinstance(cause.get("node"), int):
-            self.gone.add(cause["node"])  # another agent found it dead
+            self.nodes.gone.add(cause["node"])  # another agent found it dead
         self.emit("abort", attempt=k, cause=cause)
 
     def _cause(self, key: str, raw: bytes) -> dict[str, Any]:
@@ -208,8 +202,8 @@ class Agent:
         if not self._claim_rank(k, cmd.record):
             return
         fields = {**cmd.record, "owner": rank_claims.owner_mark(cmd.record).decode()}
-        self.spare_nodes = int(fields.get("spare_nodes") or 0)
-        self.min_replicas = int(fields.get("min_replicas") or 0)
+        self.nodes.spare_nodes = int(fields.get("spare_nodes") or 0)
+        self.nodes.min_replicas = int(fields.get("min_replicas") or 0)
         if self.liveness_at is not None:  # node 0: where the direct connections go, read with the records
             fields = {**fields, LIVENESS_KEY: self.liveness_at}
         record = orjson.dumps(fields)
@@ -245,29 +239,25 @@ class Agent:
                 cause = self._malformed(key, raw, f"node {members[i]}'s join record (host, nproc, settings)")
                 self._join_aborted(k, publish(self.store, k, cause))
                 return
-        self.hosts = {i: str(n.get("host", "?")) for i, n in zip(members, records, strict=True)}
-        self.owners = {i: str(n.get("owner", "")).encode() for i, n in zip(members, records, strict=True)}
-        self.members = members
-        self.lost_nodes.clear()  # a restart's join waited for every node again
-        self.beating, self._beat_sent = k, b"0"  # from now on: node 0 reads this node's beat
+        self.nodes.joined(members, records)
+        self.beat.start(k)  # from now on: node 0 reads this node's beat
         if self.node_rank == 0:
-            self.beats = BeatWatch(k, self.silent_s)  # from the join on: a node dying before its workers start is named too
+            self.judge.watch(k)
         else:
             self._link_to_node0(records[members.index(0)].get(LIVENESS_KEY) if 0 in members else None)
         self.emit("joined", attempt=k, round=k, members=members, nodes=records)
 
     def _move_on(self) -> None:
         """Joining again: the attempt this node beat for stops expecting its beat."""
-        if self.beating is not None:
-            self.store.set(beat_key(self.beating, self.node_rank), b"moved")
-            self.beating = None
-        self.beats = None
+        self.beat.end(b"moved")
+        self.judge.beats = None
 
     def _watch(self, cmd: Watch) -> None:
         k = cmd.attempt
-        self.watching = self.beating = k
-        if self.node_rank == 0 and (self.beats is None or self.beats.k != k):
-            self.beats = BeatWatch(k, self.silent_s)
+        self.watching = k
+        self.beat.start(k, fresh=False)
+        if self.node_rank == 0:
+            self.judge.watch(k)
         if self.connect is not None:
             threading.Thread(target=self._wait_abort, args=(k,), name=f"abort-wait-{k}", daemon=True).start()
 
@@ -280,25 +270,19 @@ class Agent:
         self.watching = None  # reported
 
     def _done(self, cmd: Done) -> None:
-        k = cmd.attempt
-        self.store.set(done_key(k, self.node_rank), b"1")
-        if self.beating == k:
-            self.store.set(beat_key(k, self.node_rank), b"done")
-            self.beating = None
+        self.store.set(done_key(cmd.attempt, self.node_rank), b"1")
+        self.beat.end(b"done", cmd.attempt)
 
     def _wait_done(self, cmd: WaitDone) -> None:
         """Node 0: until every member's workers finished, the abort, or the timeout."""
         k = cmd.attempt
-        members = [i for i in self.members if i not in self.lost_nodes]  # a node the job went on without never is
-        abort, missing = agent_end.wait_done(self.store, k, members, cmd.timeout)
+        abort, missing = agent_end.wait_done(self.store, k, self.nodes.waited_for(), cmd.timeout)
         if abort is not None:
             self.emit("abort", attempt=k, cause=self._cause(abort_key(k), abort))
         self.emit("finished", attempt=k, missing=missing)
 
     def _alive(self, cmd: CheckAlive) -> None:
-        k = cmd.attempt
-        verdict = self._verdict(k)
-        self.verifying = (k, time.monotonic(), verdict["seq"] if verdict is not None else 0)
+        self.alive.begin(cmd.attempt, time.monotonic())
         self._next_beat = 0.0  # answer from the next reading on
 
     def _outcome(self, cmd: ShareOutcome) -> None:
@@ -306,9 +290,9 @@ class Agent:
 
     def _outcomes(self, cmd: GatherOutcomes) -> None:
         """Node 0: the others' (a node found dead is not waited for)."""
-        others = [i for i in self.members if i != 0]  # elastic: the last round's nodes, not every rank up to MAX
-        nodes = agent_end.outcomes(self.store, others, frozenset(self.gone), frozenset(self.lost_nodes),
-                                   dict(self.hosts), cmd.timeout)
+        others = [i for i in self.nodes.members if i != 0]  # elastic: the last round's nodes, not every rank up to MAX
+        nodes = agent_end.outcomes(self.store, others, frozenset(self.nodes.gone), frozenset(self.nodes.lost_nodes),
+                                   dict(self.nodes.hosts), cmd.timeout)
         self.emit("outcomes", ranks=others, nodes=nodes)
 
     def _lines(self, cmd: ShareLines) -> None:
@@ -331,9 +315,7 @@ class Agent:
 
     def _leave(self, cmd: Leave) -> None:
         self.leaving = True
-        if self.beating is not None:
-            self.store.set(beat_key(self.beating, self.node_rank), b"left")
-            self.beating = None
+        self.beat.end(b"left")
         self.store.set(f"left{self.node_rank}", b"1")
         if self.liveness is not None:
             self.liveness.bye()
@@ -343,7 +325,7 @@ class Agent:
         if self.rounds is not None:
             self.rounds.close_job()  # a node still waiting to be admitted stops waiting
         last = 0 if self.last_join is None else self.last_join  # node 0 may fail before its own join
-        self.emit("lingered", missing=agent_end.linger(self.store, self._roster(last), cmd.timeout))
+        self.emit("lingered", missing=agent_end.linger(self.store, self.nodes.roster(last), cmd.timeout))
 
     # ---------------------------------------------------------------- elastic
     def _join_elastic(self, record: bytes) -> None:
@@ -386,7 +368,7 @@ class Agent:
     def _follow_claims(self, k: int) -> None:
         over = lambda: self.lost or self.leaving or k in self._reported or self._moved_past(k)  # noqa: E731
         for g, claimed in regroup_agent.follow(self._connection, self._spare.append, k, over):
-            self.gone.update(regroup_agent.lost_whole(claimed))  # the job went on without it: no `alive` waits
+            self.nodes.gone.update(regroup_agent.lost_whole(claimed))  # the job went on without it: no `alive` waits
             self.emit("regroup", attempt=k, generation=g, claim=claimed)
 
     def _moved_past(self, k: int) -> bool:
@@ -418,10 +400,11 @@ class Agent:
         if promotion is None:
             return  # it stopped standing by (said already)
         k, r = promotion.k, promotion.node  # node 0 handed this agent rank r's claim (rank_claims.transfer)
-        self.node_rank, self.members = r, list(range(self.nnodes))
-        self.hosts = {i: str(n.get("host", "?")) for i, n in enumerate(promotion.nodes)}
+        self.node_rank, self.nodes.members = r, list(range(self.nnodes))
+        self.nodes.hosts = {i: str(n.get("host", "?")) for i, n in enumerate(promotion.nodes)}
         self.last_join = k
-        self.beating, self._beat_sent = k, b"0"
+        self.beat.node_rank = r
+        self.beat.start(k)
         if self.liveness is not None:
             self.liveness.hello(r)
         self.emit("promoted", attempt=k, generation=promotion.generation, node=r, claim=promotion.claim,
@@ -439,139 +422,26 @@ class Agent:
         # Set even when there is nothing to do: the loop sleeps until it (a deadline left in the
         # past made the loop spin, a core per idle agent, before its join and between attempts).
         self._next_beat = now + BEAT_S
-        if self.beating is None and self.verifying is None and self.beats is None:
+        if self.beat.attempt is None and self.alive.pending is None and self.judge.beats is None:
             return
-        if self.beating is not None:
-            self._beat()
-        if self.beats is not None:
-            self._read_beats(now)
+        if self.beat.attempt is not None:
+            self.beat.tick()
+        if self.judge.beats is not None:
+            self.judge.read_beats(now)
             if self.rounds is not None and self.watching is not None:
                 elastic_join.admit_waiting(self.store, self.rounds, self.watching)
-        if self.verifying is not None:
-            self._verify_alive(now)
-
-    def _beat(self) -> None:
-        """One request with an answer (compare_set: a plain set is never answered, so a partition
-        would go unseen): the store watchdog sees node 0 gone when it stays unanswered. Not `add`:
-        a foreign value in the key cannot break our connection; it is replaced at the next beat."""
-        self._beat_count += 1
-        value = str(self._beat_count).encode()
-        got = self.store.compare_set(beat_key(self.beating, self.node_rank), self._beat_sent, value)
-        self._beat_sent = value if got == value else got
-
-    def _read_beats(self, now: float) -> None:  # node 0 only (self.beats)
-        """Node 0: every other member's beat in one request; one that stood still is named."""
-        beats = self.beats
-        others = [r for r in self.members if r != self.node_rank and r not in self.lost_nodes]
-        values = self.store.multi_get([beat_key(beats.k, r) for r in others])
-        if self.own_lag is not None:  # node 0 did not read while it stood still: that time is nobody's silence
-            beats.pause(self.own_lag.take_new())
-        for r, still in beats.observe(others, values, now):
-            self._declare(beats.k, r, self._silent(r, f"no heartbeat for {still:.0f} s"), self.store)
-        self.store.set(verdict_key(beats.k), orjson.dumps(beats.verdict()))
-
-    def _silent(self, r: int, why: str) -> dict[str, Any]:
-        return agent_causes.silent(r, self.hosts.get(r, "?"), why)
-
-    def _declare(self, k: int, r: int, cause: dict[str, Any], store: StoreCalls) -> None:
-        """Node 0: node r is dead; its cause goes to every node (the abort, unless a failure came first),
-        unless a spare node takes its place or the job goes on without it."""
-        owner = self.owners.get(r)
-        if self._go_on_without(k, r, cause, store):
-            if r in self.lost_nodes:  # the job went on without it: node r started again may take its rank
-                rank_claims.release(store, r, owner)
-            return
-        rank_claims.release(store, r, owner)  # node r started again takes its rank back
-        if self.beats is not None and self.beats.k == k:
-            self.beats.dead[r] = cause
-            store.set(verdict_key(k), orjson.dumps(self.beats.verdict()))  # named dead before the abort is read
-        self.gone.add(r)
-        self.report_abort(k, publish(store, k, cause))
-
-    def _go_on_without(self, k: int, r: int, cause: dict[str, Any], store: StoreCalls) -> bool:
-        """Node 0: True when round k goes on without dead node r: a spare node takes its place
-        (spare_node_agent.py), else, with --min-replicas, the job shrinks (node_shrink_agent.py)."""
-        with self._naming:
-            if r in self.lost_nodes:
-                return True  # judged already (its silence and its closed connection both name it)
-            return self._spare_node_takes(k, r, cause, store) or self._shrink_without(k, r, cause, store)
-
-    def _roster(self, k: int) -> Roster:
-        """What the friend modules read of round k's nodes: a copy, never this agent's own sets."""
-        return Roster(k, self.nnodes, self.spare_nodes, self.min_replicas, self.rounds is not None,
-                      frozenset(self.gone), dict(self.promoted.get(k, {})), dict(self.owners))
-
-    def _spare_node_takes(self, k: int, r: int, cause: dict[str, Any], store: StoreCalls) -> bool:
-        """Node 0: a spare node standing by takes dead node r's place (spare_node_agent.py): from now
-        on it is node r here (its claim, its host; its beat not yet due), then it is told so."""
-        took = spare_node_agent.take_over(store, self._roster(k), r, cause["message"])
-        self.gone.update(took.passed_over)  # frozen spare nodes: never chosen again
-        hand = took.handover
-        if hand is None:
-            return False
-        self.owners[r] = hand.mark
-        self.promoted.setdefault(k, {})[r] = hand.spare
-        self.hosts[r] = hand.host
-        if self.beats is not None and self.beats.k == k:
-            self.beats.dead.pop(r, None)
-            self.beats.forget(r)
-        self.gone.discard(r)
-        spare_node_agent.promote(store, k, hand)
-        return True
-
-    def _shrink_without(self, k: int, r: int, cause: dict[str, Any], store: StoreCalls) -> bool:
-        """Node 0, no spare node free: with --min-replicas the job goes on without dead node r
-        (node_shrink_agent.py), waiting for it no more; else `cause` says why not, where the floor is why."""
-        shrink = node_shrink_agent.shrink_over(store, self._roster(k), r, cause["message"])
-        cause["message"] += shrink.why_not
-        if not shrink.claimed:
-            return False
-        self.lost_nodes.add(r)
-        self.gone.add(r)
-        if self.beats is not None and self.beats.k == k:
-            self.beats.forget(r)
-        return True
-
-    def _verdict(self, k: int) -> dict[str, Any] | None:
-        """Node 0's latest reading of attempt k's beats (its own, on node 0); None: a foreign value."""
-        if self.beats is not None and self.beats.k == k:
-            return self.beats.verdict()
-        return parse_verdict(self.store.get_if_set(verdict_key(k)))
-
-    def _verify_alive(self, now: float) -> None:
-        """An `alive` check: done once node 0's reading proves each node alive since the check began
-        or names it dead; undecided ones are waited for at most silent_s + 2 s (then counted alive)."""
-        k, began, seq0 = self.verifying
-        verdict = self._verdict(k)
-        if verdict is None:
-            self.verifying = None
-            self.emit("alive", attempt=k, silent=[self._malformed(verdict_key(k), self.store.get(verdict_key(k)),
-                                                                  "node 0's reading of the heartbeats")])
-            return
-        ranks = [r for r in self.members if r not in (0, self.node_rank) and r not in self.gone]
-        silent = [c for c in verdict["dead"] if c["node"] != self.node_rank]
-        if not silent and undecided(verdict, seq0, ranks) and now - began < self.silent_s + 2:
-            return  # a node named dead answers at once: the first one is the cause, whoever else is alive
-        self.verifying = None
-        self.gone.update(c["node"] for c in silent)
-        self.emit("alive", attempt=k, silent=silent)
+        if self.alive.pending is not None:
+            self.alive.poll(now, self.node_rank)
 
     # ---------------------------------------------------------------- threads (a real store only)
     def _wait_abort(self, k: int) -> None:
-        """Blocks on attempt k's abort key in a connection of its own: one round trip after any node
-        publishes, this node has it, at no request while nothing happens."""
+        """Attempt k's abort, from a thread with a connection of its own (abort_wait.py)."""
         try:
             conn = self._connection()
-            piece = renewal_offset(self.node_rank)  # the first piece spreads every node's renewals over the period
-            while not self.lost and k not in self._reported:
-                if conn.wait([abort_key(k)], piece):
-                    # The key exists now: compare_set with "" expected returns its value untouched, in one
-                    # round trip (torch's `get` is two: a wait, then the get), for every node at once.
-                    self.report_abort(k, conn.compare_set(abort_key(k), "", b""))
-                    break
-                if self.leaving or self._moved_past(k):
-                    break
-                piece = ABORT_WAIT_S
+            raw = abort_wait.wait(conn, k, self.node_rank, lambda: self.lost or k in self._reported,
+                                  lambda: self.leaving or self._moved_past(k))
+            if raw is not None:
+                self.report_abort(k, raw)
             self._spare.append(conn)  # a restart's wait reuses it: no new connection per attempt
         except RuntimeError as exc:
             if not self.leaving:
@@ -588,64 +458,15 @@ class Agent:
 
     def serve_liveness(self, host: str) -> None:
         """Node 0: the port every other agent connects to (liveness.py), published on the store."""
-        server = LivenessServer(host, self._connection_closed, self._node_lines)
+        server = LivenessServer(host, self.judge.connection_closed, self._node_lines)
         self.liveness_at = f"{host}:{server.port}"
         self.store.set(LIVENESS_KEY, self.liveness_at.encode())
 
-    def _connection_closed(self, r: int, mark: bytes | None) -> None:
-        """Node 0: node r's connection ended without a goodbye: its agent (`mark`, its claim on the
-        rank) died with its processes. It is dead in the verdict and published as every node's
-        root cause at once (named on every survivor within one fan-out), and its rank is free for
-        the node started again in its place. The cause carries `stop_after_s` (CLOSED_GRACE_S):
-        each survivor's supervisor stops its workers only that long after, so that its workers,
-        failing on the same closed connections at their next collective, fail first and are
-        recorded as the dead node's consequence, not cut short by the stop."""
-        try:
-            if self._liveness_store is None:
-                self._liveness_store = self._connection()
-            conn = self._liveness_store
-            beats = self.beats  # a spare node given node r's place: node r died
-            r = spare_node_agent.promoted_as(self.promoted.get(beats.k, {}) if beats is not None else {}, r)
-            if r >= self.nnodes or beats is None or r not in self.members or r in beats.dead \
-                    or r in self.lost_nodes or self.lost:
-                self.gone.update([r] if r >= self.nnodes else [])  # a spare node standing by: no longer one
-                rank_claims.release(conn, r, mark)  # between attempts: the next join names it
-                return
-            if conn.get_if_set(beat_key(beats.k, r)) in SETTLED:
-                rank_claims.release(conn, r, mark)
-                return
-            stall = self._own_stall()
-            cause = agent_causes.stalled(self.hosts.get(0, "?"), r, stall, self.silent_s) if stall is not None else \
-                {**self._silent(r, "its connection to node 0 closed without a goodbye"), "stop_after_s": CLOSED_GRACE_S}
-            self._declare(beats.k, r, cause, conn)
-        except RuntimeError as exc:
-            print(f"node agent: could not name node {r}: {_short(exc)}", file=sys.stderr, flush=True)
-
-    def _own_stall(self) -> float | None:
-        """Node 0: how long it stood still lately, where that was long enough for every other
-        node's store watchdog to give it up (silent_s unanswered); None: no such stall."""
-        if self.own_lag is None or self.node_rank != 0:
-            return None
-        self.own_lag.tick()  # a stall still unseen by the ticker (this thread ran first) counts too
-        stall = self.own_lag.stalled_within(STALL_MARGIN_S)
-        return stall if stall is not None and stall >= self.silent_s - BEAT_S else None
-
     def _link_to_node0(self, where: str | None = None) -> None:
-        """Connect to node 0's agent once (none in a test's in-process store: no threads). `where`:
-        node 0's "host:port" as its join record carries it (no request); else the store's key."""
-        if self.connect is None or self.liveness is not None:
-            return
-        if not isinstance(where, str):
-            raw = self.store.get_if_set(LIVENESS_KEY)
-            if raw is None:
-                return  # node 0 has none (a test's store): the heartbeat silence rule still holds
-            where = raw.decode(errors="replace")
-        host, _, port = where.rpartition(":")
-        try:
-            self.liveness = LivenessLink(host, int(port), self.node_rank, self._node0_closed, self.mark)
-        except (OSError, ValueError) as exc:
-            print(f"node agent: no direct connection to node 0's agent at {where!r} ({exc}); a dead node is "
-                  f"named after {self.silent_s:g} s of silence instead", file=sys.stderr, flush=True)
+        """Connect to node 0's agent once (none in a test's in-process store: no threads)."""
+        if self.connect is not None and self.liveness is None:
+            self.liveness = link_to_node0(where, self.store.get_if_set, self.node_rank, self._node0_closed, self.mark,
+                                          self.silent_s)
 
     def _node0_closed(self) -> None:
         self.lose(f"lost the job store at {self.where} (node 0 gone?): node 0's node agent closed its connection "
@@ -684,13 +505,6 @@ class Agent:
             action()
         except RuntimeError as exc:  # torch's DistError family: the store (node 0) is unreachable
             self.lose(f"lost the job store at {self.where} (node 0 gone?): {_short(exc)}")
-
-
-def renewal_offset(node_rank: int) -> float:
-    """How long node r's first abort wait lasts: between ABORT_WAIT_S / 2 and 3 / 2 of it, spread
-    evenly over the nodes (golden-ratio steps), so that the renewals of N waits that began at
-    one join never reach the store at once (its cancel of a wait scans every waiter)."""
-    return ABORT_WAIT_S * (0.5 + (node_rank * GOLDEN) % 1.0)
 
 
 def _short(exc: BaseException) -> str:

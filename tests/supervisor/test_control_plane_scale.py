@@ -13,7 +13,8 @@ import pytest
 
 from bench.scale_sim import CLUSTER_SOFT_FILES, GpuherdJob, roomy, start_store_server
 from supervisor.rendezvous.beat_watch import BEAT_S
-from supervisor.rendezvous.node_agent_main import CLOSED_GRACE_S, Agent
+from supervisor.rendezvous.node0_judge import CLOSED_GRACE_S
+from supervisor.rendezvous.node_agent_main import Agent
 from tests.supervisor.test_node_agent_data import DictStore
 
 NODES = 64
@@ -83,7 +84,7 @@ def test_the_last_node_to_join_writes_every_record_as_one_value_that_each_node_r
 def test_an_alive_check_answers_at_once_when_node_0_names_a_dead_node():
     dead = {"kind": "node", "exit_code": 1, "node": 2, "message": "node 2 (h2) stopped responding"}
     agent, events = _agent(1, {"a0/verdict": orjson.dumps({"seq": 5, "moved": {}, "dead": [dead]})})
-    agent.members = [0, 1, 2]
+    agent.nodes.members = [0, 1, 2]
     agent.handle({"cmd": "alive", "attempt": 0})
     agent.poll()  # node 0's next readings are not waited for: the first dead node is the cause
     assert events == [{"event": "alive", "attempt": 0, "silent": [dead]}]
@@ -95,7 +96,7 @@ def test_abort_wait_renewals_of_a_thousand_nodes_never_arrive_at_once():
     spread them evenly over the period, so no second of it carries much more than its share."""
     from collections import Counter
 
-    from supervisor.rendezvous.node_agent_main import ABORT_WAIT_S, renewal_offset
+    from supervisor.rendezvous.abort_wait import ABORT_WAIT_S, renewal_offset
 
     firsts = [renewal_offset(r) for r in range(1024)]
     assert all(ABORT_WAIT_S / 2 <= s < 1.5 * ABORT_WAIT_S for s in firsts)

@@ -31,9 +31,9 @@ def server(free_tcp_port):
 
 def _node0(port: int, min_replicas: int):
     node0, events = _agent(port, 0)
-    node0.min_replicas = min_replicas
-    node0.beats = BeatWatch(0)
-    node0.hosts = {0: "h0", 1: "h1", 2: "h2"}
+    node0.nodes.min_replicas = min_replicas
+    node0.judge.beats = BeatWatch(0)
+    node0.nodes.hosts = {0: "h0", 1: "h1", 2: "h2"}
     return node0, events
 
 
@@ -44,23 +44,23 @@ def test_a_dead_node_with_no_spare_node_shrinks_the_job_onto_the_ranks_still_tra
     store.set("a0/live1", orjson.dumps(earlier))  # node 1 lost rank 2 with no spare left
     node0, events = _node0(free_tcp_port, 2)
 
-    node0._declare(0, 2, dict(CAUSE), node0.store)
+    node0.judge._declare(0, 2, dict(CAUSE), node0.store)
     assert not store.check(["a0/abort"]) and not events  # no abort: the job goes on
     claim = orjson.loads(store.get("a0/live2"))  # the round's next rebuilt group
     assert (claim["node"], claim["rank"], claim["ranks"], claim["kind"], claim["action"]) == (2, 3, [3, 4], "node",
                                                                                                "shrink")
     assert claim["decision"] == {"shrink": 3, "ranks": [0, 1]} and claim["failed"] == CAUSE["message"]
-    assert node0.lost_nodes == {2} and 2 in node0.gone
+    assert node0.nodes.lost_nodes == {2} and 2 in node0.nodes.gone
 
-    node0._declare(0, 2, dict(CAUSE), node0.store)  # named again (its silence after its closed connection)
+    node0.judge._declare(0, 2, dict(CAUSE), node0.store)  # named again (its silence after its closed connection)
     assert not store.check(["a0/abort", "a0/live3"])
 
     # node 0 no longer reads its beat, waits for its `done` or its outcome
     store.set("a0/beat1", b"1")
-    node0._read_beats(100.0)
+    node0.judge.read_beats(100.0)
     store.set("a0/beat1", b"2")
-    node0._read_beats(100.0 + SILENT_S + 5)
-    assert not store.check(["a0/abort"]) and node0.beats.dead == {}
+    node0.judge.read_beats(100.0 + SILENT_S + 5)
+    assert not store.check(["a0/abort"]) and node0.judge.beats.dead == {}
     store.set("a0/done0", b"1")
     store.set("a0/done1", b"1")
     node0.handle({"cmd": "wait-done", "attempt": 0, "timeout": 5.0})
@@ -74,38 +74,38 @@ def test_a_dead_node_with_no_spare_node_shrinks_the_job_onto_the_ranks_still_tra
 def test_below_the_floor_the_death_is_the_abort_and_says_why(server, free_tcp_port):
     _round(server, [1, 1, 1])
     node0, events = _node0(free_tcp_port, 3)
-    node0._declare(0, 2, dict(CAUSE), node0.store)
+    node0.judge._declare(0, 2, dict(CAUSE), node0.store)
     (abort,) = events
     assert abort["event"] == "abort" and abort["cause"]["kind"] == "node"
     assert abort["cause"]["message"] == (f"{CAUSE['message']}; no spare node free, and the 2 rank(s) left on the "
                                          "other nodes are fewer than --min-replicas 3: the job cannot go on without "
                                          "it (a restart, if one is left)")
-    assert not StoreCalls(server).check(["a0/live1"]) and node0.lost_nodes == set()
+    assert not StoreCalls(server).check(["a0/live1"]) and node0.nodes.lost_nodes == set()
 
 
 def test_node_0_or_shrinking_off_leaves_the_death_to_the_restart(server, free_tcp_port):
     _round(server, [1, 1, 1])
     node0, _ = _node0(free_tcp_port, 2)
-    assert not node0._shrink_without(0, 0, dict(CAUSE), node0.store)  # it hosts the stores
-    node0.min_replicas = 0
-    assert not node0._shrink_without(0, 2, dict(CAUSE), node0.store)
+    assert not node0.judge._shrink_without(0, 0, dict(CAUSE), node0.store)  # it hosts the stores
+    node0.nodes.min_replicas = 0
+    assert not node0.judge._shrink_without(0, 2, dict(CAUSE), node0.store)
     assert not StoreCalls(server).check(["a0/live1"])
     StoreCalls(server).set("a0/live1", b"\x00not a claim")  # no gpuherd node writes that: the restart
-    node0.min_replicas = 2
-    assert not node0._shrink_without(0, 2, dict(CAUSE), node0.store)
+    node0.nodes.min_replicas = 2
+    assert not node0.judge._shrink_without(0, 2, dict(CAUSE), node0.store)
 
 
 def test_a_free_spare_node_takes_the_dead_nodes_place_before_any_shrink(server, free_tcp_port):
     _round(server, [1, 1, 1])
     node0, events = _node0(free_tcp_port, 2)
-    node0.spare_nodes = 1
+    node0.nodes.spare_nodes = 1
     spare, spare_events = _agent(free_tcp_port, 3)
     _stand_by(spare, 1)
     assert wait_for(lambda: spare_events and spare_events[-1]["event"] == "standing-by", timeout=10)
 
-    node0._declare(0, 2, dict(CAUSE), node0.store)
+    node0.judge._declare(0, 2, dict(CAUSE), node0.store)
     claim = orjson.loads(StoreCalls(server).get("a0/live1"))
-    assert claim["spare_node"] == 3 and "action" not in claim and node0.lost_nodes == set() and not events
+    assert claim["spare_node"] == 3 and "action" not in claim and node0.nodes.lost_nodes == set() and not events
     assert wait_for(lambda: spare_events[-1]["event"] == "promoted", timeout=10)
 
 

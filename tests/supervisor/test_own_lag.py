@@ -65,8 +65,8 @@ def _node0(clock: Clock) -> tuple[Agent, list[dict], BeatStore]:
     agent = Agent(store, node_rank=0, nnodes=4, join_timeout=1.0, where="10.0.0.1:29500")
     events: list[dict] = []
     agent.emit = lambda event, **fields: events.append({"event": event, **fields})
-    agent.hosts = {0: "h0", 1: "h1", 2: "h2", 3: "h3"}
-    agent.beats = BeatWatch(0)
+    agent.nodes.hosts = {0: "h0", 1: "h1", 2: "h2", 3: "h3"}
+    agent.judge.beats = BeatWatch(0)
     agent.own_lag = OwnLag(clock, start=False)
     agent.connect = lambda: store
     return agent, events, store
@@ -85,7 +85,7 @@ def test_a_node_whose_connection_closed_during_node_0s_stall_is_not_blamed():
     clock = Clock()
     agent, events, store = _node0(clock)
     clock.now += 12.0  # the liveness thread runs first after SIGCONT
-    agent._connection_closed(2, None)
+    agent.judge.connection_closed(2, None)
     abort = orjson.loads(store.values["a0/abort"])
     assert abort["node"] == 0 and abort["message"].startswith("node 0 (h0) stopped responding: its node agent did "
                                                               "not run for 12.0 s")
@@ -101,7 +101,7 @@ def test_a_short_stall_of_node_0_leaves_a_real_death_named():
     clock.now += 4.0
     agent.own_lag.tick()
     _run_for(agent, clock, 1.0)  # within the margin after it: the stall's length decides
-    agent._connection_closed(2, None)
+    agent.judge.connection_closed(2, None)
     abort = orjson.loads(store.values["a0/abort"])
     assert abort["node"] == 2 and "its connection to node 0 closed without a goodbye" in abort["message"]
 
@@ -109,11 +109,11 @@ def test_a_short_stall_of_node_0_leaves_a_real_death_named():
 def test_node_0s_beat_reading_after_a_stall_names_nobody():
     clock = Clock()
     agent, events, store = _node0(clock)
-    agent.members = [0, 1, 2, 3]
-    agent._read_beats(clock.now)
+    agent.nodes.members = [0, 1, 2, 3]
+    agent.judge.read_beats(clock.now)
     clock.now += 12.0
-    agent._read_beats(clock.now)
+    agent.judge.read_beats(clock.now)
     assert "a0/abort" not in store.values and events == []
     _run_for(agent, clock, SILENT_S + 1)  # still no beat, node 0 running all along: now they are silent
-    agent._read_beats(clock.now)
+    agent.judge.read_beats(clock.now)
     assert orjson.loads(store.values["a0/abort"])["node"] == 1

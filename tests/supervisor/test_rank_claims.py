@@ -77,12 +77,12 @@ def test_a_frozen_spare_node_is_passed_over_and_when_it_wakes_it_ends_itself(sto
     store.set("a0/nodes", orjson.dumps([{**NODE, "node": r, "nproc": 1} for r in (0, 1, 2)]))
     store.set("a0/all", JOINED)
     node0, _ = _agent(free_tcp_port, 0)
-    node0.spare_nodes = 1
+    node0.nodes.spare_nodes = 1
     rank_claims.claim(store, 3, b"h (agent pid 9)")  # spare node 3 stood by, and froze
     store.set("a0/spare3", orjson.dumps({"host": "h", "nproc": 1, "owner": "h (agent pid 9)"}))
 
-    assert not node0._spare_node_takes(0, 1, CAUSE, node0.store)  # no answer to the ping
-    assert 3 in node0.gone and not store.check(["a0/promote3"]) and not store.check(["a0/live1"])
+    assert not node0.judge._spare_node_takes(0, 1, CAUSE, node0.store)  # no answer to the ping
+    assert 3 in node0.nodes.gone and not store.check(["a0/promote3"]) and not store.check(["a0/live1"])
     assert store.get("a0/pong3") == spare_node_agent.PASSED_OVER
     assert store.get(rank_claims.owner_key(3)) == b""  # a spare node started again as node 3 stands by
 

@@ -84,7 +84,7 @@ def test_a_node_shrink_heard_marks_that_node_gone_and_a_ranks_claim_marks_none(f
         StoreCalls(server).set("a0/live1", orjson.dumps({"node": 1, "rank": 1, "kind": "rank"}))
         StoreCalls(server).set("a0/live2", orjson.dumps({"node": 1, "rank": 1, "kind": "node", "action": "shrink"}))
         assert wait_for(lambda: len(events0) == 2, timeout=10)
-        assert [e["generation"] for e in events0] == [1, 2] and agent0.gone == {1}
+        assert [e["generation"] for e in events0] == [1, 2] and agent0.nodes.gone == {1}
         assert regroup_agent.lost_whole(events0[0]["claim"]) == [] and regroup_agent.lost_whole(None) == []
     finally:
         agent0.leaving = True

@@ -59,27 +59,27 @@ def test_node_0_hands_a_dead_node_to_a_live_spare_node_with_its_workers(free_tcp
         _round(server, [1, 2, 1])
         StoreCalls(server).set("a0/live1", orjson.dumps({"node": 1, "rank": 1}))  # a rank recovered earlier
         node0, _ = _agent(free_tcp_port, 0)
-        node0.spare_nodes = 3
+        node0.nodes.spare_nodes = 3
         spares = {s: _agent(free_tcp_port, s) for s in (3, 4, 5)}
         _stand_by(spares[3][0], 2)  # not node 2's number of workers
         _stand_by(spares[4][0], 1)  # it died standing by (its connection closed)
         _stand_by(spares[5][0], 1)
         assert wait_for(lambda: all(e and e[-1]["event"] == "standing-by" for _, e in spares.values()), timeout=10)
-        node0.gone.add(4)
+        node0.nodes.gone.add(4)
 
-        assert node0._spare_node_takes(0, 2, CAUSE, node0.store)
+        assert node0.judge._spare_node_takes(0, 2, CAUSE, node0.store)
         claim = orjson.loads(StoreCalls(server).get("a0/live2"))  # the round's next rebuilt group
         assert (claim["node"], claim["rank"], claim["ranks"], claim["spare_node"]) == (2, 3, [3], 5)
         agent5, events5 = spares[5]
         assert wait_for(lambda: events5[-1]["event"] == "promoted", timeout=10)
         assert (events5[-1]["generation"], events5[-1]["node"], events5[-1]["claim"]) == (2, 2, claim)
-        assert agent5.node_rank == 2 and agent5.beating == 0  # it beats, finishes and leaves as node 2
+        assert agent5.node_rank == 2 and agent5.beat.attempt == 0 and agent5.beat.node_rank == 2  # it beats, finishes and leaves as node 2
         assert agent5._claim_rank(1, {**NODE, "nproc": 1})  # a restart's join as node 2 is its own
         assert StoreCalls(server).get("rank2/owner") == agent5.mark  # node 0 handed node 2's rank over
         assert StoreCalls(server).get("rank5/owner") == b""  # a spare node started as node 5 stands by again
 
-        assert not node0._spare_node_takes(0, 2, CAUSE, node0.store)  # its second death: the restart
-        assert spare_node_agent.standing(node0.store, node0._roster(0)) == [3]  # node 0 waits for no dead one's goodbye
+        assert not node0.judge._spare_node_takes(0, 2, CAUSE, node0.store)  # its second death: the restart
+        assert spare_node_agent.standing(node0.store, node0.nodes.roster(0)) == [3]  # node 0 waits for no dead one's goodbye
         # the job's end releases the spare node still standing by
         node0.handle({"cmd": "linger", "attempt": 0, "timeout": 0.1})
         assert wait_for(lambda: spares[3][1][-1]["event"] == "spare-closed", timeout=10)
@@ -92,14 +92,14 @@ def test_no_spare_node_free_leaves_the_death_to_the_restart(free_tcp_port):
     try:
         _round(server, [1, 1, 1])
         node0, _ = _agent(free_tcp_port, 0)
-        assert not node0._spare_node_takes(0, 2, CAUSE, node0.store)  # --spare-nodes 0
-        node0.spare_nodes = 1
-        assert not node0._spare_node_takes(0, 2, CAUSE, node0.store)  # none stands by
+        assert not node0.judge._spare_node_takes(0, 2, CAUSE, node0.store)  # --spare-nodes 0
+        node0.nodes.spare_nodes = 1
+        assert not node0.judge._spare_node_takes(0, 2, CAUSE, node0.store)  # none stands by
         spare, events = _agent(free_tcp_port, 3)
         _stand_by(spare, 1)
         assert wait_for(lambda: events and events[-1]["event"] == "standing-by", timeout=10)
         StoreCalls(server).set("a0/live1", orjson.dumps({"node": 1, "rank": 1}))
-        assert not node0._spare_node_takes(0, 0, CAUSE, node0.store)  # node 0 cannot be replaced
+        assert not node0.judge._spare_node_takes(0, 0, CAUSE, node0.store)  # node 0 cannot be replaced
     finally:
         StoreCalls(server).set(spare_node_agent.CLOSED_KEY, b"1")
 

@@ -1,0 +1,51 @@
+"""An `alive` check, on any node after a failure: which other nodes of the round are dead, as
+node 0's reading of the beats says (its verdict, beat_watch.py). A worker's "connection closed by
+peer" is then a dead node's consequence, not the job's cause. Node 0 answers from its own
+reading, the others from the verdict node 0 publishes on the store."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from supervisor.rendezvous import agent_causes
+from supervisor.rendezvous.beat_watch import parse_verdict, undecided, verdict_key
+from supervisor.rendezvous.node0_judge import Judge, Nodes
+from supervisor.rendezvous.store_calls import StoreCalls
+
+
+class AliveCheck:
+    def __init__(self, store: StoreCalls, nodes: Nodes, judge: Judge, silent_s: float, where: str,
+                 emit: Callable[..., None]) -> None:
+        self.store, self.nodes, self.judge, self.silent_s, self.where = store, nodes, judge, silent_s, where
+        self.emit = emit
+        self.pending: tuple[int, float, int] | None = None  # (attempt, began, node 0's verdict seq then)
+
+    def begin(self, k: int, now: float) -> None:
+        verdict = self._verdict(k)
+        self.pending = (k, now, verdict["seq"] if verdict is not None else 0)
+
+    def poll(self, now: float, node_rank: int) -> None:
+        """Done once node 0's reading proves each node alive since the check began or names it dead;
+        undecided ones are waited for at most silent_s + 2 s (then counted alive)."""
+        k, began, seq0 = self.pending
+        verdict = self._verdict(k)
+        if verdict is None:
+            self.pending = None
+            raw = self.store.get(verdict_key(k))
+            self.emit("alive", attempt=k, silent=[agent_causes.malformed(self.where, verdict_key(k), raw,
+                                                                         "node 0's reading of the heartbeats")])
+            return
+        ranks = [r for r in self.nodes.members if r not in (0, node_rank) and r not in self.nodes.gone]
+        silent = [c for c in verdict["dead"] if c["node"] != node_rank]
+        if not silent and undecided(verdict, seq0, ranks) and now - began < self.silent_s + 2:
+            return  # a node named dead answers at once: the first one is the cause, whoever else is alive
+        self.pending = None
+        self.nodes.gone.update(c["node"] for c in silent)
+        self.emit("alive", attempt=k, silent=silent)
+
+    def _verdict(self, k: int) -> dict[str, Any] | None:
+        """Node 0's latest reading of attempt k's beats (its own, on node 0); None: a foreign value."""
+        if (own := self.judge.verdict(k)) is not None:
+            return own
+        return parse_verdict(self.store.get_if_set(verdict_key(k)))
