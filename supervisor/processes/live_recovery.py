@@ -71,6 +71,11 @@ STUCK_S = 10.0  # after a loss, every survivor has left the broken group's colle
 FILLED = {"refill": "new warm spare(s) pid {} started in the background (the pool of --spares refills)",
           "regrow": "new warm spare(s) pid {} started in the background: the group grows back once one is warm",
           "first": "warm spare(s) pid {} started for the script's live recovery (gpuherd.live)"}
+FORKED = {"refill": "a new warm spare asked of the spare source pid {} (a fork of its warm interpreter: the pool of "
+                    "--spares refills)",
+          "regrow": "a new warm spare asked of the spare source pid {} (a fork of its warm interpreter): the group "
+                    "grows back once it is there",
+          "first": "warm spare(s) asked of the spare source pid {} for the script's live recovery (gpuherd.live)"}
 
 
 class Regroup(Protocol):
@@ -213,9 +218,11 @@ class LiveRecovery:
                 case lp.Record():
                     self._record(action, loss)
                 case lp.FillPool(why=why):
-                    started = self.pool.fill()
+                    asked, started = self.pool.asked, self.pool.fill()
                     if started:
                         logger.info(FILLED[why].format(", ".join(str(s.pid) for s in started)))
+                    elif self.pool.asked > asked:
+                        logger.info(FORKED[why].format(self.pool.source.process.pid))
                 case lp.Tell(generation=generation, decision=decision):
                     self._tell_workers(generation, dict(decision))
                 case lp.Warn(message=message):
