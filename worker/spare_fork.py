@@ -21,8 +21,13 @@ leads a session of its own (its process group for the teardown, its autogroup: i
 rank's share of the CPU once promoted), takes the supervisor's death as its own once it is the
 supervisor's child (PR_SET_PDEATHSIG), and keeps nothing of the source's (its socket, pipes).
 
-Forked only while the source runs no Python thread but its main one (the import's thread has
-ended): a fork copies no other thread, and a lock one of them held would stay held in the child.
+Forked only while the source runs no Python thread but its main one, and only once the import's
+thread has left the kernel's thread list too: a fork copies no other thread, and a lock one of
+them held would stay held in the child. `Thread.join` returns as soon as the thread's Python part
+is over, while the thread itself still runs its C-level exit (the thread-local destructors of
+torch's and MKL's per-thread state, glibc's): measured on a 2-core machine at load 20-28, the
+warm-up's thread (nice 19) was still running at 40 of 63 forks, for 18-190 ms after its join, so
+the source waits for it to be gone (`thread_gone`) before it serves a request.
 Native threads are left to their libraries' fork handlers: torch's import leaves one, numpy's
 OpenBLAS thread server (`blas_thread_server`, waiting on its condition variable), which OpenBLAS
 shuts down around a fork itself, as in every process that forks DataLoader workers; torch's own
@@ -50,6 +55,7 @@ SPARE_SOURCE_FD = "GPUHERD_SPARE_SOURCE_FD"  # gpuherd/contract.py's name
 SUPERVISOR_PID = "GPUHERD_SUPERVISOR_PID"
 STATUS_FD = "GPUHERD_STATUS_FD"
 REPARENT_WAIT_S = 5.0  # the middle process's exit hands the spare to the supervisor: far less than this
+THREAD_EXIT_WAIT_S = 10.0  # a joined thread's C-level exit: ms, a few hundred at nice 19 beside busy ranks
 PR_SET_PDEATHSIG = 1
 
 
@@ -59,7 +65,7 @@ def serve(sock_fd: int, wake_fd: int, loader: threading.Thread, stdin_fd: int = 
     holds an assignment (or its end); False: this is a forked spare, whose stdin, stdout, stderr
     and status fd are its own now, and which waits on its stdin as any spare does."""
     sock = socket.socket(fileno=sock_fd)
-    watched = [stdin_fd, wake_fd]
+    watched, refuse = [stdin_fd, wake_fd], None
     try:
         while True:
             ready = select.select(watched, [], [])[0]
@@ -67,9 +73,12 @@ def serve(sock_fd: int, wake_fd: int, loader: threading.Thread, stdin_fd: int = 
                 return True
             if wake_fd in ready:  # the import is over: requests are served from now on
                 loader.join()
+                if loader.native_id is not None and not thread_gone(loader.native_id):
+                    refuse = (f"the warm-up's thread (tid {loader.native_id}) still runs {THREAD_EXIT_WAIT_S:g} s "
+                              "after its end: no fork")
                 watched = [stdin_fd, sock]
                 continue
-            done = _answer(sock)
+            done = _answer(sock, refuse)
             if done == "spare":
                 return False
             if done == "closed":  # the supervisor asks this one for no more spares
@@ -79,9 +88,9 @@ def serve(sock_fd: int, wake_fd: int, loader: threading.Thread, stdin_fd: int = 
         sock.close()
 
 
-def _answer(sock: socket.socket) -> str:
+def _answer(sock: socket.socket, refuse: str | None = None) -> str:
     """One request read and answered (`served`); `closed`: the supervisor closed its end; `spare`:
-    this is the spare just forked."""
+    this is the spare just forked. `refuse`: why no request is to be served (each is answered so)."""
     try:
         message, fds, _, _ = socket.recv_fds(sock, 64, 4)
     except OSError:
@@ -92,6 +101,8 @@ def _answer(sock: socket.socket) -> str:
         return "closed"
     if message != b"fork" or len(fds) != 4:
         reply = {"error": f"not a fork request: {message[:32]!r} with {len(fds)} fd(s)"}
+    elif refuse is not None:
+        reply = {"error": refuse}
     elif threading.active_count() > 1:
         reply = {"error": f"the source runs {threading.active_count()} Python threads: no fork"}
     elif cuda_driver_loaded():
@@ -108,6 +119,17 @@ def _answer(sock: socket.socket) -> str:
     except OSError:
         pass
     return "served"
+
+
+def thread_gone(tid: int, wait_s: float = THREAD_EXIT_WAIT_S) -> bool:
+    """Thread `tid` of this process has left the kernel's thread list (/proc/self/task), waited for
+    up to `wait_s`: a joined thread may still be running its C-level exit (the module's docstring)."""
+    deadline = time.monotonic() + wait_s
+    while os.path.exists(f"/proc/self/task/{tid}"):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
 
 
 def cuda_driver_loaded(maps: str = "/proc/self/maps") -> bool:
