@@ -390,10 +390,14 @@ class LiveRecovery:
     def stuck(self, now: float, step_allowance: float) -> tuple[str, int] | None:
         """(why, a rank) when a survivor is still inside a collective of the broken group a step's
         allowance (at least STUCK_S) after the loss: gloo gives a rank waiting on a live peer (one
-        that already left) no error, so it can never rejoin; the attempt must end (a restart)."""
+        that already left) no error, so it can never rejoin; the attempt must end (a restart).
+        A regrow breaks no group: its survivors leave theirs at the step boundary the decision
+        named (they send no `lost_peer`), so none is ever stuck in it; a newcomer slow to its first
+        step (its trainer built beside busy ranks) is waited for, one that never comes is the
+        heartbeat monitor's (the survivors wait in the rendezvous, under its allowance)."""
         rec = self.in_flight
         wait = max(STUCK_S, step_allowance)
-        if rec is None or now - rec._died < wait:
+        if rec is None or rec.action == "regrow" or now - rec._died < wait:
             return None
         left = self.left.get(rec._generation, {})
         missing = [s["rank"] for s in rec.survivors if s["rank"] not in left]

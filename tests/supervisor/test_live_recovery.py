@@ -566,3 +566,35 @@ def test_a_pool_with_a_spare_source_takes_a_fork_before_an_older_standby_and_the
     assert [p.pid for p in pool.adopt()] == [804] and pool.take()[0].pid == 804
     none = SparePool(0, lambda n: AgedProc(pid=900 + n), None, new_source)  # --spares 0 (--min-replicas alone)
     assert none.fill() == [] and none.source is None and len(sources) == 2 and not none.ready()
+
+
+def test_a_regrow_whose_newcomer_takes_longer_than_the_stuck_allowance_to_its_first_step_is_waited_for(warnings):
+    """A regrow breaks no group: the survivors leave theirs at a step boundary the decision named,
+    so none sends a `lost_peer` record and none can be 'stuck in the broken group'. A newcomer whose
+    first step comes more than STUCK_S after the decision (its trainer built beside busy ranks) is
+    no reason for a restart (CI: every rank rejoined generation 2, no first_step within 10 s, and
+    the supervisor restarted every worker)."""
+    live, _metrics, _told = _shrinking(floor=2, spares=1)
+    live.pool.spares[0].returncode = 137  # the standing spare died: none left
+    survivors = [FakeProc(pid=10 + r, rank=r) for r in (0, 1, 3)]
+    live.observe(record({"type": "live", "rank": 0, "event": "lost_peer", "generation": 1, "step": 5}))
+    assert live.recover(FakeProc(pid=12, rank=2), _cause(2), survivors, now=100.0)[0]
+    for r in (0, 1, 3):
+        live.observe(record({"type": "live", "rank": r, "event": "lost_peer", "generation": 1, "step": 5}))
+        live.observe(record({"type": "live", "rank": r, "event": "rejoined", "generation": 1, "step": 5, "source": 0,
+                             "role": "source" if r == 0 else "survivor", "seconds": 0.3, "replicas": 3}))
+    live.observe(record({"type": "step", "rank": 0, "step": 5}))
+    assert live.recoveries[0].outcome == "recovered"
+    live.pool.said_warm(901)
+    assert live.regrow_candidate() == 2
+    live.regrow(DeviceSlot(2, "cpu", 2), Path("/dev/null"), survivors, now=130.0)
+    rec = live.in_flight
+    assert rec.action == "regrow"
+    for r in (0, 1, 3):  # the survivors rejoin generation 2 at once; the newcomer takes its time
+        live.observe(record({"type": "live", "rank": r, "event": "rejoined", "generation": 2, "step": 9, "source": 0,
+                             "role": "source" if r == 0 else "survivor", "seconds": 0.2, "replicas": 4}))
+    assert live.stuck(145.0, step_allowance=2.0) is None  # 15 s after the decision: slow, not stuck
+    live.observe(record({"type": "live", "rank": 2, "event": "rejoined", "generation": 2, "step": 9, "source": 0,
+                         "role": "newcomer", "seconds": 0.4, "replicas": 4}))
+    live.observe(record({"type": "live", "rank": 2, "event": "first_step", "generation": 2, "step": 10}))
+    assert rec.outcome == "recovered" and live.in_flight is None
