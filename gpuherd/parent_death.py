@@ -16,6 +16,7 @@ import signal
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
 
 
 def _load_prctl():
@@ -48,3 +49,11 @@ def die_with_parent(parent_pid: int | None) -> None:
 def become_subreaper() -> bool:
     """Orphaned grandchildren (double-forked, setsid) are reparented to this process, not to init."""
     return _prctl is not None and _prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def is_subreaper() -> bool:
+    """This process is a child subreaper (`become_subreaper` took effect)."""
+    if _prctl is None:
+        return False
+    flag = ctypes.c_int(0)
+    return _prctl(PR_GET_CHILD_SUBREAPER, ctypes.addressof(flag), 0, 0, 0) == 0 and flag.value == 1

@@ -54,6 +54,7 @@ HEARTBEAT_EVERY = 0.5  # seconds between step records: well under any sensible -
 STANDBY = "GPUHERD_STANDBY"  # gpuherd/contract.py's name (nothing of gpuherd's is imported this early)
 SPARE = "GPUHERD_SPARE"  # ... and this: a live recovery's warm spare (a restart standby has none)
 STATUS_FD = "GPUHERD_STATUS_FD"
+SPARE_SOURCE_FD = "GPUHERD_SPARE_SOURCE_FD"  # a script's spare source (worker/spare_fork.py)
 LIVE_RECOVERY = "GPUHERD_LIVE_RECOVERY"
 STANDBY_NICE = 19  # the standby's import yields to every training rank
 # What a torchrun-style script's start imports, in the order it does: torch, its process group, and
@@ -383,22 +384,39 @@ class WarmWord:
             self.fd = None
 
 
-def _preload() -> bool:
+def _spare_fork() -> types.ModuleType:
+    """worker/spare_fork.py, beside this file, loaded by path (nothing of gpuherd's on sys.path)."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spare_fork.py")
+    spec = importlib.util.spec_from_file_location("gpuherd_spare_fork", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _preload(done_fd: int = -1) -> bool:
     """The standby's import of torch, at the lowest priority (Linux nice is per thread, so the
     main thread keeps its own). Against the training ranks, each a session of its own, it is the
     supervisor's choice of when to start the standby that counts (autogroups share the CPU by
     session): once the attempt has stepped (supervisor/processes/standbys.py). False: it failed."""
     with_nice(STANDBY_NICE)
-    for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-        except BaseException:  # noqa: BLE001 - the script's own import of it says what is wrong
-            return False
-    # What was imported lives as long as the process: out of the collector's way, so the script's
-    # collections do not walk torch's objects again and again (as the built-in worker, worker/heap.py).
-    gc.collect()
-    gc.freeze()
-    return True
+    try:
+        for name in PRELOAD:
+            try:
+                importlib.import_module(name)
+            except BaseException:  # noqa: BLE001 - the script's own import of it says what is wrong
+                return False
+        # What was imported lives as long as the process: out of the collector's way, so the script's
+        # collections do not walk torch's objects again and again (as the built-in worker, worker/heap.py).
+        gc.collect()
+        gc.freeze()
+        return True
+    finally:
+        if done_fd >= 0:  # a spare source serves forks from now on (worker/spare_fork.py)
+            try:
+                os.write(done_fd, b"w")
+            except OSError:  # it was handed a rank before: nobody reads this any more
+                pass
+            os.close(done_fd)
 
 
 def with_nice(nice: int, tid: int | None = None) -> bool:
@@ -420,8 +438,14 @@ def stand_by(argv: list[str], stdin: Any = None) -> bool:
     the sys.path[0] the script will have (run_script, run_module), as the script would import it."""
     sys.path[0] = os.getcwd() if argv[0] == "-m" else os.path.dirname(os.path.realpath(argv[0]))
     warm = WarmWord(os.environ.get(STATUS_FD) if os.environ.get(SPARE) == "1" else None)
-    loader = threading.Thread(target=lambda: _preload() and warm.say(), name="gpuherd-standby", daemon=True)
+    source = os.environ.pop(SPARE_SOURCE_FD, None)  # a spare source's forks are no sources
+    wake_r, wake_w = os.pipe() if source is not None else (-1, -1)
+    loader = threading.Thread(target=lambda: _preload(wake_w) and warm.say(), name="gpuherd-standby", daemon=True)
     loader.start()
+    if source is not None and not _spare_fork().serve(int(source), wake_r, loader):
+        # a spare forked from the warm source: warm at once, said on its own status pipe
+        warm = WarmWord(os.environ.get(STATUS_FD) if os.environ.get(SPARE) == "1" else None)
+        warm.say()
     line = (stdin or sys.stdin.buffer).readline()
     warm.promoted()
     if not line.strip():

@@ -15,6 +15,11 @@ started at its first step, at its own priority. Its end is said on the status ch
 `live`/`warm` record, which the pool reads before the spare holds a rank): a shrunk group
 grows back only with a spare that is warm, never waits for one's imports.
 
+With a spare source (`GPUHERD_SPARE_SOURCE_FD`: supervisor/processes/spare_source.py), this
+spare is the source: once warm it forks the pool's other spares (worker/spare_fork.py), each as
+warm as it is, the rehearsal included, for a few ms of CPU; the rehearsal's thread, and with it
+its intra-op pool, has ended by then.
+
 The warm-up ends with a rehearsal of the first training step on the run's own model and
 shapes (`rehearse_first_step`), compiled as the run compiles it: what a newcomer would
 otherwise pay in its first step after the rebuilt group (the lazy imports, the kernels of
@@ -112,18 +117,26 @@ def rehearse_first_step(config_path: str, data_vocab: int | None) -> str:
     return "real" if real else "stand-in"
 
 
-def _warm_up_yielding(assigned: threading.Event) -> None:
+def _warm_up_yielding(assigned: threading.Event, done_fd: int = -1) -> None:
     try:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WARM_UP_NICE)  # this thread only
     except OSError:  # not permitted here: warm up at the process's priority
         pass
-    warm_up()
-    freeze_imports()
-    fd = os.environ.get(contract.STATUS_FD)
-    if fd and not assigned.is_set():  # the pool may now hand it a carried rank (a regrow) without a wait
-        from gpuherd.status_channel import StatusWriter
+    try:
+        warm_up()
+        freeze_imports()
+        fd = os.environ.get(contract.STATUS_FD)
+        if fd and not assigned.is_set():  # the pool may now hand it a carried rank (a regrow) without a wait
+            from gpuherd.status_channel import StatusWriter
 
-        StatusWriter(int(fd), 0).send("live", event="warm")
+            StatusWriter(int(fd), 0).send("live", event="warm")
+    finally:
+        if done_fd >= 0:  # a spare source forks spares from now on (worker/spare_fork.py)
+            try:
+                os.write(done_fd, b"w")
+            except OSError:  # it took a rank before: nobody reads this any more
+                pass
+            os.close(done_fd)
 
 
 def stand_by() -> bool:
@@ -131,8 +144,14 @@ def stand_by() -> bool:
     (os.environ updated). A rank assigned before the warm-up ended waits for its end: the CPU
     it needed is then idle anyway (the survivors wait for the newcomer)."""
     assigned = threading.Event()
-    warming = threading.Thread(target=_warm_up_yielding, args=(assigned,), name="spare-warm-up", daemon=True)
+    source = os.environ.pop(contract.SPARE_SOURCE_FD, None)  # a spare source's forks are no sources
+    wake_r, wake_w = os.pipe() if source is not None else (-1, -1)
+    warming = threading.Thread(target=_warm_up_yielding, args=(assigned, wake_w), name="spare-warm-up", daemon=True)
     warming.start()
+    if source is not None:
+        from worker.spare_fork import serve
+
+        serve(int(source), wake_r, warming)  # returns in the source and in each spare it forks
     line = sys.stdin.buffer.readline()
     assigned.set()
     if not line.strip():

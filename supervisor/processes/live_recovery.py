@@ -71,6 +71,11 @@ STUCK_S = 10.0  # after a loss, every survivor has left the broken group's colle
 FILLED = {"refill": "new warm spare(s) pid {} started in the background (the pool of --spares refills)",
           "regrow": "new warm spare(s) pid {} started in the background: the group grows back once one is warm",
           "first": "warm spare(s) pid {} started for the script's live recovery (gpuherd.live)"}
+FORKED = {"refill": "a new warm spare asked of the spare source pid {} (a fork of its warm interpreter: the pool of "
+                    "--spares refills)",
+          "regrow": "a new warm spare asked of the spare source pid {} (a fork of its warm interpreter): the group "
+                    "grows back once it is there",
+          "first": "warm spare(s) asked of the spare source pid {} for the script's live recovery (gpuherd.live)"}
 
 
 class Regroup(Protocol):
@@ -213,9 +218,11 @@ class LiveRecovery:
                 case lp.Record():
                     self._record(action, loss)
                 case lp.FillPool(why=why):
-                    started = self.pool.fill()
+                    asked, started = self.pool.asked, self.pool.fill()
                     if started:
                         logger.info(FILLED[why].format(", ".join(str(s.pid) for s in started)))
+                    elif self.pool.asked > asked:
+                        logger.info(FORKED[why].format(self.pool.source.process.pid))
                 case lp.Tell(generation=generation, decision=decision):
                     self._tell_workers(generation, dict(decision))
                 case lp.Warn(message=message):
@@ -383,10 +390,14 @@ class LiveRecovery:
     def stuck(self, now: float, step_allowance: float) -> tuple[str, int] | None:
         """(why, a rank) when a survivor is still inside a collective of the broken group a step's
         allowance (at least STUCK_S) after the loss: gloo gives a rank waiting on a live peer (one
-        that already left) no error, so it can never rejoin; the attempt must end (a restart)."""
+        that already left) no error, so it can never rejoin; the attempt must end (a restart).
+        A regrow breaks no group: its survivors leave theirs at the step boundary the decision
+        named (they send no `lost_peer`), so none is ever stuck in it; a newcomer slow to its first
+        step (its trainer built beside busy ranks) is waited for, one that never comes is the
+        heartbeat monitor's (the survivors wait in the rendezvous, under its allowance)."""
         rec = self.in_flight
         wait = max(STUCK_S, step_allowance)
-        if rec is None or now - rec._died < wait:
+        if rec is None or rec.action == "regrow" or now - rec._died < wait:
             return None
         left = self.left.get(rec._generation, {})
         missing = [s["rank"] for s in rec.survivors if s["rank"] not in left]

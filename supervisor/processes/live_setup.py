@@ -12,6 +12,7 @@ the job store; node 0, whose helper hosts the workers' store, writes every node'
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -24,6 +25,7 @@ from gpuherd.config import Config
 from supervisor.gpus import DevicePlan, DeviceSlot
 from supervisor.processes.error_file import error_file_for
 from supervisor.processes.live_recovery import LiveRecovery, Regroup
+from supervisor.processes.spare_source import SpareSource
 from supervisor.processes.spares import SparePool
 from supervisor.processes.spawn import WorkerProcess, spawn
 from supervisor.processes.standbys import standby_env
@@ -105,17 +107,31 @@ class AttemptLive:
     def env(self) -> dict[str, str]:
         return dict(SHRINK_ENV if self.shrink else LIVE_ENV)
 
-    def start_spare(self, number: int) -> WorkerProcess:
+    def start_spare(self, number: int, more: Mapping[str, str] | None = None, keep_fds: tuple[int, ...] = ()
+                    ) -> WorkerProcess:
         slot = self.plan.slots[0]  # a placeholder: the real rank comes with the assignment
         env = {**worker_env(self.base_env, self.plan, slot, self.run_env, 0), **self.env, contract.SPARE: "1"}
         if self.script:  # the restart standby's wait (worker/script_bootstrap.py: `stand_by`), for a lost rank;
             # GPUHERD_SPARE: it says `warm` once torch is imported (a straggler moves only to a warm spare)
             env = {**standby_env({**worker_env(self.base_env, self.plan, slot, self.run_env, 0), **self.env}),
                    contract.SPARE: "1"}
+        env.update(more or {})
         spare = spawn(self.command, lambda fd: {**env, contract.STATUS_FD: str(fd)}, slot,
-                      self.log_dir / f"spare-{number}.log", stdin_pipe=True)
+                      self.log_dir / f"spare-{number}.log", stdin_pipe=True, keep_fds=keep_fds)
         self.watch(spare.pgid)
         return spare
+
+    def start_source(self, number: int) -> SpareSource:
+        """A spare source (spare_source.py): a spare that forks the others, warm."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            process = self.start_spare(number, {contract.SPARE_SOURCE_FD: str(theirs.fileno())}, (theirs.fileno(),))
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        return SpareSource(process, ours, self.watch, self.log_dir)
 
     def env_for(self, slot: DeviceSlot, spare: WorkerProcess, generation: int) -> dict[str, str]:
         error_file = error_file_for(spare.log_path.parent / f"worker-rank{slot.rank}-{slot.tag}.log")
@@ -138,7 +154,9 @@ def live_for_attempt(parts: AttemptLive, budget: int, attempt: int, numbered_fro
                         "no warm spare is started")
         return None
     parts.shrink, parts.script = floor > 0, script is not None
-    return LiveRecovery(SparePool(count, parts.start_spare, parts.lend if script is not None else None), budget, attempt, parts.env_for, numbered_from,
+    pool = SparePool(count, parts.start_spare, parts.lend if script is not None else None,
+                     parts.start_source if SpareSource.possible() else None)  # the spares: forks of one warm one
+    return LiveRecovery(pool, budget, attempt, parts.env_for, numbered_from,
                         write_metric, regroup=regroup, node=node, shrink_floor=floor, tell=parts.tell,
                         worker_env=parts.env, world_size=parts.run_env.world_size, script=script is not None,
                         lazy_spares=script is not None and not names_live(script))

@@ -12,7 +12,15 @@ in its pipes (a spare prints nothing while it waits) and is read as the rank's; 
 channel carries one record before then, `live`/`warm` at the end of its warm-up, which the
 pool reads itself (`warm`): a regrow takes only a spare that said it, and so does a straggler's
 move-out. A script's spare (its interpreter waiting in the bootstrap, live_setup.py) says it
-too, once its import of torch is over (worker/script_bootstrap.py's `WarmWord`).
+too, once its import of torch is over (worker/script_bootstrap.py's `WarmWord`); a spare forked
+from the source says it at once.
+
+Where the supervisor is a child subreaper (`source`), the pool starts one spare source instead
+(supervisor/processes/spare_source.py, worker/spare_fork.py): a spare that warms up once (a
+script's interpreter importing torch; the built-in's imports, dataset and rehearsal) and then
+forks the K spares, and each refill, warm at once and for a few ms of CPU. The source is one process more
+than K; it is itself taken for a lost rank only where no spare it forked is there yet (a loss
+during its import), and the next refill starts a new one.
 """
 
 from __future__ import annotations
@@ -26,27 +34,67 @@ from loguru import logger
 from gpuherd import contract
 from gpuherd.status_records import LiveWarm, decode
 from supervisor.gpus import DeviceSlot
+from supervisor.processes.spare_source import SpareSource
 from supervisor.processes.spawn import WorkerProcess
 from supervisor.summary import how_it_ended
 
 
 class SparePool:
     def __init__(self, count: int, start: Callable[[int], WorkerProcess],
-                 lend: Callable[[float], WorkerProcess | None] | None = None) -> None:
+                 lend: Callable[[float], WorkerProcess | None] | None = None,
+                 source: Callable[[int], SpareSource] | None = None) -> None:
         """`start(n)`: spawn spare number n (a WorkerProcess whose slot is only a placeholder);
         `lend(before)`: a process of the same kind started before `before`, taken instead of a
-        younger spare (a script's restart standbys: supervisor/processes/standbys.py)."""
-        self.count, self._start, self._lend = count, start, lend
+        younger spare (a script's restart standbys: supervisor/processes/standbys.py);
+        `source(n)`: spawn a spare source as spare number n, of which the spares are then asked."""
+        self.count, self._start, self._lend, self._new_source = count, start, lend, source
         self.spares: list[WorkerProcess] = []
         self.started = 0
-        self._warm: set[int] = set()  # pids of the spares whose warm-up ended
+        self._warm: set[int] = set()  # pids of the spares whose warm-up ended (a fork of the source: at birth)
+        self.source: SpareSource | None = None
+        self.asked = 0  # spares asked of a source so far
 
     def fill(self) -> list[WorkerProcess]:
-        """Start spares until `count` are waiting; the ones started."""
-        new = []
-        while len([s for s in self.spares if s.poll() is None]) < self.count:
+        """Start spares until `count` are waiting (or, with a source, asked of it); the ones started."""
+        self.adopt()
+        new = self._fill_source() if self._new_source is not None and self.count > 0 else []
+        while len([s for s in self.spares if s.poll() is None]) + self._asked() < self.count:
+            if self.source is not None and self.source.ask(self.started):
+                self.started += 1
+                self.asked += 1
+                continue
             new.append(self.add())
         return new
+
+    def _fill_source(self) -> list[WorkerProcess]:
+        """A live source, started where there is none (its predecessor ended or took a rank)."""
+        if self.source is not None and self.source.process.poll() is None:
+            return []
+        if self.source is not None:
+            self.source.close()
+            self.source.process.discard()
+        self.source = self._new_source(self.started)
+        self.started += 1
+        return [self.source.process]
+
+    def _asked(self) -> int:
+        return len(self.source.asked) if self.source is not None else 0
+
+    def adopt(self) -> list[WorkerProcess]:
+        """The spares the source forked since the last look, into the pool (warm: a fork of a warm
+        interpreter); nothing blocks."""
+        if self.source is None:
+            return []
+        forked, failed = self.source.collect(self.source.process.slot)
+        for spare in forked:
+            self.spares.append(spare)
+            self._warm.add(spare.pid)
+        if forked:
+            logger.debug(f"warm spare(s) pid {', '.join(str(s.pid) for s in forked)} forked by the spare source pid "
+                        f"{self.source.process.pid} (a copy of its warm interpreter: no import of their own)")
+        if failed:
+            logger.debug(f"{failed} spare(s) asked of the spare source pid {self.source.process.pid} not forked")
+        return forked
 
     def add(self) -> WorkerProcess:
         """Start one spare more, whatever `count` says (one an operator asked for: `gpuherd spare`)."""
@@ -56,8 +104,11 @@ class SparePool:
         return spare
 
     def ready(self) -> bool:
-        """A live spare waits (without taking it)."""
-        return any(s.poll() is None for s in self.spares)
+        """A live spare (or source) waits (without taking it)."""
+        return any(s.poll() is None for s in self.spares) or self._source_alive()
+
+    def _source_alive(self) -> bool:
+        return self.source is not None and self.source.process.poll() is None
 
     def warm(self) -> WorkerProcess | None:
         """A live spare whose warm-up ended (without taking it), or None."""
@@ -86,10 +137,16 @@ class SparePool:
         return spare
 
     def take(self) -> tuple[WorkerProcess | None, str]:
-        """A live spare (or an older process `lend` gives: it had longer to warm up), or None and
-        why there is none."""
+        """A live spare: one the source forked (warm), else an older process `lend` gives (it had
+        longer to warm up), else a spare or the source itself (still importing); or None and why
+        there is none."""
+        if self.source is not None:
+            self.adopt()
+            forked = self.take_warm()
+            if forked is not None:
+                return forked, ""
         if self._lend is not None:
-            oldest_spare = min((s.started for s in self.spares if s.poll() is None), default=float("inf"))
+            oldest_spare = min((s.started for s in self._waiting()), default=float("inf"))
             older = self._lend(oldest_spare)
             if older is not None:
                 return older, ""
@@ -99,9 +156,16 @@ class SparePool:
             if spare.poll() is None:
                 return spare, ""
             gone.append(f"pid {spare.pid} {how_it_ended(spare.returncode)}")
+        if self._source_alive():  # no fork of it yet: it takes the rank, and serves no more spares
+            source, self.source = self.source, None
+            source.close()
+            return source.process, ""
         if gone:
             return None, f"the warm spare is gone ({'; '.join(gone)})"
         return None, "no warm spare left (--spares)"
+
+    def _waiting(self) -> list[WorkerProcess]:
+        return [s for s in self.spares if s.poll() is None] + ([self.source.process] if self._source_alive() else [])
 
     def put_back(self, spare: WorkerProcess) -> None:
         """A spare taken for a recovery that could not go ahead waits again (first in line)."""
@@ -118,6 +182,10 @@ class SparePool:
     def retire(self) -> list[WorkerProcess]:
         """End of the attempt: spares never used are told (end of input) and handed back to be killed."""
         left, self.spares = self.spares, []
+        if self.source is not None:
+            self.source.close()
+            left.append(self.source.process)
+            self.source = None
         for spare in left:
             try:
                 spare.popen.stdin.close()

@@ -174,7 +174,7 @@ class WorkerProcess:
         return frozenset()
 
 
-def _widen_pipe(fd: int, size: int = 1 << 20) -> None:
+def widen_pipe(fd: int, size: int = 1 << 20) -> None:
     """1 MiB instead of 64 KiB: a burst of output never blocks a worker while we are busy."""
     try:
         fcntl.fcntl(fd, F_SETPIPE_SZ, size)
@@ -183,10 +183,11 @@ def _widen_pipe(fd: int, size: int = 1 << 20) -> None:
 
 
 def spawn(cmd: Sequence[str], env_for: Callable[[int], Mapping[str, str]], slot: DeviceSlot, log_path: Path,
-          cwd: str | None = None, stdin_pipe: bool = False) -> WorkerProcess:
+          cwd: str | None = None, stdin_pipe: bool = False, keep_fds: Sequence[int] = ()) -> WorkerProcess:
     """Start `cmd`; `env_for(fd)` builds its environment once the status pipe's write
     end is known (the worker inherits it under the same fd number, via pass_fds).
-    `stdin_pipe`: its stdin is a pipe the supervisor writes to (a warm spare's assignment)."""
+    `stdin_pipe`: its stdin is a pipe the supervisor writes to (a warm spare's assignment);
+    `keep_fds`: more fds it inherits under their numbers (a spare source's socket)."""
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("workers must be spawned from the main thread (PR_SET_PDEATHSIG follows the thread)")
     status_r, status_w = os.pipe()
@@ -194,7 +195,7 @@ def spawn(cmd: Sequence[str], env_for: Callable[[int], Mapping[str, str]], slot:
         popen = subprocess.Popen(
             list(cmd), env=dict(env_for(status_w)), cwd=cwd,
             stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(status_w,),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(status_w, *keep_fds),
             # A session, not just a group: with the kernel's autogroup scheduling (on by default) each
             # session shares the CPU as one, so workers in the supervisor's session would split one
             # share between them on a busy machine (torch's import took twice as long as under
@@ -207,7 +208,7 @@ def spawn(cmd: Sequence[str], env_for: Callable[[int], Mapping[str, str]], slot:
     finally:
         os.close(status_w)  # only the worker holds the write end: its death is our EOF
     for stream in (popen.stdout, popen.stderr):
-        _widen_pipe(stream.fileno())
+        widen_pipe(stream.fileno())
         os.set_blocking(stream.fileno(), False)
     os.set_blocking(status_r, False)
     return WorkerProcess(slot=slot, popen=popen, status_fd=status_r, log_path=log_path, started=time.monotonic())

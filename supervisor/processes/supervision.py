@@ -412,6 +412,8 @@ class Supervision:
 
     def _judge_live_recovery(self, now: float) -> None:
         """A survivor that never left the broken group's collective: the policy ends the attempt."""
+        if self.live is not None:
+            self.live.pool.adopt()  # the spares a script's spare source forked meanwhile
         stuck = self.live.stuck(now, self.heartbeats.timeouts.allowance("step")) if self.live is not None else None
         if stuck is not None:
             message, rank = stuck

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import orjson
+import psutil
 
 
 def records(run_dir, kind: str) -> list[dict]:
@@ -19,3 +20,32 @@ def records(run_dir, kind: str) -> list[dict]:
         if record.get("type") == kind:
             out.append(record)
     return out
+
+
+def every_spare(supervisor_pid: int) -> list[psutil.Process]:
+    """The pool's processes, oldest first: its spare source and the spares it forked. Every one
+    carries GPUHERD_SPARE=1 in its initial environment (a promoted one too: `used` sets apart)."""
+    marked = []
+    for p in psutil.Process(supervisor_pid).children():
+        try:
+            if p.environ().get("GPUHERD_SPARE") == "1":
+                marked.append(p)
+        except psutil.Error:
+            continue
+    return sorted(marked, key=lambda p: p.create_time())
+
+
+def forked_spares(supervisor_pid: int) -> list[psutil.Process]:
+    """The warm spares the pool's spare source forked, oldest first (the source is started first);
+    the pool hands a lost rank a fork before the source (supervisor/processes/spares.py)."""
+    return every_spare(supervisor_pid)[1:]
+
+
+def next_spare(supervisor_pid: int, timeout: float = 240) -> psutil.Process:
+    """The spare the next lost rank goes to: the source's first fork (it forks once warm)."""
+    from tests.supervisor.helpers import wait_for
+
+    found: list[psutil.Process] = []
+    assert wait_for(lambda: bool(found.extend(forked_spares(supervisor_pid)) or found), timeout=timeout,
+                    interval=0.05), "no warm spare forked by the spare source"
+    return found[0]

@@ -14,9 +14,8 @@ import subprocess
 import orjson
 import psutil
 
-from tests.e2e.helpers import records
-from tests.e2e.test_live_recovery_run import (_command, _losses, _pid, _reached, _same_losses, _spare,
-                                              handed_to_spare)
+from tests.e2e.helpers import next_spare, records
+from tests.e2e.test_live_recovery_run import _command, _losses, _pid, _reached, _same_losses, handed_to_spare
 from tests.supervisor.helpers import finish, wait_for
 from worker.save_phases import PAUSE_VAR
 
@@ -42,7 +41,7 @@ def test_a_lost_fsdp_rank_is_recovered_live_from_its_neighbours_copy_of_its_shar
     try:
         assert wait_for(lambda: _reached(run_dir, kill_at), timeout=240, interval=0.02)
         pids = {rank: _pid(run_dir, rank) for rank in range(RANKS)}
-        spare = _spare(proc.pid).pid
+        spare = next_spare(proc.pid).pid
         psutil.Process(pids[lost]).send_signal(signal.SIGKILL)
     finally:
         code, _out, err = finish(proc, timeout=300)

@@ -18,7 +18,7 @@ import orjson
 import psutil
 import pytest
 
-from tests.e2e.helpers import records
+from tests.e2e.helpers import forked_spares, next_spare, records
 from tests.shared_runs import once_per_session
 from tests.supervisor.helpers import finish, wait_for
 from worker.save_phases import PAUSE_VAR
@@ -60,16 +60,6 @@ def _same_losses(got: dict[tuple[int, int], float], expected: dict[tuple[int, in
 
 def _pid(run_dir, rank: int) -> int:
     return [r["pid"] for r in records(run_dir, "ready") if r["rank"] == rank][0]
-
-
-def _spare(supervisor_pid: int) -> psutil.Process:
-    for p in psutil.Process(supervisor_pid).children():
-        try:
-            if p.environ().get("GPUHERD_SPARE") == "1":
-                return p
-        except psutil.Error:
-            continue
-    raise AssertionError("no warm spare found")
 
 
 def handed_to_spare(run_dir) -> bool:
@@ -114,7 +104,7 @@ def test_a_rank_killed_at_a_random_step_is_replaced_live_with_bit_identical_loss
     try:
         assert wait_for(lambda: _reached(run_dir, kill_at), timeout=240, interval=0.02)
         survivor, victim = _pid(run_dir, 0), _pid(run_dir, 1)
-        spare = _spare(proc.pid).pid
+        spare = next_spare(proc.pid).pid
         psutil.Process(victim).send_signal(signal.SIGKILL)
     finally:
         code, _out, err = finish(proc, timeout=300)
@@ -144,7 +134,7 @@ def test_with_four_ranks_any_lost_rank_is_replaced_live_while_the_other_three_ke
     try:
         assert wait_for(lambda: _reached(run_dir, kill_at), timeout=240, interval=0.02)
         pids = {rank: _pid(run_dir, rank) for rank in range(4)}
-        spare = _spare(proc.pid).pid
+        spare = next_spare(proc.pid).pid
         psutil.Process(pids[lost]).send_signal(signal.SIGKILL)
     finally:
         code, _out, err = finish(proc, timeout=300)
@@ -161,19 +151,14 @@ def test_with_four_ranks_any_lost_rank_is_replaced_live_while_the_other_three_ke
 
 
 def _spare_other_than(supervisor_pid: int, used: set[int]) -> psutil.Process | None:
-    """A warm spare not promoted yet (a promoted one keeps GPUHERD_SPARE=1 in its initial environment)."""
-    for p in psutil.Process(supervisor_pid).children():
-        try:
-            if p.pid not in used and p.environ().get("GPUHERD_SPARE") == "1":
-                return p
-        except psutil.Error:
-            continue
-    return None
+    """A warm spare forked and not promoted yet (a promoted one keeps GPUHERD_SPARE=1 in its initial
+    environment)."""
+    return next((p for p in forked_spares(supervisor_pid) if p.pid not in used), None)
 
 
 def test_with_the_defaults_four_kills_in_a_row_are_all_recovered_live_as_the_spare_pool_refills(tmp_path, python_env):
-    """One warm spare and --max-restarts 8 (the defaults): each recovery starts a new spare, so the
-    second, third and fourth kill find one standing by too; nobody restarts."""
+    """One warm spare and --max-restarts 8 (the defaults): each recovery forks a new spare from the
+    pool's spare source, so the second, third and fourth kill find one standing by too; nobody restarts."""
     proc = subprocess.Popen(_command("k4", "--max-restarts", "8", steps=100000), cwd=tmp_path,
                             env=python_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_dir = tmp_path / "logs" / "k4"
@@ -184,7 +169,7 @@ def test_with_the_defaults_four_kills_in_a_row_are_all_recovered_live_as_the_spa
         for kill in range(1, 5):
             found: list[psutil.Process] = []
             assert wait_for(lambda: found.append(_spare_other_than(proc.pid, spares)) or found[-1] is not None,
-                            timeout=60, interval=0.05), f"no new warm spare before kill {kill}"
+                            timeout=240, interval=0.05), f"no new warm spare before kill {kill}"
             spares.add(found[-1].pid)
             psutil.Process(victim).send_signal(signal.SIGKILL)
             victims.append(victim)
@@ -230,7 +215,7 @@ def test_a_second_failure_during_the_recovery_falls_back_to_a_restart_saying_why
     run_dir = tmp_path / "logs" / "s"
     try:
         assert wait_for(lambda: _reached(run_dir, 5), timeout=240, interval=0.02)
-        spare = _spare(proc.pid)
+        spare = next_spare(proc.pid)
         spare.send_signal(signal.SIGSTOP)  # the recovery cannot finish before the survivor dies too
         psutil.Process(_pid(run_dir, 1)).send_signal(signal.SIGKILL)
         assert wait_for(lambda: records(run_dir, "live") and any(

@@ -19,7 +19,7 @@ import orjson
 import psutil
 import pytest
 
-from tests.e2e.helpers import records
+from tests.e2e.helpers import next_spare, records
 from tests.supervisor.helpers import finish, wait_for
 from tests.worker.helpers import free_port
 
@@ -77,6 +77,7 @@ def _pid(run_dir, rank: int) -> int:
 
 
 def _spare(supervisor_pid: int) -> int:
+    """A spare node's warm worker (spawned: a spare node keeps no spare source)."""
     for p in psutil.Process(supervisor_pid).children():
         try:
             if p.environ().get("GPUHERD_SPARE") == "1":
@@ -98,7 +99,7 @@ def test_a_rank_lost_on_node_1_is_replaced_by_its_spare_while_every_other_node_k
         assert wait_for(lambda: any(r["step"] >= kill_at for r in records(dirs[1], "step")), timeout=240,
                         interval=0.02)
         pids = {node: _pid(dirs[node], node) for node in range(nnodes)}  # one rank per node: rank = node
-        spare = _spare(procs[1].pid)
+        spare = next_spare(procs[1].pid).pid  # node 1's pool: a fork of its spare source
         psutil.Process(pids[1]).send_signal(signal.SIGKILL)
     finally:
         outputs = [finish(p, timeout=300) for p in procs]

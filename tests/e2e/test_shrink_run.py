@@ -20,8 +20,8 @@ import psutil
 import pytest
 
 from gpuherd.checkpoint_layout import list_checkpoints
-from tests.e2e.helpers import records
-from tests.e2e.test_live_recovery_run import PLAIN_RUNS, STEPS, _command, _losses, _pid, _reached, _spare, \
+from tests.e2e.helpers import every_spare, records
+from tests.e2e.test_live_recovery_run import PLAIN_RUNS, STEPS, _command, _losses, _pid, _reached, \
     _uninterrupted
 from tests.supervisor.helpers import finish, wait_for
 
@@ -133,6 +133,16 @@ def _draws(run_dir) -> dict[tuple[int, int], list[tuple[int, tuple[int, int, int
     return out
 
 
+def no_spare_left(supervisor_pid: int) -> set[int]:
+    """The standing spares die first: the pool's spare source and every spare it forked; their pids."""
+    spares = every_spare(supervisor_pid)
+    assert spares, "no warm spare found"
+    for spare in spares:
+        spare.send_signal(signal.SIGKILL)
+    assert wait_for(lambda: all(_dead(spare) for spare in spares), timeout=10)
+    return {spare.pid for spare in spares}
+
+
 def _dead(p: psutil.Process) -> bool:
     try:
         return p.status() == psutil.STATUS_ZOMBIE  # its parent, the supervisor, reaps it when it looks
@@ -198,9 +208,7 @@ def test_a_shrunk_group_grows_back_when_the_pools_spare_is_warm_with_every_sampl
             whole = _ask_spare(run_dir, python_env)
             assert whole.returncode == 10 and "not shrunk: all 4 ranks train" in whole.stderr, whole.stderr
         else:
-            spare = _spare(proc.pid)  # no spare left: the standing one dies first
-            spare.send_signal(signal.SIGKILL)
-            assert wait_for(lambda: _dead(spare), timeout=10)
+            killed = no_spare_left(proc.pid)
         psutil.Process(pids[lost]).send_signal(signal.SIGKILL)
         if operator:
             spare = psutil.Process(_asked_once_shrunk(run_dir, python_env, lost))
@@ -217,7 +225,10 @@ def test_a_shrunk_group_grows_back_when_the_pools_spare_is_warm_with_every_sampl
         ("shrink", "recovered", lost), ("regrow", "recovered", lost)], err[-3000:]
     shrink, regrow = summary["recoveries"]
     assert regrow["kind"] == "regrow" and regrow["replicas"] == 4 and regrow["replaced_by_pid"] != 0
-    assert (regrow["replaced_by_pid"] == spare.pid) == operator  # the spare asked for, or the pool's refill
+    if operator:
+        assert regrow["replaced_by_pid"] == spare.pid  # the spare asked for
+    else:
+        assert regrow["replaced_by_pid"] not in killed  # the pool's refill
     assert 0 < regrow["shrunk_s"] == shrink["shrunk_s"] < summary["duration_s"] and regrow["steps_redone"] == 0
     assert shrink["resumed_step"] <= regrow["resumed_step"]
     survivors = {rank: pid for rank, pid in pids.items() if rank != lost}

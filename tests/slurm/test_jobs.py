@@ -20,6 +20,7 @@ import pytest
 
 from supervisor.commands import sbatch
 from tests.slurm.cluster import Cluster
+from tests.supervisor.helpers import wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -334,6 +335,16 @@ def _workers(cluster: Cluster, node: str) -> tuple[list[int], list[int]]:
     return workers, spares
 
 
+def _oldest_first(pids: list[int]) -> list[int]:
+    """By start time (/proc's starttime, in clock ticks since boot)."""
+    def started(pid: int) -> int:
+        try:
+            return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        except (OSError, IndexError, ValueError):
+            return 1 << 62
+    return sorted(pids, key=started)
+
+
 def test_worker_failure_is_restarted_across_nodes(cluster: Cluster, workdir: Path, uninterrupted: Job):
     job = submit(cluster, workdir, "--max-restarts", "1", "--spares", "0", steps=STEPS)  # no live recovery
     job.wait_step(2)
@@ -356,7 +367,10 @@ def test_worker_lost_on_node_1_is_replaced_live_by_that_nodes_spare(cluster: Clu
     job = submit(cluster, workdir, "--max-restarts", "1", steps=LONG_STEPS)
     job.wait_step(2)
     (survivor,), _ = _workers(cluster, cluster.names[0])
-    (victim,), (spare,) = _workers(cluster, cluster.names[1])
+    # the pool's spare source and the warm spare it forked once warm: a lost rank goes to the fork
+    assert wait_for(lambda: len(_workers(cluster, cluster.names[1])[1]) >= 2, timeout=240)
+    (victim,), spares = _workers(cluster, cluster.names[1])
+    spare = _oldest_first(spares)[1]
     cluster.on(cluster.names[1], "kill", "-9", str(victim))
     info = job.wait_done(timeout=400)
     assert info["JobState"] == "COMPLETED", job.output()[-3000:]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from pathlib import Path
 
@@ -515,3 +515,86 @@ def test_the_restart_standbys_lend_their_oldest_live_one_started_before_a_time()
     assert standbys.lend(before=1.5) is None  # the only older one died
     assert standbys.lend(before=10.0).pid == 702
     assert standbys.pids() == {700, 701}  # lent: no longer a standby of the next attempt
+
+
+@dataclass
+class FakeSource:
+    """A spare source (supervisor/processes/spare_source.py) over fake processes: `forked` says which
+    of the spares asked of it it has forked (pid 800 + n for spare n)."""
+
+    process: AgedProc
+    asked: list[int] = field(default_factory=list)
+    closed: bool = False
+    forked: int = 0
+
+    def ask(self, number: int) -> bool:
+        self.asked.append(number)
+        return True
+
+    def collect(self, slot: DeviceSlot) -> tuple[list, int]:
+        done, self.asked = self.asked[:self.forked], self.asked[self.forked:]
+        self.forked = 0
+        return [AgedProc(pid=800 + n, started=20.0) for n in done], 0
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_pool_with_a_spare_source_takes_a_fork_before_an_older_standby_and_the_source_last():
+    """A fork of the warm source is warm at once; a restart standby older than it may still be
+    importing torch. Before the source forked any, the source itself takes the rank (as a spare
+    still importing did), serves no more, and the next refill starts a new source."""
+    standbys = {0: AgedProc(pid=700, started=5.0)}
+    sources: list[FakeSource] = []
+
+    def new_source(n: int) -> FakeSource:
+        sources.append(FakeSource(AgedProc(pid=600 + n, started=1.0)))
+        return sources[-1]
+
+    pool = SparePool(1, lambda n: AgedProc(pid=900 + n, started=10.0), lambda before: (
+        standbys.pop(0) if standbys and standbys[0].started < before else None), new_source)
+    assert [p.pid for p in pool.fill()] == [600] and sources[0].asked == [1]  # the source, and a spare asked of it
+    assert pool.ready()
+    sources[0].forked = 1
+    assert pool.adopt()[0].pid == 801 and pool.warm().pid == 801
+    assert pool.take()[0].pid == 801 and 0 in standbys  # the fork, not the standby started before it
+    assert pool.fill() == [] and sources[0].asked == [2]  # the refill: asked of the same source
+    assert pool.take()[0].pid == 600 and sources[0].closed  # no fork yet, the source older than the standby
+    assert pool.source is None
+    assert [p.pid for p in pool.fill()] == [603] and sources[1].asked == [4]  # a new source for the next refill
+    sources[1].forked = 1
+    assert [p.pid for p in pool.adopt()] == [804] and pool.take()[0].pid == 804
+    none = SparePool(0, lambda n: AgedProc(pid=900 + n), None, new_source)  # --spares 0 (--min-replicas alone)
+    assert none.fill() == [] and none.source is None and len(sources) == 2 and not none.ready()
+
+
+def test_a_regrow_whose_newcomer_takes_longer_than_the_stuck_allowance_to_its_first_step_is_waited_for(warnings):
+    """A regrow breaks no group: the survivors leave theirs at a step boundary the decision named,
+    so none sends a `lost_peer` record and none can be 'stuck in the broken group'. A newcomer whose
+    first step comes more than STUCK_S after the decision (its trainer built beside busy ranks) is
+    no reason for a restart (CI: every rank rejoined generation 2, no first_step within 10 s, and
+    the supervisor restarted every worker)."""
+    live, _metrics, _told = _shrinking(floor=2, spares=1)
+    live.pool.spares[0].returncode = 137  # the standing spare died: none left
+    survivors = [FakeProc(pid=10 + r, rank=r) for r in (0, 1, 3)]
+    live.observe(record({"type": "live", "rank": 0, "event": "lost_peer", "generation": 1, "step": 5}))
+    assert live.recover(FakeProc(pid=12, rank=2), _cause(2), survivors, now=100.0)[0]
+    for r in (0, 1, 3):
+        live.observe(record({"type": "live", "rank": r, "event": "lost_peer", "generation": 1, "step": 5}))
+        live.observe(record({"type": "live", "rank": r, "event": "rejoined", "generation": 1, "step": 5, "source": 0,
+                             "role": "source" if r == 0 else "survivor", "seconds": 0.3, "replicas": 3}))
+    live.observe(record({"type": "step", "rank": 0, "step": 5}))
+    assert live.recoveries[0].outcome == "recovered"
+    live.pool.said_warm(901)
+    assert live.regrow_candidate() == 2
+    live.regrow(DeviceSlot(2, "cpu", 2), Path("/dev/null"), survivors, now=130.0)
+    rec = live.in_flight
+    assert rec.action == "regrow"
+    for r in (0, 1, 3):  # the survivors rejoin generation 2 at once; the newcomer takes its time
+        live.observe(record({"type": "live", "rank": r, "event": "rejoined", "generation": 2, "step": 9, "source": 0,
+                             "role": "source" if r == 0 else "survivor", "seconds": 0.2, "replicas": 4}))
+    assert live.stuck(145.0, step_allowance=2.0) is None  # 15 s after the decision: slow, not stuck
+    live.observe(record({"type": "live", "rank": 2, "event": "rejoined", "generation": 2, "step": 9, "source": 0,
+                         "role": "newcomer", "seconds": 0.4, "replicas": 4}))
+    live.observe(record({"type": "live", "rank": 2, "event": "first_step", "generation": 2, "step": 10}))
+    assert rec.outcome == "recovered" and live.in_flight is None
