@@ -22,6 +22,7 @@ import pytest
 from tests.e2e.helpers import next_spare, records
 from tests.supervisor.helpers import finish, wait_for
 from tests.worker.helpers import free_port
+from tests.shared_runs import once_per_session
 
 STEPS = 20
 TINY = ["data.dataset=dummy", "data.tokenizer=byte", "data.context_length=32", "model.n_layers=2", "model.dim=32",
@@ -42,6 +43,17 @@ def _uninterrupted(tmp_path, python_env, world_size: int, *extra: str) -> dict[t
     losses = {(r["rank"], r["step"]): r["loss"] for r in records(tmp_path / "logs" / "plain", "step") if "loss" in r}
     assert len(losses) == world_size * STEPS
     return losses
+
+
+def _shared_uninterrupted(tmp_path_factory, python_env, world_size: int) -> dict[tuple[int, int], float]:
+    """`_uninterrupted` made once per session for each world size: the 3-node tests here both
+    compare against the same 3-rank run (about 13 CPU s each time it is made)."""
+    def make(cwd):
+        _uninterrupted(cwd, python_env, world_size)
+        return cwd / "logs" / "plain"
+
+    plain = once_per_session(tmp_path_factory, f"multinode-uninterrupted-{world_size}-ranks", make)
+    return {(r["rank"], r["step"]): r["loss"] for r in records(plain, "step") if "loss" in r}
 
 
 def _start(tmp_path, python_env, run_id: str, nnodes: int, *extra: str, spare_nodes: int = 0) -> list[subprocess.Popen]:
@@ -89,8 +101,8 @@ def _spare(supervisor_pid: int) -> int:
 
 @pytest.mark.parametrize("nnodes", [2, 3])
 def test_a_rank_lost_on_node_1_is_replaced_by_its_spare_while_every_other_node_keeps_its_processes(
-        tmp_path, python_env, nnodes):
-    expected = _uninterrupted(tmp_path, python_env, nnodes)
+        tmp_path, tmp_path_factory, python_env, nnodes):
+    expected = _shared_uninterrupted(tmp_path_factory, python_env, nnodes)
 
     kill_at = random.randint(3, STEPS - 10)  # steps left for the kill to land before the end
     procs = _start(tmp_path, python_env, "live", nnodes, "--max-restarts", "1")
@@ -123,9 +135,9 @@ def test_a_rank_lost_on_node_1_is_replaced_by_its_spare_while_every_other_node_k
 
 
 def test_a_node_that_dies_whole_is_replaced_by_a_spare_node_while_the_other_nodes_keep_their_processes(
-        tmp_path, python_env):
+        tmp_path, tmp_path_factory, python_env):
     nnodes = 3
-    expected = _uninterrupted(tmp_path, python_env, nnodes)
+    expected = _shared_uninterrupted(tmp_path_factory, python_env, nnodes)
 
     kill_at = random.randint(3, STEPS - 12)  # steps left for the spare node's workers to start before the end
     procs = _start(tmp_path, python_env, "spare", nnodes, "--max-restarts", "1", spare_nodes=1)
