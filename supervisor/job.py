@@ -57,7 +57,7 @@ from supervisor.processes import (
     sweep_children,
 )
 from supervisor.rendezvous import Rendezvous, training_fingerprint
-from supervisor.restarts import mark_excluded, pause
+from supervisor.restarts import held_stop_signals, mark_excluded, pause
 from supervisor.summary import AttemptReport, RootCause, Summary
 
 
@@ -216,7 +216,12 @@ class Job:
 
     def _restart(self, restart: Restart, report: AttemptReport, metrics: MetricsSink, ended: float) -> int | None:
         """Say and record the restart, then pause what is left of the backoff since the attempt
-        `ended`; a stop signal during the pause is returned."""
+        `ended`; a stop signal from the restart's announcement to the pause's end is returned."""
+        with held_stop_signals() as held:
+            return self._announce_and_pause(restart, report, metrics, ended, held)
+
+    def _announce_and_pause(self, restart: Restart, report: AttemptReport, metrics: MetricsSink,
+                            ended: float, held: list[int]) -> int | None:
         for line in restart.said:
             logger.warning(line)
         mark_excluded(report.suspect_devices, restart.exclude_gpus, restart.attempt)
@@ -227,7 +232,7 @@ class Job:
             excluded_gpus=tuple(self.state.excluded), world_size=restart.plan.world_size,
             script_save=report.script_saves["said"] if report.script_saves is not None else None))
         self._goodput_so_far()
-        return pause(restart.delay, since=ended)
+        return pause(restart.delay, since=ended, held=held)
 
     def _goodput_so_far(self, end_of_start: MetricsSink | None = None) -> goodput.Goodput:
         """The whole run's goodput now (every start's), also a point in TensorBoard; at the end of

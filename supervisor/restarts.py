@@ -23,8 +23,8 @@ the flag says: it computed wrong numbers without a sign, twice.
 
 from __future__ import annotations
 
-import signal
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,12 +32,13 @@ from gpuherd.checkpoint_layout import fingerprint
 from gpuherd.exit_codes import ExitCode
 from gpuherd.status_records import Checkpoint, Record, Step
 from supervisor.gpus import DeviceError, DevicePlan, exclude_gpus
-from supervisor.processes import STOP_SIGNALS, honoured
+from supervisor.processes import stops_recorded
 from supervisor.summary import SDC_CAUSE, CauseKind, RootCause, SuspectDevice
 
 # SIGUSR1/2 too: SLURM's warning before the time limit may come between two attempts
 MAX_BACKOFF_S = 60.0
 STREAK_RESET_S = 600.0
+PAUSE_SLICE_S = 0.1  # how late a stop signal another thread took may end the pause
 
 
 def backoff(base: float, streak: int) -> float:
@@ -209,17 +210,23 @@ def mark_excluded(suspects: list[SuspectDevice], gpus: tuple[int, ...], next_att
             d.then = f"excluded from attempt {next_attempt} on"
 
 
-def pause(seconds: float, since: float | None = None) -> int | None:
-    """Sleep between attempts; a Ctrl-C / SIGTERM / SIGHUP / SIGQUIT / SIGUSR1 / SIGUSR2 meanwhile ends
-    the wait and is returned (the run then stops with that signal's cause). `since`: when the
-    failed attempt ended (time.monotonic()): the backoff is a gap between attempts, not a wait
-    after the work between them (the dataset cache's check, the bookkeeping), which counts in it."""
+def held_stop_signals() -> AbstractContextManager[list[int]]:
+    """Stop signals from here to the pause are kept for it: once the restart "in N s" is said,
+    a Ctrl-C is one during that pause, not an exception somewhere in the bookkeeping before it."""
+    return stops_recorded()
+
+
+def pause(seconds: float, since: float | None = None, held: list[int] | None = None) -> int | None:
+    """Sleep between attempts; a Ctrl-C / SIGTERM / SIGHUP / SIGQUIT / SIGUSR1 / SIGUSR2 meanwhile, or
+    one `held` since `held_stop_signals`, ends the wait and is returned (the run then stops with
+    that signal's cause). `since`: when the failed attempt ended (time.monotonic()): the backoff
+    is a gap between attempts, not a wait after the work between them (the dataset cache's
+    check, the bookkeeping), which counts in it."""
     if since is not None:
         seconds -= time.monotonic() - since
-    stops = honoured(STOP_SIGNALS)  # one inherited as ignored stays ignored here too
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, stops)
-    try:
-        info = signal.sigtimedwait(stops, max(0.0, seconds))  # consumes the signal it reports
-        return None if info is None else info.si_signo
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    with nullcontext(held) if held is not None else stops_recorded() as seen:
+        deadline = time.monotonic() + max(0.0, seconds)
+        # short sleeps: a signal another thread took runs its handler here only between them
+        while not seen and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(left, PAUSE_SLICE_S))
+        return seen[0] if seen else None

@@ -24,7 +24,7 @@ watched by one event loop, and torn down together.
   OrphanGuard, sweep_children (orphan_guard.py -> orphan_guard_main.py, a helper process)
   take_inherited_markers, markers_notice (inherited_markers.py): gpuherd's own markers found in the
     supervisor's environment, removed and named
-  STOP_SIGNALS, StopSignal, stops_raise, honoured, inherited_ignored, ignored_notice (signal_rules.py):
+  STOP_SIGNALS, StopSignal, stops_raise, stops_recorded, honoured, inherited_ignored, ignored_notice (signal_rules.py):
     one rule per signal for the whole run (inherited-ignored stays ignored; the build stops too)
 """
 
@@ -42,6 +42,7 @@ from supervisor.processes.signal_rules import (
     ignored_notice,
     inherited_ignored,
     stops_raise,
+    stops_recorded,
 )
 from supervisor.processes.spare_requests import SpareDesk, device_name, read_answer, request_path, write_request
 from supervisor.processes.spare_node_workers import SpareNodeWorkers
@@ -56,7 +57,7 @@ from supervisor.processes.worker_env import RunEnv, python_env, script_env, work
 __all__ = [
     "ERROR_FILE_VAR",
     "SAVE_AND_STOP", "STOP_SIGNALS", "GracefulStop", "StopSignal", "honoured", "ignored_notice",
-    "inherited_ignored", "stops_raise", "OrphanGuard", "Phase", "RankError", "RunEnv", "StopRules", "Supervision",
+    "inherited_ignored", "stops_raise", "stops_recorded", "OrphanGuard", "Phase", "RankError", "RunEnv", "StopRules", "Supervision",
     "LIVE_ENV", "AttemptLive", "LiveRecovery", "Recovery", "SpareDesk", "SpareNodeWorkers", "SparePool", "Standbys", "device_name", "read_answer",
     "request_path", "restarts_used", "write_request", "discard_spares", "live_for_attempt",
     "WorkerProcess", "become_subreaper", "die_with_parent", "error_file_for", "helper_preexec", "python_env",

@@ -64,3 +64,21 @@ def stops_raise() -> Iterator[None]:
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+
+
+@contextmanager
+def stops_recorded() -> Iterator[list[int]]:
+    """Within the block, each honoured stop signal is appended to the list yielded, nothing
+    raised (main thread only). A handler, not a blocked mask: a signal the main thread blocks
+    goes to another thread of ours and its Python handler would still run here."""
+    seen: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        seen.append(signum)
+
+    old = {sig: signal.signal(sig, on_signal) for sig in honoured(STOP_SIGNALS)}
+    try:
+        yield seen
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)

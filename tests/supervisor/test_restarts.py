@@ -14,7 +14,8 @@ import pytest
 
 from gpuherd.exit_codes import ExitCode
 from gpuherd.status_records import from_object as rec
-from supervisor.restarts import STREAK_RESET_S, RestartPlan, RunCheckpoints, pause, plan_restart, refusal
+from supervisor.restarts import (STREAK_RESET_S, RestartPlan, RunCheckpoints, held_stop_signals, pause, plan_restart,
+                                 refusal)
 from supervisor.summary import RootCause
 from tests.supervisor.helpers import finish, run, start, wait_for
 
@@ -213,6 +214,24 @@ def test_a_late_report_does_not_adopt_another_runs_file(tmp_path):
     assert watch.newest_of_this_run() is None
 
 
+def test_a_stop_signal_another_thread_takes_still_ends_the_pause():
+    """The supervisor has threads of its own (console pumps, imports); a signal the kernel hands
+    to one of them must end the pause all the same."""
+    stop = threading.Event()
+    taker = threading.Thread(target=stop.wait, args=(10,), daemon=True)  # SIGTERM deliverable to it
+    taker.start()
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # so the kernel picks the taker
+    try:
+        timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGTERM))
+        timer.start()
+        t0 = time.monotonic()
+        assert pause(30) == signal.SIGTERM
+        assert time.monotonic() - t0 < 5
+    finally:
+        stop.set()
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def test_pause_returns_early_on_a_stop_signal():
     timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGTERM))
     t0 = time.monotonic()
@@ -221,6 +240,31 @@ def test_pause_returns_early_on_a_stop_signal():
     assert time.monotonic() - t0 < 5
     assert pause(0.05) is None
     assert signal.getsignal(signal.SIGTERM) is not None
+
+
+def test_a_ctrl_c_after_the_restart_is_announced_is_the_pauses_however_long_the_bookkeeping_takes():
+    """Between "restart 1 of 3 in 60 s" and the wait itself come the metrics record and the goodput
+    account; a Ctrl-C there must end the pause, not raise in the middle of them."""
+    with held_stop_signals() as held:
+        os.kill(os.getpid(), signal.SIGINT)  # arrives during the bookkeeping
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        assert pause(30, held=held) == signal.SIGINT
+    assert time.monotonic() - t0 < 5
+    assert pause(0.05) is None  # consumed: nothing left pending
+
+
+def test_the_job_holds_stop_signals_from_its_restart_announcement_on(monkeypatch):
+    from supervisor.job import Job
+
+    class Announcing:
+        def _announce_and_pause(self, *args) -> int | None:
+            held = args[-1]
+            os.kill(os.getpid(), signal.SIGINT)  # as if between the restart line and the wait
+            time.sleep(0.2)
+            return pause(30, held=held)
+
+    assert Job._restart(Announcing(), None, None, None, 0.0) == signal.SIGINT
 
 
 def test_the_backoff_counts_from_the_attempts_end_not_after_the_work_between_attempts():
