@@ -489,9 +489,14 @@ def _spare_ready(s: State, e: SpareReady, r: Rules) -> Result:
 
 
 def _recovery_stuck(s: State, e: RecoveryStuck, r: Rules) -> Result:
-    """The recovery in flight failed; the attempt ends as on a watcher's verdict (a restart)."""
+    """The recovery in flight failed; the attempt ends as on a watcher's verdict (a restart). A
+    survivor stuck in the broken group's collective is a hang: every live worker's Python stacks
+    are asked for first, so the worker logs show where it waits (no trace: the group is broken)."""
     if s.cause is not None:
         return s, []
+    if e.cause.kind == "hang":
+        s, actions = _diagnose(s, e.view, r, e.cause, responsive=frozenset())
+        return s, [GiveUpLive(e.cause), *actions]
     s, actions = _fatal(s, Fatal(e.view, e.cause), r)
     return s, [GiveUpLive(e.cause), *actions]
 

@@ -764,10 +764,24 @@ def test_a_survivor_stuck_in_the_broken_group_fails_the_recovery_and_tears_down(
     run(lost(10.0, 1, rank(0), rank(2)))
     stuck = RootCause("hang", 124, "live recovery 1 not possible: rank(s) 2 stayed in a collective", rank=2,
                       device="CPU2")
-    actions = run(pol.RecoveryStuck(view(25.0, rank(0), rank(1), rank(2)), stuck))
+    ranks = (rank(0), rank(1), rank(2))
+    actions = run(pol.RecoveryStuck(view(25.0, *ranks), stuck))
     assert actions[:2] == [pol.GiveUpLive(stuck), pol.Log("error", stuck.message)]
-    assert run.state.cause == stuck and run.phase is Phase.TERMINATING
+    # where the stuck rank waits goes to the worker logs before the teardown
+    assert pol.Send((0, 1, 2), RULES.stacks_signal, group=False) in actions
+    assert run.state.cause == stuck and run.phase is Phase.DUMPING_STACKS
     assert run(pol.RecoveryStuck(view(26.0, rank(0)), stuck)) == []  # the attempt is ending already
+    run(pol.Tick(view(25.0 + pol.STACK_DUMP_WAIT, *ranks)))
+    assert run.phase is Phase.TERMINATING
+
+
+def test_a_recovery_a_peer_node_could_not_join_ends_without_asking_for_stacks():
+    run = Run()
+    run(lost(10.0, 1, rank(0), rank(2)))
+    why = RootCause("rendezvous", 1, "node 1 could not rebuild the group")
+    actions = run(pol.RecoveryStuck(view(25.0, rank(0), rank(2)), why))
+    assert not [a for a in actions if isinstance(a, pol.Send) and a.signum == signal.SIGUSR1]
+    assert run.phase is Phase.TERMINATING
 
 
 # ---- regrow: a warm spare back while the group is shrunk takes back a carried rank, only while training runs
