@@ -140,7 +140,7 @@ def test_with_four_ranks_any_lost_rank_is_replaced_live_while_the_other_three_ke
         code, _out, err = finish(proc, timeout=300)
     assert code == 0, f"rank {lost} killed at step {kill_at}: {err[-3000:]}"
     summary = orjson.loads((run_dir / "summary.json").read_bytes())
-    assert summary["restarts"] == 0 and len(summary["attempts"]) == 1, f"rank {lost} at step {kill_at}"
+    assert summary["restarts"] == 0 and len(summary["attempts"]) == 1, _why_not_live(run_dir, summary, lost, kill_at)
     (rec,) = summary["recoveries"]
     assert rec["outcome"] == "recovered" and rec["rank"] == lost and rec["replaced_by_pid"] == spare
     survivors = {rank: pid for rank, pid in pids.items() if rank != lost}
@@ -148,6 +148,15 @@ def test_with_four_ranks_any_lost_rank_is_replaced_live_while_the_other_three_ke
     assert rec["steps_redone"] <= 1 and rec["checkpoint_reads"] == 0
     assert {w["rank"]: w["pid"] for w in summary["workers"]} == {**survivors, lost: spare}
     _same_losses(_losses(run_dir), expected, lost, rec["resumed_step"], run_dir)
+
+
+def _why_not_live(run_dir: Path, summary: dict, lost: int, kill_at: int) -> str:
+    """Where a recovery that ended in a restart went wrong: the first attempt's cause and every
+    worker log's tail (the stacks a stuck verdict asks for land there)."""
+    tails = "\n".join(f"--- {log.name}\n" + "".join(log.read_text(errors="replace").splitlines(True)[-40:])
+                      for log in sorted(run_dir.glob("worker-rank*.log")))
+    return (f"rank {lost} killed at step {kill_at}; attempt 0 ended: "
+            f"{summary['attempts'][0].get('root_cause')}\n{tails[-12000:]}")
 
 
 def _spare_other_than(supervisor_pid: int, used: set[int]) -> psutil.Process | None:
