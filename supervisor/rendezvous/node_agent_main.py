@@ -6,9 +6,9 @@ bound, so a busy port fails before anything starts) and every node's agent uses 
 a client. Keys, per attempt k (names in beat_watch.py):
 
     a{k}/node{r}   node r's join record (JSON: host, nproc, config hash, ...)
-    a{k}/nodes     every node's join record in one value (a JSON list), written by the node whose
-                   record came last: each node then reads one key, not N
-    a{k}/all       the join is decided: "in" (set by the node whose record came last, after a{k}/nodes)
+    a{k}/nodes     every node's join record in one value (a JSON list), written by node 0 once every
+                   record is in: each node then reads one key, not N
+    a{k}/all       the join is decided: "in" (set by node 0, after a{k}/nodes)
                    or "abort"
     a{k}/abort     the job's root cause: the first failure any node publishes
                    (compare_set: first writer wins, everyone reads the same one)

@@ -72,13 +72,22 @@ def _agent(node_rank: int, values: dict[str, bytes]) -> tuple[Agent, list[dict]]
     return agent, events
 
 
-def test_the_last_node_to_join_writes_every_record_as_one_value_that_each_node_reads():
-    records = {f"a0/node{r}": orjson.dumps({"host": f"h{r}", "nproc": 8, "node": r}) for r in (0, 1)}
-    agent, events = _agent(2, dict(records))
-    agent.handle({"cmd": "join", "attempt": 0, "record": {"host": "h2", "nproc": 8, "node": 2}})
+def test_node_0_writes_every_record_as_one_value_once_all_are_in_and_each_node_reads_it():
+    records = {f"a0/node{r}": orjson.dumps({"host": f"h{r}", "nproc": 8, "node": r}) for r in (1, 2)}
+    agent, events = _agent(0, dict(records))
+    agent.handle({"cmd": "join", "attempt": 0, "record": {"host": "h0", "nproc": 8, "node": 0}})
     assert [e["event"] for e in events] == ["joined"]
     assert [n["host"] for n in events[0]["nodes"]] == ["h0", "h1", "h2"]
     assert orjson.loads(agent.store.values["a0/nodes"]) == events[0]["nodes"]
+
+
+def test_a_node_other_than_0_whose_record_comes_last_never_gathers():
+    """Node 0 alone asks about every record key: the last node in waits for node 0's decision."""
+    records = {f"a0/node{r}": orjson.dumps({"host": f"h{r}", "nproc": 8, "node": r}) for r in (0, 1)}
+    agent, events = _agent(2, dict(records))
+    agent.handle({"cmd": "join", "attempt": 0, "record": {"host": "h2", "nproc": 8, "node": 2}})
+    assert "a0/nodes" not in agent.store.values and "a0/all" not in agent.store.values
+    assert [e["event"] for e in events] == ["join-timeout"]  # node 0 (not running here) never decided
 
 
 def test_an_alive_check_answers_at_once_when_node_0_names_a_dead_node():
