@@ -1,7 +1,9 @@
 """An `alive` check, on any node after a failure: which other nodes of the round are dead, as
 node 0's reading of the beats says (its verdict, beat_watch.py). A worker's "connection closed by
 peer" is then a dead node's consequence, not the job's cause. Node 0 answers from its own
-reading, the others from the verdict node 0 publishes on the store."""
+reading, the others from the verdict node 0 publishes on the store (verdict.py: a few dozen
+bytes, plus the nodes it names, however many nodes there are), read once a second: the check
+takes node 0's seq from its first read, not a read of its own at the start."""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 from supervisor.rendezvous import agent_causes
-from supervisor.rendezvous.beat_watch import parse_verdict, undecided, verdict_key
+from supervisor.rendezvous.beat_watch import verdict_key
 from supervisor.rendezvous.node0_judge import Judge, Nodes
 from supervisor.rendezvous.store_calls import StoreCalls
+from supervisor.rendezvous.verdict import parse_verdict, undecided
 
 
 class AliveCheck:
@@ -19,11 +22,14 @@ class AliveCheck:
                  emit: Callable[..., None]) -> None:
         self.store, self.nodes, self.judge, self.silent_s, self.where = store, nodes, judge, silent_s, where
         self.emit = emit
-        self.pending: tuple[int, float, int] | None = None  # (attempt, began, node 0's verdict seq then)
+        # (attempt, began, node 0's verdict seq then: None until the first poll reads it)
+        self.pending: tuple[int, float, int | None] | None = None
 
     def begin(self, k: int, now: float) -> None:
-        verdict = self._verdict(k)
-        self.pending = (k, now, verdict["seq"] if verdict is not None else 0)
+        """On node 0 its own reading's seq now; elsewhere the first poll's read (the agent polls at
+        once after an `alive` command) gives it: one read of the store fewer per check."""
+        own = self.judge.verdict(k)
+        self.pending = (k, now, own["seq"] if own is not None else None)
 
     def poll(self, now: float, node_rank: int) -> None:
         """Done once node 0's reading proves each node alive since the check began or names it dead;
@@ -36,6 +42,9 @@ class AliveCheck:
             self.emit("alive", attempt=k, silent=[agent_causes.malformed(self.where, verdict_key(k), raw,
                                                                          "node 0's reading of the heartbeats")])
             return
+        if seq0 is None:
+            seq0 = verdict["seq"]
+            self.pending = (k, began, seq0)
         ranks = [r for r in self.nodes.members if r not in (0, node_rank) and r not in self.nodes.gone]
         silent = [c for c in verdict["dead"] if c["node"] != node_rank]
         if not silent and undecided(verdict, seq0, ranks) and now - began < self.silent_s + 2:

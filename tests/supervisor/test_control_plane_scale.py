@@ -83,7 +83,7 @@ def test_the_last_node_to_join_writes_every_record_as_one_value_that_each_node_r
 
 def test_an_alive_check_answers_at_once_when_node_0_names_a_dead_node():
     dead = {"kind": "node", "exit_code": 1, "node": 2, "message": "node 2 (h2) stopped responding"}
-    agent, events = _agent(1, {"a0/verdict": orjson.dumps({"seq": 5, "moved": {}, "dead": [dead]})})
+    agent, events = _agent(1, {"a0/verdict": orjson.dumps({"seq": 5, "floor": 5, "late": {}, "dead": [dead]})})
     agent.nodes.members = [0, 1, 2]
     agent.handle({"cmd": "alive", "attempt": 0})
     agent.poll()  # node 0's next readings are not waited for: the first dead node is the cause
