@@ -24,12 +24,14 @@ class AliveCheck:
         self.emit = emit
         # (attempt, began, node 0's verdict seq then: None until the first poll reads it)
         self.pending: tuple[int, float, int | None] | None = None
+        self._set = False  # this check read node 0's verdict once: the key stays set, a `get` is one request
 
     def begin(self, k: int, now: float) -> None:
         """On node 0 its own reading's seq now; elsewhere the first poll's read (the agent polls at
         once after an `alive` command) gives it: one read of the store fewer per check."""
         own = self.judge.verdict(k)
         self.pending = (k, now, own["seq"] if own is not None else None)
+        self._set = False
 
     def poll(self, now: float, node_rank: int) -> None:
         """Done once node 0's reading proves each node alive since the check began or names it dead;
@@ -57,4 +59,6 @@ class AliveCheck:
         """Node 0's latest reading of attempt k's beats (its own, on node 0); None: a foreign value."""
         if (own := self.judge.verdict(k)) is not None:
             return own
-        return parse_verdict(self.store.get_if_set(verdict_key(k)))
+        raw = self.store.get(verdict_key(k)) if self._set else self.store.get_if_set(verdict_key(k))
+        self._set = raw is not None
+        return parse_verdict(raw)

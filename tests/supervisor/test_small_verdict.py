@@ -94,6 +94,11 @@ class _Reads(DictStore):
     def __init__(self, values: dict[str, bytes]) -> None:
         super().__init__(values)
         self.verdict_reads: list[int] = []
+        self.verdict_checks = 0
+
+    def check(self, keys: list[str]) -> bool:
+        self.verdict_checks += keys == ["a0/verdict"]
+        return super().check(keys)
 
     def get(self, key: str) -> bytes:
         if key == "a0/verdict":
@@ -119,6 +124,7 @@ def test_a_survivor_of_4096_nodes_answers_from_one_small_read_a_second():
         agent.poll()
     assert events == [{"event": "alive", "attempt": 0, "silent": []}]
     assert len(store.verdict_reads) == 3 and max(store.verdict_reads) < 64  # was 3 x ~40 KB at 4,096 nodes
+    assert store.verdict_checks == 1  # the key, once seen, stays set: each later read is one `get`
 
 
 def test_a_survivor_waits_for_a_node_that_stood_still_and_answers_when_node_0_names_it():
