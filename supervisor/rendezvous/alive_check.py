@@ -2,8 +2,8 @@
 node 0's reading of the beats says (its verdict, beat_watch.py). A worker's "connection closed by
 peer" is then a dead node's consequence, not the job's cause. Node 0 answers from its own
 reading, the others from the verdict node 0 publishes on the store (verdict.py: a few dozen
-bytes, plus the nodes it names, however many nodes there are), read once a second: the check
-takes node 0's seq from its first read, not a read of its own at the start."""
+bytes, plus the nodes it names, however many nodes there are), read at the start and then
+once a second."""
 
 from __future__ import annotations
 
@@ -22,31 +22,31 @@ class AliveCheck:
                  emit: Callable[..., None]) -> None:
         self.store, self.nodes, self.judge, self.silent_s, self.where = store, nodes, judge, silent_s, where
         self.emit = emit
-        # (attempt, began, node 0's verdict seq then: None until the first poll reads it)
-        self.pending: tuple[int, float, int | None] | None = None
+        self.pending: tuple[int, float, int] | None = None  # (attempt, began, node 0's verdict seq then)
         self._set = False  # this check read node 0's verdict once: the key stays set, a `get` is one request
+        self._read: dict[str, Any] | None = None  # the verdict read at the start, for the first poll
 
     def begin(self, k: int, now: float) -> None:
-        """On node 0 its own reading's seq now; elsewhere the first poll's read (the agent polls at
-        once after an `alive` command) gives it: one read of the store fewer per check."""
-        own = self.judge.verdict(k)
-        self.pending = (k, now, own["seq"] if own is not None else None)
+        """Node 0's seq now (its own reading on node 0, else a read of the store, which the first
+        poll, at once after an `alive` command, decides from: one read fewer per check)."""
         self._set = False
+        own = self.judge.verdict(k)
+        self._read = None if own is not None else self._stored(k)
+        first = own if own is not None else self._read
+        self.pending = (k, now, first["seq"] if first is not None else 0)
 
     def poll(self, now: float, node_rank: int) -> None:
         """Done once node 0's reading proves each node alive since the check began or names it dead;
         undecided ones are waited for at most silent_s + 2 s (then counted alive)."""
         k, began, seq0 = self.pending
-        verdict = self._verdict(k)
+        verdict = self._read if self._read is not None else self._verdict(k)
+        self._read = None
         if verdict is None:
             self.pending = None
             raw = self.store.get(verdict_key(k))
             self.emit("alive", attempt=k, silent=[agent_causes.malformed(self.where, verdict_key(k), raw,
                                                                          "node 0's reading of the heartbeats")])
             return
-        if seq0 is None:
-            seq0 = verdict["seq"]
-            self.pending = (k, began, seq0)
         ranks = [r for r in self.nodes.members if r not in (0, node_rank) and r not in self.nodes.gone]
         silent = [c for c in verdict["dead"] if c["node"] != node_rank]
         if not silent and undecided(verdict, seq0, ranks) and now - began < self.silent_s + 2:
@@ -59,6 +59,10 @@ class AliveCheck:
         """Node 0's latest reading of attempt k's beats (its own, on node 0); None: a foreign value."""
         if (own := self.judge.verdict(k)) is not None:
             return own
+        return self._stored(k)
+
+    def _stored(self, k: int) -> dict[str, Any] | None:
+        """The verdict node 0 published on the store; None: a foreign value."""
         raw = self.store.get(verdict_key(k)) if self._set else self.store.get_if_set(verdict_key(k))
         self._set = raw is not None
         return parse_verdict(raw)
