@@ -44,6 +44,19 @@ def test_64_nodes_join_beat_abort_and_name_a_dead_node(job):
 
 
 @pytest.mark.integration
+def test_after_a_worker_failure_every_node_reads_a_verdict_of_a_few_dozen_bytes(job):
+    """Every node's `alive` check at once, as after an ordinary worker failure: each answers that
+    nobody is dead, from reads of node 0's verdict that stay a few dozen bytes (a node that stood
+    still two reads adds its seq). The former verdict held a seq per node: ~550 bytes a read here,
+    ~8 KB at 1,024 nodes, read about 5 times by every node."""
+    job.join(2, timeout=30)
+    job.abort_fanout(2)
+    fan = job.verdict_fanout(2)
+    assert fan["verdict_false"] == 0
+    assert 0 < fan["verdict_bytes_per_node"] < 200 * fan["verdict_reads_per_node"]  # slack: ~19 stalled nodes
+
+
+@pytest.mark.integration
 def test_the_harness_runs_every_node_under_a_clusters_soft_file_limit(job):
     """The harness measures what a cluster meets: no process of it raises its open-file limit for
     the simulation's sake (64 nodes a shard need far fewer); node 0's shard and the store raise it
