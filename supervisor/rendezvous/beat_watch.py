@@ -1,10 +1,11 @@
 """The job store's keys per attempt, and node 0's one watch over every node's heartbeat.
 
 Every node writes its own beat key once a second (one request); node 0 alone reads them
-all, in one `multi_get` per second, and publishes one verdict (`a{k}/verdict`, verdict.py: a
-few dozen bytes however many nodes) that any node reads when it has to know who is alive. So the store serves about one request per
-node per second however many nodes there are (the old way, each node reading every
-other node's keys, grew with the square of the nodes and saturated the store near 100).
+all, in one `multi_get` per second, and publishes one verdict (`a{k}/verdict`, verdict.py:
+a few dozen bytes however many nodes) that any node reads when it has to know who is alive.
+So the store serves about one request per node per second however many nodes there are (the
+old way, each node reading every other node's keys, grew with the square of the nodes and
+saturated the store near 100).
 """
 
 from __future__ import annotations

@@ -157,7 +157,8 @@ class Judge:
         rank_claims.release(store, r, owner)  # node r started again takes its rank back
         if self.beats is not None and self.beats.k == k:
             self.beats.dead[r] = cause
-            store.set(verdict_key(k), orjson.dumps(self.beats.verdict(nodes.members)))  # named dead before the abort is read
+            # named dead before the abort is read
+            store.set(verdict_key(k), orjson.dumps(self.beats.verdict(nodes.members)))
         nodes.gone.add(r)
         self._report_abort(k, publish(store, k, cause))
 
