@@ -7,8 +7,11 @@ Per N: join time, store requests per node per second in a steady attempt, and (g
 torchrun has no such path) abort fan-out (one node publishes a failure -> every node's agent
 has it), a node whose processes died (its sockets closed) and one that vanished without
 closing anything: seconds until every survivor names it, and false verdicts in the steady
-window. torchrun's c10d side runs where it fits this machine (its per-node state grows with N
-and every simulated node decodes it in one shared process). Writes bench/results/scale.md/json.
+window; an ordinary worker failure's verdict fan-out (every node's `alive` check at once,
+nobody dead): seconds until every node has its answer, reads of node 0's verdict and the
+bytes they bring back per node. torchrun's c10d side runs where it fits this machine (its
+per-node state grows with N and every simulated node decodes it in one shared process).
+Writes bench/results/scale.md/json.
 
     python3 bench/bench_scale.py [--quick] [--nodes 8,64,256,1024] [--c10d-max 64] [--steady 600]
         [--long-steady 600]   (the largest N only: a steady window this long)
@@ -76,8 +79,17 @@ def main() -> int:
             f"{o['abort_fanout_s'] * 1000:.0f} | {o['closed_named_s']:.1f}{'' if o['closed_named_ok'] else ' (WRONG NODE)'} | "
             f"{o['vanished_named_s']:.1f}{'' if o['vanished_named_ok'] else ' (WRONG NODE)'} | {o['steady_s']:g} | "
             f"{o['false_verdicts']} |")
+    lines += ["", "After a worker failure, every node's `alive` check at once (nobody dead):", "",
+              "| nodes | every node answered s | verdict reads per node | store requests per node | "
+              "verdict bytes per node | answers naming a node |", "|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        o = row["gpuherd"]
+        lines.append(f"| {row['nodes']} | {o['verdict_s']:.1f} | {o['verdict_reads_per_node']:.1f} | "
+                     f"{o['verdict_requests_per_node']:.1f} | {o['verdict_bytes_per_node']:.0f} | "
+                     f"{o['verdict_false']} |")
     lines.append("")
-    lines.append("Store calls by operation in the whole gpuherd run (join, steady, abort, two rejoins, two deaths):")
+    lines.append("Store calls by operation in the whole gpuherd run (join, steady, abort, alive checks, two rejoins, "
+                 "two deaths):")
     lines.append("")
     for row in rows:
         ops = ", ".join(f"{k} {v}" for k, v in sorted(row["gpuherd"]["requests_by_op"].items()))

@@ -58,15 +58,17 @@ STACK = 512 * 1024  # thousands of threads: a small stack each
 
 
 class Requests:
-    """Store calls of every simulated node, by operation."""
+    """Store calls of every simulated node, by operation, and the bytes their answers brought back."""
 
     def __init__(self) -> None:
         self.by_op: Counter[str] = Counter()
+        self.bytes_by_op: Counter[str] = Counter()
         self._lock = threading.Lock()
 
-    def add(self, op: str) -> None:
+    def add(self, op: str, answered: int = 0) -> None:
         with self._lock:
             self.by_op[op] += 1
+            self.bytes_by_op[op] += answered
 
     def total(self) -> int:
         with self._lock:
@@ -83,9 +85,19 @@ class Counted:
         method = getattr(self._store, name)
 
         def counted(*args: Any, **kwargs: Any) -> Any:
-            self._requests.add(name)
-            return method(*args, **kwargs)
+            got = method(*args, **kwargs)
+            self._requests.add(name, _size(got))
+            return got
         return counted
+
+
+def _size(answer: Any) -> int:
+    """The bytes of a store call's answer (a value, or a list of them for `multi_get`)."""
+    if isinstance(answer, bytes):
+        return len(answer)
+    if isinstance(answer, list):
+        return sum(len(v) for v in answer if isinstance(v, bytes))
+    return 0
 
 
 CLUSTER_SOFT_FILES = 1024  # the soft open-file limit a cluster's node usually starts a job with
@@ -258,7 +270,7 @@ def shard_main(argv: list[str]) -> int:
         elif "revive" in msg:
             targets[0].revive(msg["revive"])
         elif "requests" in msg:
-            say({"requests": dict(requests.by_op)})
+            say({"requests": dict(requests.by_op), "bytes": dict(requests.bytes_by_op)})
     os._exit(0)  # the agents' threads block in the store: no interpreter teardown waits for them
 
 
@@ -275,7 +287,7 @@ class Shard:
                                       str(last)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.errors, cwd=ROOT, env=env, preexec_fn=cluster_limit)
         self.ready = threading.Event()
-        self._counts: queue.SimpleQueue[dict[str, int]] = queue.SimpleQueue()
+        self._counts: queue.SimpleQueue[tuple[dict[str, int], dict[str, int]]] = queue.SimpleQueue()
         self._writing = threading.Lock()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -294,7 +306,7 @@ class Shard:
             if "node" in msg:
                 self.nodes[msg["node"]].events.append((msg["t"], msg["event"]))
             elif "requests" in msg:
-                self._counts.put(msg["requests"])
+                self._counts.put((msg["requests"], msg["bytes"]))
             elif "ready" in msg:
                 self.ready.set()
 
@@ -303,7 +315,8 @@ class Shard:
             self.proc.stdin.write(orjson.dumps(msg) + b"\n")
             self.proc.stdin.flush()
 
-    def requests(self) -> dict[str, int]:
+    def requests(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(store calls of its nodes so far by operation, the bytes their answers brought back)."""
         self.put({"requests": True})
         return self._counts.get(timeout=60)
 
@@ -349,10 +362,17 @@ class GpuherdJob:
 
     def requests(self) -> Counter[str]:
         """Store calls of every simulated node so far, by operation."""
-        total: Counter[str] = Counter()
+        return self.traffic()[0]
+
+    def traffic(self) -> tuple[Counter[str], Counter[str]]:
+        """(store calls of every simulated node so far by operation, the bytes their answers brought back)."""
+        calls: Counter[str] = Counter()
+        answered: Counter[str] = Counter()
         for shard in self.shards:
-            total.update(shard.requests())
-        return total
+            by_op, bytes_by_op = shard.requests()
+            calls.update(by_op)
+            answered.update(bytes_by_op)
+        return calls, answered
 
     def join(self, attempt: int, timeout: float) -> float:
         """Every node joins; seconds until the last one has."""
@@ -384,6 +404,25 @@ class GpuherdJob:
         self.nodes[-1].send("abort", attempt, cause=cause)
         self._until(lambda: all(nd.first("abort", attempt) for nd in self.nodes), timeout, "abort fan-out")
         return max(nd.first("abort", attempt)[0] for nd in self.nodes) - started
+
+    def verdict_fanout(self, attempt: int, timeout: float = 60.0) -> dict[str, Any]:
+        """An ordinary worker failure: every node asks its agent which nodes are dead (`alive`, as
+        each node's supervisor does settling the failed attempt) at once, nobody dead. Seconds
+        until every node has its answer, the verdict reads (`get`: no other get runs meanwhile)
+        and the bytes they brought back per node, the store requests they took (each read a `get`,
+        its `check` too until the key was seen), and the answers that named a node (false)."""
+        before, bytes_before = self.traffic()
+        started = time.monotonic()
+        for node in self.nodes:
+            node.send("alive", attempt)
+        self._until(lambda: all(nd.first("alive", attempt, started) for nd in self.nodes), timeout, "alive checks")
+        after, bytes_after = self.traffic()
+        answers = [nd.first("alive", attempt, started) for nd in self.nodes]
+        return {"verdict_s": max(t for t, _ in answers) - started,
+                "verdict_reads_per_node": (after["get"] - before["get"]) / self.n,
+                "verdict_requests_per_node": (after["get"] + after["check"] - before["get"] - before["check"]) / self.n,
+                "verdict_bytes_per_node": (bytes_after["get"] - bytes_before["get"]) / self.n,
+                "verdict_false": sum(1 for _, e in answers if e["silent"])}
 
     def kill(self, attempt: int, victim: int, close_sockets: bool, timeout: float = 40.0) -> tuple[float, bool]:
         """Node `victim` dies; (seconds until every survivor has the abort, whether each names the victim)."""
@@ -417,6 +456,7 @@ def run_gpuherd(n: int, steady_s: float) -> dict[str, Any]:
         out["requests_per_node_s"], out["false_verdicts"] = job.steady(steady_s)
         out["steady_s"] = steady_s
         out["abort_fanout_s"] = job.abort_fanout(0)
+        out.update(job.verdict_fanout(0))
         out["rejoin_s"] = job.join(1, JOIN_TIMEOUT_S)
         out["closed_named_s"], out["closed_named_ok"] = job.kill(1, min(3, n - 1), close_sockets=True)
         job.join(2, JOIN_TIMEOUT_S)

@@ -1,7 +1,9 @@
 """An `alive` check, on any node after a failure: which other nodes of the round are dead, as
 node 0's reading of the beats says (its verdict, beat_watch.py). A worker's "connection closed by
 peer" is then a dead node's consequence, not the job's cause. Node 0 answers from its own
-reading, the others from the verdict node 0 publishes on the store."""
+reading, the others from the verdict node 0 publishes on the store (verdict.py: a few dozen
+bytes, plus the nodes it names, however many nodes there are), read at the start and then
+once a second."""
 
 from __future__ import annotations
 
@@ -9,9 +11,10 @@ from collections.abc import Callable
 from typing import Any
 
 from supervisor.rendezvous import agent_causes
-from supervisor.rendezvous.beat_watch import parse_verdict, undecided, verdict_key
+from supervisor.rendezvous.beat_watch import verdict_key
 from supervisor.rendezvous.node0_judge import Judge, Nodes
 from supervisor.rendezvous.store_calls import StoreCalls
+from supervisor.rendezvous.verdict import parse_verdict, undecided
 
 
 class AliveCheck:
@@ -20,16 +23,24 @@ class AliveCheck:
         self.store, self.nodes, self.judge, self.silent_s, self.where = store, nodes, judge, silent_s, where
         self.emit = emit
         self.pending: tuple[int, float, int] | None = None  # (attempt, began, node 0's verdict seq then)
+        self._set = False  # this check read node 0's verdict once: the key stays set, a `get` is one request
+        self._read: dict[str, Any] | None = None  # the verdict read at the start, for the first poll
 
     def begin(self, k: int, now: float) -> None:
-        verdict = self._verdict(k)
-        self.pending = (k, now, verdict["seq"] if verdict is not None else 0)
+        """Node 0's seq now (its own reading on node 0, else a read of the store, which the first
+        poll, at once after an `alive` command, decides from: one read fewer per check)."""
+        self._set = False
+        own = self.judge.verdict(k)
+        self._read = None if own is not None else self._stored(k)
+        first = own if own is not None else self._read
+        self.pending = (k, now, first["seq"] if first is not None else 0)
 
     def poll(self, now: float, node_rank: int) -> None:
         """Done once node 0's reading proves each node alive since the check began or names it dead;
         undecided ones are waited for at most silent_s + 2 s (then counted alive)."""
         k, began, seq0 = self.pending
-        verdict = self._verdict(k)
+        verdict = self._read if self._read is not None else self._verdict(k)
+        self._read = None
         if verdict is None:
             self.pending = None
             raw = self.store.get(verdict_key(k))
@@ -48,4 +59,10 @@ class AliveCheck:
         """Node 0's latest reading of attempt k's beats (its own, on node 0); None: a foreign value."""
         if (own := self.judge.verdict(k)) is not None:
             return own
-        return parse_verdict(self.store.get_if_set(verdict_key(k)))
+        return self._stored(k)
+
+    def _stored(self, k: int) -> dict[str, Any] | None:
+        """The verdict node 0 published on the store; None: a foreign value."""
+        raw = self.store.get(verdict_key(k)) if self._set else self.store.get_if_set(verdict_key(k))
+        self._set = raw is not None
+        return parse_verdict(raw)

@@ -1,17 +1,21 @@
 """The job store's keys per attempt, and node 0's one watch over every node's heartbeat.
 
 Every node writes its own beat key once a second (one request); node 0 alone reads them
-all, in one `multi_get` per second, and publishes one verdict (`a{k}/verdict`) that any
-node reads when it has to know who is alive. So the store serves about one request per
-node per second however many nodes there are (the old way, each node reading every
-other node's keys, grew with the square of the nodes and saturated the store near 100).
+all, in one `multi_get` per second, and publishes one verdict (`a{k}/verdict`, verdict.py:
+a few dozen bytes however many nodes) that any node reads when it has to know who is alive.
+So the store serves about one request per node per second however many nodes there are (the
+old way, each node reading every other node's keys, grew with the square of the nodes and
+saturated the store near 100).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
+
+from supervisor.rendezvous.verdict import summary
 
 BEAT_S = 1.0  # each agent sets its beat key this often while an attempt runs; node 0 reads them all as often
 SILENT_S = 10.0  # default (system.node_silence_timeout): a beat that stood still this long is a node gone
@@ -133,29 +137,7 @@ class BeatWatch:
         last = self._seen.get(r)
         return last is not None and last[0] in SETTLED
 
-    def verdict(self) -> dict[str, Any]:
-        return {"seq": self.seq, "moved": {str(r): s for r, (_, _, s) in self._seen.items()},
-                "dead": list(self.dead.values())}
-
-
-def parse_verdict(raw: bytes | None) -> dict[str, Any] | None:
-    """A verdict as node 0 writes it, or None for a value it never writes (a foreign writer)."""
-    if raw is None:
-        return {"seq": 0, "moved": {}, "dead": []}  # node 0 has read no beat yet
-    try:
-        v = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    ok = (isinstance(v, dict) and isinstance(v.get("seq"), int) and isinstance(v.get("moved"), dict)
-          and all(isinstance(s, int) for s in v["moved"].values()) and isinstance(v.get("dead"), list)
-          and all(isinstance(c, dict) and isinstance(c.get("node"), int) and isinstance(c.get("message"), str)
-                  for c in v["dead"]))
-    return v if ok else None
-
-
-def undecided(verdict: dict[str, Any], seq0: int, ranks: list[int]) -> list[int]:
-    """The nodes not yet proven alive since an `alive` check began (when node 0's verdict was
-    `seq0`): a node is alive once its beat moved in a read node 0 made after the check began
-    (seq0 + 2: read seq0 + 1 may have come just before), dead once named."""
-    dead = {c["node"] for c in verdict["dead"]}
-    return [r for r in ranks if r not in dead and verdict["moved"].get(str(r), 0) < seq0 + 2]
+    def verdict(self, members: Iterable[int]) -> dict[str, Any]:
+        """The verdict after this read, for the round's `members` (verdict.py: its size does not
+        grow with them)."""
+        return summary(self.seq, {r: s for r, (_, _, s) in self._seen.items()}, self.dead, members)

@@ -88,7 +88,7 @@ class Judge:
 
     def verdict(self, k: int) -> dict[str, Any] | None:
         """Its own latest reading of attempt k's beats; None: it reads another attempt's, or none."""
-        return self.beats.verdict() if self.beats is not None and self.beats.k == k else None
+        return self.beats.verdict(self.nodes.members) if self.beats is not None and self.beats.k == k else None
 
     def read_beats(self, now: float) -> None:
         """Every other member's beat in one request; one that stood still is named."""
@@ -99,7 +99,7 @@ class Judge:
             beats.pause(self.own_lag.take_new())
         for r, still in beats.observe(others, values, now):
             self._declare(beats.k, r, self._silent(r, f"no heartbeat for {still:.0f} s"), self.store)
-        self.store.set(verdict_key(beats.k), orjson.dumps(beats.verdict()))
+        self.store.set(verdict_key(beats.k), orjson.dumps(beats.verdict(nodes.members)))
 
     def connection_closed(self, r: int, mark: bytes | None) -> None:
         """Node r's connection ended without a goodbye: its agent (`mark`, its claim on the rank)
@@ -157,7 +157,8 @@ class Judge:
         rank_claims.release(store, r, owner)  # node r started again takes its rank back
         if self.beats is not None and self.beats.k == k:
             self.beats.dead[r] = cause
-            store.set(verdict_key(k), orjson.dumps(self.beats.verdict()))  # named dead before the abort is read
+            # named dead before the abort is read
+            store.set(verdict_key(k), orjson.dumps(self.beats.verdict(nodes.members)))
         nodes.gone.add(r)
         self._report_abort(k, publish(store, k, cause))
 

@@ -17,8 +17,9 @@ a client. Keys, per attempt k (names in beat_watch.py):
                    leaves ("left"), finishes ("done") or joins attempt k+1 ("moved"); node 0
                    alone reads them all (one multi_get per BEAT_S) and publishes "node r stopped
                    responding" as the abort when one stands still for SILENT_S (system.node_silence_timeout)
-    a{k}/verdict   node 0's latest reading of the beats: {seq, moved: {r: seq it last moved}, dead:
-                   [causes]}, for an `alive` check on any node
+    a{k}/verdict   node 0's latest reading of the beats, a few dozen bytes however many nodes
+                   (verdict.py): {seq, floor, late: {r: seq it last moved}, dead: [causes]}, for
+                   an `alive` check on any node
     left{r}        node r is done with the store (node 0 keeps it up until then)
     outcome{r}     node r's outcome at the end of the job (exit code, final save, run dir), for
                    the one summary node 0 prints

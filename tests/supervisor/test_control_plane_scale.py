@@ -44,6 +44,19 @@ def test_64_nodes_join_beat_abort_and_name_a_dead_node(job):
 
 
 @pytest.mark.integration
+def test_after_a_worker_failure_every_node_reads_a_verdict_of_a_few_dozen_bytes(job):
+    """Every node's `alive` check at once, as after an ordinary worker failure: each answers that
+    nobody is dead, from reads of node 0's verdict that stay a few dozen bytes (a node that stood
+    still two reads adds its seq). The former verdict held a seq per node: ~550 bytes a read here,
+    ~8 KB at 1,024 nodes, read about 5 times by every node."""
+    job.join(2, timeout=30)
+    job.abort_fanout(2)
+    fan = job.verdict_fanout(2)
+    assert fan["verdict_false"] == 0
+    assert 0 < fan["verdict_bytes_per_node"] < 200 * fan["verdict_reads_per_node"]  # slack: ~19 stalled nodes
+
+
+@pytest.mark.integration
 def test_the_harness_runs_every_node_under_a_clusters_soft_file_limit(job):
     """The harness measures what a cluster meets: no process of it raises its open-file limit for
     the simulation's sake (64 nodes a shard need far fewer); node 0's shard and the store raise it
@@ -92,7 +105,7 @@ def test_a_node_other_than_0_whose_record_comes_last_never_gathers():
 
 def test_an_alive_check_answers_at_once_when_node_0_names_a_dead_node():
     dead = {"kind": "node", "exit_code": 1, "node": 2, "message": "node 2 (h2) stopped responding"}
-    agent, events = _agent(1, {"a0/verdict": orjson.dumps({"seq": 5, "moved": {}, "dead": [dead]})})
+    agent, events = _agent(1, {"a0/verdict": orjson.dumps({"seq": 5, "floor": 5, "late": {}, "dead": [dead]})})
     agent.nodes.members = [0, 1, 2]
     agent.handle({"cmd": "alive", "attempt": 0})
     agent.poll()  # node 0's next readings are not waited for: the first dead node is the cause
