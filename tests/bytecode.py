@@ -2,9 +2,9 @@
 
 Where PYTHONDONTWRITEBYTECODE is set (CI's environment sets it) no process writes bytecode, so
 each of the thousands of processes the suite starts (supervisors, their rendezvous stores,
-workers, helpers) compiled every module of ours it imported from source, again: about 0.5 CPU s
-of a supervisor test with scenario workers (a third of its cost), the same in a run of torch
-workers, where `import torch` dominates (bench/RESULTS.md, "the suite's cost in CPU seconds").
+workers, helpers) compiled every module of ours it imported from source, again: 0.2-0.5 CPU s
+of a supervisor test with scenario workers (up to a third of its cost), about as much in a run of
+torch workers, where `import torch` dominates (bench/RESULTS.md, "the suite's cost in CPU seconds").
 A process still reads bytecode that is there, and checks it against its source's mtime and size:
 an edited module is compiled from its source, never run stale (and its bytecode written anew
 next session). `__pycache__/` is git-ignored.
