@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.bytecode import compile_bytecode, writing_bytecode
 from tests.process_starters import Reach, Watch, starts_processes
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +42,15 @@ def pytest_configure(config: pytest.Config) -> None:
     for sig in STOP_SIGNALS:
         if signal.getsignal(sig) == signal.SIG_IGN:
             signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+    if not hasattr(config, "workerinput"):  # the main pytest process, before xdist starts its workers
+        compile_bytecode(REPO_ROOT)  # tests/bytecode.py: why
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session: pytest.Session):
+    """pytest caches each test module's rewritten asserts where bytecode may be written."""
+    with writing_bytecode():
+        return (yield)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
