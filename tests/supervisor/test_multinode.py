@@ -419,8 +419,13 @@ def test_a_second_node_with_a_node_rank_already_taken_is_refused_alone(tmp_path)
 
 
 WARN_EVERYWHERE = """
-import sys, time
-time.sleep(2 - time.time() % 2 + 1)  # every rank at one moment: nodes start their workers at their own pace
+import os, pathlib, sys, time
+# every rank at one moment: nodes start their workers at their own pace, so each waits for all four
+ready = pathlib.Path(sys.argv[1])
+(ready / os.environ["RANK"]).touch()
+deadline = time.monotonic() + 120
+while len(list(ready.iterdir())) < 4 and time.monotonic() < deadline:
+    time.sleep(0.01)
 print("UserWarning: the same words from every rank of every node", file=sys.stderr, flush=True)
 time.sleep(1.5)
 """
@@ -432,10 +437,13 @@ def test_a_warning_every_rank_of_every_node_prints_is_one_line_on_node_0(tmp_pat
     script = tmp_path / "warn.py"
     script.write_text(WARN_EVERYWHERE)
     port = _port()
-    procs = [_node(tmp_path, r, port, nproc=2, script=script) for r in (0, 1)]
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    procs = [_node(tmp_path, r, port, str(ready), nproc=2, script=script) for r in (0, 1)]
     results = [sh.finish(p, timeout=240) for p in procs]
     for code, _out, err in results:
         assert code == 0, err[-3000:]
+    assert sorted(p.name for p in ready.iterdir()) == ["0", "1", "2", "3"]
     words = "UserWarning: the same words from every rank of every node"
     node0 = results[0][1] + results[0][2]
     node1 = results[1][1] + results[1][2]
