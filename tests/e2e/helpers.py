@@ -22,6 +22,15 @@ def records(run_dir, kind: str) -> list[dict]:
     return out
 
 
+def cut_short(run_dirs, resumed: int) -> set[int]:
+    """The ranks that were still in step `resumed - 1`'s all-reduce when a peer died while others
+    completed it: gloo's ring hands the sum to some ranks first, and the rebuilt group goes on from
+    the furthest rank's step, so these ranks never logged that step. Each one's `lost_peer` record
+    says so (its `step` counts completed steps)."""
+    return {r["rank"] for d in run_dirs for r in records(d, "live")
+            if r.get("event") == "lost_peer" and r.get("step") == resumed - 1}
+
+
 def every_spare(supervisor_pid: int) -> list[psutil.Process]:
     """The pool's processes, oldest first: its spare source and the spares it forked. Every one
     carries GPUHERD_SPARE=1 in its initial environment (a promoted one too: `used` sets apart)."""

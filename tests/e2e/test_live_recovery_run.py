@@ -18,7 +18,7 @@ import orjson
 import psutil
 import pytest
 
-from tests.e2e.helpers import forked_spares, next_spare, records
+from tests.e2e.helpers import cut_short, forked_spares, next_spare, records
 from tests.shared_runs import once_per_session
 from tests.supervisor.helpers import finish, wait_for
 from worker.save_phases import PAUSE_VAR
@@ -53,9 +53,8 @@ def _same_losses(got: dict[tuple[int, int], float], expected: dict[tuple[int, in
     still in that step's all-reduce when the peer died while others completed it (gloo's ring
     hands the sum to some ranks first; its `lost_peer` record says so: `step` = completed steps)."""
     assert {key: expected[key] for key in got} == got
-    cut_short = {r["rank"] for r in records(run_dir, "live") if r.get("event") == "lost_peer"
-                 and r.get("step") == resumed - 1} if run_dir is not None else set()
-    assert {key for key in expected if key not in got} <= {(rank, resumed - 1) for rank in {lost_rank, *cut_short}}
+    behind = cut_short([run_dir], resumed) if run_dir is not None else set()
+    assert {key for key in expected if key not in got} <= {(rank, resumed - 1) for rank in {lost_rank, *behind}}
 
 
 def _pid(run_dir, rank: int) -> int:

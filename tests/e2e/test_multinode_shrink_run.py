@@ -20,7 +20,7 @@ import orjson
 import psutil
 import pytest
 
-from tests.e2e.helpers import records
+from tests.e2e.helpers import cut_short, records
 from tests.e2e.test_live_recovery_run import _command, _pid, _reached
 from tests.e2e.test_multinode_live_recovery_run import STEPS, _run_dir, _uninterrupted
 from tests.e2e.test_multinode_live_recovery_run import _start as _start_nodes
@@ -90,12 +90,10 @@ def test_a_rank_lost_on_node_1_with_no_spare_shrinks_the_job_and_its_refilled_sp
     expected = {key: got[0][1] for key, got in _draws(plain_dir).items() if key[0] <= last}
     draws = _merge(dirs)
     # the lost rank's last step before the SIGKILL: kept by the survivors, possibly with no record of its own;
-    # and a survivor's that was still in that step's all-reduce when the others completed it (gloo's ring
-    # hands the sum to some ranks first; its `lost_peer` record says so: `step` = completed steps)
-    cut_short = {r["rank"] for d in dirs for r in records(d, "live")
-                 if r.get("event") == "lost_peer" and r.get("step") == shrunk_at - 1}
+    # and a survivor's that was still in that step's all-reduce when the others completed it
+    behind = cut_short(dirs, shrunk_at)
     unrecorded = set(expected) - set(draws)
-    assert unrecorded <= {(shrunk_at - 1, rank) for rank in {lost, *cut_short}}, (unrecorded, shrunk_at, cut_short)
+    assert unrecorded <= {(shrunk_at - 1, rank) for rank in {lost, *behind}}, (unrecorded, shrunk_at, behind)
     assert set(draws) == set(expected) - unrecorded
     carrier = sorted(survivors)[lost % 3]
     for (step, slot), got in draws.items():
@@ -167,7 +165,8 @@ def test_a_node_lost_whole_with_no_spare_node_shrinks_the_job_onto_the_other_nod
     draws = _merge(dirs)
     plain_draws = {key: got[0][1] for key, got in _draws(plain_dir).items()}
     unrecorded = set(plain_draws) - set(draws)
-    assert unrecorded <= {(resumed - 1, lost)}, (unrecorded, resumed)  # its last step, kept by the survivors
+    behind = cut_short(dirs, resumed)  # its last step, kept by the survivors, some of them brought forward to it
+    assert unrecorded <= {(resumed - 1, rank) for rank in {lost, *behind}}, (unrecorded, resumed, behind)
     carrier = [0, 1][lost % 2]
     for (step, slot), got in draws.items():
         assert {draw for _rank, draw in got} == {plain_draws[(step, slot)]}, (step, slot, got)

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from gpuherd.checkpoint_layout import list_checkpoints
-from tests.e2e.helpers import every_spare, records
+from tests.e2e.helpers import cut_short, every_spare, records
 from tests.e2e.test_live_recovery_run import PLAIN_RUNS, STEPS, _command, _losses, _pid, _reached, \
     _uninterrupted
 from tests.supervisor.helpers import finish, wait_for
@@ -255,9 +255,12 @@ def test_a_shrunk_group_grows_back_when_the_pools_spare_is_warm_with_every_sampl
     carrier = sorted(survivors)[lost % 3]
     draws = _draws(run_dir)
     # A SIGKILL after the lost rank's last all-reduce but before its step record was written: the
-    # step was kept with its slot (its gradient norm, checked below, says so) and its draw has no record.
+    # step was kept with its slot (its gradient norm, checked below, says so) and its draw has no record;
+    # nor has a survivor's that was still in that all-reduce when another survivor completed it.
+    behind = cut_short([run_dir], shrink["resumed_step"])
     unrecorded = set(expected) - set(draws)
-    assert unrecorded <= {(shrink["resumed_step"] - 1, lost)}, (unrecorded, shrink["resumed_step"], lost)
+    assert unrecorded <= {(shrink["resumed_step"] - 1, rank) for rank in {lost, *behind}}, (
+        unrecorded, shrink["resumed_step"], lost, behind)
     assert set(draws) == set(expected) - unrecorded
     for (step, slot), got in draws.items():
         assert {draw for _rank, draw in got} == {expected[(step, slot)]}, (step, slot, got)
