@@ -38,6 +38,7 @@ from supervisor.rendezvous.agent_messages import (Aborted, AliveChecked, Event, 
                                                   command, decode_event, encode)
 from supervisor.rendezvous.beat_watch import SILENT_S
 from supervisor.rendezvous.nodes import NodeLinkError, NodeSpec, SpareNodeUnused
+from supervisor.rendezvous.store import store_host_env
 from supervisor.rendezvous.wire_cause import HeardCause, decode_cause
 from supervisor.summary import RootCause
 
@@ -72,6 +73,8 @@ class JobLink:
         if listen is not None:
             argv.append(str(listen.fileno()))
             fds = (listen.fileno(),)
+        if spec.node_rank == 0:  # it hosts the job store
+            env = store_host_env(env)
         self.proc = subprocess.Popen(argv, env=env, pass_fds=fds, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._log, process_group=0, preexec_fn=preexec)
         self._reader = threading.Thread(target=self._read, name="job-link", daemon=True)

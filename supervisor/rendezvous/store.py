@@ -32,6 +32,18 @@ from collections.abc import Callable
 import orjson
 
 MASTER_ADDR = "127.0.0.1"
+# glibc's resolver options for a process that hosts a torch TCPStore server: the server looks up
+# the name of every client it accepts (getnameinfo, for its logs) on its one thread, until a lookup
+# fails. Where reverse DNS is dropped by a firewall, glibc's default (5 s, 2 tries) held the first
+# accept 10 s, and every connection queued behind it; 1 s and 2 tries bound that to 2 s.
+STORE_RES_OPTIONS = "timeout:1 attempts:2"
+
+
+def store_host_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` for a process that hosts a TCPStore server: the resolver's wait bounded (glibc reads
+    RES_OPTIONS left to right, so options the user set there come after ours and win)."""
+    theirs = env.get("RES_OPTIONS", "").strip()
+    return {**env, "RES_OPTIONS": f"{STORE_RES_OPTIONS} {theirs}".strip()}
 
 
 class HostedStore:
@@ -64,7 +76,7 @@ class StoreServer:
     """The job's store helper process: started on the first `serve`, kept warm across attempts."""
 
     def __init__(self, python: str, env: dict[str, str], preexec_fn: Callable[[], None]) -> None:
-        self._python, self._env, self._preexec = python, env, preexec_fn
+        self._python, self._env, self._preexec = python, store_host_env(env), preexec_fn
         self.proc: subprocess.Popen | None = None
         self._ctl: socket.socket | None = None
         self._serving = ""
