@@ -90,13 +90,17 @@ def test_where_reverse_dns_never_answers_the_stores_lookup_gives_up_within_the_b
     """Reverse DNS that is dropped: /etc/hosts without 127.0.0.1 and a nameserver that never answers,
     in a mount namespace of the helper's own. The store's lookup gives up after 2 tries 1 s apart
     (about 2 s, after which torch stops looking up), where glibc's default waited 5 s a try, 10 s."""
+    (tmp_path / "hosts").write_text("# no name for 127.0.0.1: its lookup goes to the nameserver\n")
+    tried = subprocess.run(["unshare", "-m", "mount", "--bind", str(tmp_path / "hosts"), "/etc/hosts"],
+                           capture_output=True, text=True)
+    if tried.returncode != 0:
+        pytest.skip(f"no mount namespace here: {tried.stderr.strip()[-200:]}")
     addr = f"127.53.{os.getpid() % 250 + 1}.{threading.get_ident() % 250 + 1}"
     try:
         blackhole = _Blackhole(addr)
     except OSError as exc:
         pytest.skip(f"no DNS port on {addr}: {exc}")
     (tmp_path / "resolv.conf").write_text(f"nameserver {addr}\n")
-    (tmp_path / "hosts").write_text("# no name for 127.0.0.1: its lookup goes to the nameserver\n")
     script = (f"mount --bind {tmp_path / 'resolv.conf'} /etc/resolv.conf && "
               f"mount --bind {tmp_path / 'hosts'} /etc/hosts && exec {sys.executable} -c \"$DRIVER\"")
     # A TCPStore client looks up the server's name too (at its connect): the driver's lookup tries
@@ -107,13 +111,12 @@ def test_where_reverse_dns_never_answers_the_stores_lookup_gives_up_within_the_b
                               timeout=120)
     finally:
         blackhole.close()
-    if done.returncode != 0 and "unshare" in done.stderr and not blackhole.queries:
-        pytest.skip(f"no mount namespace here: {done.stderr.strip()[-200:]}")
     assert done.returncode == 0, done.stderr[-3000:]
     lookups = blackhole.lookups()
     assert any(len(tries) == 2 for tries in lookups), f"the store never looked its client up twice: {lookups}"
+    # 1 s apart, with a margin for a loaded machine's scheduling; glibc's default: 5 s apart
     waits = [later - earlier for tries in lookups for earlier, later in zip(tries, tries[1:])]
-    assert max(waits) < 2.5, f"a lookup's tries came {max(waits):.1f} s apart: {lookups}"
+    assert max(waits) < 4.0, f"a lookup's tries came {max(waits):.1f} s apart: {lookups}"
 
 
 @pytest.mark.parametrize("node_rank", [0, 1])
