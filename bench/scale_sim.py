@@ -85,7 +85,11 @@ class Counted:
         method = getattr(self._store, name)
 
         def counted(*args: Any, **kwargs: Any) -> Any:
-            got = method(*args, **kwargs)
+            try:
+                got = method(*args, **kwargs)
+            except BaseException:
+                self._requests.add(name)  # a request all the same (a wait that timed out raises)
+                raise
             self._requests.add(name, _size(got))
             return got
         return counted

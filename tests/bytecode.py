@@ -1,8 +1,9 @@
 """This checkout's bytecode for the suite's processes, written once per session.
 
-Where PYTHONDONTWRITEBYTECODE is set (every shell of the development machines here does; CI's
-is likely the same) no process writes bytecode, so each of the thousands of processes the suite starts (supervisors, their rendezvous stores,
-workers, helpers) compiled every module of ours it imported from source, again: 0.2-0.5 CPU s
+Where PYTHONDONTWRITEBYTECODE is set (every shell of the development machines here does) no
+process writes bytecode, so each of the thousands of processes the suite starts (supervisors,
+their rendezvous stores, workers, helpers) compiled every module of ours it imported from
+source, again: 0.2-0.5 CPU s
 of a supervisor test with scenario workers (up to a third of its cost), about as much in a run of
 torch workers, where `import torch` dominates (bench/RESULTS.md, "the suite's cost in CPU seconds").
 A process still reads bytecode that is there, and checks it against its source's mtime and size:

@@ -99,7 +99,11 @@ class Judge:
             beats.pause(self.own_lag.take_new())
         for r, still in beats.observe(others, values, now):
             self._declare(beats.k, r, self._silent(r, f"no heartbeat for {still:.0f} s"), self.store)
-        self.store.set(verdict_key(beats.k), orjson.dumps(beats.verdict(nodes.members)))
+        self._publish_verdict(self.store)
+
+    def _publish_verdict(self, store: StoreCalls) -> None:
+        """Its latest reading of the beats, for an `alive` check on any node (verdict.py)."""
+        store.set(verdict_key(self.beats.k), orjson.dumps(self.beats.verdict(self.nodes.members)))
 
     def connection_closed(self, r: int, mark: bytes | None) -> None:
         """Node r's connection ended without a goodbye: its agent (`mark`, its claim on the rank)
@@ -157,8 +161,7 @@ class Judge:
         rank_claims.release(store, r, owner)  # node r started again takes its rank back
         if self.beats is not None and self.beats.k == k:
             self.beats.dead[r] = cause
-            # named dead before the abort is read
-            store.set(verdict_key(k), orjson.dumps(self.beats.verdict(nodes.members)))
+            self._publish_verdict(store)  # named dead before the abort is read
         nodes.gone.add(r)
         self._report_abort(k, publish(store, k, cause))
 
