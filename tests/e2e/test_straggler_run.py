@@ -25,7 +25,10 @@ from tests.e2e.helpers import records
 from tests.e2e.test_live_recovery_run import TINY
 from tests.supervisor.helpers import finish, wait_for
 
-STEPS = 400
+# Long enough that the job still runs ~15 s after the move-out at the fastest pace seen (35 steps/s
+# after it, the move near step 150): the evidence's `after` is the second 5 s window closed after the
+# move, and a job that ended first has none (a quiet machine ended 400 steps 7 s after the move).
+STEPS = 700
 SETTINGS = [*TINY, f"training.max_steps={STEPS}", "system.straggler_move_after_s=5"]  # a later --set wins
 
 
