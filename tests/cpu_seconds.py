@@ -3,6 +3,8 @@ as much about the other jobs). Opt-in, one file (or folder) at a time:
 
     .venv/bin/python -m pytest -p tests.cpu_seconds -n 0 tests/e2e/test_sdc_run.py
 
+or the whole suite under xdist with GPUHERD_CPU_SECONDS set (each worker appends its tests' lines).
+
 Each test's user + system time of the pytest process and of every process it waited for (a
 supervisor counts its workers, which it waits for) goes to the end of the output, the costliest
 first; with GPUHERD_CPU_SECONDS=PATH, also a JSON line per test appended to PATH. A process
@@ -30,23 +32,31 @@ import pytest
 _ROWS: list[tuple[str, float, float]] = []
 
 
-def _cpu() -> float:
+def _cpu() -> tuple[float, float]:
+    """(all, the pytest process's own): a test's own share is what it spends watching its runs."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    mine = own.ru_utime + own.ru_stime
+    return mine + children.ru_utime + children.ru_stime, mine
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    cpu, wall = _cpu(), time.monotonic()
+    (cpu, own), wall = _cpu(), time.monotonic()
     yield
-    _ROWS.append((item.nodeid, _cpu() - cpu, time.monotonic() - wall))
+    (cpu_after, own_after), wall_after = _cpu(), time.monotonic()
+    row = (item.nodeid, cpu_after - cpu, wall_after - wall)
+    _ROWS.append(row)
+    if path := os.environ.get("GPUHERD_CPU_SECONDS"):
+        # Written as each test ends, by the process that ran it: under xdist the workers run the
+        # tests and only the controller prints a summary (of nothing). One short append per line.
+        with open(path, "ab") as out:
+            out.write(orjson.dumps({"test": row[0], "cpu_s": round(row[1], 2), "wall_s": round(row[2], 2),
+                                    "own_cpu_s": round(own_after - own, 2)}) + b"\n")
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    if path := os.environ.get("GPUHERD_CPU_SECONDS"):
-        with open(path, "ab") as out:
-            for nodeid, cpu, wall in _ROWS:
-                out.write(orjson.dumps({"test": nodeid, "cpu_s": round(cpu, 2), "wall_s": round(wall, 2)}) + b"\n")
+    if not _ROWS:  # xdist's controller: its workers ran the tests (their lines are in the file)
+        return
     terminalreporter.section(f"CPU seconds: {sum(cpu for _, cpu, _ in _ROWS):.1f} over {len(_ROWS)} tests")
     for nodeid, cpu, wall in sorted(_ROWS, key=lambda row: -row[1]):
         terminalreporter.write_line(f"{cpu:8.1f} s CPU {wall:8.1f} s wall  {nodeid}")
