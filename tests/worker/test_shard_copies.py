@@ -66,7 +66,10 @@ for step in (1, 2, 3, 4):
         os._exit(0)  # dies before step 4's copy is sent
     for t in shard:
         t.fill_(10 * rank + step)
-    copies.post(step, {"step": step, "rank": rank})
+    try:
+        copies.post(step, {"step": step, "rank": rank})
+    except RuntimeError:  # rank 1's connection had closed already: gloo said so at the send, not the wait
+        assert rank == 0 and step == 4 and not LANDED
     if step < 4:
         copies.wait()
 if rank == 1:
