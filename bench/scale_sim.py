@@ -124,9 +124,7 @@ def start_store_server(nodes: int = 0, hard_limit: int | None = None) -> tuple[s
                             stderr=errors, preexec_fn=lambda: cluster_limit(hard_limit))
     line = proc.stdout.readline()
     if not line:  # its stdout closed as it exits: reaped before it is named, never left behind
-        proc.wait(timeout=30)
-        proc.stdin.close()
-        proc.stdout.close()
+        proc.communicate(timeout=30)
         errors.seek(0)
         raise RuntimeError(f"the job store did not start: {errors.read().decode(errors='replace')[-1000:].strip()}")
     return proc, int(line)

@@ -1,9 +1,10 @@
 """CPU seconds per test, the suite's cost on a machine whose cores it keeps busy (wall time says
-as much about the other jobs). Opt-in, one file (or folder) at a time:
+as much about the other jobs). Opt-in, for a file (or folder):
 
     .venv/bin/python -m pytest -p tests.cpu_seconds -n 0 tests/e2e/test_sdc_run.py
 
-or the whole suite under xdist with GPUHERD_CPU_SECONDS set (each worker appends its tests' lines).
+or for the whole suite as CI runs it (under xdist), with GPUHERD_CPU_SECONDS set: each xdist
+worker appends its own tests' lines, and the summary below is printed only where tests ran.
 
 Each test's user + system time of the pytest process and of every process it waited for (a
 supervisor counts its workers, which it waits for) goes to the end of the output, the costliest
