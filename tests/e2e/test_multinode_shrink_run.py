@@ -45,20 +45,25 @@ def test_a_rank_lost_on_node_1_with_no_spare_shrinks_the_job_and_its_refilled_sp
     kill_at, lost = random.randint(3, 12), random.choice([2, 3])
     procs = _start(tmp_path, python_env)
     dirs = [tmp_path / "logs" / f"mn-node{node}" for node in range(2)]
+    missed = ""  # what the job did not do in time; either way both nodes are stopped with Ctrl-C
     try:
         assert wait_for(lambda: _reached(dirs[1], kill_at), timeout=240, interval=0.02)
         pids = {rank: _pid(dirs[rank // 2], rank) for rank in range(4)}
         killed = no_spare_left(procs[1].pid)  # no spare left on node 1: its standing ones die first
         psutil.Process(pids[lost]).send_signal(signal.SIGKILL)
-        assert wait_for(lambda: all((_regrown(d) or {}).get("outcome") == "recovered" for d in dirs), timeout=400,
-                        interval=0.1)
-        back = max(_regrown(d)["resumed_step"] for d in dirs)
-        assert wait_for(lambda: all(_reached(d, back + AFTER_REGROW) for d in dirs), timeout=120, interval=0.02)
+        if not wait_for(lambda: all((_regrown(d) or {}).get("outcome") == "recovered" for d in dirs), timeout=400,
+                        interval=0.1):
+            missed = "no regrow recovered on both nodes in 400 s"
+        else:
+            back = max(_regrown(d)["resumed_step"] for d in dirs)
+            if not wait_for(lambda: all(_reached(d, back + AFTER_REGROW) for d in dirs), timeout=120, interval=0.02):
+                missed = f"not every node reached step {back + AFTER_REGROW} in 120 s"
+    finally:
         for proc in procs:
             proc.send_signal(signal.SIGINT)
-    finally:
         outputs = [finish(p, timeout=300) for p in procs]
     tails = "\n".join(f"--- node {node} (exit {code}):\n{err[-3000:]}" for node, (code, _o, err) in enumerate(outputs))
+    assert not missed, f"{missed}; rank {lost} killed at step {kill_at}:\n{tails}"
     for node, (code, _out, _err) in enumerate(outputs):
         assert code == 130, f"node {node}, rank {lost} killed at step {kill_at}:\n{tails}"
 
