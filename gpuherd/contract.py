@@ -35,6 +35,9 @@ LIVE_RECOVERY = "GPUHERD_LIVE_RECOVERY"  # "1": a warm spare stands by; a rank t
 SPARE = "GPUHERD_SPARE"  # "1": a warm spare: import, map the dataset, then wait on stdin for the rank it replaces
 STANDBY = "GPUHERD_STANDBY"  # "1": a --script rank's restart standby: import torch, then wait on stdin for its rank
 SPARE_SOURCE_FD = "GPUHERD_SPARE_SOURCE_FD"  # a script's spare source: forks warm spares on this socket
+# a spare's warm-up priority (its warm-up thread's nice value): absent, 19 (it takes only the CPU the
+# ranks leave idle); "0" where a shrunk group waits for it to grow back (worker/spare.py)
+SPARE_WARM_UP_NICE = "GPUHERD_SPARE_WARM_UP_NICE"
 JOIN_GENERATION = "GPUHERD_JOIN_GENERATION"  # in a spare's assignment: the rebuilt group it joins (1, 2, ...)
 # Set by a user, never by gpuherd: a test fault, RANK:STEP:TARGET (worker/sdc/injector.py)
 INJECT_BITFLIP = "GPUHERD_INJECT_BITFLIP"
@@ -57,7 +60,7 @@ STACKS_SIGNAL = signal.SIGRTMAX  # a hang verdict: dump every thread's Python st
 GPUHERD_VARS = (
     GPU_RANK, DEVICE_KIND, DEVICE_ID, DEVICE_UUID, CONFIG_PATH, RUN_DIR, DATASET_CACHE,
     STATUS_FD, SUPERVISOR_PID, SUPERVISED, RESUME, TRACE_DIR, LIVE_RECOVERY, SPARE, STANDBY, JOIN_GENERATION,
-    SHRINK, SPARE_SOURCE_FD,
+    SHRINK, SPARE_SOURCE_FD, SPARE_WARM_UP_NICE,
 )
 # Every one of them is gpuherd's marker for a process it starts, never a user setting: one found in
 # the supervisor's own environment (exported in a shell, copied from a worker's environment, a

@@ -56,6 +56,7 @@ SPARE = "GPUHERD_SPARE"  # ... and this: a live recovery's warm spare (a restart
 STATUS_FD = "GPUHERD_STATUS_FD"
 SPARE_SOURCE_FD = "GPUHERD_SPARE_SOURCE_FD"  # a script's spare source (worker/spare_fork.py)
 LIVE_RECOVERY = "GPUHERD_LIVE_RECOVERY"
+SPARE_WARM_UP_NICE = "GPUHERD_SPARE_WARM_UP_NICE"  # "0": a shrunk group waits for this spare's import
 STANDBY_NICE = 19  # the standby's import yields to every training rank
 # What a torchrun-style script's start imports, in the order it does: torch, its process group, and
 # torch._dynamo, which DistributedDataParallel's constructor (and FSDP's, and torch.compile) imports
@@ -397,8 +398,10 @@ def _preload(done_fd: int = -1) -> bool:
     """The standby's import of torch, at the lowest priority (Linux nice is per thread, so the
     main thread keeps its own). Against the training ranks, each a session of its own, it is the
     supervisor's choice of when to start the standby that counts (autogroups share the CPU by
-    session): once the attempt has stepped (supervisor/processes/standbys.py). False: it failed."""
-    with_nice(STANDBY_NICE)
+    session): once the attempt has stepped (supervisor/processes/standbys.py); a spare a shrunk
+    group waits for imports at the ranks' priority (SPARE_WARM_UP_NICE). False: it failed."""
+    said = os.environ.get(SPARE_WARM_UP_NICE, "")
+    with_nice(int(said) if said.isdigit() and int(said) <= STANDBY_NICE else STANDBY_NICE)
     try:
         for name in PRELOAD:
             try:

@@ -8,10 +8,11 @@ GPU. End of input instead: the spare is no longer needed (exit 0, nothing said).
 
 The warm-up runs in a thread of its own at nice WARM_UP_NICE (Linux nice is per thread): a
 spare started while the job trains (the pool refilling after a recovery) takes only the CPU
-the ranks leave idle, and the process's main thread, the one that trains once promoted, keeps
-the priority the supervisor gave it (lowering a nice value back needs CAP_SYS_NICE). Threads
-the warm-up starts (torch's intra-op pool) inherit its nice; the main thread's own pool is
-started at its first step, at its own priority. Its end is said on the status channel (a
+the ranks leave idle; one a shrunk group waits for warms up at the ranks' own priority
+(`warm_up_nice`). The process's main thread, the one that trains once promoted, keeps the
+priority the supervisor gave it (lowering a nice value back needs CAP_SYS_NICE). Threads the
+warm-up starts (torch's intra-op pool) inherit its nice; the main thread's own pool is started
+at its first step, at its own priority. Its end is said on the status channel (a
 `live`/`warm` record, which the pool reads before the spare holds a rank): a shrunk group
 grows back only with a spare that is warm, never waits for one's imports.
 
@@ -117,9 +118,18 @@ def rehearse_first_step(config_path: str, data_vocab: int | None) -> str:
     return "real" if real else "stand-in"
 
 
+def warm_up_nice() -> int:
+    """The warm-up thread's nice value: WARM_UP_NICE, or what the supervisor set where a shrunk
+    group waits for this spare (`contract.SPARE_WARM_UP_NICE`, "0"): at nice 19 beside ranks that
+    keep every core busy the warm-up gets about 1% of a core and the group could stay shrunk for
+    the rest of the run, each second of it a rank's share of the job's steps lost."""
+    said = os.environ.get(contract.SPARE_WARM_UP_NICE, "")
+    return int(said) if said.isdigit() and int(said) <= WARM_UP_NICE else WARM_UP_NICE
+
+
 def _warm_up_yielding(assigned: threading.Event, done_fd: int = -1) -> None:
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WARM_UP_NICE)  # this thread only
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), warm_up_nice())  # this thread only
     except OSError:  # not permitted here: warm up at the process's priority
         pass
     try:

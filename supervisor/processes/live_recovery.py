@@ -218,7 +218,7 @@ class LiveRecovery:
                 case lp.Record():
                     self._record(action, loss)
                 case lp.FillPool(why=why):
-                    asked, started = self.pool.asked, self.pool.fill()
+                    asked, started = self.pool.asked, self.pool.fill(awaited=why == "regrow")
                     if started:
                         logger.info(FILLED[why].format(", ".join(str(s.pid) for s in started)))
                     elif self.pool.asked > asked:
@@ -324,7 +324,7 @@ class LiveRecovery:
 
     def ask_spare(self, rank: int) -> WorkerProcess:
         """One warm spare more for carried rank `rank` (`gpuherd spare`): it takes the rank back once warm."""
-        spare = self.pool.add()
+        spare = self.pool.add(awaited=True)
         self.asked[spare.pid] = rank
         return spare
 

@@ -121,11 +121,12 @@ class AttemptLive:
         self.watch(spare.pgid)
         return spare
 
-    def start_source(self, number: int) -> SpareSource:
+    def start_source(self, number: int, more: Mapping[str, str] | None = None) -> SpareSource:
         """A spare source (spare_source.py): a spare that forks the others, warm."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            process = self.start_spare(number, {contract.SPARE_SOURCE_FD: str(theirs.fileno())}, (theirs.fileno(),))
+            process = self.start_spare(number, {**(more or {}), contract.SPARE_SOURCE_FD: str(theirs.fileno())},
+                                       (theirs.fileno(),))
         except BaseException:
             ours.close()
             raise

@@ -40,13 +40,14 @@ from supervisor.summary import how_it_ended
 
 
 class SparePool:
-    def __init__(self, count: int, start: Callable[[int], WorkerProcess],
+    def __init__(self, count: int, start: Callable[[int, Mapping[str, str]], WorkerProcess],
                  lend: Callable[[float], WorkerProcess | None] | None = None,
-                 source: Callable[[int], SpareSource] | None = None) -> None:
-        """`start(n)`: spawn spare number n (a WorkerProcess whose slot is only a placeholder);
-        `lend(before)`: a process of the same kind started before `before`, taken instead of a
-        younger spare (a script's restart standbys: supervisor/processes/standbys.py);
-        `source(n)`: spawn a spare source as spare number n, of which the spares are then asked."""
+                 source: Callable[[int, Mapping[str, str]], SpareSource] | None = None) -> None:
+        """`start(n, env)`: spawn spare number n (a WorkerProcess whose slot is only a placeholder)
+        with `env` added to its environment; `lend(before)`: a process of the same kind started
+        before `before`, taken instead of a younger spare (a script's restart standbys:
+        supervisor/processes/standbys.py); `source(n, env)`: spawn a spare source as spare number
+        n, of which the spares are then asked."""
         self.count, self._start, self._lend, self._new_source = count, start, lend, source
         self.spares: list[WorkerProcess] = []
         self.started = 0
@@ -54,26 +55,30 @@ class SparePool:
         self.source: SpareSource | None = None
         self.asked = 0  # spares asked of a source so far
 
-    def fill(self) -> list[WorkerProcess]:
-        """Start spares until `count` are waiting (or, with a source, asked of it); the ones started."""
+    def fill(self, awaited: bool = False) -> list[WorkerProcess]:
+        """Start spares until `count` are waiting (or, with a source, asked of it); the ones started.
+        `awaited`: a shrunk group waits for one, so a spare started now warms up at the ranks'
+        priority, not at nice 19 (worker/spare.py: `warm_up_nice`); a fork of a warm source needs
+        no warm-up either way."""
+        env = _warm_up_env(awaited)
         self.adopt()
-        new = self._fill_source() if self._new_source is not None and self.count > 0 else []
+        new = self._fill_source(env) if self._new_source is not None and self.count > 0 else []
         while len([s for s in self.spares if s.poll() is None]) + self._asked() < self.count:
             if self.source is not None and self.source.ask(self.started):
                 self.started += 1
                 self.asked += 1
                 continue
-            new.append(self.add())
+            new.append(self.add(awaited))
         return new
 
-    def _fill_source(self) -> list[WorkerProcess]:
+    def _fill_source(self, env: Mapping[str, str]) -> list[WorkerProcess]:
         """A live source, started where there is none (its predecessor ended or took a rank)."""
         if self.source is not None and self.source.process.poll() is None:
             return []
         if self.source is not None:
             self.source.close()
             self.source.process.discard()
-        self.source = self._new_source(self.started)
+        self.source = self._new_source(self.started, env)
         self.started += 1
         return [self.source.process]
 
@@ -96,9 +101,10 @@ class SparePool:
             logger.debug(f"{failed} spare(s) asked of the spare source pid {self.source.process.pid} not forked")
         return forked
 
-    def add(self) -> WorkerProcess:
-        """Start one spare more, whatever `count` says (one an operator asked for: `gpuherd spare`)."""
-        spare = self._start(self.started)
+    def add(self, awaited: bool = False) -> WorkerProcess:
+        """Start one spare more, whatever `count` says (one an operator asked for: `gpuherd spare`);
+        `awaited`: as for `fill`."""
+        spare = self._start(self.started, _warm_up_env(awaited))
         self.spares.append(spare)
         self.started += 1
         return spare
@@ -192,3 +198,8 @@ class SparePool:
             except OSError as exc:
                 logger.debug(f"spare pid {spare.pid}: {exc}")
         return left
+
+
+def _warm_up_env(awaited: bool) -> dict[str, str]:
+    """What a new spare's environment says of its warm-up's priority (worker/spare.py)."""
+    return {contract.SPARE_WARM_UP_NICE: "0"} if awaited else {}

@@ -44,7 +44,8 @@ class FakePool(SparePool):
     """The real pool (take, refill) over fake processes: spare n has pid 900 + n."""
 
     def __init__(self, count: int = 1) -> None:
-        super().__init__(count, lambda n: FakeProc(pid=900 + n))
+        self.envs: dict[int, dict] = {}  # pid -> what was added to the spare's environment
+        super().__init__(count, self._fake_start)
         self.promoted: list[tuple[int, dict]] = []
         self.fill()
 
@@ -57,6 +58,10 @@ class FakePool(SparePool):
 
     def said_warm(self, pid: int) -> None:
         self._warm.add(pid)
+
+    def _fake_start(self, n: int, env: dict) -> FakeProc:
+        self.envs[900 + n] = dict(env)
+        return FakeProc(pid=900 + n)
 
 
 def _live(budget: int = 2, off: str | None = None, pool: FakePool | None = None) -> tuple[LiveRecovery, list[dict]]:
@@ -114,6 +119,7 @@ def test_the_pool_refills_when_a_spare_is_promoted_so_failures_in_a_row_are_all_
         new = _recover(live, number, now=15.0 * number)
         assert new is not None and new.pid == 900 + number - 1, warnings
         assert [s.pid for s in live.pool.spares] == [900 + number]  # a fresh spare already stands by
+        assert live.pool.envs[900 + number] == {}  # the group is whole: it warms up at nice 19 (worker/spare.py)
     assert [r.outcome for r in live.recoveries] == ["recovered"] * 4 and live.budget == 4
     assert not [w for w in warnings if "not possible" in w]
 
@@ -385,6 +391,7 @@ def _rebuilt(live: LiveRecovery, generation: int, ranks: tuple[int, ...]) -> Non
 def test_after_a_shrink_the_pool_refills_and_once_warm_its_spare_takes_back_the_carried_rank(warnings):
     live, metrics, told = _shrunk_without_rank_2()
     assert [s.pid for s in live.pool.spares if s.poll() is None] == [901]  # the refill, warming up
+    assert live.pool.envs[901] == {"GPUHERD_SPARE_WARM_UP_NICE": "0"}  # the shrunk group waits for it: not at nice 19
     assert live.regrow_candidate() is None  # not warm yet: the group stays shrunk meanwhile
     for step in range(9, 20):
         live.observe(record({"type": "step", "rank": 0, "step": step}))
@@ -434,7 +441,7 @@ def test_a_regrow_whose_decision_cannot_reach_the_workers_keeps_the_spare_and_th
 def test_the_pool_knows_a_spare_is_warm_from_its_status_channel_and_reads_it_before_a_promotion():
     read, write = os.pipe()
     spare = SimpleNamespace(pid=4242, status_fd=read, poll=lambda: None)
-    pool = SparePool(1, lambda n: spare)
+    pool = SparePool(1, lambda n, _env: spare)
     pool.fill()
     try:
         assert pool.warm() is None  # still warming up: it said nothing yet
@@ -475,7 +482,7 @@ def test_a_script_spare_older_than_the_pools_is_lent_by_the_restart_standbys():
         older = [(p.started, local) for local, p in standbys.items() if p.started < before]
         return standbys.pop(min(older)[1]) if older else None
 
-    pool = SparePool(1, lambda n: AgedProc(pid=900 + n, started=10.0), lend)
+    pool = SparePool(1, lambda n, _env: AgedProc(pid=900 + n, started=10.0), lend)
     pool.fill()
     assert pool.take()[0].pid == 701  # the oldest standby, before the pool's younger spare
     assert pool.take()[0].pid == 700
@@ -483,7 +490,7 @@ def test_a_script_spare_older_than_the_pools_is_lent_by_the_restart_standbys():
 
 
 def test_a_script_that_never_attaches_keeps_no_spare_and_its_loss_says_why(warnings):
-    pool = SparePool(1, lambda n: FakeProc(pid=900 + n))
+    pool = SparePool(1, lambda n, _env: FakeProc(pid=900 + n))
     live = LiveRecovery(pool, 2, attempt=0, env_for=lambda slot, spare, g: {}, numbered_from=0,
                         write_metric=lambda m: None, script=True, lazy_spares=True)
     assert pool.started == 0
@@ -547,11 +554,11 @@ def test_a_pool_with_a_spare_source_takes_a_fork_before_an_older_standby_and_the
     standbys = {0: AgedProc(pid=700, started=5.0)}
     sources: list[FakeSource] = []
 
-    def new_source(n: int) -> FakeSource:
+    def new_source(n: int, _env: dict) -> FakeSource:
         sources.append(FakeSource(AgedProc(pid=600 + n, started=1.0)))
         return sources[-1]
 
-    pool = SparePool(1, lambda n: AgedProc(pid=900 + n, started=10.0), lambda before: (
+    pool = SparePool(1, lambda n, _env: AgedProc(pid=900 + n, started=10.0), lambda before: (
         standbys.pop(0) if standbys and standbys[0].started < before else None), new_source)
     assert [p.pid for p in pool.fill()] == [600] and sources[0].asked == [1]  # the source, and a spare asked of it
     assert pool.ready()
@@ -564,7 +571,7 @@ def test_a_pool_with_a_spare_source_takes_a_fork_before_an_older_standby_and_the
     assert [p.pid for p in pool.fill()] == [603] and sources[1].asked == [4]  # a new source for the next refill
     sources[1].forked = 1
     assert [p.pid for p in pool.adopt()] == [804] and pool.take()[0].pid == 804
-    none = SparePool(0, lambda n: AgedProc(pid=900 + n), None, new_source)  # --spares 0 (--min-replicas alone)
+    none = SparePool(0, lambda n, _env: AgedProc(pid=900 + n), None, new_source)  # --spares 0 (--min-replicas alone)
     assert none.fill() == [] and none.source is None and len(sources) == 2 and not none.ready()
 
 

@@ -153,7 +153,7 @@ def test_the_goodput_account_books_a_stragglers_pace():
 
 
 def _live(ready: bool, shrink_floor: int = 0) -> LiveRecovery:
-    pool = SparePool(0, start=lambda n: None)
+    pool = SparePool(0, start=lambda n, _env: None)
     if ready:
         pool.warm = lambda: object()  # a warm spare stands by (the pool's own process is not needed here)
     live = LiveRecovery(pool, budget=2, attempt=0, env_for=lambda *a: {}, numbered_from=0,

@@ -60,3 +60,13 @@ def test_a_spare_compiles_the_runs_blocks_before_it_is_needed(tmp_path: Path):
     assert run(cfg, identity, data=h.bundle(cfg), status=h.status_writer(status, 0), install_signals=False) == 0
     assert [r["step"] for r in h.read_status(status) if r["type"] == "step" and "loss" in r] == [0]
     assert counters["stats"]["unique_graphs"] == compiled  # the trainer's compile found every graph ready
+
+
+@pytest.mark.parametrize(("said", "nice"), [(None, 19), ("0", 0), ("5", 5), ("19", 19), ("25", 19), ("-3", 19),
+                                            ("", 19), ("x", 19)])
+def test_the_warm_up_yields_at_nice_19_unless_the_supervisor_says_a_shrunk_group_waits_for_it(monkeypatch, said, nice):
+    if said is None:
+        monkeypatch.delenv("GPUHERD_SPARE_WARM_UP_NICE", raising=False)
+    else:
+        monkeypatch.setenv("GPUHERD_SPARE_WARM_UP_NICE", said)
+    assert spare.warm_up_nice() == nice
