@@ -467,14 +467,16 @@ class Gpu(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class Straggler(Record):
-    """A rank computing slower than the others (supervisor/health/stragglers.py)."""
+    """A rank computing slower than the others (supervisor/health/stragglers.py), or a whole node
+    slower than the other nodes (supervisor/health/node_stragglers.py: `node` set, `rank` null)."""
 
     TYPE: ClassVar[str] = "straggler"
-    slowdown: float | None = None  # its compute time / the other ranks' median
-    compute_ms: float | None = None  # its compute time per step
-    others_ms: float | None = None  # the other ranks' median
+    slowdown: float | None = None  # its compute time / the other ranks' (nodes') median
+    compute_ms: float | None = None  # its compute time per step (a node's: the median of its ranks')
+    others_ms: float | None = None  # the other ranks' (nodes') median
     windows: int | None = None  # windows in a row it was slow in
     reason: str | None = None  # the likely reason, from the GPU/host samples
+    node: int | None = None  # a whole node slower than the others (multi-node, judged on node 0)
 
 
 SUPERVISOR_RECORDS: tuple[type[Record], ...] = (Timeline, Restart, Recovery, GpuEvent, Host, Gpu, Straggler)

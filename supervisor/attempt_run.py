@@ -38,6 +38,7 @@ from supervisor.health import (
     MetricsSink,
     MoveOut,
     NcclTransportWatch,
+    NodeStragglers,
     RunContext,
     RunWatcher,
     Stragglers,
@@ -46,7 +47,7 @@ from supervisor.health import (
     mark_moved,
     remember,
 )
-from supervisor.output import Console, FoldingPoint, Group, LogRouter, WorkerLog
+from supervisor.output import Console, LogRouter, NodeRelay, WorkerLog
 from supervisor.processes import (
     SAVE_AND_STOP,
     AttemptLive,
@@ -139,25 +140,15 @@ class AttemptRunner:
         self.notes: list[str] = []  # every attempt's, for the summary
         self.stragglers: list[dict] = []  # every attempt's straggler warnings
         self.recoveries: list[dict] = []  # every live recovery of every attempt (summary.json)
-        self.folding: FoldingPoint | None = None  # multi-node: lines merged across nodes (node 0's print them)
+        self.relay = NodeRelay(console.write)  # multi-node: lines folded and paces judged on node 0
         self.spare_desk = SpareDesk(run_dir)  # `gpuherd spare`: every attempt answers the run's requests
         self.standbys = Standbys()  # a --script's next attempt, importing torch while this one trains
         self._standbys_due: Callable[[], None] | None = None  # started at the attempt's first step
         self.spare_node_workers: SpareNodeWorkers | None = None  # a spare node's, while it stands by
 
-    def _line_relay(self, world_size: int) -> Callable[[Group], None] | None:
-        """Where this node's held console lines go to be folded with the other nodes' (the node
-        agents carry them to node 0, whose folding point prints each merged line once)."""
-        if self.folding is None:
-            self.folding = FoldingPoint(self.console.write, world_size)
-        self.folding.set_world_size(world_size)
-        send = self.rendezvous.lines(self.folding.receive)
-        return None if send is None else (lambda group: send([group.as_record()]))
-
     def close_folding(self) -> None:
         """The job's end: every line still held across nodes is printed (before the summary)."""
-        if self.folding is not None:
-            self.folding.close()
+        self.relay.close()
 
     @property
     def mode(self) -> str:
@@ -206,7 +197,7 @@ class AttemptRunner:
         cause = self.rendezvous.settle(attempt, cause, att.sup.notes)
         metrics.write(marks.attempt_end(attempt, cause.kind if cause else None, att.sup.state.failed_at))
         att.stragglers.close(time.monotonic())
-        self.stragglers += [{**found, "attempt": attempt} for found in att.stragglers.found]
+        self.stragglers += [{**found, "attempt": attempt} for found in att.stragglers.found + att.stragglers.nodes_found]
         try:
             self.timeouts.save(self.run_dir)
         except OSError as exc:  # a full log disk: the allowances were learned all the same
@@ -322,10 +313,14 @@ class AttemptRunner:
                                   self.launch.torchrun.line_prefix(s.rank, s.local)
                                   or (f"n{node}/{s.tag}:" if multi else None)) for s in plan.slots}
         log_ranks = [0] if multi and self.mode == "train" and cfg.system.log_ranks is None else cfg.system.log_ranks
+        judge = NodeStragglers(cfg.system.straggler_factor, cfg.system.straggler_windows, metrics.write) \
+            if multi and node == 0 else None  # every node's pace, judged on node 0
+        lines = self.relay.attempt(self.rendezvous.lines, setup.world_size, judge) if multi else None
         router = LogRouter(list(logs.values()), self.console, log_ranks, cfg.system.collapse_logs,
-                           nccl_watch=_nccl_watch(plan), relay=self._line_relay(setup.world_size) if multi else None)
+                           nccl_watch=_nccl_watch(plan), relay=lines)
         stragglers = Stragglers(cfg.system.straggler_factor, cfg.system.straggler_windows, metrics.write,
-                                moves=MoveOut(cfg.system.straggler_move_factor, cfg.system.straggler_move_after_s))
+                                moves=MoveOut(cfg.system.straggler_move_factor, cfg.system.straggler_move_after_s),
+                                pace=self.relay.pace if multi else None, nodes=self.relay.paces if multi else None)
         heartbeats = Heartbeats([s.rank for s in plan.slots], time.monotonic(), self.timeouts,
                              cfg.system.rendezvous_timeout, expect_heartbeats=self.mode == "train",
                              stragglers=stragglers, write_metric=metrics.write)

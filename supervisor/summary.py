@@ -333,7 +333,9 @@ class Summary:
         return [console_line(Goodput(**self.goodput))]
 
     def _straggler_lines(self) -> list[str]:
-        return [f"straggler: rank {s['rank']} computed {s['slowdown']:.2f}x slower than the others"
+        return [(f"straggler: node {s['node']} computed {s['slowdown']:.2f}x slower than the other nodes"
+                 if s.get("node") is not None else
+                 f"straggler: rank {s['rank']} computed {s['slowdown']:.2f}x slower than the others")
                 + (f" ({s['reason']})" if s.get("reason") else "") for s in self.stragglers]
 
     def _attempt_lines(self) -> list[str]:

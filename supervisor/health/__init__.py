@@ -11,6 +11,7 @@ from supervisor.health.heartbeat import HangVerdict, Heartbeats, hang_timeouts
 from supervisor.health.items import FAIL, PASS, WARN
 from supervisor.health.metrics import MetricsSink
 from supervisor.health.nccl_transport import NcclTransportWatch
+from supervisor.health.node_stragglers import NodeStragglers, pace_record, read_pace
 from supervisor.health.preflight import CheckReport, run_checks
 from supervisor.health.proc_state import MEANING, PROC_SAMPLE_S, ProcReader, ProcSample, ProcTracker, cannot_run
 from supervisor.health.straggler_moves import Due, MoveOut
@@ -23,8 +24,8 @@ from supervisor.health.watchers import FatalCause, RunContext, RunWatcher
 __all__ = [
     "FAIL", "MEANING", "PASS", "PROC_SAMPLE_S", "WARN", "CheckReport", "Due", "FatalCause", "MoveOut", "HangPolicy",
     "HangVerdict", "Heartbeats",
-    "LearnedTimeouts", "MetricsSink", "NcclTransportWatch", "ProcReader", "ProcSample", "ProcTracker", "RunContext",
+    "LearnedTimeouts", "MetricsSink", "NcclTransportWatch", "NodeStragglers", "ProcReader", "ProcSample", "ProcTracker", "RunContext",
     "RunWatcher", "StartExclusion", "Stragglers", "SuspectList", "SuspectWatch", "announce_devices", "at_start",
     "avoid_listed", "cannot_run", "gpu_watcher", "hang_timeouts", "list_path", "mark_moved", "previous_learned", "remember",
-    "run_checks", "traces",
+    "pace_record", "read_pace", "run_checks", "traces",
 ]

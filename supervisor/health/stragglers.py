@@ -27,13 +27,21 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from loguru import logger
 
 from gpuherd.status_records import Alive, Step
 from supervisor.goodput import marks
 from supervisor.health.straggler_moves import Due, MoveOut, Window, after_line
+
+
+class NodeJudge(Protocol):
+    """Node 0's judge of every node's pace (node_stragglers.py), ticked with a node's own ranks."""
+
+    found: list[dict[str, Any]]
+
+    def tick(self, now: float) -> None: ...
 
 WINDOW_S = 5.0
 MIN_STEPS = 2  # a window closes only once every rank finished this many steps in it
@@ -66,9 +74,14 @@ def likely_reason(gpu: dict[str, Any] | None, host: dict[str, Any] | None, other
 class Stragglers:
     def __init__(self, factor: float, windows: int, write: Callable[[dict[str, Any]], None],
                  window_s: float = WINDOW_S, warn: Callable[[str], None] = logger.warning,
-                 moves: MoveOut | None = None) -> None:
-        """`moves`: the move-out decision (None: stragglers are named only)."""
+                 moves: MoveOut | None = None, pace: Callable[[float, int], None] | None = None,
+                 nodes: NodeJudge | None = None) -> None:
+        """`moves`: the move-out decision (None: stragglers are named only). Multi-node: `pace`
+        gets this node's pace at each window closed (its ranks' median compute per step, and the
+        fewest steps a rank completed), for node 0; `nodes`: node 0's judge of every node's pace
+        (node_stragglers.py), ticked with this one."""
         self.factor, self.windows, self.window_s = factor, windows, window_s
+        self.pace, self.nodes = pace, nodes
         self.write, self.warn = write, warn
         self.moves = moves or MoveOut(after_s=0)
         self.baseline: float | None = None  # the job's step time in the latest window nobody was slow in
@@ -96,13 +109,20 @@ class Stragglers:
                 self._samples[(rec["type"], int(rec["rank"]))] = rec
 
     def tick(self, now: float) -> None:
+        if self.nodes is not None:
+            self.nodes.tick(now)
         if self.factor <= 0 or self._window_start is None or now - self._window_start < self.window_s:
             return
-        if len(self._acc) < 2 or min(steps for steps, _ in self._acc.values()) < MIN_STEPS:
+        alone = self.pace is not None  # a node of one rank still has a pace to send
+        if len(self._acc) < (1 if alone else 2) or min(steps for steps, _ in self._acc.values()) < MIN_STEPS:
             return  # slow steps: the window grows until every rank finished a few
         acc, self._acc, start, self._window_start = self._acc, {}, self._window_start, now
         per_step = {rank: compute / steps for rank, (steps, compute) in acc.items()}
         window = Window(start, now, per_step, {rank: int(steps) for rank, (steps, _) in acc.items()})
+        if self.pace is not None:
+            self.pace(statistics.median(per_step.values()), min(window.steps.values()))
+        if len(per_step) < 2:
+            return
         for rank, mine in per_step.items():
             others = statistics.median(v for r, v in per_step.items() if r != rank)
             slowdown = mine / others if others > 0 else 0.0
@@ -133,6 +153,11 @@ class Stragglers:
         since, lost = self._stretch.pop(rank, (None, 0.0))
         if since is not None and (rank in self._warned or moved):
             self.write(marks.straggler(rank, since, now, lost, moved))
+
+    @property
+    def nodes_found(self) -> list[dict[str, Any]]:
+        """Node 0's warnings of whole nodes slower than the others (none elsewhere)."""
+        return self.nodes.found if self.nodes is not None else []
 
     def take_due(self) -> list[Due]:
         """The ranks due for a move-out (straggler_moves.py), for the supervision to act on."""
