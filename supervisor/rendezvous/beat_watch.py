@@ -18,6 +18,13 @@ import orjson
 from supervisor.rendezvous.verdict import summary
 
 BEAT_S = 1.0  # each agent sets its beat key this often while an attempt runs; node 0 reads them all as often
+# ... and this often while an `alive` check is pending on the node (every node checks after an
+# ordinary worker failure): the check needs each node's beat seen moving in two of node 0's
+# readings after it began, which at BEAT_S took 2-3 s of every multi-node restart
+CHECK_BEAT_S = 0.25
+# a beat that stood still this long at node 0's latest reading is `late` in the verdict (its seq
+# listed): two missed beats at BEAT_S, whatever node 0's own reading pace (verdict.py)
+LATE_S = 1.5 * BEAT_S
 SILENT_S = 10.0  # default (system.node_silence_timeout): a beat that stood still this long is a node gone
 SETTLED = (b"done", b"left", b"moved")  # a node's last beat: its workers finished, it left, it joined the next attempt
 JOINED = b"in"  # a{k}/all: every node's join record is there
@@ -109,11 +116,13 @@ class BeatWatch:
         self.seq = 0
         self._seen: dict[int, tuple[bytes, float, int]] = {}  # node -> (last value, when it changed, seq then)
         self.dead: dict[int, dict[str, Any]] = {}
+        self._read_at: float | None = None  # when the latest read was made
 
     def observe(self, ranks: list[int], values: list[bytes], now: float) -> list[tuple[int, float]]:
         """One read of their beats; returns (node, seconds still) for each that stood still past silent_s.
         Values are compared as bytes, never parsed (a foreign value is just another value)."""
         self.seq += 1
+        self._read_at = now
         silent = []
         for r, value in zip(ranks, values, strict=True):
             last = self._seen.get(r)
@@ -140,4 +149,6 @@ class BeatWatch:
     def verdict(self, members: Iterable[int]) -> dict[str, Any]:
         """The verdict after this read, for the round's `members` (verdict.py: its size does not
         grow with them)."""
-        return summary(self.seq, {r: s for r, (_, _, s) in self._seen.items()}, self.dead, members)
+        now = self._read_at
+        late = {r for r, (_, at, _) in self._seen.items() if now is not None and now - at >= LATE_S}
+        return summary(self.seq, {r: s for r, (_, _, s) in self._seen.items()}, self.dead, members, late)

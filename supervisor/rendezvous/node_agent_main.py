@@ -16,7 +16,9 @@ a client. Keys, per attempt k (names in beat_watch.py):
     a{k}/beat{r}   node r's heartbeat counter, set by node r every BEAT_S from its join until it
                    leaves ("left"), finishes ("done") or joins attempt k+1 ("moved"); node 0
                    alone reads them all (one multi_get per BEAT_S) and publishes "node r stopped
-                   responding" as the abort when one stands still for SILENT_S (system.node_silence_timeout)
+                   responding" as the abort when one stands still for SILENT_S (system.node_silence_timeout);
+                   every CHECK_BEAT_S instead (the beat, node 0's reading) while the node has
+                   an `alive` check pending
     a{k}/verdict   node 0's latest reading of the beats, a few dozen bytes however many nodes
                    (verdict.py): {seq, floor, late: {r: seq it last moved}, dead: [causes]}, for
                    an `alive` check on any node
@@ -94,7 +96,7 @@ from supervisor.rendezvous.agent_messages import (CheckAlive, ClaimRegroup, Comm
                                                   StandBy, WaitDone, Watch, WatchRegroups, decode_command, encode,
                                                   event)
 from supervisor.rendezvous.alive_check import AliveCheck
-from supervisor.rendezvous.beat_watch import (BEAT_S, SILENT_S, OwnBeat, abort_key, done_key, node_key, nodes_key,
+from supervisor.rendezvous.beat_watch import (BEAT_S, CHECK_BEAT_S, SILENT_S, OwnBeat, abort_key, done_key, node_key, nodes_key,
                                               publish)
 from supervisor.rendezvous import (abort_wait, agent_causes, agent_end, elastic_join, fixed_join, regroup_agent,
                                    spare_node_agent, store_watchdog)
@@ -422,7 +424,7 @@ class Agent:
             return
         # Set even when there is nothing to do: the loop sleeps until it (a deadline left in the
         # past made the loop spin, a core per idle agent, before its join and between attempts).
-        self._next_beat = now + BEAT_S
+        self._next_beat = now + (CHECK_BEAT_S if self.alive.pending is not None else BEAT_S)
         if self.beat.attempt is None and self.alive.pending is None and self.judge.beats is None:
             return
         if self.beat.attempt is not None:

@@ -149,3 +149,18 @@ def test_a_survivor_waits_for_a_node_that_stood_still_and_answers_when_node_0_na
     agent.poll()
     assert events == [{"event": "alive", "attempt": 0, "silent": [dead]}]
     assert 7 in agent.nodes.gone
+
+
+def test_node_0_reading_four_times_a_second_lists_no_node_beating_once_a_second_as_late():
+    """During an `alive` check node 0 reads every 0.25 s; a node whose own check ended beats once a
+    second again: it stands still for three reads, not 1.5 s, so the verdict stays small. A node
+    still for 1.5 s is late whatever the reading pace, with the read it last moved in."""
+    beats = BeatWatch(0)
+    for i in range(12):  # 3 s of reads every 0.25 s; node 1 beats every 0.25 s, node 2 once a second
+        now = 0.25 * i
+        beats.observe([1, 2, 3], [str(i).encode(), str(int(now)).encode(), b"1"], now)
+    v = beats.verdict([0, 1, 2, 3])
+    assert v["late"] == {"3": 1} and v["seq"] == 12  # node 3 never moved after the first read
+    assert v["floor"] == 9  # node 2 last moved at 2.0 s: read 9
+    assert undecided(v, 6, [1, 2, 3]) == [3]  # nodes 1 and 2 moved after read 7; node 3 not
+    assert len(orjson.dumps(v)) < 64
