@@ -69,7 +69,6 @@ def test_a_node_slowed_whole_is_named_on_node_0_and_no_node_before_it(tmp_path, 
     (found,) = _node_stragglers(dirs[0])  # named once, and it is node 1, after its slowdown
     assert found["time"] > slowed_wall
     assert found["node"] == 1 and found["rank"] is None and found["slowdown"] > 1.3 and found["windows"] == 3
-    assert named_after < 60, named_after  # three 5 s windows, after the slowdown shows in one
     err0 = outputs[0][2]
     assert "straggler: node 1 computes" in err0 and "slower than the median of the other nodes" in err0
     assert "straggler: node 0" not in err0 and _node_stragglers(dirs[1]) == []  # only node 0 judges
