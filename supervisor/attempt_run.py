@@ -313,14 +313,12 @@ class AttemptRunner:
                                   self.launch.torchrun.line_prefix(s.rank, s.local)
                                   or (f"n{node}/{s.tag}:" if multi else None)) for s in plan.slots}
         log_ranks = [0] if multi and self.mode == "train" and cfg.system.log_ranks is None else cfg.system.log_ranks
-        judge = NodeStragglers(cfg.system.straggler_factor, cfg.system.straggler_windows, metrics.write) \
-            if multi and node == 0 else None  # every node's pace, judged on node 0
-        lines = self.relay.attempt(self.rendezvous.lines, setup.world_size, judge) if multi else None
+        lines = self.relay.attempt(self.rendezvous.lines, setup.world_size, NodeStragglers(
+            cfg.system.straggler_factor, cfg.system.straggler_windows, metrics.write) if node == 0 else None) \
+            if multi else None  # every node's console lines folded, and its pace judged, on node 0
         router = LogRouter(list(logs.values()), self.console, log_ranks, cfg.system.collapse_logs,
                            nccl_watch=_nccl_watch(plan), relay=lines)
-        stragglers = Stragglers(cfg.system.straggler_factor, cfg.system.straggler_windows, metrics.write,
-                                moves=MoveOut(cfg.system.straggler_move_factor, cfg.system.straggler_move_after_s),
-                                pace=self.relay.pace if multi else None, nodes=self.relay.paces if multi else None)
+        stragglers = self._stragglers(metrics, multi, len(plan.slots))
         heartbeats = Heartbeats([s.rank for s in plan.slots], time.monotonic(), self.timeouts,
                              cfg.system.rendezvous_timeout, expect_heartbeats=self.mode == "train",
                              stragglers=stragglers, write_metric=metrics.write)
@@ -349,6 +347,15 @@ class AttemptRunner:
                           trace_dir=trace_dir, live=live, requests=self.spare_desk)
         return Attempt(attempt, setup, logs, router, heartbeats, sup, run_env, metrics, stragglers, suspects, timer=timer,
                        live=live)
+
+    def _stragglers(self, metrics: MetricsSink, multi: bool, ranks: int) -> Stragglers:
+        """This node's ranks compared every window; multi-node, its pace sent to node 0 too (and
+        node 0's judge of every node's ticked with them)."""
+        system = self.cfg.system
+        return Stragglers(system.straggler_factor, system.straggler_windows, metrics.write,
+                          moves=MoveOut(system.straggler_move_factor, system.straggler_move_after_s),
+                          pace=self.relay.pace if multi else None, nodes=self.relay.paces if multi else None,
+                          solo=multi and ranks == 1)
 
     def _run_env(self, order: AttemptOrder, setup: Setup, log_dir: Path, trace_dir: Path) -> RunEnv:
         """What every worker of this attempt is told of the run (worker_env turns it into variables)."""

@@ -75,13 +75,14 @@ class Stragglers:
     def __init__(self, factor: float, windows: int, write: Callable[[dict[str, Any]], None],
                  window_s: float = WINDOW_S, warn: Callable[[str], None] = logger.warning,
                  moves: MoveOut | None = None, pace: Callable[[float, int], None] | None = None,
-                 nodes: NodeJudge | None = None) -> None:
+                 nodes: NodeJudge | None = None, solo: bool = False) -> None:
         """`moves`: the move-out decision (None: stragglers are named only). Multi-node: `pace`
         gets this node's pace at each window closed (its ranks' median compute per step, and the
         fewest steps a rank completed), for node 0; `nodes`: node 0's judge of every node's pace
-        (node_stragglers.py), ticked with this one."""
+        (node_stragglers.py), ticked with this one; `solo`: the node has one rank, whose windows
+        close alone (for its pace: there is no other rank to compare it with)."""
         self.factor, self.windows, self.window_s = factor, windows, window_s
-        self.pace, self.nodes = pace, nodes
+        self.pace, self.nodes, self.solo = pace, nodes, solo
         self.write, self.warn = write, warn
         self.moves = moves or MoveOut(after_s=0)
         self.baseline: float | None = None  # the job's step time in the latest window nobody was slow in
@@ -113,8 +114,7 @@ class Stragglers:
             self.nodes.tick(now)
         if self.factor <= 0 or self._window_start is None or now - self._window_start < self.window_s:
             return
-        alone = self.pace is not None  # a node of one rank still has a pace to send
-        if len(self._acc) < (1 if alone else 2) or min(steps for steps, _ in self._acc.values()) < MIN_STEPS:
+        if len(self._acc) < (1 if self.solo else 2) or min(steps for steps, _ in self._acc.values()) < MIN_STEPS:
             return  # slow steps: the window grows until every rank finished a few
         acc, self._acc, start, self._window_start = self._acc, {}, self._window_start, now
         per_step = {rank: compute / steps for rank, (steps, compute) in acc.items()}

@@ -96,7 +96,7 @@ def test_a_relayed_record_that_is_no_pace_is_not_read_as_one(junk):
 
 def test_a_node_of_one_rank_sends_its_pace_and_a_node_of_several_sends_its_ranks_median():
     sent: list[tuple[float, int]] = []
-    one = Stragglers(1.3, 3, write=lambda rec: None, window_s=5.0, pace=lambda c, s: sent.append((c, s)))
+    one = Stragglers(1.3, 3, write=lambda rec: None, window_s=5.0, pace=lambda c, s: sent.append((c, s)), solo=True)
     for second in range(1, 12):
         one.add(0, Alive(steps=4, compute_s=0.2), float(second))
         one.tick(float(second))
@@ -109,6 +109,14 @@ def test_a_node_of_one_rank_sends_its_pace_and_a_node_of_several_sends_its_ranks
             three.add(rank, Alive(steps=2, compute_s=compute), float(second))
         three.tick(float(second))
     assert sent == [(pytest.approx(0.1), 12)]  # the median of 0.05, 0.15, 0.1; 6 records of 2 steps each
+    sent.clear()
+    two = Stragglers(1.3, 3, write=lambda rec: None, window_s=5.0, pace=lambda c, s: sent.append((c, s)))
+    for second in range(1, 12):  # rank 1's records are late: a node of two ranks waits for both
+        two.add(0, Alive(steps=2, compute_s=0.1), float(second))
+        if second > 8:
+            two.add(1, Alive(steps=2, compute_s=0.1), float(second))
+        two.tick(float(second))
+    assert sent == [(pytest.approx(0.05), 2)]  # one window, closed at 9 s with both ranks in it (rank 1: 2 steps)
 
 
 def test_the_relay_hands_paces_to_node_0s_judge_and_lines_to_the_folding_point():
