@@ -29,7 +29,7 @@ from typing import Any
 
 from loguru import logger
 
-from supervisor.health.stragglers import WINDOW_S
+from supervisor.health.stragglers import WINDOW_S, SlowStreaks
 
 PACE = "pace"  # the key that marks a node's pace among the records relayed to node 0
 
@@ -65,18 +65,20 @@ class NodeStragglers:
         self.found: list[dict[str, Any]] = []  # every warning given, for the summary
         self._paces: dict[int, _Pace] = {}
         self._judged: dict[int, float] = {}  # node -> arrival time of its pace judged last
-        self._streak: dict[int, int] = {}
-        self._warned: set[int] = set()
+        self._streaks = SlowStreaks(windows)
+        self._new = False  # a pace arrived since the last look (the supervision loop looks often)
 
     def add(self, node: int, compute_s: float, now: float) -> None:
-        """Node `node`'s pace, as it arrived (from the agent link's reader thread: one assignment)."""
+        """Node `node`'s pace, as it arrived (from the agent link's reader thread: assignments only)."""
         self._paces[node] = _Pace(compute_s, now)
+        self._new = True
 
     def tick(self, now: float) -> None:
         """Each node's pace that arrived since the last look is judged against the other nodes'
         recent ones (received within two windows: the nodes' windows close at their own moments)."""
-        if self.factor <= 0:
+        if self.factor <= 0 or not self._new:
             return
+        self._new = False  # before the copy: a pace arriving meanwhile is looked at next time
         recent = {node: p for node, p in dict(self._paces).items() if now - p.at <= 2 * self.window_s}
         if len(recent) < 2:
             return
@@ -87,12 +89,8 @@ class NodeStragglers:
             others = statistics.median(q.compute_s for n, q in recent.items() if n != node)
             slowdown = p.compute_s / others if others > 0 else 0.0
             if slowdown <= self.factor:
-                self._streak[node] = 0
-                self._warned.discard(node)
-                continue
-            self._streak[node] = self._streak.get(node, 0) + 1
-            if self._streak[node] >= self.windows and node not in self._warned:
-                self._warned.add(node)
+                self._streaks.clear(node)
+            elif self._streaks.slow(node):
                 self._report(node, slowdown, p.compute_s, others, {n: q.compute_s for n, q in recent.items()})
 
     def _report(self, node: int, slowdown: float, mine: float, others: float, paces: dict[int, float]) -> None:

@@ -71,6 +71,29 @@ def likely_reason(gpu: dict[str, Any] | None, host: dict[str, Any] | None, other
     return None
 
 
+class SlowStreaks:
+    """Windows in a row each rank (or node) was slow in, and which are named: one is named once
+    per slow stretch, when its streak reaches `windows`; back to pace, it may be named again."""
+
+    def __init__(self, windows: int) -> None:
+        self.windows = windows
+        self._streak: dict[int, int] = {}
+        self.named: set[int] = set()
+
+    def slow(self, key: int) -> bool:
+        """One more window slow; True the moment it is due to be named."""
+        self._streak[key] = self._streak.get(key, 0) + 1
+        if self._streak[key] >= self.windows and key not in self.named:
+            self.named.add(key)
+            return True
+        return False
+
+    def clear(self, key: int) -> None:
+        """Back to pace (or moved out): its count starts again."""
+        self._streak[key] = 0
+        self.named.discard(key)
+
+
 class Stragglers:
     def __init__(self, factor: float, windows: int, write: Callable[[dict[str, Any]], None],
                  window_s: float = WINDOW_S, warn: Callable[[str], None] = logger.warning,
@@ -89,8 +112,7 @@ class Stragglers:
         self._stretch: dict[int, list[float]] = {}  # rank -> [since, lost seconds] while slow in a row
         self.found: list[dict[str, Any]] = []  # every warning given, for the summary
         self._acc: dict[int, list[float]] = {}  # rank -> [steps, compute seconds] this window
-        self._streak: dict[int, int] = {}
-        self._warned: set[int] = set()
+        self._streaks = SlowStreaks(windows)
         self._window_start: float | None = None
         self._samples: dict[tuple[str, int], dict[str, Any]] = {}  # (gpu|host, rank) -> latest sample
         self._lock = threading.Lock()
@@ -128,13 +150,11 @@ class Stragglers:
             slowdown = mine / others if others > 0 else 0.0
             if slowdown <= self.factor:
                 self._end_stretch(rank, now, moved=False)
-                self._streak[rank] = 0
-                self._warned.discard(rank)
+                self._streaks.clear(rank)
                 continue
-            self._streak[rank] = self._streak.get(rank, 0) + 1
+            due = self._streaks.slow(rank)
             self._cost(rank, window, mine, others)
-            if self._streak[rank] >= self.windows and rank not in self._warned:
-                self._warned.add(rank)
+            if due:
                 self._report(rank, slowdown, mine, others)
         if all(window.slowdown(rank) <= self.factor for rank in per_step):
             self.baseline = window.step_s
@@ -151,7 +171,7 @@ class Stragglers:
 
     def _end_stretch(self, rank: int, now: float, moved: bool) -> None:
         since, lost = self._stretch.pop(rank, (None, 0.0))
-        if since is not None and (rank in self._warned or moved):
+        if since is not None and (rank in self._streaks.named or moved):
             self.write(marks.straggler(rank, since, now, lost, moved))
 
     @property
@@ -167,8 +187,7 @@ class Stragglers:
         """`due`'s rank was moved out live: its stretch ends here; its evidence (the recovery's
         `straggler`) is filled in as the next windows close."""
         self._end_stretch(due.rank, now, moved=True)
-        self._streak[due.rank] = 0
-        self._warned.discard(due.rank)
+        self._streaks.clear(due.rank)
         return self.moves.moved(due)
 
     def close(self, now: float) -> None:
