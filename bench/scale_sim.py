@@ -45,7 +45,7 @@ from typing import Any
 
 import orjson
 
-from supervisor.rendezvous.node_agent_main import Agent
+from supervisor.rendezvous.node_agent_main import Agent, guarded
 from supervisor.validation import LaunchError
 from supervisor.validation.limits import ensure_open_files
 
@@ -213,15 +213,15 @@ class SimNode(_Events):
         """The agent's own loop (`Agent.serve`), commands from a queue instead of stdin."""
         while True:
             try:
-                msg = self.commands.get(timeout=max(0.01, self.agent._next_beat - time.monotonic()))
+                msg = self.commands.get(timeout=max(0.01, self.agent.next_beat - time.monotonic()))
             except queue.Empty:
                 msg = None
             else:
                 if msg is None:
                     return
-                self.agent._guarded(lambda msg=msg: self.agent.handle(msg))
+                guarded(self.agent, lambda msg=msg: self.agent.handle(msg))
             if not self.paused:
-                self.agent._guarded(self.agent.poll)
+                guarded(self.agent, self.agent.poll)
 
     def send(self, cmd: str, attempt: int, **fields: Any) -> None:
         self.commands.put({"cmd": cmd, "attempt": attempt, **fields})

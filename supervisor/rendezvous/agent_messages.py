@@ -117,6 +117,13 @@ class StandBy(Command):
 
 
 @dataclass(frozen=True, kw_only=True)
+class MoveNodeOut(Command):
+    CMD: ClassVar[str] = "move-out"
+    node: int  # node 0: a node slower than the others for the set time (node_stragglers.py)
+    message: str  # the verdict, with its evidence (one line)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Event:
     EVENT: ClassVar[str] = ""
 
@@ -254,6 +261,21 @@ class SparePassedOver(Event):
     EVENT: ClassVar[str] = "spare-passed-over"
     attempt: int
     message: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeMoveAnswer(Event):
+    EVENT: ClassVar[str] = "move-out"
+    attempt: int
+    node: int
+    why_not: str | None = None  # None: the node was told to leave (a spare node takes its place)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MovedOut(Event):
+    EVENT: ClassVar[str] = "moved-out"
+    attempt: int
+    message: str  # node 0's words: why this node was moved out of the job
 
 
 @dataclass(frozen=True, kw_only=True)

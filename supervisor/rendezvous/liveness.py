@@ -15,7 +15,10 @@ started again, a spare node given its place) replaces an older connection: the o
 is no death (the frozen agent it came from may still wake and close it).
 
 The same connection carries each node's console lines for folding across nodes
-(`lines {JSON list}`, supervisor/output/cross_node.py), so the job store never does.
+(`lines {JSON list}`, supervisor/output/cross_node.py), so the job store never does, and, the
+other way, node 0's word to a node it moves out as a straggler (`out {message}`,
+node_move_out.py): that node stops its workers and drops this connection without `bye`, which
+node 0 then reads as the node's end, named by the move.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import threading
 from collections.abc import Callable
 
 LIVENESS_KEY = "liveness"  # node 0's "host:port" for these connections
-HELLO, BYE, LINES = b"hello ", b"bye", b"lines "
+HELLO, BYE, LINES, OUT = b"hello ", b"bye", b"lines ", b"out "
 
 
 class LivenessServer:
@@ -81,6 +84,23 @@ class LivenessServer:
         if rank is not None and not said_bye:
             self._on_closed(rank, state[3])
 
+    def speaks_for(self, rank: int) -> bool:
+        """A connection that said `hello {rank}` is open."""
+        return any(state[0] == rank for state in list(self._state.values()))
+
+    def send_out(self, rank: int, message: str) -> bool:
+        """Node `rank` is told it is moved out (`message`: why, one line); False: no connection of
+        its is open (it never connected, or it is gone)."""
+        line = OUT + " ".join(message.split()).encode() + b"\n"
+        for conn, state in list(self._state.items()):
+            if state[0] == rank:
+                try:
+                    conn.sendall(line)
+                    return True
+                except OSError:
+                    return False
+        return False
+
     def _hello(self, conn: socket.socket, rank: int, claim: bytes | None) -> None:
         """`conn` speaks for node `rank` from now on; an older connection for it is replaced."""
         for other, state in self._state.items():
@@ -92,20 +112,26 @@ class LivenessServer:
 class LivenessLink:
     """A node other than 0: its connection to node 0's agent; `on_closed()` when node 0's end closes."""
 
-    def __init__(self, host: str, port: int, node_rank: int, on_closed: Callable[[], None], claim: bytes = b"") -> None:
-        """`claim`: this agent's on its rank (rank_claims.owner_mark): node 0 frees it when this ends."""
+    def __init__(self, host: str, port: int, node_rank: int, on_closed: Callable[[], None], claim: bytes = b"",
+                 on_out: Callable[[str], None] | None = None) -> None:
+        """`claim`: this agent's on its rank (rank_claims.owner_mark): node 0 frees it when this ends;
+        `on_out(message)`: node 0 moves this node out (its words)."""
         self._sock = socket.create_connection((host, port), timeout=10)
         self._sock.settimeout(None)
         self._claim = claim
         self._sock.sendall(self._hello_line(node_rank))
-        self._on_closed = on_closed
+        self._on_closed, self._on_out = on_closed, on_out
         self._leaving = False
         threading.Thread(target=self._watch, name="liveness-link", daemon=True).start()
 
     def _watch(self) -> None:
+        unparsed = b""
         with contextlib.suppress(OSError):
-            while self._sock.recv(4096):
-                pass
+            while chunk := self._sock.recv(4096):
+                *lines, unparsed = (unparsed + chunk).split(b"\n")
+                for line in lines:
+                    if line.startswith(OUT) and self._on_out is not None:
+                        self._on_out(line[len(OUT):].decode(errors="replace"))
         if not self._leaving:
             self._on_closed()
 
@@ -137,7 +163,8 @@ class LivenessLink:
 
 
 def link_to_node0(where: str | None, read_key: Callable[[str], bytes | None], node_rank: int,
-                  on_closed: Callable[[], None], claim: bytes, silent_s: float) -> LivenessLink | None:
+                  on_closed: Callable[[], None], claim: bytes, silent_s: float,
+                  on_out: Callable[[str], None] | None = None) -> LivenessLink | None:
     """A node other than 0: its connection to node 0's agent. `where`: node 0's "host:port" as its
     join record carries it (no request); else `read_key(LIVENESS_KEY)` from the store. None: node 0
     has none (a test's store), or it could not be reached (said): the heartbeat silence rule holds."""
@@ -148,7 +175,7 @@ def link_to_node0(where: str | None, read_key: Callable[[str], bytes | None], no
         where = raw.decode(errors="replace")
     host, _, port = where.rpartition(":")
     try:
-        return LivenessLink(host, int(port), node_rank, on_closed, claim)
+        return LivenessLink(host, int(port), node_rank, on_closed, claim, on_out)
     except (OSError, ValueError) as exc:
         print(f"node agent: no direct connection to node 0's agent at {where!r} ({exc}); a dead node is "
               f"named after {silent_s:g} s of silence instead", file=sys.stderr, flush=True)

@@ -19,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from supervisor.rendezvous import agent_causes, node_shrink_agent, rank_claims, spare_node_agent
+from supervisor.rendezvous import agent_causes, node_move_out, node_shrink_agent, rank_claims, spare_node_agent
 from supervisor.rendezvous.beat_watch import BEAT_S, SETTLED, BeatWatch, beat_key, publish, verdict_key
 from supervisor.rendezvous.own_lag import OwnLag
 from supervisor.rendezvous.roster import Roster
@@ -79,12 +79,29 @@ class Judge:
         self.own_lag: OwnLag | None = None  # node 0's own stalls: never another node's death
         self._naming = threading.Lock()  # one dead node judged at a time (the loop, the liveness thread)
         self._liveness_store: StoreCalls | None = None  # the connection its liveness thread names nodes on
+        self.moving_out: dict[int, str] = {}  # node told to leave as a straggler -> the verdict (node_move_out.py)
 
     def watch(self, k: int) -> None:
         """From now on attempt k's beats are read (from the join on: a node dying before its workers
         start is named too)."""
         if self.beats is None or self.beats.k != k:
             self.beats = BeatWatch(k, self.silent_s)
+
+    def move_out(self, k: int, r: int, message: str, tell: Callable[[int, str], bool]) -> str | None:
+        """Node 0's supervisor found node r a straggler in round k (`message`: its verdict): told to
+        leave (`tell`, over its direct connection) where a spare node stands by to take its place;
+        its connection's end is then named by the move. Returns why it was not (None: it was told)."""
+        nodes, beats = self.nodes, self.beats
+        if beats is None or beats.k != k:
+            return f"round {k} is over"
+        why = node_move_out.why_not(self.store, nodes.roster(k), r, nodes.members, nodes.lost_nodes | set(beats.dead))
+        if why is not None:
+            return why
+        self.moving_out[r] = message
+        if not tell(r, message):
+            self.moving_out.pop(r, None)
+            return f"node {r} has no direct connection to node 0's agent to be told"
+        return None
 
     def verdict(self, k: int) -> dict[str, Any] | None:
         """Its own latest reading of attempt k's beats; None: it reads another attempt's, or none."""
@@ -128,10 +145,14 @@ class Judge:
             if conn.get_if_set(beat_key(beats.k, r)) in SETTLED:
                 rank_claims.release(conn, r, mark)
                 return
-            stall = self._own_stall()
-            cause = agent_causes.stalled(nodes.hosts.get(0, "?"), r, stall, self.silent_s) if stall is not None \
-                else {**self._silent(r, "its connection to node 0 closed without a goodbye"),
-                      "stop_after_s": CLOSED_GRACE_S}
+            stall, moved = self._own_stall(), self.moving_out.pop(r, None)
+            if moved is not None:  # it left as told: a straggler moved out, not a death
+                cause = {**node_move_out.cause(r, nodes.hosts.get(r, "?"), moved), "stop_after_s": CLOSED_GRACE_S}
+            elif stall is not None:
+                cause = agent_causes.stalled(nodes.hosts.get(0, "?"), r, stall, self.silent_s)
+            else:
+                cause = {**self._silent(r, "its connection to node 0 closed without a goodbye"),
+                         "stop_after_s": CLOSED_GRACE_S}
             self._declare(beats.k, r, cause, conn)
         except RuntimeError as exc:
             short = " ".join(str(exc).split("Exception raised from")[0].split())[:200]
@@ -177,7 +198,8 @@ class Judge:
         """A spare node standing by takes dead node r's place: from now on it is node r here (its
         claim, its host; its beat not yet due), then it is told so."""
         nodes = self.nodes
-        took = spare_node_agent.take_over(store, nodes.roster(k), r, cause["message"])
+        took = spare_node_agent.take_over(store, nodes.roster(k), r, cause["message"],
+                                          node_move_out.CLAIM_KIND if cause.get("moved_out") else "node")
         nodes.gone.update(took.passed_over)  # frozen spare nodes: never chosen again
         hand = took.handover
         if hand is None:

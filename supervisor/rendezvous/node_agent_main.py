@@ -72,6 +72,9 @@ an event in the job link's reader (a line that is none is said on stderr and dro
                                                      nodes} per round, then promoted {attempt, generation, node,
                                                      claim, nodes} | spare-closed | spare-refused {message, exit_code}
                                                      | spare-passed-over {message} (it was frozen when node 0 needed it)
+    {"cmd": "move-out", "attempt": k, "node": r,     node 0: node r is a straggler (node_move_out.py) -> move-out
+     "message": "..."}                               {node, why_not}: null once node r was told to leave; node r
+                                                     then -> moved-out {message}, and it drops its direct connection
     (always possible)                                -> lost {message}: the store is gone
 
     python -m supervisor.rendezvous.node_agent_main NODE_RANK MIN_NODES:NNODES HOST PORT JOIN_TIMEOUT_S
@@ -92,7 +95,7 @@ from typing import Any
 import orjson
 
 from supervisor.rendezvous.agent_messages import (CheckAlive, ClaimRegroup, Command, Done, GatherOutcomes, Join,
-                                                  Leave, Linger, Malformed, PublishAbort, ShareLines, ShareOutcome,
+                                                  Leave, Linger, Malformed, MoveNodeOut, PublishAbort, ShareLines, ShareOutcome,
                                                   StandBy, WaitDone, Watch, WatchRegroups, decode_command, encode,
                                                   event)
 from supervisor.rendezvous.alive_check import AliveCheck
@@ -125,7 +128,7 @@ class Agent:
         self.mark = b""  # this agent's claim on its --node-rank (rank_claims.owner_mark), once it holds it
         self.lost = False
         self.leaving = False
-        self._next_beat = 0.0
+        self.next_beat = 0.0
         self._emitting = threading.Lock()
         self._reported: set[int] = set()  # attempts whose abort was emitted
         self._reporting = threading.Lock()
@@ -134,6 +137,8 @@ class Agent:
         self._spare: list[StoreCalls] = []  # an abort wait's connection once that wait ended: the next one's
         self.liveness: LivenessLink | None = None
         self.liveness_at: str | None = None  # node 0: its liveness server's "host:port"
+        self.liveness_server: LivenessServer | None = None  # node 0: every other agent's direct connection
+        self.moved_out = False  # node 0 moved this node out: a spare node is this node now, not this agent
         # node 0: its judgement of the other nodes (their beats, their closed connections)
         self.judge = Judge(self.nodes, self.store, silent_s, self.report_abort, self._connection, lambda: self.lost)
         # `emit` looked up at each call: a test or the scale harness replaces it after construction
@@ -146,6 +151,7 @@ class Agent:
             ShareLines: self._lines,
             ClaimRegroup: lambda cmd: regroup_agent.claim(self.store, self.emit, cmd),  # a live recovery
             WatchRegroups: self._regroup_watch, StandBy: self._stand_by,  # a spare node (--spare-nodes)
+            MoveNodeOut: self._move_out,  # node 0: a straggler node to a spare node (node_move_out.py)
         }
 
     @property
@@ -273,6 +279,8 @@ class Agent:
         self.watching = None  # reported
 
     def _done(self, cmd: Done) -> None:
+        if self.moved_out:
+            return  # the spare node in its place says it
         self.store.set(done_key(cmd.attempt, self.node_rank), b"1")
         self.beat.end(b"done", cmd.attempt)
 
@@ -286,9 +294,11 @@ class Agent:
 
     def _alive(self, cmd: CheckAlive) -> None:
         self.alive.begin(cmd.attempt, time.monotonic())
-        self._next_beat = 0.0  # answer from the next reading on
+        self.next_beat = 0.0  # answer from the next reading on
 
     def _outcome(self, cmd: ShareOutcome) -> None:
+        if self.moved_out:
+            return  # node r's outcome is the spare node's in its place
         self.store.set(f"outcome{self.node_rank}", orjson.dumps(cmd.outcome))
 
     def _outcomes(self, cmd: GatherOutcomes) -> None:
@@ -310,6 +320,25 @@ class Agent:
         else:
             self.emit("lines", node=self.node_rank, records=records)
 
+    def _move_out(self, cmd: MoveNodeOut) -> None:
+        """Node 0: its supervisor found node `cmd.node` a straggler: told to leave where a spare node
+        takes its place (node0_judge.py); the answer says whether, and why not."""
+        server = self.liveness_server
+        why = self.judge.move_out(cmd.attempt, cmd.node, cmd.message,
+                                  server.send_out if server is not None else lambda r, message: False)
+        self.emit("move-out", attempt=cmd.attempt, node=cmd.node, why_not=why)
+
+    def _moved_out(self, message: str) -> None:
+        """Node 0 moved this node out (from the liveness link's thread): no more beats (the spare
+        node taking its place beats as this node), its supervisor is told (it stops its workers at
+        once), and the connection to node 0 is dropped without `bye`: node 0 hands the place over."""
+        k = self.beat.attempt
+        self.moved_out = True
+        self.beat.attempt = None
+        self.emit("moved-out", attempt=-1 if k is None else k, message=message)
+        if self.liveness is not None:
+            self.liveness.drop()
+
     def _node_lines(self, r: int, payload: bytes) -> None:
         """Node 0: another node's console lines, for its supervisor's folding point."""
         records = json_or_none(payload)
@@ -319,7 +348,8 @@ class Agent:
     def _leave(self, cmd: Leave) -> None:
         self.leaving = True
         self.beat.end(b"left")
-        self.store.set(f"left{self.node_rank}", b"1")
+        if not self.moved_out:  # else node r's `left` is the spare node's in its place
+            self.store.set(f"left{self.node_rank}", b"1")
         if self.liveness is not None:
             self.liveness.bye()
 
@@ -420,11 +450,11 @@ class Agent:
             self.report_abort(self.watching, self.store.get(abort_key(self.watching)))  # no abort-wait thread
             return
         now = time.monotonic()
-        if now < self._next_beat:
+        if now < self.next_beat:
             return
         # Set even when there is nothing to do: the loop sleeps until it (a deadline left in the
         # past made the loop spin, a core per idle agent, before its join and between attempts).
-        self._next_beat = now + (CHECK_BEAT_S if self.alive.pending is not None else BEAT_S)
+        self.next_beat = now + (CHECK_BEAT_S if self.alive.pending is not None else BEAT_S)
         if self.beat.attempt is None and self.alive.pending is None and self.judge.beats is None:
             return
         if self.beat.attempt is not None:
@@ -461,7 +491,7 @@ class Agent:
 
     def serve_liveness(self, host: str) -> None:
         """Node 0: the port every other agent connects to (liveness.py), published on the store."""
-        server = LivenessServer(host, self.judge.connection_closed, self._node_lines)
+        server = self.liveness_server = LivenessServer(host, self.judge.connection_closed, self._node_lines)
         self.liveness_at = f"{host}:{server.port}"
         self.store.set(LIVENESS_KEY, self.liveness_at.encode())
 
@@ -469,7 +499,7 @@ class Agent:
         """Connect to node 0's agent once (none in a test's in-process store: no threads)."""
         if self.connect is not None and self.liveness is None:
             self.liveness = link_to_node0(where, self.store.get_if_set, self.node_rank, self._node0_closed, self.mark,
-                                          self.silent_s)
+                                          self.silent_s, self._moved_out)
 
     def _node0_closed(self) -> None:
         self.lose(f"lost the job store at {self.where} (node 0 gone?): node 0's node agent closed its connection "
@@ -482,32 +512,35 @@ class Agent:
         self.lose(store_watchdog.store_silence(self.where, self.silent_s))
         os._exit(1)
 
-    # ---------------------------------------------------------------- the loop
-    def serve(self) -> None:
-        sel = selectors.DefaultSelector()
-        stdin = sys.stdin.buffer
-        os.set_blocking(stdin.fileno(), False)
-        sel.register(stdin.fileno(), selectors.EVENT_READ)
-        pending = b""
-        while True:
-            if sel.select(max(0.0, min(BEAT_S, self._next_beat - time.monotonic()))):
-                chunk = os.read(stdin.fileno(), 1 << 16)
-                if not chunk:
-                    return  # the supervisor is gone or done with us
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for line in lines:
-                    if line.strip():
-                        self._guarded(lambda line=line: self.handle(line))
-            self._guarded(self.poll)
 
-    def _guarded(self, action: Any) -> None:
-        if self.lost:
-            return
-        try:
-            action()
-        except RuntimeError as exc:  # torch's DistError family: the store (node 0) is unreachable
-            self.lose(f"lost the job store at {self.where} (node 0 gone?): {_short(exc)}")
+def serve(agent: Agent) -> None:
+    """The agent's loop: the supervisor's commands from stdin, and its tick (`poll`) at least every beat."""
+    sel = selectors.DefaultSelector()
+    stdin = sys.stdin.buffer
+    os.set_blocking(stdin.fileno(), False)
+    sel.register(stdin.fileno(), selectors.EVENT_READ)
+    pending = b""
+    while True:
+        if sel.select(max(0.0, min(BEAT_S, agent.next_beat - time.monotonic()))):
+            chunk = os.read(stdin.fileno(), 1 << 16)
+            if not chunk:
+                return  # the supervisor is gone or done with us
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    guarded(agent, lambda line=line: agent.handle(line))
+        guarded(agent, agent.poll)
+
+
+def guarded(agent: Agent, action: Any) -> None:
+    """`action` unless the store is lost; a store that fails it is lost (said once)."""
+    if agent.lost:
+        return
+    try:
+        action()
+    except RuntimeError as exc:  # torch's DistError family: the store (node 0) is unreachable
+        agent.lose(f"lost the job store at {agent.where} (node 0 gone?): {_short(exc)}")
 
 
 def _short(exc: BaseException) -> str:
@@ -548,7 +581,7 @@ def main(argv: list[str]) -> int:
     else:
         agent.timed.append(store)
         threading.Thread(target=agent.watch_store, name="store-watchdog", daemon=True).start()
-    agent.serve()
+    serve(agent)
     # Leave at once: an interpreter teardown would first wait out the abort wait blocked in the
     # store (seconds), and the supervisor waits for this exit at the end of every job.
     sys.stdout.flush()

@@ -198,8 +198,9 @@ class Takeover:
     passed_over: tuple[int, ...] = ()
 
 
-def take_over(store: Any, roster: Roster, r: int, failed: str) -> Takeover:
-    """Node 0: node r died whole in round `roster.k` (`failed`: its cause's message); a spare node
+def take_over(store: Any, roster: Roster, r: int, failed: str, kind: str = "node") -> Takeover:
+    """Node 0: node r died whole in round `roster.k` (`failed`: its cause's message; `kind`: the
+    claim's, "node", or node_move_out.py's for a straggler node told to leave); a spare node
     that takes its place is claimed and named in the result (the death is then a live recovery,
     not the round's abort). Node 0 applies it, then tells the spare node (`promote`)."""
     k = roster.k
@@ -213,7 +214,7 @@ def take_over(store: Any, roster: Roster, r: int, failed: str) -> Takeover:
         return Takeover(None, passed_over)
     s, host, mark = spare
     ranks = node_ranks(nodes, r)
-    claim = {"node": r, "rank": ranks[0], "ranks": ranks, "device": f"node {r}", "failed": failed, "kind": "node",
+    claim = {"node": r, "rank": ranks[0], "ranks": ranks, "device": f"node {r}", "failed": failed, "kind": kind,
              "lost_pid": 0, "replaced_by_pid": 0, "died_at": time.time(), "spare_node": s, "spare_host": host,
              # what survivors that wait for a decision (--min-replicas) read: node 0 writes it into
              # the workers' store when it hears this claim, as for any node's spare promotion

@@ -33,6 +33,9 @@ SAMPLES: list[am.Command | am.Event] = [
     am.Promoted(attempt=1, generation=1, node=1, claim={"rank": 2}, nodes=[{"nproc": 1}]),
     am.SpareClosed(attempt=1), am.SpareRefused(attempt=1, message="no", exit_code=2),
     am.SparePassedOver(attempt=1, message="frozen"), am.Lost(message="gone"),
+    am.MoveNodeOut(attempt=1, node=2, message="node 2 computed 4.00x"),
+    am.NodeMoveAnswer(attempt=1, node=2, why_not=None), am.NodeMoveAnswer(attempt=1, node=0, why_not="node 0 hosts"),
+    am.MovedOut(attempt=1, message="node 2 computed 4.00x"),
 ]
 
 

@@ -46,7 +46,7 @@ def test_an_abort_that_is_not_a_root_cause_is_named_and_a_foreign_beat_is_only_c
     agent.handle({"cmd": "watch", "attempt": 0})
     agent.poll()
     assert events[0]["event"] == "abort" and "key a0/abort holds '[1, 2]'" in events[0]["cause"]["message"]
-    agent.watching, agent._next_beat = 0, 0.0
+    agent.watching, agent.next_beat = 0, 0.0
     agent.store.values.pop("a0/abort")
     agent.poll()  # reads node 1's beat: a value it never parses
     assert agent.store.values["a0/beat0"] == b"1" and not events[1:]

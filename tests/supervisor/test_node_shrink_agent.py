@@ -19,6 +19,7 @@ from supervisor.rendezvous.roster import Roster
 from supervisor.rendezvous.beat_watch import SILENT_S, BeatWatch
 from supervisor.rendezvous.store_calls import StoreCalls
 from tests.supervisor.helpers import wait_for
+from tests.supervisor.agent_helpers import quick_spares  # noqa: F401 (a fixture the next one uses)
 from tests.supervisor.test_spare_node_agent import CAUSE, _agent, _quick_spares, _round, _stand_by  # noqa: F401
 
 

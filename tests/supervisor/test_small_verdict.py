@@ -120,7 +120,7 @@ def test_a_survivor_of_4096_nodes_answers_from_one_small_read_a_second():
     for i in range(5, 7):  # node 0's reads 6 and 7: every node moved since the check began
         beats.observe(others, [str(i).encode()] * len(others), float(i))
         store.values["a0/verdict"] = orjson.dumps(beats.verdict(range(n)))
-        agent._next_beat = 0.0
+        agent.next_beat = 0.0
         agent.poll()
     assert events == [{"event": "alive", "attempt": 0, "silent": []}]
     assert len(store.verdict_reads) == 3 and max(store.verdict_reads) < 64  # was 3 x ~40 KB at 4,096 nodes
@@ -137,7 +137,7 @@ def test_a_survivor_waits_for_a_node_that_stood_still_and_answers_when_node_0_na
     agent.handle({"cmd": "alive", "attempt": 0})
     others = list(range(1, n))
     for i in range(5, 8):
-        agent._next_beat = 0.0
+        agent.next_beat = 0.0
         agent.poll()
         beats.observe(others, [b"1" if r == 7 else str(i).encode() for r in others], float(i))
         store.values["a0/verdict"] = orjson.dumps(beats.verdict(range(n)))
@@ -145,7 +145,7 @@ def test_a_survivor_waits_for_a_node_that_stood_still_and_answers_when_node_0_na
     dead = {"kind": "node", "exit_code": 1, "node": 7, "message": "node 7 (h7) stopped responding"}
     beats.dead[7] = dead
     store.values["a0/verdict"] = orjson.dumps(beats.verdict(range(n)))
-    agent._next_beat = 0.0
+    agent.next_beat = 0.0
     agent.poll()
     assert events == [{"event": "alive", "attempt": 0, "silent": [dead]}]
     assert 7 in agent.nodes.gone

@@ -7,7 +7,6 @@ standing by."""
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 
 import orjson
@@ -18,6 +17,7 @@ from supervisor.rendezvous import spare_node_agent
 from supervisor.rendezvous.beat_watch import JOINED
 from supervisor.rendezvous.node_agent_main import Agent
 from supervisor.rendezvous.store_calls import StoreCalls
+from tests.supervisor.agent_helpers import in_process_agent, quick_spares  # noqa: F401 (a fixture)
 from tests.supervisor.helpers import wait_for
 
 NODE = {"host": "h", "fingerprint": "f1", "mode": "train", "run_id": "job", "run_id_given": True, "run_dir": "/r"}
@@ -25,21 +25,12 @@ CAUSE = {"kind": "node", "exit_code": 1, "message": "node 2 (h2) stopped respond
 
 
 @pytest.fixture(autouse=True)
-def _quick_spares(monkeypatch):
-    monkeypatch.setattr(spare_node_agent, "POLL_S", 0.05)
+def _quick_spares(quick_spares):
     yield
-    for thread in threading.enumerate():
-        if thread.name == "spare-node":
-            thread.join(timeout=5)
 
 
 def _agent(port: int, node: int) -> tuple[Agent, list[dict]]:
-    connect = lambda: TCPStore("127.0.0.1", port, None, False, timedelta(seconds=10))  # noqa: E731
-    agent = Agent(connect(), node_rank=node, nnodes=3, join_timeout=5.0, where=f"127.0.0.1:{port}")
-    agent.connect = connect
-    events: list[dict] = []
-    agent.emit = lambda event, events=events, **fields: events.append({"event": event, **fields})
-    return agent, events
+    return in_process_agent(port, node, nnodes=3)
 
 
 def _round(server: TCPStore, nprocs: list[int]) -> None:
