@@ -376,6 +376,7 @@ class TimelineStraggler(Timeline):
     since: float | None = None  # when its stretch began (wall clock)
     lost_s: float | None = None  # the job's seconds that went to its pace (goodput: `straggler`)
     moved: bool = False  # it ended by a move-out (a live recovery)
+    node: int | None = None  # a whole node's stretch (judged on node 0; `rank` null)
 
 
 TIMELINE_EVENTS: tuple[type[Timeline], ...] = (TimelineStart, TimelineAttempt, TimelineAttemptEnd, TimelineProc,
@@ -398,6 +399,9 @@ class Restart(Record):
     script_save: str | None = None  # a --script: the last save gpuherd saw in the attempt before, in words (or none)
 
 
+NODE_MOVED_OUT = "node-straggler"  # a Recovery's `kind` when a straggler node was moved out to a spare node
+
+
 @dataclass(frozen=True, kw_only=True)
 class Recovery(Record):
     """A live recovery began or ended (supervisor/processes/live_recovery.py)."""
@@ -409,6 +413,7 @@ class Recovery(Record):
     device: str | None = None  # the lost rank's device
     failed: str | None = None  # what happened to the lost rank
     kind: str | None = None  # `worker-exit` | `hang` | `straggler` | `regrow` (a warm spare took back a carried rank)
+    #   | `node` (a node died whole) | `node-straggler` (a straggler node moved out to a spare node)
     outcome: str | None = None  # `in progress` | `recovered` | `failed`
     lost_pid: int | None = None  # the lost rank's process
     replaced_by_pid: int | None = None  # the spare that took its place
@@ -477,6 +482,10 @@ class Straggler(Record):
     windows: int | None = None  # windows in a row it was slow in
     reason: str | None = None  # the likely reason, from the GPU/host samples
     node: int | None = None  # a whole node slower than the others (multi-node, judged on node 0)
+    moved_out: bool = False  # that node was told to leave, a spare node taking its place
+    held_s: float | None = None  # ... after this long over the move-out factor
+    compute_ms_before: dict[str, float] | None = None  # ... each node's pace then ({"node": ms})
+    compute_ms_after: dict[str, float] | None = None  # ... and once the new node's second window closed
 
 
 SUPERVISOR_RECORDS: tuple[type[Record], ...] = (Timeline, Restart, Recovery, GpuEvent, Host, Gpu, Straggler)
@@ -543,6 +552,19 @@ def _tuple_of(item: Any) -> Any:
     return convert
 
 
+def _per_key(v: Any) -> dict[str, float]:
+    """`{"node or rank": milliseconds}`: an entry of another shape is dropped alone."""
+    if not isinstance(v, dict):
+        raise _Bad
+    out = {}
+    for key, ms in v.items():
+        try:
+            out[str(key)] = _float(ms)
+        except _Bad:
+            continue
+    return out
+
+
 def _took(v: Any) -> dict[str, tuple[int, float]]:
     """`{phase: [count, longest]}`: entries of another shape are dropped one by one."""
     if not isinstance(v, dict):
@@ -570,7 +592,7 @@ _CONVERT: dict[str, Any] = {
     "bool": _bool, "str": _str, "float": _float, "float | str | None": _or_none(_float_or_text),
     "tuple[int, ...]": _tuple_of(_int), "tuple[str, ...]": _tuple_of(_str), "tuple[float, ...]": _tuple_of(_float),
     "tuple[str, ...] | str | None": _or_none(lambda v: v if isinstance(v, str) else _tuple_of(_str)(v)),
-    "dict[str, tuple[int, float]]": _took,
+    "dict[str, tuple[int, float]]": _took, "dict[str, float] | None": _or_none(_per_key),
 }
 _HEADER = {"rank": "int | None", "time": "float | None", "truncated": "bool"}  # `time` is range-checked too
 # Values whose exact type each annotation takes as it is (the common case, no call): a record

@@ -151,7 +151,7 @@ _JSON_TYPES = {
     "int | None": "int or null", "float | None": "number or null", "str | None": "string or null",
     "bool": "bool", "str": "string", "float": "number", "float | str | None": "number, string or null",
     "tuple[int, ...]": "list of int", "tuple[float, ...]": "list of numbers", "tuple[str, ...]": "list of strings", "tuple[str, ...] | str | None": "list of strings, string or null",
-    "dict[str, tuple[int, float]]": "{phase: [count, seconds]}",
+    "dict[str, tuple[int, float]]": "{phase: [count, seconds]}", "dict[str, float] | None": "{node: ms} or null",
 }
 
 

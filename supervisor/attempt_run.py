@@ -313,8 +313,8 @@ class AttemptRunner:
                                   self.launch.torchrun.line_prefix(s.rank, s.local)
                                   or (f"n{node}/{s.tag}:" if multi else None)) for s in plan.slots}
         log_ranks = [0] if multi and self.mode == "train" and cfg.system.log_ranks is None else cfg.system.log_ranks
-        lines = self.relay.attempt(self.rendezvous.lines, setup.world_size, NodeStragglers(
-            cfg.system.straggler_factor, cfg.system.straggler_windows, metrics.write) if node == 0 else None) \
+        lines = self.relay.attempt(self.rendezvous.lines, setup.world_size,
+                                   _node_judge(cfg, self.rendezvous, attempt, metrics) if node == 0 else None) \
             if multi else None  # every node's console lines folded, and its pace judged, on node 0
         router = LogRouter(list(logs.values()), self.console, log_ranks, cfg.system.collapse_logs,
                            nccl_watch=_nccl_watch(plan), relay=lines)
@@ -576,6 +576,16 @@ def _save_cut(cause: RootCause, unfinished: tuple[str, ...], newest: Path | None
     return dataclasses.replace(cause, exit_code=int(ExitCode.FAILURE),
                                message=f"{cause.message}; the final checkpoint was NOT saved: {'; '.join(unfinished)}; "
                                        f"{fallback}")
+
+
+def _node_judge(cfg: Config, rendezvous: Rendezvous, attempt: int, metrics: MetricsSink) -> NodeStragglers:
+    """Node 0's judge of every node's pace, moving a straggler node out through its agent where the job
+    has spare nodes (none: named only, as a move could take nothing's place)."""
+    system = cfg.system
+    judge = NodeStragglers(system.straggler_factor, system.straggler_windows, metrics.write,
+                           move_factor=system.straggler_move_factor, move_after_s=system.straggler_move_after_s)
+    judge.move = rendezvous.mover(attempt, judge.answered) if system.spare_nodes > 0 else None
+    return judge
 
 
 def _final_save(cause: RootCause | None, sup: Supervision, checkpoints: RunCheckpoints, mode: str,

@@ -334,6 +334,8 @@ class Summary:
 
     def _straggler_lines(self) -> list[str]:
         return [(f"straggler: node {s['node']} computed {s['slowdown']:.2f}x slower than the other nodes"
+                 + (f" for {s.get('held_s') or 0:.0f} s: moved out, a spare node took its place"
+                    if s.get("moved_out") else "")
                  if s.get("node") is not None else
                  f"straggler: rank {s['rank']} computed {s['slowdown']:.2f}x slower than the others")
                 + (f" ({s['reason']})" if s.get("reason") else "") for s in self.stragglers]

@@ -84,8 +84,9 @@ class SystemConfig:
     hang_floor: float = limited(10.0, gt=0, le=LONGEST_WAIT_S)  # seconds: a learned allowance is never shorter
     straggler_factor: float = limited(1.3, ge=0, le=1000)  # compute per step this much above the others' median; 0 = off
     straggler_windows: int = limited(3, gt=0)  # ... in this many 5 s windows in a row before the warning
-    # a straggler moved out live (a warm spare takes its rank, or --min-replicas goes on without it):
-    # compute per step this much above the others' median in every window for straggler_move_after_s
+    # a straggler moved out live (a warm spare takes its rank, or --min-replicas goes on without it; a
+    # whole node: a spare node takes its place): compute per step this much above the others' median
+    # in every window for straggler_move_after_s
     straggler_move_factor: float = limited(2.0, gt=1, le=1000)
     straggler_move_after_s: float = limited(30.0, ge=0, le=LONGEST_WAIT_S)  # seconds; 0 = never moved, named only
 

@@ -59,7 +59,10 @@ def proc(rank: int, state: str, at: float) -> TimelineProc:
     return TimelineProc(time=wall(at), rank=rank, state=state)
 
 
-def straggler(rank: int, since: float, at: float, lost_s: float, moved: bool) -> TimelineStraggler:
+def straggler(rank: int | None, since: float, at: float, lost_s: float, moved: bool,
+              node: int | None = None) -> TimelineStraggler:
     """A named straggler's slow stretch ended at `at` (monotonic: back to pace, moved out, or the
-    attempt's end): `lost_s` of the job's time went to its pace (the `straggler` badput)."""
-    return TimelineStraggler(time=wall(at), rank=rank, since=wall(since), lost_s=round(lost_s, 3), moved=moved)
+    attempt's end): `lost_s` of the job's time went to its pace (the `straggler` badput). A whole
+    node's (`node`, judged on node 0) has no rank."""
+    return TimelineStraggler(time=wall(at), rank=rank, since=wall(since), lost_s=round(lost_s, 3), moved=moved,
+                             node=node)

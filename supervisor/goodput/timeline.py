@@ -64,8 +64,8 @@ def event_of(record: Record | Refusal) -> Event | None:
             return Event(t, "attempt_end", name=record.outcome, step=record.attempt, value=record.failed_at)
         case TimelineProc(rank=int(rank)):
             return Event(t, "proc", rank, name=str(record.state))
-        case TimelineStraggler(rank=int(rank), lost_s=float(lost)):
-            return Event(t, "straggler", rank, value=lost)
+        case TimelineStraggler(lost_s=float(lost)) if record.rank is not None or record.node is not None:
+            return Event(t, "straggler", record.rank, value=lost)  # a rank's stretch, or a whole node's
     return None
 
 

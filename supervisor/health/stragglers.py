@@ -43,6 +43,8 @@ class NodeJudge(Protocol):
 
     def tick(self, now: float) -> None: ...
 
+    def close(self, now: float) -> None: ...
+
 WINDOW_S = 5.0
 MIN_STEPS = 2  # a window closes only once every rank finished this many steps in it
 LESS_CPU = 0.7  # a rank's CPU share below this fraction of the others' is a likely reason
@@ -191,9 +193,11 @@ class Stragglers:
         return self.moves.moved(due)
 
     def close(self, now: float) -> None:
-        """The attempt ended: a named rank's stretch ends with it."""
+        """The attempt ended: a named rank's (or, on node 0, node's) stretch ends with it."""
         for rank in list(self._stretch):
             self._end_stretch(rank, now, moved=False)
+        if self.nodes is not None:
+            self.nodes.close(now)
 
     def _report(self, rank: int, slowdown: float, mine: float, others: float) -> None:
         with self._lock:

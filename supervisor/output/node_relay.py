@@ -50,7 +50,7 @@ class NodeRelay:
             if pace is None:
                 lines.append(record)
             elif self.paces is not None:
-                self.paces.add(node, pace[0], time.monotonic())
+                self.paces.add(node, pace[0], time.monotonic(), pace[1])
         if lines and self.folding is not None:
             self.folding.receive(node, lines)
 

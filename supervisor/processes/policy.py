@@ -705,6 +705,9 @@ def _remote(s: State, e: Fatal, r: Rules) -> Result:
                    *actions]
     if e.cause.kind in ("terminated", "membership"):  # the same for a stop request (a preemption) there,
         return _save_and_stop(s, e.view, r, e.cause.message)  # and for a node asking to join (elastic)
+    if e.cause.kind == "straggler":  # node 0 moved this node out: the other nodes' workers rebuild their group
+        # with a spare node's the moment these are gone, as for a node that died whole; nothing to save here
+        return _kill(s, e.view, [Log("warning", f"{e.cause.message}; stopping this node's workers at once")])
     s, actions = _terminate(s, e.view, r)
     where = "on this node" if e.here else "on another node"
     return s, [Log("error", f"the job failed {where}: {e.cause.message}; stopping this node's workers"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from gpuherd.status_records import NODE_MOVED_OUT
 from supervisor.processes.spawn import WorkerProcess
 
 
@@ -19,6 +20,7 @@ class Recovery:
     device: str
     failed: str  # what happened to the lost rank (the cause's message)
     kind: str  # worker-exit | hang | straggler | regrow (a warm spare took back a carried rank: nothing failed)
+    #            | node (a node died whole) | node-straggler (a straggler node moved out: NODE_MOVED_OUT)
     lost_pid: int
     replaced_by_pid: int
     survivors: list[dict[str, int]]  # [{"rank", "pid"}]: the ranks that kept their processes
@@ -71,7 +73,8 @@ class Recovery:
                     f"step {self.resumed_step} from rank {self.source_rank}, {self.steps_redone} completed step(s) "
                     f"redone, no checkpoint read; kept their processes: {survivors}")
         if self.action == "spare-node":
-            return (f"live recovery {self.number}: node {self.node} died whole; spare node {self.spare_node} took its "
+            gone = "was moved out as a straggler" if self.kind == NODE_MOVED_OUT else "died whole"
+            return (f"live recovery {self.number}: node {self.node} {gone}; spare node {self.spare_node} took its "
                     f"ranks (from rank {self.rank}) in {self.seconds:.2f} s (loss -> next completed step), resumed at "
                     f"step {self.resumed_step} from rank {self.source_rank}, {self.steps_redone} completed step(s) "
                     f"redone, no checkpoint read; kept their processes: {survivors}")

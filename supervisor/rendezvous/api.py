@@ -69,6 +69,10 @@ class Rendezvous(Protocol):
         is called (any thread) with what reaches this node (node 0: every node's); returns how this
         node sends its own (None: one node, nothing to fold with)."""
 
+    def mover(self, attempt: int, answer: Callable[[int, str | None], None]) -> Callable[[int, str], None] | None:
+        """Node 0 of a multi-node job: how a straggler node is moved out in this attempt, called
+        with the node and the verdict (`answer(node, why_not)` comes back, any thread); None elsewhere."""
+
     def fail_before_start(self, cause: RootCause) -> RootCause:
         """This node failed before it could join; the cause the job ends with."""
 

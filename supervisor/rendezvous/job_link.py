@@ -33,14 +33,15 @@ from loguru import logger
 from gpuherd.exit_codes import ExitCode
 from gpuherd.files import open_log
 from supervisor.rendezvous.agent_messages import (Aborted, AliveChecked, Event, Finished, JoinAborted, JoinClosed,
-                                                  Joined, JoinTimedOut, Lines, Lost, Malformed, Outcomes, Promoted,
+                                                  Joined, JoinTimedOut, Lines, Lost, Malformed, MovedOut, Outcomes,
+                                                  Promoted,
                                                   SpareClosed, SparePassedOver, SpareRefused, StandingBy, Waiting,
                                                   command, decode_event, encode)
 from supervisor.rendezvous.beat_watch import SILENT_S
 from supervisor.rendezvous.nodes import NodeLinkError, NodeSpec, SpareNodeUnused
 from supervisor.rendezvous.store import store_host_env
 from supervisor.rendezvous.wire_cause import HeardCause, decode_cause
-from supervisor.summary import RootCause
+from supervisor.summary import CauseKind, RootCause
 
 SILENT_CHECK_S = 20.0  # the agent answers an "alive" check within its silent_s + 2 s: waited this much beyond
 STOP_AFTER_MAX_S = 30.0  # a cause's `stop_after_s` beyond this is not node 0's agent's: stop at once
@@ -61,6 +62,7 @@ class JobLink:
         self._abort_seen = threading.Condition()
         self._on_abort: dict[int, Callable[[RootCause], None]] = {}
         self.lost: str | None = None
+        self.moved_out: str | None = None  # node 0 moved this node out as a straggler: its words
         self._on_lost: Callable[[str], None] | None = None
         self._callbacks = threading.Lock()  # unwatch() waits for a callback in progress
         self._listeners: dict[str, Callable[[Any], None]] = {}  # other events by kind (listen())
@@ -101,6 +103,8 @@ class JobLink:
                 self._record_abort(event.attempt, decode_cause(event.cause))  # the cause decoded once, here
             elif isinstance(event, Lost):
                 self._set_lost(event.message)
+            elif isinstance(event, MovedOut):
+                self._moved_out(event)
             elif isinstance(event, Lines):
                 if self._on_lines is not None:
                     self._on_lines(event.node, event.records)
@@ -127,6 +131,16 @@ class JobLink:
             timer.start()
         else:
             self._call_back(attempt, cause)
+
+    def _moved_out(self, event: MovedOut) -> None:
+        """Node 0 moved this node out as a straggler (node_move_out.py): this node's end of the
+        attempt, at once (its workers stopped, no restart: a spare node is this node now), never
+        published to the job, which goes on without it."""
+        if self.moved_out is None:
+            self.moved_out = event.message
+            self._record_abort(event.attempt, HeardCause(RootCause(
+                CauseKind.STRAGGLER, ExitCode.OK, f"this node was moved out of the job by node 0, a spare node taking "
+                f"its place: {event.message}")))
 
     def _call_back(self, attempt: int, cause: RootCause) -> None:
         with self._callbacks:

@@ -15,6 +15,7 @@ from pathlib import Path
 from gpuherd.config import Config
 from gpuherd.exit_codes import ExitCode
 from supervisor.gpus import DevicePlan
+from supervisor.rendezvous.agent_messages import MoveNodeOut, NodeMoveAnswer
 from supervisor.rendezvous.api import OnCause, OnRemote, Setup
 from supervisor.rendezvous.job_link import JobLink
 from supervisor.rendezvous.nodes import NodeLinkError, NodeSpec, layout, training_fingerprint
@@ -109,6 +110,15 @@ class MultiNode:
     def regroup(self, attempt: int) -> RegroupLink:
         return RegroupLink(self.link, self._round(attempt), self.node_rank)
 
+    def mover(self, attempt: int, answer: Callable[[int, str | None], None]) -> Callable[[int, str], None] | None:
+        """Node 0: how a straggler node is moved out in this attempt (node_move_out.py): called with
+        the node and the verdict; `answer(node, why_not)` comes back from the agent (any thread)."""
+        if self.node_rank != 0:
+            return None
+        self.link.listen(NodeMoveAnswer.EVENT, lambda event: answer(event.node, event.why_not))
+        k = self._round(attempt)
+        return lambda node, message: self.link.command(MoveNodeOut.CMD, k, node=node, message=message)
+
     def lines(self, receive: Callable[[int, list], None]) -> Callable[[list], None]:
         self.link.receive_lines(receive)
         return self.link.share_lines
@@ -126,6 +136,9 @@ class MultiNode:
     def settle(self, attempt: int, cause: RootCause | None, notes: list[str]) -> RootCause | None:
         """Every node ends the attempt with the same root cause: the first one published."""
         attempt = self._round(attempt)
+        if self.link.moved_out is not None and cause is not None and cause.kind == CauseKind.STRAGGLER:
+            notes.append(cause.message)  # node 0 moved it out: its part ended as asked, the job goes on
+            return None
         if cause is None:
             try:
                 remote = self.link.finished(attempt, self.finish_wait if self.node_rank == 0 else None)

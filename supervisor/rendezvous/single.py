@@ -54,6 +54,9 @@ class SingleNode:
     def lines(self, receive) -> None:
         return None
 
+    def mover(self, attempt, answer) -> None:
+        return None
+
     def fail_before_start(self, cause: RootCause) -> RootCause:
         return cause
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuherd.status_records import (Checkpoint, CheckpointWrite, Error, Eval, GpuEvent, Nan, Record, Recovery,
-                                    Restart, ScriptSave, Sdc, Suspect, SuspiciousStep)
+from gpuherd.status_records import (NODE_MOVED_OUT, Checkpoint, CheckpointWrite, Error, Eval, GpuEvent, Nan, Record,
+                                    Recovery, Restart, ScriptSave, Sdc, Suspect, SuspiciousStep)
 from supervisor.output import rank_set
 from supervisor.views.run_files import LogLine
 
@@ -104,7 +104,8 @@ def _recovery(record: Recovery, when: float, rank: int | None) -> Event:
                                            f"{record.replicas} process(es) went on with its data slot in "
                                            f"{_num(record.seconds)} s: {record.failed}", rank)
         case Recovery(outcome="recovered", action="spare-node"):
-            return Event(when, "recovery", f"live recovery {record.number}: node {record.node} died whole; spare node "
+            gone = "was moved out as a straggler" if record.kind == NODE_MOVED_OUT else "died whole"
+            return Event(when, "recovery", f"live recovery {record.number}: node {record.node} {gone}; spare node "
                                            f"{record.spare_node} took its ranks in {_num(record.seconds)} s, "
                                            f"{record.steps_redone} step(s) redone", rank)
         case Recovery(outcome="recovered"):

@@ -77,3 +77,65 @@ def test_a_node_slowed_whole_is_named_on_node_0_and_no_node_before_it(tmp_path, 
     assert "straggler: node 1 computed" in err0  # the summary's own line
     assert not [r for r in records(dirs[0], "straggler") if r.get("rank") is not None]  # no rank named
     print(next(line for line in err0.splitlines() if "straggler: node 1 computes" in line), f"({named_after:.1f} s)")
+
+
+def _moved_out(run_dir) -> list[dict]:
+    return [r for r in _node_stragglers(run_dir) if r.get("moved_out")]
+
+
+@pytest.mark.slow  # three nodes (one a spare node), ~40 s of training
+def test_a_node_slowed_whole_is_moved_out_to_the_spare_node_and_the_job_goes_on_at_its_pace(tmp_path, python_env):
+    port = free_port()
+    procs = []
+    for node in range(3):  # nodes 0 and 1 train, node 2 stands by (--spare-nodes 1)
+        cmd = [sys.executable, "-m", "supervisor", "--set", "system.device=cpu", "--no-report", "--nproc", "1",
+               "--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
+               "--run-id", "nm", "--max-restarts", "1", "--spare-nodes", "1"]
+        for item in [*TINY, f"training.max_steps={STEPS}", "system.straggler_move_after_s=10"]:
+            cmd += ["--set", item]
+        procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=python_env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    dirs = [tmp_path / "logs" / f"nm-node{node}" for node in range(3)]
+    slow = None
+    moved_out = None
+    try:
+        assert wait_for(lambda: any(r["step"] >= 20 for r in records(dirs[0], "step") if "step" in r)
+                        or any(p.poll() is not None for p in procs), timeout=240, interval=0.05)
+        assert all(p.poll() is None for p in procs)
+        pid = next(r["pid"] for r in records(dirs[1], "ready"))
+        slowed_at = time.monotonic()
+        slow = SlowDown(pid, 4.0, measure=3.0).start()
+        moved_out = finish(procs[1], timeout=120)  # node 1 leaves on its own once moved out
+        moved_after = time.monotonic() - slowed_at
+        at = max(r["step"] for r in records(dirs[0], "step") if "step" in r)
+        # the spare node, now node 1, trains on with node 0: ten more steps at full pace
+        went_on = wait_for(lambda: any(r["step"] >= at + 10 for r in records(dirs[2], "step") if "step" in r),
+                           timeout=120, interval=0.1)
+    finally:
+        if slow is not None:
+            slow.stop()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        outputs = [finish(p, timeout=120) if p is not procs[1] or moved_out is None else moved_out for p in procs]
+    tails = "\n".join(f"--- node {n} (exit {code}):\n{err[-3000:]}" for n, (code, _o, err) in enumerate(outputs))
+    assert went_on, tails
+    assert [code for code, _o, _e in outputs] == [130, 0, 130], tails  # node 1 left as told; the job went on
+
+    (move,) = _moved_out(dirs[0])
+    assert move["node"] == 1 and move["slowdown"] > 2.0 and move["held_s"] >= 10
+    err0, err1 = outputs[0][2], outputs[1][2]
+    assert "straggler: node 1 moved out: told to leave, a spare node takes its place" in err0, tails
+    assert "this node was moved out of the job by node 0, a spare node taking its place: node 1 computed" in err1
+    assert "Traceback" not in err1 and "lost the job store" not in err1
+    summary = orjson.loads((dirs[0] / "summary.json").read_bytes())
+    assert summary["restarts"] == 0 and len(summary["attempts"]) == 1  # a live recovery, no restart
+    (rec,) = summary["recoveries"]
+    assert rec["action"] == "spare-node" and rec["node"] == 1 and rec["spare_node"] == 2, rec
+    assert "was moved out as a straggler" in rec["failed"] and rec["outcome"] == "recovered"
+    assert [s["node"] for s in summary["stragglers"] if s.get("moved_out")] == [1]
+    assert "straggler: node 1 computed" in err0 and "moved out, a spare node took its place" in err0  # the summary
+    assert summary["goodput"]["badput_s"]["straggler"] > 0  # node 0's ranks waited at its pace until the move
+    ended = orjson.loads((dirs[1] / "summary.json").read_bytes())
+    assert ended["root_cause"] is None and any("moved out of the job by node 0" in n for n in ended["notes"])
+    print(f"node 1 moved out {moved_after:.1f} s after its slowdown")

@@ -156,6 +156,18 @@ def test_a_node_lost_elsewhere_terminates_this_node_without_publishing_it_back()
     assert sends(actions, signal.SIGTERM) == [((0, 1), signal.SIGTERM, True)]
 
 
+def test_this_node_moved_out_as_a_straggler_kills_its_workers_at_once_and_publishes_nothing():
+    """Node 0 moved this node out (a spare node takes its place): its workers go at once, as a
+    node that died whole, so the others' collectives fail now and they rebuild with the spare node."""
+    run = Run()
+    moved = RootCause("straggler", 0, "this node was moved out of the job by node 0, a spare node taking its place")
+    actions = run(pol.Fatal(view(3.0, *TWO), moved, remote=True))
+    assert run.phase is Phase.KILLING and run.state.cause is moved
+    assert sends(actions, signal.SIGKILL) == [((0, 1), signal.SIGKILL, True)] and not sends(actions, signal.SIGTERM)
+    assert not [a for a in actions if isinstance(a, pol.Publish)]
+    assert logs(actions, "warning") == [f"{moved.message}; stopping this node's workers at once"]
+
+
 def test_ctrl_c_on_another_node_stops_this_one_gracefully():
     run = Run()
     actions = run(pol.Fatal(view(3.0, *TWO), RootCause("interrupted", 130, "node 1 (h1): interrupted by Ctrl-C"), remote=True))
