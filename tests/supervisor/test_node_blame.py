@@ -15,6 +15,7 @@ class StandInLink:
     def __init__(self, silent=(), lost_during_check: str | None = None):
         self.silent, self.lost_during_check = [RootCause.from_dict(d) for d in silent], lost_during_check
         self.lost: str | None = None
+        self.moved_out: str | None = None  # node 0 moved this node out (its words)
 
     def winner(self, attempt, timeout=3.0):
         return None  # the store never answered
@@ -54,3 +55,14 @@ def test_node_0_never_blames_a_store_it_hosts():
     link = StandInLink(lost_during_check="the node agent (job store link to 127.0.0.1:29400) exited")
     cause = node(0, link).settle(0, HANG, [])
     assert cause.kind == "hang"
+
+
+def test_a_node_moved_out_by_node_0_ends_its_attempt_with_no_cause_and_the_verdict_as_a_note():
+    """Its workers were stopped as node 0 asked: nothing failed here, nothing is published or restarted."""
+    link = StandInLink()
+    link.moved_out = "node 1 computed 4.00x the median of the other nodes for 30 s"
+    moved = RootCause("straggler", ExitCode.OK, f"this node was moved out of the job by node 0: {link.moved_out}")
+    notes: list[str] = []
+    assert node(1, link).settle(0, moved, notes) is None
+    assert notes == [moved.message]
+    assert node(1, link).settle(0, HANG, []).kind == "hang"  # another cause is still this node's cause
