@@ -58,3 +58,15 @@ def next_spare(supervisor_pid: int, timeout: float = 240) -> psutil.Process:
     assert wait_for(lambda: bool(found.extend(forked_spares(supervisor_pid)) or found), timeout=timeout,
                     interval=0.05), "no warm spare forked by the spare source"
     return found[0]
+
+
+def running(pids: list[int]) -> list[int]:
+    """Those of `pids` still running (a zombie, reaped or not, is not)."""
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.Error:
+            continue
+    return alive

@@ -18,12 +18,11 @@ import sys
 import time
 
 import orjson
-import psutil
 import pytest
 
 from bench.launchers import tree_pids
 from tests.conftest import subprocess_env
-from tests.e2e.helpers import records
+from tests.e2e.helpers import records, running
 from tests.supervisor.helpers import finish, wait_for
 from tests.worker.helpers import free_port
 
@@ -72,17 +71,6 @@ def _signal_whole(proc: subprocess.Popen, sig: int) -> None:
             pass
     if sig == signal.SIGKILL:
         proc.wait()
-
-
-def _running(pids: list[int]) -> list[int]:
-    running = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                running.append(pid)
-        except psutil.Error:
-            continue
-    return running
 
 
 def _after_a_checkpoint(job, node: int) -> int:
@@ -182,7 +170,7 @@ def test_a_frozen_spare_node_is_passed_over_and_ends_itself_when_it_wakes(tmp_pa
         frozen = tree_pids(procs[2].pid)  # its supervisor, agent, orphan guard and warm worker
         _signal_whole(procs[2], signal.SIGCONT)
         ended = finish(procs[2], timeout=120)
-        assert wait_for(lambda: not _running(frozen), timeout=30)  # no orphaned process
+        assert wait_for(lambda: not running(frozen), timeout=30)  # no orphaned process
         return ended
 
     outputs = _job_with_a_rejoin(tmp_path, python_env, ("--spare-nodes", "1"), _freeze_the_spare_node_and_kill_node_1,
