@@ -112,13 +112,13 @@ class NodeStragglers:
         recent = {node: p for node, p in dict(self._paces).items() if now - p.at <= 2 * self.window_s}
         if len(recent) < 2:
             return
+        paces = {n: q.compute_s for n, q in recent.items()}  # once per look: the same for every node judged
         for node, p in sorted(recent.items()):
             if p.at <= self._judged.get(node, float("-inf")):
                 continue  # judged already: its count stands until its next window's pace
             self._judged[node] = p.at
-            others = statistics.median(q.compute_s for n, q in recent.items() if n != node)
+            others = statistics.median(v for n, v in paces.items() if n != node)
             slowdown = p.compute_s / others if others > 0 else 0.0
-            paces = {n: q.compute_s for n, q in recent.items()}
             if node in self._settling:  # the spare node now in a moved node's place: its join, not its pace
                 self._settling.discard(node)
                 continue

@@ -23,8 +23,7 @@ from typing import Any
 from gpuherd.status_records import NODE_MOVED_OUT
 from supervisor.rendezvous import agent_causes
 from supervisor.rendezvous.roster import Roster
-from supervisor.rendezvous.spare_node_agent import round_records, spare_key
-from supervisor.rendezvous.store_calls import json_or_none
+from supervisor.rendezvous.spare_node_agent import round_records, standing_with
 
 CLAIM_KIND = NODE_MOVED_OUT  # the spare node's claim for a node moved out (a dead node's says "node")
 
@@ -43,10 +42,8 @@ def why_not(store: Any, roster: Roster, r: int, members: list[int], lost: set[in
     if nodes is None or r >= len(nodes):
         return "the round's join records are not readable"
     nproc = nodes[r].get("nproc")
-    for s in roster.spares_free():
-        record = json_or_none(store.get_if_set(spare_key(roster.k, s)))
-        if isinstance(record, dict) and record.get("nproc") == nproc:
-            return None
+    if next(standing_with(store, roster, nproc), None) is not None:
+        return None
     return f"no spare node stands by with node {r}'s {nproc} worker(s)"
 
 

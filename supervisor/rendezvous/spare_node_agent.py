@@ -43,7 +43,7 @@ r), a `Takeover` (node 0 counts the spare node as node r, then `promote` tells i
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -246,10 +246,7 @@ def _live_spare(store: Any, roster: Roster, nproc: Any) -> tuple[tuple[int, str,
     that answers node 0's ping within PING_S (one that does not is passed over for good):
     (its node rank, its host, its claim), and the spare nodes passed over on the way."""
     k, passed_over = roster.k, []
-    for s in roster.spares_free():
-        record = json_or_none(store.get_if_set(spare_key(k, s)))
-        if not (isinstance(record, dict) and record.get("nproc") == nproc):
-            continue
+    for s, record in standing_with(store, roster, nproc):
         mark = str(record.get("owner", "")).encode()
         store.set(ping_key(k, s), b"1")
         store.wait([pong_key(k, s)], PING_S)
@@ -258,6 +255,15 @@ def _live_spare(store: Any, roster: Roster, nproc: Any) -> tuple[tuple[int, str,
         passed_over.append(s)  # frozen: never chosen; when it wakes it reads "passed over" and ends itself
         rank_claims.release(store, s, mark)
     return None, tuple(passed_over)
+
+
+def standing_with(store: Any, roster: Roster, nproc: Any) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The spare nodes standing by in round `roster.k` with `nproc` workers, neither found dead nor
+    promoted, lowest first: (its node rank, its record), each read as it is reached."""
+    for s in roster.spares_free():
+        record = json_or_none(store.get_if_set(spare_key(roster.k, s)))
+        if isinstance(record, dict) and record.get("nproc") == nproc:
+            yield s, record
 
 
 def promoted_as(promoted: Mapping[int, int], s: int) -> int:
